@@ -1,0 +1,46 @@
+# Finds troupe's dependencies and defines imported targets where a package ships none.
+# Used both by the build and by the installed troupeConfig.cmake.
+find_package(Threads REQUIRED)
+
+if(TROUPE_BLAS OR NOT DEFINED TROUPE_BLAS)
+  find_path(TROUPE_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas openblas-pthread)
+  find_library(TROUPE_OPENBLAS_LIB NAMES openblas)
+  if(TROUPE_CBLAS_INCLUDE AND TROUPE_OPENBLAS_LIB AND NOT TARGET troupe_deps::openblas)
+    add_library(troupe_deps::openblas UNKNOWN IMPORTED)
+    set_target_properties(troupe_deps::openblas PROPERTIES
+      IMPORTED_LOCATION ${TROUPE_OPENBLAS_LIB}
+      INTERFACE_INCLUDE_DIRECTORIES ${TROUPE_CBLAS_INCLUDE})
+  endif()
+endif()
+
+if(TROUPE_MODEL_ONLY)
+  return()
+endif()
+
+find_package(absl CONFIG REQUIRED)
+
+# CAF 0.17 ships neither a CMake config nor pkg-config (STACK.md).
+find_path(TROUPE_CAF_INCLUDE caf/config.hpp REQUIRED)
+find_library(TROUPE_CAF_CORE caf_core REQUIRED)
+find_library(TROUPE_CAF_IO caf_io REQUIRED)
+find_library(TROUPE_CAF_OPENSSL caf_openssl)
+if(NOT TARGET troupe_deps::caf_core)
+  add_library(troupe_deps::caf_core SHARED IMPORTED)
+  set_target_properties(troupe_deps::caf_core PROPERTIES
+    IMPORTED_LOCATION ${TROUPE_CAF_CORE}
+    INTERFACE_INCLUDE_DIRECTORIES ${TROUPE_CAF_INCLUDE}
+    INTERFACE_LINK_LIBRARIES Threads::Threads)
+  add_library(troupe_deps::caf_io SHARED IMPORTED)
+  set_target_properties(troupe_deps::caf_io PROPERTIES
+    IMPORTED_LOCATION ${TROUPE_CAF_IO}
+    INTERFACE_LINK_LIBRARIES troupe_deps::caf_core)
+  if(TROUPE_CAF_OPENSSL)
+    add_library(troupe_deps::caf_openssl SHARED IMPORTED)
+    set_target_properties(troupe_deps::caf_openssl PROPERTIES
+      IMPORTED_LOCATION ${TROUPE_CAF_OPENSSL}
+      INTERFACE_LINK_LIBRARIES troupe_deps::caf_io)
+  endif()
+endif()
+
+find_package(ucx CONFIG QUIET)
+find_package(CapnProto CONFIG QUIET)

@@ -1,0 +1,46 @@
+# troupe_module(<name> SOURCES ... DEPS ... [PRIVATE_DEPS ...])
+#   One module = one library target `troupe_<name>`, alias and export name `troupe::<name>`,
+#   public headers in <name>/include/troupe/<name>/.
+function(troupe_module name)
+  cmake_parse_arguments(M "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(troupe_${name} ${M_SOURCES})
+  add_library(troupe::${name} ALIAS troupe_${name})
+  set_target_properties(troupe_${name} PROPERTIES EXPORT_NAME ${name} OUTPUT_NAME troupe_${name})
+  target_include_directories(troupe_${name} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(troupe_${name} PUBLIC ${M_DEPS} PRIVATE ${M_PRIVATE_DEPS})
+  target_compile_options(troupe_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  set_property(GLOBAL APPEND PROPERTY TROUPE_INSTALLED_MODULES troupe_${name})
+  install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endfunction()
+
+# troupe_test(<target> LEVEL unit|integration|chaos|gpu MODULE <module> SOURCES ... [LIBS ...] [ENV ...] [TIMEOUT s])
+#   A GoogleTest binary; each TEST is its own CTest test (gtest_discover_tests) carrying exactly
+#   one level label and one module label, so `ctest -L '^runtime$'` selects precisely.
+set(TROUPE_LEVELS unit integration chaos gpu)
+set(TROUPE_MODULE_LABELS runtime scheduler collectives model kernels actors tools)
+function(troupe_test target)
+  cmake_parse_arguments(T "" "LEVEL;MODULE;TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
+  if(NOT T_LEVEL IN_LIST TROUPE_LEVELS)
+    message(FATAL_ERROR "troupe_test(${target}): LEVEL must be one of ${TROUPE_LEVELS}, got '${T_LEVEL}'")
+  endif()
+  if(NOT T_MODULE IN_LIST TROUPE_MODULE_LABELS)
+    message(FATAL_ERROR "troupe_test(${target}): MODULE must be one of ${TROUPE_MODULE_LABELS}, got '${T_MODULE}'")
+  endif()
+  if(TROUPE_TEST_MODULES AND NOT T_MODULE IN_LIST TROUPE_TEST_MODULES)
+    return()  # e.g. the asan preset registers only the runtime's tests
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+  add_executable(${target} ${T_SOURCES})
+  target_link_libraries(${target} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  gtest_discover_tests(${target}
+    DISCOVERY_MODE PRE_TEST
+    PROPERTIES LABELS "${T_LEVEL};${T_MODULE}" TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${T_ENV}")
+endfunction()
