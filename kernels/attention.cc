@@ -1,0 +1,90 @@
+#include "troupe/kernels/attention.h"
+
+#include <cmath>
+#include <vector>
+
+#include "troupe/kernels/matmul.h"
+#include "troupe/kernels/parallel.h"
+
+namespace troupe::kernels {
+
+template <typename T>
+void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
+  for (int64_t i = 0; i < t_len; ++i) {
+    const T* xr = x + i * t_len;
+    T* pr = p + i * t_len;
+    T mx = xr[0];
+    for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, xr[j]);
+    T sum = 0;
+    for (int64_t j = 0; j <= i; ++j) {
+      pr[j] = std::exp(xr[j] - mx);
+      sum += pr[j];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t j = 0; j <= i; ++j) pr[j] *= inv;
+    for (int64_t j = i + 1; j < t_len; ++j) pr[j] = 0;
+  }
+}
+
+template <typename T>
+void AttentionForward(T* out, T* att, const T* qkv, int64_t b, int64_t t, int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const T scale = T(1) / std::sqrt(T(hs));
+  ParallelFor(b * nh, [&](int64_t bh) {
+    const int64_t bi = bh / nh;
+    const int64_t h = bh % nh;
+    const T* q = qkv + bi * t * 3 * c + h * hs;
+    const T* k = q + c;
+    const T* v = q + 2 * c;
+    T* a = att + bh * t * t;
+    std::vector<T> pre(t * t);
+    Gemm<T>(false, true, t, t, hs, scale, q, 3 * c, k, 3 * c, T(0), pre.data(), t);
+    CausalSoftmaxRows(a, pre.data(), t);
+    Gemm<T>(false, false, t, hs, t, T(1), a, t, v, 3 * c, T(0), out + bi * t * c + h * hs, c);
+  });
+}
+
+template <typename T>
+void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t b, int64_t t,
+                       int64_t c, int64_t nh) {
+  const int64_t hs = c / nh;
+  const T scale = T(1) / std::sqrt(T(hs));
+  ParallelFor(b * nh, [&](int64_t bh) {
+    const int64_t bi = bh / nh;
+    const int64_t h = bh % nh;
+    const int64_t off = bi * t * 3 * c + h * hs;
+    const T* q = qkv + off;
+    const T* k = q + c;
+    const T* v = q + 2 * c;
+    T* dq = dqkv + off;
+    T* dk = dq + c;
+    T* dv = dq + 2 * c;
+    const T* a = att + bh * t * t;
+    const T* dout_h = dout + bi * t * c + h * hs;
+    std::vector<T> datt(t * t);
+    Gemm<T>(false, true, t, t, hs, T(1), dout_h, c, v, 3 * c, T(0), datt.data(), t);
+    Gemm<T>(true, false, t, hs, t, T(1), a, t, dout_h, c, T(1), dv, 3 * c);
+    // Softmax backward in place: dpre[i, j] = a[i, j] * (datt[i, j] - sum_k a[i, k] datt[i, k]).
+    for (int64_t i = 0; i < t; ++i) {
+      const T* ar = a + i * t;
+      T* dr = datt.data() + i * t;
+      T dot = 0;
+      for (int64_t j = 0; j <= i; ++j) dot += ar[j] * dr[j];
+      for (int64_t j = 0; j <= i; ++j) dr[j] = ar[j] * (dr[j] - dot);
+      for (int64_t j = i + 1; j < t; ++j) dr[j] = 0;
+    }
+    Gemm<T>(false, false, t, hs, t, scale, datt.data(), t, k, 3 * c, T(1), dq, 3 * c);
+    Gemm<T>(true, false, t, hs, t, scale, datt.data(), t, q, 3 * c, T(1), dk, 3 * c);
+  });
+}
+
+#define TROUPE_INSTANTIATE(T)                                                                     \
+  template void CausalSoftmaxRows<T>(T*, const T*, int64_t);                                      \
+  template void AttentionForward<T>(T*, T*, const T*, int64_t, int64_t, int64_t, int64_t);        \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                     int64_t);
+TROUPE_INSTANTIATE(float)
+TROUPE_INSTANTIATE(double)
+#undef TROUPE_INSTANTIATE
+
+}  // namespace troupe::kernels

@@ -1,0 +1,57 @@
+#include "troupe/kernels/gelu.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "test_util.h"
+
+namespace troupe::kernels {
+namespace {
+
+using testing::RandomVector;
+
+TEST(GeluTest, ForwardMatchesFormula) {
+  auto inp = RandomVector(101, 1, 4.0);
+  std::vector<double> out(inp.size());
+  GeluForward(out.data(), inp.data(), inp.size());
+  for (size_t i = 0; i < inp.size(); ++i) {
+    const double x = inp[i];
+    const double want = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(out[i], want, 1e-14);
+  }
+}
+
+TEST(GeluTest, BackwardMatchesFiniteDifferences) {
+  auto inp = RandomVector(211, 2, 3.0);
+  const auto probe = RandomVector(inp.size(), 3);
+  std::vector<double> out(inp.size()), dinp(inp.size(), 0);
+  auto objective = [&] {
+    GeluForward(out.data(), inp.data(), inp.size());
+    return testing::Dot(out, probe);
+  };
+  GeluBackward(dinp.data(), inp.data(), probe.data(), inp.size());
+  testing::ExpectGradientMatchesFd("dinp", inp, dinp, objective);
+}
+
+TEST(GeluTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
+  const int64_t n = 70001;  // several blocks
+  auto inp = RandomVector(n, 4, 3.0), dout = RandomVector(n, 5);
+  std::vector<double> out_d(n), dinp_d(n, 0);
+  GeluForward(out_d.data(), inp.data(), n);
+  GeluBackward(dinp_d.data(), inp.data(), dout.data(), n);
+  auto inp_f = testing::ToFloat(inp), dout_f = testing::ToFloat(dout);
+  testing::ExpectSameBitsAtThreadCounts([&] {
+    std::vector<float> out(n), dinp(n, 0);
+    GeluForward(out.data(), inp_f.data(), n);
+    GeluBackward(dinp.data(), inp_f.data(), dout_f.data(), n);
+    EXPECT_LT(testing::RelErr(out, out_d), 1e-6);
+    EXPECT_LT(testing::RelErr(dinp, dinp_d), 1e-6);
+    std::vector<float> all = out;
+    testing::Append(all, dinp);
+    return all;
+  });
+}
+
+}  // namespace
+}  // namespace troupe::kernels

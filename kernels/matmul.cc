@@ -1,0 +1,133 @@
+#include "troupe/kernels/matmul.h"
+
+#include <mutex>
+#include <vector>
+
+#include "troupe/kernels/parallel.h"
+
+#ifdef TROUPE_HAVE_OPENBLAS
+#include <cblas.h>
+extern "C" void openblas_set_num_threads(int num_threads);
+#endif
+
+namespace troupe::kernels {
+namespace {
+
+// Fixed block sizes: results depend on these, never on the thread count.
+constexpr int64_t kRowBlock = 128;
+constexpr int64_t kWeightRowBlock = 64;
+
+#ifdef TROUPE_HAVE_OPENBLAS
+void PinBlasToOneThread() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+              int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+              int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+#endif
+
+// Portable GEMM: packs op(B) as a row-major [k, n] panel so the inner loop is an axpy over
+// contiguous memory that the compiler vectorises without reassociating sums.
+template <typename T>
+void ReferenceGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                   int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  constexpr int64_t kColBlock = 256;
+  std::vector<T> panel;
+  std::vector<T> acc;
+  for (int64_t j0 = 0; j0 < n; j0 += kColBlock) {
+    const int64_t nb = std::min(kColBlock, n - j0);
+    panel.assign(k * nb, T(0));
+    for (int64_t p = 0; p < k; ++p) {
+      for (int64_t j = 0; j < nb; ++j)
+        panel[p * nb + j] = tb ? b[(j0 + j) * ldb + p] : b[p * ldb + j0 + j];
+    }
+    acc.assign(nb, T(0));
+    for (int64_t i = 0; i < m; ++i) {
+      std::fill(acc.begin(), acc.end(), T(0));
+      for (int64_t p = 0; p < k; ++p) {
+        const T av = ta ? a[p * lda + i] : a[i * lda + p];
+        const T* row = &panel[p * nb];
+        for (int64_t j = 0; j < nb; ++j) acc[j] += av * row[j];
+      }
+      T* crow = c + i * ldc + j0;
+      for (int64_t j = 0; j < nb; ++j) {
+        crow[j] = (beta == T(0) ? T(0) : beta * crow[j]) + alpha * acc[j];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool MatmulUsesBlas() {
+#ifdef TROUPE_HAVE_OPENBLAS
+  return true;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+#ifdef TROUPE_HAVE_OPENBLAS
+  PinBlasToOneThread();
+  BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#else
+  ReferenceGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+#endif
+}
+
+template <typename T>
+void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t c,
+                   int64_t oc) {
+  ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
+    T* o = out + lo * oc;
+    if (bias != nullptr) {
+      for (int64_t i = lo; i < hi; ++i) std::copy(bias, bias + oc, out + i * oc);
+    }
+    Gemm<T>(false, true, hi - lo, oc, c, T(1), inp + lo * c, c, weight, c,
+            bias != nullptr ? T(1) : T(0), o, oc);
+  });
+}
+
+template <typename T>
+void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                    int64_t n, int64_t c, int64_t oc) {
+  if (dinp != nullptr) {
+    ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
+      Gemm<T>(false, false, hi - lo, c, oc, T(1), dout + lo * oc, oc, weight, c, T(1),
+              dinp + lo * c, c);
+    });
+  }
+  ParallelForRange(oc, kWeightRowBlock, [&](int64_t lo, int64_t hi) {
+    Gemm<T>(true, false, hi - lo, c, n, T(1), dout + lo, oc, inp, c, T(1), dweight + lo * c, c);
+    if (dbias != nullptr) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = dout + i * oc;
+        for (int64_t o = lo; o < hi; ++o) dbias[o] += row[o];
+      }
+    }
+  });
+}
+
+#define TROUPE_INSTANTIATE(T)                                                                  \
+  template void Gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);                                              \
+  template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                  int64_t);
+TROUPE_INSTANTIATE(float)
+TROUPE_INSTANTIATE(double)
+#undef TROUPE_INSTANTIATE
+
+}  // namespace troupe::kernels
