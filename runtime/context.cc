@@ -1,0 +1,81 @@
+#include "internal/context.h"
+
+#include <cstdio>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::runtime {
+
+std::string FormatEvent(const SupervisionEvent& e) {
+  using namespace std::chrono;
+  auto us = duration_cast<microseconds>(e.wall_time.time_since_epoch()).count();
+  std::time_t secs = static_cast<std::time_t>(us / 1000000);
+  std::tm tm;
+  gmtime_r(&secs, &tm);
+  char ts[32];
+  std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+  auto quote = [](const std::string& s) {
+    return s.find_first_of(" =\"") == std::string::npos && !s.empty() ? s
+                                                                      : absl::StrCat("\"", s, "\"");
+  };
+  std::string line = absl::StrCat("ts=", ts, ".", absl::Dec(us % 1000000, absl::kZeroPad6),
+                                  "Z supervisor=", quote(e.supervisor), " child=", quote(e.child),
+                                  " gen=", e.generation, " event=", e.event);
+  if (!e.reason.empty()) absl::StrAppend(&line, " reason=", quote(e.reason));
+  if (!e.decision.empty()) absl::StrAppend(&line, " decision=", quote(e.decision));
+  return line;
+}
+
+namespace internal {
+
+void Context::SetEventSink(EventSink sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sink_ = std::move(sink);
+}
+
+void Context::Emit(SupervisionEvent e) {
+  e.wall_time = std::chrono::system_clock::now();
+  EventSink sink;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sink = sink_;
+  }
+  if (sink) {
+    sink(e);
+  } else {
+    std::string line = FormatEvent(e) + "\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+  }
+}
+
+void Context::Register(const ActorRef& ref) {
+  std::lock_guard<std::mutex> lock(mu_);
+  directory_[ref.name] = ref;
+}
+
+void Context::Unregister(const std::string& name, uint64_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = directory_.find(name);
+  if (it != directory_.end() && it->second.generation == generation) directory_.erase(it);
+}
+
+std::optional<ActorRef> Context::Lookup(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = directory_.find(name);
+  if (it == directory_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t Context::NextGeneration(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ++generations_[name];
+}
+
+void Context::ClearDirectory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  directory_.clear();
+}
+
+}  // namespace internal
+}  // namespace troupe::runtime

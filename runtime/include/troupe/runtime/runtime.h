@@ -1,0 +1,106 @@
+// troupe/runtime/runtime.h — the embeddable troupe runtime.
+//
+// A Runtime owns a CAF actor system, the registry of actor types, the named-actor directory,
+// the supervisors it started and the fault injector. Options come from code, the environment
+// (TROUPE_*) or flags through one ConfigRegistry (config.h). Destroying it (or Shutdown())
+// stops every supervisor in reverse start order and every actor it spawned, and waits for them.
+//
+//   troupe::runtime::ActorRegistry registry;
+//   registry.Register<int32_t>("worker", MakeWorker);
+//   auto rt = troupe::runtime::Runtime::FromArgs(std::move(registry), argc, argv);
+//   if (!rt.ok()) { std::cerr << rt.status() << "\n"; return 2; }
+//   SupervisorSpec spec{"job", Strategy::kOneForOne};
+//   spec.children.push_back(ChildSpec::Actor("w1", "worker", caf::make_message(int32_t{1})));
+//   auto sup = (*rt)->StartSupervisor(spec);
+//   (*rt)->faults().KillActor("w1");   // the supervisor restarts it; the event is logged
+#ifndef TROUPE_RUNTIME_RUNTIME_H_
+#define TROUPE_RUNTIME_RUNTIME_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "caf/actor_system.hpp"
+#include "caf/send.hpp"
+#include "troupe/runtime/actor.h"
+#include "troupe/runtime/config.h"
+#include "troupe/runtime/events.h"
+#include "troupe/runtime/faults.h"
+#include "troupe/runtime/registry.h"
+#include "troupe/runtime/supervisor.h"
+
+namespace troupe::runtime {
+
+namespace internal {
+class Context;
+}
+
+struct RuntimeOptions {
+  int64_t threads = 2;                 // CAF scheduler threads
+  std::string scheduler = "stealing";  // stealing | sharing | testing (deterministic, tests)
+  Duration shutdown_timeout = std::chrono::seconds(10);
+  bool log_events = true;  // supervision events to stderr (unless a sink is set)
+
+  // Declares every option above in `registry` (names: threads, scheduler, shutdown_timeout,
+  // log_events).
+  void Register(ConfigRegistry& registry);
+};
+
+class Runtime {
+ public:
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(ActorRegistry registry,
+                                                         RuntimeOptions options = {});
+  // Options from defaults, then TROUPE_* environment variables, then flags. Arguments that are
+  // not runtime options are returned in `rest` (if non-null).
+  static absl::StatusOr<std::unique_ptr<Runtime>> FromArgs(
+      ActorRegistry registry, int argc, const char* const* argv,
+      std::vector<std::string>* rest = nullptr);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  caf::actor_system& system() { return *system_; }
+  const RuntimeOptions& options() const { return options_; }
+
+  // Spawns a registered actor type, unnamed and unsupervised.
+  absl::StatusOr<caf::actor> Spawn(const std::string& type, const caf::message& args = {});
+  // Spawns a registered actor type under a cluster-visible name (AlreadyExists if taken).
+  absl::StatusOr<ActorRef> SpawnNamed(const std::string& name, const std::string& type,
+                                      const caf::message& args = {});
+  // Validates the whole tree, then starts it. Returns the root supervisor's ref.
+  absl::StatusOr<ActorRef> StartSupervisor(const SupervisorSpec& spec);
+  // The current incarnation registered under `name`.
+  absl::StatusOr<ActorRef> Lookup(const std::string& name) const;
+
+  // Sends to the incarnation `to` names; dropped by the receiver if it is a newer one.
+  // Resolves the name at send time; a name that is not registered is NotFound.
+  template <class... Ts>
+  absl::Status Send(const ActorRef& to, Ts&&... xs) {
+    auto current = Lookup(to.name);
+    if (!current.ok()) return current.status();
+    caf::anon_send(current->handle, to_gen_atom::value, to.generation,
+                   caf::make_message(std::forward<Ts>(xs)...));
+    return absl::OkStatus();
+  }
+
+  FaultInjector& faults();
+  void SetEventSink(EventSink sink);
+  // Stops supervisors (reverse start order) and spawned actors, waits for all actors.
+  void Shutdown();
+
+ private:
+  Runtime(RuntimeOptions options, ActorRegistry registry);
+
+  RuntimeOptions options_;
+  std::shared_ptr<internal::Context> ctx_;
+  std::unique_ptr<caf::actor_system_config> config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::vector<caf::actor> owned_;  // top-level supervisors and spawned actors, in start order
+  bool shut_down_ = false;
+};
+
+}  // namespace troupe::runtime
+
+#endif  // TROUPE_RUNTIME_RUNTIME_H_

@@ -1,0 +1,50 @@
+// internal/context.h — state shared by the runtime and the actors it spawns: the named-actor
+// directory, the actor registry, fault injection and the event sink. Thread-safe.
+#ifndef TROUPE_RUNTIME_INTERNAL_CONTEXT_H_
+#define TROUPE_RUNTIME_INTERNAL_CONTEXT_H_
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "troupe/runtime/actor.h"
+#include "troupe/runtime/events.h"
+#include "troupe/runtime/faults.h"
+#include "troupe/runtime/registry.h"
+
+namespace troupe::runtime::internal {
+
+class Context {
+ public:
+  explicit Context(ActorRegistry registry) : registry_(std::move(registry)) {}
+
+  const ActorRegistry& registry() const { return registry_; }
+  FaultInjector& faults() { return faults_; }
+
+  void SetEventSink(EventSink sink);
+  void Emit(SupervisionEvent e);
+
+  // Named-actor directory. Register replaces an older incarnation of the same name.
+  void Register(const ActorRef& ref);
+  // Removes `name` only if it still names incarnation `generation`.
+  void Unregister(const std::string& name, uint64_t generation);
+  std::optional<ActorRef> Lookup(const std::string& name);
+  void ClearDirectory();
+  // Incarnation numbers are per name and never reused, even across supervisor restarts:
+  // returns one more than the last handed out for `name` (1 the first time).
+  uint64_t NextGeneration(const std::string& name);
+
+ private:
+  ActorRegistry registry_;
+  FaultInjector faults_;
+  std::mutex mu_;
+  EventSink sink_;
+  std::map<std::string, ActorRef> directory_;
+  std::map<std::string, uint64_t> generations_;
+};
+
+}  // namespace troupe::runtime::internal
+
+#endif  // TROUPE_RUNTIME_INTERNAL_CONTEXT_H_

@@ -1,0 +1,135 @@
+#include "troupe/runtime/runtime.h"
+
+#include "absl/strings/str_cat.h"
+#include "caf/all.hpp"
+#include "caf/scheduler/test_coordinator.hpp"
+#include "internal/context.h"
+#include "internal/spawn.h"
+
+namespace troupe::runtime {
+
+void RuntimeOptions::Register(ConfigRegistry& registry) {
+  registry.AddInt("threads", &threads, "CAF scheduler worker threads", InRange(1, 1024));
+  registry.AddString("scheduler", &scheduler, "CAF scheduler policy",
+                     OneOf({"stealing", "sharing", "testing"}));
+  registry.AddDuration("shutdown_timeout", &shutdown_timeout,
+                       "how long Shutdown waits for actors before killing them", Positive());
+  registry.AddBool("log_events", &log_events, "write supervision events to stderr");
+}
+
+Runtime::Runtime(RuntimeOptions options, ActorRegistry registry)
+    : options_(std::move(options)),
+      ctx_(std::make_shared<internal::Context>(std::move(registry))) {}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
+                                                         RuntimeOptions options) {
+  // Validate through the registry's validators so code-set values get the same checks.
+  ConfigRegistry check;
+  RuntimeOptions copy = options;
+  copy.Register(check);
+  for (const char* name : {"threads", "scheduler", "shutdown_timeout"}) {
+    if (absl::Status s = check.Set(name, check.Get(name), "RuntimeOptions"); !s.ok()) return s;
+  }
+  std::unique_ptr<Runtime> rt(new Runtime(options, std::move(registry)));
+  rt->config_ = std::make_unique<caf::actor_system_config>();
+  rt->config_->set("scheduler.max-threads", static_cast<size_t>(options.threads));
+  rt->config_->set("scheduler.policy", caf::atom_from_string(options.scheduler));
+  rt->config_->set("logger.verbosity", caf::atom("quiet"));
+  rt->system_ = std::make_unique<caf::actor_system>(*rt->config_);
+  if (!options.log_events) rt->ctx_->SetEventSink([](const SupervisionEvent&) {});
+  std::weak_ptr<internal::Context> weak = rt->ctx_;
+  rt->ctx_->faults().SetKiller([weak](const std::string& name) -> absl::Status {
+    auto ctx = weak.lock();
+    if (!ctx) return absl::FailedPreconditionError("runtime is gone");
+    auto ref = ctx->Lookup(name);
+    if (!ref) return absl::NotFoundError(absl::StrCat("no actor named '", name, "' to kill"));
+    caf::anon_send_exit(ref->handle, caf::exit_reason::kill);
+    return absl::OkStatus();
+  });
+  return rt;
+}
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::FromArgs(ActorRegistry registry, int argc,
+                                                           const char* const* argv,
+                                                           std::vector<std::string>* rest) {
+  RuntimeOptions options;
+  ConfigRegistry config;
+  options.Register(config);
+  if (absl::Status s = config.LoadEnvironment(); !s.ok()) return s;
+  if (absl::Status s = config.ParseFlags(argc, argv, rest); !s.ok()) return s;
+  return Create(std::move(registry), std::move(options));
+}
+
+Runtime::~Runtime() { Shutdown(); }
+
+absl::StatusOr<caf::actor> Runtime::Spawn(const std::string& type, const caf::message& args) {
+  ChildSpec spec = ChildSpec::Actor("", type, args);
+  auto h = internal::SpawnChild(*system_, nullptr, spec, 1, ctx_);
+  if (h.ok()) owned_.push_back(*h);
+  return h;
+}
+
+absl::StatusOr<ActorRef> Runtime::SpawnNamed(const std::string& name, const std::string& type,
+                                             const caf::message& args) {
+  if (name.empty()) return absl::InvalidArgumentError("SpawnNamed: name must not be empty");
+  if (ctx_->Lookup(name)) {
+    return absl::AlreadyExistsError(absl::StrCat("an actor named '", name, "' already exists"));
+  }
+  uint64_t gen = ctx_->NextGeneration(name);
+  auto h = internal::SpawnChild(*system_, nullptr, ChildSpec::Actor(name, type, args), gen, ctx_);
+  if (!h.ok()) return h.status();
+  owned_.push_back(*h);
+  return ActorRef{name, gen, *h};
+}
+
+absl::StatusOr<ActorRef> Runtime::StartSupervisor(const SupervisorSpec& spec) {
+  if (absl::Status s = Validate(spec, ctx_->registry()); !s.ok()) return s;
+  if (ctx_->Lookup(spec.name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("an actor named '", spec.name, "' already exists"));
+  }
+  ChildSpec root = ChildSpec::Supervisor(spec.name, spec);
+  uint64_t gen = ctx_->NextGeneration(spec.name);
+  auto h = internal::SpawnChild(*system_, nullptr, root, gen, ctx_);
+  if (!h.ok()) return h.status();
+  owned_.push_back(*h);
+  return ActorRef{spec.name, gen, *h};
+}
+
+absl::StatusOr<ActorRef> Runtime::Lookup(const std::string& name) const {
+  auto ref = ctx_->Lookup(name);
+  if (!ref) return absl::NotFoundError(absl::StrCat("no actor named '", name, "'"));
+  return *ref;
+}
+
+FaultInjector& Runtime::faults() { return ctx_->faults(); }
+
+void Runtime::SetEventSink(EventSink sink) { ctx_->SetEventSink(std::move(sink)); }
+
+void Runtime::Shutdown() {
+  if (shut_down_ || !system_) return;
+  shut_down_ = true;
+  if (options_.scheduler != "testing") {
+    caf::scoped_actor self{*system_};
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) {
+      self->monitor(*it);
+      self->send_exit(*it, caf::exit_reason::user_shutdown);
+      bool down = false;
+      self->receive([&](caf::down_msg&) { down = true; },
+                    caf::after(options_.shutdown_timeout) >> [] {});
+      if (!down) self->send_exit(*it, caf::exit_reason::kill);
+    }
+  } else {
+    // Deterministic test scheduler: nothing runs unless pumped, so pump until all are gone.
+    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it)
+      caf::anon_send_exit(*it, caf::exit_reason::kill);
+    auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(system_->scheduler());
+    sched.run();
+  }
+  owned_.clear();
+  ctx_->ClearDirectory();
+  system_.reset();  // waits for every actor
+  config_.reset();
+}
+
+}  // namespace troupe::runtime
