@@ -42,5 +42,19 @@ function(troupe_test target)
   target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   gtest_discover_tests(${target}
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${T_LEVEL};${T_MODULE}" TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${T_ENV}")
+    NO_PRETTY_VALUES
+    PROPERTIES TIMEOUT ${T_TIMEOUT})
+  # CMake 3.25 flattens list-valued PROPERTIES of gtest_discover_tests, so LABELS "a;b" (or
+  # several ENV entries) cannot pass through it: set them from a CTest include file that runs
+  # after the discovery script and sees its test list.
+  set(env_property "")
+  if(T_ENV)
+    set(env_property " ENVIRONMENT \"${T_ENV}\"")
+  endif()
+  set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
+  file(WRITE ${labels_file}
+    "if(${target}_TESTS)\n"
+    "  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"${T_LEVEL};${T_MODULE}\")\n"
+    "endif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
 endfunction()
