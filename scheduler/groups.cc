@@ -1,0 +1,345 @@
+// Placement groups (gang: all bundles or none) and rescheduling after node loss.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "internal/state.h"
+#include "troupe/scheduler/scheduler.h"
+
+namespace troupe::scheduler {
+namespace internal {
+namespace {
+
+// Bundles in decreasing size (relative to the largest node) first: first-fit decreasing.
+void OrderBySize(const State& s, const GroupRec& g, std::vector<int>& todo) {
+  auto weight = [&](int b) {
+    double w = 0;
+    for (const auto& [r, amount] : g.demands[b].items) {
+      w = std::max(w, static_cast<double>(amount) / static_cast<double>(s.max_total_[r]));
+    }
+    return w;
+  };
+  std::stable_sort(todo.begin(), todo.end(), [&](int a, int b) { return weight(a) > weight(b); });
+}
+
+}  // namespace
+
+void State::AssignBundle(uint32_t group, int bundle, uint32_t node) {
+  GroupRec& g = groups_[group];
+  g.bundle_node[bundle] = static_cast<int>(node);
+  Allocate(node, g.demands[bundle]);
+  nodes_[node].bundles.insert(static_cast<uint64_t>(group) << 32 | static_cast<uint32_t>(bundle));
+}
+
+void State::UnassignBundle(uint32_t group, int bundle) {
+  GroupRec& g = groups_[group];
+  const int node = g.bundle_node[bundle];
+  if (node < 0) return;
+  Release(static_cast<uint32_t>(node), g.demands[bundle]);
+  nodes_[node].bundles.erase(static_cast<uint64_t>(group) << 32 | static_cast<uint32_t>(bundle));
+  g.bundle_node[bundle] = -1;
+}
+
+void State::DropGroup(uint32_t group) {
+  GroupRec& g = groups_[group];
+  for (int b = 0; b < static_cast<int>(g.bundle_node.size()); ++b) UnassignBundle(group, b);
+  group_by_id_.erase(g.id);
+  g = GroupRec{};
+  free_group_slots_.push_back(group);
+}
+
+// Places the bundles in `todo` next to those of the group already placed, under the group's
+// strategy. All or nothing: on failure every bundle placed by this call is taken back.
+std::optional<Unschedulable> State::PlaceBundles(uint32_t group, std::vector<int> todo) {
+  GroupRec& g = groups_[group];
+  const PlacementGroupRequest& req = g.request;
+  const int n_bundles = static_cast<int>(g.demands.size());
+  Filter base = CompileSelector(req.selector);
+  for (int b : todo) {
+    if (!g.demands[b].unknown_resource.empty()) {
+      return Unschedulable{absl::StrCat("bundle ", b, " needs resource '",
+                                        g.demands[b].unknown_resource, "', which no node has"),
+                           false};
+    }
+  }
+  OrderBySize(*this, g, todo);
+  const int key = req.domain_key.empty() ? kNodeDomain : InternLabelKey(req.domain_key);
+  std::vector<uint32_t> used;  // nodes holding bundles of this group, in first-use order
+  for (int b = 0; b < n_bundles; ++b) {
+    const int n = g.bundle_node[b];
+    if (n >= 0 && std::find(used.begin(), used.end(), n) == used.end()) used.push_back(n);
+  }
+  std::vector<int> placed;
+  std::vector<uint32_t> hidden;
+  int failed = -1;
+  Filter f = base;
+  auto place = [&](int b, int n) {
+    AssignBundle(group, b, static_cast<uint32_t>(n));
+    placed.push_back(b);
+    if (std::find(used.begin(), used.end(), n) == used.end()) used.push_back(n);
+  };
+  switch (req.strategy) {
+    case Strategy::kStrictSpread:
+    case Strategy::kSpread: {
+      const bool strict = req.strategy == Strategy::kStrictSpread;
+      auto exclude = [&](uint32_t n) {
+        if (key == kNodeDomain) {
+          f.excluded_nodes.insert(n);
+          Hide(n);
+          hidden.push_back(n);
+        } else {
+          f.excluded_domains.push_back({key, DomainOf(n, key)});
+        }
+      };
+      for (uint32_t n : used) exclude(n);
+      for (int b : todo) {
+        int n = FindBest(g.demands[b], Strategy::kSpread, f, req.spot);
+        if (n < 0 && !strict) n = BestAmong(used, g.demands[b], Strategy::kSpread, base);
+        if (n < 0) {
+          failed = b;
+          break;
+        }
+        // Hide before allocating, so the index is not updated for a node about to leave it.
+        if (std::find(used.begin(), used.end(), n) == used.end()) exclude(static_cast<uint32_t>(n));
+        place(b, n);
+      }
+      break;
+    }
+    case Strategy::kPack:
+      for (int b : todo) {
+        int n = BestAmong(used, g.demands[b], Strategy::kPack, base);
+        if (n < 0) n = FindBest(g.demands[b], Strategy::kPack, base, req.spot);
+        if (n < 0) {
+          failed = b;
+          break;
+        }
+        place(b, n);
+      }
+      break;
+    case Strategy::kStrictPack:
+      if (key == kNodeDomain) {
+        if (!used.empty()) f.required_node = static_cast<int>(used.front());
+        std::vector<const Demand*> parts;
+        for (int b : todo) parts.push_back(&g.demands[b]);
+        const int n = FindBest(SumDemands(parts), Strategy::kPack, f, req.spot);
+        if (n < 0) {
+          failed = todo.front();
+          break;
+        }
+        for (int b : todo) place(b, n);
+        break;
+      }
+      {
+        // One failure domain for the whole group: the survivors' one, or the first that fits.
+        std::vector<int> domains;
+        if (!used.empty()) {
+          domains.push_back(DomainOf(used.front(), key));
+        } else {
+          for (uint32_t n = 0; n < nodes_.size(); ++n) {
+            const int d = nodes_[n].Label(key);
+            if (nodes_[n].state == NodeState::kAlive && d >= 0 &&
+                std::find(domains.begin(), domains.end(), d) == domains.end()) {
+              domains.push_back(d);
+            }
+          }
+          std::sort(domains.begin(), domains.end());
+        }
+        failed = todo.front();
+        for (int d : domains) {
+          f.required_domains = {{key, d}};
+          int miss = -1;
+          for (int b : todo) {
+            const int n = FindBest(g.demands[b], Strategy::kPack, f, req.spot);
+            if (n < 0) {
+              miss = b;
+              break;
+            }
+            place(b, n);
+          }
+          if (miss < 0) {
+            failed = -1;
+            break;
+          }
+          failed = miss;
+          for (int b : placed) UnassignBundle(group, b);
+          placed.clear();
+        }
+      }
+      break;
+  }
+  for (uint32_t n : hidden) Unhide(n);
+  if (failed < 0) return std::nullopt;
+  for (int b : placed) UnassignBundle(group, b);
+  Demand whole;  // STRICT_PACK on one node needs the sum of the bundles on that node
+  if (req.strategy == Strategy::kStrictPack && key == kNodeDomain) {
+    std::vector<const Demand*> parts;
+    for (const Demand& d : g.demands) parts.push_back(&d);
+    whole = SumDemands(parts);
+  }
+  const bool use_whole = req.strategy == Strategy::kStrictPack && key == kNodeDomain;
+  Unschedulable why = Diagnose(use_whole ? whole : g.demands[failed], base);
+  why.reason = absl::StrCat(
+      StrategyName(req.strategy), " group '", g.id, "' of ", n_bundles, " bundles: bundle ", failed,
+      " found no node",
+      req.strategy == Strategy::kStrictSpread
+          ? absl::StrCat(" outside the ", used.size(), " ",
+                         key == kNodeDomain ? "node" : req.domain_key, " domains already used")
+          : "",
+      "; ", why.reason);
+  why.retry_can_help = GroupFeasibleWhenIdle(g, base);
+  return why;
+}
+
+absl::StatusOr<RescheduleReport> State::RemoveNodes(const std::vector<std::string>& names) {
+  std::vector<uint32_t> dead;
+  for (const std::string& name : names) {
+    auto it = node_by_name_.find(name);
+    if (it == node_by_name_.end()) return absl::NotFoundError("RemoveNodes: no node " + name);
+    if (std::find(dead.begin(), dead.end(), it->second) == dead.end()) dead.push_back(it->second);
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> lost_actors, lost_groups;
+  for (uint32_t n : dead) {
+    NodeRec& node = nodes_[n];
+    if (node.indexed) index_.EraseNode(node, n);
+    if (node.state == NodeState::kAlive) --alive_;
+    node.indexed = false;
+    node.state = NodeState::kDead;
+    node_by_name_.erase(node.name);
+    for (uint32_t a : node.actors) {
+      lost_actors.push_back({actors_[a].seq, a});
+      actors_[a].node = -(static_cast<int>(n) + 2);  // remember where it was: -(node + 2)
+    }
+    for (uint64_t gb : node.bundles) {
+      const uint32_t g = static_cast<uint32_t>(gb >> 32);
+      groups_[g].bundle_node[static_cast<uint32_t>(gb)] = -(static_cast<int>(n) + 2);
+      lost_groups.push_back({groups_[g].seq, g});
+    }
+    node.actors.clear();
+    node.bundles.clear();
+  }
+  std::sort(lost_actors.begin(), lost_actors.end());
+  std::sort(lost_groups.begin(), lost_groups.end());
+  lost_groups.erase(std::unique(lost_groups.begin(), lost_groups.end()), lost_groups.end());
+
+  RescheduleReport report;
+  for (const auto& [seq, g] : lost_groups) {
+    GroupRec& group = groups_[g];
+    std::vector<int> todo;
+    std::vector<std::string> from;
+    for (int b = 0; b < static_cast<int>(group.bundle_node.size()); ++b) {
+      if (group.bundle_node[b] < -1) {
+        from.push_back(nodes_[-group.bundle_node[b] - 2].name);
+        group.bundle_node[b] = -1;
+        todo.push_back(b);
+      }
+    }
+    std::optional<Unschedulable> why = PlaceBundles(g, todo);
+    if (why) {
+      std::sort(from.begin(), from.end());
+      from.erase(std::unique(from.begin(), from.end()), from.end());
+      why->reason = absl::StrCat("lost ", todo.size(), " bundle(s) on ", absl::StrJoin(from, ","),
+                                 " and could not re-place them: ", why->reason);
+      report.broken.push_back({group.id, *std::move(why)});
+      DropGroup(g);
+      continue;
+    }
+    RescheduleReport::RepairedGroup repaired{group.id, todo, {}};
+    for (int b : todo) repaired.new_nodes.push_back(nodes_[group.bundle_node[b]].name);
+    report.repaired.push_back(std::move(repaired));
+  }
+  for (const auto& [seq, a] : lost_actors) {
+    ActorRec& actor = actors_[a];
+    const std::string from = nodes_[-actor.node - 2].name;
+    actor.node = -1;
+    std::optional<Unschedulable> why = PlaceActorRec(a);
+    if (why) {
+      report.lost.push_back({actor.id, from, *std::move(why)});
+      actor_by_id_.erase(actor.id);
+      actor = ActorRec{};
+      free_actor_slots_.push_back(a);
+      continue;
+    }
+    report.moved.push_back({actor.id, from, nodes_[actor.node].name});
+  }
+  return report;
+}
+
+}  // namespace internal
+
+absl::StatusOr<GroupDecision> Scheduler::CreatePlacementGroup(const PlacementGroupRequest& req) {
+  internal::State& s = *state_;
+  const std::string what = "CreatePlacementGroup '" + req.group + "'";
+  if (req.group.empty()) return absl::InvalidArgumentError(what + ": group id is empty");
+  if (s.group_by_id_.contains(req.group)) {
+    return absl::InvalidArgumentError(what + ": group already exists");
+  }
+  if (req.bundles.empty()) return absl::InvalidArgumentError(what + ": bundles is empty");
+  internal::GroupRec g;
+  for (size_t b = 0; b < req.bundles.size(); ++b) {
+    absl::StatusOr<internal::Demand> d =
+        s.CompileDemand(req.bundles[b], absl::StrCat(what, " bundle ", b));
+    if (!d.ok()) return d.status();
+    g.demands.push_back(*std::move(d));
+  }
+  g.live = true;
+  g.id = req.group;
+  g.request = req;
+  g.bundle_node.assign(req.bundles.size(), -1);
+  g.seq = s.next_seq_++;
+  uint32_t handle;
+  if (!s.free_group_slots_.empty()) {
+    handle = s.free_group_slots_.back();
+    s.free_group_slots_.pop_back();
+    s.groups_[handle] = std::move(g);
+  } else {
+    handle = static_cast<uint32_t>(s.groups_.size());
+    s.groups_.push_back(std::move(g));
+  }
+  s.group_by_id_[req.group] = handle;
+  std::vector<int> all(req.bundles.size());
+  for (size_t b = 0; b < all.size(); ++b) all[b] = static_cast<int>(b);
+  GroupDecision decision;
+  decision.unschedulable = s.PlaceBundles(handle, std::move(all));
+  if (decision.unschedulable) {
+    s.DropGroup(handle);
+    return decision;
+  }
+  for (int n : s.groups_[handle].bundle_node) decision.bundle_nodes.push_back(s.nodes_[n].name);
+  return decision;
+}
+
+absl::Status Scheduler::RemovePlacementGroup(const std::string& group) {
+  auto it = state_->group_by_id_.find(group);
+  if (it == state_->group_by_id_.end()) {
+    return absl::NotFoundError("RemovePlacementGroup: no group " + group);
+  }
+  state_->DropGroup(it->second);
+  return absl::OkStatus();
+}
+
+std::optional<std::vector<std::string>> Scheduler::GroupNodes(const std::string& group) const {
+  auto it = state_->group_by_id_.find(group);
+  if (it == state_->group_by_id_.end()) return std::nullopt;
+  std::vector<std::string> nodes;
+  for (int n : state_->groups_[it->second].bundle_node) nodes.push_back(state_->nodes_[n].name);
+  return nodes;
+}
+
+std::optional<PlacementGroupRequest> Scheduler::GroupRequest(const std::string& group) const {
+  auto it = state_->group_by_id_.find(group);
+  if (it == state_->group_by_id_.end()) return std::nullopt;
+  return state_->groups_[it->second].request;
+}
+
+std::vector<std::string> Scheduler::GroupIds() const {
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& g : state_->groups_) {
+    if (g.live) order.push_back({g.seq, g.id});
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<std::string> ids;
+  for (auto& [seq, id] : order) ids.push_back(std::move(id));
+  return ids;
+}
+
+}  // namespace troupe::scheduler

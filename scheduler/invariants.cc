@@ -1,0 +1,135 @@
+// Self-checks (recomputed accounting, index and strategy invariants), views and DebugString.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "internal/state.h"
+
+namespace troupe::scheduler::internal {
+namespace {
+
+absl::Status Broken(const std::string& what) { return absl::InternalError("invariant: " + what); }
+
+}  // namespace
+
+absl::Status State::CheckInvariants() const {
+  // 1. Accounting: free == total - what actors and bundles hold, never negative.
+  std::vector<std::vector<int64_t>> used(nodes_.size());
+  for (size_t n = 0; n < nodes_.size(); ++n) used[n].assign(nodes_[n].total.size(), 0);
+  auto charge = [&](int n, const Demand& d, const std::string& who) -> absl::Status {
+    if (n < 0 || n >= static_cast<int>(nodes_.size())) return Broken(who + " has no node");
+    if (nodes_[n].state == NodeState::kDead) return Broken(who + " is on dead " + nodes_[n].name);
+    for (const auto& [r, amount] : d.items) used[n][r] += amount;
+    return absl::OkStatus();
+  };
+  size_t live_actors = 0;
+  for (uint32_t a = 0; a < actors_.size(); ++a) {
+    const ActorRec& rec = actors_[a];
+    if (!rec.live) continue;
+    ++live_actors;
+    if (absl::Status s = charge(rec.node, rec.demand, "actor " + rec.id); !s.ok()) return s;
+    if (!nodes_[rec.node].actors.contains(a)) return Broken("node misses actor " + rec.id);
+  }
+  if (live_actors != actor_by_id_.size()) return Broken("actor map size");
+  for (uint32_t g = 0; g < groups_.size(); ++g) {
+    const GroupRec& rec = groups_[g];
+    if (!rec.live) continue;
+    std::vector<int> domains;
+    const int key =
+        rec.request.domain_key.empty() ? kNodeDomain : label_key_ids_.at(rec.request.domain_key);
+    for (size_t b = 0; b < rec.bundle_node.size(); ++b) {
+      const std::string who = absl::StrCat("group ", rec.id, " bundle ", b);
+      if (absl::Status s = charge(rec.bundle_node[b], rec.demands[b], who); !s.ok()) return s;
+      if (!nodes_[rec.bundle_node[b]].bundles.contains(static_cast<uint64_t>(g) << 32 | b)) {
+        return Broken("node misses " + who);
+      }
+      domains.push_back(DomainOf(rec.bundle_node[b], key));
+    }
+    std::vector<int> distinct = domains;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    if (rec.request.strategy == Strategy::kStrictSpread && distinct.size() != domains.size()) {
+      return Broken("STRICT_SPREAD group " + rec.id + " shares a domain");
+    }
+    if (rec.request.strategy == Strategy::kStrictPack && distinct.size() != 1) {
+      return Broken("STRICT_PACK group " + rec.id + " spans domains");
+    }
+  }
+  for (uint32_t n = 0; n < nodes_.size(); ++n) {
+    const NodeRec& node = nodes_[n];
+    if (node.state == NodeState::kDead) {
+      if (!node.actors.empty() || !node.bundles.empty() || node.indexed) {
+        return Broken("dead node " + node.name + " holds something or is indexed");
+      }
+      continue;
+    }
+    for (size_t r = 0; r < node.total.size(); ++r) {
+      if (node.free[r] != node.total[r] - used[n][r]) {
+        return Broken(absl::StrCat(node.name, " ", resource_names_[r], " free ", node.free[r],
+                                   " != total ", node.total[r], " - used ", used[n][r]));
+      }
+      if (node.free[r] < 0) return Broken("over-commit on " + node.name);
+    }
+    // 2. The index holds exactly the alive nodes, under their current keys.
+    if (node.indexed != (node.state == NodeState::kAlive) || node.hidden) {
+      return Broken("index membership of " + node.name);
+    }
+    for (size_t r = 0; node.indexed && r < node.total.size(); ++r) {
+      if (node.total[r] <= 0) continue;
+      const int rr = static_cast<int>(r);
+      if (!index_.by_free(rr, node.spot_class).contains({node.free[r], n}) ||
+          !index_.by_util(rr, node.spot_class).contains({Index::Util(node, rr), n})) {
+        return Broken("index key of " + node.name);
+      }
+    }
+  }
+  for (int r = 0; r < index_.resources(); ++r) {
+    size_t expected = 0;
+    for (const NodeRec& node : nodes_) expected += node.indexed && node.Total(r) > 0;
+    const size_t got = index_.by_free(r, 0).size() + index_.by_free(r, 1).size();
+    const size_t got_util = index_.by_util(r, 0).size() + index_.by_util(r, 1).size();
+    if (got != expected || got_util != expected) return Broken("index size " + resource_names_[r]);
+  }
+  return absl::OkStatus();
+}
+
+NodeView State::View(uint32_t n) const {
+  const NodeRec& node = nodes_[n];
+  NodeView v;
+  v.name = node.name;
+  v.state = node.state;
+  v.labels = node.label_map;
+  for (size_t r = 0; r < node.total.size(); ++r) {
+    if (node.total[r] == 0) continue;
+    v.total[resource_names_[r]] = static_cast<double>(node.total[r]) / kResourceScale;
+    v.free[resource_names_[r]] = static_cast<double>(node.free[r]) / kResourceScale;
+  }
+  v.actors = static_cast<int>(node.actors.size());
+  v.bundles = static_cast<int>(node.bundles.size());
+  return v;
+}
+
+std::string State::DebugString() const {
+  int draining = 0, dead = 0;
+  std::vector<int64_t> total(resource_names_.size(), 0), free(resource_names_.size(), 0);
+  for (const NodeRec& node : nodes_) {
+    draining += node.state == NodeState::kDraining;
+    dead += node.state == NodeState::kDead;
+    if (node.state != NodeState::kAlive) continue;
+    for (size_t r = 0; r < node.total.size(); ++r) {
+      total[r] += node.total[r];
+      free[r] += node.free[r];
+    }
+  }
+  std::string out = absl::StrCat(
+      "Scheduler{placer=", options_.placer == Scheduler::Placer::kIndexed ? "indexed" : "brute",
+      " nodes: alive=", alive_, " draining=", draining, " dead=", dead,
+      " actors=", actor_by_id_.size(), " groups=", group_by_id_.size(), " free/total on alive:");
+  for (size_t r = 0; r < resource_names_.size(); ++r) {
+    absl::StrAppend(&out, " ", resource_names_[r], "=", FormatAmount(free[r]), "/",
+                    FormatAmount(total[r]));
+  }
+  absl::StrAppend(&out, "}");
+  return out;
+}
+
+}  // namespace troupe::scheduler::internal

@@ -1,0 +1,304 @@
+// The placement core: the index, request compilation, and the two placers (indexed and brute
+// force) that must make identical decisions: both pick the minimum of the same key over the same
+// feasible set, ties to the lower node id.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "internal/state.h"
+
+namespace troupe::scheduler::internal {
+
+// ---------------------------------------------------------------- index
+double Index::Util(const NodeRec& node, int r) {
+  const int64_t total = node.Total(r);
+  return static_cast<double>(total - node.Free(r)) / static_cast<double>(total);
+}
+
+void Index::Grow(int r) {
+  if (r >= static_cast<int>(by_free_.size())) {
+    by_free_.resize(r + 1);
+    by_util_.resize(r + 1);
+  }
+}
+
+void Index::InsertResource(const NodeRec& node, uint32_t id, int r) {
+  if (node.Total(r) <= 0) return;
+  Grow(r);
+  by_free_[r][node.spot_class].insert({node.Free(r), id});
+  by_util_[r][node.spot_class].insert({Util(node, r), id});
+}
+
+void Index::EraseResource(const NodeRec& node, uint32_t id, int r) {
+  if (node.Total(r) <= 0) return;
+  by_free_[r][node.spot_class].erase({node.Free(r), id});
+  by_util_[r][node.spot_class].erase({Util(node, r), id});
+}
+
+void Index::InsertNode(const NodeRec& node, uint32_t id) {
+  for (int r = 0; r < static_cast<int>(node.total.size()); ++r) InsertResource(node, id, r);
+}
+
+void Index::EraseNode(const NodeRec& node, uint32_t id) {
+  for (int r = 0; r < static_cast<int>(node.total.size()); ++r) EraseResource(node, id, r);
+}
+
+// ---------------------------------------------------------------- compilation
+absl::StatusOr<Demand> State::CompileDemand(const ResourceMap& demands,
+                                            const std::string& what) const {
+  Demand d;
+  for (const auto& [name, amount] : demands) {
+    if (!std::isfinite(amount) || amount < 0 || amount > 1e12) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": resource '", name, "' must be a finite amount >= 0, got ", amount));
+    }
+    const int64_t fixed = std::llround(amount * kResourceScale);
+    if (fixed == 0) continue;
+    auto it = resource_ids_.find(name);
+    if (it == resource_ids_.end()) {
+      if (d.unknown_resource.empty()) d.unknown_resource = name;
+      continue;
+    }
+    d.items.push_back({it->second, fixed});
+  }
+  std::sort(d.items.begin(), d.items.end());
+  ChoosePrimary(d);
+  return d;
+}
+
+Demand State::SumDemands(const std::vector<const Demand*>& parts) const {
+  Demand sum;
+  for (const Demand* part : parts) {
+    if (sum.unknown_resource.empty()) sum.unknown_resource = part->unknown_resource;
+    for (const auto& [r, amount] : part->items) {
+      auto it = std::find_if(sum.items.begin(), sum.items.end(),
+                             [r = r](const auto& item) { return item.first == r; });
+      if (it == sum.items.end()) {
+        sum.items.push_back({r, amount});
+      } else {
+        it->second += amount;
+      }
+    }
+  }
+  std::sort(sum.items.begin(), sum.items.end());
+  ChoosePrimary(sum);
+  return sum;
+}
+
+// The scarcest demanded resource: the largest demand relative to the largest node ever offered.
+void State::ChoosePrimary(Demand& d) const {
+  d.primary = -1;
+  d.primary_amount = 0;
+  double best = -1;
+  for (const auto& [r, amount] : d.items) {
+    const int64_t cap = max_total_[r];
+    const double ratio = cap > 0 ? static_cast<double>(amount) / static_cast<double>(cap)
+                                 : std::numeric_limits<double>::infinity();
+    if (ratio > best) {
+      best = ratio;
+      d.primary = r;
+      d.primary_amount = amount;
+    }
+  }
+}
+
+int State::InternLabelKey(const std::string& key) {
+  auto [it, inserted] = label_key_ids_.try_emplace(key, static_cast<int>(label_keys_.size()));
+  if (inserted) label_keys_.push_back(key);
+  return it->second;
+}
+
+Filter State::CompileSelector(const std::vector<LabelTerm>& selector) {
+  Filter f;
+  std::vector<std::string> text;
+  for (const LabelTerm& term : selector) {
+    CompiledTerm t;
+    t.op = term.op;
+    auto key = label_key_ids_.find(term.key);
+    t.key = key == label_key_ids_.end() ? -1 : key->second;
+    for (const std::string& v : term.values) {
+      auto it = label_value_ids_.find(v);
+      if (it != label_value_ids_.end()) t.values.push_back(it->second);
+    }
+    f.selector.push_back(std::move(t));
+    text.push_back(absl::StrCat(term.key, term.op == LabelTerm::Op::kIn ? " in {" : " not in {",
+                                absl::StrJoin(term.values, ","), "}"));
+  }
+  f.description = absl::StrJoin(text, ", ");
+  return f;
+}
+
+int State::DomainOf(uint32_t node, int key) const {
+  if (key == kNodeDomain) return static_cast<int>(node);
+  const int v = nodes_[node].Label(key);
+  return v >= 0 ? v : -1 - static_cast<int>(node);  // unlabelled: a domain of its own
+}
+
+// ---------------------------------------------------------------- feasibility
+bool State::Fits(const NodeRec& node, const Demand& demand) const {
+  for (const auto& [r, amount] : demand.items) {
+    if (node.Free(r) < amount) return false;
+  }
+  return true;
+}
+
+bool State::FitsWhenIdle(const NodeRec& node, const Demand& demand) const {
+  for (const auto& [r, amount] : demand.items) {
+    if (node.Total(r) < amount) return false;
+  }
+  return true;
+}
+
+bool State::Passes(uint32_t n, const Filter& f) const {
+  const NodeRec& node = nodes_[n];
+  if (f.required_node >= 0 && static_cast<int>(n) != f.required_node) return false;
+  if (!f.excluded_nodes.empty() && f.excluded_nodes.contains(n)) return false;
+  for (const CompiledTerm& t : f.selector) {
+    const int v = node.Label(t.key);
+    const bool in = v >= 0 && std::find(t.values.begin(), t.values.end(), v) != t.values.end();
+    if (in != (t.op == LabelTerm::Op::kIn)) return false;
+  }
+  for (const auto& [key, value] : f.required_domains) {
+    if (DomainOf(n, key) != value) return false;
+  }
+  for (const auto& [key, value] : f.excluded_domains) {
+    if (DomainOf(n, key) == value) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- the two placers
+namespace {
+
+// True when node a is a better choice than node b (b may be -1) for this strategy.
+bool Better(const State& s, const Demand& d, Strategy strategy, int a, int b) {
+  if (a < 0) return false;
+  if (b < 0) return true;
+  if (d.primary >= 0) {
+    const NodeRec& na = s.nodes_[a];
+    const NodeRec& nb = s.nodes_[b];
+    if (strategy == Strategy::kSpread) {
+      const double ua = Index::Util(na, d.primary), ub = Index::Util(nb, d.primary);
+      if (ua != ub) return ua < ub;
+    } else {
+      const int64_t fa = na.Free(d.primary), fb = nb.Free(d.primary);
+      if (fa != fb) return fa < fb;
+    }
+  }
+  return a < b;
+}
+
+int IndexedInClass(const State& s, const Demand& d, Strategy strategy, const Filter& f, int cls) {
+  const int p = d.primary;
+  if (p < 0 || p >= s.index_.resources()) {
+    if (p >= 0) return -1;
+    for (uint32_t n = 0; n < s.nodes_.size(); ++n) {
+      const NodeRec& node = s.nodes_[n];
+      if (node.state == NodeState::kAlive && node.spot_class == cls && s.Passes(n, f)) return n;
+    }
+    return -1;
+  }
+  if (strategy == Strategy::kSpread) {
+    for (const auto& [util, n] : s.index_.by_util(p, cls)) {
+      if (s.Fits(s.nodes_[n], d) && s.Passes(n, f)) return static_cast<int>(n);
+    }
+    return -1;
+  }
+  const Index::FreeSet& set = s.index_.by_free(p, cls);
+  for (auto it = set.lower_bound({d.primary_amount, 0}); it != set.end(); ++it) {
+    if (s.Fits(s.nodes_[it->second], d) && s.Passes(it->second, f)) {
+      return static_cast<int>(it->second);
+    }
+  }
+  return -1;
+}
+
+int BruteInClass(const State& s, const Demand& d, Strategy strategy, const Filter& f, int cls) {
+  int best = -1;
+  for (uint32_t n = 0; n < s.nodes_.size(); ++n) {
+    const NodeRec& node = s.nodes_[n];
+    if (node.state != NodeState::kAlive || node.spot_class != cls) continue;
+    if (!s.Fits(node, d) || !s.Passes(n, f)) continue;
+    if (Better(s, d, strategy, static_cast<int>(n), best)) best = static_cast<int>(n);
+  }
+  return best;
+}
+
+}  // namespace
+
+int State::FindBest(const Demand& d, Strategy strategy, const Filter& f,
+                    SpotPreference spot) const {
+  if (!d.unknown_resource.empty()) return -1;
+  if (f.required_node >= 0) {
+    const uint32_t n = static_cast<uint32_t>(f.required_node);
+    const bool ok = nodes_[n].state == NodeState::kAlive && Fits(nodes_[n], d) && Passes(n, f);
+    return ok ? f.required_node : -1;
+  }
+  auto in_class = [&](int cls) {
+    return options_.placer == Scheduler::Placer::kIndexed
+               ? IndexedInClass(*this, d, strategy, f, cls)
+               : BruteInClass(*this, d, strategy, f, cls);
+  };
+  if (spot != SpotPreference::kNone) {
+    const int preferred = spot == SpotPreference::kPreferSpot ? kSpot : kOnDemand;
+    const int n = in_class(preferred);
+    return n >= 0 ? n : in_class(1 - preferred);
+  }
+  const int a = in_class(kOnDemand);
+  const int b = in_class(kSpot);
+  return Better(*this, d, strategy, b, a) ? b : a;
+}
+
+int State::BestAmong(const std::vector<uint32_t>& candidates, const Demand& d, Strategy strategy,
+                     const Filter& f) const {
+  int best = -1;
+  for (uint32_t n : candidates) {
+    if (nodes_[n].state != NodeState::kAlive || !Fits(nodes_[n], d) || !Passes(n, f)) continue;
+    if (Better(*this, d, strategy, static_cast<int>(n), best)) best = static_cast<int>(n);
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------- accounting
+void State::Allocate(uint32_t n, const Demand& d) {
+  NodeRec& node = nodes_[n];
+  for (const auto& [r, amount] : d.items) {
+    if (node.indexed) index_.EraseResource(node, n, r);
+    node.free[r] -= amount;
+    if (node.indexed) index_.InsertResource(node, n, r);
+  }
+}
+
+void State::Release(uint32_t n, const Demand& d) {
+  NodeRec& node = nodes_[n];
+  if (node.state == NodeState::kDead) return;  // its resources left with it
+  for (const auto& [r, amount] : d.items) {
+    if (node.indexed) index_.EraseResource(node, n, r);
+    node.free[r] += amount;
+    if (node.indexed) index_.InsertResource(node, n, r);
+  }
+}
+
+void State::Hide(uint32_t n) {
+  NodeRec& node = nodes_[n];
+  if (node.hidden) return;
+  node.hidden = true;
+  if (node.indexed) {
+    index_.EraseNode(node, n);
+    node.indexed = false;
+  }
+}
+
+void State::Unhide(uint32_t n) {
+  NodeRec& node = nodes_[n];
+  if (!node.hidden) return;
+  node.hidden = false;
+  if (node.state == NodeState::kAlive) {
+    index_.InsertNode(node, n);
+    node.indexed = true;
+  }
+}
+
+}  // namespace troupe::scheduler::internal
