@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <ctime>
 
+#include "caf/actor.hpp"
+#include "caf/abstract_actor.hpp"
+
 #include "absl/strings/str_cat.h"
 
 namespace troupe::runtime {
@@ -70,6 +73,29 @@ std::optional<ActorRef> Context::Lookup(const std::string& name) {
 uint64_t Context::NextGeneration(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   return ++generations_[name];
+}
+
+void Context::Own(const caf::actor& handle) {
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_owned_++;
+    owned_[id] = handle;
+  }
+  std::weak_ptr<Context> weak = weak_from_this();
+  handle->attach_functor([weak, id] {
+    if (auto c = weak.lock()) {
+      std::lock_guard<std::mutex> lock(c->mu_);
+      c->owned_.erase(id);
+    }
+  });
+}
+
+std::vector<caf::actor> Context::Owned() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<caf::actor> out;
+  for (const auto& [id, h] : owned_) out.push_back(h);
+  return out;
 }
 
 void Context::ClearDirectory() {

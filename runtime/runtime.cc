@@ -65,7 +65,7 @@ Runtime::~Runtime() { Shutdown(); }
 absl::StatusOr<caf::actor> Runtime::Spawn(const std::string& type, const caf::message& args) {
   ChildSpec spec = ChildSpec::Actor("", type, args);
   auto h = internal::SpawnChild(*system_, nullptr, spec, 1, ctx_);
-  if (h.ok()) owned_.push_back(*h);
+  if (h.ok()) ctx_->Own(*h);
   return h;
 }
 
@@ -78,7 +78,7 @@ absl::StatusOr<ActorRef> Runtime::SpawnNamed(const std::string& name, const std:
   uint64_t gen = ctx_->NextGeneration(name);
   auto h = internal::SpawnChild(*system_, nullptr, ChildSpec::Actor(name, type, args), gen, ctx_);
   if (!h.ok()) return h.status();
-  owned_.push_back(*h);
+  ctx_->Own(*h);
   return ActorRef{name, gen, *h};
 }
 
@@ -92,7 +92,7 @@ absl::StatusOr<ActorRef> Runtime::StartSupervisor(const SupervisorSpec& spec) {
   uint64_t gen = ctx_->NextGeneration(spec.name);
   auto h = internal::SpawnChild(*system_, nullptr, root, gen, ctx_);
   if (!h.ok()) return h.status();
-  owned_.push_back(*h);
+  ctx_->Own(*h);
   return ActorRef{spec.name, gen, *h};
 }
 
@@ -111,7 +111,8 @@ void Runtime::Shutdown() {
   shut_down_ = true;
   if (options_.scheduler != "testing") {
     caf::scoped_actor self{*system_};
-    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it) {
+    auto owned = ctx_->Owned();
+    for (auto it = owned.rbegin(); it != owned.rend(); ++it) {
       self->monitor(*it);
       self->send_exit(*it, caf::exit_reason::user_shutdown);
       bool down = false;
@@ -121,12 +122,12 @@ void Runtime::Shutdown() {
     }
   } else {
     // Deterministic test scheduler: nothing runs unless pumped, so pump until all are gone.
-    for (auto it = owned_.rbegin(); it != owned_.rend(); ++it)
+    auto owned = ctx_->Owned();
+    for (auto it = owned.rbegin(); it != owned.rend(); ++it)
       caf::anon_send_exit(*it, caf::exit_reason::kill);
     auto& sched = dynamic_cast<caf::scheduler::test_coordinator&>(system_->scheduler());
     sched.run();
   }
-  owned_.clear();
   ctx_->ClearDirectory();
   system_.reset();  // waits for every actor
   config_.reset();

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/events.h"
@@ -16,7 +17,7 @@
 
 namespace troupe::runtime::internal {
 
-class Context {
+class Context : public std::enable_shared_from_this<Context> {
  public:
   explicit Context(ActorRegistry registry) : registry_(std::move(registry)) {}
 
@@ -36,6 +37,11 @@ class Context {
   // returns one more than the last handed out for `name` (1 the first time).
   uint64_t NextGeneration(const std::string& name);
 
+  // Top-level actors the runtime spawned and must stop at shutdown; each leaves when it exits.
+  void Own(const caf::actor& handle);
+  // Still-running owned actors, in start order.
+  std::vector<caf::actor> Owned();
+
  private:
   ActorRegistry registry_;
   FaultInjector faults_;
@@ -43,6 +49,8 @@ class Context {
   EventSink sink_;
   std::map<std::string, ActorRef> directory_;
   std::map<std::string, uint64_t> generations_;
+  std::map<uint64_t, caf::actor> owned_;
+  uint64_t next_owned_ = 0;
 };
 
 }  // namespace troupe::runtime::internal

@@ -97,7 +97,6 @@ class Runtime {
   std::shared_ptr<internal::Context> ctx_;
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
-  std::vector<caf::actor> owned_;  // top-level supervisors and spawned actors, in start order
   bool shut_down_ = false;
 };
 
