@@ -1,0 +1,19 @@
+// Subcommands of the stock `troupe` binary. Each takes the arguments after its name and returns the
+// process exit code (0 success, 1 failure, 2 usage error). Add a command: declare it here,
+// implement it in its own file, and add one row to kCommands in main.cc.
+#ifndef TROUPE_TOOLS_COMMANDS_H_
+#define TROUPE_TOOLS_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace troupe::tools {
+
+using Args = std::vector<std::string>;
+
+// troupe data prepare --input FILES... --out DIR --vocab N
+int RunData(const Args& args);
+
+}  // namespace troupe::tools
+
+#endif  // TROUPE_TOOLS_COMMANDS_H_
