@@ -42,7 +42,10 @@ void State::UnassignBundle(uint32_t group, int bundle) {
 
 void State::DropGroup(uint32_t group) {
   GroupRec& g = groups_[group];
-  for (int b = 0; b < static_cast<int>(g.bundle_node.size()); ++b) UnassignBundle(group, b);
+  for (int b = 0; b < static_cast<int>(g.bundle_node.size()); ++b) {
+    for (uint32_t a : g.bundle_actors[b]) EraseActor(a);
+    UnassignBundle(group, b);
+  }
   group_by_id_.erase(g.id);
   g = GroupRec{};
   free_group_slots_.push_back(group);
@@ -235,16 +238,41 @@ absl::StatusOr<RescheduleReport> State::RemoveNodes(const std::vector<std::strin
     }
     std::optional<Unschedulable> why = PlaceBundles(g, todo);
     if (why) {
-      std::sort(from.begin(), from.end());
-      from.erase(std::unique(from.begin(), from.end()), from.end());
-      why->reason = absl::StrCat("lost ", todo.size(), " bundle(s) on ", absl::StrJoin(from, ","),
+      std::vector<std::string> where = from;
+      std::sort(where.begin(), where.end());
+      where.erase(std::unique(where.begin(), where.end()), where.end());
+      why->reason = absl::StrCat("lost ", todo.size(), " bundle(s) on ", absl::StrJoin(where, ","),
                                  " and could not re-place them: ", why->reason);
+      // Actors inside the group go with it, each reported from where it ran.
+      std::vector<std::pair<uint64_t, uint32_t>> inside;
+      for (const auto& set : group.bundle_actors) {
+        for (uint32_t a : set) inside.push_back({actors_[a].seq, a});
+      }
+      std::sort(inside.begin(), inside.end());
+      for (const auto& [aseq, a] : inside) {
+        const int n = actors_[a].node;
+        const std::string was = n >= 0 ? nodes_[n].name : "";
+        report.lost.push_back({actors_[a].id, was,
+                               Unschedulable{absl::StrCat("its placement group '", group.id,
+                                                          "' broke: ", why->reason),
+                                             why->retry_can_help}});
+      }
       report.broken.push_back({group.id, *std::move(why)});
       DropGroup(g);
       continue;
     }
     RescheduleReport::RepairedGroup repaired{group.id, todo, {}};
-    for (int b : todo) repaired.new_nodes.push_back(nodes_[group.bundle_node[b]].name);
+    for (size_t i = 0; i < todo.size(); ++i) {
+      const int b = todo[i];
+      repaired.new_nodes.push_back(nodes_[group.bundle_node[b]].name);
+      std::vector<std::pair<uint64_t, uint32_t>> inside;
+      for (uint32_t a : group.bundle_actors[b]) inside.push_back({actors_[a].seq, a});
+      std::sort(inside.begin(), inside.end());
+      for (const auto& [aseq, a] : inside) {
+        actors_[a].node = group.bundle_node[b];
+        report.moved.push_back({actors_[a].id, from[i], repaired.new_nodes.back()});
+      }
+    }
     report.repaired.push_back(std::move(repaired));
   }
   for (const auto& [seq, a] : lost_actors) {
@@ -285,6 +313,12 @@ absl::StatusOr<GroupDecision> Scheduler::CreatePlacementGroup(const PlacementGro
   g.id = req.group;
   g.request = req;
   g.bundle_node.assign(req.bundles.size(), -1);
+  g.bundle_actors.resize(req.bundles.size());
+  for (const internal::Demand& d : g.demands) {
+    std::vector<int64_t> left(d.items.empty() ? 0 : d.items.back().first + 1, 0);
+    for (const auto& [r, amount] : d.items) left[r] = amount;
+    g.bundle_free.push_back(std::move(left));
+  }
   g.seq = s.next_seq_++;
   uint32_t handle;
   if (!s.free_group_slots_.empty()) {

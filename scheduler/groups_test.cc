@@ -150,6 +150,51 @@ TEST_P(GroupTest, BadGroupsAreInvalidArgument) {
       absl::StatusCode::kInvalidArgument);
 }
 
+TEST_P(GroupTest, ActorsRunInsideBundleReservations) {
+  Scheduler s = Make();
+  auto d =
+      s.CreatePlacementGroup(MakeGroup("g", Strategy::kStrictSpread, 2, {{"gpu", 1}, {"cpu", 2}}));
+  ASSERT_TRUE(d.ok() && d->placed());
+  const std::string node1 = d->bundle_nodes[1];
+  const double cpu_free = Free(s, node1, "cpu");
+  ActorRequest a = MakeActor("a", {{"gpu", 1}, {"cpu", 1}});
+  a.group = "g";
+  a.bundle = 1;
+  EXPECT_EQ(MustPlace(s, a), node1);
+  EXPECT_EQ(Free(s, node1, "cpu"), cpu_free);  // taken from the reservation, not the node
+  ActorRequest b = MakeActor("b", {{"gpu", 1}});
+  b.group = "g";
+  b.bundle = 1;
+  auto busy = s.PlaceActor(b);
+  ASSERT_TRUE(busy.ok());
+  ASSERT_FALSE(busy->placed());
+  EXPECT_TRUE(busy->unschedulable->retry_can_help);
+  EXPECT_THAT(busy->unschedulable->reason, HasSubstr("inside bundle 1 of group 'g'"));
+  b.bundle = -1;  // any bundle with room: bundle 0
+  EXPECT_EQ(MustPlace(s, b), d->bundle_nodes[0]);
+  ActorRequest big = MakeActor("big", {{"gpu", 2}});
+  big.group = "g";
+  auto never = s.PlaceActor(big);
+  ASSERT_TRUE(never.ok());
+  ASSERT_FALSE(never->placed());
+  EXPECT_FALSE(never->unschedulable->retry_can_help);
+  ActorRequest nogroup = MakeActor("n", {{"cpu", 1}});
+  nogroup.group = "missing";
+  EXPECT_FALSE(s.PlaceActor(nogroup)->unschedulable->retry_can_help);
+  nogroup.group = "g";
+  nogroup.bundle = 7;
+  EXPECT_FALSE(s.PlaceActor(nogroup)->placed());
+  EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+  ASSERT_TRUE(s.ReleaseActor("a").ok());
+  b.actor = "b2";
+  b.bundle = 1;
+  EXPECT_EQ(MustPlace(s, b), node1);  // the reservation is free again
+  ASSERT_TRUE(s.RemovePlacementGroup("g").ok());
+  EXPECT_FALSE(s.ActorNode("b2").has_value());  // actors go with their group
+  EXPECT_FALSE(s.ActorNode("b").has_value());
+  EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+}
+
 INSTANTIATE_TEST_SUITE_P(Placers, GroupTest,
                          ::testing::Values(Scheduler::Placer::kIndexed,
                                            Scheduler::Placer::kBruteForce),

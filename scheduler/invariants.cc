@@ -26,6 +26,15 @@ absl::Status State::CheckInvariants() const {
     const ActorRec& rec = actors_[a];
     if (!rec.live) continue;
     ++live_actors;
+    if (rec.group >= 0) {
+      const GroupRec& g = groups_[rec.group];
+      if (!g.live || rec.bundle < 0 || rec.bundle >= static_cast<int>(g.bundle_node.size()) ||
+          g.bundle_node[rec.bundle] != rec.node || !g.bundle_actors[rec.bundle].contains(a) ||
+          nodes_[rec.node].actors.contains(a)) {
+        return Broken("actor " + rec.id + " is not inside its bundle");
+      }
+      continue;  // its resources are the bundle's, charged below
+    }
     if (absl::Status s = charge(rec.node, rec.demand, "actor " + rec.id); !s.ok()) return s;
     if (!nodes_[rec.node].actors.contains(a)) return Broken("node misses actor " + rec.id);
   }
@@ -43,6 +52,21 @@ absl::Status State::CheckInvariants() const {
         return Broken("node misses " + who);
       }
       domains.push_back(DomainOf(rec.bundle_node[b], key));
+      std::vector<int64_t> left(rec.bundle_free[b].size(), 0);
+      for (const auto& [r, amount] : rec.demands[b].items) left[r] = amount;
+      for (uint32_t a : rec.bundle_actors[b]) {
+        if (!actors_[a].live || actors_[a].group != static_cast<int>(g))
+          return Broken(who + " actor");
+        for (const auto& [r, amount] : actors_[a].demand.items) {
+          if (r >= static_cast<int>(left.size()))
+            return Broken(who + " holds an unreserved resource");
+          left[r] -= amount;
+        }
+      }
+      if (left != rec.bundle_free[b]) return Broken(who + " reservation accounting");
+      for (int64_t v : left) {
+        if (v < 0) return Broken(who + " over-committed by its actors");
+      }
     }
     std::vector<int> distinct = domains;
     std::sort(distinct.begin(), distinct.end());

@@ -93,6 +93,39 @@ TEST(RescheduleTest, GroupThatCannotBeCompletedIsBrokenAndReleased) {
   EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
 }
 
+TEST(RescheduleTest, ActorsMoveWithTheirBundleAndAreLostWithTheirGroup) {
+  Scheduler s;
+  for (const char* n : {"n0", "n1", "n2"}) ASSERT_TRUE(s.AddNode(MakeNode(n, {{"cpu", 4}})).ok());
+  auto d = s.CreatePlacementGroup(MakeGroup("g", Strategy::kStrictSpread, 2, {{"cpu", 2}}));
+  ASSERT_TRUE(d.ok() && d->placed());
+  ActorRequest a = MakeActor("a", {{"cpu", 1}});
+  a.group = "g";
+  a.bundle = 0;
+  ActorRequest b = MakeActor("b", {{"cpu", 1}});
+  b.group = "g";
+  b.bundle = 1;
+  const std::string a_node = MustPlace(s, a);
+  const std::string b_node = MustPlace(s, b);
+  auto report = s.RemoveNodes({a_node});
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->repaired.size(), 1u);
+  ASSERT_EQ(report->moved.size(), 1u);
+  EXPECT_EQ(report->moved[0].actor, "a");
+  EXPECT_EQ(report->moved[0].from, a_node);
+  EXPECT_EQ(s.ActorNode("a"), (*s.GroupNodes("g"))[0]);
+  EXPECT_EQ(s.ActorNode("b"), b_node);
+  EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+  // Now only 2 nodes are left for 2 bundles; losing one more breaks the group and both actors.
+  report = s.RemoveNodes({b_node});
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->broken.size(), 1u);
+  ASSERT_EQ(report->lost.size(), 2u);
+  EXPECT_THAT(report->lost[0].why.reason, HasSubstr("placement group 'g' broke"));
+  EXPECT_FALSE(s.ActorNode("a").has_value());
+  EXPECT_FALSE(s.ActorNode("b").has_value());
+  EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+}
+
 TEST(RescheduleTest, StrictPackGroupMovesWhole) {
   Scheduler s;
   ASSERT_TRUE(s.AddNode(MakeNode("n0", {{"gpu", 4}})).ok());

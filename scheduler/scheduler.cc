@@ -84,12 +84,65 @@ std::optional<Unschedulable> State::PlaceActorRec(uint32_t handle) {
   std::optional<Unschedulable> why;
   Filter f = ActorFilter(a.request, why);
   if (why) return why;
+  if (!a.request.group.empty()) return PlaceInBundle(handle, f);
   const int n = FindBest(a.demand, a.request.strategy, f, a.request.spot);
   if (n < 0) return Diagnose(a.demand, f);
   a.node = n;
   Allocate(static_cast<uint32_t>(n), a.demand);
   nodes_[n].actors.insert(handle);
   return std::nullopt;
+}
+
+std::optional<Unschedulable> State::PlaceInBundle(uint32_t handle, const Filter& f) {
+  ActorRec& a = actors_[handle];
+  const std::string& name = a.request.group;
+  auto it = group_by_id_.find(name);
+  if (it == group_by_id_.end()) {
+    return Unschedulable{absl::StrCat("placement group '", name,
+                                      "' does not exist (not created, removed or broken)"),
+                         false};
+  }
+  GroupRec& g = groups_[it->second];
+  const int bundles = static_cast<int>(g.bundle_node.size());
+  const int want = a.request.bundle;
+  if (want >= bundles) {
+    return Unschedulable{
+        absl::StrCat("group '", name, "' has ", bundles, " bundles, no bundle ", want), false};
+  }
+  bool ever = false;  // some candidate bundle reserves enough, on a node the filter accepts
+  for (int b = want < 0 ? 0 : want; b < (want < 0 ? bundles : want + 1); ++b) {
+    const int n = g.bundle_node[b];
+    if (n < 0 || !Passes(static_cast<uint32_t>(n), f)) continue;
+    const std::vector<int64_t>& left = g.bundle_free[b];
+    bool reserved = true, fits = true;
+    for (const auto& [r, amount] : a.demand.items) {
+      int64_t total = 0;
+      for (const auto& [br, bamount] : g.demands[b].items) total += br == r ? bamount : 0;
+      reserved &= total >= amount;
+      fits &= r < static_cast<int>(left.size()) && left[r] >= amount;
+    }
+    ever |= reserved;
+    if (!fits || nodes_[n].state != NodeState::kAlive) continue;
+    for (const auto& [r, amount] : a.demand.items) g.bundle_free[b][r] -= amount;
+    g.bundle_actors[b].insert(handle);
+    a.node = n;
+    a.group = static_cast<int>(it->second);
+    a.bundle = b;
+    return std::nullopt;
+  }
+  const std::string where = want < 0 ? "any bundle" : absl::StrCat("bundle ", want);
+  return Unschedulable{
+      absl::StrCat("needs ", FormatDemand(a.demand), " inside ", where, " of group '", name, "'",
+                   ever ? ": the reservation is taken by other actors (or its node is draining)"
+                        : ": no such bundle reserves that much",
+                   f.description.empty() ? "" : " on a node with " + f.description),
+      ever};
+}
+
+void State::EraseActor(uint32_t handle) {
+  actor_by_id_.erase(actors_[handle].id);
+  actors_[handle] = ActorRec{};
+  free_actor_slots_.push_back(handle);
 }
 
 }  // namespace internal
@@ -189,6 +242,10 @@ absl::StatusOr<ActorDecision> Scheduler::PlaceActor(const ActorRequest& request)
     return absl::InvalidArgumentError(
         absl::StrCat("PlaceActor: actor '", request.actor, "' is already placed"));
   }
+  if (request.bundle < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PlaceActor '", request.actor, "': bundle must be >= -1, got ", request.bundle));
+  }
   if (request.strategy != Strategy::kPack && request.strategy != Strategy::kSpread) {
     return absl::InvalidArgumentError(absl::StrCat("PlaceActor '", request.actor,
                                                    "': strategy must be PACK or SPREAD, got ",
@@ -231,13 +288,15 @@ absl::Status Scheduler::ReleaseActor(const std::string& actor) {
   if (it == s.actor_by_id_.end()) return absl::NotFoundError("ReleaseActor: no actor " + actor);
   const uint32_t handle = it->second;
   internal::ActorRec& a = s.actors_[handle];
-  if (a.node >= 0) {
+  if (a.group >= 0) {
+    internal::GroupRec& g = s.groups_[a.group];
+    for (const auto& [r, amount] : a.demand.items) g.bundle_free[a.bundle][r] += amount;
+    g.bundle_actors[a.bundle].erase(handle);
+  } else if (a.node >= 0) {
     s.Release(static_cast<uint32_t>(a.node), a.demand);
     s.nodes_[a.node].actors.erase(handle);
   }
-  s.actor_by_id_.erase(it);
-  s.actors_[handle] = internal::ActorRec{};
-  s.free_actor_slots_.push_back(handle);
+  s.EraseActor(handle);
   return absl::OkStatus();
 }
 
@@ -245,6 +304,12 @@ std::optional<std::string> Scheduler::ActorNode(const std::string& actor) const 
   auto it = state_->actor_by_id_.find(actor);
   if (it == state_->actor_by_id_.end()) return std::nullopt;
   return state_->nodes_[state_->actors_[it->second].node].name;
+}
+
+std::optional<ActorRequest> Scheduler::ActorSpec(const std::string& actor) const {
+  auto it = state_->actor_by_id_.find(actor);
+  if (it == state_->actor_by_id_.end()) return std::nullopt;
+  return state_->actors_[it->second].request;
 }
 
 std::optional<NodeView> Scheduler::Node(const std::string& name) const {

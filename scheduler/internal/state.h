@@ -27,8 +27,10 @@ inline constexpr int kNodeDomain = -1;  // domain key id meaning "the node itsel
 // A request's resource demands in fixed point, by resource id (ascending).
 struct Demand {
   std::vector<std::pair<int, int64_t>> items;
-  int primary = -1;  // the scarcest demanded resource; -1 when nothing is demanded
-  int64_t primary_amount = 0;
+  // The resource the index orders by (see ChoosePrimary); -1 when nothing is demanded.
+  // Refreshed by FindBest and BestAmong before every decision, as new nodes may change it.
+  mutable int primary = -1;
+  mutable int64_t primary_amount = 0;
   std::string unknown_resource;  // a demanded resource no node has ever offered
 };
 
@@ -73,6 +75,8 @@ struct ActorRec {
   ActorRequest request;
   Demand demand;
   int node = -1;
+  int group = -1;  // inside a placement group's bundle, or -1
+  int bundle = -1;
   uint64_t seq = 0;
 };
 
@@ -81,7 +85,9 @@ struct GroupRec {
   std::string id;
   PlacementGroupRequest request;
   std::vector<Demand> demands;
-  std::vector<int> bundle_node;  // -1 while unplaced
+  std::vector<int> bundle_node;                   // -1 while unplaced
+  std::vector<std::vector<int64_t>> bundle_free;  // reservation left for actors, by resource id
+  std::vector<absl::flat_hash_set<uint32_t>> bundle_actors;
   uint64_t seq = 0;
 };
 
@@ -115,7 +121,7 @@ class State {
   // ---- interning and compilation (placer.cc) ----
   absl::StatusOr<Demand> CompileDemand(const ResourceMap& demands, const std::string& what) const;
   Demand SumDemands(const std::vector<const Demand*>& parts) const;
-  void ChoosePrimary(Demand& demand) const;
+  void ChoosePrimary(const Demand& demand) const;
   Filter CompileSelector(const std::vector<LabelTerm>& selector);
   int InternLabelKey(const std::string& key);
   int DomainOf(uint32_t node, int key) const;
@@ -141,6 +147,9 @@ class State {
   Filter ActorFilter(const ActorRequest& request, std::optional<Unschedulable>& why);
   // Places (or explains); on success the actor record is updated and resources allocated.
   std::optional<Unschedulable> PlaceActorRec(uint32_t handle);
+  std::optional<Unschedulable> PlaceInBundle(uint32_t handle, const Filter& filter);
+  // Forgets an actor (its resources must already be released or gone with its node).
+  void EraseActor(uint32_t handle);
 
   // ---- placement groups and rescheduling (groups.cc) ----
   std::optional<Unschedulable> PlaceBundles(uint32_t group, std::vector<int> todo);

@@ -53,7 +53,11 @@ absl::Status CheckCluster(const Scheduler& s) {
 
 Snapshot TakeSnapshot(const Scheduler& s) {
   Snapshot snap;
-  for (const std::string& a : s.ActorIds()) snap.actors[a] = *s.ActorNode(a);
+  for (const std::string& a : s.ActorIds()) {
+    snap.actors[a] = *s.ActorNode(a);
+    const std::string group = s.ActorSpec(a)->group;
+    if (!group.empty()) snap.actor_group[a] = group;
+  }
   for (const std::string& g : s.GroupIds()) snap.groups[g] = *s.GroupNodes(g);
   return snap;
 }
@@ -67,9 +71,21 @@ absl::Status CheckReschedule(const Snapshot& before, const std::vector<std::stri
     if (l.why.reason.empty()) return Violated("actor " + l.actor + " lost without a reason");
     lost[l.actor] = l.from;
   }
+  std::set<std::string> broken;
+  for (const auto& b : report.broken) {
+    if (b.why.reason.empty()) return Violated("group " + b.group + " broken without a reason");
+    broken.insert(b.group);
+  }
   size_t affected = 0;
   for (const auto& [actor, node] : before.actors) {
     auto now = after.ActorNode(actor);
+    auto group = before.actor_group.find(actor);
+    const bool group_broke = group != before.actor_group.end() && broken.count(group->second);
+    if (!dead_set.count(node) && group_broke) {  // goes with its group
+      ++affected;
+      if (now || !lost.count(actor)) return Violated("actor " + actor + " outlived its group");
+      continue;
+    }
     if (!dead_set.count(node)) {
       if (!now || *now != node) return Violated("unaffected actor " + actor + " moved");
       continue;
@@ -88,12 +104,7 @@ absl::Status CheckReschedule(const Snapshot& before, const std::vector<std::stri
   if (affected != moved.size() + lost.size()) return Violated("report lists unaffected actors");
 
   std::map<std::string, const RescheduleReport::RepairedGroup*> repaired;
-  std::set<std::string> broken;
   for (const auto& r : report.repaired) repaired[r.group] = &r;
-  for (const auto& b : report.broken) {
-    if (b.why.reason.empty()) return Violated("group " + b.group + " broken without a reason");
-    broken.insert(b.group);
-  }
   size_t affected_groups = 0;
   for (const auto& [group, nodes] : before.groups) {
     auto now = after.GroupNodes(group);

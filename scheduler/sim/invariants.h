@@ -25,13 +25,15 @@ absl::Status CheckCluster(const Scheduler& s);
 
 struct Snapshot {
   std::map<std::string, std::string> actors;               // actor -> node
+  std::map<std::string, std::string> actor_group;          // actor -> its group, if any
   std::map<std::string, std::vector<std::string>> groups;  // group -> bundle nodes
 };
 Snapshot TakeSnapshot(const Scheduler& s);
 
 // After RemoveNodes(dead): actors and bundles not on a dead node are where they were; those
 // that were are either re-placed (and listed as moved/repaired) or gone (listed as lost/broken
-// with a reason); nothing else is reported.
+// with a reason); nothing else is reported, except the actors inside a broken group, which go
+// with it (listed as lost).
 absl::Status CheckReschedule(const Snapshot& before, const std::vector<std::string>& dead,
                              const RescheduleReport& report, const Scheduler& after);
 

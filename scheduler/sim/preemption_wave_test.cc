@@ -17,6 +17,7 @@ struct Loaded {
   Scheduler scheduler;
   std::vector<NodeSpec> nodes;
   int placed = 0;
+  int in_groups = 0;  // actors inside placement-group bundles
 };
 
 // A cluster filled with actors (mostly spot-preferring workers) and placement groups.
@@ -35,7 +36,20 @@ Loaded Load(uint64_t seed, int nodes, int actors, int groups) {
     l.placed += d.ok() && d->placed();
   }
   for (int i = 0; i < groups; ++i) {
-    EXPECT_TRUE(l.scheduler.CreatePlacementGroup(RandomGroup(rng, i, 16, shape.zones)).ok());
+    PlacementGroupRequest g = RandomGroup(rng, i, 16, shape.zones);
+    auto d = l.scheduler.CreatePlacementGroup(g);
+    EXPECT_TRUE(d.ok());
+    if (!d.ok() || !d->placed()) continue;
+    for (int b = 0; b < static_cast<int>(g.bundles.size()); ++b) {  // one actor per bundle
+      ActorRequest a;
+      a.actor = absl::StrCat(g.group, "-member-", b);
+      a.demands = {{"cpu", 1}};
+      a.group = g.group;
+      a.bundle = b;
+      auto placed = l.scheduler.PlaceActor(a);
+      EXPECT_TRUE(placed.ok() && placed->placed()) << a.actor;
+      ++l.in_groups;
+    }
   }
   return l;
 }
@@ -58,6 +72,7 @@ TEST(PreemptionWaveTest, ThirtyPercentOfSpotNodesVanish1k) {
   for (uint64_t seed : {1, 2, 3}) {
     Loaded l = Load(seed, 1000, 12000, 40);
     ASSERT_GT(l.placed, 10000);
+    ASSERT_GT(l.in_groups, 50);
     SplitMix64 rng(seed);
     WaveAndCheck(l, PreemptionWave(rng, l.scheduler, l.nodes, 0.3));
     if (HasFatalFailure()) return;

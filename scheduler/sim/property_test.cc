@@ -63,6 +63,12 @@ void RunScenario(uint64_t seed, int events) {
     const double kind = rng.Real();
     if (kind < 0.6) {
       ActorRequest a = RandomActor(rng, next_actor++, work, shape.zones);
+      const std::vector<std::string> groups = fast.GroupIds();
+      if (!groups.empty() && rng.Bernoulli(0.25)) {  // an actor inside a group's bundle
+        a.group = groups[rng.Uniform(groups.size())];
+        a.bundle = static_cast<int>(rng.Uniform(4)) - 1;
+        a.demands = {{"cpu", 1}};
+      }
       auto da = fast.PlaceActor(a);
       ExpectSameActorDecision(da, brute.PlaceActor(a), ctx);
       ASSERT_TRUE(da.ok());

@@ -15,9 +15,16 @@
 //   pg.bundles = {{{"gpu", 1}}, {{"gpu", 1}}};
 //   pg.strategy = Strategy::kStrictSpread;
 //   absl::StatusOr<GroupDecision> g = s.CreatePlacementGroup(pg);
+//   ActorRequest member;                       // an actor inside bundle 1 of the group
+//   member.actor = "w1";
+//   member.demands = {{"gpu", 1}};
+//   member.group = "pg";
+//   member.bundle = 1;
+//   d = s.PlaceActor(member);
 //   auto report = s.RemoveNodes({"node-1"});  // re-places only what node-1 held
 //
-// Lifecycle of an actor (a bundle of a group follows the same arrows, the group as a whole):
+// Lifecycle of an actor (a bundle of a group follows the same arrows, the group as a whole; an
+// actor inside a bundle moves with its bundle and is lost with its group):
 //
 //   PlaceActor ──▶ placed on node N ──ReleaseActor──▶ gone
 //        │               │
@@ -79,10 +86,12 @@ class Scheduler {
   [[nodiscard]] absl::Status ReleaseActor(const std::string& actor);
   [[nodiscard]] absl::StatusOr<GroupDecision> CreatePlacementGroup(
       const PlacementGroupRequest& request);
+  // Releases the group's bundles and the actors placed inside them.
   [[nodiscard]] absl::Status RemovePlacementGroup(const std::string& group);
 
   // ---- views ----
   std::optional<std::string> ActorNode(const std::string& actor) const;
+  std::optional<ActorRequest> ActorSpec(const std::string& actor) const;
   std::optional<std::vector<std::string>> GroupNodes(const std::string& group) const;
   std::optional<PlacementGroupRequest> GroupRequest(const std::string& group) const;
   std::optional<NodeView> Node(const std::string& node) const;

@@ -90,6 +90,12 @@ struct ActorRequest {
   std::vector<ActorAffinity> affinity;
   Strategy strategy = Strategy::kPack;  // kPack or kSpread
   SpotPreference spot = SpotPreference::kNone;
+  // Run inside a placement group: the actor takes its demands from a bundle's reservation
+  // (not from the node's free resources) and moves with the bundle. bundle -1: the first
+  // bundle with room. Strategy and spot preference do not apply; selector and affinity must
+  // hold on the bundle's node.
+  std::string group;
+  int bundle = -1;
 };
 
 // A placement group is gang-scheduled: all bundles are placed or none is.
