@@ -55,8 +55,13 @@ Unschedulable State::Diagnose(const Demand& demand, const Filter& filter) const 
   const std::string need = absl::StrCat("needs ", FormatDemand(demand));
   const std::string among =
       filter.description.empty() ? "" : absl::StrCat(" among nodes with ", filter.description);
+  // Draining nodes do not count: they are about to leave. They are named so a person knows.
+  const std::string drain_note =
+      draining_fit == 0
+          ? ""
+          : absl::StrCat(" (", draining_fit, " draining node(s) could, if undrained)");
   if (alive == 0) {
-    return {absl::StrCat(need, "; no node is alive (", draining, " draining)"), draining_fit > 0};
+    return {absl::StrCat(need, "; no node is alive", drain_note), false};
   }
   if (matching == 0) {
     return {
@@ -73,12 +78,12 @@ Unschedulable State::Diagnose(const Demand& demand, const Filter& filter) const 
     for (size_t i = 0; i < demand.items.size(); ++i) {
       if (best[i].total < demand.items[i].second) {
         return {absl::StrCat(need, "; no alive node could ever fit it", among, ": the largest is ",
-                             largest(i, false)),
-                draining_fit > 0};
+                             largest(i, false), drain_note),
+                false};
       }
     }
-    return {absl::StrCat(need, "; no alive node", among, " has all of it at once"),
-            draining_fit > 0};
+    return {absl::StrCat(need, "; no alive node", among, " has all of it at once", drain_note),
+            false};
   }
   const std::string idle = absl::StrCat(" (", fits_idle, " alive node", fits_idle == 1 ? "" : "s",
                                         among, " could fit it when idle)");

@@ -2,6 +2,7 @@
 // the brute-force oracle make identical decisions, and after every event the invariants hold:
 // no over-commit, strict strategies respected, gang atomicity, every actor placed or reported,
 // and a node loss moves only what the node held.
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -39,8 +40,46 @@ void ExpectSameActorDecision(const absl::StatusOr<ActorDecision>& a,
   }
 }
 
+// How often each outcome occurred, so a test can insist that none of its checks was vacuous.
+struct Tally {
+  int placed = 0, unschedulable = 0, busy = 0, infeasible = 0, in_bundle = 0;
+  int groups_placed = 0, groups_refused = 0, moved = 0, lost = 0, repaired = 0, broken = 0;
+};
+
+// The same cluster's alive nodes with nothing placed: where "retry can help" is checked.
+Scheduler IdleCopy(const Scheduler& s, const std::vector<NodeSpec>& nodes) {
+  Scheduler idle;
+  for (const NodeSpec& n : nodes) {
+    auto v = s.Node(n.name);
+    if (v && v->state == NodeState::kAlive) EXPECT_TRUE(idle.AddNode(n).ok());
+  }
+  return idle;
+}
+
+// Busy (retry can help) must mean the request fits the idle cluster, infeasible that it does
+// not. Exact for actors without affinity; for groups the "infeasible" side is definite.
+void CheckRetryFlag(const Scheduler& s, const std::vector<NodeSpec>& nodes, const ActorRequest& a,
+                    const Unschedulable& why, const std::string& ctx) {
+  if (!a.affinity.empty() || !a.group.empty()) return;
+  Scheduler idle = IdleCopy(s, nodes);
+  auto d = idle.PlaceActor(a);
+  ASSERT_TRUE(d.ok()) << ctx;
+  ASSERT_EQ(d->placed(), why.retry_can_help) << ctx << ": " << why.reason;
+}
+
+void CheckGroupRetryFlag(const Scheduler& s, const std::vector<NodeSpec>& nodes,
+                         const PlacementGroupRequest& g, const Unschedulable& why,
+                         const std::string& ctx) {
+  if (why.retry_can_help) return;
+  Scheduler idle = IdleCopy(s, nodes);
+  auto d = idle.CreatePlacementGroup(g);
+  ASSERT_TRUE(d.ok()) << ctx;
+  ASSERT_FALSE(d->placed()) << ctx
+                            << ": said infeasible, but fits the idle cluster: " << why.reason;
+}
+
 // One random cluster and event sequence, applied to both placers in lock step.
-void RunScenario(uint64_t seed, int events) {
+void RunScenario(uint64_t seed, int events, Tally& tally) {
   SplitMix64 rng(seed);
   ClusterShape shape;
   shape.nodes = 4 + static_cast<int>(rng.Uniform(40));
@@ -73,8 +112,13 @@ void RunScenario(uint64_t seed, int events) {
       ExpectSameActorDecision(da, brute.PlaceActor(a), ctx);
       ASSERT_TRUE(da.ok());
       if (da->placed()) {
+        ++tally.placed;
+        tally.in_bundle += !a.group.empty();
         ASSERT_EQ(fast.ActorNode(a.actor), da->node) << ctx;
       } else {
+        ++tally.unschedulable;
+        ++(da->unschedulable->retry_can_help ? tally.busy : tally.infeasible);
+        CheckRetryFlag(fast, nodes, a, *da->unschedulable, ctx);
         ASSERT_FALSE(fast.ActorNode(a.actor).has_value()) << ctx;
       }
     } else if (kind < 0.72) {
@@ -85,8 +129,11 @@ void RunScenario(uint64_t seed, int events) {
       ASSERT_TRUE(ga.ok() && gb.ok()) << ctx;
       ASSERT_EQ(ga->placed(), gb->placed()) << ctx;
       if (ga->placed()) {
+        ++tally.groups_placed;
         ASSERT_EQ(ga->bundle_nodes, gb->bundle_nodes) << ctx;
       } else {
+        ++tally.groups_refused;
+        CheckGroupRetryFlag(fast, nodes, g, *ga->unschedulable, ctx);
         ASSERT_EQ(ga->unschedulable->reason, gb->unschedulable->reason) << ctx;
         ASSERT_EQ(ga->unschedulable->retry_can_help, gb->unschedulable->retry_can_help) << ctx;
         ASSERT_EQ(FreeSum(fast, nodes), free_before) << ctx << ": gang left something";
@@ -125,6 +172,10 @@ void RunScenario(uint64_t seed, int events) {
       }
       ASSERT_EQ(ra->lost.size(), rb->lost.size()) << ctx;
       ASSERT_EQ(ra->broken.size(), rb->broken.size()) << ctx;
+      tally.moved += ra->moved.size();
+      tally.lost += ra->lost.size();
+      tally.repaired += ra->repaired.size();
+      tally.broken += ra->broken.size();
       absl::Status st = CheckReschedule(before, dead, *ra, fast);
       ASSERT_TRUE(st.ok()) << ctx << ": " << st;
     } else {
@@ -149,10 +200,21 @@ class PropertyTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(PropertyTest, IndexedMatchesBruteForceAndInvariantsHold) {
   const int shard = GetParam();
+  Tally t;
   for (uint64_t seed = shard * 500; seed < static_cast<uint64_t>(shard + 1) * 500; ++seed) {
-    RunScenario(seed, 60);
+    RunScenario(seed, 60, t);
     if (::testing::Test::HasFatalFailure()) return;
   }
+  // Every kind of outcome occurred, so none of the checks above was vacuous.
+  for (int n : {t.placed, t.busy, t.infeasible, t.in_bundle, t.groups_placed, t.groups_refused,
+                t.moved, t.lost, t.repaired, t.broken}) {
+    EXPECT_GT(n, 10);
+  }
+  std::printf(
+      "shard %d: placed %d (in bundles %d), busy %d, infeasible %d; groups placed %d, "
+      "refused %d; after node loss: moved %d, lost %d, repaired %d, broken %d\n",
+      shard, t.placed, t.in_bundle, t.busy, t.infeasible, t.groups_placed, t.groups_refused,
+      t.moved, t.lost, t.repaired, t.broken);
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, PropertyTest, ::testing::Range(0, 4));
