@@ -119,7 +119,20 @@ bool State::GroupFeasibleWhenIdle(const GroupRec& g, const Filter& filter) const
     parts.push_back(&d);
   }
   const Demand sum = SumDemands(parts);
-  std::vector<char> bundle_fits(g.demands.size(), 0);
+  // Groups usually repeat one bundle shape: test each distinct shape once per node.
+  std::vector<const Demand*> shapes;
+  for (const Demand& d : g.demands) {
+    if (std::none_of(shapes.begin(), shapes.end(),
+                     [&](const Demand* s) { return s->items == d.items; })) {
+      shapes.push_back(&d);
+    }
+    if (shapes.size() > 64) break;  // many shapes: the check below stays correct, just slower
+  }
+  if (shapes.size() > 64) {
+    shapes.clear();
+    for (const Demand& d : g.demands) shapes.push_back(&d);
+  }
+  std::vector<char> bundle_fits(shapes.size(), 0);
   absl::flat_hash_map<int, std::vector<int64_t>> domain_total;  // for STRICT_PACK by label
   absl::flat_hash_set<int> spread_domains;                      // domains fitting some bundle
   bool pack_node = false;
@@ -128,17 +141,19 @@ bool State::GroupFeasibleWhenIdle(const GroupRec& g, const Filter& filter) const
     const NodeRec& node = nodes_[n];
     if (node.state != NodeState::kAlive || !Passes(n, filter)) continue;
     bool any = false;
-    for (size_t b = 0; b < g.demands.size(); ++b) {
-      if (FitsWhenIdle(node, g.demands[b])) bundle_fits[b] = 1, any = true;
+    for (size_t b = 0; b < shapes.size(); ++b) {
+      if (FitsWhenIdle(node, *shapes[b])) bundle_fits[b] = 1, any = true;
     }
     const int domain = key == -2 ? -1 - static_cast<int>(n) : DomainOf(n, key);
     if (any) spread_domains.insert(domain);
     if (FitsWhenIdle(node, sum)) pack_node = true;
-    auto& dt = domain_total[domain];
-    dt.resize(resource_names_.size(), 0);
     for (size_t r = 0; r < resource_names_.size(); ++r) {
-      dt[r] += node.Total(static_cast<int>(r));
       cluster_total[r] += node.Total(static_cast<int>(r));
+    }
+    if (req.strategy == Strategy::kStrictPack && key != kNodeDomain) {
+      auto& dt = domain_total[domain];
+      dt.resize(resource_names_.size(), 0);
+      for (size_t r = 0; r < resource_names_.size(); ++r) dt[r] += node.Total(static_cast<int>(r));
     }
   }
   if (std::find(bundle_fits.begin(), bundle_fits.end(), 0) != bundle_fits.end()) return false;
