@@ -51,13 +51,153 @@ void State::DropGroup(uint32_t group) {
   free_group_slots_.push_back(group);
 }
 
+namespace {
+
+// One PlaceBundles call: the group's nodes so far, what this call placed (to undo on failure)
+// and the nodes hidden from the index while it runs. Each strategy returns the bundle that
+// found no node, or -1.
+class Attempt {
+ public:
+  Attempt(State& s, uint32_t group, Filter base)
+      : s_(s), group_(group), g_(s.groups_[group]), base_(std::move(base)), f_(base_) {
+    const PlacementGroupRequest& req = g_.request;
+    key_ = req.domain_key.empty() ? kNodeDomain : s_.InternLabelKey(req.domain_key);
+    for (int n : g_.bundle_node) {
+      if (n >= 0 && !Used(n)) used_.push_back(static_cast<uint32_t>(n));
+    }
+  }
+  ~Attempt() {
+    for (uint32_t n : hidden_) s_.Unhide(n);
+  }
+
+  int Run(const std::vector<int>& todo) {
+    switch (g_.request.strategy) {
+      case Strategy::kSpread:
+        return Spread(todo, /*strict=*/false);
+      case Strategy::kStrictSpread:
+        return Spread(todo, /*strict=*/true);
+      case Strategy::kPack:
+        return Pack(todo);
+      case Strategy::kStrictPack:
+        return key_ == kNodeDomain ? StrictPackOnNode(todo) : StrictPackInDomain(todo);
+    }
+    return todo.front();
+  }
+  void Undo() {
+    for (int b : placed_) s_.UnassignBundle(group_, b);
+    placed_.clear();
+  }
+  int key() const { return key_; }
+  size_t used() const { return used_.size(); }
+
+ private:
+  bool Used(int n) const { return std::find(used_.begin(), used_.end(), n) != used_.end(); }
+  const Demand& demand(int b) const { return g_.demands[b]; }
+  SpotPreference spot() const { return g_.request.spot; }
+
+  void Place(int b, int n) {
+    s_.AssignBundle(group_, b, static_cast<uint32_t>(n));
+    placed_.push_back(b);
+    if (!Used(n)) used_.push_back(static_cast<uint32_t>(n));
+  }
+  // Rules the node's failure domain out for the next bundles. By node, the node also leaves
+  // the index until the call ends, so a 1,024-bundle group never rescans its own nodes.
+  void Exclude(uint32_t n) {
+    if (key_ == kNodeDomain) {
+      f_.excluded_nodes.insert(n);
+      s_.Hide(n);
+      hidden_.push_back(n);
+    } else {
+      f_.excluded_domains.push_back({key_, s_.DomainOf(n, key_)});
+    }
+  }
+
+  // Least-loaded nodes outside the group's domains first; SPREAD then reuses its own nodes.
+  int Spread(const std::vector<int>& todo, bool strict) {
+    for (uint32_t n : used_) Exclude(n);
+    for (int b : todo) {
+      int n = s_.FindBest(demand(b), Strategy::kSpread, f_, spot());
+      if (n < 0 && !strict) n = s_.BestAmong(used_, demand(b), Strategy::kSpread, base_);
+      if (n < 0) return b;
+      if (!Used(n)) Exclude(static_cast<uint32_t>(n));  // before allocating: no index update
+      Place(b, n);
+    }
+    return -1;
+  }
+
+  // Best fit among the group's own nodes first, then in the cluster.
+  int Pack(const std::vector<int>& todo) {
+    for (int b : todo) {
+      int n = s_.BestAmong(used_, demand(b), Strategy::kPack, base_);
+      if (n < 0) n = s_.FindBest(demand(b), Strategy::kPack, base_, spot());
+      if (n < 0) return b;
+      Place(b, n);
+    }
+    return -1;
+  }
+
+  // All bundles on one node: one best-fit decision for their sum.
+  int StrictPackOnNode(const std::vector<int>& todo) {
+    if (!used_.empty()) f_.required_node = static_cast<int>(used_.front());
+    std::vector<const Demand*> parts;
+    for (int b : todo) parts.push_back(&demand(b));
+    const int n = s_.FindBest(s_.SumDemands(parts), Strategy::kPack, f_, spot());
+    if (n < 0) return todo.front();
+    for (int b : todo) Place(b, n);
+    return -1;
+  }
+
+  // All bundles in one labelled domain: the survivors' one, or the first (by label) that fits.
+  int StrictPackInDomain(const std::vector<int>& todo) {
+    std::vector<int> domains;
+    if (!used_.empty()) {
+      domains.push_back(s_.DomainOf(used_.front(), key_));
+    } else {
+      for (const NodeRec& node : s_.nodes_) {
+        const int d = node.Label(key_);
+        if (node.state == NodeState::kAlive && d >= 0 &&
+            std::find(domains.begin(), domains.end(), d) == domains.end()) {
+          domains.push_back(d);
+        }
+      }
+      std::sort(domains.begin(), domains.end());
+    }
+    int failed = todo.front();
+    for (int d : domains) {
+      f_.required_domains = {{key_, d}};
+      failed = -1;
+      for (int b : todo) {
+        const int n = s_.FindBest(demand(b), Strategy::kPack, f_, spot());
+        if (n < 0) {
+          failed = b;
+          break;
+        }
+        Place(b, n);
+      }
+      if (failed < 0) return -1;
+      Undo();
+    }
+    return failed;
+  }
+
+  State& s_;
+  const uint32_t group_;
+  GroupRec& g_;
+  const Filter base_;
+  Filter f_;
+  int key_ = kNodeDomain;
+  std::vector<uint32_t> used_;  // nodes holding bundles of this group, in first-use order
+  std::vector<int> placed_;
+  std::vector<uint32_t> hidden_;
+};
+
+}  // namespace
+
 // Places the bundles in `todo` next to those of the group already placed, under the group's
 // strategy. All or nothing: on failure every bundle placed by this call is taken back.
 std::optional<Unschedulable> State::PlaceBundles(uint32_t group, std::vector<int> todo) {
   GroupRec& g = groups_[group];
   const PlacementGroupRequest& req = g.request;
-  const int n_bundles = static_cast<int>(g.demands.size());
-  Filter base = CompileSelector(req.selector);
   for (int b : todo) {
     if (!g.demands[b].unknown_resource.empty()) {
       return Unschedulable{absl::StrCat("bundle ", b, " needs resource '",
@@ -66,127 +206,28 @@ std::optional<Unschedulable> State::PlaceBundles(uint32_t group, std::vector<int
     }
   }
   OrderBySize(*this, g, todo);
-  const int key = req.domain_key.empty() ? kNodeDomain : InternLabelKey(req.domain_key);
-  std::vector<uint32_t> used;  // nodes holding bundles of this group, in first-use order
-  for (int b = 0; b < n_bundles; ++b) {
-    const int n = g.bundle_node[b];
-    if (n >= 0 && std::find(used.begin(), used.end(), n) == used.end()) used.push_back(n);
-  }
-  std::vector<int> placed;
-  std::vector<uint32_t> hidden;
-  int failed = -1;
-  Filter f = base;
-  auto place = [&](int b, int n) {
-    AssignBundle(group, b, static_cast<uint32_t>(n));
-    placed.push_back(b);
-    if (std::find(used.begin(), used.end(), n) == used.end()) used.push_back(n);
-  };
-  switch (req.strategy) {
-    case Strategy::kStrictSpread:
-    case Strategy::kSpread: {
-      const bool strict = req.strategy == Strategy::kStrictSpread;
-      auto exclude = [&](uint32_t n) {
-        if (key == kNodeDomain) {
-          f.excluded_nodes.insert(n);
-          Hide(n);
-          hidden.push_back(n);
-        } else {
-          f.excluded_domains.push_back({key, DomainOf(n, key)});
-        }
-      };
-      for (uint32_t n : used) exclude(n);
-      for (int b : todo) {
-        int n = FindBest(g.demands[b], Strategy::kSpread, f, req.spot);
-        if (n < 0 && !strict) n = BestAmong(used, g.demands[b], Strategy::kSpread, base);
-        if (n < 0) {
-          failed = b;
-          break;
-        }
-        // Hide before allocating, so the index is not updated for a node about to leave it.
-        if (std::find(used.begin(), used.end(), n) == used.end()) exclude(static_cast<uint32_t>(n));
-        place(b, n);
-      }
-      break;
-    }
-    case Strategy::kPack:
-      for (int b : todo) {
-        int n = BestAmong(used, g.demands[b], Strategy::kPack, base);
-        if (n < 0) n = FindBest(g.demands[b], Strategy::kPack, base, req.spot);
-        if (n < 0) {
-          failed = b;
-          break;
-        }
-        place(b, n);
-      }
-      break;
-    case Strategy::kStrictPack:
-      if (key == kNodeDomain) {
-        if (!used.empty()) f.required_node = static_cast<int>(used.front());
-        std::vector<const Demand*> parts;
-        for (int b : todo) parts.push_back(&g.demands[b]);
-        const int n = FindBest(SumDemands(parts), Strategy::kPack, f, req.spot);
-        if (n < 0) {
-          failed = todo.front();
-          break;
-        }
-        for (int b : todo) place(b, n);
-        break;
-      }
-      {
-        // One failure domain for the whole group: the survivors' one, or the first that fits.
-        std::vector<int> domains;
-        if (!used.empty()) {
-          domains.push_back(DomainOf(used.front(), key));
-        } else {
-          for (uint32_t n = 0; n < nodes_.size(); ++n) {
-            const int d = nodes_[n].Label(key);
-            if (nodes_[n].state == NodeState::kAlive && d >= 0 &&
-                std::find(domains.begin(), domains.end(), d) == domains.end()) {
-              domains.push_back(d);
-            }
-          }
-          std::sort(domains.begin(), domains.end());
-        }
-        failed = todo.front();
-        for (int d : domains) {
-          f.required_domains = {{key, d}};
-          int miss = -1;
-          for (int b : todo) {
-            const int n = FindBest(g.demands[b], Strategy::kPack, f, req.spot);
-            if (n < 0) {
-              miss = b;
-              break;
-            }
-            place(b, n);
-          }
-          if (miss < 0) {
-            failed = -1;
-            break;
-          }
-          failed = miss;
-          for (int b : placed) UnassignBundle(group, b);
-          placed.clear();
-        }
-      }
-      break;
-  }
-  for (uint32_t n : hidden) Unhide(n);
+  const Filter base = CompileSelector(req.selector);
+  int failed, key;
+  size_t used;
+  {
+    Attempt attempt(*this, group, base);
+    failed = attempt.Run(todo);
+    if (failed >= 0) attempt.Undo();
+    key = attempt.key();
+    used = attempt.used();
+  }  // unhides before anything else reads the index
   if (failed < 0) return std::nullopt;
-  for (int b : placed) UnassignBundle(group, b);
-  Demand whole;  // STRICT_PACK on one node needs the sum of the bundles on that node
-  if (req.strategy == Strategy::kStrictPack && key == kNodeDomain) {
-    std::vector<const Demand*> parts;
-    for (const Demand& d : g.demands) parts.push_back(&d);
-    whole = SumDemands(parts);
-  }
-  const bool use_whole = req.strategy == Strategy::kStrictPack && key == kNodeDomain;
-  Unschedulable why = Diagnose(use_whole ? whole : g.demands[failed], base);
+  // STRICT_PACK on one node needs the sum of the bundles on that node: explain that.
+  const bool whole = req.strategy == Strategy::kStrictPack && key == kNodeDomain;
+  std::vector<const Demand*> parts;
+  for (const Demand& d : g.demands) parts.push_back(&d);
+  Unschedulable why = Diagnose(whole ? SumDemands(parts) : g.demands[failed], base);
   why.reason = absl::StrCat(
-      StrategyName(req.strategy), " group '", g.id, "' of ", n_bundles, " bundles: bundle ", failed,
-      " found no node",
+      StrategyName(req.strategy), " group '", g.id, "' of ", g.demands.size(), " bundles: bundle ",
+      failed, " found no node",
       req.strategy == Strategy::kStrictSpread
-          ? absl::StrCat(" outside the ", used.size(), " ",
-                         key == kNodeDomain ? "node" : req.domain_key, " domains already used")
+          ? absl::StrCat(" outside the ", used, " ", key == kNodeDomain ? "node" : req.domain_key,
+                         " domains already used")
           : "",
       "; ", why.reason);
   why.retry_can_help = GroupFeasibleWhenIdle(g, base);
