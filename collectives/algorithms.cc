@@ -1,0 +1,277 @@
+#include "algorithms.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "reduce.h"
+
+namespace troupe::collectives {
+namespace {
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Posts one send and one receive and waits for both.
+absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbytes, int from,
+                      void* rbuf, size_t rbytes, uint64_t tag) {
+  ReqId reqs[2];
+  int k = 0;
+  if (rbytes > 0) {
+    auto r = c.t->PostRecv(from, tag, rbuf, rbytes);
+    if (!r.ok()) return r.status();
+    reqs[k++] = *r;
+  }
+  if (sbytes > 0) {
+    auto s = c.t->PostSend(to, tag, sbuf, sbytes);
+    if (!s.ok()) {
+      if (k > 0) (void)c.t->WaitAll(absl::MakeSpan(reqs, k), absl::Now());
+      return s.status();
+    }
+    reqs[k++] = *s;
+  }
+  return c.t->WaitAll(absl::MakeSpan(reqs, k), c.deadline);
+}
+
+}  // namespace
+
+uint64_t CanonicalMid(uint64_t lo, uint64_t hi) {
+  uint64_t len = hi - lo, p = 1;
+  while (p * 2 < len) p *= 2;
+  return lo + p;
+}
+
+std::vector<size_t> EvenSegments(size_t count, int n) {
+  std::vector<size_t> off(n + 1);
+  for (int i = 0; i <= n; ++i) off[i] = count * i / n;
+  return off;
+}
+
+absl::Status RingReduceScatter(const OpContext& c, float* w, const std::vector<size_t>& off,
+                               ReduceOp op, uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  if (n == 1) return absl::OkStatus();
+  const int right = Mod(r + 1, n), left = Mod(r - 1, n);
+  size_t max_seg = 0;
+  for (int i = 0; i < n; ++i) max_seg = std::max(max_seg, off[i + 1] - off[i]);
+  size_t piece = std::max<size_t>(c.piece_bytes / 4, (max_seg + 4095) / 4096);
+  piece = std::max<size_t>(piece, 1);
+  float* tmp = static_cast<float*>(c.t->Scratch(0, 2 * piece * sizeof(float)));
+  std::vector<ReqId> sends;
+  for (int s = 0; s < n - 1; ++s) {
+    const int ss = Mod(r - s - 1, n), rs = Mod(r - s - 2, n);
+    const size_t slen = off[ss + 1] - off[ss], rlen = off[rs + 1] - off[rs];
+    sends.clear();
+    for (size_t p = 0; p * piece < slen; ++p) {
+      size_t len = std::min(piece, slen - p * piece);
+      auto id = c.t->PostSend(right, c.Tag(phase, s, p), w + off[ss] + p * piece, len * 4);
+      if (!id.ok()) return id.status();
+      sends.push_back(*id);
+    }
+    const size_t npieces = (rlen + piece - 1) / piece;
+    ReqId pending = 0;
+    auto post = [&](size_t p) -> absl::Status {
+      size_t len = std::min(piece, rlen - p * piece);
+      auto id = c.t->PostRecv(left, c.Tag(phase, s, p), tmp + (p % 2) * piece, len * 4);
+      if (!id.ok()) return id.status();
+      pending = *id;
+      return absl::OkStatus();
+    };
+    if (npieces > 0) {
+      if (auto st = post(0); !st.ok()) return st;
+    }
+    for (size_t p = 0; p < npieces; ++p) {
+      ReqId cur = pending;
+      if (p + 1 < npieces) {
+        if (auto st = post(p + 1); !st.ok()) return st;
+      }
+      if (auto st = c.t->WaitAll({&cur, 1}, c.deadline); !st.ok()) return st;
+      size_t len = std::min(piece, rlen - p * piece);
+      ReduceInto(w + off[rs] + p * piece, tmp + (p % 2) * piece, len, op);
+    }
+    if (auto st = c.t->WaitAll(sends, c.deadline); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RingAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off,
+                           uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  for (int s = 0; s < n - 1; ++s) {
+    const int ss = Mod(r - s, n), rs = Mod(r - s - 1, n);
+    auto st = SendRecv(c, Mod(r + 1, n), w + off[ss], off[ss + 1] - off[ss], Mod(r - 1, n),
+                       w + off[rs], off[rs + 1] - off[rs], c.Tag(phase, s, 0));
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count, ReduceOp op,
+                                        uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  if (n == 1 || count == 0) return absl::OkStatus();
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int rem = n - p;
+  const size_t bytes = count * sizeof(float);
+  float* tmp = static_cast<float*>(c.t->Scratch(0, bytes));
+  int vr;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      if (auto st = SendRecv(c, r + 1, w, bytes, -1, nullptr, 0, c.Tag(phase, 0, 0)); !st.ok())
+        return st;
+      vr = -1;
+    } else {
+      if (auto st = SendRecv(c, -1, nullptr, 0, r - 1, tmp, bytes, c.Tag(phase, 0, 0)); !st.ok())
+        return st;
+      Combine(w, tmp, w, count, op);
+      vr = r / 2;
+    }
+  } else {
+    vr = r - rem;
+  }
+  if (vr >= 0) {
+    int step = 1;
+    for (int mask = 1; mask < p; mask <<= 1, ++step) {
+      const int pv = vr ^ mask;
+      const int peer = pv < rem ? pv * 2 + 1 : pv + rem;
+      auto st = SendRecv(c, peer, w, bytes, peer, tmp, bytes, c.Tag(phase, step, 0));
+      if (!st.ok()) return st;
+      if (peer < r) {
+        Combine(w, tmp, w, count, op);
+      } else {
+        Combine(w, w, tmp, count, op);
+      }
+    }
+  }
+  if (r < 2 * rem) {
+    const uint64_t tag = c.Tag(phase, 255, 0);
+    if (r % 2 == 0) return SendRecv(c, -1, nullptr, 0, r + 1, w, bytes, tag);
+    return SendRecv(c, r - 1, w, bytes, -1, nullptr, 0, tag);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
+                                  const std::vector<size_t>& off, uint64_t lo, uint64_t hi,
+                                  ReduceOp op, float* out, uint64_t* contributions,
+                                  uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  // 1. Everyone learns everyone's interval.
+  std::vector<uint64_t> iv(2 * n);
+  iv[2 * r] = lo;
+  iv[2 * r + 1] = hi;
+  std::vector<size_t> ioff(n + 1);
+  for (int i = 0; i <= n; ++i) ioff[i] = i * 2 * sizeof(uint64_t);
+  if (auto st = RingAllGather(c, reinterpret_cast<uint8_t*>(iv.data()), ioff, phase); !st.ok())
+    return st;
+  uint64_t total = 0;
+  for (int i = 0; i < n; ++i) total = std::max(total, iv[2 * i + 1]);
+  *contributions = total;
+  // 2. Every rank sends its partial of block b to owner b.
+  const size_t blen = off[r + 1] - off[r];
+  float* recv = static_cast<float*>(c.t->Scratch(1, std::max<size_t>(1, n * blen) * 4));
+  std::vector<ReqId> reqs;
+  for (int q = 0; q < n; ++q) {
+    if (q == r) continue;
+    if (blen > 0) {
+      auto id = c.t->PostRecv(q, c.Tag(phase + 1, 0, 0), recv + q * blen, blen * 4);
+      if (!id.ok()) return id.status();
+      reqs.push_back(*id);
+    }
+    const size_t qlen = off[q + 1] - off[q];
+    if (qlen > 0) {
+      auto id = c.t->PostSend(q, c.Tag(phase + 1, 0, 0), w + off[q], qlen * 4);
+      if (!id.ok()) return id.status();
+      reqs.push_back(*id);
+    }
+  }
+  if (auto st = c.t->WaitAll(reqs, c.deadline); !st.ok()) return st;
+  // 3. Combine the partials in canonical tree order.
+  std::deque<std::vector<float>> store;
+  absl::Status bad;
+  auto node = [&](auto& self, uint64_t a, uint64_t b) -> const float* {
+    for (int q = 0; q < n; ++q) {
+      if (iv[2 * q] == a && iv[2 * q + 1] == b) return q == r ? w + off[r] : recv + q * blen;
+    }
+    if (b - a <= 1) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "ordered reduce-scatter: no rank holds contribution [", a, ", ", b,
+          "); intervals must be disjoint power-of-two-aligned subtrees covering [0, ", total, ")"));
+      return nullptr;
+    }
+    const uint64_t mid = CanonicalMid(a, b);
+    const float* x = self(self, a, mid);
+    if (x == nullptr) return nullptr;
+    const float* y = self(self, mid, b);
+    if (y == nullptr) return nullptr;
+    store.emplace_back(blen);
+    Combine(store.back().data(), x, y, blen, op);
+    return store.back().data();
+  };
+  if (total == 0) return absl::InvalidArgumentError("ordered reduce-scatter: no contributions");
+  const float* res = node(node, 0, total);
+  if (res == nullptr) return bad;
+  std::memmove(out, res, blen * 4);
+  return absl::OkStatus();
+}
+
+absl::Status BinomialBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,
+                               uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  const int vr = Mod(r - root, n);
+  int mask = 1;
+  while (mask < n) {
+    if (vr & mask) {
+      auto st =
+          SendRecv(c, -1, nullptr, 0, Mod(vr - mask + root, n), buf, bytes, c.Tag(phase, 0, 0));
+      if (!st.ok()) return st;
+      break;
+    }
+    mask <<= 1;
+  }
+  mask >>= 1;
+  std::vector<ReqId> reqs;
+  for (; mask > 0; mask >>= 1) {
+    if (vr + mask < n && bytes > 0) {
+      auto id = c.t->PostSend(Mod(vr + mask + root, n), c.Tag(phase, 0, 0), buf, bytes);
+      if (!id.ok()) return id.status();
+      reqs.push_back(*id);
+    }
+  }
+  return c.t->WaitAll(reqs, c.deadline);
+}
+
+absl::Status ScatterAllGatherBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,
+                                       uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  std::vector<size_t> off = EvenSegments(bytes, n);
+  std::vector<ReqId> reqs;
+  if (r == root) {
+    for (int q = 0; q < n; ++q) {
+      if (q == r || off[q + 1] == off[q]) continue;
+      auto id = c.t->PostSend(q, c.Tag(phase, 0, 0), buf + off[q], off[q + 1] - off[q]);
+      if (!id.ok()) return id.status();
+      reqs.push_back(*id);
+    }
+  } else if (off[r + 1] > off[r]) {
+    auto id = c.t->PostRecv(root, c.Tag(phase, 0, 0), buf + off[r], off[r + 1] - off[r]);
+    if (!id.ok()) return id.status();
+    reqs.push_back(*id);
+  }
+  if (auto st = c.t->WaitAll(reqs, c.deadline); !st.ok()) return st;
+  return RingAllGather(c, buf, off, phase + 1);
+}
+
+absl::Status DisseminationBarrier(const OpContext& c, uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  uint8_t out = 1, in = 0;
+  int step = 0;
+  for (int k = 1; k < n; k <<= 1, ++step) {
+    auto st = SendRecv(c, Mod(r + k, n), &out, 1, Mod(r - k, n), &in, 1, c.Tag(phase, step, 0));
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::collectives

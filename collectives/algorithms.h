@@ -1,0 +1,63 @@
+// Private: the collective algorithms, written once against Transport and run by the Engine on
+// f32 working buffers (bf16 is widened before and narrowed after, so all accumulation is f32).
+//
+//   ring reduce-scatter / all-gather   bandwidth-optimal, pieces pipelined (recv p+1 while
+//                                      reducing p); used for large buffers
+//   recursive doubling all-reduce      log2(n) rounds of whole-buffer exchange; small buffers
+//   ordered reduce-scatter             partials keyed by contribution interval, combined by the
+//                                      owner in canonical tree order: bit-exact for any n
+//   binomial / scatter+all-gather bcast, dissemination barrier
+#ifndef TROUPE_COLLECTIVES_ALGORITHMS_H_
+#define TROUPE_COLLECTIVES_ALGORITHMS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "transport.h"
+#include "troupe/collectives/communicator.h"
+
+namespace troupe::collectives {
+
+struct OpContext {
+  Transport* t = nullptr;
+  uint64_t seq = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  size_t piece_bytes = 512 * 1024;
+  // Sub-tag: 4-bit phase, 8-bit step, 12-bit piece.
+  uint64_t Tag(uint32_t phase, uint32_t step, uint32_t piece) const {
+    return OpTag(seq, (phase << 20) | ((step & 0xff) << 12) | (piece & 0xfff));
+  }
+};
+
+// Offsets of n nearly equal segments of `count` elements (n + 1 entries).
+std::vector<size_t> EvenSegments(size_t count, int n);
+
+// In place on w; afterwards segment `rank` of w holds the reduction of all ranks' segments.
+absl::Status RingReduceScatter(const OpContext& c, float* w, const std::vector<size_t>& off,
+                               ReduceOp op, uint32_t phase);
+// In place on bytes; before, segment `rank` is local; afterwards all segments are.
+absl::Status RingAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off_bytes,
+                           uint32_t phase);
+// In place; every rank ends with the bit-identical reduction.
+absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count, ReduceOp op,
+                                        uint32_t phase);
+// Rank r's `w` (count = off.back()) is the partial sum over contributions [lo, hi). Writes the
+// canonical-tree reduction of segment `rank` to `out`, and the number of contributions to
+// `*contributions`.
+absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
+                                  const std::vector<size_t>& off, uint64_t lo, uint64_t hi,
+                                  ReduceOp op, float* out, uint64_t* contributions, uint32_t phase);
+absl::Status BinomialBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,
+                               uint32_t phase);
+absl::Status ScatterAllGatherBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,
+                                       uint32_t phase);
+absl::Status DisseminationBarrier(const OpContext& c, uint32_t phase);
+
+// The canonical split point: lo + the largest power of two strictly below hi - lo.
+uint64_t CanonicalMid(uint64_t lo, uint64_t hi);
+
+}  // namespace troupe::collectives
+
+#endif  // TROUPE_COLLECTIVES_ALGORITHMS_H_

@@ -1,0 +1,403 @@
+#include "engine.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "reduce.h"
+
+namespace troupe::collectives {
+
+absl::Status Work::Wait() const {
+  if (state_ == nullptr) return absl::OkStatus();
+  state_->done.WaitForNotification();
+  return state_->status;
+}
+
+Work Work::Done(absl::Status s) {
+  auto st = std::make_shared<State>();
+  st->status = std::move(s);
+  st->done.Notify();
+  return Work(std::move(st));
+}
+
+void Communicator::AbortForGeneration(uint64_t new_generation) {
+  Abort(absl::AbortedError(absl::StrCat("collectives: generation ", generation(),
+                                        " superseded by generation ", new_generation)));
+}
+
+namespace {
+
+absl::Status CheckBuffer(const char* op, const char* name, const Buffer& b) {
+  if (b.count > 0 && b.data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, ".data is null with count ", b.count));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCount(const char* op, const char* what, size_t expected, size_t got) {
+  if (expected == got) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", what, " expected ", expected, ", got ", got));
+}
+
+absl::Status CheckSameDType(const char* op, const Buffer& in, const Buffer& out) {
+  if (in.dtype == out.dtype) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": output.dtype expected ",
+                                                 static_cast<int>(in.dtype), " (input.dtype), got ",
+                                                 static_cast<int>(out.dtype)));
+}
+
+// Widens `b` into a reusable f32 work area (slot 2); f32 input is copied.
+float* ToWork(Transport* t, const Buffer& b, size_t count) {
+  float* w = static_cast<float*>(t->Scratch(2, std::max<size_t>(count, 1) * sizeof(float)));
+  if (b.dtype == DType::kF32) {
+    std::memcpy(w, b.data, count * sizeof(float));
+  } else {
+    Bf16ToF32(static_cast<const uint16_t*>(b.data), w, count);
+  }
+  return w;
+}
+
+void FromWork(const float* w, const Buffer& out, size_t count) {
+  if (out.dtype == DType::kF32) {
+    if (out.data != w) std::memmove(out.data, w, count * sizeof(float));
+  } else {
+    F32ToBf16(w, static_cast<uint16_t*>(out.data), count);
+  }
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Transport> transport, uint64_t generation, std::string backend)
+    : transport_(std::move(transport)), generation_(generation), backend_(std::move(backend)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Shutdown() {
+  if (!thread_.joinable()) return;
+  Abort(absl::CancelledError("collectives: communicator destroyed"));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+absl::Status Engine::failed_copy() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return failed_;
+}
+
+void Engine::Abort(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (failed_.ok()) failed_ = status;
+  }
+  transport_->Fail(std::move(status));
+  cv_.notify_all();
+}
+
+Work Engine::Submit(const CollectiveOptions& o, Fn fn, PostFn post) {
+  auto state = std::make_shared<Work::State>();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!failed_.ok()) return Work::Done(failed_);
+    queue_.push_back(
+        Item{std::move(fn), std::move(post), next_seq_++, absl::Now() + o.timeout, state});
+  }
+  cv_.notify_all();
+  return Work(state);
+}
+
+void Engine::Complete(Item& item, absl::Status st) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++ops_completed_;
+  }
+  item.state->status = std::move(st);
+  item.state->done.Notify();
+}
+
+void Engine::FailOp(absl::Status st) {
+  transport_->CancelAll();
+  absl::Status sticky;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (failed_.ok()) failed_ = st;
+    sticky = failed_;  // a concurrent Abort's status names the real cause
+  }
+  transport_->Fail(sticky);
+  for (auto& [id, item] : p2p_) Complete(item, sticky);
+  p2p_.clear();
+}
+
+bool Engine::PollPointToPoint() {
+  bool any = false;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < p2p_.size();) {
+    absl::StatusOr<bool> done = transport_->Test(p2p_[i].first);
+    if (done.ok() && !*done && now > p2p_[i].second.deadline) {
+      done = absl::DeadlineExceededError(
+          absl::StrCat("collectives: rank ", rank(), " point-to-point operation deadline passed"));
+    }
+    if (!done.ok()) {
+      FailOp(done.status());
+      return true;
+    }
+    if (*done) {
+      Complete(p2p_[i].second, absl::OkStatus());
+      p2p_.erase(p2p_.begin() + i);
+      any = true;
+    } else {
+      ++i;
+    }
+  }
+  return any;
+}
+
+void Engine::Run() {
+  for (;;) {
+    Item item;
+    absl::Status failed;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (p2p_.empty()) {
+        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      } else if (queue_.empty()) {
+        l.unlock();
+        if (!PollPointToPoint()) {
+          l.lock();
+          cv_.wait_for(l, std::chrono::microseconds(50), [&] { return stop_ || !queue_.empty(); });
+        }
+        continue;
+      }
+      if (queue_.empty()) break;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      failed = failed_;
+    }
+    if (!failed.ok()) {
+      Complete(item, failed);
+      continue;
+    }
+    OpContext c;
+    c.t = transport_.get();
+    c.seq = item.seq;
+    c.deadline = item.deadline;
+    if (item.post) {
+      absl::StatusOr<ReqId> id = item.post(c);
+      if (!id.ok()) {
+        FailOp(id.status());
+        Complete(item, failed_copy());
+      } else {
+        p2p_.emplace_back(*id, std::move(item));
+      }
+      continue;
+    }
+    absl::Status st = item.fn(c);
+    if (!st.ok()) {
+      FailOp(st);
+      st = failed_copy();
+    }
+    Complete(item, st);
+    if (!p2p_.empty()) PollPointToPoint();
+  }
+  for (auto& [id, item] : p2p_) Complete(item, failed_copy());
+  p2p_.clear();
+}
+
+Work Engine::AllReduce(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& o) {
+  for (auto st : {CheckBuffer("AllReduce", "input", in), CheckBuffer("AllReduce", "output", out),
+                  CheckSameDType("AllReduce", in, out),
+                  CheckCount("AllReduce", "output.count (= input.count)", in.count, out.count)}) {
+    if (!st.ok()) return Work::Done(st);
+  }
+  if (o.compression != Compression::kNone) {
+    if (o.compression_state == nullptr) {
+      return Work::Done(absl::InvalidArgumentError(
+          "AllReduce: compression_state expected non-null when compression is on, got null"));
+    }
+    if (op == ReduceOp::kMax) {
+      return Work::Done(
+          absl::InvalidArgumentError("AllReduce: compression expects op kSum or kAvg, got kMax"));
+    }
+  }
+  return Submit(o, [=](const OpContext& c) { return RunAllReduce(c, in, out, op, o); });
+}
+
+absl::Status Engine::RunAllReduce(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
+                                  const CollectiveOptions& o) {
+  const size_t count = in.count;
+  const int n = size(), r = rank();
+  if (count == 0) return absl::OkStatus();
+  float* w;
+  if (out.dtype == DType::kF32) {  // work directly in the output buffer
+    w = static_cast<float*>(out.data);
+    if (in.data != out.data) std::memcpy(w, in.data, count * sizeof(float));
+  } else {
+    w = ToWork(c.t, in, count);
+  }
+  float divisor = static_cast<float>(n);
+  Algorithm alg = o.algorithm;
+  if (alg == Algorithm::kAuto) {
+    alg = count * sizeof(float) <= o.small_bytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
+  }
+  absl::Status st;
+  if (o.compression != Compression::kNone) {
+    st = CompressedAllReduce(c, w, w, count, op, o);
+    op = ReduceOp::kSum;  // averaging already done
+  } else if (alg == Algorithm::kRecursiveDoubling) {
+    st = RecursiveDoublingAllReduce(c, w, count, op, 0);
+  } else if (alg == Algorithm::kRing) {
+    std::vector<size_t> off = EvenSegments(count, n);
+    st = RingReduceScatter(c, w, off, op, 0);
+    if (st.ok()) {
+      for (auto& x : off) x *= sizeof(float);
+      st = RingAllGather(c, reinterpret_cast<uint8_t*>(w), off, 1);
+    }
+  } else {
+    std::vector<size_t> off = EvenSegments(count, n);
+    uint64_t lo = o.interval_lo, hi = o.interval_hi, total = 0;
+    if (lo == hi) lo = r, hi = r + 1;
+    st = OrderedReduceScatter(c, w, off, lo, hi, op, w + off[r], &total, 0);
+    divisor = static_cast<float>(total);
+    if (st.ok()) {
+      for (auto& x : off) x *= sizeof(float);
+      st = RingAllGather(c, reinterpret_cast<uint8_t*>(w), off, 2);
+    }
+  }
+  if (!st.ok()) return st;
+  if (op == ReduceOp::kAvg) DivideBy(w, count, divisor);
+  FromWork(w, out, count);
+  return absl::OkStatus();
+}
+
+Work Engine::ReduceScatter(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& o) {
+  for (auto st :
+       {CheckBuffer("ReduceScatter", "input", in), CheckBuffer("ReduceScatter", "output", out),
+        CheckSameDType("ReduceScatter", in, out),
+        CheckCount("ReduceScatter", "input.count (= size * output.count)", out.count * size(),
+                   in.count)}) {
+    if (!st.ok()) return Work::Done(st);
+  }
+  if (o.compression != Compression::kNone) {
+    return Work::Done(absl::InvalidArgumentError(
+        "ReduceScatter: compression expected kNone (supported by AllReduce only)"));
+  }
+  return Submit(o, [=](const OpContext& c) { return RunReduceScatter(c, in, out, op, o); });
+}
+
+absl::Status Engine::RunReduceScatter(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
+                                      const CollectiveOptions& o) {
+  const int n = size(), r = rank();
+  const size_t block = out.count;
+  if (block == 0) return absl::OkStatus();
+  float* w = ToWork(c.t, in, in.count);
+  std::vector<size_t> off(n + 1);
+  for (int i = 0; i <= n; ++i) off[i] = block * i;
+  float divisor = static_cast<float>(n);
+  Algorithm alg = o.algorithm;
+  if (alg == Algorithm::kAuto) {
+    alg = in.count * sizeof(float) <= o.small_bytes ? Algorithm::kRecursiveDoubling
+                                                    : Algorithm::kRing;
+  }
+  absl::Status st;
+  if (alg == Algorithm::kRing) {
+    st = RingReduceScatter(c, w, off, op, 0);
+  } else if (alg == Algorithm::kRecursiveDoubling) {
+    st = RecursiveDoublingAllReduce(c, w, in.count, op, 0);
+  } else {
+    uint64_t lo = o.interval_lo, hi = o.interval_hi, total = 0;
+    if (lo == hi) lo = r, hi = r + 1;
+    st = OrderedReduceScatter(c, w, off, lo, hi, op, w + off[r], &total, 0);
+    divisor = static_cast<float>(total);
+  }
+  if (!st.ok()) return st;
+  float* mine = w + off[r];
+  if (op == ReduceOp::kAvg) DivideBy(mine, block, divisor);
+  FromWork(mine, out, block);
+  return absl::OkStatus();
+}
+
+Work Engine::AllGather(Buffer in, Buffer out, const CollectiveOptions& o) {
+  for (auto st : {CheckBuffer("AllGather", "input", in), CheckBuffer("AllGather", "output", out),
+                  CheckSameDType("AllGather", in, out),
+                  CheckCount("AllGather", "output.count (= size * input.count)", in.count * size(),
+                             out.count)}) {
+    if (!st.ok()) return Work::Done(st);
+  }
+  return Submit(o, [=](const OpContext& c) {
+    const int n = size(), r = rank();
+    const size_t bytes = in.bytes();
+    uint8_t* w = static_cast<uint8_t*>(out.data);
+    if (bytes == 0) return absl::OkStatus();
+    if (in.data != w + r * bytes) std::memmove(w + r * bytes, in.data, bytes);
+    std::vector<size_t> off(n + 1);
+    for (int i = 0; i <= n; ++i) off[i] = bytes * i;
+    return RingAllGather(c, w, off, 0);
+  });
+}
+
+Work Engine::Broadcast(Buffer buf, int root, const CollectiveOptions& o) {
+  if (auto st = CheckBuffer("Broadcast", "buffer", buf); !st.ok()) return Work::Done(st);
+  if (root < 0 || root >= size()) {
+    return Work::Done(absl::InvalidArgumentError(
+        absl::StrCat("Broadcast: root expected in [0, ", size(), "), got ", root)));
+  }
+  return Submit(o, [=](const OpContext& c) {
+    uint8_t* p = static_cast<uint8_t*>(buf.data);
+    if (buf.bytes() <= o.small_bytes || size() <= 2) {
+      return BinomialBroadcast(c, p, buf.bytes(), root, 0);
+    }
+    return ScatterAllGatherBroadcast(c, p, buf.bytes(), root, 0);
+  });
+}
+
+Work Engine::Send(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o) {
+  if (auto st = CheckBuffer("Send", "buffer", buf); !st.ok()) return Work::Done(st);
+  if (peer < 0 || peer >= size() || peer == rank()) {
+    return Work::Done(absl::InvalidArgumentError(absl::StrCat(
+        "Send: peer expected in [0, ", size(), ") and not this rank ", rank(), ", got ", peer)));
+  }
+  return Submit(o, nullptr, [=](const OpContext& c) {
+    return c.t->PostSend(peer, UserTag(tag), buf.data, buf.bytes());
+  });
+}
+
+Work Engine::Recv(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o) {
+  if (auto st = CheckBuffer("Recv", "buffer", buf); !st.ok()) return Work::Done(st);
+  if (peer < 0 || peer >= size() || peer == rank()) {
+    return Work::Done(absl::InvalidArgumentError(absl::StrCat(
+        "Recv: peer expected in [0, ", size(), ") and not this rank ", rank(), ", got ", peer)));
+  }
+  return Submit(o, nullptr, [=](const OpContext& c) {
+    return c.t->PostRecv(peer, UserTag(tag), buf.data, buf.bytes());
+  });
+}
+
+Work Engine::Barrier(const CollectiveOptions& o) {
+  return Submit(o, [](const OpContext& c) { return DisseminationBarrier(c, 0); });
+}
+
+CommStats Engine::stats() const {
+  CommStats s;
+  s.bytes_sent = transport_->bytes_sent();
+  s.bytes_received = transport_->bytes_received();
+  s.messages_sent = transport_->messages_sent();
+  std::lock_guard<std::mutex> l(mu_);
+  s.ops_completed = ops_completed_;
+  return s;
+}
+
+std::string Engine::DebugString() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return absl::StrCat(backend_, " communicator rank ", transport_->rank(), "/", transport_->size(),
+                      " generation ", generation_, " queued ", queue_.size(), " status ",
+                      failed_.ok() ? "healthy" : failed_.ToString());
+}
+
+}  // namespace troupe::collectives

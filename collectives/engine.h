@@ -1,0 +1,94 @@
+// Private: the Communicator implementation shared by the host backends. It validates arguments,
+// queues operations in issue order, and runs them one at a time on its executor thread over a
+// Transport. Failure is sticky:
+//
+//   healthy --(op fails / Abort(status) / transport fails)--> failed(status)
+//
+// In the failed state every queued and later operation completes with that status at once.
+// Threads: the public methods are thread-safe; algorithms and the transport's Post*/WaitAll run
+// on the executor thread only.
+#ifndef TROUPE_COLLECTIVES_ENGINE_H_
+#define TROUPE_COLLECTIVES_ENGINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "algorithms.h"
+#include "transport.h"
+#include "troupe/collectives/communicator.h"
+
+namespace troupe::collectives {
+
+class Engine : public Communicator {
+ public:
+  Engine(std::unique_ptr<Transport> transport, uint64_t generation, std::string backend);
+  ~Engine() override;
+
+  int rank() const override { return transport_->rank(); }
+  int size() const override { return transport_->size(); }
+  uint64_t generation() const override { return generation_; }
+
+  Work AllReduce(Buffer input, Buffer output, ReduceOp op, const CollectiveOptions& o) override;
+  Work ReduceScatter(Buffer input, Buffer output, ReduceOp op, const CollectiveOptions& o) override;
+  Work AllGather(Buffer input, Buffer output, const CollectiveOptions& o) override;
+  Work Broadcast(Buffer buffer, int root, const CollectiveOptions& o) override;
+  Work Send(Buffer buffer, int peer, uint32_t tag, const CollectiveOptions& o) override;
+  Work Recv(Buffer buffer, int peer, uint32_t tag, const CollectiveOptions& o) override;
+  Work Barrier(const CollectiveOptions& o) override;
+  void Abort(absl::Status status) override;
+  CommStats stats() const override;
+  std::string DebugString() const override;
+
+  Transport* transport() { return transport_.get(); }
+
+ protected:
+  // Subclasses that own resources the transport uses call this first in their destructor.
+  void Shutdown();
+
+ private:
+  using Fn = std::function<absl::Status(const OpContext&)>;
+  using PostFn = std::function<absl::StatusOr<ReqId>(const OpContext&)>;
+  struct Item {
+    Fn fn;
+    PostFn post;  // point-to-point: posted, then completed in the background
+    uint64_t seq;
+    absl::Time deadline;
+    std::shared_ptr<Work::State> state;
+  };
+  Work Submit(const CollectiveOptions& o, Fn fn, PostFn post = nullptr);
+  void Run();
+  // Completes finished point-to-point requests; returns true if any completed.
+  bool PollPointToPoint();
+  void Complete(Item& item, absl::Status st);
+  void FailOp(absl::Status st);
+  absl::Status failed_copy() const;
+  absl::Status RunAllReduce(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
+                            const CollectiveOptions& o);
+  absl::Status RunReduceScatter(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
+                                const CollectiveOptions& o);
+
+  std::unique_ptr<Transport> transport_;
+  const uint64_t generation_;
+  const std::string backend_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  std::vector<std::pair<ReqId, Item>> p2p_;  // executor thread only
+  absl::Status failed_;
+  bool stop_ = false;
+  uint64_t next_seq_ = 0, ops_completed_ = 0;
+  std::thread thread_;
+};
+
+// Compressed all-reduce (top-k or int8 with error feedback) over Transport; in compression.cc.
+absl::Status CompressedAllReduce(const OpContext& c, const float* in, float* out, size_t count,
+                                 ReduceOp op, const CollectiveOptions& o);
+
+}  // namespace troupe::collectives
+
+#endif  // TROUPE_COLLECTIVES_ENGINE_H_

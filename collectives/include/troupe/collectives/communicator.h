@@ -1,0 +1,147 @@
+// troupe/collectives/communicator.h — the one interface every collectives backend implements.
+//
+// A Communicator is a fixed group of `size` ranks at one `generation`. Every rank issues the same
+// collective operations in the same order; each call returns at once with a Work handle whose
+// Wait() yields the operation's absl::Status. Failures are typed and fast:
+//   * Unavailable   — a peer died or its endpoint broke; the message names the peer rank.
+//   * Aborted       — the group's generation changed (Abort with an Aborted status).
+//   * DeadlineExceeded — the per-operation deadline passed; a last resort, never the mechanism.
+// After a failure every pending and later operation fails with the same status: destroy the
+// communicator and build a new one over the new rank set (with a new generation).
+//
+// Example:
+//   std::vector<float> grad(n);
+//   Work w = comm->AllReduce(Buffer::F32(grad), Buffer::F32(grad), ReduceOp::kSum, {});
+//   absl::Status s = w.Wait();   // in place: input and output are the same buffer
+//   if (absl::IsUnavailable(s)) { /* rebuild over the survivors */ }
+#ifndef TROUPE_COLLECTIVES_COMMUNICATOR_H_
+#define TROUPE_COLLECTIVES_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+
+namespace troupe::collectives {
+
+// Element types. bf16 is stored as the upper 16 bits of an IEEE f32 and accumulated in f32.
+enum class DType : uint8_t { kF32 = 0, kBF16 = 1 };
+size_t DTypeSize(DType t);
+
+enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
+
+// Which algorithm runs a reduction. kAuto picks by size (recursive doubling below
+// `CollectiveOptions::small_bytes`, ring reduce-scatter + all-gather above).
+// kOrdered is the deterministic mode: each element is reduced by the canonical tree over
+// contribution intervals (ARCHITECTURE.md, "Determinism"), bit-exact for any group size.
+enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kOrdered = 3 };
+
+// Per-operation compression for AllReduce (sum/avg), each with error feedback: what was not sent
+// this step is kept in `CompressionState::residual` and added to the next step's input.
+enum class Compression : uint8_t { kNone = 0, kTopK = 1, kInt8 = 2 };
+
+// Caller-owned error-feedback state, one per tensor being reduced repeatedly.
+struct CompressionState {
+  std::vector<float> residual;
+};
+
+// A non-owning view of a contiguous host (or, for NCCL, device) buffer.
+struct Buffer {
+  void* data = nullptr;
+  size_t count = 0;  // elements
+  DType dtype = DType::kF32;
+
+  size_t bytes() const { return count * DTypeSize(dtype); }
+  static Buffer F32(float* p, size_t n) { return {p, n, DType::kF32}; }
+  template <class V>
+  static Buffer F32(V& v) {
+    return {v.data(), v.size(), DType::kF32};
+  }
+  static Buffer BF16(uint16_t* p, size_t n) { return {p, n, DType::kBF16}; }
+  template <class V>
+  static Buffer BF16(V& v) {
+    return {v.data(), v.size(), DType::kBF16};
+  }
+};
+
+struct CollectiveOptions {
+  // Relative deadline for the whole operation; absl::InfiniteDuration() for none.
+  absl::Duration timeout = absl::Seconds(60);
+  Algorithm algorithm = Algorithm::kAuto;
+  size_t small_bytes = 64 * 1024;  // kAuto: recursive doubling at or below this size
+  // kOrdered only: rank r holds the partial sum of contributions [interval_lo, interval_hi),
+  // a power-of-two-aligned block (a whole subtree of the canonical tree). Unset (lo == hi):
+  // rank r holds contribution [r, r + 1).
+  uint64_t interval_lo = 0, interval_hi = 0;
+  Compression compression = Compression::kNone;
+  double topk_fraction = 0.01;                    // kTopK: fraction of elements sent
+  CompressionState* compression_state = nullptr;  // required when compression != kNone
+};
+
+// Completion handle of one operation. Copyable; every copy observes the same completion.
+class Work {
+ public:
+  struct State {
+    absl::Notification done;
+    absl::Status status;
+  };
+  Work() = default;
+  explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  static Work Done(absl::Status s);
+
+  // Blocks until the operation finished; returns its status.
+  [[nodiscard]] absl::Status Wait() const;
+  bool IsDone() const { return state_ == nullptr || state_->done.HasBeenNotified(); }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Counters a backend keeps (bytes handed to the transport's send calls, etc.).
+struct CommStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t messages_sent = 0;
+  uint64_t ops_completed = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual uint64_t generation() const = 0;
+
+  // output.count == input.count; input and output may be the same buffer (in place).
+  virtual Work AllReduce(Buffer input, Buffer output, ReduceOp op,
+                         const CollectiveOptions& opts) = 0;
+  // input.count == size() * output.count; rank r receives block r of the reduction.
+  virtual Work ReduceScatter(Buffer input, Buffer output, ReduceOp op,
+                             const CollectiveOptions& opts) = 0;
+  // output.count == size() * input.count; block r of the output is rank r's input.
+  virtual Work AllGather(Buffer input, Buffer output, const CollectiveOptions& opts) = 0;
+  // `buffer` of rank `root` is copied into `buffer` of every rank.
+  virtual Work Broadcast(Buffer buffer, int root, const CollectiveOptions& opts) = 0;
+  virtual Work Send(Buffer buffer, int peer, uint32_t tag, const CollectiveOptions& opts) = 0;
+  virtual Work Recv(Buffer buffer, int peer, uint32_t tag, const CollectiveOptions& opts) = 0;
+  virtual Work Barrier(const CollectiveOptions& opts) = 0;
+
+  // Fails every pending and future operation with `status` (e.g. Aborted for a generation change,
+  // Unavailable when the control plane saw a peer die). Idempotent: the first status wins.
+  virtual void Abort(absl::Status status) = 0;
+  // Convenience: Abort(Aborted("generation G superseded by N")).
+  void AbortForGeneration(uint64_t new_generation);
+
+  virtual CommStats stats() const = 0;
+  virtual std::string DebugString() const = 0;
+};
+
+}  // namespace troupe::collectives
+
+#endif  // TROUPE_COLLECTIVES_COMMUNICATOR_H_

@@ -1,0 +1,194 @@
+// Semantics on the in-process backend: the deterministic mode is bit-exact for any group size,
+// failures are typed and sticky, arguments are validated, compression keeps error feedback.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "algorithms.h"
+#include "test_util.h"
+#include "troupe/collectives/inprocess.h"
+
+namespace troupe::collectives {
+namespace {
+
+using testing::ForEachRank;
+using testing::Input;
+
+std::vector<float> Tree(const std::vector<std::vector<float>>& leaves, uint64_t lo, uint64_t hi) {
+  if (hi - lo == 1) return leaves[lo];
+  const uint64_t mid = CanonicalMid(lo, hi);
+  auto a = Tree(leaves, lo, mid), b = Tree(leaves, mid, hi);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] + b[i];
+  return a;
+}
+
+TEST(CanonicalMid, LargestPowerOfTwoStrictlyBelow) {
+  EXPECT_EQ(CanonicalMid(0, 2), 1u);
+  EXPECT_EQ(CanonicalMid(0, 4), 2u);
+  EXPECT_EQ(CanonicalMid(0, 5), 4u);
+  EXPECT_EQ(CanonicalMid(4, 7), 6u);
+  EXPECT_EQ(CanonicalMid(8, 16), 12u);
+}
+
+// M microbatch gradients; each layout assigns whole subtrees to ranks; every layout must give
+// the bit-identical result of the serial canonical tree.
+TEST(Ordered, BitExactForAnyNumberOfRanks) {
+  const size_t count = 10007;
+  for (uint64_t m : {8u, 7u}) {
+    std::vector<std::vector<float>> leaves(m);
+    for (uint64_t k = 0; k < m; ++k) leaves[k] = Input(static_cast<int>(k), count, DType::kF32, 77);
+    const std::vector<float> want = Tree(leaves, 0, m);
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> layouts;
+    if (m == 8) {
+      layouts = {{{0, 8}},
+                 {{0, 4}, {4, 8}},
+                 {{0, 4}, {4, 6}, {6, 8}},
+                 {{0, 2}, {2, 4}, {4, 6}, {6, 8}},
+                 {{0, 2}, {2, 4}, {4, 6}, {6, 7}, {7, 8}},
+                 {{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}, {5, 6}, {6, 7}, {7, 8}}};
+    } else {
+      layouts = {
+          {{0, 7}}, {{0, 4}, {4, 7}}, {{0, 4}, {4, 6}, {6, 7}}, {{0, 2}, {2, 4}, {4, 6}, {6, 7}}};
+    }
+    for (const auto& layout : layouts) {
+      const int n = static_cast<int>(layout.size());
+      std::vector<std::unique_ptr<Communicator>> comms;
+      auto group = InProcessGroup::Create(n, 0, &comms);
+      ForEachRank(n, [&](int r) {
+        std::vector<float> mine = Tree(leaves, layout[r].first, layout[r].second);
+        CollectiveOptions o;
+        o.algorithm = Algorithm::kOrdered;
+        o.interval_lo = layout[r].first;
+        o.interval_hi = layout[r].second;
+        ASSERT_TRUE(comms[r]
+                        ->AllReduce(Buffer::F32(mine), Buffer::F32(mine), ReduceOp::kSum, o)
+                        .Wait()
+                        .ok());
+        ASSERT_EQ(std::memcmp(mine.data(), want.data(), count * 4), 0)
+            << "m=" << m << " ranks=" << n << " rank " << r;
+      });
+    }
+  }
+}
+
+TEST(Ordered, RejectsIntervalsThatAreNotSubtrees) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  ForEachRank(2, [&](int r) {
+    std::vector<float> v(16, 1.0f);
+    CollectiveOptions o;
+    o.algorithm = Algorithm::kOrdered;
+    o.interval_lo = r == 0 ? 0 : 3;  // [0,3) is not a node of the canonical tree of [0,4)
+    o.interval_hi = r == 0 ? 3 : 4;
+    absl::Status st = comms[r]->AllReduce(Buffer::F32(v), Buffer::F32(v), ReduceOp::kSum, o).Wait();
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  });
+}
+
+TEST(Failure, KilledRankFailsEveryPendingOpWithUnavailableNamingIt) {
+  const int n = 4;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(n, 0, &comms);
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(1 << 16, 1.0f));
+  std::vector<Work> works;
+  CollectiveOptions o;
+  o.timeout = absl::InfiniteDuration();  // only detection can end these operations
+  for (int r = 0; r < n; ++r) {
+    if (r == 2) continue;  // rank 2 never joins: the others block on it
+    works.push_back(
+        comms[r]->AllReduce(Buffer::F32(bufs[r]), Buffer::F32(bufs[r]), ReduceOp::kSum, o));
+  }
+  group->KillRank(2);
+  for (auto& w : works) {
+    absl::Status st = w.Wait();
+    EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+    EXPECT_TRUE(absl::StrContains(st.message(), "rank 2")) << st;
+  }
+  // Sticky: later operations fail at once with the same status.
+  absl::Status later = comms[0]->Barrier({}).Wait();
+  EXPECT_TRUE(absl::IsUnavailable(later)) << later;
+}
+
+TEST(Failure, GenerationChangeAbortsWithAborted) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 5, &comms);
+  std::vector<float> v(100, 1.0f);
+  CollectiveOptions o;
+  o.timeout = absl::InfiniteDuration();
+  Work w = comms[0]->AllReduce(Buffer::F32(v), Buffer::F32(v), ReduceOp::kSum, o);
+  comms[0]->AbortForGeneration(6);
+  absl::Status st = w.Wait();
+  EXPECT_TRUE(absl::IsAborted(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "generation 5")) << st;
+}
+
+TEST(Failure, DeadlineIsTheLastResort) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  std::vector<float> v(100, 1.0f);
+  CollectiveOptions o;
+  o.timeout = absl::Milliseconds(20);
+  absl::Status st = comms[0]->AllReduce(Buffer::F32(v), Buffer::F32(v), ReduceOp::kSum, o).Wait();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+}
+
+TEST(Validation, NamesTheFieldAndExpectedVersusGot) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  std::vector<float> a(10), b(5);
+  absl::Status st = comms[0]->AllReduce(Buffer::F32(a), Buffer::F32(b), ReduceOp::kSum, {}).Wait();
+  EXPECT_TRUE(absl::IsInvalidArgument(st));
+  EXPECT_TRUE(absl::StrContains(st.message(), "expected 10, got 5")) << st;
+  std::vector<float> c(3);
+  st = comms[0]->ReduceScatter(Buffer::F32(a), Buffer::F32(c), ReduceOp::kSum, {}).Wait();
+  EXPECT_TRUE(absl::StrContains(st.message(), "input.count")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "expected 6, got 10")) << st;
+  st = comms[0]->Broadcast(Buffer::F32(a), 7, {}).Wait();
+  EXPECT_TRUE(absl::StrContains(st.message(), "root expected in [0, 2), got 7")) << st;
+  CollectiveOptions o;
+  o.compression = Compression::kTopK;
+  st = comms[0]->AllReduce(Buffer::F32(a), Buffer::F32(a), ReduceOp::kSum, o).Wait();
+  EXPECT_TRUE(absl::StrContains(st.message(), "compression_state")) << st;
+  // Validation errors do not break the communicator.
+  ForEachRank(2, [&](int r) { EXPECT_TRUE(comms[r]->Barrier({}).Wait().ok()); });
+}
+
+// With error feedback nothing is lost: after T steps the sum of what was delivered plus the
+// residuals equals the sum of all inputs (up to rounding), for top-k and int8.
+TEST(Compression, ErrorFeedbackConservesTheSignal) {
+  const int n = 3;
+  const size_t count = 5000;
+  for (Compression kind : {Compression::kTopK, Compression::kInt8}) {
+    std::vector<std::unique_ptr<Communicator>> comms;
+    auto group = InProcessGroup::Create(n, 0, &comms);
+    std::vector<std::vector<double>> delivered(n, std::vector<double>(count, 0.0));
+    std::vector<CompressionState> states(n);
+    const int steps = 20;
+    ForEachRank(n, [&](int r) {
+      CollectiveOptions o;
+      o.compression = kind;
+      o.topk_fraction = 0.05;
+      o.compression_state = &states[r];
+      for (int s = 0; s < steps; ++s) {
+        std::vector<float> g = Input(r, count, DType::kF32, 100 + s);
+        std::vector<float> out(count);
+        ASSERT_TRUE(
+            comms[r]->AllReduce(Buffer::F32(g), Buffer::F32(out), ReduceOp::kSum, o).Wait().ok());
+        for (size_t i = 0; i < count; ++i) delivered[r][i] += out[i];
+      }
+    });
+    for (size_t i = 0; i < count; i += 37) {
+      double want = 0.0, residual = 0.0;
+      for (int r = 0; r < n; ++r) {
+        for (int s = 0; s < steps; ++s) want += Input(r, count, DType::kF32, 100 + s)[i];
+        residual += states[r].residual[i];
+      }
+      EXPECT_NEAR(delivered[0][i] + residual, want, 1e-3) << "element " << i;
+      EXPECT_EQ(delivered[0][i], delivered[n - 1][i]);  // every rank decodes the same sum
+    }
+  }
+}
+
+}  // namespace
+}  // namespace troupe::collectives

@@ -1,0 +1,76 @@
+// Private: the point-to-point transport every algorithm is written against. A backend (in-process
+// threads, UCX) implements it; the Engine runs the collective algorithms over it.
+// Thread model: Post*/WaitAll/Scratch are called only from the engine's executor thread;
+// Fail() may be called from any thread and wakes a blocked WaitAll.
+#ifndef TROUPE_COLLECTIVES_TRANSPORT_H_
+#define TROUPE_COLLECTIVES_TRANSPORT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace troupe::collectives {
+
+// 48-bit message tags: bit 47 marks user point-to-point traffic, bits 46..24 the operation's
+// sequence number (wrapping), bits 23..0 a sub-tag inside the operation (step, piece).
+constexpr uint64_t kTagBits = 48;
+constexpr uint64_t kTagMask = (uint64_t{1} << kTagBits) - 1;
+inline uint64_t OpTag(uint64_t seq, uint32_t sub) {
+  return ((seq & 0x7fffff) << 24) | (sub & 0xffffff);
+}
+inline uint64_t UserTag(uint32_t tag) { return (uint64_t{1} << 47) | (tag & 0x7fffffffu); }
+
+using ReqId = uint64_t;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Post a non-blocking send/receive of `bytes` bytes. The buffer must stay valid until a
+  // WaitAll covering the request returns (successfully or not).
+  virtual absl::StatusOr<ReqId> PostSend(int peer, uint64_t tag, const void* buf, size_t bytes) = 0;
+  virtual absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf, size_t bytes) = 0;
+  // Waits for all `reqs`. On failure (transport failed, deadline) every outstanding request of
+  // this transport is cancelled before returning, so no buffer is touched afterwards.
+  virtual absl::Status WaitAll(absl::Span<const ReqId> reqs, absl::Time deadline) = 0;
+
+  // Non-blocking check of one request (progressing the transport): true and reaped when done,
+  // false while pending, an error once the transport failed.
+  virtual absl::StatusOr<bool> Test(ReqId req) = 0;
+
+  // Cancels and reaps every outstanding request (executor thread only; after a failed op).
+  virtual void CancelAll() = 0;
+
+  // Marks the transport failed with `status` (first one wins) and wakes WaitAll.
+  virtual void Fail(absl::Status status) = 0;
+
+  // A reusable scratch area of at least `bytes` (registered with the NIC where that matters).
+  // `slot` selects one of several independent areas. Valid until the next call with that slot.
+  virtual void* Scratch(int slot, size_t bytes) = 0;
+
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
+  uint64_t messages_sent() const { return messages_sent_.load(std::memory_order_relaxed); }
+
+ protected:
+  void CountSend(size_t n) {
+    bytes_sent_.fetch_add(n, std::memory_order_relaxed);
+    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void CountRecv(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, messages_sent_{0};
+};
+
+}  // namespace troupe::collectives
+
+#endif  // TROUPE_COLLECTIVES_TRANSPORT_H_
