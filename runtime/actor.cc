@@ -38,9 +38,16 @@ Actor::Actor(caf::actor_config& cfg, std::string name, uint64_t generation,
     : caf::event_based_actor(cfg),
       name_(std::move(name)),
       generation_(generation),
-      ctx_(std::move(ctx)) {}
+      ctx_(std::move(ctx)),
+      stats_(std::make_shared<ActorStats>()) {
+  stats_->name = name_;
+  stats_->generation = generation_;
+  if (!name_.empty()) ctx_->Track(stats_);
+}
 
-Actor::~Actor() = default;
+Actor::~Actor() {
+  if (!name_.empty()) ctx_->Untrack(stats_.get());
+}
 
 caf::invoke_message_result Actor::ConsumeInner(caf::mailbox_element& x, caf::message inner) {
   auto unwrapped =
@@ -69,7 +76,7 @@ caf::invoke_message_result Actor::consume(caf::mailbox_element& x) {
         caf::make_mailbox_element(std::move(x.sender), x.mid, std::move(x.stages), inner);
     return consume(*unwrapped);  // counted and fault-checked as the inner message
   }
-  uint64_t index = progress_.fetch_add(1, std::memory_order_relaxed) + 1;
+  uint64_t index = stats_->progress.fetch_add(1, std::memory_order_relaxed) + 1;
   FaultInjector& faults = ctx_->faults();
   if (faults.armed()) {
     auto d = faults.OnMessage(name_, index, FirstAtom(x));
@@ -91,7 +98,12 @@ caf::invoke_message_result Actor::consume(caf::mailbox_element& x) {
         return caf::invoke_message_result::consumed;
     }
   }
-  return caf::event_based_actor::consume(x);
+  stats_->busy_since_ns.store(
+      std::chrono::steady_clock::now().time_since_epoch().count() | 1,  // never 0 while busy
+      std::memory_order_relaxed);
+  auto result = caf::event_based_actor::consume(x);
+  stats_->busy_since_ns.store(0, std::memory_order_relaxed);
+  return result;
 }
 
 }  // namespace troupe::runtime

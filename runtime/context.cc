@@ -3,10 +3,9 @@
 #include <cstdio>
 #include <ctime>
 
-#include "caf/actor.hpp"
-#include "caf/abstract_actor.hpp"
-
 #include "absl/strings/str_cat.h"
+#include "caf/abstract_actor.hpp"
+#include "caf/actor.hpp"
 
 namespace troupe::runtime {
 
@@ -75,6 +74,33 @@ uint64_t Context::NextGeneration(const std::string& name) {
   return ++generations_[name];
 }
 
+void Context::Track(const std::shared_ptr<ActorStats>& stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tracked_[stats.get()] = stats;
+}
+
+void Context::Untrack(const ActorStats* stats) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tracked_.erase(stats);
+}
+
+std::vector<std::shared_ptr<ActorStats>> Context::Tracked() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<ActorStats>> out;
+  for (const auto& [p, s] : tracked_) out.push_back(s);
+  return out;
+}
+
+void Context::SetHead(caf::actor head) {
+  std::lock_guard<std::mutex> lock(mu_);
+  head_ = std::move(head);
+}
+
+caf::actor Context::head() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return head_;
+}
+
 void Context::Own(const caf::actor& handle) {
   uint64_t id;
   {
@@ -101,6 +127,7 @@ std::vector<caf::actor> Context::Owned() {
 void Context::ClearDirectory() {
   std::lock_guard<std::mutex> lock(mu_);
   directory_.clear();
+  head_ = nullptr;
 }
 
 }  // namespace internal

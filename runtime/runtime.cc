@@ -2,9 +2,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "caf/all.hpp"
+#include "caf/io/all.hpp"
 #include "caf/scheduler/test_coordinator.hpp"
 #include "internal/context.h"
 #include "internal/spawn.h"
+#include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime {
 
@@ -35,6 +37,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   rt->config_->set("scheduler.max-threads", static_cast<size_t>(options.threads));
   rt->config_->set("scheduler.policy", caf::atom_from_string(options.scheduler));
   rt->config_->set("logger.verbosity", caf::atom("quiet"));
+  if (options.network) {
+    rt->config_->load<caf::io::middleman>();
+    RegisterClusterTypes(*rt->config_);
+  }
   rt->system_ = std::make_unique<caf::actor_system>(*rt->config_);
   if (!options.log_events) rt->ctx_->SetEventSink([](const SupervisionEvent&) {});
   std::weak_ptr<internal::Context> weak = rt->ctx_;

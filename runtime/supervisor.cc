@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "caf/all.hpp"
+#include "internal/cluster_protocol.h"
 #include "internal/context.h"
 #include "internal/spawn.h"
 #include "supervisor_core.h"
@@ -57,6 +58,9 @@ class SupervisorActor final : public Actor {
     set_exit_handler([this](caf::exit_msg& em) { HandleExit(em); });
     Enqueue(core_.Start(clock().now()));
     return {
+        [this](internal::rdown_atom, const std::string& name, uint64_t gen,
+               const caf::error& reason,
+               const std::string& detail) { HandleRemoteDown(name, gen, reason, detail); },
         [this](restart_atom, uint64_t timer) { Enqueue(core_.OnTimer(timer, clock().now())); },
         [this](stop_timeout_atom, uint64_t child, uint64_t gen) {
           if (stopping_ && stopping_->child == child && stopping_->generation == gen) {
@@ -105,7 +109,7 @@ class SupervisorActor final : public Actor {
   }
 
   void Pump() {
-    while (!stopping_ && !queue_.empty()) {
+    while (!stopping_ && !starting_ && !queue_.empty()) {
       Action a = std::move(queue_.front());
       queue_.pop_front();
       switch (a.kind) {
@@ -132,12 +136,13 @@ class SupervisorActor final : public Actor {
           return;
       }
     }
-    if (!stopping_ && queue_.empty() && quit_reason_) quit(*quit_reason_);
+    if (!stopping_ && !starting_ && queue_.empty() && quit_reason_) quit(*quit_reason_);
   }
 
   void StartChild(size_t i, uint64_t /*core_generation*/) {
     uint64_t gen = context().NextGeneration(spec_->children[i].name);
     generations_[i] = gen;
+    if (!spec_->children[i].placement.empty()) return StartRemoteChild(i, gen);
     auto h = internal::SpawnChild(system(), this, spec_->children[i], gen, context_ptr());
     if (!h.ok()) {  // validated up front; only resource exhaustion gets here
       Emit(i, gen, "exit", std::string(h.status().message()), "escalate");
@@ -146,6 +151,36 @@ class SupervisorActor final : public Actor {
     }
     handles_[i] = *h;
     Emit(i, gen, "start", "", "");
+  }
+
+  // Through the head; the queue waits for the answer, as it waits for a stop.
+  void StartRemoteChild(size_t i, uint64_t gen) {
+    const ChildSpec& c = spec_->children[i];
+    caf::actor head = context().head();
+    std::string where = c.placement == "any" ? "" : c.placement;
+    auto fail = [this, i, gen](const std::string& why) {
+      starting_ = false;
+      // A child that cannot be placed counts as a failed start: the core decides (retry with
+      // backoff, or escalate past the intensity).
+      std::string decision;
+      auto actions =
+          core_.OnExit(i, core_.generation(i), ExitKind::kError, clock().now(), &decision);
+      Emit(i, gen, "exit", "error: remote spawn failed: " + why, decision);
+      Enqueue(std::move(actions));
+    };
+    if (!head) return fail("this process is not connected to a cluster");
+    starting_ = true;
+    request(head, std::chrono::seconds(10), internal::spawn_atom::value, c.type, c.args, c.name,
+            gen, where)
+        .then(
+            [this, i, gen](const caf::actor& h, const std::string& worker) {
+              starting_ = false;
+              handles_[i] = h;
+              monitor(h);
+              Emit(i, gen, "start", "", "on " + worker);
+              Pump();
+            },
+            [this, fail](caf::error& e) { fail(system().render(e)); });
   }
 
   void StopChild(size_t i, uint64_t gen) {
@@ -158,24 +193,36 @@ class SupervisorActor final : public Actor {
 
   void HandleDown(const caf::down_msg& dm) {
     for (size_t i = 0; i < handles_.size(); ++i) {
-      if (!handles_[i] || handles_[i].address() != dm.source) continue;
-      handles_[i] = nullptr;
-      uint64_t gen = generations_[i];
-      if (stopping_ && stopping_->child == i) {
-        Emit(i, gen, "stop", caf::to_string(dm.reason), "");
-        stopping_.reset();
-        Pump();
-        return;
-      }
-      ExitKind kind = Classify(dm.reason);
-      std::string decision;
-      auto actions = core_.OnExit(i, core_.generation(i), kind, clock().now(), &decision);
-      std::string reason = ToString(kind);
-      if (kind == ExitKind::kError) absl::StrAppend(&reason, ": ", caf::to_string(dm.reason));
-      Emit(i, gen, "exit", reason, decision);
-      Enqueue(std::move(actions));
+      if (handles_[i] && handles_[i].address() == dm.source) return OnChildDown(i, dm.reason);
+    }
+  }
+
+  // The head's word that a remotely spawned child is gone (its worker may have died, and this
+  // process may hold no connection to that worker that could tell it).
+  void HandleRemoteDown(const std::string& name, uint64_t gen, const caf::error& reason,
+                        const std::string& detail) {
+    size_t i = core_.Find(name);
+    if (i == core_.size() || !handles_[i] || generations_[i] != gen) return;
+    OnChildDown(i, reason, detail);
+  }
+
+  void OnChildDown(size_t i, const caf::error& why, const std::string& detail = "") {
+    handles_[i] = nullptr;
+    uint64_t gen = generations_[i];
+    if (stopping_ && stopping_->child == i) {
+      Emit(i, gen, "stop", caf::to_string(why), "");
+      stopping_.reset();
+      Pump();
       return;
     }
+    ExitKind kind = Classify(why);
+    std::string decision;
+    auto actions = core_.OnExit(i, core_.generation(i), kind, clock().now(), &decision);
+    std::string reason = ToString(kind);
+    if (kind == ExitKind::kError) absl::StrAppend(&reason, ": ", caf::to_string(why));
+    if (!detail.empty()) absl::StrAppend(&reason, " (", detail, ")");
+    Emit(i, gen, "exit", reason, decision);
+    Enqueue(std::move(actions));
   }
 
   void HandleExit(const caf::exit_msg& em) {
@@ -192,6 +239,7 @@ class SupervisorActor final : public Actor {
   std::vector<uint64_t> generations_;  // directory incarnation numbers, per child
   std::deque<Action> queue_;
   std::optional<Stopping> stopping_;
+  bool starting_ = false;
   std::optional<caf::error> quit_reason_;
 };
 
@@ -248,6 +296,7 @@ absl::Status Validate(const SupervisorSpec& spec, const ActorRegistry& registry)
       if (absl::Status s = Validate(*c.supervisor, registry); !s.ok()) return s;
       continue;
     }
+    if (!c.placement.empty()) continue;  // checked by the worker that spawns it
     if (auto bound = registry.Bind(c.type, c.args); !bound.ok()) {
       return absl::Status(bound.status().code(),
                           absl::StrCat(where(c.name), ": ", bound.status().message()));

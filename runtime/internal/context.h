@@ -37,6 +37,15 @@ class Context : public std::enable_shared_from_this<Context> {
   // returns one more than the last handed out for `name` (1 the first time).
   uint64_t NextGeneration(const std::string& name);
 
+  // Named actors' liveness, for heartbeats.
+  void Track(const std::shared_ptr<ActorStats>& stats);
+  void Untrack(const ActorStats* stats);
+  std::vector<std::shared_ptr<ActorStats>> Tracked();
+
+  // The cluster head this process belongs to (null when not in a cluster).
+  void SetHead(caf::actor head);
+  caf::actor head();
+
   // Top-level actors the runtime spawned and must stop at shutdown; each leaves when it exits.
   void Own(const caf::actor& handle);
   // Still-running owned actors, in start order.
@@ -50,6 +59,8 @@ class Context : public std::enable_shared_from_this<Context> {
   std::map<std::string, ActorRef> directory_;
   std::map<std::string, uint64_t> generations_;
   std::map<uint64_t, caf::actor> owned_;
+  std::map<const ActorStats*, std::shared_ptr<ActorStats>> tracked_;
+  caf::actor head_;
   uint64_t next_owned_ = 0;
 };
 

@@ -29,6 +29,14 @@ namespace internal {
 class Context;
 }  // namespace internal
 
+// Liveness of one actor, read by the heartbeat from another thread.
+struct ActorStats {
+  std::string name;
+  uint64_t generation = 0;
+  std::atomic<uint64_t> progress{0};      // application messages consumed
+  std::atomic<int64_t> busy_since_ns{0};  // steady-clock time its handler began; 0 = idle
+};
+
 // Envelope: (to_gen_atom, generation, payload). The receiver drops it unless its generation
 // equals `generation`, then handles `payload` as if it had been sent directly.
 using to_gen_atom = caf::atom_constant<caf::atom("tr_togen")>;
@@ -50,7 +58,7 @@ class Actor : public caf::event_based_actor {
   const std::string& actor_name() const { return name_; }
   uint64_t generation() const { return generation_; }
   // Application messages consumed so far (read from any thread).
-  uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+  uint64_t progress() const { return stats_->progress.load(std::memory_order_relaxed); }
 
   caf::invoke_message_result consume(caf::mailbox_element& x) override;
 
@@ -64,7 +72,7 @@ class Actor : public caf::event_based_actor {
   std::string name_;
   uint64_t generation_;
   std::shared_ptr<internal::Context> ctx_;
-  std::atomic<uint64_t> progress_{0};
+  std::shared_ptr<ActorStats> stats_;
 };
 
 // An actor whose behavior comes from a function; what the registry spawns.

@@ -42,9 +42,10 @@ struct RuntimeOptions {
   std::string scheduler = "stealing";  // stealing | sharing | testing (deterministic, tests)
   Duration shutdown_timeout = std::chrono::seconds(10);
   bool log_events = true;  // supervision events to stderr (unless a sink is set)
+  bool network = false;    // load CAF's middleman: remote actors, clusters
 
   // Declares every option above in `registry` (names: threads, scheduler, shutdown_timeout,
-  // log_events).
+  // log_events; `network` is set by the role, not by users).
   void Register(ConfigRegistry& registry);
 };
 
@@ -89,6 +90,9 @@ class Runtime {
   void SetEventSink(EventSink sink);
   // Stops supervisors (reverse start order) and spawned actors, waits for all actors.
   void Shutdown();
+
+  // For troupe's own cluster code; not part of the stable API.
+  const std::shared_ptr<internal::Context>& internal_context() const { return ctx_; }
 
  private:
   Runtime(RuntimeOptions options, ActorRegistry registry);

@@ -38,6 +38,9 @@ struct ChildSpec {
   std::string type;                                  // a registered actor type, or
   std::shared_ptr<const SupervisorSpec> supervisor;  // a nested supervisor
   caf::message args;
+  // "" = in this process; otherwise spawned through the cluster's head ("any", "node=<name>",
+  // "worker=<id>"), so a child whose process dies is restarted on another worker.
+  std::string placement;
   RestartType restart = RestartType::kPermanent;
   Duration shutdown_timeout = std::chrono::seconds(5);
   BackoffPolicy backoff;

@@ -1,0 +1,174 @@
+#include "troupe/runtime/cluster.h"
+
+#include <link.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "internal/cluster_protocol.h"
+#include "internal/context.h"
+#include "internal/process.h"
+
+namespace troupe::runtime {
+
+void ClusterOptions::Register(ConfigRegistry& registry) {
+  registry.AddDuration("heartbeat_interval", &heartbeat_interval,
+                       "how often nodes and workers send heartbeats", Positive());
+  registry.AddDuration("heartbeat_timeout", &heartbeat_timeout,
+                       "silence after which the head declares a process dead", Positive());
+  registry.AddDuration("hung_timeout", &hung_timeout,
+                       "an actor whose handler runs this long is reported hung", Positive());
+  registry.AddDuration("spawn_timeout", &spawn_timeout, "remote spawn deadline", Positive());
+  registry.AddString("log_dir", &log_dir, "where worker processes write stdout/stderr");
+  registry.AddString("build_id", &build_id, "override this binary's build id (tests)");
+}
+
+std::string MembershipEvent::DebugString() const {
+  std::string s = absl::StrCat("gen=", generation, " event=", kind, " subject=", subject);
+  if (!node.empty()) absl::StrAppend(&s, " node=", node);
+  if (pid) absl::StrAppend(&s, " pid=", pid);
+  if (!detail.empty()) absl::StrAppend(&s, " detail=\"", detail, "\"");
+  if (!stderr_tail.empty()) {
+    std::string t = stderr_tail;
+    for (char& c : t)
+      if (c == '\n') c = '|';
+    absl::StrAppend(&s, " stderr_tail=\"", t, "\"");
+  }
+  return s;
+}
+
+void RegisterClusterTypes(caf::actor_system_config& cfg) {
+  cfg.add_message_type<MemberInfo>("troupe.MemberInfo");
+  cfg.add_message_type<std::vector<MemberInfo>>("troupe.MemberInfos");
+  cfg.add_message_type<MembershipEvent>("troupe.MembershipEvent");
+  cfg.add_message_type<internal::ActorStat>("troupe.ActorStat");
+  cfg.add_message_type<std::vector<internal::ActorStat>>("troupe.ActorStats");
+}
+
+namespace {
+
+int FindBuildId(struct dl_phdr_info* info, size_t, void* out) {
+  if (info->dlpi_name && info->dlpi_name[0] != '\0') return 0;  // the main program only
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+    const char* end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      auto* nh = reinterpret_cast<const ElfW(Nhdr)*>(p);
+      const char* name = p + sizeof(ElfW(Nhdr));
+      const unsigned char* desc =
+          reinterpret_cast<const unsigned char*>(name + ((nh->n_namesz + 3) & ~3u));
+      if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        std::string hex;
+        for (unsigned j = 0; j < nh->n_descsz; ++j)
+          absl::StrAppend(&hex, absl::Hex(desc[j], absl::kZeroPad2));
+        *static_cast<std::string*>(out) = hex;
+        return 1;
+      }
+      p = reinterpret_cast<const char*>(desc) + ((nh->n_descsz + 3) & ~3u);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string BuildId() {
+  static const std::string id = [] {
+    std::string hex;
+    dl_iterate_phdr(FindBuildId, &hex);
+    if (!hex.empty()) return hex;
+    // No GNU build-id note: FNV-1a of the executable's bytes.
+    std::ifstream in(internal::SelfExe(), std::ios::binary);
+    uint64_t h = 1469598103934665603ULL;
+    char buf[65536];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+      for (std::streamsize i = 0; i < in.gcount(); ++i) {
+        h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ULL;
+      }
+    }
+    return absl::StrCat("fnv-", absl::Hex(h, absl::kZeroPad16));
+  }();
+  return id;
+}
+
+absl::StatusOr<ClusterClient> ClusterClient::Connect(Runtime& runtime, const std::string& host,
+                                                     uint16_t port, Duration timeout) {
+  if (!runtime.options().network) {
+    return absl::FailedPreconditionError(
+        "ClusterClient::Connect: the runtime was created without RuntimeOptions::network");
+  }
+  auto head = runtime.system().middleman().remote_actor(host, port);
+  if (!head) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the head at ", host, ":", port, ": ",
+                                               runtime.system().render(head.error())));
+  }
+  runtime.internal_context()->SetHead(*head);
+  return ClusterClient(&runtime, *head, timeout);
+}
+
+namespace {
+
+template <class... Ts, class... Args>
+absl::StatusOr<std::tuple<Ts...>> Ask(caf::actor_system& sys, const caf::actor& to,
+                                      Duration timeout, Args&&... args) {
+  caf::scoped_actor self{sys};
+  absl::StatusOr<std::tuple<Ts...>> out = absl::UnavailableError("no answer");
+  self->request(to, std::chrono::duration_cast<caf::timespan>(timeout), std::forward<Args>(args)...)
+      .receive([&](Ts&... xs) { out = std::make_tuple(std::move(xs)...); },
+               [&](caf::error& e) {
+                 std::string what = sys.render(e);
+                 out = e == caf::sec::request_timeout
+                           ? absl::DeadlineExceededError("head did not answer in time")
+                           : absl::UnavailableError(what);
+               });
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
+                                              const std::string& name, const std::string& where) {
+  uint64_t gen = name.empty() ? 1 : runtime_->internal_context()->NextGeneration(name);
+  auto r = Ask<caf::actor, std::string>(runtime_->system(), head_, timeout_,
+                                        internal::spawn_atom::value, type, args, name, gen, where);
+  if (!r.ok()) return r.status();
+  return ActorRef{name, gen, std::get<0>(*r)};
+}
+
+absl::StatusOr<ActorRef> ClusterClient::Lookup(const std::string& name) {
+  auto r = Ask<caf::actor, uint64_t, std::string>(runtime_->system(), head_, timeout_,
+                                                  internal::lookup_atom::value, name);
+  if (!r.ok()) return absl::NotFoundError(r.status().message());
+  return ActorRef{name, std::get<1>(*r), std::get<0>(*r)};
+}
+
+absl::StatusOr<std::string> ClusterClient::WhereIs(const std::string& name) {
+  auto r = Ask<caf::actor, uint64_t, std::string>(runtime_->system(), head_, timeout_,
+                                                  internal::lookup_atom::value, name);
+  if (!r.ok()) return absl::NotFoundError(r.status().message());
+  return std::get<2>(*r);
+}
+
+absl::StatusOr<std::vector<MemberInfo>> ClusterClient::Members() {
+  auto r = Ask<std::vector<MemberInfo>>(runtime_->system(), head_, timeout_,
+                                        internal::members_atom::value);
+  if (!r.ok()) return r.status();
+  return std::get<0>(*r);
+}
+
+absl::StatusOr<uint64_t> ClusterClient::Generation() {
+  auto r = Ask<uint64_t>(runtime_->system(), head_, timeout_, internal::generation_atom::value);
+  if (!r.ok()) return r.status();
+  return std::get<0>(*r);
+}
+
+void ClusterClient::Subscribe(const caf::actor& subscriber) {
+  caf::anon_send(head_, internal::subscribe_atom::value, subscriber);
+}
+
+}  // namespace troupe::runtime

@@ -1,0 +1,175 @@
+// troupe/runtime/cluster.h — troupe across processes and machines.
+//
+// Roles (all run from the user's own binary through RunMain, or from the stock `troupe`):
+//   head    membership table, named-actor directory, failure detector, remote spawn.
+//   node    one per machine: registers resources/labels, starts, watches and reaps worker
+//           processes (they die with it), forwards preemption notices (SIGTERM + --grace).
+//   worker  hosts actors; started by its node agent, never by hand.
+//
+// Membership: every node and worker has a state; the head bumps the cluster generation on every
+// change and tells subscribers (MembershipEvent).
+//
+//   node:    joining ──accepted──▶ alive ──SIGTERM──▶ draining ──deadline/release──▶ dead
+//                │                   └────────── lost connection / heartbeats ──────▶ dead
+//                └──build id differs──▶ refused (never a member)
+//   worker:  alive ──process exit / lost connection / heartbeat timeout──▶ dead
+//
+// Failure detection: a lost CAF connection marks a process down at once; heartbeats (every
+// heartbeat_interval, dead after heartbeat_timeout of silence) catch a stopped process; each
+// heartbeat carries every hosted actor's progress counter and how long its current handler has
+// been running, so an actor stuck in a handler is reported hung (after hung_timeout).
+//
+//   // A driver (or a test) talking to a running cluster:
+//   auto client = ClusterClient::Connect(*runtime, "127.0.0.1", port);
+//   auto ref = client->Spawn("echo", caf::make_message(), "echo-1");        // any worker
+//   auto ref2 = client->Spawn("echo", {}, "echo-2", "node=node-a");          // a given node
+#ifndef TROUPE_RUNTIME_CLUSTER_H_
+#define TROUPE_RUNTIME_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "caf/actor.hpp"
+#include "caf/meta/type_name.hpp"
+#include "troupe/runtime/config.h"
+#include "troupe/runtime/runtime.h"
+
+namespace troupe::runtime {
+
+struct ClusterOptions {
+  Duration heartbeat_interval = std::chrono::milliseconds(100);
+  Duration heartbeat_timeout = std::chrono::seconds(1);
+  Duration hung_timeout = std::chrono::seconds(10);
+  Duration spawn_timeout = std::chrono::seconds(10);
+  std::string log_dir = "/tmp/troupe";  // worker logs: <log_dir>/<worker id>.{out,err}
+  std::string build_id;                 // "" = this binary's ELF build id
+
+  void Register(ConfigRegistry& registry);
+};
+
+// One row of the membership table.
+struct MemberInfo {
+  std::string id;     // node name, or worker id "<node>/w<i>"
+  std::string kind;   // "node" | "worker"
+  std::string node;   // for a worker: its node
+  std::string state;  // joining | alive | draining | dead
+  int64_t pid = 0;
+  std::string resources;  // "cpu=2,gpu=0,memory=8G"
+  std::string labels;     // "spot=true,zone=a"
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MemberInfo& x) {
+  return f(caf::meta::type_name("troupe.MemberInfo"), x.id, x.kind, x.node, x.state, x.pid,
+           x.resources, x.labels);
+}
+
+// What subscribers receive, as (membership_atom, MembershipEvent).
+struct MembershipEvent {
+  uint64_t generation = 0;
+  std::string kind;     // node_alive | node_draining | node_dead | worker_alive | worker_down |
+                        // actor_hung | refused
+  std::string subject;  // node name, worker id or actor name
+  std::string node;
+  int64_t pid = 0;
+  std::string detail;       // why: exit status or signal, heartbeat silence, refusal reason
+  std::string stderr_tail;  // worker_down: the last lines of the dead worker's stderr
+  std::string DebugString() const;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MembershipEvent& x) {
+  return f(caf::meta::type_name("troupe.MembershipEvent"), x.generation, x.kind, x.subject, x.node,
+           x.pid, x.detail, x.stderr_tail);
+}
+
+using membership_atom = caf::atom_constant<caf::atom("tr_member")>;
+
+// Registers the types above (and the heartbeat's) with a CAF config; every process of a
+// cluster must do this (Runtime does when RuntimeOptions::network is set).
+void RegisterClusterTypes(caf::actor_system_config& cfg);
+
+// This binary's ELF build id as hex (falls back to a hash of the executable).
+std::string BuildId();
+
+class ClusterClient {
+ public:
+  static absl::StatusOr<ClusterClient> Connect(Runtime& runtime, const std::string& host,
+                                               uint16_t port,
+                                               Duration timeout = std::chrono::seconds(10));
+  // Spawns a registered type on a worker chosen by `where`: "" (least loaded worker),
+  // "node=<name>" or "worker=<id>". The actor is registered cluster-wide under `name`.
+  absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
+                                 const std::string& name, const std::string& where = "");
+  absl::StatusOr<ActorRef> Lookup(const std::string& name);
+  // The worker id hosting actor `name`.
+  absl::StatusOr<std::string> WhereIs(const std::string& name);
+  absl::StatusOr<std::vector<MemberInfo>> Members();
+  absl::StatusOr<uint64_t> Generation();
+  // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.
+  void Subscribe(const caf::actor& subscriber);
+  const caf::actor& head() const { return head_; }
+
+ private:
+  ClusterClient(Runtime* runtime, caf::actor head, Duration timeout)
+      : runtime_(runtime), head_(std::move(head)), timeout_(timeout) {}
+  Runtime* runtime_;
+  caf::actor head_;
+  Duration timeout_;
+};
+
+// Runs the role named by argv[1] ("head", "node", "worker", "up") with the program's actor
+// types, and returns the process exit code. Returns -1 if argv[1] is not a role, so a program
+// can handle its own commands. `--help` after a role prints its options.
+int RunMain(int argc, char** argv, ActorRegistry registry);
+
+}  // namespace troupe::runtime
+
+namespace troupe::runtime {
+
+// A head and node agents as child processes of this one (each dies with it): the embedded
+// default cluster behind `troupe up` and the tests. `binary` must be a program that calls
+// RunMain (the stock `troupe`, or the user's own).
+class LocalCluster {
+ public:
+  struct Options {
+    std::string binary;  // "" = this program
+    int workers = 2;     // workers of the first node ("local"); 0 = no node
+    ClusterOptions cluster;
+    std::vector<std::string> extra_args;  // passed to every role
+  };
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
+  ~LocalCluster();
+
+  // Starts another node agent process with `workers` worker processes.
+  absl::StatusOr<pid_t> AddNode(const std::string& name, int workers,
+                                const std::string& resources = "cpu=1",
+                                const std::string& labels = "",
+                                const std::vector<std::string>& extra_args = {});
+  uint16_t port() const { return port_; }
+  pid_t head_pid() const { return head_pid_; }
+  // Node agent pids by node name.
+  const std::map<std::string, pid_t>& nodes() const { return nodes_; }
+  // Sends `sig` to node `name`'s agent and, for SIGKILL/SIGTERM, reaps it.
+  void SignalNode(const std::string& name, int sig);
+
+ private:
+  LocalCluster() = default;
+  std::vector<std::string> RoleArgs() const;
+  Options options_;
+  std::string dir_;
+  uint16_t port_ = 0;
+  pid_t head_pid_ = 0;
+  std::map<std::string, pid_t> nodes_;
+};
+
+}  // namespace troupe::runtime
+
+#endif  // TROUPE_RUNTIME_CLUSTER_H_

@@ -1,0 +1,65 @@
+// internal/cluster_protocol.h — the control messages between head, node agents and workers.
+// Small typed CAF messages; every type here is registered by RegisterClusterTypes.
+//
+// to the head:
+//   (reg_node_atom, name, build_id, resources, labels, agent)      -> uint64 generation | error
+//   (reg_worker_atom, id, node, pid, build_id, worker)             -> uint64 generation | error
+//   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
+//   (wexit_atom, worker id, pid, status text, stderr tail)         from the worker's node agent
+//   (drain_atom, node, int64 grace_ms)                             node got SIGTERM
+//   (leave_atom, node)                                             node leaves now
+//   (spawn_atom, type, args, name, uint64 gen, where)              -> (actor, worker id) | error
+//   (lookup_atom, name)                                            -> (actor, uint64 gen, worker)
+//   (members_atom)                                                 -> std::vector<MemberInfo>
+//   (generation_atom)                                              -> uint64
+//   (subscribe_atom, actor)
+// to a node agent:   (fence_atom, worker id)   kill a worker the head declared dead
+//                    (release_atom)            a draining node may leave now
+// to a worker:       (spawn_atom, type, args, name, uint64 gen)   -> actor | error
+#ifndef TROUPE_RUNTIME_INTERNAL_CLUSTER_PROTOCOL_H_
+#define TROUPE_RUNTIME_INTERNAL_CLUSTER_PROTOCOL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "caf/atom.hpp"
+#include "caf/meta/type_name.hpp"
+
+namespace troupe::runtime::internal {
+
+using reg_node_atom = caf::atom_constant<caf::atom("tr_regnode")>;
+using reg_worker_atom = caf::atom_constant<caf::atom("tr_regwork")>;
+using heartbeat_atom = caf::atom_constant<caf::atom("tr_hb")>;
+using wexit_atom = caf::atom_constant<caf::atom("tr_wexit")>;
+using drain_atom = caf::atom_constant<caf::atom("tr_drain")>;
+using leave_atom = caf::atom_constant<caf::atom("tr_leave")>;
+using spawn_atom = caf::atom_constant<caf::atom("tr_spawn")>;
+using lookup_atom = caf::atom_constant<caf::atom("tr_lookup")>;
+using members_atom = caf::atom_constant<caf::atom("tr_members")>;
+using generation_atom = caf::atom_constant<caf::atom("tr_gen")>;
+using subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
+using fence_atom = caf::atom_constant<caf::atom("tr_fence")>;
+using release_atom = caf::atom_constant<caf::atom("tr_release")>;
+using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
+using flush_atom = caf::atom_constant<caf::atom("tr_flush")>;
+// head -> whoever asked for a spawn: (rdown_atom, name, uint64 gen, caf::error reason, detail)
+// when that actor exits or its worker dies (a proxy on a third process may never learn it).
+using rdown_atom = caf::atom_constant<caf::atom("tr_rdown")>;
+
+// One hosted actor's liveness, as a heartbeat reports it.
+struct ActorStat {
+  std::string name;
+  uint64_t generation = 0;
+  uint64_t progress = 0;  // application messages consumed
+  uint64_t busy_ms = 0;   // how long its current handler has run (0 = idle)
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ActorStat& x) {
+  return f(caf::meta::type_name("troupe.ActorStat"), x.name, x.generation, x.progress, x.busy_ms);
+}
+
+}  // namespace troupe::runtime::internal
+
+#endif  // TROUPE_RUNTIME_INTERNAL_CLUSTER_PROTOCOL_H_

@@ -1,0 +1,35 @@
+// internal/process.h — starting and reaping child processes for the node agent and the local
+// cluster: the child dies with its parent (PR_SET_PDEATHSIG), its stdout and stderr go to
+// files, and an exit is described as a person would ("killed by signal 9 (Killed)").
+#ifndef TROUPE_RUNTIME_INTERNAL_PROCESS_H_
+#define TROUPE_RUNTIME_INTERNAL_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace troupe::runtime::internal {
+
+struct ProcessSpec {
+  std::string path;                        // executable; "" = this binary (/proc/self/exe)
+  std::vector<std::string> args;           // argv[1..]
+  std::map<std::string, std::string> env;  // added to (or replacing in) the environment
+  std::string stdout_path, stderr_path;    // "" = inherit
+  bool die_with_parent = true;             // PR_SET_PDEATHSIG(SIGKILL)
+};
+
+absl::StatusOr<pid_t> StartProcess(const ProcessSpec& spec);
+// "exited with status 3", "killed by signal 9 (Killed)".
+std::string DescribeWaitStatus(int status);
+// The last `lines` lines of a text file ("" if unreadable).
+std::string TailFile(const std::string& path, int lines);
+// This binary's path (/proc/self/exe resolved).
+std::string SelfExe();
+
+}  // namespace troupe::runtime::internal
+
+#endif  // TROUPE_RUNTIME_INTERNAL_PROCESS_H_

@@ -1,0 +1,111 @@
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "internal/process.h"
+#include "troupe/runtime/cluster.h"
+
+namespace troupe::runtime {
+
+std::vector<std::string> LocalCluster::RoleArgs() const {
+  const ClusterOptions& c = options_.cluster;
+  std::vector<std::string> a = {"--heartbeat_interval",
+                                FormatDuration(c.heartbeat_interval),
+                                "--heartbeat_timeout",
+                                FormatDuration(c.heartbeat_timeout),
+                                "--hung_timeout",
+                                FormatDuration(c.hung_timeout),
+                                "--log_dir",
+                                c.log_dir};
+  a.insert(a.end(), options_.extra_args.begin(), options_.extra_args.end());
+  return a;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->options_ = std::move(options);
+  char tmpl[] = "/tmp/troupe-cluster-XXXXXX";
+  if (!mkdtemp(tmpl)) return absl::UnavailableError("mkdtemp failed");
+  c->dir_ = tmpl;
+  std::string port_file = c->dir_ + "/head.port";
+  internal::ProcessSpec head;
+  head.path = c->options_.binary;
+  head.args = {"head", "--port", "0", "--port_file", port_file};
+  for (auto& a : c->RoleArgs()) head.args.push_back(a);
+  head.stdout_path = c->dir_ + "/head.out";
+  head.stderr_path = c->dir_ + "/head.err";
+  auto pid = internal::StartProcess(head);
+  if (!pid.ok()) return pid.status();
+  c->head_pid_ = *pid;
+  for (int i = 0; i < 1000 && c->port_ == 0; ++i) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port) c->port_ = static_cast<uint16_t>(port);
+    int status;
+    if (c->port_ == 0 && waitpid(c->head_pid_, &status, WNOHANG) == c->head_pid_) {
+      c->head_pid_ = 0;
+      return absl::UnavailableError(
+          absl::StrCat("head exited: ", internal::DescribeWaitStatus(status),
+                       "; stderr: ", internal::TailFile(head.stderr_path, 10)));
+    }
+    if (c->port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (c->port_ == 0) return absl::DeadlineExceededError("head did not report its port in 10s");
+  if (c->options_.workers > 0) {
+    auto node = c->AddNode("local", c->options_.workers);
+    if (!node.ok()) return node.status();
+  }
+  return c;
+}
+
+absl::StatusOr<pid_t> LocalCluster::AddNode(const std::string& name, int workers,
+                                            const std::string& resources, const std::string& labels,
+                                            const std::vector<std::string>& extra_args) {
+  internal::ProcessSpec node;
+  node.path = options_.binary;
+  node.args = {"node",
+               "--head",
+               absl::StrCat("127.0.0.1:", port_),
+               "--name",
+               name,
+               "--workers",
+               absl::StrCat(workers),
+               "--resources",
+               resources};
+  if (!labels.empty()) node.args.insert(node.args.end(), {"--labels", labels});
+  for (auto& a : RoleArgs()) node.args.push_back(a);
+  node.args.insert(node.args.end(), extra_args.begin(), extra_args.end());
+  node.stdout_path = absl::StrCat(dir_, "/node-", name, ".out");
+  node.stderr_path = absl::StrCat(dir_, "/node-", name, ".err");
+  auto pid = internal::StartProcess(node);
+  if (pid.ok()) nodes_[name] = *pid;
+  return pid;
+}
+
+void LocalCluster::SignalNode(const std::string& name, int sig) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return;
+  kill(it->second, sig);
+  if (sig == SIGKILL || sig == SIGTERM) {
+    waitpid(it->second, nullptr, 0);
+    nodes_.erase(it);
+  }
+}
+
+LocalCluster::~LocalCluster() {
+  // SIGKILL a node agent and its workers follow it (PR_SET_PDEATHSIG): nothing is orphaned.
+  for (auto& [name, pid] : nodes_) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  if (head_pid_) {
+    kill(head_pid_, SIGTERM);
+    waitpid(head_pid_, nullptr, 0);
+  }
+}
+
+}  // namespace troupe::runtime

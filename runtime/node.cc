@@ -1,0 +1,244 @@
+// The node agent role: registers with the head, starts its worker processes from the main
+// thread (PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it must be the one
+// that lives longest), reaps them, and turns SIGTERM into a drain with a grace period.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "internal/cluster_protocol.h"
+#include "internal/context.h"
+#include "internal/process.h"
+#include "internal/roles.h"
+
+namespace troupe::runtime::internal {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Workers {
+  std::mutex mu;
+  std::map<pid_t, std::string> ids;  // live worker pids
+  std::map<std::string, std::string> stderr_paths;
+  std::atomic<bool> release{false};
+  std::atomic<bool> head_lost{false};
+
+  pid_t PidOf(const std::string& id) {
+    std::lock_guard<std::mutex> l(mu);
+    for (const auto& [pid, wid] : ids)
+      if (wid == id) return pid;
+    return 0;
+  }
+};
+
+caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Workers> w,
+                            caf::actor head) {
+  self->monitor(head);
+  self->set_down_handler([w](caf::down_msg&) { w->head_lost = true; });
+  return {
+      [w](fence_atom, const std::string& id) {
+        if (pid_t pid = w->PidOf(id)) kill(pid, SIGKILL);
+      },
+      [w](release_atom) { w->release = true; },
+  };
+}
+
+// Parses "gpu=2" out of "cpu=4,gpu=2,memory=8G" (0 when absent or malformed).
+int GpuCount(const std::string& resources) {
+  for (absl::string_view kv : absl::StrSplit(resources, ',')) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    int n = 0;
+    if (p.first == "gpu" && absl::SimpleAtoi(p.second, &n)) return n;
+  }
+  return 0;
+}
+
+void Reap(Workers& w, const caf::actor& head) {
+  int status = 0;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+    std::string id, err;
+    {
+      std::lock_guard<std::mutex> l(w.mu);
+      auto it = w.ids.find(pid);
+      if (it == w.ids.end()) continue;
+      id = it->second;
+      err = w.stderr_paths[id];
+      w.ids.erase(it);
+    }
+    std::string what = DescribeWaitStatus(status);
+    std::cerr << "troupe node: worker " << id << " (pid " << pid << ") " << what << std::endl;
+    caf::anon_send(head, wexit_atom::value, id, static_cast<int64_t>(pid), what, TailFile(err, 20));
+  }
+}
+
+void StopWorkers(Workers& w, const caf::actor& head) {
+  {
+    std::lock_guard<std::mutex> l(w.mu);
+    for (const auto& [pid, id] : w.ids) kill(pid, SIGTERM);
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(1);
+  while (Clock::now() < deadline) {
+    Reap(w, head);
+    {
+      std::lock_guard<std::mutex> l(w.mu);
+      if (w.ids.empty()) return;
+    }
+    usleep(10000);
+  }
+  {
+    std::lock_guard<std::mutex> l(w.mu);
+    for (const auto& [pid, id] : w.ids) kill(pid, SIGKILL);
+  }
+  usleep(50000);
+  Reap(w, head);
+}
+
+}  // namespace
+
+int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
+  RuntimeOptions ro;
+  ClusterOptions co;
+  std::string head_addr, name, resources = "cpu=1", labels;
+  int64_t workers = 1;
+  Duration grace = std::chrono::seconds(30);
+  ConfigRegistry config;
+  ro.Register(config);
+  co.Register(config);
+  config.AddString("head", &head_addr, "head address HOST:PORT");
+  config.AddString("name", &name, "this node's name (default: the host name)");
+  config.AddString("resources", &resources, "resources, e.g. cpu=2,gpu=0,memory=8G");
+  config.AddString("labels", &labels, "labels, e.g. spot=true,zone=a");
+  config.AddInt("workers", &workers, "worker processes to start", InRange(0, 256));
+  config.AddDuration("grace", &grace, "on SIGTERM: drain, then leave after this long");
+  if (int rc = ParseRoleOptions(
+          "node", "usage: troupe node --head HOST:P [--resources cpu=2,gpu=0] [--labels k=v]", args,
+          config);
+      rc >= 0)
+    return rc;
+  auto hp = ParseHostPort(head_addr);
+  if (!hp.ok()) {
+    std::cerr << "troupe node: " << hp.status().message() << "\n";
+    return 2;
+  }
+  if (name.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    name = host;
+  }
+  BlockRoleSignals();
+  ro.network = true;
+  auto rt = Runtime::Create(std::move(registry), ro);
+  if (!rt.ok()) {
+    std::cerr << "troupe node: " << rt.status().message() << "\n";
+    return 2;
+  }
+  auto& sys = (*rt)->system();
+  auto head = sys.middleman().remote_actor(hp->first, hp->second);
+  if (!head) {
+    std::cerr << "troupe node " << name << ": cannot reach head at " << head_addr << ": "
+              << sys.render(head.error()) << "\n";
+    return 1;
+  }
+  auto w = std::make_shared<Workers>();
+  caf::actor agent = sys.spawn(AgentBehavior, w, *head);
+  std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
+  bool ok = false;
+  {
+    caf::scoped_actor self{sys};
+    self->request(*head, std::chrono::seconds(10), reg_node_atom::value, name, build_id, resources,
+                  labels, agent)
+        .receive([&](uint64_t) { ok = true; },
+                 [&](caf::error& e) {
+                   std::cerr << "troupe node " << name << ": refused: " << sys.render(e) << "\n";
+                 });
+  }
+  if (!ok) {
+    std::fflush(nullptr);
+    _exit(3);
+  }
+  std::cout << "troupe node " << name << ": joined " << head_addr << " with " << resources
+            << ", starting " << workers << " workers" << std::endl;
+  mkdir(co.log_dir.c_str(), 0755);
+  int gpus = GpuCount(resources), per_worker = workers > 0 ? gpus / workers : 0;
+  for (int64_t i = 0; i < workers; ++i) {
+    std::string id = absl::StrCat(name, "/w", i);
+    std::string file = absl::StrCat(co.log_dir, "/", name, "-w", i);
+    ProcessSpec spec;
+    spec.args = {"worker",
+                 "--head",
+                 head_addr,
+                 "--node",
+                 name,
+                 "--id",
+                 id,
+                 "--heartbeat_interval",
+                 FormatDuration(co.heartbeat_interval),
+                 "--threads",
+                 absl::StrCat(ro.threads)};
+    if (!co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", co.build_id});
+    std::string visible;
+    for (int g = 0; g < per_worker; ++g)
+      absl::StrAppend(&visible, g ? "," : "", i * per_worker + g);
+    spec.env["CUDA_VISIBLE_DEVICES"] = visible;
+    spec.stdout_path = file + ".out";
+    spec.stderr_path = file + ".err";
+    auto pid = StartProcess(spec);
+    if (!pid.ok()) {
+      std::cerr << "troupe node " << name << ": cannot start worker " << id << ": "
+                << pid.status().message() << "\n";
+      continue;
+    }
+    std::lock_guard<std::mutex> l(w->mu);
+    w->ids[*pid] = id;
+    w->stderr_paths[id] = spec.stderr_path;
+  }
+  HeartbeatSender heartbeats(**rt, *head, name, co.heartbeat_interval);
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGCHLD);
+  bool draining = false;
+  Clock::time_point deadline;
+  while (true) {
+    timespec ts{0, 20 * 1000 * 1000};
+    int sig = sigtimedwait(&set, nullptr, &ts);
+    if (sig == SIGCHLD) Reap(*w, *head);
+    if ((sig == SIGTERM || sig == SIGINT) && !draining) {
+      draining = true;
+      deadline = Clock::now() + grace;
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(grace).count();
+      std::cout << "troupe node " << name << ": preemption notice, draining for " << ms << "ms"
+                << std::endl;
+      caf::anon_send(*head, drain_atom::value, name, static_cast<int64_t>(ms));
+    }
+    if (w->head_lost) {
+      std::cerr << "troupe node " << name << ": lost the head; stopping workers" << std::endl;
+      StopWorkers(*w, *head);
+      std::fflush(nullptr);
+      _exit(1);
+    }
+    if (draining && (w->release || Clock::now() >= deadline)) break;
+  }
+  StopWorkers(*w, *head);
+  {
+    caf::scoped_actor self{sys};
+    self->send(*head, leave_atom::value, name);
+  }
+  std::cout << "troupe node " << name << ": left" << std::endl;
+  std::fflush(nullptr);
+  usleep(100000);  // let the leave message go out
+  _exit(0);
+}
+
+}  // namespace troupe::runtime::internal

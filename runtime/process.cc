@@ -1,0 +1,99 @@
+#include "internal/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace troupe::runtime::internal {
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, n) : std::string();
+}
+
+absl::StatusOr<pid_t> StartProcess(const ProcessSpec& spec) {
+  std::string path = spec.path.empty() ? SelfExe() : spec.path;
+  // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> argv_s = {path};
+  argv_s.insert(argv_s.end(), spec.args.begin(), spec.args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::map<std::string, std::string> env_map;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) env_map[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : spec.env) env_map[k] = v;
+  std::vector<std::string> env_s;
+  for (const auto& [k, v] : env_map) env_s.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  int out_fd = -1, err_fd = -1;
+  auto open_log = [](const std::string& p) {
+    return p.empty() ? -1 : ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  };
+  out_fd = open_log(spec.stdout_path);
+  err_fd = open_log(spec.stderr_path);
+  if ((!spec.stdout_path.empty() && out_fd < 0) || (!spec.stderr_path.empty() && err_fd < 0)) {
+    if (out_fd >= 0) ::close(out_fd);
+    if (err_fd >= 0) ::close(err_fd);
+    return absl::UnavailableError(absl::StrCat("cannot open log files ", spec.stdout_path, ", ",
+                                               spec.stderr_path, ": ", std::strerror(errno)));
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::UnavailableError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    if (spec.die_with_parent) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
+    }
+    if (out_fd >= 0) dup2(out_fd, 1);
+    if (err_fd >= 0) dup2(err_fd, 2);
+    execve(path.c_str(), argv.data(), envp.data());
+    _exit(127);
+  }
+  if (out_fd >= 0) ::close(out_fd);
+  if (err_fd >= 0) ::close(err_fd);
+  return pid;
+}
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return absl::StrCat("killed by signal ", sig, " (", strsignal(sig), ")");
+  }
+  return absl::StrCat("wait status ", status);
+}
+
+std::string TailFile(const std::string& path, int lines) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::deque<std::string> last;
+  std::string line;
+  while (std::getline(in, line)) {
+    last.push_back(line);
+    if (static_cast<int>(last.size()) > lines) last.pop_front();
+  }
+  std::string out;
+  for (const auto& l : last) absl::StrAppend(&out, l, "\n");
+  return out;
+}
+
+}  // namespace troupe::runtime::internal

@@ -1,0 +1,271 @@
+// The head, worker and up roles, and what all roles share. The node agent is in node.cc.
+#include "internal/roles.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+#include "internal/cluster_protocol.h"
+#include "internal/context.h"
+#include "internal/head.h"
+#include "internal/process.h"
+#include "internal/spawn.h"
+
+namespace troupe::runtime {
+namespace internal {
+
+int ParseRoleOptions(const std::string& role, const std::string& usage,
+                     const std::vector<std::string>& args, ConfigRegistry& config) {
+  std::vector<const char*> argv = {role.c_str()};
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << usage << "\n\nOptions (also as TROUPE_<NAME> environment variables):\n"
+                << config.Help();
+      return 0;
+    }
+    argv.push_back(a.c_str());
+  }
+  absl::Status s = config.LoadEnvironment();
+  std::vector<std::string> rest;
+  if (s.ok()) s = config.ParseFlags(static_cast<int>(argv.size()), argv.data(), &rest);
+  if (s.ok() && !rest.empty()) {
+    s = absl::InvalidArgumentError(absl::StrCat("unexpected argument '", rest[0], "'"));
+  }
+  if (!s.ok()) {
+    std::cerr << "troupe " << role << ": " << s.message() << " (see --help)\n";
+    return 2;
+  }
+  return -1;
+}
+
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
+  size_t colon = text.rfind(':');
+  uint32_t port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &port) || port == 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--head: expected HOST:PORT (e.g. 127.0.0.1:7000), got '", text, "'"));
+  }
+  return std::make_pair(text.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+void BlockRoleSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+HeartbeatSender::HeartbeatSender(Runtime& runtime, caf::actor head, std::string id,
+                                 Duration interval) {
+  auto ctx = runtime.internal_context();
+  thread_ = std::thread([this, ctx, head, id, interval] {
+    while (!stop_.load()) {
+      std::vector<ActorStat> stats;
+      int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+      for (const auto& s : ctx->Tracked()) {
+        int64_t since = s->busy_since_ns.load(std::memory_order_relaxed);
+        uint64_t busy_ms = since == 0 ? 0 : static_cast<uint64_t>((now - since) / 1000000);
+        stats.push_back(ActorStat{s->name, s->generation, s->progress.load(), busy_ms});
+      }
+      caf::anon_send(head, heartbeat_atom::value, id, std::move(stats));
+      std::this_thread::sleep_for(interval);
+    }
+  });
+}
+
+HeartbeatSender::~HeartbeatSender() {
+  stop_ = true;
+  thread_.join();
+}
+
+namespace {
+
+// Waits for SIGTERM or SIGINT (blocked beforehand with BlockRoleSignals).
+int WaitForStopSignal() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+  return sig;
+}
+
+caf::behavior WorkerBehavior(caf::event_based_actor* self, std::shared_ptr<Context> ctx) {
+  return {
+      [self, ctx](spawn_atom, const std::string& type, const caf::message& args,
+                  const std::string& name, uint64_t gen) -> caf::result<caf::actor> {
+        auto h = SpawnChild(self->system(), nullptr, ChildSpec::Actor(name, type, args), gen, ctx);
+        if (!h.ok())
+          return caf::make_error(caf::sec::runtime_error, std::string(h.status().message()));
+        ctx->Own(*h);
+        return *h;
+      },
+  };
+}
+
+}  // namespace
+
+int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
+  RuntimeOptions ro;
+  ClusterOptions co;
+  int64_t port = 0;
+  std::string host = "127.0.0.1", port_file;
+  ConfigRegistry config;
+  ro.Register(config);
+  co.Register(config);
+  config.AddInt("port", &port, "port to listen on (0: ephemeral, reported)", InRange(0, 65535));
+  config.AddString("host", &host, "address to listen on");
+  config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
+  if (int rc =
+          ParseRoleOptions("head", "usage: troupe head [--port P] [--host ADDR]", args, config);
+      rc >= 0)
+    return rc;
+  BlockRoleSignals();
+  ro.network = true;
+  auto rt = Runtime::Create(std::move(registry), ro);
+  if (!rt.ok()) {
+    std::cerr << "troupe head: " << rt.status().message() << "\n";
+    return 2;
+  }
+  std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
+  caf::actor head = SpawnHead((*rt)->system(), co, build_id);
+  auto bound =
+      (*rt)->system().middleman().publish(head, static_cast<uint16_t>(port), host.c_str(), true);
+  if (!bound) {
+    std::cerr << "troupe head: cannot listen on " << host << ":" << port << ": "
+              << (*rt)->system().render(bound.error()) << "\n";
+    return 1;
+  }
+  std::cout << "troupe head: listening on " << host << ":" << *bound
+            << " (plain TCP without TLS: for loopback and trusted local networks only)"
+            << " build_id=" << build_id << std::endl;
+  if (!port_file.empty()) {
+    std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << *bound << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+  int sig = WaitForStopSignal();
+  std::cout << "troupe head: stopping on signal " << sig << std::endl;
+  caf::anon_send_exit(head, caf::exit_reason::user_shutdown);
+  (*rt)->system().middleman().unpublish(head, *bound);
+  std::fflush(nullptr);
+  _exit(0);  // workers and nodes notice the lost connection; nothing here must be awaited
+}
+
+int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
+  RuntimeOptions ro;
+  ClusterOptions co;
+  std::string head_addr, node, id;
+  ConfigRegistry config;
+  ro.Register(config);
+  co.Register(config);
+  config.AddString("head", &head_addr, "head address HOST:PORT");
+  config.AddString("node", &node, "the node agent this worker belongs to");
+  config.AddString("id", &id, "this worker's id");
+  if (int rc = ParseRoleOptions("worker", "usage: troupe worker (started by a node agent)", args,
+                                config);
+      rc >= 0)
+    return rc;
+  auto hp = ParseHostPort(head_addr);
+  if (!hp.ok()) {
+    std::cerr << "troupe worker: " << hp.status().message() << "\n";
+    return 2;
+  }
+  ro.network = true;
+  auto rt = Runtime::Create(std::move(registry), ro);
+  if (!rt.ok()) {
+    std::cerr << "troupe worker: " << rt.status().message() << "\n";
+    return 2;
+  }
+  auto& sys = (*rt)->system();
+  auto head = sys.middleman().remote_actor(hp->first, hp->second);
+  if (!head) {
+    std::cerr << "troupe worker " << id << ": cannot reach head: " << sys.render(head.error())
+              << "\n";
+    return 1;
+  }
+  auto ctx = (*rt)->internal_context();
+  ctx->SetHead(*head);
+  caf::actor worker = sys.spawn(WorkerBehavior, ctx);
+  std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
+  caf::scoped_actor self{sys};
+  bool ok = false;
+  self->request(*head, std::chrono::seconds(10), reg_worker_atom::value, id, node,
+                static_cast<int64_t>(getpid()), build_id, worker)
+      .receive([&](uint64_t gen) { ok = true; },
+               [&](caf::error& e) {
+                 std::cerr << "troupe worker " << id << ": refused: " << sys.render(e) << "\n";
+               });
+  if (!ok) {
+    std::fflush(nullptr);
+    _exit(3);
+  }
+  std::cerr << "troupe worker " << id << ": joined, pid " << getpid() << std::endl;
+  HeartbeatSender heartbeats(**rt, *head, id, co.heartbeat_interval);
+  self->monitor(*head);
+  self->receive([](caf::down_msg&) {});
+  std::cerr << "troupe worker " << id << ": lost the head; exiting" << std::endl;
+  std::fflush(nullptr);
+  _exit(1);  // hosted actors may be stuck; do not wait for them
+}
+
+int UpMain(const std::vector<std::string>& args) {
+  RuntimeOptions ro;
+  ClusterOptions co;
+  int64_t workers = 2;
+  ConfigRegistry config;
+  ro.Register(config);
+  co.Register(config);
+  config.AddInt("workers", &workers, "worker processes on this machine", InRange(0, 256));
+  if (int rc = ParseRoleOptions("up",
+                                "usage: troupe up [--workers N]\n"
+                                "Starts a head, a node agent and N worker processes on this "
+                                "machine; Ctrl-C (or SIGTERM) tears them down.",
+                                args, config);
+      rc >= 0)
+    return rc;
+  BlockRoleSignals();
+  LocalCluster::Options o;
+  o.workers = static_cast<int>(workers);
+  o.cluster = co;
+  auto cluster = LocalCluster::Start(o);
+  if (!cluster.ok()) {
+    std::cerr << "troupe up: " << cluster.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "troupe up: head at 127.0.0.1:" << (*cluster)->port() << " (pid "
+            << (*cluster)->head_pid() << "), node 'local' with " << workers << " workers; logs in "
+            << co.log_dir << "; Ctrl-C to stop" << std::endl;
+  WaitForStopSignal();
+  std::cout << "troupe up: tearing down" << std::endl;
+  cluster->reset();
+  return 0;
+}
+
+}  // namespace internal
+
+int RunMain(int argc, char** argv, ActorRegistry registry) {
+  if (argc < 2) return -1;
+  std::string role = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (role == "head") return internal::HeadMain(args, std::move(registry));
+  if (role == "node") return internal::NodeMain(args, std::move(registry));
+  if (role == "worker") return internal::WorkerMain(args, std::move(registry));
+  if (role == "up") return internal::UpMain(args);
+  return -1;
+}
+
+}  // namespace troupe::runtime

@@ -1,0 +1,335 @@
+// A head, node agents and workers as real processes on loopback (distinct PIDs): remote spawn,
+// failure detection (kill -9, SIGSTOP, a hung handler), membership generations, build-id
+// refusal, preemption drain, and no orphans when a node agent dies.
+#include "troupe/runtime/cluster.h"
+
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+#include "caf/all.hpp"
+
+namespace troupe::runtime {
+namespace {
+
+using echo_atom = caf::atom_constant<caf::atom("echo")>;
+using pid_atom = caf::atom_constant<caf::atom("pid")>;
+using hang_atom = caf::atom_constant<caf::atom("hang")>;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+struct Seen {
+  MembershipEvent event;
+  Clock::time_point at;
+};
+
+class Events {
+ public:
+  void Add(const MembershipEvent& e) {
+    std::lock_guard<std::mutex> l(mu_);
+    seen_.push_back({e, Clock::now()});
+    cv_.notify_all();
+  }
+  // The first event (since the last wait) matching `pred`, or nullopt after `timeout`.
+  std::optional<Seen> WaitFor(const std::function<bool(const MembershipEvent&)>& pred,
+                              milliseconds timeout = milliseconds(10000)) {
+    std::unique_lock<std::mutex> l(mu_);
+    std::optional<Seen> found;
+    cv_.wait_for(l, timeout, [&] {
+      for (const auto& s : seen_) {
+        if (pred(s.event)) {
+          found = s;
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Seen> seen_;
+};
+
+bool ProcessAlive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+// Live processes whose command line contains `needle`.
+std::vector<pid_t> LiveProcessesWith(const std::string& needle) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  while (dirent* e = readdir(d)) {
+    pid_t pid = atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream in("/proc/" + std::string(e->d_name) + "/cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    if (cmd.find(needle) != std::string::npos && ProcessAlive(pid)) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LocalCluster::Options o;
+    o.binary = TROUPE_CLUSTER_APP;
+    o.workers = 0;
+    o.cluster.heartbeat_interval = milliseconds(50);
+    o.cluster.heartbeat_timeout = milliseconds(500);
+    o.cluster.hung_timeout = milliseconds(500);
+    o.cluster.log_dir = "/tmp/troupe-cluster-test-logs";
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    RuntimeOptions ro;
+    ro.network = true;
+    ro.log_events = true;
+    ActorRegistry reg;
+    (void)reg.Register<>(
+        "echo", [](Actor*) { return caf::behavior{[](echo_atom, int64_t x) { return x; }}; });
+    auto rt = Runtime::Create(std::move(reg), ro);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    rt_ = std::move(*rt);
+    auto client = ClusterClient::Connect(*rt_, "127.0.0.1", cluster_->port());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_.emplace(*client);
+    listener_ = rt_->system().spawn([this](caf::event_based_actor*) -> caf::behavior {
+      return {[this](membership_atom, const MembershipEvent& e) { events_.Add(e); }};
+    });
+    client_->Subscribe(listener_);
+  }
+
+  void TearDown() override {
+    if (rt_) caf::anon_send_exit(listener_, caf::exit_reason::kill);
+    client_.reset();
+    rt_.reset();
+    cluster_.reset();
+  }
+
+  void StartNode(const std::string& name, int workers, std::vector<std::string> extra = {}) {
+    ASSERT_TRUE(cluster_->AddNode(name, workers, "cpu=2", "zone=a", extra).ok());
+    for (int i = 0; i < workers; ++i) {
+      std::string id = name + "/w" + std::to_string(i);
+      ASSERT_TRUE(events_.WaitFor([&](auto& e) {
+        return e.kind == "worker_alive" && e.subject == id;
+      })) << "worker "
+          << id << " did not join";
+    }
+  }
+
+  MemberInfo Member(const std::string& id) {
+    auto members = client_->Members();
+    EXPECT_TRUE(members.ok()) << members.status();
+    for (const auto& m : members.value_or(std::vector<MemberInfo>{}))
+      if (m.id == id) return m;
+    return {};
+  }
+
+  int64_t Ask(const caf::actor& a, int64_t x) {
+    caf::scoped_actor self{rt_->system()};
+    int64_t out = -1;
+    self->request(a, std::chrono::seconds(5), echo_atom::value, x)
+        .receive([&](int64_t y) { out = y; }, [](caf::error&) {});
+    return out;
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<Runtime> rt_;
+  std::optional<ClusterClient> client_;
+  caf::actor listener_;
+  Events events_;
+};
+
+TEST_F(ClusterTest, RemoteSpawnOnDistinctProcesses) {
+  StartNode("node-a", 2);
+  StartNode("node-b", 2);
+  std::set<int64_t> pids = {getpid(), cluster_->head_pid()};
+  for (auto& [n, pid] : cluster_->nodes()) pids.insert(pid);
+  int workers = 0;
+  auto members = client_->Members();
+  ASSERT_TRUE(members.ok()) << members.status();
+  for (const auto& m : *members) {
+    if (m.kind != "worker") continue;
+    ++workers;
+    EXPECT_EQ(m.state, "alive");
+    EXPECT_TRUE(pids.insert(m.pid).second) << "pid " << m.pid << " is not distinct";
+  }
+  EXPECT_EQ(workers, 4);
+  EXPECT_EQ(pids.size(), 8u);  // test, head, 2 node agents, 4 workers
+  for (const char* node : {"node-a", "node-b"}) {
+    auto ref = client_->Spawn("echo", caf::make_message(), std::string("echo-") + node,
+                              std::string("node=") + node);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    EXPECT_EQ(Ask(ref->handle, 41), 41);
+    auto where = client_->WhereIs(std::string("echo-") + node);
+    ASSERT_TRUE(where.ok());
+    EXPECT_EQ(where->rfind(std::string(node) + "/w", 0), 0u) << *where;
+  }
+  auto bad = client_->Spawn("echo", {}, "x", "node=nowhere");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(bad.status().message().find("no alive worker for 'node=nowhere'"), std::string::npos)
+      << bad.status();
+  auto unknown = client_->Spawn("no-such-type", {}, "y");
+  EXPECT_NE(unknown.status().message().find("unknown actor type 'no-such-type'"), std::string::npos)
+      << unknown.status();
+}
+
+TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsewhere) {
+  StartNode("node-a", 2);
+  StartNode("node-b", 2);
+  SupervisorSpec spec{"svc-sup", Strategy::kOneForOne};
+  ChildSpec child = ChildSpec::Actor("svc", "echo");
+  child.placement = "any";
+  child.backoff.initial = milliseconds(1);
+  spec.children.push_back(child);
+  ASSERT_TRUE(rt_->StartSupervisor(spec).ok());
+  std::string before;
+  for (int i = 0; i < 500 && before.empty(); ++i) {
+    if (auto w = client_->WhereIs("svc"); w.ok())
+      before = *w;
+    else
+      std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_FALSE(before.empty()) << "svc was never placed";
+  pid_t victim = static_cast<pid_t>(Member(before).pid);
+  ASSERT_GT(victim, 0);
+  auto killed_at = Clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto down =
+      events_.WaitFor([&](auto& e) { return e.kind == "worker_down" && e.subject == before; });
+  ASSERT_TRUE(down) << "no down event for " << before;
+  auto latency = std::chrono::duration_cast<milliseconds>(down->at - killed_at).count();
+  std::cout << "kill -9 -> worker_down: " << latency << " ms" << std::endl;
+  EXPECT_NE(down->event.detail.find("killed by signal 9"), std::string::npos)
+      << down->event.DebugString();
+  EXPECT_NE(down->event.stderr_tail.find("joined"), std::string::npos) << down->event.DebugString();
+  EXPECT_EQ(down->event.pid, victim);
+  EXPECT_LT(latency, 2000);
+  std::string after;
+  for (int i = 0; i < 500; ++i) {
+    if (auto w = client_->WhereIs("svc"); w.ok() && *w != before) {
+      after = *w;
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_FALSE(after.empty()) << "svc was not restarted on another worker";
+  auto ref = client_->Lookup("svc");
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(Ask(ref->handle, 7), 7);
+}
+
+TEST_F(ClusterTest, StoppedWorkerIsDeclaredDeadAfterHeartbeatTimeoutAndFenced) {
+  StartNode("node-a", 1);
+  pid_t pid = static_cast<pid_t>(Member("node-a/w0").pid);
+  ASSERT_GT(pid, 0);
+  auto stopped_at = Clock::now();
+  ASSERT_EQ(kill(pid, SIGSTOP), 0);
+  auto down =
+      events_.WaitFor([](auto& e) { return e.kind == "worker_down" && e.subject == "node-a/w0"; });
+  ASSERT_TRUE(down);
+  auto ms = std::chrono::duration_cast<milliseconds>(down->at - stopped_at).count();
+  std::cout << "SIGSTOP -> dead verdict: " << ms << " ms (timeout 500 ms, interval 50 ms)"
+            << std::endl;
+  EXPECT_NE(down->event.detail.find("no heartbeat"), std::string::npos)
+      << down->event.DebugString();
+  EXPECT_GE(ms, 450);
+  EXPECT_LT(ms, 1500);
+  for (int i = 0; i < 200 && ProcessAlive(pid); ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_FALSE(ProcessAlive(pid)) << "the stopped worker was not fenced";
+}
+
+TEST_F(ClusterTest, ActorStuckInHandlerIsReportedHung) {
+  StartNode("node-a", 1);
+  auto ref = client_->Spawn("echo", {}, "stuck");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  caf::anon_send(ref->handle, hang_atom::value);
+  auto hung =
+      events_.WaitFor([](auto& e) { return e.kind == "actor_hung" && e.subject == "stuck"; });
+  ASSERT_TRUE(hung);
+  EXPECT_NE(hung->event.detail.find("on worker node-a/w0"), std::string::npos);
+  std::this_thread::sleep_for(milliseconds(600));
+  EXPECT_EQ(Member("node-a/w0").state, "alive") << "its process still answers heartbeats";
+}
+
+TEST_F(ClusterTest, NodeThatLeavesAndRejoinsBumpsGenerationTwice) {
+  StartNode("node-c", 0);
+  ASSERT_TRUE(
+      events_.WaitFor([](auto& e) { return e.kind == "node_alive" && e.subject == "node-c"; }));
+  uint64_t g0 = *client_->Generation();
+  cluster_->SignalNode("node-c", SIGKILL);
+  ASSERT_TRUE(
+      events_.WaitFor([](auto& e) { return e.kind == "node_dead" && e.subject == "node-c"; }));
+  StartNode("node-c", 0);
+  ASSERT_TRUE(events_.WaitFor([&](auto& e) {
+    return e.kind == "node_alive" && e.subject == "node-c" && e.generation > g0;
+  }));
+  EXPECT_EQ(*client_->Generation(), g0 + 2);
+  EXPECT_EQ(Member("node-c").state, "alive");
+}
+
+TEST_F(ClusterTest, NodeWithAnotherBuildIdIsRefused) {
+  auto pid = cluster_->AddNode("node-x", 0, "cpu=1", "", {"--build_id", "bogus"});
+  ASSERT_TRUE(pid.ok());
+  auto refused =
+      events_.WaitFor([](auto& e) { return e.kind == "refused" && e.subject == "node-x"; });
+  ASSERT_TRUE(refused);
+  EXPECT_NE(refused->event.detail.find("build id bogus differs from the head's"), std::string::npos)
+      << refused->event.DebugString();
+  int status = 0;
+  ASSERT_EQ(waitpid(*pid, &status, 0), *pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+  EXPECT_EQ(Member("node-x").id, "") << "a refused node is never a member";
+}
+
+TEST_F(ClusterTest, SigtermDrainsNodeThenItLeavesAtTheDeadline) {
+  StartNode("node-d", 1, {"--grace", "400ms"});
+  auto sent = Clock::now();
+  kill(cluster_->nodes().at("node-d"), SIGTERM);
+  ASSERT_TRUE(
+      events_.WaitFor([](auto& e) { return e.kind == "node_draining" && e.subject == "node-d"; }));
+  auto refused = client_->Spawn("echo", {}, "late", "node=node-d");
+  EXPECT_FALSE(refused.ok()) << "a draining node takes no work";
+  auto dead =
+      events_.WaitFor([](auto& e) { return e.kind == "node_dead" && e.subject == "node-d"; });
+  ASSERT_TRUE(dead);
+  EXPECT_GE(std::chrono::duration_cast<milliseconds>(dead->at - sent).count(), 380);
+  EXPECT_TRUE(
+      events_.WaitFor([](auto& e) { return e.kind == "worker_down" && e.subject == "node-d/w0"; }));
+}
+
+TEST_F(ClusterTest, KillingNodeAgentLeavesNoWorkerBehind) {
+  StartNode("node-e", 2);
+  std::vector<pid_t> workers = {static_cast<pid_t>(Member("node-e/w0").pid),
+                                static_cast<pid_t>(Member("node-e/w1").pid)};
+  ASSERT_EQ(LiveProcessesWith("--node node-e").size(), 2u);
+  cluster_->SignalNode("node-e", SIGKILL);
+  for (int i = 0; i < 200 && !LiveProcessesWith("--node node-e").empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_TRUE(LiveProcessesWith("--node node-e").empty()) << "orphaned workers of node-e";
+  for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << p;
+  EXPECT_TRUE(
+      events_.WaitFor([](auto& e) { return e.kind == "node_dead" && e.subject == "node-e"; }));
+}
+
+}  // namespace
+}  // namespace troupe::runtime
