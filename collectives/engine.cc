@@ -9,6 +9,7 @@ namespace troupe::collectives {
 
 absl::Status Work::Wait() const {
   if (state_ == nullptr) return absl::OkStatus();
+  if (!state_->done.HasBeenNotified() && state_->helper) state_->helper->Help(state_.get());
   state_->done.WaitForNotification();
   return state_->status;
 }
@@ -69,8 +70,19 @@ void FromWork(const float* w, const Buffer& out, size_t count) {
 
 }  // namespace
 
+struct Engine::HelperImpl : Work::Helper {
+  std::mutex mu;
+  Engine* engine = nullptr;
+  void Help(const void* state) override {
+    std::lock_guard<std::mutex> l(mu);
+    if (engine != nullptr) engine->Help(static_cast<const Work::State*>(state));
+  }
+};
+
 Engine::Engine(std::unique_ptr<Transport> transport, uint64_t generation, std::string backend)
     : transport_(std::move(transport)), generation_(generation), backend_(std::move(backend)) {
+  helper_ = std::make_shared<HelperImpl>();
+  helper_->engine = this;
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -79,6 +91,10 @@ Engine::~Engine() { Shutdown(); }
 void Engine::Shutdown() {
   if (!thread_.joinable()) return;
   Abort(absl::CancelledError("collectives: communicator destroyed"));
+  {
+    std::lock_guard<std::mutex> l(helper_->mu);  // waits for helping threads to leave
+    helper_->engine = nullptr;
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
@@ -103,11 +119,12 @@ void Engine::Abort(absl::Status status) {
 
 Work Engine::Submit(const CollectiveOptions& o, Fn fn, PostFn post) {
   auto state = std::make_shared<Work::State>();
+  state->helper = helper_;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
-    queue_.push_back(
-        Item{std::move(fn), std::move(post), next_seq_++, absl::Now() + o.timeout, state});
+    queue_.push_back(Item{std::move(fn), std::move(post), next_seq_++, absl::Now() + o.timeout,
+                          state});
   }
   cv_.notify_all();
   return Work(state);
@@ -159,53 +176,79 @@ bool Engine::PollPointToPoint() {
   return any;
 }
 
-void Engine::Run() {
-  for (;;) {
-    Item item;
-    absl::Status failed;
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      if (p2p_.empty()) {
-        cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-      } else if (queue_.empty()) {
-        l.unlock();
-        if (!PollPointToPoint()) {
-          l.lock();
-          cv_.wait_for(l, std::chrono::microseconds(50), [&] { return stop_ || !queue_.empty(); });
-        }
-        continue;
-      }
-      if (queue_.empty()) break;
+bool Engine::RunOne() {
+  Item item;
+  absl::Status failed;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (queue_.empty()) {
+      if (p2p_.empty()) return false;
+    } else {
       item = std::move(queue_.front());
       queue_.pop_front();
       failed = failed_;
     }
-    if (!failed.ok()) {
-      Complete(item, failed);
-      continue;
-    }
-    OpContext c;
-    c.t = transport_.get();
-    c.seq = item.seq;
-    c.deadline = item.deadline;
-    if (item.post) {
-      absl::StatusOr<ReqId> id = item.post(c);
-      if (!id.ok()) {
-        FailOp(id.status());
-        Complete(item, failed_copy());
-      } else {
-        p2p_.emplace_back(*id, std::move(item));
-      }
-      continue;
-    }
-    absl::Status st = item.fn(c);
-    if (!st.ok()) {
-      FailOp(st);
-      st = failed_copy();
-    }
-    Complete(item, st);
-    if (!p2p_.empty()) PollPointToPoint();
   }
+  if (!item.state) {  // nothing queued: progress the pending point-to-point requests
+    if (!PollPointToPoint()) std::this_thread::yield();
+    has_p2p_ = !p2p_.empty();
+    return true;
+  }
+  if (!failed.ok()) {
+    Complete(item, failed);
+    return true;
+  }
+  OpContext c;
+  c.t = transport_.get();
+  c.seq = item.seq;
+  c.deadline = item.deadline;
+  if (item.post) {
+    absl::StatusOr<ReqId> id = item.post(c);
+    if (!id.ok()) {
+      FailOp(id.status());
+      Complete(item, failed_copy());
+    } else {
+      p2p_.emplace_back(*id, std::move(item));
+      has_p2p_ = true;
+    }
+    return true;
+  }
+  absl::Status st = item.fn(c);
+  if (!st.ok()) {
+    FailOp(st);
+    st = failed_copy();
+  }
+  Complete(item, st);
+  if (!p2p_.empty()) PollPointToPoint();
+  has_p2p_ = !p2p_.empty();
+  return true;
+}
+
+void Engine::Help(const Work::State* target) {
+  std::unique_lock<std::mutex> ex(exec_mu_);
+  while (!target->done.HasBeenNotified()) {
+    if (!RunOne()) return;  // the executor thread owns it now; the caller blocks on `done`
+  }
+}
+
+void Engine::Run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (has_p2p_ && queue_.empty() && !stop_) {
+        cv_.wait_for(l, std::chrono::microseconds(50), [&] { return stop_ || !queue_.empty(); });
+      } else {
+        cv_.wait(l, [&] { return stop_ || !queue_.empty() || has_p2p_; });
+      }
+      if (stop_ && queue_.empty() && !has_p2p_) break;
+    }
+    std::unique_lock<std::mutex> ex(exec_mu_);
+    while (RunOne()) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (queue_.empty()) break;
+    }
+  }
+  std::unique_lock<std::mutex> ex(exec_mu_);
   for (auto& [id, item] : p2p_) Complete(item, failed_copy());
   p2p_.clear();
 }

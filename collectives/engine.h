@@ -10,6 +10,7 @@
 #ifndef TROUPE_COLLECTIVES_ENGINE_H_
 #define TROUPE_COLLECTIVES_ENGINE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -60,8 +61,14 @@ class Engine : public Communicator {
     absl::Time deadline;
     std::shared_ptr<Work::State> state;
   };
+  struct HelperImpl;
   Work Submit(const CollectiveOptions& o, Fn fn, PostFn post = nullptr);
   void Run();
+  // Runs queued operations in order on the calling thread until `target` completed.
+  void Help(const Work::State* target);
+  // Executes one queued operation or polls pending point-to-point requests. Caller holds
+  // exec_mu_. Returns false when there was nothing to do.
+  bool RunOne();
   // Completes finished point-to-point requests; returns true if any completed.
   bool PollPointToPoint();
   void Complete(Item& item, absl::Status st);
@@ -78,7 +85,10 @@ class Engine : public Communicator {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  std::vector<std::pair<ReqId, Item>> p2p_;  // executor thread only
+  std::mutex exec_mu_;                        // held by whoever runs operations
+  std::vector<std::pair<ReqId, Item>> p2p_;  // guarded by exec_mu_
+  std::atomic<bool> has_p2p_{false};
+  std::shared_ptr<HelperImpl> helper_;
   absl::Status failed_;
   bool stop_ = false;
   uint64_t next_seq_ = 0, ops_completed_ = 0;

@@ -86,9 +86,15 @@ struct CollectiveOptions {
 // Completion handle of one operation. Copyable; every copy observes the same completion.
 class Work {
  public:
+  // Backends may let the waiting thread run queued work itself (no thread hand-off).
+  struct Helper {
+    virtual ~Helper() = default;
+    virtual void Help(const void* state) = 0;
+  };
   struct State {
     absl::Notification done;
     absl::Status status;
+    std::shared_ptr<Helper> helper;
   };
   Work() = default;
   explicit Work(std::shared_ptr<State> s) : state_(std::move(s)) {}
