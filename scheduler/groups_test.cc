@@ -195,6 +195,52 @@ TEST_P(GroupTest, ActorsRunInsideBundleReservations) {
   EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
 }
 
+TEST_P(GroupTest, SoftSpreadByZonePrefersNewZones) {
+  Scheduler s = Make();
+  auto d = s.CreatePlacementGroup(MakeGroup("g", Strategy::kSpread, 3, {{"cpu", 1}}, "zone"));
+  ASSERT_TRUE(d.ok() && d->placed());
+  // Two zones for three bundles: the first two take one zone each, the third reuses one.
+  EXPECT_NE(s.Node(d->bundle_nodes[0])->labels.at("zone"),
+            s.Node(d->bundle_nodes[1])->labels.at("zone"));
+}
+
+TEST_P(GroupTest, SelectorAndSpotPreferenceApplyToEveryBundle) {
+  Scheduler s(Scheduler::Options{GetParam()});
+  ASSERT_TRUE(s.AddNode(MakeNode("spot1", {{"cpu", 4}}, {{"spot", "true"}, {"zone", "a"}})).ok());
+  ASSERT_TRUE(s.AddNode(MakeNode("spot2", {{"cpu", 4}}, {{"spot", "true"}, {"zone", "a"}})).ok());
+  ASSERT_TRUE(s.AddNode(MakeNode("od1", {{"cpu", 8}}, {{"zone", "a"}})).ok());
+  ASSERT_TRUE(s.AddNode(MakeNode("od2", {{"cpu", 8}}, {{"zone", "b"}})).ok());
+  PlacementGroupRequest g = MakeGroup("writers", Strategy::kStrictSpread, 2, {{"cpu", 1}});
+  g.spot = SpotPreference::kPreferOnDemand;
+  auto d = s.CreatePlacementGroup(g);
+  ASSERT_TRUE(d.ok() && d->placed());
+  EXPECT_EQ(std::set<std::string>(d->bundle_nodes.begin(), d->bundle_nodes.end()),
+            (std::set<std::string>{"od1", "od2"}));
+  PlacementGroupRequest in_a = MakeGroup("a-only", Strategy::kStrictSpread, 3, {{"cpu", 1}});
+  in_a.selector = {{"zone", LabelTerm::Op::kIn, {"a"}}};
+  in_a.spot = SpotPreference::kPreferOnDemand;  // only one on-demand node in zone a: falls back
+  d = s.CreatePlacementGroup(in_a);
+  ASSERT_TRUE(d.ok() && d->placed());
+  EXPECT_EQ(std::set<std::string>(d->bundle_nodes.begin(), d->bundle_nodes.end()),
+            (std::set<std::string>{"od1", "spot1", "spot2"}));
+  in_a.group = "a-four";
+  in_a.bundles.resize(4, in_a.bundles[0]);
+  d = s.CreatePlacementGroup(in_a);
+  ASSERT_TRUE(d.ok());
+  ASSERT_FALSE(d->placed());
+  EXPECT_FALSE(d->unschedulable->retry_can_help);  // zone a has only 3 nodes
+}
+
+TEST_P(GroupTest, UnlabelledNodesAreTheirOwnDomain) {
+  Scheduler s(Scheduler::Options{GetParam()});
+  ASSERT_TRUE(s.AddNode(MakeNode("a", {{"cpu", 4}}, {{"zone", "a"}})).ok());
+  ASSERT_TRUE(s.AddNode(MakeNode("x", {{"cpu", 4}})).ok());
+  ASSERT_TRUE(s.AddNode(MakeNode("y", {{"cpu", 4}})).ok());
+  auto d = s.CreatePlacementGroup(MakeGroup("g", Strategy::kStrictSpread, 3, {{"cpu", 1}}, "zone"));
+  ASSERT_TRUE(d.ok() && d->placed());
+  EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
+}
+
 INSTANTIATE_TEST_SUITE_P(Placers, GroupTest,
                          ::testing::Values(Scheduler::Placer::kIndexed,
                                            Scheduler::Placer::kBruteForce),

@@ -187,6 +187,17 @@ TEST_P(SingleActorTest, DrainingNodesTakeNothingNew) {
   EXPECT_TRUE(s.CheckInvariants().ok()) << s.CheckInvariants();
 }
 
+TEST_P(SingleActorTest, NoAliveNodeIsNotBusy) {
+  Scheduler s = Make();
+  ASSERT_TRUE(s.AddNode(MakeNode("a", {{"cpu", 4}})).ok());
+  ASSERT_TRUE(s.DrainNode("a").ok());
+  auto d = s.PlaceActor(MakeActor("x", {{"cpu", 1}}));
+  ASSERT_TRUE(d.ok());
+  ASSERT_FALSE(d->placed());
+  EXPECT_THAT(d->unschedulable->reason, HasSubstr("no node is alive (1 draining node(s) could"));
+  EXPECT_FALSE(d->unschedulable->retry_can_help);
+}
+
 TEST_P(SingleActorTest, BadInputIsInvalidArgument) {
   Scheduler s = Make();
   EXPECT_EQ(s.AddNode(MakeNode("", {{"cpu", 1}})).code(), absl::StatusCode::kInvalidArgument);
