@@ -1,0 +1,27 @@
+// Private: small blocking-socket helpers (loopback TCP) for the bootstrap and liveness channel.
+#ifndef TROUPE_COLLECTIVES_NET_H_
+#define TROUPE_COLLECTIVES_NET_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace troupe::collectives::net {
+
+// Listens on 127.0.0.1:port (0: any free port); returns the fd and sets *bound_port.
+absl::StatusOr<int> Listen(int port, int* bound_port);
+// Connects to host:port, retrying refused connections until `deadline`.
+absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadline);
+// Waits for a connection until `deadline`.
+absl::StatusOr<int> Accept(int listen_fd, absl::Time deadline);
+// Reads exactly n bytes. Unavailable on EOF or error, DeadlineExceeded after `deadline`.
+absl::Status ReadFull(int fd, void* buf, size_t n, absl::Time deadline);
+absl::Status WriteFull(int fd, const void* buf, size_t n);
+void SetNoDelay(int fd);
+
+}  // namespace troupe::collectives::net
+
+#endif  // TROUPE_COLLECTIVES_NET_H_
