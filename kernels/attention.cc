@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "fast_math.h"
 #include "troupe/kernels/matmul.h"
 #include "troupe/kernels/parallel.h"
 
@@ -15,11 +16,9 @@ void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
     T* pr = p + i * t_len;
     T mx = xr[0];
     for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, xr[j]);
+    for (int64_t j = 0; j <= i; ++j) pr[j] = internal::Exp<T>(xr[j] - mx);
     T sum = 0;
-    for (int64_t j = 0; j <= i; ++j) {
-      pr[j] = std::exp(xr[j] - mx);
-      sum += pr[j];
-    }
+    for (int64_t j = 0; j <= i; ++j) sum += pr[j];
     const T inv = T(1) / sum;
     for (int64_t j = 0; j <= i; ++j) pr[j] *= inv;
     for (int64_t j = i + 1; j < t_len; ++j) pr[j] = 0;

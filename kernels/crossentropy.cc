@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "fast_math.h"
 #include "troupe/kernels/parallel.h"
 
 namespace troupe::kernels {
@@ -18,11 +19,9 @@ void CrossEntropyForward(T* losses, T* probs, const T* logits, const int32_t* ta
       T* p = probs + i * v;
       T mx = x[0];
       for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
+      for (int64_t j = 0; j < v; ++j) p[j] = internal::Exp<T>(x[j] - mx);
       T sum = 0;
-      for (int64_t j = 0; j < v; ++j) {
-        p[j] = std::exp(x[j] - mx);
-        sum += p[j];
-      }
+      for (int64_t j = 0; j < v; ++j) sum += p[j];
       const T inv = T(1) / sum;
       for (int64_t j = 0; j < v; ++j) p[j] *= inv;
       // log-sum-exp form keeps the loss finite even where the probability underflows.

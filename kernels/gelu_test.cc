@@ -55,3 +55,23 @@ TEST(GeluTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
 
 }  // namespace
 }  // namespace troupe::kernels
+
+#include "fast_math.h"
+
+namespace troupe::kernels {
+namespace {
+
+TEST(FastMathTest, ExpFloatIsWithinAFewUlpOfLibm) {
+  double worst = 0;
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(internal::ExpFloat(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);  // 2.5 ulp of float
+  EXPECT_EQ(internal::ExpFloat(0.0f), 1.0f);
+  EXPECT_GT(internal::ExpFloat(-1000.0f), 0.0f);  // clamped, never 0 or NaN
+  EXPECT_TRUE(std::isfinite(internal::ExpFloat(1000.0f)));
+}
+
+}  // namespace
+}  // namespace troupe::kernels

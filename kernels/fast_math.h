@@ -1,0 +1,48 @@
+// exp for the kernels' float paths: pure arithmetic (no libm call, no table, no branch), so the
+// loops that use it vectorise and give the same bits on every x86-64 (SSE2 baseline). double paths,
+// used by the gradient checks, call std::exp. Private to kernels/.
+#ifndef TROUPE_KERNELS_FAST_MATH_H_
+#define TROUPE_KERNELS_FAST_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace troupe::kernels::internal {
+
+// e^x with a relative error of about 2 ulp; clamps to [e^-87.3, e^88].
+inline float ExpFloat(float x) {
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.0f ? 88.0f : x;
+  // Round x·log2(e) to the nearest integer with the 1.5·2^23 trick (exact for |v| < 2^22).
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  // Cody–Waite: r = x − n·ln2 in two parts, |r| <= ln2/2.
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  // Cephes expf polynomial.
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename T>
+inline T Exp(T x);
+template <>
+inline float Exp<float>(float x) {
+  return ExpFloat(x);
+}
+template <>
+inline double Exp<double>(double x) {
+  return std::exp(x);
+}
+
+}  // namespace troupe::kernels::internal
+
+#endif  // TROUPE_KERNELS_FAST_MATH_H_
