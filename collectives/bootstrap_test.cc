@@ -1,8 +1,8 @@
+#include "troupe/collectives/bootstrap.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
-
-#include "troupe/collectives/bootstrap.h"
 
 namespace troupe::collectives {
 namespace {

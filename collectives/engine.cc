@@ -123,8 +123,8 @@ Work Engine::Submit(const CollectiveOptions& o, Fn fn, PostFn post) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
-    queue_.push_back(Item{std::move(fn), std::move(post), next_seq_++, absl::Now() + o.timeout,
-                          state});
+    queue_.push_back(
+        Item{std::move(fn), std::move(post), next_seq_++, absl::Now() + o.timeout, state});
   }
   cv_.notify_all();
   return Work(state);

@@ -85,7 +85,7 @@ class Engine : public Communicator {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  std::mutex exec_mu_;                        // held by whoever runs operations
+  std::mutex exec_mu_;                       // held by whoever runs operations
   std::vector<std::pair<ReqId, Item>> p2p_;  // guarded by exec_mu_
   std::atomic<bool> has_p2p_{false};
   std::shared_ptr<HelperImpl> helper_;

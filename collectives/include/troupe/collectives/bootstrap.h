@@ -9,7 +9,8 @@
 //   auto server = TcpBootstrapServer::Start();            // in the launcher
 //   auto boot = TcpBootstrapClient::Connect("127.0.0.1", (*server)->port());  // in each rank
 //   (*boot)->Publish("job/g0/ucx/3", address_blob);
-//   absl::StatusOr<std::string> a = (*boot)->Lookup("job/g0/ucx/1", absl::Now() + absl::Seconds(30));
+//   absl::StatusOr<std::string> a = (*boot)->Lookup("job/g0/ucx/1", absl::Now() +
+//   absl::Seconds(30));
 #ifndef TROUPE_COLLECTIVES_BOOTSTRAP_H_
 #define TROUPE_COLLECTIVES_BOOTSTRAP_H_
 

@@ -1,0 +1,146 @@
+#include "liveness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "net.h"
+
+namespace troupe::collectives {
+
+absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
+                                                          const std::string& prefix, int rank,
+                                                          int size, Options options, OnDead on_dead,
+                                                          absl::Time deadline) {
+  std::unique_ptr<Liveness> l(new Liveness());
+  l->rank_ = rank;
+  l->options_ = options;
+  l->on_dead_ = std::move(on_dead);
+  l->peers_.resize(size);
+  int port = 0;
+  auto lfd = net::Listen(0, &port);
+  if (!lfd.ok()) return lfd.status();
+  auto key = [&](int r) { return absl::StrCat(prefix, "/live/", r); };
+  absl::Status st = boot->Publish(key(rank), absl::StrCat(port, " ", getpid()));
+  // Connect to lower ranks, accept from higher ones; the first 8 bytes name (rank, pid).
+  for (int j = 0; st.ok() && j < rank; ++j) {
+    auto v = boot->Lookup(key(j), deadline);
+    if (!v.ok()) {
+      st = v.status();
+      break;
+    }
+    int peer_port = 0, peer_pid = 0;
+    std::sscanf(v->c_str(), "%d %d", &peer_port, &peer_pid);
+    auto fd = net::Connect("127.0.0.1", peer_port, deadline);
+    if (!fd.ok()) {
+      st = fd.status();
+      break;
+    }
+    int32_t hello[2] = {rank, static_cast<int32_t>(getpid())};
+    st = net::WriteFull(*fd, hello, sizeof(hello));
+    l->peers_[j].fd = *fd;
+    l->peers_[j].pid = peer_pid;
+  }
+  for (int k = rank + 1; st.ok() && k < size; ++k) {
+    auto fd = net::Accept(*lfd, deadline);
+    if (!fd.ok()) {
+      st = fd.status();
+      break;
+    }
+    int32_t hello[2];
+    st = net::ReadFull(*fd, hello, sizeof(hello), deadline);
+    if (st.ok() && (hello[0] <= rank || hello[0] >= size || l->peers_[hello[0]].fd >= 0)) {
+      st = absl::DataLossError(absl::StrCat("liveness: unexpected hello from rank ", hello[0]));
+    }
+    if (!st.ok()) {
+      close(*fd);
+      break;
+    }
+    l->peers_[hello[0]].fd = *fd;
+    l->peers_[hello[0]].pid = hello[1];
+  }
+  close(*lfd);
+  if (!st.ok()) {
+    for (auto& p : l->peers_) {
+      if (p.fd >= 0) close(p.fd);
+    }
+    return absl::Status(st.code(),
+                        absl::StrCat("liveness setup of rank ", rank, ": ", st.message()));
+  }
+  if (pipe2(l->wake_, O_CLOEXEC) != 0) return absl::InternalError("liveness: pipe failed");
+  const absl::Time now = absl::Now();
+  for (auto& p : l->peers_) p.last_heard = now;
+  l->thread_ = std::thread([raw = l.get()] { raw->Loop(); });
+  return l;
+}
+
+Liveness::~Liveness() {
+  if (thread_.joinable()) {
+    for (auto& p : peers_) {
+      if (p.fd >= 0) (void)!send(p.fd, "B", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    (void)!write(wake_[1], "x", 1);
+    thread_.join();
+  }
+  for (auto& p : peers_) {
+    if (p.fd >= 0) close(p.fd);
+  }
+  if (wake_[0] >= 0) close(wake_[0]), close(wake_[1]);
+}
+
+void Liveness::Loop() {
+  const int interval_ms = std::max<int>(1, absl::ToInt64Milliseconds(options_.interval));
+  absl::Time last_sent = absl::InfinitePast();
+  std::vector<pollfd> fds;
+  std::vector<int> who;
+  for (;;) {
+    const absl::Time now = absl::Now();
+    if (now - last_sent >= options_.interval) {
+      for (auto& p : peers_) {
+        if (p.fd >= 0 && !p.reported) (void)!send(p.fd, "H", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      last_sent = now;
+    }
+    fds.assign(1, pollfd{wake_[0], POLLIN, 0});
+    who.assign(1, -1);
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (peers_[i].fd >= 0 && !peers_[i].reported && !peers_[i].goodbye) {
+        fds.push_back(pollfd{peers_[i].fd, POLLIN, 0});
+        who.push_back(static_cast<int>(i));
+      }
+    }
+    poll(fds.data(), fds.size(), interval_ms);
+    if (fds[0].revents != 0) return;
+    const absl::Time t = absl::Now();
+    for (size_t k = 1; k < fds.size(); ++k) {
+      Peer& p = peers_[who[k]];
+      std::string why;
+      if (fds[k].revents != 0) {
+        char buf[256];
+        ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n > 0) {
+          p.last_heard = t;
+          for (ssize_t i = 0; i < n; ++i) p.goodbye |= buf[i] == 'B';
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          if (!p.goodbye) why = "its liveness connection closed (process exited or was killed)";
+          p.goodbye = true;
+        }
+      }
+      if (why.empty() && !p.goodbye && t - p.last_heard > options_.timeout) {
+        why = absl::StrCat("no heartbeat for ", absl::FormatDuration(t - p.last_heard),
+                           " (stopped or hung; liveness timeout ",
+                           absl::FormatDuration(options_.timeout), ")");
+      }
+      if (!why.empty()) {
+        p.reported = true;
+        on_dead_(who[k], absl::StrCat("peer rank ", who[k], " (pid ", p.pid, ") is dead: ", why));
+      }
+    }
+  }
+}
+
+}  // namespace troupe::collectives

@@ -1,0 +1,54 @@
+// Private: the liveness channel of the UCX backend. Every pair of ranks holds one loopback TCP
+// connection; each side writes a heartbeat byte every `interval`. A peer is dead when its
+// connection reaches EOF or errors (exit, kill -9: detected at once) or when it has been silent
+// for `timeout` (SIGSTOP, hang). A clean shutdown sends a goodbye byte first, so a departing
+// peer is not reported. Threads: one monitor thread; `on_dead` runs on it, once per peer.
+#ifndef TROUPE_COLLECTIVES_LIVENESS_H_
+#define TROUPE_COLLECTIVES_LIVENESS_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "troupe/collectives/bootstrap.h"
+
+namespace troupe::collectives {
+
+class Liveness {
+ public:
+  using OnDead = std::function<void(int rank, const std::string& why)>;
+  struct Options {
+    absl::Duration interval = absl::Milliseconds(100);
+    absl::Duration timeout = absl::Seconds(5);
+  };
+  static absl::StatusOr<std::unique_ptr<Liveness>> Start(Bootstrap* boot, const std::string& prefix,
+                                                         int rank, int size, Options options,
+                                                         OnDead on_dead, absl::Time deadline);
+  ~Liveness();
+
+ private:
+  Liveness() = default;
+  void Loop();
+
+  struct Peer {
+    int fd = -1;
+    int pid = 0;
+    absl::Time last_heard;
+    bool goodbye = false, reported = false;
+  };
+  int rank_ = 0;
+  Options options_;
+  OnDead on_dead_;
+  std::vector<Peer> peers_;
+  int wake_[2] = {-1, -1};  // self-pipe to stop the thread
+  std::thread thread_;
+};
+
+}  // namespace troupe::collectives
+
+#endif  // TROUPE_COLLECTIVES_LIVENESS_H_

@@ -1,0 +1,376 @@
+// The UCX backend: a Transport over one UCP worker, wrapped in the Engine, plus the liveness
+// channel that turns a peer's death into Unavailable on every pending operation.
+#include "troupe/collectives/ucx_communicator.h"
+
+#include <sched.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "engine.h"
+#include "liveness.h"
+
+namespace troupe::collectives {
+namespace {
+
+#define UCX_RETURN_IF_ERROR(expr)                                                                  \
+  do {                                                                                             \
+    ucs_status_t _s = (expr);                                                                      \
+    if (_s != UCS_OK) {                                                                            \
+      return absl::InternalError(                                                                  \
+          absl::StrCat(__FILE__, ":", __LINE__, ": ", #expr, " failed: ", ucs_status_string(_s))); \
+    }                                                                                              \
+  } while (0)
+
+struct Req {
+  bool done = false;
+  bool recv = false;
+  ucs_status_t status = UCS_OK;
+  void* ucx = nullptr;  // UCX request, freed when reaped
+  int peer = 0;
+};
+
+void OnSend(void* request, ucs_status_t status, void* user) {
+  auto* r = static_cast<Req*>(user);
+  r->status = status;
+  r->done = true;
+}
+
+void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+  auto* r = static_cast<Req*>(user);
+  r->status = status;
+  r->done = true;
+}
+
+// UCX tag: source rank in the top 16 bits, the 48-bit message tag below.
+uint64_t WireTag(int src, uint64_t tag) { return (uint64_t(src) << kTagBits) | (tag & kTagMask); }
+
+class UcxTransport : public Transport {
+ public:
+  UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
+  ~UcxTransport() override {
+    if (worker_ != nullptr) {
+      for (ucp_ep_h ep : eps_) {
+        if (ep == nullptr) continue;
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        void* r = ucp_ep_close_nbx(ep, &p);
+        if (UCS_PTR_IS_PTR(r)) {
+          for (int i = 0; i < 10000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) {
+            ucp_worker_progress(worker_);
+          }
+          ucp_request_free(r);
+        }
+      }
+      for (auto& s : scratch_) {
+        if (s.memh != nullptr) ucp_mem_unmap(context_, s.memh);
+      }
+      ucp_worker_destroy(worker_);
+    }
+    if (context_ != nullptr) ucp_cleanup(context_);
+  }
+
+  absl::Status Init(bool peer_errors) {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.features = UCP_FEATURE_TAG;
+    params.mt_workers_shared = 0;
+    ucp_config_t* config = nullptr;
+    UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config));
+    ucs_status_t s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    UCX_RETURN_IF_ERROR(s);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // the engine's exec lock serializes use
+    UCX_RETURN_IF_ERROR(ucp_worker_create(context_, &wp, &worker_));
+    peer_errors_ = peer_errors;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::string> Address() {
+    ucp_address_t* addr = nullptr;
+    size_t len = 0;
+    UCX_RETURN_IF_ERROR(ucp_worker_get_address(worker_, &addr, &len));
+    std::string blob(reinterpret_cast<const char*>(addr), len);
+    ucp_worker_release_address(worker_, addr);
+    return blob;
+  }
+
+  absl::Status Connect(const std::vector<std::string>& addrs) {
+    eps_.assign(size_, nullptr);
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_) continue;
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      ep.address = reinterpret_cast<const ucp_address_t*>(addrs[j].data());
+      ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+      UCX_RETURN_IF_ERROR(ucp_ep_create(worker_, &ep, &eps_[j]));
+    }
+    return absl::OkStatus();
+  }
+
+  std::string Describe() {
+    std::string out;
+    for (int j = 0; j < size_; ++j) {
+      if (j == rank_ || eps_[j] == nullptr) continue;
+      char* buf = nullptr;
+      size_t len = 0;
+      FILE* f = open_memstream(&buf, &len);
+      ucp_ep_print_info(eps_[j], f);
+      fclose(f);
+      absl::StrAppend(&out, "rank ", rank_, " -> ", j, ":\n", std::string(buf, len));
+      free(buf);
+    }
+    return out;
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  absl::StatusOr<ReqId> PostSend(int peer, uint64_t tag, const void* buf, size_t bytes) override {
+    if (auto st = failure(); !st.ok()) return st;
+    auto req = std::make_unique<Req>();
+    req->peer = peer;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = OnSend;
+    p.user_data = req.get();
+    CountSend(bytes);
+    void* r = ucp_tag_send_nbx(eps_[peer], buf, bytes, WireTag(rank_, tag), &p);
+    return Track(std::move(req), r, "send", peer);
+  }
+
+  absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf, size_t bytes) override {
+    if (auto st = failure(); !st.ok()) return st;
+    auto req = std::make_unique<Req>();
+    req->peer = peer;
+    req->recv = true;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv = OnRecv;
+    p.user_data = req.get();
+    CountRecv(bytes);
+    void* r = ucp_tag_recv_nbx(worker_, buf, bytes, WireTag(peer, tag), ~uint64_t{0}, &p);
+    return Track(std::move(req), r, "recv", peer);
+  }
+
+  absl::Status WaitAll(absl::Span<const ReqId> ids, absl::Time deadline) override {
+    int idle = 0;
+    for (uint64_t iter = 0;; ++iter) {
+      bool all = true;
+      for (ReqId id : ids) {
+        Req* r = reqs_[id].get();
+        if (!r->done) {
+          all = false;
+          break;
+        }
+        if (r->status != UCS_OK) return FailWith(PeerError(r));
+      }
+      if (all) break;
+      if (auto st = failure(); !st.ok()) return st;
+      if ((iter & 255) == 0 && absl::Now() > deadline) {
+        return FailWith(absl::DeadlineExceededError(
+            absl::StrCat("collectives: rank ", rank_, " operation deadline passed")));
+      }
+      if (ucp_worker_progress(worker_) != 0) {
+        idle = 0;
+      } else if (++idle > 64) {
+        sched_yield();
+      }
+    }
+    for (ReqId id : ids) Reap(id);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> Test(ReqId id) override {
+    if (auto st = failure(); !st.ok()) return st;
+    ucp_worker_progress(worker_);
+    Req* r = reqs_[id].get();
+    if (!r->done) return false;
+    if (r->status != UCS_OK) return FailWith(PeerError(r));
+    Reap(id);
+    return true;
+  }
+
+  void CancelAll() override {
+    // Receives are cancelled; sends to a dead or departed peer cannot be, so they are
+    // abandoned (kept alive until the worker goes away; nothing will read them after this).
+    for (auto& [id, r] : reqs_) {
+      if (!r->done && r->recv && r->ucx != nullptr) ucp_request_cancel(worker_, r->ucx);
+    }
+    const absl::Time until = absl::Now() + absl::Seconds(1);
+    for (;;) {
+      bool pending = false;
+      for (auto& [id, r] : reqs_) pending |= r->recv && !r->done;
+      if (!pending || absl::Now() > until) break;
+      ucp_worker_progress(worker_);
+    }
+    for (auto& [id, r] : reqs_) {
+      if (r->done) {
+        if (r->ucx != nullptr) ucp_request_free(r->ucx);
+      } else {
+        abandoned_.push_back(std::move(r));
+      }
+    }
+    reqs_.clear();
+  }
+
+  void Fail(absl::Status status) override {
+    std::lock_guard<std::mutex> l(fail_mu_);
+    if (failed_.ok()) failed_ = std::move(status);
+    has_failed_.store(true, std::memory_order_release);
+  }
+
+  void* Scratch(int slot, size_t bytes) override {
+    if (scratch_.size() <= static_cast<size_t>(slot)) scratch_.resize(slot + 1);
+    Region& s = scratch_[slot];
+    if (s.size >= bytes) return s.ptr;
+    if (s.memh != nullptr) ucp_mem_unmap(context_, s.memh);
+    s = Region{};
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.length = std::max<size_t>(bytes, size_t{1} << 20);
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    if (ucp_mem_map(context_, &mp, &s.memh) != UCS_OK) {
+      s.heap.resize(bytes);  // registration failed: plain memory still works
+      s.ptr = s.heap.data();
+      s.size = bytes;
+      return s.ptr;
+    }
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    ucp_mem_query(s.memh, &attr);
+    s.ptr = attr.address;
+    s.size = attr.length;
+    return s.ptr;
+  }
+
+ private:
+  struct Region {
+    ucp_mem_h memh = nullptr;
+    void* ptr = nullptr;
+    size_t size = 0;
+    std::vector<uint8_t> heap;
+  };
+
+  absl::Status failure() {
+    if (!has_failed_.load(std::memory_order_acquire)) return absl::OkStatus();
+    std::lock_guard<std::mutex> l(fail_mu_);
+    return failed_;
+  }
+  absl::Status FailWith(absl::Status st) {
+    Fail(st);
+    return failure();
+  }
+  absl::Status PeerError(const Req* r) {
+    return absl::UnavailableError(
+        absl::StrCat("collectives: ", r->recv ? "receive from" : "send to", " peer rank ", r->peer,
+                     " failed: ", ucs_status_string(r->status)));
+  }
+
+  absl::StatusOr<ReqId> Track(std::unique_ptr<Req> req, void* r, const char* what, int peer) {
+    if (UCS_PTR_IS_ERR(r)) {
+      return FailWith(
+          absl::UnavailableError(absl::StrCat("collectives: ", what, " with peer rank ", peer,
+                                              " failed: ", ucs_status_string(UCS_PTR_STATUS(r)))));
+    }
+    if (r == nullptr) {
+      req->done = true;
+    } else {
+      req->ucx = r;
+    }
+    const ReqId id = ++next_id_;
+    reqs_.emplace(id, std::move(req));
+    return id;
+  }
+
+  void Reap(ReqId id) {
+    auto it = reqs_.find(id);
+    if (it == reqs_.end()) return;
+    if (it->second->ucx != nullptr) ucp_request_free(it->second->ucx);
+    reqs_.erase(it);
+  }
+
+  const int rank_, size_;
+  bool peer_errors_ = false;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> eps_;
+  std::unordered_map<ReqId, std::unique_ptr<Req>> reqs_;
+  std::list<std::unique_ptr<Req>> abandoned_;
+  ReqId next_id_ = 0;
+  std::vector<Region> scratch_;
+  std::mutex fail_mu_;
+  absl::Status failed_;
+  std::atomic<bool> has_failed_{false};
+};
+
+class UcxEngine : public Engine {
+ public:
+  UcxEngine(std::unique_ptr<UcxTransport> t, uint64_t generation)
+      : Engine(std::move(t), generation, "ucx") {}
+  ~UcxEngine() override {
+    liveness_.reset();  // first: a clean goodbye, and no more callbacks into this engine
+    Shutdown();
+  }
+  void SetLiveness(std::unique_ptr<Liveness> l) { liveness_ = std::move(l); }
+  std::string Describe() { return static_cast<UcxTransport*>(transport())->Describe(); }
+
+ private:
+  std::unique_ptr<Liveness> liveness_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* boot,
+                                                                    const UcxOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size || o.size > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("UcxOptions: rank expected in [0, size) with ",
+                                                   "1 <= size <= 65535, got rank ", o.rank,
+                                                   " size ", o.size));
+  }
+  const absl::Time deadline = absl::Now() + o.connect_timeout;
+  const std::string prefix = absl::StrCat(o.key_prefix, "/g", o.generation);
+  auto t = std::make_unique<UcxTransport>(o.rank, o.size);
+  if (auto st = t->Init(o.ucx_peer_error_handling); !st.ok()) return st;
+  auto addr = t->Address();
+  if (!addr.ok()) return addr.status();
+  if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), *addr); !st.ok()) return st;
+  std::vector<std::string> addrs(o.size);
+  for (int j = 0; j < o.size; ++j) {
+    auto a = boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline);
+    if (!a.ok()) return a.status();
+    addrs[j] = *a;
+  }
+  if (auto st = t->Connect(addrs); !st.ok()) return st;
+  auto engine = std::make_unique<UcxEngine>(std::move(t), o.generation);
+  Liveness::Options lo;
+  lo.interval = o.heartbeat_interval;
+  lo.timeout = o.liveness_timeout;
+  UcxEngine* raw = engine.get();
+  auto live = Liveness::Start(
+      boot, prefix, o.rank, o.size, lo,
+      [raw](int rank, const std::string& why) {
+        raw->Abort(absl::UnavailableError(absl::StrCat("collectives: ", why)));
+      },
+      deadline);
+  if (!live.ok()) return live.status();
+  engine->SetLiveness(std::move(*live));
+  return std::unique_ptr<Communicator>(std::move(engine));
+}
+
+std::string DescribeUcxTransports(Communicator* comm) {
+  auto* e = dynamic_cast<UcxEngine*>(comm);
+  return e == nullptr ? std::string() : e->Describe();
+}
+
+}  // namespace troupe::collectives

@@ -1,0 +1,262 @@
+// A rank of a multi-process UCX test: the test driver fork/execs one per rank.
+//   ucx_helper <bootstrap_port> <rank> <size> <scenario> [args...]
+// Prints result lines on stdout ("OK ...", "FAIL ...", "PROGRESS", "ERROR <mono_ns> ...") and
+// exits 0 only if the scenario passed.
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "test_util.h"
+#include "troupe/collectives/ucx_communicator.h"
+
+namespace troupe::collectives {
+namespace {
+
+using testing::HostBuf;
+using testing::Input;
+
+int64_t MonoNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+void Say(const std::string& line) {
+  std::string l = line + "\n";
+  (void)!write(1, l.data(), l.size());
+}
+
+struct Ctx {
+  int port, rank, size;
+  std::unique_ptr<Bootstrap> boot;
+};
+
+std::unique_ptr<Communicator> Make(Ctx& c, int rank, int size, uint64_t gen,
+                                   absl::Duration liveness = absl::Seconds(5)) {
+  UcxOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.generation = gen;
+  o.liveness_timeout = liveness;
+  o.heartbeat_interval = absl::Milliseconds(50);
+  auto comm = CreateUcxCommunicator(c.boot.get(), o);
+  if (!comm.ok()) {
+    Say(absl::StrCat("FAIL create: ", comm.status().ToString()));
+    std::exit(2);
+  }
+  return std::move(*comm);
+}
+
+// All-reduce / reduce-scatter of `count` elements checked against the plain reference.
+bool CheckReduce(Communicator& comm, bool scatter, size_t count, DType dt, ReduceOp op,
+                 Algorithm alg, uint32_t salt) {
+  const int n = comm.size(), r = comm.rank();
+  const size_t total = scatter ? count * n : count;
+  HostBuf in(dt, Input(r, total, dt, salt)), out(dt, scatter ? count : total);
+  CollectiveOptions o;
+  o.algorithm = alg;
+  absl::Status st = scatter ? comm.ReduceScatter(in.buf(), out.buf(), op, o).Wait()
+                            : comm.AllReduce(in.buf(), in.buf(), op, o).Wait();
+  if (!st.ok()) {
+    Say(absl::StrCat("FAIL rank ", r, " count ", count, ": ", st.ToString()));
+    return false;
+  }
+  std::vector<float> got = scatter ? out.values() : in.values();
+  const size_t base = scatter ? r * count : 0;
+  std::vector<float> ref(count, 0.0f), sum_abs(count, 0.0f);
+  for (int q = 0; q < n; ++q) {
+    std::vector<float> v = Input(q, total, dt, salt);
+    for (size_t i = 0; i < count; ++i) {
+      const float x = v[base + i];
+      ref[i] = q == 0 ? x : (op == ReduceOp::kMax ? std::max(ref[i], x) : ref[i] + x);
+      sum_abs[i] += std::fabs(x);
+    }
+  }
+  for (size_t i = 0; i < count; ++i) {
+    float want = op == ReduceOp::kAvg ? ref[i] / n : ref[i];
+    float tol = op == ReduceOp::kMax ? 0.0f : testing::Tolerance(dt, want, sum_abs[i], n);
+    if (!(std::fabs(got[i] - want) <= tol)) {
+      Say(absl::StrCat("FAIL rank ", r, (scatter ? " reduce-scatter" : " all-reduce"), " count ",
+                       count, " element ", i, " got ", got[i], " want ", want));
+      return false;
+    }
+  }
+  return true;
+}
+
+int Matrix(Ctx& c, size_t max_count) {
+  auto comm = Make(c, c.rank, c.size, 0);
+  const int n = c.size, r = c.rank;
+  bool ok = true;
+  for (size_t count : {size_t{1}, size_t{7}, size_t{4099}, size_t{65537}, size_t{262147},
+                       size_t{1} << 20, size_t{16} << 20}) {
+    if (count > max_count) break;
+    const bool large = count > (size_t{1} << 20);
+    ok &= CheckReduce(*comm, false, count, DType::kF32, ReduceOp::kSum, Algorithm::kAuto, 1);
+    if (large) continue;
+    ok &= CheckReduce(*comm, false, count, DType::kBF16, ReduceOp::kAvg, Algorithm::kRing, 2);
+    ok &= CheckReduce(*comm, false, count, DType::kF32, ReduceOp::kMax,
+                      Algorithm::kRecursiveDoubling, 3);
+    ok &= CheckReduce(*comm, false, count, DType::kF32, ReduceOp::kSum, Algorithm::kOrdered, 4);
+    ok &= CheckReduce(*comm, true, count / n + 1, DType::kF32, ReduceOp::kSum, Algorithm::kRing, 5);
+    // All-gather and broadcast.
+    HostBuf mine(DType::kF32, Input(r, count, DType::kF32, 6)), all(DType::kF32, count * n);
+    ok &= comm->AllGather(mine.buf(), all.buf(), {}).Wait().ok();
+    for (int q = 0; q < n && ok; ++q) {
+      auto want = Input(q, count, DType::kF32, 6);
+      ok &= std::equal(want.begin(), want.end(), all.f.begin() + q * count);
+    }
+    HostBuf b(DType::kF32,
+              r == n - 1 ? Input(n - 1, count, DType::kF32, 7) : std::vector<float>(count, 0.0f));
+    ok &= comm->Broadcast(b.buf(), n - 1, {}).Wait().ok();
+    ok &= b.f == Input(n - 1, count, DType::kF32, 7);
+    ok &= comm->Barrier({}).Wait().ok();
+    if (!ok) Say(absl::StrCat("FAIL rank ", r, " gather/broadcast/barrier count ", count));
+  }
+  if (n > 1) {  // point-to-point around the ring
+    auto v = Input(r, 3001, DType::kF32, 8);
+    std::vector<float> got(3001);
+    Work s = comm->Send(Buffer::F32(v), (r + 1) % n, 11, {});
+    Work w = comm->Recv(Buffer::F32(got), (r + n - 1) % n, 11, {});
+    ok &= s.Wait().ok() && w.Wait().ok() && got == Input((r + n - 1) % n, 3001, DType::kF32, 8);
+  }
+  if (ok) Say(absl::StrCat("OK rank ", r, " ", DescribeUcxTransports(comm.get()).size() > 0));
+  return ok ? 0 : 1;
+}
+
+// Loops 64 MiB all-reduces until one fails; reports when and how; then rebuilds a communicator
+// over the survivors (generation 1) and checks an all-reduce there.
+int Chaos(Ctx& c, int victim, absl::Duration liveness) {
+  auto comm = Make(c, c.rank, c.size, 0, liveness);
+  const size_t count = size_t{16} << 20;
+  std::vector<float> buf(count, 1.0f);
+  std::atomic<bool> stop{false};
+  std::thread watch([&] {
+    while (!stop && comm->stats().bytes_received == 0) usleep(200);
+    if (!stop) Say("PROGRESS");
+  });
+  CollectiveOptions o;
+  o.timeout = absl::Seconds(60);
+  absl::Status st;
+  for (int i = 0; st.ok(); ++i) {
+    st = comm->AllReduce(Buffer::F32(buf), Buffer::F32(buf), ReduceOp::kAvg, o).Wait();
+  }
+  const int64_t t = MonoNs();
+  stop = true;
+  watch.join();
+  Say(absl::StrCat("ERROR ", t, " ", absl::StatusCodeToString(st.code()), " ",
+                   std::string(st.message())));
+  comm.reset();
+  const int new_rank = c.rank - (c.rank > victim ? 1 : 0);
+  auto next = Make(c, new_rank, c.size - 1, 1, liveness);
+  if (!CheckReduce(*next, false, 262147, DType::kF32, ReduceOp::kSum, Algorithm::kRing, 9)) {
+    return 1;
+  }
+  Say("REBUILT OK");
+  return 0;
+}
+
+// Data-parallel least squares over the ranks: full gradient all-reduce vs top-k 1% with error
+// feedback, same steps and learning rate. Prints both final losses and the bytes each run
+// handed to UCX's send calls.
+int RunCompression(Ctx& c) {
+  auto comm = Make(c, c.rank, c.size, 0);
+  const size_t d = 200, m = 1000;
+  const int steps = 400;
+  const float lr = 0.05f;
+  std::vector<float> x(m * d), y(m), wstar(d);
+  for (size_t j = 0; j < d; ++j) wstar[j] = testing::Val(1000, j, 501);
+  for (size_t i = 0; i < m; ++i) {
+    float dot = 0.0f;
+    for (size_t j = 0; j < d; ++j) {
+      x[i * d + j] = testing::Val(c.rank, i * d + j, 500);
+      dot += x[i * d + j] * wstar[j];
+    }
+    y[i] = dot + 1.7f * testing::Val(c.rank, i, 502);
+  }
+  const float total = static_cast<float>(m * c.size);
+  auto train = [&](Compression kind, double* loss, uint64_t* bytes) -> bool {
+    std::vector<float> w(d, 0.0f), g(d), r(m);
+    CompressionState state;
+    CollectiveOptions o;
+    o.compression = kind;
+    o.topk_fraction = 0.01;
+    o.compression_state = &state;
+    const uint64_t before = comm->stats().bytes_sent;
+    for (int s = 0; s < steps; ++s) {
+      for (size_t i = 0; i < m; ++i) {
+        float dot = 0.0f;
+        for (size_t j = 0; j < d; ++j) dot += x[i * d + j] * w[j];
+        r[i] = dot - y[i];
+      }
+      std::fill(g.begin(), g.end(), 0.0f);
+      for (size_t i = 0; i < m; ++i) {
+        for (size_t j = 0; j < d; ++j) g[j] += x[i * d + j] * r[i] / total;
+      }
+      if (!comm->AllReduce(Buffer::F32(g), Buffer::F32(g), ReduceOp::kSum, o).Wait().ok()) {
+        return false;
+      }
+      for (size_t j = 0; j < d; ++j) w[j] -= lr * g[j];
+    }
+    *bytes = comm->stats().bytes_sent - before;
+    float local = 0.0f;
+    for (size_t i = 0; i < m; ++i) {
+      float dot = 0.0f;
+      for (size_t j = 0; j < d; ++j) dot += x[i * d + j] * w[j];
+      local += 0.5f * (dot - y[i]) * (dot - y[i]);
+    }
+    if (!comm->AllReduce(Buffer::F32(&local, 1), Buffer::F32(&local, 1), ReduceOp::kSum, {})
+             .Wait()
+             .ok()) {
+      return false;
+    }
+    *loss = local / total;
+    return true;
+  };
+  double plain_loss = 0, topk_loss = 0;
+  uint64_t plain_bytes = 0, topk_bytes = 0;
+  if (!train(Compression::kNone, &plain_loss, &plain_bytes) ||
+      !train(Compression::kTopK, &topk_loss, &topk_bytes)) {
+    Say("FAIL compression training");
+    return 1;
+  }
+  Say(absl::StrCat("COMPRESS ", plain_loss, " ", topk_loss, " ", plain_bytes, " ", topk_bytes));
+  return 0;
+}
+
+}  // namespace
+}  // namespace troupe::collectives
+
+int main(int argc, char** argv) {
+  using namespace troupe::collectives;
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s port rank size scenario [args]\n", argv[0]);
+    return 2;
+  }
+  Ctx c;
+  c.port = std::atoi(argv[1]);
+  c.rank = std::atoi(argv[2]);
+  c.size = std::atoi(argv[3]);
+  const std::string scenario = argv[4];
+  auto boot = TcpBootstrapClient::Connect("127.0.0.1", c.port);
+  if (!boot.ok()) {
+    Say(absl::StrCat("FAIL bootstrap: ", boot.status().ToString()));
+    return 2;
+  }
+  c.boot = std::move(*boot);
+  if (scenario == "matrix") return Matrix(c, std::strtoull(argv[5], nullptr, 10));
+  if (scenario == "chaos") {
+    return Chaos(c, std::atoi(argv[5]), absl::Milliseconds(std::atoi(argv[6])));
+  }
+  if (scenario == "compress") return RunCompression(c);
+  Say("FAIL unknown scenario " + scenario);
+  return 2;
+}
