@@ -100,15 +100,22 @@ absl::Status State::CheckInvariants() const {
     for (size_t r = 0; node.indexed && r < node.total.size(); ++r) {
       if (node.total[r] <= 0) continue;
       const int rr = static_cast<int>(r);
-      if (!index_.by_free(rr, node.spot_class).contains({node.free[r], n}) ||
-          !index_.by_util(rr, node.spot_class).contains({Index::Util(node, rr), n})) {
-        return Broken("index key of " + node.name);
+      const auto* by_free = index_.by_free(rr, node.spot_class).Find(node.free[r], n);
+      const auto* by_util = index_.by_util(rr, node.spot_class).Find(Index::Util(node, rr), n);
+      if (by_free == nullptr || by_util == nullptr) return Broken("index key of " + node.name);
+      if (by_free->hot != Index::Hot(node) || by_util->hot != Index::Hot(node)) {
+        return Broken("stale free amounts in the index entries of " + node.name);
       }
     }
   }
   for (int r = 0; r < index_.resources(); ++r) {
     size_t expected = 0;
     for (const NodeRec& node : nodes_) expected += node.indexed && node.Total(r) > 0;
+    for (int cls : {kOnDemand, kSpot}) {
+      if (!index_.by_free(r, cls).Valid() || !index_.by_util(r, cls).Valid()) {
+        return Broken("index structure of " + resource_names_[r]);
+      }
+    }
     const size_t got = index_.by_free(r, 0).size() + index_.by_free(r, 1).size();
     const size_t got_util = index_.by_util(r, 0).size() + index_.by_util(r, 1).size();
     if (got != expected || got_util != expected) return Broken("index size " + resource_names_[r]);

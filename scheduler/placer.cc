@@ -24,17 +24,31 @@ void Index::Grow(int r) {
   }
 }
 
+HotFree Index::Hot(const NodeRec& node) {
+  HotFree hot;
+  for (int r = 0; r < kHotResources; ++r) hot[r] = node.Free(r);
+  return hot;
+}
+
 void Index::InsertResource(const NodeRec& node, uint32_t id, int r) {
   if (node.Total(r) <= 0) return;
   Grow(r);
-  by_free_[r][node.spot_class].insert({node.Free(r), id});
-  by_util_[r][node.spot_class].insert({Util(node, r), id});
+  const HotFree hot = Hot(node);
+  by_free_[r][node.spot_class].Insert(node.Free(r), id, hot);
+  by_util_[r][node.spot_class].Insert(Util(node, r), id, hot);
 }
 
 void Index::EraseResource(const NodeRec& node, uint32_t id, int r) {
   if (node.Total(r) <= 0) return;
-  by_free_[r][node.spot_class].erase({node.Free(r), id});
-  by_util_[r][node.spot_class].erase({Util(node, r), id});
+  by_free_[r][node.spot_class].Erase(node.Free(r), id);
+  by_util_[r][node.spot_class].Erase(Util(node, r), id);
+}
+
+void Index::RefreshHot(const NodeRec& node, uint32_t id, int r) {
+  if (node.Total(r) <= 0) return;
+  const HotFree hot = Hot(node);
+  by_free_[r][node.spot_class].SetHot(node.Free(r), id, hot);
+  by_util_[r][node.spot_class].SetHot(Util(node, r), id, hot);
 }
 
 void Index::InsertNode(const NodeRec& node, uint32_t id) {
@@ -201,19 +215,17 @@ int IndexedInClass(const State& s, const Demand& d, Strategy strategy, const Fil
     }
     return -1;
   }
+  HotFree need{};
+  for (const auto& [r, amount] : d.items) {
+    if (r < kHotResources) need[r] = amount;
+  }
+  auto ok = [&](const auto& entry) {
+    return s.Fits(s.nodes_[entry.id], d) && s.Passes(entry.id, f);
+  };
   if (strategy == Strategy::kSpread) {
-    for (const auto& [util, n] : s.index_.by_util(p, cls)) {
-      if (s.Fits(s.nodes_[n], d) && s.Passes(n, f)) return static_cast<int>(n);
-    }
-    return -1;
+    return static_cast<int>(s.index_.by_util(p, cls).Scan(-1.0, need, ok));
   }
-  const Index::FreeSet& set = s.index_.by_free(p, cls);
-  for (auto it = set.lower_bound({d.primary_amount, 0}); it != set.end(); ++it) {
-    if (s.Fits(s.nodes_[it->second], d) && s.Passes(it->second, f)) {
-      return static_cast<int>(it->second);
-    }
-  }
-  return -1;
+  return static_cast<int>(s.index_.by_free(p, cls).Scan(d.primary_amount, need, ok));
 }
 
 int BruteInClass(const State& s, const Demand& d, Strategy strategy, const Filter& f, int cls) {
@@ -265,23 +277,35 @@ int State::BestAmong(const std::vector<uint32_t>& candidates, const Demand& d, S
 }
 
 // ---------------------------------------------------------------- accounting
-void State::Allocate(uint32_t n, const Demand& d) {
+// Applies sign * demand to the node's free amounts and re-keys its index entries: those of the
+// demanded resources move, the others get fresh copies of the free amounts.
+void State::Adjust(uint32_t n, const Demand& d, int sign) {
   NodeRec& node = nodes_[n];
+  if (!node.indexed) {
+    for (const auto& [r, amount] : d.items) node.free[r] += sign * amount;
+    return;
+  }
+  bool hot_changed = false;
   for (const auto& [r, amount] : d.items) {
-    if (node.indexed) index_.EraseResource(node, n, r);
-    node.free[r] -= amount;
-    if (node.indexed) index_.InsertResource(node, n, r);
+    index_.EraseResource(node, n, r);
+    hot_changed |= r < kHotResources;
+  }
+  for (const auto& [r, amount] : d.items) node.free[r] += sign * amount;
+  for (const auto& [r, amount] : d.items) index_.InsertResource(node, n, r);
+  if (!hot_changed) return;
+  size_t next = 0;  // d.items is sorted by resource id
+  for (int r = 0; r < static_cast<int>(node.total.size()); ++r) {
+    while (next < d.items.size() && d.items[next].first < r) ++next;
+    if (next < d.items.size() && d.items[next].first == r) continue;
+    index_.RefreshHot(node, n, r);
   }
 }
 
+void State::Allocate(uint32_t n, const Demand& d) { Adjust(n, d, -1); }
+
 void State::Release(uint32_t n, const Demand& d) {
-  NodeRec& node = nodes_[n];
-  if (node.state == NodeState::kDead) return;  // its resources left with it
-  for (const auto& [r, amount] : d.items) {
-    if (node.indexed) index_.EraseResource(node, n, r);
-    node.free[r] += amount;
-    if (node.indexed) index_.InsertResource(node, n, r);
-  }
+  if (nodes_[n].state == NodeState::kDead) return;  // its resources left with it
+  Adjust(n, d, +1);
 }
 
 void State::Hide(uint32_t n) {

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "internal/block_list.h"
 #include "troupe/scheduler/scheduler.h"
 #include "troupe/scheduler/types.h"
 
@@ -92,16 +92,20 @@ struct GroupRec {
 };
 
 // Nodes ordered by free amount (best fit) and by utilisation (least loaded), per resource and
-// per spot class. Only nodes with a non-zero total of the resource appear.
+// per spot class, in block lists (block_list.h) that carry each node's first free amounts. Only
+// nodes with a non-zero total of the resource appear.
 class Index {
  public:
-  using FreeSet = absl::btree_set<std::pair<int64_t, uint32_t>>;
-  using UtilSet = absl::btree_set<std::pair<double, uint32_t>>;
+  using FreeSet = BlockList<int64_t>;
+  using UtilSet = BlockList<double>;
 
   void InsertNode(const NodeRec& node, uint32_t id);
   void EraseNode(const NodeRec& node, uint32_t id);
   void InsertResource(const NodeRec& node, uint32_t id, int r);
   void EraseResource(const NodeRec& node, uint32_t id, int r);
+  // Rewrites the free-amount copies in resource r's entries (whose keys did not change).
+  void RefreshHot(const NodeRec& node, uint32_t id, int r);
+  static HotFree Hot(const NodeRec& node);
 
   const FreeSet& by_free(int r, int cls) const { return by_free_[r][cls]; }
   const UtilSet& by_util(int r, int cls) const { return by_util_[r][cls]; }
@@ -136,6 +140,7 @@ class State {
   // Among the given nodes only (a group's own nodes), the best one, or -1.
   int BestAmong(const std::vector<uint32_t>& nodes, const Demand& demand, Strategy strategy,
                 const Filter& filter) const;
+  void Adjust(uint32_t node, const Demand& demand, int sign);
   void Allocate(uint32_t node, const Demand& demand);
   void Release(uint32_t node, const Demand& demand);
   void Hide(uint32_t node);

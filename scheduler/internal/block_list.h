@@ -1,0 +1,174 @@
+// Private: an ordered list of (key, node) entries in small sorted blocks, each block keeping the
+// component-wise maximum of its entries' free amounts. A scan for a node that fits a demand
+// skips whole blocks whose maximum cannot fit it, so passing thousands of nodes that have the
+// scarcest resource but lack another costs a few dozen block checks instead of a node visit each.
+#ifndef TROUPE_SCHEDULER_INTERNAL_BLOCK_LIST_H_
+#define TROUPE_SCHEDULER_INTERNAL_BLOCK_LIST_H_
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace troupe::scheduler::internal {
+
+// Free amounts of the first kHotResources resource ids (the rest are checked on the node).
+inline constexpr int kHotResources = 4;
+using HotFree = std::array<int64_t, kHotResources>;
+
+inline bool Dominates(const HotFree& have, const HotFree& need) {
+  for (int r = 0; r < kHotResources; ++r) {
+    if (have[r] < need[r]) return false;
+  }
+  return true;
+}
+
+template <typename Key>
+class BlockList {
+ public:
+  struct Entry {
+    Key key;
+    uint32_t id;
+    HotFree hot;
+    bool operator<(const std::pair<Key, uint32_t>& k) const {
+      return key < k.first || (key == k.first && id < k.second);
+    }
+  };
+
+  void Insert(Key key, uint32_t id, const HotFree& hot) {
+    ++size_;
+    if (blocks_.empty()) {
+      blocks_.emplace_back();
+      blocks_.back().entries.push_back(Entry{key, id, hot});
+      blocks_.back().max = hot;
+      return;
+    }
+    Block& b = blocks_[BlockFor(key, id, /*for_insert=*/true)];
+    b.entries.insert(std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{key, id}),
+                     Entry{key, id, hot});
+    for (int r = 0; r < kHotResources; ++r) b.max[r] = std::max(b.max[r], hot[r]);
+    if (b.entries.size() > kMaxBlock) Split(&b - blocks_.data());
+  }
+
+  // Returns false when the entry is absent.
+  bool Erase(Key key, uint32_t id) {
+    const size_t bi = BlockFor(key, id, /*for_insert=*/false);
+    if (bi >= blocks_.size()) return false;
+    Block& b = blocks_[bi];
+    auto it = std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{key, id});
+    if (it == b.entries.end() || it->key != key || it->id != id) return false;
+    const HotFree gone = it->hot;
+    b.entries.erase(it);
+    --size_;
+    if (b.entries.empty()) {
+      blocks_.erase(blocks_.begin() + bi);
+    } else {
+      for (int r = 0; r < kHotResources; ++r) {
+        if (gone[r] == b.max[r]) {
+          Recompute(b);
+          break;
+        }
+      }
+    }
+    return true;
+  }
+
+  // The entry, or nullptr.
+  const Entry* Find(Key key, uint32_t id) const {
+    const size_t bi = BlockFor(key, id, /*for_insert=*/false);
+    if (bi >= blocks_.size()) return nullptr;
+    const Block& b = blocks_[bi];
+    auto it = std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{key, id});
+    return it == b.entries.end() || it->key != key || it->id != id ? nullptr : &*it;
+  }
+
+  bool SetHot(Key key, uint32_t id, const HotFree& hot) {
+    const size_t bi = BlockFor(key, id, /*for_insert=*/false);
+    if (bi >= blocks_.size()) return false;
+    Block& b = blocks_[bi];
+    auto it = std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{key, id});
+    if (it == b.entries.end() || it->key != key || it->id != id) return false;
+    it->hot = hot;
+    Recompute(b);
+    return true;
+  }
+
+  // Visits, in key order from the first entry >= (from, 0), the entries whose block could fit
+  // `need`, until visit(entry) returns true; returns that entry's id, or -1.
+  template <typename Visit>
+  int64_t Scan(Key from, const HotFree& need, Visit&& visit) const {
+    size_t bi = BlockFor(from, 0, /*for_insert=*/false);
+    for (bool first = true; bi < blocks_.size(); ++bi, first = false) {
+      const Block& b = blocks_[bi];
+      if (!Dominates(b.max, need)) continue;
+      auto it = first ? std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{from, 0u})
+                      : b.entries.begin();
+      for (; it != b.entries.end(); ++it) {
+        if (Dominates(it->hot, need) && visit(*it)) return it->id;
+      }
+    }
+    return -1;
+  }
+
+  size_t size() const { return size_; }
+
+  // Structure check for tests: blocks non-empty, sorted, within bounds, maxima exact.
+  bool Valid() const {
+    size_t n = 0;
+    const Entry* prev = nullptr;
+    for (const Block& b : blocks_) {
+      if (b.entries.empty() || b.entries.size() > kMaxBlock) return false;
+      HotFree max{};
+      for (const Entry& e : b.entries) {
+        if (prev != nullptr && !(*prev < std::pair{e.key, e.id})) return false;
+        prev = &e;
+        for (int r = 0; r < kHotResources; ++r) max[r] = std::max(max[r], e.hot[r]);
+      }
+      if (max != b.max) return false;
+      n += b.entries.size();
+    }
+    return n == size_;
+  }
+
+ private:
+  static constexpr size_t kMaxBlock = 64;
+  struct Block {
+    std::vector<Entry> entries;
+    HotFree max{};
+  };
+
+  // The first block whose last entry is >= (key, id); for an insert past every block, the last.
+  size_t BlockFor(Key key, uint32_t id, bool for_insert) const {
+    auto it = std::partition_point(blocks_.begin(), blocks_.end(), [&](const Block& b) {
+      return b.entries.back() < std::pair{key, id};
+    });
+    const size_t bi = static_cast<size_t>(it - blocks_.begin());
+    return for_insert && bi == blocks_.size() ? blocks_.size() - 1 : bi;
+  }
+
+  static void Recompute(Block& b) {
+    b.max.fill(0);
+    for (const Entry& e : b.entries) {
+      for (int r = 0; r < kHotResources; ++r) b.max[r] = std::max(b.max[r], e.hot[r]);
+    }
+  }
+
+  void Split(size_t bi) {
+    Block tail;
+    auto mid = blocks_[bi].entries.begin() + blocks_[bi].entries.size() / 2;
+    tail.entries.assign(mid, blocks_[bi].entries.end());
+    blocks_[bi].entries.erase(mid, blocks_[bi].entries.end());
+    Recompute(blocks_[bi]);
+    Recompute(tail);
+    blocks_.insert(blocks_.begin() + bi + 1, std::move(tail));
+  }
+
+  std::vector<Block> blocks_;
+  size_t size_ = 0;
+};
+
+}  // namespace troupe::scheduler::internal
+
+#endif  // TROUPE_SCHEDULER_INTERNAL_BLOCK_LIST_H_
