@@ -90,8 +90,15 @@ class BlockList {
     Block& b = blocks_[bi];
     auto it = std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{key, id});
     if (it == b.entries.end() || it->key != key || it->id != id) return false;
+    const HotFree old = it->hot;
     it->hot = hot;
-    Recompute(b);
+    // Only a shrinking maximum needs the block rescanned.
+    bool rescan = false;
+    for (int r = 0; r < kHotResources; ++r) {
+      b.max[r] = std::max(b.max[r], hot[r]);
+      rescan |= old[r] == b.max[r] && hot[r] < old[r];
+    }
+    if (rescan) Recompute(b);
     return true;
   }
 
