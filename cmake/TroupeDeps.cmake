@@ -1,6 +1,7 @@
 # Finds troupe's dependencies and defines imported targets where a package ships none.
 # Used both by the build and by the installed troupeConfig.cmake.
 find_package(Threads REQUIRED)
+find_package(OpenSSL QUIET)
 
 if(TROUPE_BLAS OR NOT DEFINED TROUPE_BLAS)
   find_path(TROUPE_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas openblas-pthread)
@@ -23,7 +24,8 @@ find_package(absl CONFIG REQUIRED)
 find_path(TROUPE_CAF_INCLUDE caf/config.hpp REQUIRED)
 find_library(TROUPE_CAF_CORE caf_core REQUIRED)
 find_library(TROUPE_CAF_IO caf_io REQUIRED)
-find_library(TROUPE_CAF_OPENSSL caf_openssl)
+find_library(TROUPE_CAF_OPENSSL caf_openssl REQUIRED)
+find_package(OpenSSL REQUIRED)
 if(NOT TARGET troupe_deps::caf_core)
   add_library(troupe_deps::caf_core SHARED IMPORTED)
   set_target_properties(troupe_deps::caf_core PROPERTIES
@@ -38,7 +40,7 @@ if(NOT TARGET troupe_deps::caf_core)
     add_library(troupe_deps::caf_openssl SHARED IMPORTED)
     set_target_properties(troupe_deps::caf_openssl PROPERTIES
       IMPORTED_LOCATION ${TROUPE_CAF_OPENSSL}
-      INTERFACE_LINK_LIBRARIES troupe_deps::caf_io)
+      INTERFACE_LINK_LIBRARIES "troupe_deps::caf_io;OpenSSL::SSL;OpenSSL::Crypto")
   endif()
 endif()
 

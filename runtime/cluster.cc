@@ -11,6 +11,7 @@
 #include "internal/cluster_protocol.h"
 #include "internal/context.h"
 #include "internal/process.h"
+#include "internal/tls.h"
 
 namespace troupe::runtime {
 
@@ -102,11 +103,8 @@ absl::StatusOr<ClusterClient> ClusterClient::Connect(Runtime& runtime, const std
     return absl::FailedPreconditionError(
         "ClusterClient::Connect: the runtime was created without RuntimeOptions::network");
   }
-  auto head = runtime.system().middleman().remote_actor(host, port);
-  if (!head) {
-    return absl::UnavailableError(absl::StrCat("cannot reach the head at ", host, ":", port, ": ",
-                                               runtime.system().render(head.error())));
-  }
+  auto head = internal::Connect(runtime, host, port);
+  if (!head.ok()) return head.status();
   runtime.internal_context()->SetHead(*head);
   return ClusterClient(&runtime, *head, timeout);
 }

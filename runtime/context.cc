@@ -101,6 +101,19 @@ caf::actor Context::head() {
   return head_;
 }
 
+void Context::KeepAlive(std::shared_ptr<void> x) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keep_alive_.push_back(std::move(x));
+}
+
+void Context::ReleaseKeepAlive() {
+  std::vector<std::shared_ptr<void>> drop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drop.swap(keep_alive_);
+  }
+}
+
 void Context::Own(const caf::actor& handle) {
   uint64_t id;
   {

@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   head.path = c->options_.binary;
   head.args = {"head", "--port", "0", "--port_file", port_file};
   for (auto& a : c->RoleArgs()) head.args.push_back(a);
+  for (auto& a : c->options_.head_args) head.args.push_back(a);
   head.stdout_path = c->dir_ + "/head.out";
   head.stderr_path = c->dir_ + "/head.err";
   auto pid = internal::StartProcess(head);

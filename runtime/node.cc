@@ -18,6 +18,7 @@
 #include "internal/context.h"
 #include "internal/process.h"
 #include "internal/roles.h"
+#include "internal/tls.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -142,10 +143,9 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
     return 2;
   }
   auto& sys = (*rt)->system();
-  auto head = sys.middleman().remote_actor(hp->first, hp->second);
-  if (!head) {
-    std::cerr << "troupe node " << name << ": cannot reach head at " << head_addr << ": "
-              << sys.render(head.error()) << "\n";
+  auto head = Connect(**rt, hp->first, hp->second);
+  if (!head.ok()) {
+    std::cerr << "troupe node " << name << ": " << head.status().message() << "\n";
     return 1;
   }
   auto w = std::make_shared<Workers>();
@@ -185,6 +185,10 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
                  "--threads",
                  absl::StrCat(ro.threads)};
     if (!co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", co.build_id});
+    if (!ro.tls_cert.empty()) {
+      spec.args.insert(spec.args.end(),
+                       {"--tls_ca", ro.tls_ca, "--tls_cert", ro.tls_cert, "--tls_key", ro.tls_key});
+    }
     std::string visible;
     for (int g = 0; g < per_worker; ++g)
       absl::StrAppend(&visible, g ? "," : "", i * per_worker + g);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "internal/cluster_protocol.h"
@@ -19,6 +20,7 @@
 #include "internal/head.h"
 #include "internal/process.h"
 #include "internal/spawn.h"
+#include "internal/tls.h"
 
 namespace troupe::runtime {
 namespace internal {
@@ -142,15 +144,15 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   }
   std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
   caf::actor head = SpawnHead((*rt)->system(), co, build_id);
-  auto bound =
-      (*rt)->system().middleman().publish(head, static_cast<uint16_t>(port), host.c_str(), true);
-  if (!bound) {
-    std::cerr << "troupe head: cannot listen on " << host << ":" << port << ": "
-              << (*rt)->system().render(bound.error()) << "\n";
+  auto bound = Publish(**rt, head, static_cast<uint16_t>(port), host);
+  if (!bound.ok()) {
+    std::cerr << "troupe head: " << bound.status().message() << "\n";
     return 1;
   }
   std::cout << "troupe head: listening on " << host << ":" << *bound
-            << " (plain TCP without TLS: for loopback and trusted local networks only)"
+            << (ro.tls_cert.empty()
+                    ? " (plain TCP without TLS: for loopback and trusted local networks only)"
+                    : " (mutual TLS)")
             << " build_id=" << build_id << std::endl;
   if (!port_file.empty()) {
     std::string tmp = port_file + ".tmp";
@@ -160,7 +162,6 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   int sig = WaitForStopSignal();
   std::cout << "troupe head: stopping on signal " << sig << std::endl;
   caf::anon_send_exit(head, caf::exit_reason::user_shutdown);
-  (*rt)->system().middleman().unpublish(head, *bound);
   std::fflush(nullptr);
   _exit(0);  // workers and nodes notice the lost connection; nothing here must be awaited
 }
@@ -191,10 +192,9 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
     return 2;
   }
   auto& sys = (*rt)->system();
-  auto head = sys.middleman().remote_actor(hp->first, hp->second);
-  if (!head) {
-    std::cerr << "troupe worker " << id << ": cannot reach head: " << sys.render(head.error())
-              << "\n";
+  auto head = Connect(**rt, hp->first, hp->second);
+  if (!head.ok()) {
+    std::cerr << "troupe worker " << id << ": " << head.status().message() << "\n";
     return 1;
   }
   auto ctx = (*rt)->internal_context();
@@ -255,6 +255,32 @@ int UpMain(const std::vector<std::string>& args) {
   return 0;
 }
 
+int CertsMain(const std::vector<std::string>& args) {
+  std::string dir, members = "head,node";
+  ConfigRegistry config;
+  config.AddString("dir", &dir, "where to write ca.pem, ca.key and <member>.{pem,key}");
+  config.AddString("members", &members, "comma-separated member names to issue certificates for");
+  if (int rc = ParseRoleOptions("certs",
+                                "usage: troupe certs --dir DIR [--members head,node-a,...]\n"
+                                "Creates a cluster CA and a certificate per member, for "
+                                "--tls_ca/--tls_cert/--tls_key.",
+                                args, config);
+      rc >= 0)
+    return rc;
+  if (dir.empty()) {
+    std::cerr << "troupe certs: --dir is required\n";
+    return 2;
+  }
+  std::vector<std::string> names = absl::StrSplit(members, ',', absl::SkipEmpty());
+  if (absl::Status s = GenerateClusterCertificates(dir, names); !s.ok()) {
+    std::cerr << "troupe certs: " << s.message() << "\n";
+    return 1;
+  }
+  std::cout << "troupe certs: wrote " << dir << "/ca.pem and certificates for " << members
+            << std::endl;
+  return 0;
+}
+
 }  // namespace internal
 
 int RunMain(int argc, char** argv, ActorRegistry registry) {
@@ -265,6 +291,7 @@ int RunMain(int argc, char** argv, ActorRegistry registry) {
   if (role == "node") return internal::NodeMain(args, std::move(registry));
   if (role == "worker") return internal::WorkerMain(args, std::move(registry));
   if (role == "up") return internal::UpMain(args);
+  if (role == "certs") return internal::CertsMain(args);
   return -1;
 }
 

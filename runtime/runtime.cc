@@ -6,6 +6,7 @@
 #include "caf/scheduler/test_coordinator.hpp"
 #include "internal/context.h"
 #include "internal/spawn.h"
+#include "internal/tls.h"
 #include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime {
@@ -17,6 +18,9 @@ void RuntimeOptions::Register(ConfigRegistry& registry) {
   registry.AddDuration("shutdown_timeout", &shutdown_timeout,
                        "how long Shutdown waits for actors before killing them", Positive());
   registry.AddBool("log_events", &log_events, "write supervision events to stderr");
+  registry.AddString("tls_ca", &tls_ca, "cluster CA certificate (PEM); enables mutual TLS");
+  registry.AddString("tls_cert", &tls_cert, "this process's certificate (PEM), signed by the CA");
+  registry.AddString("tls_key", &tls_key, "this process's private key (PEM)");
 }
 
 Runtime::Runtime(RuntimeOptions options, ActorRegistry registry)
@@ -37,6 +41,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   rt->config_->set("scheduler.max-threads", static_cast<size_t>(options.threads));
   rt->config_->set("scheduler.policy", caf::atom_from_string(options.scheduler));
   rt->config_->set("logger.verbosity", caf::atom("quiet"));
+  bool tls = !options.tls_ca.empty() || !options.tls_cert.empty() || !options.tls_key.empty();
+  if (tls) {
+    if (options.tls_ca.empty() || options.tls_cert.empty() || options.tls_key.empty()) {
+      return absl::InvalidArgumentError(
+          "options tls_ca, tls_cert and tls_key: expected all three or none");
+    }
+    if (absl::Status s = internal::CheckTlsFiles(options.tls_ca, options.tls_cert, options.tls_key);
+        !s.ok())
+      return s;
+  }
   if (options.network) {
     rt->config_->load<caf::io::middleman>();
     RegisterClusterTypes(*rt->config_);
@@ -136,6 +150,7 @@ void Runtime::Shutdown() {
   }
   ctx_->ClearDirectory();
   system_.reset();  // waits for every actor
+  ctx_->ReleaseKeepAlive();
   config_.reset();
 }
 

@@ -46,6 +46,10 @@ class Context : public std::enable_shared_from_this<Context> {
   void SetHead(caf::actor head);
   caf::actor head();
 
+  // Keeps `x` alive until the runtime shuts down (TLS relays).
+  void KeepAlive(std::shared_ptr<void> x);
+  void ReleaseKeepAlive();
+
   // Top-level actors the runtime spawned and must stop at shutdown; each leaves when it exits.
   void Own(const caf::actor& handle);
   // Still-running owned actors, in start order.
@@ -61,6 +65,7 @@ class Context : public std::enable_shared_from_this<Context> {
   std::map<uint64_t, caf::actor> owned_;
   std::map<const ActorStats*, std::shared_ptr<ActorStats>> tracked_;
   caf::actor head_;
+  std::vector<std::shared_ptr<void>> keep_alive_;
   uint64_t next_owned_ = 0;
 };
 

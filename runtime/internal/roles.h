@@ -18,6 +18,7 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry);
 int NodeMain(const std::vector<std::string>& args, ActorRegistry registry);
 int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry);
 int UpMain(const std::vector<std::string>& args);
+int CertsMain(const std::vector<std::string>& args);
 
 // Parses options (environment, then flags) into `config`; handles --help. Returns an exit code
 // if the program should stop (help printed: 0; bad option: 2), or -1 to go on.

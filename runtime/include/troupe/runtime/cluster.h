@@ -96,6 +96,11 @@ using membership_atom = caf::atom_constant<caf::atom("tr_member")>;
 // cluster must do this (Runtime does when RuntimeOptions::network is set).
 void RegisterClusterTypes(caf::actor_system_config& cfg);
 
+// Writes a new cluster CA (ca.pem, ca.key) and one certificate + key per member
+// (<member>.pem, <member>.key) into `dir`: what --tls_ca/--tls_cert/--tls_key take.
+absl::Status GenerateClusterCertificates(const std::string& dir,
+                                         const std::vector<std::string>& members);
+
 // This binary's ELF build id as hex (falls back to a hash of the executable).
 std::string BuildId();
 
@@ -125,7 +130,7 @@ class ClusterClient {
   Duration timeout_;
 };
 
-// Runs the role named by argv[1] ("head", "node", "worker", "up") with the program's actor
+// Runs the role named by argv[1] ("head", "node", "worker", "up", "certs") with the program's actor
 // types, and returns the process exit code. Returns -1 if argv[1] is not a role, so a program
 // can handle its own commands. `--help` after a role prints its options.
 int RunMain(int argc, char** argv, ActorRegistry registry);
@@ -144,6 +149,7 @@ class LocalCluster {
     int workers = 2;     // workers of the first node ("local"); 0 = no node
     ClusterOptions cluster;
     std::vector<std::string> extra_args;  // passed to every role
+    std::vector<std::string> head_args;   // passed to the head only (e.g. its TLS files)
   };
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
   ~LocalCluster();

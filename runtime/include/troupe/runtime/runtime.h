@@ -43,6 +43,9 @@ struct RuntimeOptions {
   Duration shutdown_timeout = std::chrono::seconds(10);
   bool log_events = true;  // supervision events to stderr (unless a sink is set)
   bool network = false;    // load CAF's middleman: remote actors, clusters
+  // Mutual TLS for remote actors (all three or none): the cluster CA, this process's
+  // certificate and its private key, PEM files (`troupe certs` makes them).
+  std::string tls_ca, tls_cert, tls_key;
 
   // Declares every option above in `registry` (names: threads, scheduler, shutdown_timeout,
   // log_events; `network` is set by the role, not by users).

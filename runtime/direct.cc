@@ -1,0 +1,351 @@
+// The direct channel: DirectServer and DirectClient (see troupe/runtime/direct.h).
+#include "troupe/runtime/direct.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <list>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "caf/actor_companion.hpp"
+#include "caf/all.hpp"
+#include "direct_wire.h"
+#include "troupe/runtime/runtime.h"
+
+namespace troupe::runtime {
+
+using direct::Deadline;
+using direct::FrameHeader;
+using direct::FrameKind;
+using direct::kHeaderBytes;
+
+namespace {
+
+// Messages an inline resume may handle before the actor goes back to the scheduler.
+constexpr size_t kInlineThroughput = 32;
+// Requests carry a CAF request id with this bit set, so a client call id of 0 is still a request.
+constexpr uint64_t kRequestTag = uint64_t{1} << 32;
+
+// The execution unit of one connection thread. While `capture` is set (only around the thread's
+// own enqueue of a request), an idle target actor that the enqueue wakes is handed back to the
+// connection thread instead of a scheduler worker; everything else goes to the scheduler.
+class InlineUnit final : public caf::execution_unit {
+ public:
+  explicit InlineUnit(caf::actor_system* sys) : caf::execution_unit(sys) {}
+  void exec_later(caf::resumable* job) override {
+    if (capture && captured == nullptr) {
+      captured = job;
+      return;
+    }
+    system().scheduler().enqueue(job);
+  }
+  bool capture = false;
+  caf::resumable* captured = nullptr;
+};
+
+// The connection's socket, shared with the reply sink (which may write from any thread).
+struct Wire {
+  std::mutex mu;
+  int fd = -1;
+  absl::Status Write(const char* data, size_t size) {
+    std::lock_guard<std::mutex> l(mu);
+    if (fd < 0) return absl::UnavailableError("connection closed");
+    return direct::WriteAll(fd, data, size);
+  }
+};
+
+std::vector<char> ErrorFrame(const absl::Status& s, uint32_t call_id) {
+  std::vector<char> out;
+  direct::AppendErrorFrame(s, call_id, &out);
+  return out;
+}
+
+absl::Status FromCafError(caf::actor_system& sys, const caf::error& err, const std::string& actor) {
+  if (err == caf::sec::request_receiver_down) {
+    return absl::NotFoundError(absl::StrCat("actor '", actor, "' has exited"));
+  }
+  if (err == caf::sec::unexpected_message) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("actor '", actor, "' does not handle this message"));
+  }
+  return absl::UnknownError(absl::StrCat("actor '", actor, "' failed: ", sys.render(err)));
+}
+
+}  // namespace
+
+// ---- server ------------------------------------------------------------------------------
+
+class DirectServer::Impl {
+ public:
+  Impl(Runtime& rt, DirectServerOptions o) : rt_(rt), sys_(rt.system()), options_(std::move(o)) {}
+  ~Impl();
+  absl::Status Listen();
+  uint16_t port() const { return port_; }
+  std::string DebugString() const {
+    return absl::StrCat("DirectServer{port=", port_, " accepted=", accepted_.load(),
+                        " protocol_errors=", protocol_errors_.load(), "}");
+  }
+
+ private:
+  struct Connection {
+    std::shared_ptr<Wire> wire = std::make_shared<Wire>();
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+
+  void AcceptLoop();
+  void Serve(Connection* c);
+  // Reads and checks the hello frame; returns the bound actor name or an error to send.
+  absl::StatusOr<std::string> Handshake(int fd);
+  void Dispatch(const caf::actor& target, caf::message msg, uint32_t call_id,
+                const caf::strong_actor_ptr& sink, InlineUnit* unit);
+  void ProtocolError(Wire& wire, const absl::Status& s);
+
+  Runtime& rt_;
+  caf::actor_system& sys_;
+  DirectServerOptions options_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  uint16_t port_ = 0;
+  std::thread accept_thread_;
+  std::mutex mu_;
+  std::list<std::unique_ptr<Connection>> conns_;
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> protocol_errors_{0};
+};
+
+absl::Status DirectServer::Impl::Listen() {
+  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(options_.port);
+  if (inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DirectServerOptions.host: expected an IPv4 address, got '", options_.host, "'"));
+  }
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listen_fd_, 64) != 0) {
+    return absl::UnavailableError(absl::StrCat("direct server: cannot listen on ", options_.host,
+                                               ":", options_.port, ": ", strerror(errno)));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+  port_ = ntohs(addr.sin_port);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC);
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  return absl::OkStatus();
+}
+
+DirectServer::Impl::~Impl() {
+  if (wake_fd_ >= 0) {
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+  }
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::list<std::unique_ptr<Connection>> conns;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    conns.swap(conns_);
+  }
+  for (auto& c : conns) {
+    {
+      std::lock_guard<std::mutex> l(c->wire->mu);
+      if (c->wire->fd >= 0) shutdown(c->wire->fd, SHUT_RDWR);  // wakes the blocked reader
+    }
+    c->thread.join();
+  }
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void DirectServer::Impl::AcceptLoop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(p, 2, -1) < 0 && errno != EINTR) return;
+    if (p[1].revents != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    direct::TuneSocket(fd);
+    accepted_.fetch_add(1);
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {  // reap finished connections
+      if ((*it)->finished.load()) {
+        (*it)->thread.join();
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto c = std::make_unique<Connection>();
+    c->wire->fd = fd;
+    Connection* raw = c.get();
+    c->thread = std::thread([this, raw] { Serve(raw); });
+    conns_.push_back(std::move(c));
+  }
+}
+
+void DirectServer::Impl::ProtocolError(Wire& wire, const absl::Status& s) {
+  protocol_errors_.fetch_add(1);
+  auto frame = ErrorFrame(s, 0);
+  (void)wire.Write(frame.data(), frame.size());
+}
+
+absl::StatusOr<std::string> DirectServer::Impl::Handshake(int fd) {
+  FrameHeader h;
+  std::vector<char> payload;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  if (absl::Status s = direct::ReadFrame(fd, options_.max_frame_bytes, deadline, &h, &payload);
+      !s.ok()) {
+    return s;
+  }
+  if (h.kind != FrameKind::kHello || h.length == 0 || h.length > direct::kMaxActorName) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct channel: expected a hello frame (kind 1) naming an actor in 1..",
+                     direct::kMaxActorName, " bytes, got kind ", static_cast<int>(h.kind), " with ",
+                     h.length, " bytes"));
+  }
+  return std::string(payload.begin(), payload.end());
+}
+
+void DirectServer::Impl::Serve(Connection* c) {
+  Wire& wire = *c->wire;
+  const int fd = wire.fd;
+  auto name = Handshake(fd);
+  if (!name.ok()) {
+    if (absl::IsInvalidArgument(name.status())) ProtocolError(wire, name.status());
+  } else if (auto ref = rt_.Lookup(*name); !ref.ok()) {
+    auto frame = ErrorFrame(ref.status(), 0);
+    (void)wire.Write(frame.data(), frame.size());
+  } else {
+    char ok[kHeaderBytes];
+    direct::EncodeHeader({FrameKind::kHelloOk, 0, 0}, ok);
+    (void)wire.Write(ok, sizeof(ok));
+    // Replies come back to this companion; it writes them to the socket on whatever thread
+    // the actor answered (this one when the actor ran inline).
+    auto sink_handle = sys_.spawn<caf::actor_companion, caf::hidden>();
+    auto* sink = caf::actor_cast<caf::actor_companion*>(sink_handle);
+    std::shared_ptr<Wire> shared = c->wire;
+    std::string actor = *name;
+    caf::actor_system* sys = &sys_;
+    sink->on_enqueue([shared, actor, sys](caf::mailbox_element_ptr ptr) {
+      if (!ptr->mid.is_response()) return;
+      uint32_t call_id = static_cast<uint32_t>(ptr->mid.request_id().integer_value());
+      caf::message reply = ptr->move_content_to_message();
+      std::vector<char> out(kHeaderBytes);
+      if (reply.match_elements<caf::error>()) {
+        out = ErrorFrame(FromCafError(*sys, reply.get_as<caf::error>(0), actor), call_id);
+      } else if (caf::binary_serializer ser{*sys, out}; auto err = ser(reply)) {
+        out = ErrorFrame(absl::InternalError(absl::StrCat("cannot serialize the reply of '", actor,
+                                                          "': ", sys->render(err))),
+                         call_id);
+      } else {
+        direct::EncodeHeader(
+            {FrameKind::kReply, static_cast<uint32_t>(out.size() - kHeaderBytes), call_id},
+            out.data());
+      }
+      (void)shared->Write(out.data(), out.size());
+    });
+    caf::strong_actor_ptr sink_ptr = caf::actor_cast<caf::strong_actor_ptr>(sink_handle);
+    InlineUnit unit(&sys_);
+    FrameHeader h;
+    std::vector<char> payload;
+    for (;;) {
+      absl::Status s =
+          direct::ReadFrame(fd, options_.max_frame_bytes, Deadline::max(), &h, &payload);
+      if (s.ok() && h.kind != FrameKind::kCall) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "direct channel: expected a call frame (kind 3), got kind ", static_cast<int>(h.kind)));
+      }
+      if (!s.ok()) {
+        if (absl::IsInvalidArgument(s)) ProtocolError(wire, s);
+        break;
+      }
+      caf::message msg;
+      caf::error err;
+      try {
+        caf::binary_deserializer source{sys_, payload.data(), payload.size()};
+        err = source(msg);
+        if (!err && source.remaining() != 0) err = caf::make_error(caf::sec::invalid_argument);
+      } catch (...) {
+        err = caf::make_error(caf::sec::invalid_argument);
+      }
+      if (err) {
+        auto frame = ErrorFrame(
+            absl::InvalidArgumentError(absl::StrCat("direct channel: cannot decode the request ",
+                                                    "to '", *name, "': ", sys_.render(err))),
+            h.call_id);
+        (void)wire.Write(frame.data(), frame.size());
+        continue;
+      }
+      auto target = rt_.Lookup(*name);
+      if (!target.ok()) {
+        auto frame = ErrorFrame(target.status(), h.call_id);
+        (void)wire.Write(frame.data(), frame.size());
+        continue;
+      }
+      Dispatch(target->handle, std::move(msg), h.call_id, sink_ptr, &unit);
+    }
+    sink->on_enqueue(nullptr);
+    sink->disconnect();
+  }
+  {
+    std::lock_guard<std::mutex> l(wire.mu);
+    close(wire.fd);
+    wire.fd = -1;
+  }
+  c->finished.store(true);
+}
+
+void DirectServer::Impl::Dispatch(const caf::actor& target, caf::message msg, uint32_t call_id,
+                                  const caf::strong_actor_ptr& sink, InlineUnit* unit) {
+  auto* dest = caf::actor_cast<caf::abstract_actor*>(target);
+  auto element = caf::make_mailbox_element(sink, caf::make_message_id(kRequestTag | call_id), {},
+                                           std::move(msg));
+  if (!options_.run_inline) {
+    dest->enqueue(std::move(element), nullptr);
+    return;
+  }
+  unit->capture = true;
+  dest->enqueue(std::move(element), unit);
+  unit->capture = false;
+  caf::resumable* job = std::exchange(unit->captured, nullptr);
+  if (job == nullptr) return;  // the actor is busy elsewhere: it answers from there
+  // Same bookkeeping as a CAF scheduler worker: enqueue() took a reference for us.
+  switch (job->resume(unit, kInlineThroughput)) {
+    case caf::resumable::resume_later:
+      sys_.scheduler().enqueue(job);  // more mail than we take inline: keeps the reference
+      break;
+    default:
+      caf::intrusive_ptr_release(job);
+      break;
+  }
+}
+
+DirectServer::DirectServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DirectServer::~DirectServer() = default;
+uint16_t DirectServer::port() const { return impl_->port(); }
+std::string DirectServer::DebugString() const { return impl_->DebugString(); }
+
+absl::StatusOr<std::unique_ptr<DirectServer>> DirectServer::Start(Runtime& runtime,
+                                                                  DirectServerOptions options) {
+  if (options.max_frame_bytes < 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DirectServerOptions.max_frame_bytes: expected >= 64, got ", options.max_frame_bytes));
+  }
+  auto impl = std::make_unique<Impl>(runtime, std::move(options));
+  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  return std::unique_ptr<DirectServer>(new DirectServer(std::move(impl)));
+}
+
+}  // namespace troupe::runtime

@@ -1,0 +1,215 @@
+#include "direct_wire.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::runtime::direct {
+namespace {
+
+void Put32(uint32_t v, char* p) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint32_t Get32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+// Milliseconds left until `deadline` for poll(): -1 = forever, 0 = already passed.
+int PollTimeout(Deadline deadline) {
+  if (deadline == Deadline::max()) return -1;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
+}
+
+absl::Status WaitReadable(int fd, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    int timeout = PollTimeout(deadline);
+    int rc = poll(&p, 1, timeout);
+    if (rc > 0) return absl::OkStatus();
+    if (rc == 0) return absl::DeadlineExceededError("no data before the deadline");
+    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", strerror(errno)));
+  }
+}
+
+}  // namespace
+
+void EncodeHeader(const FrameHeader& h, char* out) {
+  Put32(kMagic, out);
+  out[4] = static_cast<char>(kVersion);
+  out[5] = static_cast<char>(h.kind);
+  out[6] = 0;
+  out[7] = 0;
+  Put32(h.length, out + 8);
+  Put32(h.call_id, out + 12);
+}
+
+absl::Status DecodeHeader(const char* in, uint32_t max_payload, FrameHeader* out) {
+  uint32_t magic = Get32(in);
+  if (magic != kMagic) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct channel frame: magic is ", Hex(magic), ", expected ", Hex(kMagic)));
+  }
+  uint8_t version = static_cast<uint8_t>(in[4]);
+  if (version != kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct channel frame: version is ", version, ", expected ", kVersion));
+  }
+  uint8_t kind = static_cast<uint8_t>(in[5]);
+  if (kind < static_cast<uint8_t>(FrameKind::kHello) ||
+      kind > static_cast<uint8_t>(FrameKind::kError)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct channel frame: kind is ", kind, ", expected 1..5"));
+  }
+  if (in[6] != 0 || in[7] != 0) {
+    return absl::InvalidArgumentError("direct channel frame: reserved bytes are not 0");
+  }
+  uint32_t length = Get32(in + 8);
+  if (length > max_payload) {
+    return absl::InvalidArgumentError(absl::StrCat("direct channel frame: length is ", length,
+                                                   " bytes, the cap is ", max_payload));
+  }
+  out->kind = static_cast<FrameKind>(kind);
+  out->length = length;
+  out->call_id = Get32(in + 12);
+  return absl::OkStatus();
+}
+
+void AppendErrorFrame(const absl::Status& status, uint32_t call_id, std::vector<char>* out) {
+  std::string text(status.message());
+  if (text.size() > 4096) text.resize(4096);
+  size_t at = out->size();
+  out->resize(at + kHeaderBytes + 4 + text.size());
+  EncodeHeader({FrameKind::kError, static_cast<uint32_t>(4 + text.size()), call_id},
+               out->data() + at);
+  Put32(static_cast<uint32_t>(status.code()), out->data() + at + kHeaderBytes);
+  memcpy(out->data() + at + kHeaderBytes + 4, text.data(), text.size());
+}
+
+absl::Status DecodeErrorPayload(const char* data, size_t size) {
+  if (size < 4) {
+    return absl::DataLossError(
+        absl::StrCat("direct channel error frame: payload is ", size, " bytes, expected >= 4"));
+  }
+  uint32_t code = Get32(data);
+  if (code == 0 || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    code = static_cast<uint32_t>(absl::StatusCode::kUnknown);
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), std::string(data + 4, size - 4));
+}
+
+absl::Status WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd p{fd, POLLOUT, 0};
+        poll(&p, 1, 1000);
+        continue;
+      }
+      return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline) {
+  const bool blocking = deadline == Deadline::max();
+  while (size > 0) {
+    ssize_t n = recv(fd, data, size, blocking ? 0 : MSG_DONTWAIT);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return absl::UnavailableError("connection closed by the peer");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status s = WaitReadable(fd, deadline); !s.ok()) return s;
+      continue;
+    }
+    return absl::UnavailableError(absl::StrCat("recv: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHeader* h,
+                       std::vector<char>* payload) {
+  char header[kHeaderBytes];
+  if (absl::Status s = ReadFull(fd, header, kHeaderBytes, deadline); !s.ok()) return s;
+  if (absl::Status s = DecodeHeader(header, max_payload, h); !s.ok()) return s;
+  payload->resize(h->length);
+  return ReadFull(fd, payload->data(), h->length, deadline);
+}
+
+void TuneSocket(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+absl::Status Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                     int* fd_out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port_text = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), port_text.c_str(), &hints, &res); rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct channel: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError("no address");
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (rc < 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      rc = poll(&p, 1, static_cast<int>(timeout.count()));
+      int err = ETIMEDOUT;
+      socklen_t len = sizeof(err);
+      if (rc > 0) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      rc = err == 0 ? 0 : -1;
+      errno = err;
+    }
+    if (rc == 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+      TuneSocket(fd);
+      freeaddrinfo(res);
+      *fd_out = fd;
+      return absl::OkStatus();
+    }
+    last = absl::UnavailableError(
+        absl::StrCat("direct channel: cannot connect to ", host, ":", port, ": ", strerror(errno)));
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return last;
+}
+
+}  // namespace troupe::runtime::direct

@@ -1,0 +1,85 @@
+// direct_wire.h — the framing of troupe's direct channel (private to runtime/).
+//
+// Every frame is a fixed 16-byte little-endian header followed by `length` payload bytes:
+//
+//   offset  size  field
+//   0       4     magic    0x43445254 ("TRDC" on the wire)
+//   4       1     version  1
+//   5       1     kind     FrameKind
+//   6       2     reserved 0
+//   8       4     length   payload bytes, at most the receiver's cap
+//   12      4     call id  echoed in the reply (0 for hello frames)
+//
+// Payloads: kHello = the target actor's name; kHelloOk = empty; kCall / kReply = a caf::message
+// in CAF's binary format; kError = 4-byte absl::StatusCode + the message text.
+// A header that fails validation is a protocol error: the receiver sends one kError frame saying
+// why and closes the connection. No CAF here, so this part is testable on its own.
+//
+//   char buf[kHeaderBytes];
+//   EncodeHeader({FrameKind::kCall, payload_size, call_id}, buf);
+//   FrameHeader h;
+//   absl::Status s = DecodeHeader(buf, kDefaultMaxPayload, &h);   // InvalidArgument if garbage
+#ifndef TROUPE_RUNTIME_DIRECT_WIRE_H_
+#define TROUPE_RUNTIME_DIRECT_WIRE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace troupe::runtime::direct {
+
+constexpr uint32_t kMagic = 0x43445254;
+constexpr uint8_t kVersion = 1;
+constexpr size_t kHeaderBytes = 16;
+constexpr uint32_t kDefaultMaxPayload = 1u << 20;  // 1 MiB: hot-path calls are small
+constexpr size_t kMaxActorName = 256;
+
+enum class FrameKind : uint8_t {
+  kHello = 1,    // client → server: bind this connection to the named actor
+  kHelloOk = 2,  // server → client: bound
+  kCall = 3,     // client → server: a request
+  kReply = 4,    // server → client: the actor's response
+  kError = 5,    // either way: the call (or, for protocol errors, the connection) failed
+};
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::kCall;
+  uint32_t length = 0;
+  uint32_t call_id = 0;
+};
+
+// Writes the 16-byte header for `h` into `out`.
+void EncodeHeader(const FrameHeader& h, char* out);
+// Validates and decodes a header; InvalidArgument naming the field, what was expected and what
+// arrived (bad magic, version, kind, reserved bits, or a length above `max_payload`).
+absl::Status DecodeHeader(const char* in, uint32_t max_payload, FrameHeader* out);
+
+// Appends a complete kError frame carrying `status` to `out`.
+void AppendErrorFrame(const absl::Status& status, uint32_t call_id, std::vector<char>* out);
+// Decodes a kError payload back into a status (DataLoss if it is too short).
+absl::Status DecodeErrorPayload(const char* data, size_t size);
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// Socket helpers. All return Unavailable on a closed or reset connection, DeadlineExceeded
+// when `deadline` passes first (Deadline::max() = no deadline).
+absl::Status WriteAll(int fd, const char* data, size_t size);
+// Reads exactly `size` bytes.
+absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
+// Reads one frame: header into `h`, payload into `payload`; protocol errors are InvalidArgument.
+absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHeader* h,
+                       std::vector<char>* payload);
+
+// TCP_NODELAY and close-on-exec on a connected socket.
+void TuneSocket(int fd);
+// A connected TCP socket to host:port within `timeout` (Unavailable if refused or too slow).
+absl::Status Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                     int* fd_out);
+
+}  // namespace troupe::runtime::direct
+
+#endif  // TROUPE_RUNTIME_DIRECT_WIRE_H_
