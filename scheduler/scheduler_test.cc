@@ -226,6 +226,35 @@ TEST_P(SingleActorTest, DebugStringSummarisesTheCluster) {
   EXPECT_THAT(s.DebugString(), HasSubstr("cpu=2.5/4"));
 }
 
+// The example in scheduler.h's banner, kept true.
+TEST_P(SingleActorTest, BannerExample) {
+  Scheduler s = Make();
+  ASSERT_TRUE(s.AddNode({"node-1", {{"cpu", 32}, {"gpu", 4}}, {{"zone", "a"}}}).ok());
+  ASSERT_TRUE(s.AddNode({"node-2", {{"cpu", 32}, {"gpu", 4}}, {{"zone", "b"}}}).ok());
+  auto d = s.PlaceActor(MakeActor("w0", {{"gpu", 8}}));
+  ASSERT_TRUE(d.ok());
+  ASSERT_FALSE(d->placed());
+  EXPECT_EQ(d->unschedulable->reason,
+            "needs gpu=8; no alive node could ever fit it: the largest is node-1 with gpu=4");
+  EXPECT_FALSE(d->unschedulable->retry_can_help);
+  PlacementGroupRequest pg;
+  pg.group = "pg";
+  pg.bundles = {{{"gpu", 1}}, {{"gpu", 1}}};
+  pg.strategy = Strategy::kStrictSpread;
+  auto g = s.CreatePlacementGroup(pg);
+  ASSERT_TRUE(g.ok() && g->placed());
+  EXPECT_EQ(g->bundle_nodes, (std::vector<std::string>{"node-1", "node-2"}));
+  ActorRequest member = MakeActor("w1", {{"gpu", 1}});
+  member.group = "pg";
+  member.bundle = 1;
+  EXPECT_EQ(MustPlace(s, member), "node-2");
+  auto report = s.RemoveNodes({"node-1"});
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->broken.size(), 1u);  // one node left for two STRICT_SPREAD bundles
+  ASSERT_EQ(report->lost.size(), 1u);
+  EXPECT_EQ(report->lost[0].actor, "w1");
+}
+
 INSTANTIATE_TEST_SUITE_P(Placers, SingleActorTest,
                          ::testing::Values(Scheduler::Placer::kIndexed,
                                            Scheduler::Placer::kBruteForce),

@@ -4,6 +4,7 @@
 //
 //   Scheduler s;
 //   CHECK_OK(s.AddNode({"node-1", {{"cpu", 32}, {"gpu", 4}}, {{"zone", "a"}}}));
+//   CHECK_OK(s.AddNode({"node-2", {{"cpu", 32}, {"gpu", 4}}, {{"zone", "b"}}}));
 //   ActorRequest req;
 //   req.actor = "w0";
 //   req.demands = {{"gpu", 8}};
@@ -14,7 +15,7 @@
 //   pg.group = "pg";
 //   pg.bundles = {{{"gpu", 1}}, {{"gpu", 1}}};
 //   pg.strategy = Strategy::kStrictSpread;
-//   absl::StatusOr<GroupDecision> g = s.CreatePlacementGroup(pg);
+//   absl::StatusOr<GroupDecision> g = s.CreatePlacementGroup(pg);  // {"node-1", "node-2"}
 //   ActorRequest member;                       // an actor inside bundle 1 of the group
 //   member.actor = "w1";
 //   member.demands = {{"gpu", 1}};
