@@ -13,9 +13,13 @@ extern "C" void openblas_set_num_threads(int num_threads);
 namespace troupe::kernels {
 namespace {
 
-// Fixed block sizes: results depend on these, never on the thread count.
-constexpr int64_t kRowBlock = 128;
-constexpr int64_t kWeightRowBlock = 64;
+// Block sizes are a function of the problem size only, never of the thread count, so results are
+// identical at any thread count. About 8 blocks per GEMM: enough to balance a few threads, large
+// enough that re-packing the shared operand in every block costs little.
+int64_t BlockRows(int64_t rows) {
+  const int64_t b = std::min<int64_t>(512, std::max<int64_t>(64, rows / 8));
+  return (b + 15) / 16 * 16;
+}
 
 #ifdef TROUPE_HAVE_OPENBLAS
 void PinBlasToOneThread() {
@@ -90,7 +94,7 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t c,
                    int64_t oc) {
-  ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
+  ParallelForRange(n, BlockRows(n), [&](int64_t lo, int64_t hi) {
     T* o = out + lo * oc;
     if (bias != nullptr) {
       for (int64_t i = lo; i < hi; ++i) std::copy(bias, bias + oc, out + i * oc);
@@ -104,12 +108,12 @@ template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                     int64_t n, int64_t c, int64_t oc) {
   if (dinp != nullptr) {
-    ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
+    ParallelForRange(n, BlockRows(n), [&](int64_t lo, int64_t hi) {
       Gemm<T>(false, false, hi - lo, c, oc, T(1), dout + lo * oc, oc, weight, c, T(1),
               dinp + lo * c, c);
     });
   }
-  ParallelForRange(oc, kWeightRowBlock, [&](int64_t lo, int64_t hi) {
+  ParallelForRange(oc, BlockRows(oc), [&](int64_t lo, int64_t hi) {
     Gemm<T>(true, false, hi - lo, c, n, T(1), dout + lo, oc, inp, c, T(1), dweight + lo * c, c);
     if (dbias != nullptr) {
       for (int64_t i = 0; i < n; ++i) {

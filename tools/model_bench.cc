@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <string>
@@ -104,6 +105,7 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
   model::AdamWConfig adamw;
   model::LrSchedule schedule{3e-4f, 3e-5f, 0, 1000};
   std::vector<double> times;
+  const std::clock_t cpu_start = std::clock();
   for (int s = 0; s < steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     if (!gpt.Forward(tokens.data(), targets.data(), b, t).ok()) return 1;
@@ -116,11 +118,14 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
+  const double cpu_per_step =
+      static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC / std::max(steps, 1);
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  std::printf("time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d\n", median,
-              sorted.front(), sorted.back(), b * t / median, kernels::NumThreads());
+  std::printf("time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d cpu_s=%.6f\n",
+              median, sorted.front(), sorted.back(), b * t / median, kernels::NumThreads(),
+              cpu_per_step);
   return 0;
 }
 
