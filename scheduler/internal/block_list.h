@@ -43,13 +43,16 @@ class BlockList {
       blocks_.emplace_back();
       blocks_.back().entries.push_back(Entry{key, id, hot});
       blocks_.back().max = hot;
+      last_.push_back({key, id});
       return;
     }
-    Block& b = blocks_[BlockFor(key, id, /*for_insert=*/true)];
+    const size_t bi = BlockFor(key, id, /*for_insert=*/true);
+    Block& b = blocks_[bi];
     b.entries.insert(std::lower_bound(b.entries.begin(), b.entries.end(), std::pair{key, id}),
                      Entry{key, id, hot});
+    last_[bi] = {b.entries.back().key, b.entries.back().id};
     for (int r = 0; r < kHotResources; ++r) b.max[r] = std::max(b.max[r], hot[r]);
-    if (b.entries.size() > kMaxBlock) Split(&b - blocks_.data());
+    if (b.entries.size() > kMaxBlock) Split(bi);
   }
 
   // Returns false when the entry is absent.
@@ -64,7 +67,9 @@ class BlockList {
     --size_;
     if (b.entries.empty()) {
       blocks_.erase(blocks_.begin() + bi);
+      last_.erase(last_.begin() + bi);
     } else {
+      last_[bi] = {b.entries.back().key, b.entries.back().id};
       for (int r = 0; r < kHotResources; ++r) {
         if (gone[r] == b.max[r]) {
           Recompute(b);
@@ -134,9 +139,12 @@ class BlockList {
         for (int r = 0; r < kHotResources; ++r) max[r] = std::max(max[r], e.hot[r]);
       }
       if (max != b.max) return false;
+      if (last_[&b - blocks_.data()] != std::pair{b.entries.back().key, b.entries.back().id}) {
+        return false;
+      }
       n += b.entries.size();
     }
-    return n == size_;
+    return n == size_ && last_.size() == blocks_.size();
   }
 
  private:
@@ -148,10 +156,8 @@ class BlockList {
 
   // The first block whose last entry is >= (key, id); for an insert past every block, the last.
   size_t BlockFor(Key key, uint32_t id, bool for_insert) const {
-    auto it = std::partition_point(blocks_.begin(), blocks_.end(), [&](const Block& b) {
-      return b.entries.back() < std::pair{key, id};
-    });
-    const size_t bi = static_cast<size_t>(it - blocks_.begin());
+    const size_t bi = static_cast<size_t>(
+        std::lower_bound(last_.begin(), last_.end(), std::pair{key, id}) - last_.begin());
     return for_insert && bi == blocks_.size() ? blocks_.size() - 1 : bi;
   }
 
@@ -169,10 +175,13 @@ class BlockList {
     blocks_[bi].entries.erase(mid, blocks_[bi].entries.end());
     Recompute(blocks_[bi]);
     Recompute(tail);
+    last_[bi] = {blocks_[bi].entries.back().key, blocks_[bi].entries.back().id};
+    last_.insert(last_.begin() + bi + 1, {tail.entries.back().key, tail.entries.back().id});
     blocks_.insert(blocks_.begin() + bi + 1, std::move(tail));
   }
 
   std::vector<Block> blocks_;
+  std::vector<std::pair<Key, uint32_t>> last_;  // each block's last (key, id), for the search
   size_t size_ = 0;
 };
 
