@@ -35,6 +35,7 @@ struct Req {
   ucs_status_t status = UCS_OK;
   void* ucx = nullptr;  // UCX request, freed when reaped
   int peer = 0;
+  size_t bytes = 0;
 };
 
 void OnSend(void* request, ucs_status_t status, void* user) {
@@ -56,15 +57,22 @@ class UcxTransport : public Transport {
  public:
   UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
   ~UcxTransport() override {
+    if (dirty_ || !reqs_.empty()) {
+      // A failed worker is leaked on purpose: destroying it purges requests still pending to
+      // a dead peer, which trips assertions inside UCX 1.13 without UCP_ERR_HANDLING_MODE_PEER,
+      // and never progressing it again guarantees no late transfer lands in a user buffer.
+      // Failures are rare (one per membership change); the cost is the worker's memory.
+      for (auto& r : abandoned_) r.release();
+      for (auto& [id, r] : reqs_) r.release();
+      return;
+    }
     if (worker_ != nullptr) {
       for (ucp_ep_h ep : eps_) {
         if (ep == nullptr) continue;
         ucp_request_param_t p{};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        void* r = ucp_ep_close_nbx(ep, &p);
+        void* r = ucp_ep_close_nbx(ep, &p);  // flushes: nothing is outstanding when healthy
         if (UCS_PTR_IS_PTR(r)) {
-          for (int i = 0; i < 10000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) {
+          for (int i = 0; i < 100000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) {
             ucp_worker_progress(worker_);
           }
           ucp_request_free(r);
@@ -78,13 +86,24 @@ class UcxTransport : public Transport {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
-  absl::Status Init(bool peer_errors) {
+  absl::Status Init(const UcxOptions& o) {
+    const bool peer_errors = o.ucx_peer_error_handling;
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_TAG;
     params.mt_workers_shared = 0;
     ucp_config_t* config = nullptr;
     UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config));
+    std::string tls = o.transports;
+    if (tls.empty() && std::getenv("UCX_TLS") == nullptr) tls = kDefaultUcxTransports;
+    if (!tls.empty()) {
+      ucs_status_t m = ucp_config_modify(config, "TLS", tls.c_str());
+      if (m != UCS_OK) {
+        ucp_config_release(config);
+        return absl::InvalidArgumentError(absl::StrCat("UcxOptions.transports: UCX rejected '", tls,
+                                                       "': ", ucs_status_string(m)));
+      }
+    }
     ucs_status_t s = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     UCX_RETURN_IF_ERROR(s);
@@ -154,11 +173,11 @@ class UcxTransport : public Transport {
     auto req = std::make_unique<Req>();
     req->peer = peer;
     req->recv = true;
+    req->bytes = bytes;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = OnRecv;
     p.user_data = req.get();
-    CountRecv(bytes);
     void* r = ucp_tag_recv_nbx(worker_, buf, bytes, WireTag(peer, tag), ~uint64_t{0}, &p);
     return Track(std::move(req), r, "recv", peer);
   }
@@ -202,12 +221,16 @@ class UcxTransport : public Transport {
   }
 
   void CancelAll() override {
+    dirty_ = true;
     // Receives are cancelled; sends to a dead or departed peer cannot be, so they are
     // abandoned (kept alive until the worker goes away; nothing will read them after this).
     for (auto& [id, r] : reqs_) {
       if (!r->done && r->recv && r->ucx != nullptr) ucp_request_cancel(worker_, r->ucx);
     }
-    const absl::Time until = absl::Now() + absl::Seconds(1);
+    // A receive already matched to a multi-fragment message cannot be cancelled; after a short
+    // grace it is abandoned (the contract in communicator.h keeps its buffer valid until the
+    // communicator is destroyed).
+    const absl::Time until = absl::Now() + absl::Milliseconds(20);
     for (;;) {
       bool pending = false;
       for (auto& [id, r] : reqs_) pending |= r->recv && !r->done;
@@ -296,12 +319,14 @@ class UcxTransport : public Transport {
   void Reap(ReqId id) {
     auto it = reqs_.find(id);
     if (it == reqs_.end()) return;
+    if (it->second->recv) CountRecv(it->second->bytes);  // counted once it has arrived
     if (it->second->ucx != nullptr) ucp_request_free(it->second->ucx);
     reqs_.erase(it);
   }
 
   const int rank_, size_;
   bool peer_errors_ = false;
+  bool dirty_ = false;  // an operation failed with requests in flight
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<ucp_ep_h> eps_;
@@ -341,7 +366,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   const absl::Time deadline = absl::Now() + o.connect_timeout;
   const std::string prefix = absl::StrCat(o.key_prefix, "/g", o.generation);
   auto t = std::make_unique<UcxTransport>(o.rank, o.size);
-  if (auto st = t->Init(o.ucx_peer_error_handling); !st.ok()) return st;
+  if (auto st = t->Init(o); !st.ok()) return st;
   auto addr = t->Address();
   if (!addr.ok()) return addr.status();
   if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), *addr); !st.ok()) return st;

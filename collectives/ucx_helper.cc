@@ -29,9 +29,11 @@ int64_t MonoNs() {
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
+int result_fd = 1;  // results go here; UCX's own log lines (stdout) are sent to stderr
+
 void Say(const std::string& line) {
   std::string l = line + "\n";
-  (void)!write(1, l.data(), l.size());
+  (void)!write(result_fd, l.data(), l.size());
 }
 
 struct Ctx {
@@ -241,6 +243,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s port rank size scenario [args]\n", argv[0]);
     return 2;
   }
+  result_fd = dup(1);
+  dup2(2, 1);
   Ctx c;
   c.port = std::atoi(argv[1]);
   c.rank = std::atoi(argv[2]);

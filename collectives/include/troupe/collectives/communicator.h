@@ -7,7 +7,9 @@
 //   * Aborted       — the group's generation changed (Abort with an Aborted status).
 //   * DeadlineExceeded — the per-operation deadline passed; a last resort, never the mechanism.
 // After a failure every pending and later operation fails with the same status: destroy the
-// communicator and build a new one over the new rank set (with a new generation).
+// communicator and build a new one over the new rank set (with a new generation). As with
+// ncclCommAbort, the buffers of operations that failed must stay valid until the communicator
+// is destroyed (a transfer from a peer that was mid-message may still land in them).
 //
 // Example:
 //   std::vector<float> grad(n);

@@ -42,7 +42,14 @@ struct UcxOptions {
   // Also ask UCX for peer error handling (UCP_ERR_HANDLING_MODE_PEER). Off by default: it
   // disables the shared-memory transports, and the liveness channel already detects deaths.
   bool ucx_peer_error_handling = false;
+  // UCX transports (UCX_TLS syntax). Empty: the UCX_TLS environment variable if set, else
+  // kDefaultUcxTransports. Without peer error handling a transport error is fatal inside UCX
+  // 1.13, and cma (process_vm_readv from a peer that was just killed) raises one: the default
+  // therefore leaves cma out and keeps the copy-through-shared-memory transports.
+  std::string transports;
 };
+
+inline constexpr char kDefaultUcxTransports[] = "self,sysv,posix,tcp";
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(
     Bootstrap* bootstrap, const UcxOptions& options);

@@ -1,0 +1,59 @@
+// Chaos: a rank dies (kill -9) or stops (SIGSTOP) in the middle of a 64 MiB all-reduce on 4 real
+// processes. Every survivor must return Unavailable naming it — within 500 ms of the kill, and
+// within the liveness timeout (+500 ms of scheduling slack) of the stop — although the
+// operation's deadline is 60 s; then a communicator over the 3 survivors must all-reduce
+// correctly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "process_harness.h"
+
+namespace troupe::collectives {
+namespace {
+
+constexpr int kRanks = 4;
+constexpr int kVictim = 2;
+constexpr int kLivenessMs = 2000;
+
+void RunChaos(int signal, int64_t limit_ms) {
+  Ranks ranks(kRanks, {"chaos", std::to_string(kVictim), std::to_string(kLivenessMs)});
+  std::string line;
+  // Wait until the victim has received at least one chunk of an all-reduce.
+  while (line != "PROGRESS") ASSERT_TRUE(ranks[kVictim].ReadLine(&line)) << "victim exited";
+  const int64_t t_signal = MonoNs();
+  ASSERT_EQ(kill(ranks[kVictim].pid, signal), 0);
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == kVictim) continue;
+    int64_t t_error = 0;
+    char code[64] = {0};
+    for (;;) {
+      ASSERT_TRUE(ranks[r].ReadLine(&line)) << "rank " << r << ":\n" << ranks[r].Output();
+      if (std::sscanf(line.c_str(), "ERROR %ld %63s", &t_error, code) == 2) break;
+    }
+    const double ms = static_cast<double>(t_error - t_signal) / 1e6;
+    std::printf("rank %d: %s %.1f ms after signal %d: %s\n", r, code, ms, signal, line.c_str());
+    EXPECT_STREQ(code, "UNAVAILABLE") << line;
+    EXPECT_TRUE(absl::StrContains(line, "rank 2")) << line;
+    EXPECT_LT(ms, static_cast<double>(limit_ms)) << line;
+    int st = ranks[r].Wait();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << "\n"
+                                                       << ranks[r].Output();
+    EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(), "REBUILT OK"),
+              ranks[r].lines.end())
+        << ranks[r].Output();
+  }
+  kill(ranks[kVictim].pid, SIGKILL);
+}
+
+TEST(Chaos, KillNineDuring64MiBAllReduceIsDetectedWithin500ms) { RunChaos(SIGKILL, 500); }
+
+TEST(Chaos, SigstopDuring64MiBAllReduceIsDetectedWithinLivenessTimeout) {
+  RunChaos(SIGSTOP, kLivenessMs + 500);
+}
+
+}  // namespace
+}  // namespace troupe::collectives
