@@ -56,6 +56,8 @@ Loaded Load(uint64_t seed, int nodes, int actors, int groups) {
 
 void WaveAndCheck(Loaded& l, const std::vector<std::string>& dead) {
   ASSERT_FALSE(dead.empty());
+  absl::Status loaded = CheckCluster(l.scheduler);
+  ASSERT_TRUE(loaded.ok()) << loaded;
   const Snapshot before = TakeSnapshot(l.scheduler);
   absl::StatusOr<RescheduleReport> report = l.scheduler.RemoveNodes(dead);
   ASSERT_TRUE(report.ok()) << report.status();
