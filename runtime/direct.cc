@@ -296,8 +296,7 @@ void DirectServer::Impl::Serve(Connection* c) {
       }
       Dispatch(target->handle, std::move(msg), h.call_id, sink_ptr, &unit);
     }
-    sink->on_enqueue(nullptr);
-    sink->disconnect();
+    sink->on_enqueue(nullptr);  // the companion cleans itself up when its last handle goes
   }
   {
     std::lock_guard<std::mutex> l(wire.mu);

@@ -1,0 +1,87 @@
+// remote_common.h — the timing loop and output shared by the bench_remote_* drivers.
+//
+// Every driver has a `server` mode (prints `port=N` on stdout, then serves until killed) and a
+// `client PORT [SECONDS]` mode that makes synchronous 8-byte calls for SECONDS after a warm-up
+// and prints one line: `result calls=N calls_per_s=X p50_us=Y p99_us=Z`.
+//
+//   auto stats = bench_remote::Measure([&](int64_t x) { return Echo(x) == x; }, 1.5);
+//   bench_remote::Print(stats);
+#ifndef TROUPE_BENCH_REMOTE_REMOTE_COMMON_H_
+#define TROUPE_BENCH_REMOTE_REMOTE_COMMON_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace bench_remote {
+
+struct Stats {
+  int64_t calls = 0;
+  double calls_per_s = 0, p50_us = 0, p99_us = 0;
+  bool ok = true;
+};
+
+// Calls `call(x)` (returns true when the echo came back right) for `seconds` after
+// `warmup_calls` untimed calls.
+template <class F>
+Stats Measure(F call, double seconds, int warmup_calls = 2000) {
+  using Clock = std::chrono::steady_clock;
+  Stats s;
+  for (int i = 0; i < warmup_calls; ++i) {
+    if (!call(int64_t{i})) {
+      s.ok = false;
+      return s;
+    }
+  }
+  std::vector<double> lat;
+  lat.reserve(1 << 20);
+  auto start = Clock::now();
+  auto end =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  Clock::time_point now = start;
+  for (int64_t i = 0; now < end; ++i) {
+    auto t0 = Clock::now();
+    if (!call(i * 7919)) {
+      s.ok = false;
+      return s;
+    }
+    now = Clock::now();
+    lat.push_back(std::chrono::duration<double, std::micro>(now - t0).count());
+  }
+  double total = std::chrono::duration<double>(now - start).count();
+  std::sort(lat.begin(), lat.end());
+  s.calls = static_cast<int64_t>(lat.size());
+  s.calls_per_s = s.calls / total;
+  s.p50_us = lat[lat.size() / 2];
+  s.p99_us = lat[std::min(lat.size() - 1, lat.size() * 99 / 100)];
+  return s;
+}
+
+inline int Print(const Stats& s) {
+  if (!s.ok) {
+    std::printf("result error=wrong_or_failed_reply\n");
+    return 1;
+  }
+  std::printf("result calls=%lld calls_per_s=%.1f p50_us=%.2f p99_us=%.2f\n",
+              static_cast<long long>(s.calls), s.calls_per_s, s.p50_us, s.p99_us);
+  std::fflush(stdout);
+  return 0;
+}
+
+inline void PrintPort(unsigned port) {
+  std::printf("port=%u\n", port);
+  std::fflush(stdout);
+}
+
+inline int Usage(const char* prog) {
+  std::fprintf(stderr, "usage: %s server | client PORT [SECONDS]\n", prog);
+  return 2;
+}
+
+}  // namespace bench_remote
+
+#endif  // TROUPE_BENCH_REMOTE_REMOTE_COMMON_H_
