@@ -49,7 +49,9 @@ struct UcxOptions {
   std::string transports;
 };
 
-inline constexpr char kDefaultUcxTransports[] = "self,sysv,posix,tcp";
+// Same-host shared memory only: with tcp present UCX 1.13 picks tcp/lo for the rendezvous lane
+// (~1 GB/s). For ranks on several hosts set `transports` (e.g. "self,sysv,posix,tcp").
+inline constexpr char kDefaultUcxTransports[] = "self,sysv,posix";
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(
     Bootstrap* bootstrap, const UcxOptions& options);
