@@ -45,6 +45,7 @@ void RegisterClusterTypes(caf::actor_system_config& cfg) {
   cfg.add_message_type<MemberInfo>("troupe.MemberInfo");
   cfg.add_message_type<std::vector<MemberInfo>>("troupe.MemberInfos");
   cfg.add_message_type<MembershipEvent>("troupe.MembershipEvent");
+  cfg.add_message_type<Placement>("troupe.Placement");
   cfg.add_message_type<internal::ActorStat>("troupe.ActorStat");
   cfg.add_message_type<std::vector<internal::ActorStat>>("troupe.ActorStats");
 }
@@ -119,7 +120,11 @@ absl::StatusOr<std::tuple<Ts...>> Ask(caf::actor_system& sys, const caf::actor& 
   self->request(to, std::chrono::duration_cast<caf::timespan>(timeout), std::forward<Args>(args)...)
       .receive([&](Ts&... xs) { out = std::make_tuple(std::move(xs)...); },
                [&](caf::error& e) {
-                 std::string what = sys.render(e);
+                 // Errors troupe raises carry their text as the context's only string.
+                 const caf::message& ctx = e.context();
+                 std::string what = ctx.size() == 1 && ctx.match_element<std::string>(0)
+                                        ? ctx.get_as<std::string>(0)
+                                        : sys.render(e);
                  out = e == caf::sec::request_timeout
                            ? absl::DeadlineExceededError("head did not answer in time")
                            : absl::UnavailableError(what);
@@ -129,13 +134,61 @@ absl::StatusOr<std::tuple<Ts...>> Ask(caf::actor_system& sys, const caf::actor& 
 
 }  // namespace
 
+absl::StatusOr<Placement> Placement::Parse(const std::string& where) {
+  Placement p;
+  if (where.empty() || where == "any") return p;
+  if (where.rfind("node=", 0) == 0) {
+    p.node = where.substr(5);
+  } else if (where.rfind("worker=", 0) == 0) {
+    p.worker = where.substr(7);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "placement '", where, "': expected '', 'any', 'node=<name>' or 'worker=<id>'"));
+  }
+  return p;
+}
+
 absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
                                               const std::string& name, const std::string& where) {
+  auto p = Placement::Parse(where);
+  if (!p.ok()) return p.status();
+  return Spawn(type, args, name, *p);
+}
+
+namespace {
+
+// The head reports an unschedulable request as "unschedulable (<retry meaning>): <reason>".
+absl::Status FromHeadError(const absl::Status& s) {
+  std::string m(s.message());
+  if (m.find("unschedulable (waiting may help)") != std::string::npos) {
+    return absl::ResourceExhaustedError(m);
+  }
+  if (m.find("unschedulable (no node could ever fit)") != std::string::npos) {
+    return absl::FailedPreconditionError(m);
+  }
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
+                                              const std::string& name, const Placement& placement) {
   uint64_t gen = name.empty() ? 1 : runtime_->internal_context()->NextGeneration(name);
-  auto r = Ask<caf::actor, std::string>(runtime_->system(), head_, timeout_,
-                                        internal::spawn_atom::value, type, args, name, gen, where);
-  if (!r.ok()) return r.status();
+  auto r =
+      Ask<caf::actor, std::string>(runtime_->system(), head_, timeout_, internal::spawn_atom::value,
+                                   type, args, name, gen, placement);
+  if (!r.ok()) return FromHeadError(r.status());
   return ActorRef{name, gen, std::get<0>(*r)};
+}
+
+absl::StatusOr<std::vector<std::string>> ClusterClient::CreatePlacementGroup(
+    const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
+    const std::string& domain_key) {
+  auto r =
+      Ask<std::vector<std::string>>(runtime_->system(), head_, timeout_, internal::pg_atom::value,
+                                    name, bundles, strategy, domain_key);
+  if (!r.ok()) return FromHeadError(r.status());
+  return std::get<0>(*r);
 }
 
 absl::StatusOr<ActorRef> ClusterClient::Lookup(const std::string& name) {

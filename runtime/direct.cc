@@ -39,7 +39,7 @@ constexpr uint64_t kRequestTag = uint64_t{1} << 32;
 // connection thread instead of a scheduler worker; everything else goes to the scheduler.
 class InlineUnit final : public caf::execution_unit {
  public:
-  explicit InlineUnit(caf::actor_system* sys) : caf::execution_unit(sys) {}
+  void Bind(caf::actor_system* sys) { system_ = sys; }
   void exec_later(caf::resumable* job) override {
     if (capture && captured == nullptr) {
       captured = job;
@@ -50,6 +50,31 @@ class InlineUnit final : public caf::execution_unit {
   bool capture = false;
   caf::resumable* captured = nullptr;
 };
+
+// An actor keeps a pointer to the unit it last ran on until its next activation (CAF's own
+// workers live as long as the scheduler), so units are recycled, never freed: at most as many
+// exist as connections were ever open at once.
+std::mutex unit_pool_mu;
+std::vector<InlineUnit*>* unit_pool = new std::vector<InlineUnit*>;
+
+InlineUnit* AcquireUnit(caf::actor_system* sys) {
+  InlineUnit* unit = nullptr;
+  {
+    std::lock_guard<std::mutex> l(unit_pool_mu);
+    if (!unit_pool->empty()) {
+      unit = unit_pool->back();
+      unit_pool->pop_back();
+    }
+  }
+  if (unit == nullptr) unit = new InlineUnit;
+  unit->Bind(sys);
+  return unit;
+}
+
+void ReleaseUnit(InlineUnit* unit) {
+  std::lock_guard<std::mutex> l(unit_pool_mu);
+  unit_pool->push_back(unit);
+}
 
 // The connection's socket, shared with the reply sink (which may write from any thread).
 struct Wire {
@@ -175,7 +200,12 @@ void DirectServer::Impl::AcceptLoop() {
     if (p[1].revents != 0) return;
     if ((p[0].revents & POLLIN) == 0) continue;
     int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // no busy loop when out of fds
+      }
+      continue;
+    }
     direct::TuneSocket(fd);
     accepted_.fetch_add(1);
     std::lock_guard<std::mutex> l(mu_);
@@ -257,7 +287,7 @@ void DirectServer::Impl::Serve(Connection* c) {
       (void)shared->Write(out.data(), out.size());
     });
     caf::strong_actor_ptr sink_ptr = caf::actor_cast<caf::strong_actor_ptr>(sink_handle);
-    InlineUnit unit(&sys_);
+    InlineUnit* unit = AcquireUnit(&sys_);
     FrameHeader h;
     std::vector<char> payload;
     for (;;) {
@@ -294,9 +324,10 @@ void DirectServer::Impl::Serve(Connection* c) {
         (void)wire.Write(frame.data(), frame.size());
         continue;
       }
-      Dispatch(target->handle, std::move(msg), h.call_id, sink_ptr, &unit);
+      Dispatch(target->handle, std::move(msg), h.call_id, sink_ptr, unit);
     }
     sink->on_enqueue(nullptr);  // the companion cleans itself up when its last handle goes
+    ReleaseUnit(unit);
   }
   {
     std::lock_guard<std::mutex> l(wire.mu);

@@ -3,9 +3,12 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "caf/all.hpp"
 #include "internal/cluster_protocol.h"
+#include "troupe/scheduler/scheduler.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -24,6 +27,61 @@ struct Member {
   size_t hosted = 0;                     // actors spawned here, for placement
 };
 
+// Every node carries this label, so a request can be pinned to one node by a selector.
+constexpr char kNodeLabel[] = "troupe.node";
+
+absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string& text,
+                                                               const std::string& field) {
+  std::map<std::string, std::string> out;
+  for (absl::string_view kv : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    if (p.first.empty() || p.second.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expected key=value[,key=value], got '", text, "'"));
+    }
+    out[p.first] = p.second;
+  }
+  return out;
+}
+
+absl::StatusOr<scheduler::ResourceMap> ParseResources(const std::string& text,
+                                                      const std::string& field) {
+  auto kv = ParseLabels(text, field);
+  if (!kv.ok()) return kv.status();
+  scheduler::ResourceMap out;
+  for (const auto& [k, v] : *kv) {
+    double amount = 0;
+    if (k == "memory") {
+      auto bytes = ParseByteSize(v);
+      if (!bytes.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": memory=", v, ": ", bytes.status().message()));
+      }
+      amount = static_cast<double>(*bytes);
+    } else if (!absl::SimpleAtod(v, &amount) || amount < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", k, "=", v, ": expected a non-negative number"));
+    }
+    out[k] = amount;
+  }
+  return out;
+}
+
+absl::StatusOr<scheduler::NodeSpec> ParseNodeSpec(const std::string& name,
+                                                  const std::string& resources,
+                                                  const std::string& labels) {
+  scheduler::NodeSpec spec;
+  spec.name = name;
+  auto r = ParseResources(resources, "--resources");
+  if (!r.ok()) return r.status();
+  spec.resources = *r;
+  auto l = ParseLabels(labels, "--labels");
+  if (!l.ok()) return l.status();
+  spec.labels = *l;
+  spec.labels[kNodeLabel] = name;
+  return spec;
+}
+
 class HeadActor final : public caf::event_based_actor {
  public:
   HeadActor(caf::actor_config& cfg, ClusterOptions options, std::string build_id)
@@ -41,6 +99,16 @@ class HeadActor final : public caf::event_based_actor {
           if (it != members_.end() && it->second.info.state != "dead") {
             return caf::make_error(caf::sec::runtime_error,
                                    absl::StrCat("node '", name, "' is already a member"));
+          }
+          auto spec = ParseNodeSpec(name, resources, labels);
+          if (!spec.ok()) {
+            return caf::make_error(
+                caf::sec::runtime_error,
+                absl::StrCat("node '", name, "' refused: ", spec.status().message()));
+          }
+          if (absl::Status s = sched_.AddNode(*spec); !s.ok()) {
+            return caf::make_error(caf::sec::runtime_error,
+                                   absl::StrCat("node '", name, "' refused: ", s.message()));
           }
           Member m;
           m.info = MemberInfo{name, "node", name, "alive", 0, resources, labels};
@@ -99,14 +167,20 @@ class HeadActor final : public caf::event_based_actor {
           auto it = members_.find(node);
           if (it == members_.end() || it->second.info.state != "alive") return;
           it->second.info.state = "draining";
+          (void)sched_.DrainNode(node);
           Publish("node_draining", node, node, 0,
                   absl::StrCat("preemption notice; leaves within ", grace_ms, "ms"));
         },
         [this](leave_atom, const std::string& node) { MarkNodeDead(node, "left"); },
         [this](spawn_atom, const std::string& type, const caf::message& args,
                const std::string& name, uint64_t gen,
-               const std::string& where) -> caf::result<caf::actor, std::string> {
+               const Placement& where) -> caf::result<caf::actor, std::string> {
           return HandleSpawn(type, args, name, gen, where);
+        },
+        [this](pg_atom, const std::string& name, const std::vector<std::string>& bundles,
+               const std::string& strategy,
+               const std::string& domain_key) -> caf::result<std::vector<std::string>> {
+          return HandlePlacementGroup(name, bundles, strategy, domain_key);
         },
         [this](lookup_atom,
                const std::string& name) -> caf::result<caf::actor, uint64_t, std::string> {
@@ -149,6 +223,10 @@ class HeadActor final : public caf::event_based_actor {
     if (it->second.requester) {
       send(it->second.requester, rdown_atom::value, it->first, it->second.generation, reason,
            detail);
+    }
+    (void)sched_.ReleaseActor(it->first);
+    if (auto w = members_.find(it->second.worker); w != members_.end() && w->second.hosted > 0) {
+      w->second.hosted--;
     }
     return directory_.erase(it);
   }
@@ -209,6 +287,8 @@ class HeadActor final : public caf::event_based_actor {
       }
     }
     it->second.info.state = "dead";
+    // Its actors were released above (their workers died with it); nothing is left to move.
+    (void)sched_.RemoveNodes({node});
     Publish("node_dead", node, node, 0, why);
   }
 
@@ -266,29 +346,53 @@ class HeadActor final : public caf::event_based_actor {
   caf::result<caf::actor, std::string> HandleSpawn(const std::string& type,
                                                    const caf::message& args,
                                                    const std::string& name, uint64_t gen,
-                                                   const std::string& where) {
-    std::string want_node, want_worker;
-    if (where.rfind("node=", 0) == 0)
-      want_node = where.substr(5);
-    else if (where.rfind("worker=", 0) == 0)
-      want_worker = where.substr(7);
-    else if (!where.empty())
+                                                   const Placement& where) {
+    std::string id = name.empty() ? absl::StrCat("anon-", ++anonymous_) : name;
+    if (directory_.count(id)) {
+      // A restart of a named actor whose old incarnation the head has not seen die yet.
+      NamedDown(directory_.find(id), caf::make_error(caf::exit_reason::user_shutdown),
+                "replaced by a new incarnation");
+    }
+    (void)sched_.ReleaseActor(id);
+    std::string node_pin = where.node;
+    if (!where.worker.empty()) {
+      auto w = members_.find(where.worker);
+      if (w == members_.end() || w->second.info.kind != "worker" ||
+          w->second.info.state != "alive") {
+        return caf::make_error(caf::sec::runtime_error,
+                               absl::StrCat("no alive worker '", where.worker, "'"));
+      }
+      node_pin = w->second.info.node;
+    }
+    auto actor_request = MakeActorRequest(id, where, node_pin);
+    if (!actor_request.ok()) {
+      return caf::make_error(caf::sec::runtime_error,
+                             std::string(actor_request.status().message()));
+    }
+    auto decision = sched_.PlaceActor(*actor_request);
+    if (!decision.ok()) {
+      return caf::make_error(caf::sec::runtime_error, std::string(decision.status().message()));
+    }
+    if (!decision->placed()) {
+      const auto& u = *decision->unschedulable;
       return caf::make_error(
           caf::sec::runtime_error,
-          absl::StrCat("placement '", where, "': expected '', 'node=<name>' or 'worker=<id>'"));
+          absl::StrCat("unschedulable (",
+                       u.retry_can_help ? "waiting may help" : "no node could ever fit", "): ", id,
+                       " ", u.reason));
+    }
     Member* best = nullptr;
-    for (auto& [id, m] : members_) {
-      if (m.info.kind != "worker" || m.info.state != "alive") continue;
-      auto node = members_.find(m.info.node);
-      if (node == members_.end() || node->second.info.state != "alive") continue;
-      if (!want_node.empty() && m.info.node != want_node) continue;
-      if (!want_worker.empty() && id != want_worker) continue;
+    for (auto& [wid, m] : members_) {
+      if (m.info.kind != "worker" || m.info.state != "alive" || m.info.node != decision->node) {
+        continue;
+      }
+      if (!where.worker.empty() && wid != where.worker) continue;
       if (!best || m.hosted < best->hosted) best = &m;
     }
     if (!best) {
-      return caf::make_error(caf::sec::runtime_error,
-                             absl::StrCat("no alive worker for '", where.empty() ? "any" : where,
-                                          "' (draining and dead nodes take no work)"));
+      (void)sched_.ReleaseActor(id);
+      return caf::make_error(caf::sec::runtime_error, absl::StrCat("no alive worker on node '",
+                                                                   decision->node, "' for ", id));
     }
     best->hosted++;
     std::string worker_id = best->info.id;
@@ -297,15 +401,90 @@ class HeadActor final : public caf::event_based_actor {
     auto rp = make_response_promise<caf::actor, std::string>();
     request(best->handle, options_.spawn_timeout, spawn_atom::value, type, args, name, gen)
         .then(
-            [this, rp, name, gen, worker_id, requester](const caf::actor& h) mutable {
-              if (!name.empty()) {
-                directory_[name] = Named{h, gen, worker_id, requester};
-                monitor(h);
-              }
+            [this, rp, id, gen, worker_id, requester](const caf::actor& h) mutable {
+              directory_[id] = Named{h, gen, worker_id, requester};
+              monitor(h);
               rp.deliver(h, worker_id);
             },
-            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+            [this, rp, id, worker_id](caf::error& e) mutable {
+              (void)sched_.ReleaseActor(id);
+              if (auto w = members_.find(worker_id); w != members_.end() && w->second.hosted) {
+                w->second.hosted--;
+              }
+              rp.deliver(std::move(e));
+            });
     return rp;
+  }
+
+  absl::StatusOr<scheduler::ActorRequest> MakeActorRequest(const std::string& id,
+                                                           const Placement& where,
+                                                           const std::string& node_pin) {
+    scheduler::ActorRequest r;
+    r.actor = id;
+    auto demands = ParseResources(where.resources, "resources");
+    if (!demands.ok()) return demands.status();
+    r.demands = *demands;
+    auto labels = ParseLabels(where.labels, "labels");
+    if (!labels.ok()) return labels.status();
+    for (const auto& [k, v] : *labels)
+      r.selector.push_back({k, scheduler::LabelTerm::Op::kIn, {v}});
+    if (!node_pin.empty()) {
+      r.selector.push_back({kNodeLabel, scheduler::LabelTerm::Op::kIn, {node_pin}});
+    }
+    if (where.strategy == "spread")
+      r.strategy = scheduler::Strategy::kSpread;
+    else if (where.strategy != "pack" && !where.strategy.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement strategy: expected pack or spread, got '", where.strategy, "'"));
+    if (where.spot == "prefer")
+      r.spot = scheduler::SpotPreference::kPreferSpot;
+    else if (where.spot == "avoid")
+      r.spot = scheduler::SpotPreference::kPreferOnDemand;
+    else if (!where.spot.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement spot: expected '', prefer or avoid, got '", where.spot, "'"));
+    r.group = where.group;
+    r.bundle = static_cast<int>(where.bundle);
+    return r;
+  }
+
+  caf::result<std::vector<std::string>> HandlePlacementGroup(
+      const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
+      const std::string& domain_key) {
+    scheduler::PlacementGroupRequest r;
+    r.group = name;
+    r.domain_key = domain_key;
+    static const std::map<std::string, scheduler::Strategy> kStrategies = {
+        {"pack", scheduler::Strategy::kPack},
+        {"spread", scheduler::Strategy::kSpread},
+        {"strict_pack", scheduler::Strategy::kStrictPack},
+        {"strict_spread", scheduler::Strategy::kStrictSpread}};
+    auto it = kStrategies.find(strategy);
+    if (it == kStrategies.end()) {
+      return caf::make_error(caf::sec::runtime_error,
+                             absl::StrCat("placement group '", name,
+                                          "': strategy expected pack, "
+                                          "spread, strict_pack or strict_spread, got '",
+                                          strategy, "'"));
+    }
+    r.strategy = it->second;
+    for (size_t i = 0; i < bundles.size(); ++i) {
+      auto b = ParseResources(bundles[i], absl::StrCat("bundle ", i));
+      if (!b.ok())
+        return caf::make_error(caf::sec::runtime_error, std::string(b.status().message()));
+      r.bundles.push_back(*b);
+    }
+    auto d = sched_.CreatePlacementGroup(r);
+    if (!d.ok()) return caf::make_error(caf::sec::runtime_error, std::string(d.status().message()));
+    if (!d->placed()) {
+      const auto& u = *d->unschedulable;
+      return caf::make_error(
+          caf::sec::runtime_error,
+          absl::StrCat("unschedulable (",
+                       u.retry_can_help ? "waiting may help" : "no node could ever fit",
+                       "): placement group ", name, " ", u.reason));
+    }
+    return d->bundle_nodes;
   }
 
   ClusterOptions options_;
@@ -313,6 +492,8 @@ class HeadActor final : public caf::event_based_actor {
   uint64_t generation_ = 0;
   std::map<std::string, Member> members_;
   std::map<std::string, Named> directory_;
+  scheduler::Scheduler sched_;
+  uint64_t anonymous_ = 0;
   std::vector<caf::actor> subscribers_;
 };
 

@@ -142,7 +142,7 @@ class SupervisorActor final : public Actor {
   void StartChild(size_t i, uint64_t /*core_generation*/) {
     uint64_t gen = context().NextGeneration(spec_->children[i].name);
     generations_[i] = gen;
-    if (!spec_->children[i].placement.empty()) return StartRemoteChild(i, gen);
+    if (spec_->children[i].placement) return StartRemoteChild(i, gen);
     auto h = internal::SpawnChild(system(), this, spec_->children[i], gen, context_ptr());
     if (!h.ok()) {  // validated up front; only resource exhaustion gets here
       Emit(i, gen, "exit", std::string(h.status().message()), "escalate");
@@ -157,7 +157,6 @@ class SupervisorActor final : public Actor {
   void StartRemoteChild(size_t i, uint64_t gen) {
     const ChildSpec& c = spec_->children[i];
     caf::actor head = context().head();
-    std::string where = c.placement == "any" ? "" : c.placement;
     auto fail = [this, i, gen](const std::string& why) {
       starting_ = false;
       // A child that cannot be placed counts as a failed start: the core decides (retry with
@@ -171,7 +170,7 @@ class SupervisorActor final : public Actor {
     if (!head) return fail("this process is not connected to a cluster");
     starting_ = true;
     request(head, std::chrono::seconds(10), internal::spawn_atom::value, c.type, c.args, c.name,
-            gen, where)
+            gen, *c.placement)
         .then(
             [this, i, gen](const caf::actor& h, const std::string& worker) {
               starting_ = false;
@@ -296,7 +295,7 @@ absl::Status Validate(const SupervisorSpec& spec, const ActorRegistry& registry)
       if (absl::Status s = Validate(*c.supervisor, registry); !s.ok()) return s;
       continue;
     }
-    if (!c.placement.empty()) continue;  // checked by the worker that spawns it
+    if (c.placement) continue;  // checked by the worker that spawns it
     if (auto bound = registry.Bind(c.type, c.args); !bound.ok()) {
       return absl::Status(bound.status().code(),
                           absl::StrCat(where(c.name), ": ", bound.status().message()));

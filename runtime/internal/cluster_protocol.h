@@ -8,7 +8,9 @@
 //   (wexit_atom, worker id, pid, status text, stderr tail)         from the worker's node agent
 //   (drain_atom, node, int64 grace_ms)                             node got SIGTERM
 //   (leave_atom, node)                                             node leaves now
-//   (spawn_atom, type, args, name, uint64 gen, where)              -> (actor, worker id) | error
+//   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id) | error
+//   (pg_atom, name, std::vector<std::string> bundles, strategy, domain_key)
+//                                                                  -> std::vector<std::string> nodes
 //   (lookup_atom, name)                                            -> (actor, uint64 gen, worker)
 //   (members_atom)                                                 -> std::vector<MemberInfo>
 //   (generation_atom)                                              -> uint64
@@ -42,6 +44,7 @@ using subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 using fence_atom = caf::atom_constant<caf::atom("tr_fence")>;
 using release_atom = caf::atom_constant<caf::atom("tr_release")>;
 using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
+using pg_atom = caf::atom_constant<caf::atom("tr_pg")>;
 using flush_atom = caf::atom_constant<caf::atom("tr_flush")>;
 // head -> whoever asked for a spawn: (rdown_atom, name, uint64 gen, caf::error reason, detail)
 // when that actor exits or its worker dies (a proxy on a third process may never learn it).

@@ -184,12 +184,49 @@ TEST_F(ClusterTest, RemoteSpawnOnDistinctProcesses) {
     EXPECT_EQ(where->rfind(std::string(node) + "/w", 0), 0u) << *where;
   }
   auto bad = client_->Spawn("echo", {}, "x", "node=nowhere");
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(bad.status().message().find("no alive worker for 'node=nowhere'"), std::string::npos)
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(bad.status().message(),
+            "unschedulable (no node could ever fit): x needs nothing; none of the 2 alive nodes "
+            "satisfies: troupe.node in {nowhere}")
       << bad.status();
   auto unknown = client_->Spawn("no-such-type", {}, "y");
   EXPECT_NE(unknown.status().message().find("unknown actor type 'no-such-type'"), std::string::npos)
       << unknown.status();
+}
+
+TEST_F(ClusterTest, SchedulerExplainsUnschedulableAndSpreadsStrictGroups) {
+  StartNode("node-a", 1);
+  StartNode("node-b", 1);
+  Placement gpu;
+  gpu.resources = "gpu=1";
+  auto r = client_->Spawn("echo", {}, "needs-gpu", gpu);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("needs-gpu needs resource 'gpu', which no node has"),
+            std::string::npos)
+      << r.status();
+  std::cout << "gpu=1 on a CPU-only cluster: " << r.status().message() << std::endl;
+  auto nodes = client_->CreatePlacementGroup("pair", {"cpu=1", "cpu=1"}, "strict_spread");
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_NE((*nodes)[0], (*nodes)[1]);
+  // Actors inside the group's bundles land on the bundles' nodes.
+  for (int b = 0; b < 2; ++b) {
+    Placement in_bundle;
+    in_bundle.group = "pair";
+    in_bundle.bundle = b;
+    in_bundle.resources = "cpu=1";
+    std::string name = "member-" + std::to_string(b);
+    ASSERT_TRUE(client_->Spawn("echo", {}, name, in_bundle).ok());
+    EXPECT_EQ(client_->WhereIs(name)->rfind((*nodes)[b] + "/w", 0), 0u);
+  }
+  auto three = client_->CreatePlacementGroup("trio", {"cpu=1", "cpu=1", "cpu=1"}, "strict_spread");
+  EXPECT_FALSE(three.ok()) << "3 strictly spread bundles cannot fit on 2 nodes";
+  std::cout << "strict_spread of 3 on 2 nodes: " << three.status().message() << std::endl;
+  // A resource request the cluster can hold, but not now: waiting may help.
+  Placement cpu2;
+  cpu2.resources = "cpu=2";
+  auto busy = client_->Spawn("echo", {}, "big", cpu2);
+  EXPECT_EQ(busy.status().code(), absl::StatusCode::kResourceExhausted) << busy.status();
 }
 
 TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsewhere) {
@@ -197,7 +234,7 @@ TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsew
   StartNode("node-b", 2);
   SupervisorSpec spec{"svc-sup", Strategy::kOneForOne};
   ChildSpec child = ChildSpec::Actor("svc", "echo");
-  child.placement = "any";
+  child.placement = Placement{};
   child.backoff.initial = milliseconds(1);
   spec.children.push_back(child);
   ASSERT_TRUE(rt_->StartSupervisor(spec).ok());

@@ -39,6 +39,7 @@
 #include "caf/actor.hpp"
 #include "caf/meta/type_name.hpp"
 #include "troupe/runtime/config.h"
+#include "troupe/runtime/placement.h"
 #include "troupe/runtime/runtime.h"
 
 namespace troupe::runtime {
@@ -113,6 +114,16 @@ class ClusterClient {
   // "node=<name>" or "worker=<id>". The actor is registered cluster-wide under `name`.
   absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
                                  const std::string& name, const std::string& where = "");
+  // The same with resource demands and constraints. Unschedulable requests fail with
+  // ResourceExhausted (waiting for resources may help) or FailedPrecondition (no node could
+  // ever fit), and a message saying why.
+  absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
+                                 const std::string& name, const Placement& placement);
+  // Gang-schedules a placement group: `bundles` are resource lists ("cpu=1,gpu=1"), strategy
+  // pack | spread | strict_pack | strict_spread. Returns each bundle's node.
+  absl::StatusOr<std::vector<std::string>> CreatePlacementGroup(
+      const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
+      const std::string& domain_key = "");
   absl::StatusOr<ActorRef> Lookup(const std::string& name);
   // The worker id hosting actor `name`.
   absl::StatusOr<std::string> WhereIs(const std::string& name);

@@ -20,12 +20,14 @@
 #define TROUPE_RUNTIME_SUPERVISOR_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "caf/atom.hpp"
 #include "caf/message.hpp"
+#include "troupe/runtime/placement.h"
 #include "troupe/runtime/registry.h"
 #include "troupe/runtime/supervision.h"
 
@@ -38,9 +40,9 @@ struct ChildSpec {
   std::string type;                                  // a registered actor type, or
   std::shared_ptr<const SupervisorSpec> supervisor;  // a nested supervisor
   caf::message args;
-  // "" = in this process; otherwise spawned through the cluster's head ("any", "node=<name>",
-  // "worker=<id>"), so a child whose process dies is restarted on another worker.
-  std::string placement;
+  // Unset: in this process. Set: spawned through the cluster's head where the scheduler
+  // places it, so a child whose process dies is restarted on another worker.
+  std::optional<Placement> placement;
   RestartType restart = RestartType::kPermanent;
   Duration shutdown_timeout = std::chrono::seconds(5);
   BackoffPolicy backoff;
