@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "troupe/kernels/norm.h"
 
 namespace troupe::model {
@@ -22,6 +23,18 @@ std::vector<double> GradChunkSquareSums(const float* grads, int64_t n) {
   std::vector<double> sums((n + kernels::kNormChunk - 1) / kernels::kNormChunk);
   kernels::ChunkSquareSums(grads, n, sums.data());
   return sums;
+}
+
+absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* grads_range, int64_t begin,
+                                                         int64_t end, int64_t total) {
+  const int64_t chunk = kernels::kNormChunk;
+  if (begin < 0 || end < begin || end > total || begin % chunk != 0 ||
+      (end != total && end % chunk != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("range [", begin, ", ", end, ") of ", total,
+                                                   ": expected bounds aligned to ", chunk,
+                                                   " elements (or end == total)"));
+  }
+  return GradChunkSquareSums(grads_range, end - begin);
 }
 
 double GradNormFromChunks(const std::vector<double>& chunk_sums) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "troupe/kernels/norm.h"
 #include "troupe/model/rng.h"
 
 namespace troupe::model {
@@ -66,6 +67,24 @@ TEST(OptimizerTest, RangeUpdatesEqualTheWholeUpdateAndSkipDecayWhereNotMarked) {
   const ParamTensor* w = layout.Find("h.0.mlp.c_fc.weight");
   EXPECT_EQ(p[ln->offset], p0[ln->offset]);
   EXPECT_NEAR(p[w->offset], p0[w->offset] * (1 - s.lr * adamw.weight_decay), 1e-7);
+}
+
+TEST(OptimizerTest, RangeOwnersChunkSumsConcatenateToTheWholeNorm) {
+  const int64_t chunk = kernels::kNormChunk;
+  const int64_t n = 3 * chunk + 777;
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = NormalFloat(2, RngPurpose::kTest, 0, i);
+  std::vector<double> pieces;
+  for (auto [lo, hi] :
+       {std::pair<int64_t, int64_t>{0, chunk}, {chunk, 3 * chunk}, {3 * chunk, n}}) {
+    auto sums = RangeChunkSquareSums(g.data() + lo, lo, hi, n);
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    pieces.insert(pieces.end(), sums->begin(), sums->end());
+  }
+  EXPECT_EQ(GradNormFromChunks(pieces), GradNorm(g.data(), n));
+  const absl::Status bad = RangeChunkSquareSums(g.data() + 5, 5, chunk, n).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("aligned to 65536"), absl::string_view::npos) << bad;
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "troupe/kernels/adamw.h"
 #include "troupe/model/config.h"
 
@@ -43,6 +44,11 @@ struct LrSchedule {
 
 // Per-chunk sums of squares of grads[0, n) (chunks of kernels::kNormChunk), for range owners.
 std::vector<double> GradChunkSquareSums(const float* grads, int64_t n);
+// The chunk sums of a range owner holding grads[begin, end) (grads_range points at element begin).
+// begin must be a multiple of kernels::kNormChunk, and so must end unless end == total. Owners'
+// results concatenated in range order equal GradChunkSquareSums of the whole buffer, bit for bit.
+absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* grads_range, int64_t begin,
+                                                         int64_t end, int64_t total);
 // sqrt(TreeSum(chunk sums)).
 double GradNormFromChunks(const std::vector<double>& chunk_sums);
 double GradNorm(const float* grads, int64_t n);
