@@ -10,6 +10,7 @@
 #include "troupe/kernels/gelu.h"
 #include "troupe/kernels/layernorm.h"
 #include "troupe/kernels/matmul.h"
+#include "troupe/kernels/parallel.h"
 #include "troupe/kernels/residual.h"
 #include "troupe/model/rng.h"
 
@@ -45,10 +46,14 @@ void GptModel<T>::InitParams(uint64_t seed) {
     }
     const bool residual_proj = t.name.find("c_proj.weight") != std::string::npos;
     const double std = residual_proj ? residual_std : 0.02;
-    for (int64_t i = 0; i < t.size; ++i) {
-      // Rounded through float so float and double models start from the same values.
-      p[i] = static_cast<T>(static_cast<float>(std * NormalDouble(seed, RngPurpose::kInit, ti, i)));
-    }
+    // Each element is a pure function of (seed, tensor, index), so any split gives the same bits.
+    // Rounded through float so float and double models start from the same values.
+    k::ParallelForRange(t.size, 65536, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        p[i] =
+            static_cast<T>(static_cast<float>(std * NormalDouble(seed, RngPurpose::kInit, ti, i)));
+      }
+    });
   }
 }
 
