@@ -148,7 +148,7 @@ class BlockList {
   }
 
  private:
-  static constexpr size_t kMaxBlock = 64;
+  static constexpr size_t kMaxBlock = 32;
   struct Block {
     std::vector<Entry> entries;
     HotFree max{};
