@@ -1,11 +1,13 @@
 """The Ray peer of bench/compare-remote-actors: a Python actor that echoes an 8-byte payload,
 called synchronously with ray.get in a loop from the driver (another process).
 
-Usage: ray_echo.py SECONDS   -> prints `result calls=N calls_per_s=X p50_us=Y p99_us=Z`
+Usage: ray_echo.py SECONDS
+  -> prints `result calls=N calls_per_s=X p50_us=Y p99_us=Z csw_per_call=C` (C: the driver's)
 Ray runs with its defaults, a local cluster started here (no dashboard); the actor is the
 only task.
 """
 import os
+import resource
 import sys
 import time
 
@@ -26,6 +28,8 @@ def main():
     for i in range(300):  # warm-up: actor started, connections and caches hot
         assert ray.get(actor.echo.remote(i.to_bytes(8, "little"))) == i.to_bytes(8, "little")
     lat = []
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    csw0 = ru.ru_nvcsw + ru.ru_nivcsw
     start = time.perf_counter()
     end = start + seconds
     now = start
@@ -39,10 +43,12 @@ def main():
         now = time.perf_counter()
         lat.append((now - t0) * 1e6)
         i += 1
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    csw = ru.ru_nvcsw + ru.ru_nivcsw - csw0
     lat.sort()
     n = len(lat)
     print(f"result calls={n} calls_per_s={n / (now - start):.1f} p50_us={lat[n // 2]:.2f} "
-          f"p99_us={lat[min(n - 1, n * 99 // 100)]:.2f}", flush=True)
+          f"p99_us={lat[min(n - 1, n * 99 // 100)]:.2f} csw_per_call={csw / n:.2f}", flush=True)
     ray.shutdown()
     return 0
 
