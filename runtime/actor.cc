@@ -1,5 +1,7 @@
 #include "troupe/runtime/actor.h"
 
+#include <thread>
+
 #include "caf/actor_system.hpp"
 #include "caf/exit_reason.hpp"
 #include "caf/mailbox_element.hpp"
@@ -93,6 +95,11 @@ caf::invoke_message_result Actor::consume(caf::mailbox_element& x) {
                                  std::move(element));
         return caf::invoke_message_result::consumed;
       }
+      case FaultInjector::Decision::Kind::kHang:
+        stats_->busy_since_ns.store(std::chrono::steady_clock::now().time_since_epoch().count() | 1,
+                                    std::memory_order_relaxed);
+        std::this_thread::sleep_for(d.delay);  // stuck, as far as anyone can tell
+        break;
       case FaultInjector::Decision::Kind::kFail:
         quit(caf::make_error(caf::sec::runtime_error, d.reason));
         return caf::invoke_message_result::consumed;

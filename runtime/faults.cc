@@ -1,5 +1,9 @@
 #include "troupe/runtime/faults.h"
 
+#include <signal.h>
+
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 
 namespace troupe::runtime {
@@ -17,6 +21,11 @@ absl::Status FaultInjector::KillActor(const std::string& name) {
 
 void FaultInjector::FailAtMessage(const std::string& name, uint64_t n) {
   Arm(Rule{MessageFilter{name, "", 1}, Decision::Kind::kFail, {}, n});
+}
+
+void FaultInjector::HangAtMessage(const std::string& name, uint64_t n,
+                                  std::chrono::nanoseconds duration) {
+  Arm(Rule{MessageFilter{name, "", 1}, Decision::Kind::kHang, duration, n});
 }
 
 void FaultInjector::DropMessages(MessageFilter filter) {
@@ -40,7 +49,9 @@ FaultInjector::Decision FaultInjector::OnMessage(const std::string& receiver, ui
     Rule& r = *it;
     if (!r.filter.receiver.empty() && r.filter.receiver != receiver) continue;
     if (!r.filter.atom.empty() && r.filter.atom != atom) continue;
-    if (r.kind == Decision::Kind::kFail && index != r.at) continue;
+    if ((r.kind == Decision::Kind::kFail || r.kind == Decision::Kind::kHang) && index != r.at) {
+      continue;
+    }
     Decision d{r.kind, r.delay, ""};
     switch (r.kind) {
       case Decision::Kind::kFail:
@@ -60,6 +71,33 @@ FaultInjector::Decision FaultInjector::OnMessage(const std::string& receiver, ui
     return d;
   }
   return {};
+}
+
+namespace {
+
+std::mutex crash_mu;
+std::string crash_point;  // guarded by crash_mu
+uint64_t crash_hit = 0, crash_seen = 0;
+std::atomic<bool> crash_armed{false};
+
+}  // namespace
+
+void ArmCrashPoint(const std::string& point, uint64_t hit) {
+  std::lock_guard<std::mutex> lock(crash_mu);
+  crash_point = point;
+  crash_hit = hit;
+  crash_seen = 0;
+  crash_armed = !point.empty();
+}
+
+void CrashPoint(const char* point) {
+  if (!crash_armed.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(crash_mu);
+  if (crash_point != point || ++crash_seen != crash_hit) return;
+  std::fprintf(stderr, "troupe: crash point '%s' reached (hit %llu); killing this process\n", point,
+               static_cast<unsigned long long>(crash_seen));
+  std::fflush(stderr);
+  raise(SIGKILL);
 }
 
 }  // namespace troupe::runtime

@@ -1,6 +1,8 @@
 #include "troupe/runtime/faults.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "internal/test_support.h"
 
@@ -61,6 +63,59 @@ TEST_F(FaultsOnActorsTest, FailAtNthMessageCountsPerIncarnation) {
   Run();
   EXPECT_EQ(Received().Take(), (V{"a:g1:ping", "a:g1:ping"}));
   EXPECT_FALSE(rt_->Lookup("a").ok()) << "failed at its third message";
+}
+
+}  // namespace
+}  // namespace troupe::runtime
+
+namespace troupe::runtime {
+namespace {
+
+TEST(CrashPointTest, KillsTheProcessAtTheArmedHitOnly) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ArmCrashPoint("ckpt.rename", 2);
+    CrashPoint("ckpt.write");   // another point: nothing
+    CrashPoint("ckpt.rename");  // first hit: nothing
+    CrashPoint("ckpt.rename");  // second hit: SIGKILL
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+
+  pid = fork();
+  if (pid == 0) {
+    ArmCrashPoint("x", 1);
+    ArmCrashPoint("");  // disarmed
+    CrashPoint("x");
+    _exit(7);
+  }
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
+}
+
+TEST(CrashPointTest, BadCrashAtOptionIsRejected) {
+  RuntimeOptions o;
+  o.crash_at = "point:zero";
+  auto rt = Runtime::Create(ActorRegistry{}, o);
+  EXPECT_EQ(rt.status().message(),
+            "option 'crash_at': expected NAME or NAME:HIT (HIT >= 1), got 'point:zero'");
+}
+
+class HangTest : public testing::DeterministicRuntime {};
+
+TEST_F(HangTest, HangAtMessageBlocksInsideTheHandlerThenDelivers) {
+  auto a = rt_->SpawnNamed("h", "worker", caf::make_message(int32_t{0}));
+  ASSERT_TRUE(a.ok());
+  Run();
+  rt_->faults().HangAtMessage("h", 1, milliseconds(60));
+  ASSERT_TRUE(rt_->Send(*a, ping_atom::value).ok());
+  auto start = std::chrono::steady_clock::now();
+  Run();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(60));
+  EXPECT_EQ(Received().Take(), (V{"h:g1:ping"}));
 }
 
 }  // namespace

@@ -109,6 +109,7 @@ caf::behavior WorkerBehavior(caf::event_based_actor* self, std::shared_ptr<Conte
   return {
       [self, ctx](spawn_atom, const std::string& type, const caf::message& args,
                   const std::string& name, uint64_t gen) -> caf::result<caf::actor> {
+        CrashPoint("worker.spawn");
         auto h = SpawnChild(self->system(), nullptr, ChildSpec::Actor(name, type, args), gen, ctx);
         if (!h.ok())
           return caf::make_error(caf::sec::runtime_error, std::string(h.status().message()));

@@ -1,6 +1,8 @@
 #include "troupe/runtime/runtime.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "caf/scheduler/test_coordinator.hpp"
@@ -21,6 +23,8 @@ void RuntimeOptions::Register(ConfigRegistry& registry) {
   registry.AddString("tls_ca", &tls_ca, "cluster CA certificate (PEM); enables mutual TLS");
   registry.AddString("tls_cert", &tls_cert, "this process's certificate (PEM), signed by the CA");
   registry.AddString("tls_key", &tls_key, "this process's private key (PEM)");
+  registry.AddString("crash_at", &crash_at,
+                     "fault injection: SIGKILL this process at crash point NAME[:HIT]");
 }
 
 Runtime::Runtime(RuntimeOptions options, ActorRegistry registry)
@@ -35,6 +39,16 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   copy.Register(check);
   for (const char* name : {"threads", "scheduler", "shutdown_timeout"}) {
     if (absl::Status s = check.Set(name, check.Get(name), "RuntimeOptions"); !s.ok()) return s;
+  }
+  if (!options.crash_at.empty()) {
+    std::pair<std::string, std::string> p =
+        absl::StrSplit(options.crash_at, absl::MaxSplits(':', 1));
+    uint64_t hit = 1;
+    if (p.first.empty() || (!p.second.empty() && (!absl::SimpleAtoi(p.second, &hit) || hit == 0))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "option 'crash_at': expected NAME or NAME:HIT (HIT >= 1), got '", options.crash_at, "'"));
+    }
+    ArmCrashPoint(p.first, hit);
   }
   std::unique_ptr<Runtime> rt(new Runtime(options, std::move(registry)));
   rt->config_ = std::make_unique<caf::actor_system_config>();

@@ -9,6 +9,10 @@
 //   faults.FailAtMessage("worker-1", 3);                  // its 3rd message makes it fail
 //   faults.DropMessages({.receiver = "shard-0", .atom = "grad"});
 //   faults.DelayMessages({.receiver = "", .atom = "ping"}, std::chrono::milliseconds(50));
+//   faults.HangAtMessage("shard-1", 2, std::chrono::seconds(30));  // stuck inside its handler
+//
+// Process-level: CrashPoint("checkpoint.rename") kills this process with SIGKILL when the
+// point is armed (--crash_at=checkpoint.rename, or :N for its N-th hit, or ArmCrashPoint).
 //   faults.Clear();
 //
 // With no fault armed, the cost on the message path is one relaxed atomic load.
@@ -38,7 +42,7 @@ struct MessageFilter {
 class FaultInjector {
  public:
   struct Decision {
-    enum class Kind { kDeliver, kDrop, kDelay, kFail } kind = Kind::kDeliver;
+    enum class Kind { kDeliver, kDrop, kDelay, kFail, kHang } kind = Kind::kDeliver;
     std::chrono::nanoseconds delay{0};
     std::string reason;
   };
@@ -49,6 +53,9 @@ class FaultInjector {
   // Makes the actor named `name` fail (exit with an error) when it is about to handle its
   // `n`-th application message (1-based, counted per incarnation).
   void FailAtMessage(const std::string& name, uint64_t n);
+  // Makes the actor named `name` block inside its handler for `duration` when it handles its
+  // `n`-th application message (as a deadlock or an endless loop would), then go on.
+  void HangAtMessage(const std::string& name, uint64_t n, std::chrono::nanoseconds duration);
   void DropMessages(MessageFilter filter);
   void DelayMessages(MessageFilter filter, std::chrono::nanoseconds delay);
   void Clear();
@@ -80,6 +87,12 @@ class FaultInjector {
   std::mutex mu_;
   std::vector<Rule> rules_;
 };
+
+// Kills this process (SIGKILL, after one line on stderr) if `point` is armed and this is the
+// armed hit. Cheap when nothing is armed. Thread-safe.
+void CrashPoint(const char* point);
+// Arms `point` for its `hit`-th hit (1-based) in this process; "" disarms.
+void ArmCrashPoint(const std::string& point, uint64_t hit = 1);
 
 }  // namespace troupe::runtime
 

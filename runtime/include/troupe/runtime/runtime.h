@@ -46,6 +46,8 @@ struct RuntimeOptions {
   // Mutual TLS for remote actors (all three or none): the cluster CA, this process's
   // certificate and its private key, PEM files (`troupe certs` makes them).
   std::string tls_ca, tls_cert, tls_key;
+  // Fault injection: kill this process at a named crash point ("name" or "name:N").
+  std::string crash_at;
 
   // Declares every option above in `registry` (names: threads, scheduler, shutdown_timeout,
   // log_events; `network` is set by the role, not by users).
