@@ -112,8 +112,29 @@ class Attempt {
     }
   }
 
+  // STRICT_SPREAD over nodes with one bundle shape, on the indexed placer: placing a bundle
+  // changes only the node it lands on, which is then excluded, so the greedy choices are simply
+  // the first fitting nodes in index order. One scan instead of a query per bundle.
+  bool BatchSpreadApplies(const std::vector<int>& todo) const {
+    if (s_.options_.placer != Scheduler::Placer::kIndexed || key_ != kNodeDomain) return false;
+    for (int b : todo) {
+      if (demand(b).items != demand(todo.front()).items) return false;
+    }
+    return true;
+  }
+  int BatchSpread(const std::vector<int>& todo) {
+    for (uint32_t n : used_) f_.excluded_nodes.insert(n);
+    const std::vector<uint32_t> picks =
+        s_.FirstSpread(demand(todo.front()), f_, spot(), todo.size());
+    for (size_t i = 0; i < picks.size(); ++i) Place(todo[i], static_cast<int>(picks[i]));
+    return picks.size() == todo.size() ? -1 : todo[picks.size()];
+  }
+
   // Least-loaded nodes outside the group's domains first; SPREAD then reuses its own nodes.
   int Spread(const std::vector<int>& todo, bool strict) {
+    if (strict && BatchSpreadApplies(todo) && demand(todo.front()).primary >= 0) {
+      return BatchSpread(todo);
+    }
     for (uint32_t n : used_) Exclude(n);
     for (int b : todo) {
       int n = s_.FindBest(demand(b), Strategy::kSpread, f_, spot());

@@ -3,6 +3,7 @@
 // feasible set, ties to the lower node id.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -263,6 +264,39 @@ int State::FindBest(const Demand& d, Strategy strategy, const Filter& f,
   const int a = in_class(kOnDemand);
   const int b = in_class(kSpot);
   return Better(*this, d, strategy, b, a) ? b : a;
+}
+
+std::vector<uint32_t> State::FirstSpread(const Demand& d, const Filter& f, SpotPreference spot,
+                                         size_t count) const {
+  ChoosePrimary(d);
+  using Pick = std::pair<double, uint32_t>;
+  auto collect = [&](int cls, size_t limit) {
+    std::vector<Pick> out;
+    if (limit == 0 || d.primary < 0 || d.primary >= index_.resources()) return out;
+    HotFree need{};
+    for (const auto& [r, amount] : d.items) {
+      if (r < kHotResources) need[r] = amount;
+    }
+    index_.by_util(d.primary, cls).Scan(-1.0, need, [&](const auto& e) {
+      if (Fits(nodes_[e.id], d) && Passes(e.id, f)) out.push_back({e.key, e.id});
+      return out.size() >= limit;
+    });
+    return out;
+  };
+  std::vector<Pick> picks;
+  if (spot != SpotPreference::kNone) {
+    const int preferred = spot == SpotPreference::kPreferSpot ? kSpot : kOnDemand;
+    picks = collect(preferred, count);
+    const std::vector<Pick> rest = collect(1 - preferred, count - picks.size());
+    picks.insert(picks.end(), rest.begin(), rest.end());
+  } else {
+    const std::vector<Pick> a = collect(kOnDemand, count), b = collect(kSpot, count);
+    std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(picks));
+    if (picks.size() > count) picks.resize(count);
+  }
+  std::vector<uint32_t> nodes;
+  for (const Pick& p : picks) nodes.push_back(p.second);
+  return nodes;
 }
 
 int State::BestAmong(const std::vector<uint32_t>& candidates, const Demand& d, Strategy strategy,

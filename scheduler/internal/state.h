@@ -137,6 +137,11 @@ class State {
   // The best alive node for the demand under the strategy (kPack or kSpread), or -1.
   int FindBest(const Demand& demand, Strategy strategy, const Filter& filter,
                SpotPreference spot) const;
+  // The first `count` distinct alive nodes in kSpread order that fit the demand and pass the
+  // filter (fewer if there are not enough), honouring the spot preference: what `count`
+  // FindBest calls would pick if each pick were then excluded. Indexed placer only.
+  std::vector<uint32_t> FirstSpread(const Demand& demand, const Filter& filter, SpotPreference spot,
+                                    size_t count) const;
   // Among the given nodes only (a group's own nodes), the best one, or -1.
   int BestAmong(const std::vector<uint32_t>& nodes, const Demand& demand, Strategy strategy,
                 const Filter& filter) const;
