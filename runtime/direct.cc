@@ -288,11 +288,11 @@ void DirectServer::Impl::Serve(Connection* c) {
     });
     caf::strong_actor_ptr sink_ptr = caf::actor_cast<caf::strong_actor_ptr>(sink_handle);
     InlineUnit* unit = AcquireUnit(&sys_);
+    direct::FrameReader reader(fd, options_.max_frame_bytes);
     FrameHeader h;
-    std::vector<char> payload;
+    const char* payload = nullptr;
     for (;;) {
-      absl::Status s =
-          direct::ReadFrame(fd, options_.max_frame_bytes, Deadline::max(), &h, &payload);
+      absl::Status s = reader.Next(Deadline::max(), &h, &payload);
       if (s.ok() && h.kind != FrameKind::kCall) {
         s = absl::InvalidArgumentError(absl::StrCat(
             "direct channel: expected a call frame (kind 3), got kind ", static_cast<int>(h.kind)));
@@ -304,7 +304,7 @@ void DirectServer::Impl::Serve(Connection* c) {
       caf::message msg;
       caf::error err;
       try {
-        caf::binary_deserializer source{sys_, payload.data(), payload.size()};
+        caf::binary_deserializer source{sys_, payload, h.length};
         err = source(msg);
         if (!err && source.remaining() != 0) err = caf::make_error(caf::sec::invalid_argument);
       } catch (...) {

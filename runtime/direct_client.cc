@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<DirectClient>> DirectClient::Connect(Runtime& run
 void DirectClient::Drop() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  reader_.reset();
 }
 
 absl::Status DirectClient::EnsureConnected() {
@@ -88,6 +89,7 @@ absl::Status DirectClient::EnsureConnected() {
   }
   if (calls_ > 0) ++reconnects_;
   fd_ = fd;
+  reader_ = std::make_unique<direct::FrameReader>(fd, options_.max_frame_bytes);
   return absl::OkStatus();
 }
 
@@ -116,9 +118,11 @@ absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request, Dur
   auto where = [&] { return absl::StrCat("direct call to '", actor_, "' at ", host_, ":", port_); };
   absl::Status s = direct::WriteAll(fd_, out_.data(), out_.size());
   FrameHeader h;
-  if (s.ok()) {
-    s = direct::ReadFrame(fd_, options_.max_frame_bytes, std::chrono::steady_clock::now() + timeout,
-                          &h, &in_);
+  const char* payload = nullptr;
+  if (s.ok()) s = reader_->Next(std::chrono::steady_clock::now() + timeout, &h, &payload);
+  if (s.ok() && h.kind == FrameKind::kError && h.call_id == 0) {
+    Drop();  // the server closed the connection for a protocol error; it says why
+    return direct::DecodeErrorPayload(payload, h.length);
   }
   if (s.ok() && h.call_id != id) {
     s = absl::DataLossError(absl::StrCat("reply carries call id ", h.call_id, ", expected ", id));
@@ -134,7 +138,7 @@ absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request, Dur
     return absl::Status(s.code(), absl::StrCat(where(), ": ", s.message(), " (peer dead?)"));
   }
   if (h.kind == FrameKind::kError) {
-    return direct::DecodeErrorPayload(in_.data(), in_.size());
+    return direct::DecodeErrorPayload(payload, h.length);
   }
   if (h.kind != FrameKind::kReply) {
     Drop();
@@ -144,7 +148,7 @@ absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request, Dur
   caf::message reply;
   caf::error err;
   try {
-    caf::binary_deserializer source{sys, in_.data(), in_.size()};
+    caf::binary_deserializer source{sys, payload, h.length};
     err = source(reply);
   } catch (...) {
     err = caf::make_error(caf::sec::invalid_argument);

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -164,6 +165,40 @@ absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHea
   if (absl::Status s = DecodeHeader(header, max_payload, h); !s.ok()) return s;
   payload->resize(h->length);
   return ReadFull(fd, payload->data(), h->length, deadline);
+}
+
+absl::Status FrameReader::Fill(size_t need, Deadline deadline) {
+  if (end_ - start_ >= need) return absl::OkStatus();
+  if (buf_.size() - start_ < need) {  // make room: move the unread bytes to the front
+    std::memmove(buf_.data(), buf_.data() + start_, end_ - start_);
+    end_ -= start_;
+    start_ = 0;
+    if (buf_.size() < need) buf_.resize(std::max<size_t>(need, 64 * 1024));
+  }
+  while (end_ - start_ < need) {
+    if (deadline != Deadline::max()) {
+      if (absl::Status s = WaitReadable(fd_, deadline); !s.ok()) return s;
+    }
+    ssize_t n = recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
+    if (n > 0) {
+      end_ += static_cast<size_t>(n);
+    } else if (n == 0) {
+      return absl::UnavailableError("connection closed by the peer");
+    } else if (errno != EINTR && errno != EAGAIN) {
+      return absl::UnavailableError(absl::StrCat("recv: ", strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameReader::Next(Deadline deadline, FrameHeader* h, const char** payload) {
+  if (absl::Status s = Fill(kHeaderBytes, deadline); !s.ok()) return s;
+  if (absl::Status s = DecodeHeader(buf_.data() + start_, max_payload_, h); !s.ok()) return s;
+  if (absl::Status s = Fill(kHeaderBytes + h->length, deadline); !s.ok()) return s;
+  *payload = buf_.data() + start_ + kHeaderBytes;
+  start_ += kHeaderBytes + h->length;
+  if (start_ == end_) start_ = end_ = 0;
+  return absl::OkStatus();
 }
 
 void TuneSocket(int fd) {

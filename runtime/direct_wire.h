@@ -74,6 +74,22 @@ absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
 absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHeader* h,
                        std::vector<char>* payload);
 
+// Reads frames from one socket through a buffer, so a small frame costs one recv() (plus one
+// poll() when there is a deadline). Not thread-safe; one per connection and direction.
+class FrameReader {
+ public:
+  FrameReader(int fd, uint32_t max_payload) : fd_(fd), max_payload_(max_payload) {}
+  // The next frame; `*payload` points into the buffer and stays valid until the next call.
+  absl::Status Next(Deadline deadline, FrameHeader* h, const char** payload);
+
+ private:
+  absl::Status Fill(size_t need, Deadline deadline);  // until `need` unread bytes are buffered
+  int fd_;
+  uint32_t max_payload_;
+  std::vector<char> buf_;
+  size_t start_ = 0, end_ = 0;  // unread bytes are buf_[start_, end_)
+};
+
 // TCP_NODELAY and close-on-exec on a connected socket.
 void TuneSocket(int fd);
 // A connected TCP socket to host:port within `timeout` (Unavailable if refused or too slow).

@@ -45,6 +45,9 @@
 namespace troupe::runtime {
 
 class Runtime;
+namespace direct {
+class FrameReader;
+}  // namespace direct
 
 struct DirectServerOptions {
   std::string host = "127.0.0.1";       // address to listen on
@@ -122,8 +125,8 @@ class DirectClient {
   uint32_t next_call_id_ = 1;
   uint64_t calls_ = 0;
   uint64_t reconnects_ = 0;
-  std::vector<char> out_;  // reused frame buffers
-  std::vector<char> in_;
+  std::vector<char> out_;                        // the request frame, reused
+  std::unique_ptr<direct::FrameReader> reader_;  // replies, while connected
 };
 
 }  // namespace troupe::runtime
