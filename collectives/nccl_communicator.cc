@@ -204,10 +204,24 @@ class NcclComm : public Communicator,
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!failed_.ok()) return Work::Done(failed_);
-      absl::Status st = NCCL_STATUS(call());
+      ncclResult_t r = call();
+      // Non-blocking mode: the enqueue itself may still be in progress; it must settle before
+      // the completion event is recorded behind it.
+      while (r == ncclInProgress) {
+        if (absl::Now() > op->deadline) break;
+        std::this_thread::yield();
+        ncclCommGetAsyncError(comm_, &r);
+      }
+      absl::Status st = r == ncclInProgress
+                            ? absl::DeadlineExceededError("NCCL enqueue did not settle in time")
+                            : NCCL_STATUS(r);
       if (st.ok()) st = CUDA_STATUS(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
       if (st.ok()) st = CUDA_STATUS(cudaEventRecord(op->event, stream_));
-      if (!st.ok()) return Work::Done(st);
+      if (!st.ok()) {
+        if (failed_.ok()) failed_ = st;  // the communicator is unusable: abort it
+        if (comm_ != nullptr) ncclCommAbort(comm_), comm_ = nullptr;
+        return Work::Done(st);
+      }
       stats_.bytes_sent += bytes;
       ++stats_.messages_sent;
     }

@@ -65,7 +65,7 @@ int Worker(int port, int rank, int np, const std::vector<size_t>& sizes, bool tr
     const size_t count = std::max<size_t>(bytes / 4, 1);
     tc::Buffer b = tc::Buffer::F32(buf.data(), count);
     const int iters = Iters(bytes);
-    for (int i = 0; i < std::min(iters, 20); ++i) {  // warm-up (wires up, registers memory)
+    for (int i = 0; i < std::min(iters, 200); ++i) {  // warm-up (wires up, registers memory)
       if (!c.AllReduce(b, b, tc::ReduceOp::kSum, opts).Wait().ok()) return 3;
     }
     if (!c.Barrier(opts).Wait().ok()) return 3;
