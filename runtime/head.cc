@@ -89,7 +89,7 @@ class HeadActor final : public caf::event_based_actor {
 
   caf::behavior make_behavior() override {
     set_down_handler([this](caf::down_msg& dm) { HandleDown(dm); });
-    delayed_send(this, options_.heartbeat_interval / 2, tick_atom::value);
+    delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
     return {
         [this](reg_node_atom, const std::string& name, const std::string& build_id,
                const std::string& resources, const std::string& labels,
@@ -203,7 +203,7 @@ class HeadActor final : public caf::event_based_actor {
         },
         [this](tick_atom) {
           CheckHeartbeats();
-          delayed_send(this, options_.heartbeat_interval / 2, tick_atom::value);
+          delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
         },
     };
   }
