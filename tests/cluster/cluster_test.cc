@@ -111,9 +111,13 @@ class ClusterTest : public ::testing::Test {
     auto client = ClusterClient::Connect(*rt_, "127.0.0.1", cluster_->port());
     ASSERT_TRUE(client.ok()) << client.status();
     client_.emplace(*client);
-    listener_ = rt_->system().spawn([this](caf::event_based_actor*) -> caf::behavior {
-      return {[this](membership_atom, const MembershipEvent& e) { events_.Add(e); }};
-    });
+    // (An argument, because CAF 0.17 dereferences a null pointer when spawning a function
+    // actor without any, which UBSan reports.)
+    listener_ = rt_->system().spawn(
+        [](caf::event_based_actor*, Events* events) -> caf::behavior {
+          return {[events](membership_atom, const MembershipEvent& e) { events->Add(e); }};
+        },
+        &events_);
     client_->Subscribe(listener_);
   }
 
