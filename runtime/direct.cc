@@ -83,7 +83,9 @@ struct Wire {
   absl::Status Write(const char* data, size_t size) {
     std::lock_guard<std::mutex> l(mu);
     if (fd < 0) return absl::UnavailableError("connection closed");
-    return direct::WriteAll(fd, data, size);
+    absl::Status s = direct::WriteAll(fd, data, size);
+    if (!s.ok()) shutdown(fd, SHUT_RDWR);  // a client that does not read loses its connection
+    return s;
   }
 };
 

@@ -125,10 +125,8 @@ absl::Status WriteAll(int fd, const char* data, size_t size) {
     ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd p{fd, POLLOUT, 0};
-        poll(&p, 1, 1000);
-        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {  // SO_SNDTIMEO (TuneSocket) ran out
+        return absl::UnavailableError("send: the peer has not read for 2 s");
       }
       return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
     }
@@ -204,6 +202,8 @@ absl::Status FrameReader::Next(Deadline deadline, FrameHeader* h, const char** p
 void TuneSocket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  timeval send_timeout{2, 0};  // a peer that stops reading cannot block a writer for longer
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 

@@ -66,7 +66,8 @@ absl::Status DecodeErrorPayload(const char* data, size_t size);
 using Deadline = std::chrono::steady_clock::time_point;
 
 // Socket helpers. All return Unavailable on a closed or reset connection, DeadlineExceeded
-// when `deadline` passes first (Deadline::max() = no deadline).
+// when `deadline` passes first (Deadline::max() = no deadline). WriteAll gives up (Unavailable)
+// when the peer has not read for 2 s (SO_SNDTIMEO set by TuneSocket).
 absl::Status WriteAll(int fd, const char* data, size_t size);
 // Reads exactly `size` bytes.
 absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
@@ -90,7 +91,7 @@ class FrameReader {
   size_t start_ = 0, end_ = 0;  // unread bytes are buf_[start_, end_)
 };
 
-// TCP_NODELAY and close-on-exec on a connected socket.
+// TCP_NODELAY, a 2 s send timeout and close-on-exec on a connected socket.
 void TuneSocket(int fd);
 // A connected TCP socket to host:port within `timeout` (Unavailable if refused or too slow).
 absl::Status Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,

@@ -25,6 +25,7 @@ void Configure(caf::actor_system_config& cfg, int argc, char** argv, int first) 
 }
 
 int Server(int argc, char** argv) {
+  bench_remote::StartContextSwitchReporter();
   caf::actor_system_config cfg;
   Configure(cfg, argc, argv, 2);
   caf::actor_system sys{cfg};

@@ -1,6 +1,7 @@
 // remote_common.h — the timing loop and output shared by the bench_remote_* drivers.
 //
-// Every driver has a `server` mode (prints `port=N` on stdout, then serves until killed) and a
+// Every driver has a `server` mode (prints `port=N` on stdout, then serves until killed; SIGUSR1
+// prints `csw=N`, its context switches so far) and a
 // `client PORT [SECONDS]` mode that makes synchronous 8-byte calls for SECONDS after a warm-up
 // and prints one line: `result calls=N calls_per_s=X p50_us=Y p99_us=Z csw_per_call=C`
 // (C: context switches of the calling process, all threads, per call).
@@ -10,6 +11,8 @@
 #ifndef TROUPE_BENCH_REMOTE_REMOTE_COMMON_H_
 #define TROUPE_BENCH_REMOTE_REMOTE_COMMON_H_
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace bench_remote {
@@ -83,6 +87,25 @@ inline int Print(const Stats& s) {
               static_cast<long long>(s.calls), s.calls_per_s, s.p50_us, s.p99_us, s.csw_per_call);
   std::fflush(stdout);
   return 0;
+}
+
+// Servers: from now on every SIGUSR1 prints `csw=N` (this process's context switches so far,
+// every thread, exited ones included). Call first thing in main, before any thread starts, so
+// that all threads inherit the blocked signal.
+inline void StartContextSwitchReporter() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set, &sig) == 0) {
+        std::printf("csw=%lld\n", static_cast<long long>(ContextSwitches()));
+        std::fflush(stdout);
+      }
+    }
+  }).detach();
 }
 
 inline void PrintPort(unsigned port) {

@@ -28,6 +28,7 @@ void NoDelay(int fd) {
 }
 
 int Server() {
+  bench_remote::StartContextSwitchReporter();
   int lfd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;

@@ -15,6 +15,7 @@ namespace rt = troupe::runtime;
 namespace {
 
 int Server(bool run_inline) {
+  bench_remote::StartContextSwitchReporter();
   rt::ActorRegistry registry;
   (void)registry.Register<>("echo",
                             [](rt::Actor*) { return caf::behavior{[](int64_t x) { return x; }}; });

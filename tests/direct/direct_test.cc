@@ -242,6 +242,42 @@ TEST_F(DirectTest, OversizedLengthIsCutOffBeforeAndAfterHello) {
   EXPECT_EQ(EchoValue(client->Call(caf::make_message(echo_atom::value, int64_t{3}))), 3);
 }
 
+TEST_F(DirectTest, ClientThatNeverReadsIsCutOff) {
+  ServerProcess server;
+  int fd = RawSocket(server);
+  int small = 4096;  // keep the client's receive window tiny so the server's writes back up
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  std::string hello(direct::kHeaderBytes, '\0');
+  direct::EncodeHeader({direct::FrameKind::kHello, 6, 0}, hello.data());
+  hello += "echo-1";
+  ASSERT_EQ(write(fd, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+  // One valid call frame, taken from what a DirectClient would send.
+  std::vector<char> body;
+  caf::binary_serializer ser{runtime_->system(), body};
+  caf::message m = caf::make_message(echo_atom::value, int64_t{1});
+  ASSERT_FALSE(ser(m));
+  std::string call(direct::kHeaderBytes, '\0');
+  direct::EncodeHeader({direct::FrameKind::kCall, static_cast<uint32_t>(body.size()), 1},
+                       call.data());
+  call.append(body.data(), body.size());
+  std::string batch;
+  for (int i = 0; i < 256; ++i) batch += call;
+  // Pipeline calls without ever reading a reply until the server gives up on this client.
+  timeval t{0, 200000};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof(t));
+  bool cut = false;
+  auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (!cut && Clock::now() < deadline) {
+    cut =
+        send(fd, batch.data(), batch.size(), MSG_NOSIGNAL) < 0 && errno != EAGAIN && errno != EINTR;
+  }
+  EXPECT_TRUE(cut) << "the server kept a connection whose client never reads";
+  close(fd);
+  auto client = Connect(server);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(EchoValue(client->Call(caf::make_message(echo_atom::value, int64_t{4}))), 4);
+}
+
 TEST_F(DirectTest, MalformedPayloadIsAnErrorReply) {
   ServerProcess server;
   int fd = RawSocket(server);
