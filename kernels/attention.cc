@@ -17,8 +17,7 @@ void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
     T mx = xr[0];
     for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, xr[j]);
     for (int64_t j = 0; j <= i; ++j) pr[j] = internal::Exp<T>(xr[j] - mx);
-    T sum = 0;
-    for (int64_t j = 0; j <= i; ++j) sum += pr[j];
+    const T sum = internal::LaneSum(pr, i + 1);
     const T inv = T(1) / sum;
     for (int64_t j = 0; j <= i; ++j) pr[j] *= inv;
     for (int64_t j = i + 1; j < t_len; ++j) pr[j] = 0;
@@ -67,8 +66,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int64
     for (int64_t i = 0; i < t; ++i) {
       const T* ar = a + i * t;
       T* dr = datt.data() + i * t;
-      T dot = 0;
-      for (int64_t j = 0; j <= i; ++j) dot += ar[j] * dr[j];
+      const T dot = internal::LaneReduce<T>(i + 1, [&](int64_t j) { return ar[j] * dr[j]; });
       for (int64_t j = 0; j <= i; ++j) dr[j] = ar[j] * (dr[j] - dot);
       for (int64_t j = i + 1; j < t; ++j) dr[j] = 0;
     }

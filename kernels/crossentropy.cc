@@ -20,8 +20,7 @@ void CrossEntropyForward(T* losses, T* probs, const T* logits, const int32_t* ta
       T mx = x[0];
       for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
       for (int64_t j = 0; j < v; ++j) p[j] = internal::Exp<T>(x[j] - mx);
-      T sum = 0;
-      for (int64_t j = 0; j < v; ++j) sum += p[j];
+      const T sum = internal::LaneSum(p, v);
       const T inv = T(1) / sum;
       for (int64_t j = 0; j < v; ++j) p[j] *= inv;
       // log-sum-exp form keeps the loss finite even where the probability underflows.

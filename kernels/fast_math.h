@@ -48,6 +48,25 @@ inline double Exp<double>(double x) {
   return std::exp(x);
 }
 
+// Σ f(i) for i in [0, n), accumulated in 8 lanes (lane = i mod 8) that are combined in a fixed
+// tree. The order depends only on n, so results are identical at any thread count, and the lanes
+// vectorise, unlike one running sum (which the compiler may not reorder).
+template <typename T, typename F>
+inline T LaneReduce(int64_t n, F&& f) {
+  T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += f(i + j);
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += f(i);
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+template <typename T>
+inline T LaneSum(const T* x, int64_t n) {
+  return LaneReduce<T>(n, [x](int64_t i) { return x[i]; });
+}
+
 }  // namespace troupe::kernels::internal
 
 #endif  // TROUPE_KERNELS_FAST_MATH_H_

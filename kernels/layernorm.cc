@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "fast_math.h"
 #include "troupe/kernels/parallel.h"
 
 namespace troupe::kernels {
@@ -16,15 +17,9 @@ void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, c
   ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const T* x = inp + i * c;
-      T m = 0;
-      for (int64_t j = 0; j < c; ++j) m += x[j];
-      m = m / c;
-      T v = 0;
-      for (int64_t j = 0; j < c; ++j) {
-        const T d = x[j] - m;
-        v += d * d;
-      }
-      v = v / c;
+      const T m = internal::LaneSum(x, c) / c;
+      const T v =
+          internal::LaneReduce<T>(c, [&](int64_t j) { return (x[j] - m) * (x[j] - m); }) / c;
       const T s = T(1) / std::sqrt(v + T(1e-5));
       T* o = out + i * c;
       for (int64_t j = 0; j < c; ++j) o[j] = (s * (x[j] - m)) * weight[j] + bias[j];
@@ -43,16 +38,12 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
       const T* g = dout + i * c;
       const T m = mean[i];
       const T s = rstd[i];
-      T dnorm_mean = 0;
-      T dnorm_norm_mean = 0;
-      for (int64_t j = 0; j < c; ++j) {
-        const T norm = (x[j] - m) * s;
-        const T dnorm = weight[j] * g[j];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * norm;
-      }
-      dnorm_mean = dnorm_mean / c;
-      dnorm_norm_mean = dnorm_norm_mean / c;
+      const T dnorm_mean =
+          internal::LaneReduce<T>(c, [&](int64_t j) { return weight[j] * g[j]; }) / c;
+      const T dnorm_norm_mean =
+          internal::LaneReduce<T>(
+              c, [&](int64_t j) { return (weight[j] * g[j]) * ((x[j] - m) * s); }) /
+          c;
       T* dx = dinp + i * c;
       for (int64_t j = 0; j < c; ++j) {
         const T norm = (x[j] - m) * s;

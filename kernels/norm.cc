@@ -1,14 +1,15 @@
 #include "troupe/kernels/norm.h"
 
+#include "fast_math.h"
 #include "troupe/kernels/parallel.h"
 
 namespace troupe::kernels {
 
 void ChunkSquareSums(const float* x, int64_t n, double* out) {
   ParallelForRange(n, kNormChunk, [&](int64_t lo, int64_t hi) {
-    double s = 0;
-    for (int64_t i = lo; i < hi; ++i) s += static_cast<double>(x[i]) * x[i];
-    out[lo / kNormChunk] = s;
+    const float* c = x + lo;
+    out[lo / kNormChunk] = internal::LaneReduce<double>(
+        hi - lo, [c](int64_t i) { return static_cast<double>(c[i]) * c[i]; });
   });
 }
 

@@ -2,8 +2,9 @@
 //
 // The gradient norm for clipping must be the same bits whoever computes it: one process, or range
 // owners that each hold some chunks. So the flat buffer is cut into chunks of kNormChunk elements
-// at absolute offsets, each chunk is summed in order (in double), and chunk sums are combined by
-// TreeSum: T(lo, hi) = T(lo, mid) + T(mid, hi), mid = lo + the largest power of two below hi - lo.
+// at absolute offsets, each chunk is summed in double (8 lanes by index, fixed combine), and the
+// chunk sums are combined by TreeSum: T(lo, hi) = T(lo, mid) + T(mid, hi), mid = lo + the largest
+// power of two below hi - lo.
 //
 // Example:
 //   std::vector<double> partial((n + kNormChunk - 1) / kNormChunk);
