@@ -129,7 +129,13 @@ class DirectServer::Impl {
   };
 
   void AcceptLoop();
+  // The connection thread: handshake, then calls until the peer leaves or breaks the protocol.
   void Serve(Connection* c);
+  caf::actor MakeReplySink(std::shared_ptr<Wire> wire, std::string actor);
+  void ServeCalls(Wire& wire, const std::string& name, const caf::strong_actor_ptr& sink,
+                  InlineUnit* unit);
+  absl::StatusOr<caf::message> DecodeMessage(const char* data, size_t size,
+                                             const std::string& name);
   // Reads and checks the hello frame; returns the bound actor name or an error to send.
   absl::StatusOr<std::string> Handshake(int fd);
   void Dispatch(const caf::actor& target, caf::message msg, uint32_t call_id,
@@ -252,8 +258,7 @@ absl::StatusOr<std::string> DirectServer::Impl::Handshake(int fd) {
 
 void DirectServer::Impl::Serve(Connection* c) {
   Wire& wire = *c->wire;
-  const int fd = wire.fd;
-  auto name = Handshake(fd);
+  auto name = Handshake(wire.fd);
   if (!name.ok()) {
     if (absl::IsInvalidArgument(name.status())) ProtocolError(wire, name.status());
   } else if (auto ref = rt_.Lookup(*name); !ref.ok()) {
@@ -263,73 +268,12 @@ void DirectServer::Impl::Serve(Connection* c) {
     char ok[kHeaderBytes];
     direct::EncodeHeader({FrameKind::kHelloOk, 0, 0}, ok);
     (void)wire.Write(ok, sizeof(ok));
-    // Replies come back to this companion; it writes them to the socket on whatever thread
-    // the actor answered (this one when the actor ran inline).
-    auto sink_handle = sys_.spawn<caf::actor_companion, caf::hidden>();
-    auto* sink = caf::actor_cast<caf::actor_companion*>(sink_handle);
-    std::shared_ptr<Wire> shared = c->wire;
-    std::string actor = *name;
-    caf::actor_system* sys = &sys_;
-    sink->on_enqueue([shared, actor, sys](caf::mailbox_element_ptr ptr) {
-      if (!ptr->mid.is_response()) return;
-      uint32_t call_id = static_cast<uint32_t>(ptr->mid.request_id().integer_value());
-      caf::message reply = ptr->move_content_to_message();
-      std::vector<char> out(kHeaderBytes);
-      if (reply.match_elements<caf::error>()) {
-        out = ErrorFrame(FromCafError(*sys, reply.get_as<caf::error>(0), actor), call_id);
-      } else if (caf::binary_serializer ser{*sys, out}; auto err = ser(reply)) {
-        out = ErrorFrame(absl::InternalError(absl::StrCat("cannot serialize the reply of '", actor,
-                                                          "': ", sys->render(err))),
-                         call_id);
-      } else {
-        direct::EncodeHeader(
-            {FrameKind::kReply, static_cast<uint32_t>(out.size() - kHeaderBytes), call_id},
-            out.data());
-      }
-      (void)shared->Write(out.data(), out.size());
-    });
-    caf::strong_actor_ptr sink_ptr = caf::actor_cast<caf::strong_actor_ptr>(sink_handle);
+    caf::actor sink = MakeReplySink(c->wire, *name);
     InlineUnit* unit = AcquireUnit(&sys_);
-    direct::FrameReader reader(fd, options_.max_frame_bytes);
-    FrameHeader h;
-    const char* payload = nullptr;
-    for (;;) {
-      absl::Status s = reader.Next(Deadline::max(), &h, &payload);
-      if (s.ok() && h.kind != FrameKind::kCall) {
-        s = absl::InvalidArgumentError(absl::StrCat(
-            "direct channel: expected a call frame (kind 3), got kind ", static_cast<int>(h.kind)));
-      }
-      if (!s.ok()) {
-        if (absl::IsInvalidArgument(s)) ProtocolError(wire, s);
-        break;
-      }
-      caf::message msg;
-      caf::error err;
-      try {
-        caf::binary_deserializer source{sys_, payload, h.length};
-        err = source(msg);
-        if (!err && source.remaining() != 0) err = caf::make_error(caf::sec::invalid_argument);
-      } catch (...) {
-        err = caf::make_error(caf::sec::invalid_argument);
-      }
-      if (err) {
-        auto frame = ErrorFrame(
-            absl::InvalidArgumentError(absl::StrCat("direct channel: cannot decode the request ",
-                                                    "to '", *name, "': ", sys_.render(err))),
-            h.call_id);
-        (void)wire.Write(frame.data(), frame.size());
-        continue;
-      }
-      auto target = rt_.Lookup(*name);
-      if (!target.ok()) {
-        auto frame = ErrorFrame(target.status(), h.call_id);
-        (void)wire.Write(frame.data(), frame.size());
-        continue;
-      }
-      Dispatch(target->handle, std::move(msg), h.call_id, sink_ptr, unit);
-    }
-    sink->on_enqueue(nullptr);  // the companion cleans itself up when its last handle goes
+    ServeCalls(wire, *name, caf::actor_cast<caf::strong_actor_ptr>(sink), unit);
     ReleaseUnit(unit);
+    // The companion cleans itself up when its last handle goes.
+    caf::actor_cast<caf::actor_companion*>(sink)->on_enqueue(nullptr);
   }
   {
     std::lock_guard<std::mutex> l(wire.mu);
@@ -337,6 +281,78 @@ void DirectServer::Impl::Serve(Connection* c) {
     wire.fd = -1;
   }
   c->finished.store(true);
+}
+
+caf::actor DirectServer::Impl::MakeReplySink(std::shared_ptr<Wire> wire, std::string actor) {
+  // Replies come back to this companion, which writes them to the socket on whatever thread the
+  // actor answered (the connection's own when the actor ran inline).
+  auto handle = sys_.spawn<caf::actor_companion, caf::hidden>();
+  caf::actor_system* sys = &sys_;
+  auto write_reply = [wire, actor, sys](caf::mailbox_element_ptr ptr) {
+    if (!ptr->mid.is_response()) return;
+    uint32_t call_id = static_cast<uint32_t>(ptr->mid.request_id().integer_value());
+    caf::message reply = ptr->move_content_to_message();
+    std::vector<char> out(kHeaderBytes);
+    if (reply.match_elements<caf::error>()) {
+      out = ErrorFrame(FromCafError(*sys, reply.get_as<caf::error>(0), actor), call_id);
+    } else if (caf::binary_serializer ser{*sys, out}; auto err = ser(reply)) {
+      out = ErrorFrame(absl::InternalError(absl::StrCat("cannot serialize the reply of '", actor,
+                                                        "': ", sys->render(err))),
+                       call_id);
+    } else {
+      direct::EncodeHeader(
+          {FrameKind::kReply, static_cast<uint32_t>(out.size() - kHeaderBytes), call_id},
+          out.data());
+    }
+    (void)wire->Write(out.data(), out.size());
+  };
+  caf::actor_cast<caf::actor_companion*>(handle)->on_enqueue(std::move(write_reply));
+  return handle;
+}
+
+void DirectServer::Impl::ServeCalls(Wire& wire, const std::string& name,
+                                    const caf::strong_actor_ptr& sink, InlineUnit* unit) {
+  direct::FrameReader reader(wire.fd, options_.max_frame_bytes);
+  FrameHeader h;
+  const char* payload = nullptr;
+  for (;;) {
+    absl::Status s = reader.Next(Deadline::max(), &h, &payload);
+    if (s.ok() && h.kind != FrameKind::kCall) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "direct channel: expected a call frame (kind 3), got kind ", static_cast<int>(h.kind)));
+    }
+    if (!s.ok()) {
+      if (absl::IsInvalidArgument(s)) ProtocolError(wire, s);
+      return;
+    }
+    // A bad payload or a vanished actor fails this call only: the stream is still in step.
+    auto msg = DecodeMessage(payload, h.length, name);
+    auto target = msg.ok() ? rt_.Lookup(name) : msg.status();
+    if (!target.ok()) {
+      auto frame = ErrorFrame(target.status(), h.call_id);
+      (void)wire.Write(frame.data(), frame.size());
+      continue;
+    }
+    Dispatch(target->handle, std::move(*msg), h.call_id, sink, unit);
+  }
+}
+
+absl::StatusOr<caf::message> DirectServer::Impl::DecodeMessage(const char* data, size_t size,
+                                                               const std::string& name) {
+  caf::message msg;
+  caf::error err;
+  try {
+    caf::binary_deserializer source{sys_, data, size};
+    err = source(msg);
+    if (!err && source.remaining() != 0) err = caf::make_error(caf::sec::invalid_argument);
+  } catch (...) {
+    err = caf::make_error(caf::sec::invalid_argument);
+  }
+  if (err) {
+    return absl::InvalidArgumentError(absl::StrCat("direct channel: cannot decode the request to '",
+                                                   name, "': ", sys_.render(err)));
+  }
+  return msg;
 }
 
 void DirectServer::Impl::Dispatch(const caf::actor& target, caf::message msg, uint32_t call_id,

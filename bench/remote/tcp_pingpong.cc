@@ -46,7 +46,7 @@ int Server() {
   while (ReadAll(fd, buf, 8)) {
     if (send(fd, buf, 8, MSG_NOSIGNAL) != 8) break;
   }
-  return 0;
+  for (;;) pause();  // until killed, answering SIGUSR1 (like the other servers)
 }
 
 int Client(int port, double seconds) {
