@@ -14,8 +14,22 @@ struct Command {
   int (*run)(const Args& args);
 };
 
+int Head(const Args& a) { return RunClusterRole("head", a); }
+int Node(const Args& a) { return RunClusterRole("node", a); }
+int Worker(const Args& a) { return RunClusterRole("worker", a); }
+int Up(const Args& a) { return RunClusterRole("up", a); }
+int Certs(const Args& a) { return RunClusterRole("certs", a); }
+
 constexpr Command kCommands[] = {
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
+    {"head", "head [--port P] [--host ADDR] [--tls_ca F --tls_cert F --tls_key F]", Head},
+    {"node",
+     "node --head HOST:P [--resources cpu=2,gpu=0,memory=8G] [--labels k=v] "
+     "[--workers N] [--grace 30s]",
+     Node},
+    {"up", "up [--workers N]   (head + node agent + N workers on this machine)", Up},
+    {"certs", "certs --dir DIR [--members head,node-a,...]", Certs},
+    {"worker", "worker ...   (started by a node agent)", Worker},
 };
 
 int Usage(FILE* out) {
