@@ -1,0 +1,325 @@
+#include "troupe/actors/checkpoint_store.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "troupe/model/crc32c.h"
+
+namespace troupe::actors {
+namespace {
+
+constexpr char kManifestName[] = "manifest.bin";
+constexpr char kLatestName[] = "LATEST";
+constexpr char kStepPrefix[] = "step-";
+constexpr size_t kIoChunk = size_t{4} << 20;
+
+bool ParseStepName(absl::string_view name, int64_t* step) {
+  if (!absl::ConsumePrefix(&name, kStepPrefix) || name.empty()) return false;
+  for (char c : name) {
+    if (c < '0' || c > '9') return false;
+  }
+  return absl::SimpleAtoi(name, step) && *step >= 0;
+}
+
+// Appends bytes in chunks, extending crc as it goes (the chunk is still in cache).
+absl::Status AppendWithCrc(WritableFile* file, const void* data, size_t size, uint32_t* crc) {
+  const char* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < size; done += kIoChunk) {
+    const size_t n = std::min(kIoChunk, size - done);
+    *crc = model::Crc32cExtend(*crc, p + done, n);
+    if (absl::Status s = file->Append(p + done, n); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Checkpoint::ReadRange(int64_t begin, int64_t end, float* params, float* adam_m,
+                                   float* adam_v) const {
+  const CheckpointManifest& m = manifest_;
+  if (begin < 0 || end < begin || end > m.num_params) {
+    return absl::InvalidArgumentError(absl::StrCat("ReadRange [", begin, ", ", end,
+                                                   "): expected within [0, ", m.num_params,
+                                                   ") of checkpoint ", dir_));
+  }
+  if ((adam_m || adam_v) && !m.has_moments) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir_, " holds no optimizer moments"));
+  }
+  // First shard whose end is past begin; shards are contiguous and in order (validated).
+  auto it = std::upper_bound(m.shards.begin(), m.shards.end(), begin,
+                             [](int64_t b, const ShardFileInfo& s) { return b < s.end; });
+  for (; it != m.shards.end() && it->begin < end; ++it) {
+    const std::string path = absl::StrCat(dir_, "/", it->name);
+    absl::StatusOr<std::unique_ptr<ReadableFile>> file = fs_->OpenForRead(path);
+    if (!file.ok()) return file.status();
+    if ((*file)->size() != it->byte_size) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": ", (*file)->size(), " bytes, manifest says ", it->byte_size));
+    }
+    const int64_t lo = std::max(begin, it->begin), hi = std::min(end, it->end);
+    const uint64_t section = static_cast<uint64_t>(it->end - it->begin) * sizeof(float);
+    const uint64_t offset = static_cast<uint64_t>(lo - it->begin) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(hi - lo) * sizeof(float);
+    float* outs[3] = {params, adam_m, adam_v};
+    for (int k = 0; k < 3; ++k) {
+      if (outs[k] == nullptr) continue;
+      if (absl::Status s = (*file)->ReadAt(k * section + offset, bytes, outs[k] + (lo - begin));
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+CheckpointStore::CheckpointStore(CheckpointStoreOptions options)
+    : options_(std::move(options)), fs_(options_.fs != nullptr ? options_.fs : PosixFileSystem()) {}
+
+absl::StatusOr<std::unique_ptr<CheckpointStore>> CheckpointStore::Open(
+    CheckpointStoreOptions options) {
+  if (options.keep_last < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CheckpointStoreOptions.keep_last: expected >= 1, got ", options.keep_last));
+  }
+  if (options.dir.empty()) {
+    return absl::InvalidArgumentError("CheckpointStoreOptions.dir: expected a directory");
+  }
+  while (options.dir.size() > 1 && options.dir.back() == '/') options.dir.pop_back();
+  std::unique_ptr<CheckpointStore> store(new CheckpointStore(std::move(options)));
+  if (absl::Status s = store->fs_->CreateDir(store->options_.dir); !s.ok()) return s;
+  return store;
+}
+
+std::string CheckpointStore::StepDir(int64_t step) const {
+  return absl::StrCat(options_.dir, "/", kStepPrefix, step);
+}
+
+void CheckpointStore::Warn(const std::string& line) const {
+  if (options_.warning) {
+    options_.warning(line);
+  } else {
+    std::fprintf(stderr, "troupe checkpoint warning: %s\n", line.c_str());
+  }
+}
+
+absl::StatusOr<ShardFileInfo> CheckpointStore::WriteShard(int64_t step, int index,
+                                                          const ShardView& shard) {
+  if (shard.end <= shard.begin || shard.begin < 0 || shard.params == nullptr ||
+      (shard.adam_m == nullptr) != (shard.adam_v == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteShard ", index,
+                     ": expected a non-empty range with params and both or "
+                     "neither moments, got [",
+                     shard.begin, ", ", shard.end, ")"));
+  }
+  const std::string dir = StepDir(step);
+  if (absl::Status s = fs_->CreateDir(dir); !s.ok()) return s;
+  ShardFileInfo info;
+  info.name = absl::StrFormat("shard-%05d.bin", index);
+  info.begin = shard.begin;
+  info.end = shard.end;
+  const bool moments = shard.adam_m != nullptr;
+  info.byte_size = ShardByteSize(shard.begin, shard.end, moments);
+  const std::string path = absl::StrCat(dir, "/", info.name);
+  const std::string tmp = path + ".tmp";
+  absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(tmp);
+  if (!file.ok()) return file.status();
+  const size_t bytes = static_cast<size_t>(shard.end - shard.begin) * sizeof(float);
+  uint32_t crc = 0;
+  for (const float* section : {shard.params, shard.adam_m, shard.adam_v}) {
+    if (section == nullptr) continue;
+    if (absl::Status s = AppendWithCrc(file->get(), section, bytes, &crc); !s.ok()) return s;
+  }
+  info.crc32c = crc;
+  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
+  if (absl::Status s = (*file)->Close(); !s.ok()) return s;
+  if (absl::Status s = fs_->Rename(tmp, path); !s.ok()) return s;
+  return info;
+}
+
+absl::Status CheckpointStore::Commit(const CheckpointManifest& manifest) {
+  const std::string dir = StepDir(manifest.step);
+  const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
+  if (absl::Status s = ValidateManifest(manifest, manifest_path); !s.ok()) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  if (absl::Status s = WriteFileAtomically(fs_, manifest_path, EncodeManifest(manifest)); !s.ok())
+    return s;
+  if (absl::Status s = fs_->SyncDir(dir); !s.ok()) return s;
+  if (absl::Status s = fs_->SyncDir(options_.dir); !s.ok()) return s;
+  const std::string latest = absl::StrCat(options_.dir, "/", kLatestName);
+  if (absl::Status s =
+          WriteFileAtomically(fs_, latest, absl::StrCat(kStepPrefix, manifest.step, "\n"));
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = fs_->SyncDir(options_.dir); !s.ok()) return s;
+  if (absl::Status s = Prune(manifest.step); !s.ok()) {
+    // The checkpoint is committed; leftovers only cost disk space and are retried next time.
+    Warn(absl::StrCat("pruning old checkpoints in ", options_.dir, " failed: ", s.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointStore::Write(const CheckpointManifest& meta,
+                                    absl::Span<const ShardView> shards) {
+  if (fs_->FileExists(absl::StrCat(StepDir(meta.step), "/", kManifestName))) {
+    if (meta.step <= ReadLatestStep()) {
+      // Rewriting files under a committed manifest could leave it naming a mix of old and new.
+      return absl::AlreadyExistsError(
+          absl::StrCat("checkpoint ", StepDir(meta.step), " is already committed"));
+    }
+    // Complete but never published (a crash before LATEST moved): start the directory afresh.
+    if (absl::Status s = DeleteStepDir(meta.step); !s.ok()) return s;
+  }
+  CheckpointManifest manifest = meta;
+  manifest.format_version = kCheckpointFormatVersion;
+  manifest.shards.clear();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if ((shards[i].adam_m != nullptr) != manifest.has_moments) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Write: shard ", i, (manifest.has_moments ? " lacks" : " has"),
+                       " optimizer moments, meta.has_moments says otherwise"));
+    }
+    absl::StatusOr<ShardFileInfo> info = WriteShard(meta.step, static_cast<int>(i), shards[i]);
+    if (!info.ok()) return info.status();
+    manifest.shards.push_back(*std::move(info));
+  }
+  return Commit(manifest);
+}
+
+absl::StatusOr<std::vector<int64_t>> CheckpointStore::ListSteps() {
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(options_.dir);
+  if (!names.ok()) return names.status();
+  std::vector<int64_t> steps;
+  for (const std::string& name : *names) {
+    int64_t step;
+    if (ParseStepName(name, &step)) steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+absl::Status CheckpointStore::DeleteStepDir(int64_t step) {
+  const std::string dir = StepDir(step);
+  absl::StatusOr<std::vector<std::string>> names = fs_->ListDir(dir);
+  if (!names.ok()) return names.status();
+  // The manifest goes first: from then on the directory reads as incomplete.
+  std::stable_partition(names->begin(), names->end(),
+                        [](const std::string& n) { return n == kManifestName; });
+  for (const std::string& name : *names) {
+    if (absl::Status s = fs_->DeleteFile(absl::StrCat(dir, "/", name)); !s.ok()) return s;
+  }
+  return fs_->DeleteDir(dir);
+}
+
+absl::Status CheckpointStore::Prune(int64_t latest_step) {
+  absl::StatusOr<std::vector<int64_t>> steps = ListSteps();
+  if (!steps.ok()) return steps.status();
+  // Committed checkpoints, newest first: at or before LATEST, with a manifest.
+  std::vector<int64_t> committed;
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    if (*it <= latest_step && fs_->FileExists(absl::StrCat(StepDir(*it), "/", kManifestName))) {
+      committed.push_back(*it);
+    }
+  }
+  if (committed.size() <= static_cast<size_t>(options_.keep_last)) return absl::OkStatus();
+  const int64_t oldest_kept = committed[options_.keep_last - 1];
+  bool deleted = false;
+  for (int64_t step : *steps) {
+    if (step >= oldest_kept) break;
+    if (absl::Status s = DeleteStepDir(step); !s.ok()) return s;
+    deleted = true;
+  }
+  return deleted ? fs_->SyncDir(options_.dir) : absl::OkStatus();
+}
+
+absl::StatusOr<Checkpoint> CheckpointStore::Load(int64_t step) {
+  const std::string dir = StepDir(step);
+  const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
+  absl::StatusOr<std::string> bytes = ReadSmallFile(fs_, manifest_path, kMaxManifestBytes);
+  if (!bytes.ok()) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": unreadable (",
+                                            bytes.status().ToString(), "); partial checkpoint?"));
+  }
+  absl::StatusOr<CheckpointManifest> manifest = DecodeManifest(*bytes, manifest_path);
+  if (!manifest.ok()) return manifest.status();
+  if (manifest->step != step) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": step ", manifest->step, ", expected ",
+                                            step, " from its directory"));
+  }
+  std::string buffer;
+  for (const ShardFileInfo& shard : manifest->shards) {
+    const std::string path = absl::StrCat(dir, "/", shard.name);
+    absl::StatusOr<std::unique_ptr<ReadableFile>> file = fs_->OpenForRead(path);
+    if (!file.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": unreadable (", file.status().ToString(), ")"));
+    }
+    if ((*file)->size() != shard.byte_size) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": ", (*file)->size(), " bytes, manifest says ", shard.byte_size,
+                       (*file)->size() < shard.byte_size ? " (truncated)" : ""));
+    }
+    uint32_t crc = 0;
+    buffer.resize(std::min<uint64_t>(kIoChunk, shard.byte_size));
+    for (uint64_t done = 0; done < shard.byte_size; done += kIoChunk) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kIoChunk, shard.byte_size - done));
+      if (absl::Status s = (*file)->ReadAt(done, n, buffer.data()); !s.ok()) {
+        return absl::DataLossError(absl::StrCat(path, ": ", s.ToString()));
+      }
+      crc = model::Crc32cExtend(crc, buffer.data(), n);
+    }
+    if (crc != shard.crc32c) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": CRC32C ", crc, ", manifest says ", shard.crc32c));
+    }
+  }
+  return Checkpoint(fs_, dir, *std::move(manifest));
+}
+
+int64_t CheckpointStore::ReadLatestStep() {
+  absl::StatusOr<std::string> text =
+      ReadSmallFile(fs_, absl::StrCat(options_.dir, "/", kLatestName), 64);
+  int64_t step;
+  if (!text.ok() || !ParseStepName(absl::StripAsciiWhitespace(*text), &step)) return -1;
+  return step;
+}
+
+absl::StatusOr<Checkpoint> CheckpointStore::LoadLatestValid() {
+  absl::StatusOr<std::vector<int64_t>> steps = ListSteps();
+  if (!steps.ok()) return steps.status();
+  const std::string latest_path = absl::StrCat(options_.dir, "/", kLatestName);
+  int64_t latest = -1;
+  if (fs_->FileExists(latest_path)) {
+    absl::StatusOr<std::string> text = ReadSmallFile(fs_, latest_path, 64);
+    if (!text.ok() || !ParseStepName(absl::StripAsciiWhitespace(*text), &latest)) {
+      latest = -1;
+      Warn(absl::StrCat(latest_path, ": unreadable or not \"step-<n>\"; trying every checkpoint"));
+    }
+  } else if (!steps->empty()) {
+    Warn(absl::StrCat(latest_path, ": missing; trying every checkpoint"));
+  }
+  std::vector<int64_t> candidates;
+  if (latest >= 0) candidates.push_back(latest);
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    if (latest < 0 || *it < latest) candidates.push_back(*it);
+  }
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    absl::StatusOr<Checkpoint> ckpt = Load(candidates[i]);
+    if (ckpt.ok()) return ckpt;
+    Warn(absl::StrCat(
+        "skipping checkpoint ", StepDir(candidates[i]), ": ", ckpt.status().message(),
+        i + 1 < candidates.size() ? "; falling back to an older one" : "; no older one left"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no valid checkpoint in ", options_.dir, " (", candidates.size(), " skipped)"));
+}
+
+}  // namespace troupe::actors
