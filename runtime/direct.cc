@@ -80,11 +80,19 @@ void ReleaseUnit(InlineUnit* unit) {
 struct Wire {
   std::mutex mu;
   int fd = -1;
+  std::atomic<bool> broken{false};
+  // A reply that cannot be written within this long (the client stopped reading) cuts the
+  // connection, so no thread, CAF workers included, waits on a client for longer.
+  static constexpr std::chrono::seconds kWriteTimeout{2};
   absl::Status Write(const char* data, size_t size) {
     std::lock_guard<std::mutex> l(mu);
-    if (fd < 0) return absl::UnavailableError("connection closed");
-    absl::Status s = direct::WriteAll(fd, data, size);
-    if (!s.ok()) shutdown(fd, SHUT_RDWR);  // a client that does not read loses its connection
+    if (fd < 0 || broken.load()) return absl::UnavailableError("connection closed");
+    absl::Status s =
+        direct::WriteAll(fd, data, size, std::chrono::steady_clock::now() + kWriteTimeout);
+    if (!s.ok()) {
+      broken.store(true);
+      shutdown(fd, SHUT_RDWR);  // also wakes the connection thread if it is reading
+    }
     return s;
   }
 };
@@ -215,6 +223,10 @@ void DirectServer::Impl::AcceptLoop() {
       continue;
     }
     direct::TuneSocket(fd);
+    // Replies are small; a fixed send buffer also bounds what a client that never reads can pin
+    // here before the send timeout cuts it off.
+    int sndbuf = 256 * 1024;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
     accepted_.fetch_add(1);
     std::lock_guard<std::mutex> l(mu_);
     for (auto it = conns_.begin(); it != conns_.end();) {  // reap finished connections
@@ -315,7 +327,7 @@ void DirectServer::Impl::ServeCalls(Wire& wire, const std::string& name,
   direct::FrameReader reader(wire.fd, options_.max_frame_bytes);
   FrameHeader h;
   const char* payload = nullptr;
-  for (;;) {
+  while (!wire.broken.load()) {
     absl::Status s = reader.Next(Deadline::max(), &h, &payload);
     if (s.ok() && h.kind != FrameKind::kCall) {
       s = absl::InvalidArgumentError(absl::StrCat(

@@ -66,12 +66,9 @@ absl::Status DirectClient::EnsureConnected() {
   std::copy(actor_.begin(), actor_.end(), hello.begin() + kHeaderBytes);
   FrameHeader h;
   std::vector<char> payload;
-  absl::Status s = direct::WriteAll(fd, hello.data(), hello.size());
-  if (s.ok()) {
-    s = direct::ReadFrame(fd, options_.max_frame_bytes,
-                          std::chrono::steady_clock::now() + options_.connect_timeout, &h,
-                          &payload);
-  }
+  auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+  absl::Status s = direct::WriteAll(fd, hello.data(), hello.size(), deadline);
+  if (s.ok()) s = direct::ReadFrame(fd, options_.max_frame_bytes, deadline, &h, &payload);
   if (s.ok() && h.kind == FrameKind::kError)
     s = direct::DecodeErrorPayload(payload.data(), payload.size());
   if (s.ok() && h.kind != FrameKind::kHelloOk) {
@@ -116,10 +113,11 @@ absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request, Dur
   }
   direct::EncodeHeader({FrameKind::kCall, static_cast<uint32_t>(length), id}, out_.data());
   auto where = [&] { return absl::StrCat("direct call to '", actor_, "' at ", host_, ":", port_); };
-  absl::Status s = direct::WriteAll(fd_, out_.data(), out_.size());
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::Status s = direct::WriteAll(fd_, out_.data(), out_.size(), deadline);
   FrameHeader h;
   const char* payload = nullptr;
-  if (s.ok()) s = reader_->Next(std::chrono::steady_clock::now() + timeout, &h, &payload);
+  if (s.ok()) s = reader_->Next(deadline, &h, &payload);
   if (s.ok() && h.kind == FrameKind::kError && h.call_id == 0) {
     Drop();  // the server closed the connection for a protocol error; it says why
     return direct::DecodeErrorPayload(payload, h.length);

@@ -120,15 +120,21 @@ absl::Status DecodeErrorPayload(const char* data, size_t size) {
   return absl::Status(static_cast<absl::StatusCode>(code), std::string(data + 4, size - 4));
 }
 
-absl::Status WriteAll(int fd, const char* data, size_t size) {
+absl::Status WriteAll(int fd, const char* data, size_t size, Deadline deadline) {
   while (size > 0) {
-    ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+    ssize_t n = send(fd, data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {  // SO_SNDTIMEO (TuneSocket) ran out
-        return absl::UnavailableError("send: the peer has not read for 2 s");
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
       }
-      return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
+      pollfd p{fd, POLLOUT, 0};
+      int rc = poll(&p, 1, PollTimeout(deadline));
+      if (rc == 0) return absl::UnavailableError("send: the peer is not reading");
+      if (rc < 0 && errno != EINTR) {
+        return absl::UnavailableError(absl::StrCat("poll: ", strerror(errno)));
+      }
+      continue;
     }
     data += n;
     size -= static_cast<size_t>(n);
@@ -202,8 +208,6 @@ absl::Status FrameReader::Next(Deadline deadline, FrameHeader* h, const char** p
 void TuneSocket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  timeval send_timeout{2, 0};  // a peer that stops reading cannot block a writer for longer
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 

@@ -66,9 +66,9 @@ absl::Status DecodeErrorPayload(const char* data, size_t size);
 using Deadline = std::chrono::steady_clock::time_point;
 
 // Socket helpers. All return Unavailable on a closed or reset connection, DeadlineExceeded
-// when `deadline` passes first (Deadline::max() = no deadline). WriteAll gives up (Unavailable)
-// when the peer has not read for 2 s (SO_SNDTIMEO set by TuneSocket).
-absl::Status WriteAll(int fd, const char* data, size_t size);
+// when `deadline` passes first (Deadline::max() = no deadline); WriteAll gives up with
+// Unavailable when the whole buffer is not written by `deadline` (a peer that stops reading).
+absl::Status WriteAll(int fd, const char* data, size_t size, Deadline deadline = Deadline::max());
 // Reads exactly `size` bytes.
 absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
 // Reads one frame: header into `h`, payload into `payload`; protocol errors are InvalidArgument.
@@ -91,7 +91,7 @@ class FrameReader {
   size_t start_ = 0, end_ = 0;  // unread bytes are buf_[start_, end_)
 };
 
-// TCP_NODELAY, a 2 s send timeout and close-on-exec on a connected socket.
+// TCP_NODELAY and close-on-exec on a connected socket.
 void TuneSocket(int fd);
 // A connected TCP socket to host:port within `timeout` (Unavailable if refused or too slow).
 absl::Status Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
