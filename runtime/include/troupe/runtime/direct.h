@@ -59,7 +59,10 @@ struct DirectServerOptions {
 };
 
 // Serves every named actor of `runtime` (its Runtime::Lookup directory) on one port. One thread
-// per connection. Destroy it before the Runtime.
+// per connection; the name is resolved on every call, so a restarted actor is found again. A
+// reply that cannot be written within 2 s (the client stopped reading) closes the connection.
+// Destroy it before the Runtime; destruction closes every connection and waits for a handler
+// that is running on a connection thread to return.
 class DirectServer {
  public:
   static absl::StatusOr<std::unique_ptr<DirectServer>> Start(Runtime& runtime,
