@@ -18,6 +18,8 @@
 // deadline; a dead or silent peer fails it with Unavailable (the next Call reconnects).
 // Messages must hold only serializable values (no actor handles); their types must be
 // registered with the same names on both sides, as for CAF's middleman.
+// The channel is plain TCP without authentication: it listens on loopback by default; bind it
+// elsewhere only on a trusted network (the cluster's mutual TLS does not cover it).
 //
 //   // Serving process: its named actors become reachable on a port.
 //   auto server = troupe::runtime::DirectServer::Start(*runtime);          // port 0: ephemeral
