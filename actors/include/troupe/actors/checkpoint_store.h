@@ -11,7 +11,8 @@
 //   2. fsync step-<n>/, then fsync dir/ (the step directory's own entry);
 //   3. LATEST the same way (temp, fsync, rename), then fsync dir/ — the commit point;
 //   4. delete checkpoints older than the newest `keep_last` committed ones (manifest first, so a
-//      crash mid-delete leaves an incomplete directory that loading skips).
+//      crash mid-delete leaves an incomplete directory that loading skips); no directory fsync
+//      here — a deletion a crash undoes is redone by the next prune.
 //
 // LoadLatestValid() tries LATEST's step, then older step directories newest first; each candidate
 // is verified (manifest decodes and validates, every shard file has the manifest's size and
