@@ -195,12 +195,16 @@ int64_t MinIntervalByPrediction(Bench& bench, const std::string& name, int round
   if (one.overhead_pct <= 2.0) return 1;
   int64_t k = std::max<int64_t>(
       2, static_cast<int64_t>(std::ceil(one.per_ckpt_s / (0.02 * one.plain_step_s))));
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
     Overhead o = bench.Measure(k, k, rounds);
     PrintOverhead(name, o, attempt == 0 ? "measured at predicted K" : "measured");
     if (o.overhead_pct <= 2.0) return k;
-    k = k * 3 / 2 + 1;
+    // Re-predict from this measurement (per-checkpoint cost at this K), never less than 1.5 K.
+    k = std::max(k * 3 / 2 + 1,
+                 static_cast<int64_t>(std::ceil(o.per_ckpt_s / (0.02 * o.plain_step_s))));
   }
+  std::printf("%s: no measured K reached <= 2%%; K=%lld is a prediction\n", name.c_str(),
+              static_cast<long long>(k));
   return k;
 }
 
