@@ -105,7 +105,7 @@ void AppendErrorFrame(const absl::Status& status, uint32_t call_id, std::vector<
   EncodeHeader({FrameKind::kError, static_cast<uint32_t>(4 + text.size()), call_id},
                out->data() + at);
   Put32(static_cast<uint32_t>(status.code()), out->data() + at + kHeaderBytes);
-  memcpy(out->data() + at + kHeaderBytes + 4, text.data(), text.size());
+  if (!text.empty()) memcpy(out->data() + at + kHeaderBytes + 4, text.data(), text.size());
 }
 
 absl::Status DecodeErrorPayload(const char* data, size_t size) {
@@ -174,7 +174,7 @@ absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHea
 absl::Status FrameReader::Fill(size_t need, Deadline deadline) {
   if (end_ - start_ >= need) return absl::OkStatus();
   if (buf_.size() - start_ < need) {  // make room: move the unread bytes to the front
-    std::memmove(buf_.data(), buf_.data() + start_, end_ - start_);
+    if (end_ > start_) std::memmove(buf_.data(), buf_.data() + start_, end_ - start_);
     end_ -= start_;
     start_ = 0;
     if (buf_.size() < need) buf_.resize(std::max<size_t>(need, 64 * 1024));
