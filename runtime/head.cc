@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "caf/all.hpp"
 #include "internal/cluster_protocol.h"
+#include "internal/resources.h"
 #include "troupe/scheduler/scheduler.h"
 
 namespace troupe::runtime::internal {
@@ -29,43 +30,6 @@ struct Member {
 
 // Every node carries this label, so a request can be pinned to one node by a selector.
 constexpr char kNodeLabel[] = "troupe.node";
-
-absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string& text,
-                                                               const std::string& field) {
-  std::map<std::string, std::string> out;
-  for (absl::string_view kv : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
-    if (p.first.empty() || p.second.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": expected key=value[,key=value], got '", text, "'"));
-    }
-    out[p.first] = p.second;
-  }
-  return out;
-}
-
-absl::StatusOr<scheduler::ResourceMap> ParseResources(const std::string& text,
-                                                      const std::string& field) {
-  auto kv = ParseLabels(text, field);
-  if (!kv.ok()) return kv.status();
-  scheduler::ResourceMap out;
-  for (const auto& [k, v] : *kv) {
-    double amount = 0;
-    if (k == "memory") {
-      auto bytes = ParseByteSize(v);
-      if (!bytes.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ": memory=", v, ": ", bytes.status().message()));
-      }
-      amount = static_cast<double>(*bytes);
-    } else if (!absl::SimpleAtod(v, &amount) || amount < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": ", k, "=", v, ": expected a non-negative number"));
-    }
-    out[k] = amount;
-  }
-  return out;
-}
 
 absl::StatusOr<scheduler::NodeSpec> ParseNodeSpec(const std::string& name,
                                                   const std::string& resources,

@@ -17,6 +17,7 @@
 #include "internal/cluster_protocol.h"
 #include "internal/context.h"
 #include "internal/process.h"
+#include "internal/resources.h"
 #include "internal/roles.h"
 #include "internal/tls.h"
 
@@ -52,14 +53,11 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
   };
 }
 
-// Parses "gpu=2" out of "cpu=4,gpu=2,memory=8G" (0 when absent or malformed).
+// The "gpu" amount of --resources (0 when absent; a malformed list is the head's to refuse).
 int GpuCount(const std::string& resources) {
-  for (absl::string_view kv : absl::StrSplit(resources, ',')) {
-    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
-    int n = 0;
-    if (p.first == "gpu" && absl::SimpleAtoi(p.second, &n)) return n;
-  }
-  return 0;
+  auto r = ParseResources(resources, "--resources");
+  if (!r.ok() || !r->count("gpu")) return 0;
+  return static_cast<int>(r->at("gpu"));
 }
 
 void Reap(Workers& w, const caf::actor& head) {
