@@ -68,7 +68,13 @@ kernels::AdamWScalars StepScalars(const AdamWConfig& config, const LrSchedule& s
 void AdamWUpdateRange(const ParamLayout& layout, int64_t begin, int64_t end, float* params,
                       const float* grads, float* m, float* v, const AdamWConfig& config,
                       const kernels::AdamWScalars& scalars) {
-  for (const ParamTensor& t : layout.tensors()) {
+  AdamWUpdateRange(layout.tensors(), begin, end, params, grads, m, v, config, scalars);
+}
+
+void AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, int64_t end,
+                      float* params, const float* grads, float* m, float* v,
+                      const AdamWConfig& /*config*/, const kernels::AdamWScalars& scalars) {
+  for (const ParamTensor& t : tensors) {
     const int64_t lo = std::max(begin, t.offset);
     const int64_t hi = std::min(end, t.offset + t.size);
     if (lo >= hi) continue;

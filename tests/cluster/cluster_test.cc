@@ -363,9 +363,16 @@ TEST_F(ClusterTest, KillingNodeAgentLeavesNoWorkerBehind) {
                                 static_cast<pid_t>(Member("node-e/w1").pid)};
   ASSERT_EQ(LiveProcessesWith("--node node-e").size(), 2u);
   cluster_->SignalNode("node-e", SIGKILL);
-  for (int i = 0; i < 200 && !LiveProcessesWith("--node node-e").empty(); ++i) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  // A process that is exiting loses its command line before it turns into a zombie (ASan's
+  // shadow memory takes a while to unmap), so wait for both.
+  auto any_left = [&] {
+    if (!LiveProcessesWith("--node node-e").empty()) return true;
+    for (pid_t p : workers) {
+      if (ProcessAlive(p)) return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < 500 && any_left(); ++i) std::this_thread::sleep_for(milliseconds(10));
   EXPECT_TRUE(LiveProcessesWith("--node node-e").empty()) << "orphaned workers of node-e";
   for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << p;
   EXPECT_TRUE(

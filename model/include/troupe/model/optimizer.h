@@ -66,6 +66,10 @@ kernels::AdamWScalars StepScalars(const AdamWConfig& config, const LrSchedule& s
 void AdamWUpdateRange(const ParamLayout& layout, int64_t begin, int64_t end, float* params,
                       const float* grads, float* m, float* v, const AdamWConfig& config,
                       const kernels::AdamWScalars& scalars);
+// The same for any model: `tensors` cover the flat buffer in order and say where decay applies.
+void AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, int64_t end,
+                      float* params, const float* grads, float* m, float* v,
+                      const AdamWConfig& config, const kernels::AdamWScalars& scalars);
 
 }  // namespace troupe::model
 

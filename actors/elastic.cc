@@ -1,0 +1,345 @@
+#include "troupe/actors/elastic.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "troupe/kernels/norm.h"
+#include "troupe/model/tree_sum.h"
+
+namespace troupe::actors {
+namespace {
+
+using collectives::Buffer;
+using collectives::Work;
+
+constexpr int64_t kChunk = kernels::kNormChunk;
+// Point-to-point tags: mirror to buddy, then state moves (two per piece: m, v).
+constexpr uint32_t kTagMirrorM = 1, kTagMirrorV = 2, kTagMoveBase = 16;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Largest power of two strictly below n (n >= 2): the canonical tree's split.
+int32_t SplitSize(int32_t n) {
+  int32_t p = 1;
+  while (p * 2 < n) p *= 2;
+  return p;
+}
+
+absl::Status WaitAll(const std::vector<Work>& works) {
+  absl::Status first;
+  for (const Work& w : works) {
+    absl::Status s = w.Wait();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+}  // namespace
+
+ShardLayout ShardLayout::Make(int64_t num_params, int world) {
+  ShardLayout l;
+  l.world = std::max(1, world);
+  l.num_params = num_params;
+  l.per_rank = std::max<int64_t>(1, CeilDiv(CeilDiv(num_params, l.world), kChunk)) * kChunk;
+  return l;
+}
+
+int64_t ShardLayout::begin(int r) const { return std::min(num_params, r * per_rank); }
+int64_t ShardLayout::end(int r) const { return std::min(num_params, (r + 1) * per_rank); }
+
+absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(int32_t microbatches,
+                                                                          int world) {
+  if (world < 1 || world > microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat("world size: expected 1 to ", microbatches,
+                                                   " (the microbatches per step), got ", world));
+  }
+  std::vector<std::pair<int32_t, int32_t>> blocks = {{0, microbatches}};
+  while (static_cast<int>(blocks.size()) < world) {
+    // Split the first of the largest blocks at its canonical midpoint.
+    size_t best = 0;
+    for (size_t i = 1; i < blocks.size(); ++i) {
+      if (blocks[i].second - blocks[i].first > blocks[best].second - blocks[best].first) best = i;
+    }
+    const auto [lo, hi] = blocks[best];
+    const int32_t mid = lo + SplitSize(hi - lo);
+    blocks[best] = {lo, mid};
+    blocks.insert(blocks.begin() + best + 1, {mid, hi});
+  }
+  return blocks;
+}
+
+bool MemoryRestorePossible(const std::vector<int>& old_to_new) {
+  const int w = static_cast<int>(old_to_new.size());
+  if (w == 0) return false;
+  for (int o = 0; o < w; ++o) {
+    if (old_to_new[o] >= 0) continue;
+    if (w == 1 || old_to_new[(o + 1) % w] < 0) return false;
+  }
+  return true;
+}
+
+ElasticRank::ElasticRank(Trainable* model, Options options)
+    : model_(model), options_(std::move(options)) {}
+
+ShardView ElasticRank::committed_shard() const {
+  return {layout_.begin(rank_), layout_.end(rank_),
+          model_->params() + layout_.begin(rank_), m_.data(), v_.data()};
+}
+
+absl::Status ElasticRank::MirrorToBuddy(const ShardLayout& layout, int rank,
+                                        const std::vector<float>& m, const std::vector<float>& v,
+                                        std::vector<float>* replica_m,
+                                        std::vector<float>* replica_v) {
+  replica_m->assign(layout.per_rank, 0.0f);
+  replica_v->assign(layout.per_rank, 0.0f);
+  if (layout.world == 1) return absl::OkStatus();
+  const int next = (rank + 1) % layout.world, prev = (rank + layout.world - 1) % layout.world;
+  auto send = [&](const std::vector<float>& b, uint32_t tag) {
+    return comm_->Send(Buffer::F32(const_cast<float*>(b.data()), b.size()), next, tag,
+                       options_.collective);
+  };
+  std::vector<Work> works = {
+      send(m, kTagMirrorM), send(v, kTagMirrorV),
+      comm_->Recv(Buffer::F32(*replica_m), prev, kTagMirrorM, options_.collective),
+      comm_->Recv(Buffer::F32(*replica_v), prev, kTagMirrorV, options_.collective)};
+  return WaitAll(works);
+}
+
+absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
+  if (!has_state_) return absl::FailedPreconditionError("RunStep before a configuration committed");
+  Abandon();
+  const int64_t step = committed_;
+  const int64_t n = model_->num_params();
+  absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> blocks =
+      MicrobatchBlocks(options_.microbatches, layout_.world);
+  if (!blocks.ok()) return blocks.status();
+  const auto [lo, hi] = (*blocks)[rank_];
+
+  // 1. This rank's subtree of the canonical gradient sum.
+  StepOutcome out;
+  model::TreeAccumulator acc(n);
+  for (int32_t k = lo; k < hi; ++k) {
+    if (options_.on_serve) options_.on_serve(step, k);
+    absl::StatusOr<double> loss = model_->ComputeGradient(step, k);
+    if (!loss.ok()) return loss.status();
+    out.losses.emplace_back(k, *loss);
+    acc.Add(model_->grads());
+  }
+  partial_.assign(layout_.padded(), 0.0f);
+  acc.Finish(partial_.data());
+
+  // 2. Ordered reduce-scatter: the step gradient of my range, in canonical order.
+  collectives::CollectiveOptions ordered = options_.collective;
+  ordered.algorithm = collectives::Algorithm::kOrdered;
+  ordered.interval_lo = static_cast<uint64_t>(lo);
+  ordered.interval_hi = static_cast<uint64_t>(hi);
+  grad_shard_.assign(layout_.per_rank, 0.0f);
+  if (absl::Status s = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),
+                                            collectives::ReduceOp::kSum, ordered)
+                           .Wait();
+      !s.ok()) {
+    return s;
+  }
+
+  // 3. Global gradient norm over the real chunks, in a fixed tree.
+  const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
+  const int64_t chunks_per_rank = layout_.per_rank / kChunk;
+  std::vector<double> mine(chunks_per_rank, 0.0), all(chunks_per_rank * layout_.world, 0.0);
+  if (e > b) {
+    absl::StatusOr<std::vector<double>> sums =
+        model::RangeChunkSquareSums(grad_shard_.data(), b, e, n);
+    if (!sums.ok()) return sums.status();
+    std::copy(sums->begin(), sums->end(), mine.begin());
+  }
+  // Doubles travel as pairs of f32 words: an all-gather only copies bytes.
+  if (absl::Status s = comm_->AllGather(Buffer::F32(reinterpret_cast<float*>(mine.data()),
+                                                    mine.size() * 2),
+                                        Buffer::F32(reinterpret_cast<float*>(all.data()),
+                                                    all.size() * 2),
+                                        options_.collective)
+                           .Wait();
+      !s.ok()) {
+    return s;
+  }
+  all.resize(CeilDiv(n, kChunk));
+  out.grad_norm = model::GradNormFromChunks(all);
+  const kernels::AdamWScalars scalars =
+      model::StepScalars(options_.adamw, options_.schedule, step, out.grad_norm);
+
+  // 4. Staged AdamW on my range, mirrored to the buddy, parameters all-gathered.
+  staged_params_.assign(layout_.per_rank, 0.0f);
+  std::copy(model_->params() + b, model_->params() + e, staged_params_.begin());
+  staged_m_ = m_;
+  staged_v_ = v_;
+  if (e > b) {
+    model::AdamWUpdateRange(model_->tensors(), b, e, staged_params_.data(), grad_shard_.data(),
+                            staged_m_.data(), staged_v_.data(), options_.adamw, scalars);
+  }
+  if (absl::Status s = MirrorToBuddy(layout_, rank_, staged_m_, staged_v_, &staged_replica_m_,
+                                     &staged_replica_v_);
+      !s.ok()) {
+    return s;
+  }
+  staged_full_.assign(layout_.padded(), 0.0f);
+  if (absl::Status s = comm_->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_),
+                                        options_.collective)
+                           .Wait();
+      !s.ok()) {
+    return s;
+  }
+  staged_ = Staged::kStep;
+  staged_layout_ = layout_;
+  staged_rank_ = rank_;
+  staged_committed_ = step + 1;
+  return out;
+}
+
+absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to) {
+  const int64_t n = model_->num_params();
+  const int old_world = static_cast<int>(plan.old_to_new.size());
+  if (!MemoryRestorePossible(plan.old_to_new)) {
+    return absl::FailedPreconditionError("memory restore: an old range has neither owner nor buddy");
+  }
+  // Survivors must hold exactly the committed step the coordinator recorded.
+  const bool survivor = has_state_ && layout_.world == old_world && rank_ < old_world &&
+                        plan.old_to_new[rank_] == plan.rank;
+  for (int o = 0; o < old_world && !survivor; ++o) {
+    if (plan.old_to_new[o] == plan.rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "memory restore: the plan names this rank as old rank ", o, ", but it holds ",
+          has_state_ ? absl::StrCat("rank ", rank_, " of ", layout_.world) : "no state"));
+    }
+  }
+  if (survivor && committed_ != plan.committed_steps) {
+    return absl::FailedPreconditionError(absl::StrCat("memory restore: rank holds step ",
+                                                      committed_, ", the plan expects ",
+                                                      plan.committed_steps));
+  }
+  // Parameters: every survivor holds them; new rank 0 is a survivor.
+  staged_full_.assign(n, 0.0f);
+  if (survivor) std::copy(model_->params(), model_->params() + n, staged_full_.begin());
+  if (absl::Status s =
+          comm_->Broadcast(Buffer::F32(staged_full_), 0, options_.collective).Wait();
+      !s.ok()) {
+    return s;
+  }
+  // Moments, piece by piece: new range ∩ old range, from the old owner or its buddy's mirror.
+  const ShardLayout from = ShardLayout::Make(n, old_world);
+  staged_m_.assign(to.per_rank, 0.0f);
+  staged_v_.assign(to.per_rank, 0.0f);
+  std::vector<Work> works;
+  uint32_t piece = 0;
+  for (int d = 0; d < to.world; ++d) {
+    for (int o = 0; o < old_world; ++o) {
+      const int64_t lo = std::max(to.begin(d), from.begin(o));
+      const int64_t hi = std::min(to.end(d), from.end(o));
+      if (lo >= hi) continue;
+      const bool from_owner = plan.old_to_new[o] >= 0;
+      const int src = from_owner ? plan.old_to_new[o] : plan.old_to_new[(o + 1) % old_world];
+      const uint32_t tag = kTagMoveBase + 2 * piece++;
+      const size_t count = static_cast<size_t>(hi - lo);
+      float* dst_m = staged_m_.data() + (lo - to.begin(d));
+      float* dst_v = staged_v_.data() + (lo - to.begin(d));
+      if (src == plan.rank) {
+        const float* sm = (from_owner ? m_.data() : replica_m_.data()) + (lo - from.begin(o));
+        const float* sv = (from_owner ? v_.data() : replica_v_.data()) + (lo - from.begin(o));
+        if (d == plan.rank) {
+          std::memcpy(dst_m, sm, count * sizeof(float));
+          std::memcpy(dst_v, sv, count * sizeof(float));
+        } else {
+          works.push_back(comm_->Send(Buffer::F32(const_cast<float*>(sm), count), d, tag,
+                                      options_.collective));
+          works.push_back(comm_->Send(Buffer::F32(const_cast<float*>(sv), count), d, tag + 1,
+                                      options_.collective));
+        }
+      } else if (d == plan.rank) {
+        works.push_back(
+            comm_->Recv(Buffer::F32(dst_m, count), src, tag, options_.collective));
+        works.push_back(
+            comm_->Recv(Buffer::F32(dst_v, count), src, tag + 1, options_.collective));
+      }
+    }
+  }
+  return WaitAll(works);
+}
+
+absl::Status ElasticRank::Configure(collectives::Communicator* comm, const GenerationPlan& plan,
+                                    CheckpointStore* store) {
+  Abandon();
+  comm_ = comm;
+  const int64_t n = model_->num_params();
+  const ShardLayout to = ShardLayout::Make(n, plan.world);
+  if (plan.rank < 0 || plan.rank >= plan.world || comm->size() != plan.world ||
+      comm->rank() != plan.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("configure: plan rank ", plan.rank, " of ",
+                                                   plan.world, ", communicator rank ",
+                                                   comm->rank(), " of ", comm->size()));
+  }
+  switch (plan.source) {
+    case RestoreSource::kInit: {
+      // InitParams writes the model's buffer: whatever this rank held is gone from here on.
+      model_->InitParams(options_.seed);
+      has_state_ = false;
+      staged_full_.assign(model_->params(), model_->params() + n);
+      staged_m_.assign(to.per_rank, 0.0f);
+      staged_v_.assign(to.per_rank, 0.0f);
+      break;
+    }
+    case RestoreSource::kCheckpoint: {
+      if (store == nullptr) return absl::FailedPreconditionError("checkpoint restore: no store");
+      absl::StatusOr<Checkpoint> ckpt = store->Load(plan.checkpoint_step);
+      if (!ckpt.ok()) return ckpt.status();
+      if (ckpt->manifest().num_params != n) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            ckpt->dir(), ": num_params: expected ", n, ", got ", ckpt->manifest().num_params));
+      }
+      staged_full_.assign(n, 0.0f);
+      if (absl::Status s = ckpt->ReadRange(0, n, staged_full_.data(), nullptr, nullptr); !s.ok())
+        return s;
+      staged_m_.assign(to.per_rank, 0.0f);
+      staged_v_.assign(to.per_rank, 0.0f);
+      const int64_t b = to.begin(plan.rank), e = to.end(plan.rank);
+      if (e > b) {
+        std::vector<float> scratch(e - b);
+        if (absl::Status s =
+                ckpt->ReadRange(b, e, scratch.data(), staged_m_.data(), staged_v_.data());
+            !s.ok()) {
+          return s;
+        }
+      }
+      break;
+    }
+    case RestoreSource::kMemory:
+      if (absl::Status s = RestoreFromMemory(plan, to); !s.ok()) return s;
+      break;
+  }
+  if (absl::Status s = MirrorToBuddy(to, plan.rank, staged_m_, staged_v_, &staged_replica_m_,
+                                     &staged_replica_v_);
+      !s.ok()) {
+    return s;
+  }
+  staged_ = Staged::kConfig;
+  staged_layout_ = to;
+  staged_rank_ = plan.rank;
+  staged_committed_ = plan.committed_steps;
+  return absl::OkStatus();
+}
+
+void ElasticRank::Commit() {
+  if (staged_ == Staged::kNone) return;
+  std::copy(staged_full_.begin(), staged_full_.begin() + model_->num_params(), model_->params());
+  m_.swap(staged_m_);
+  v_.swap(staged_v_);
+  replica_m_.swap(staged_replica_m_);
+  replica_v_.swap(staged_replica_v_);
+  layout_ = staged_layout_;
+  rank_ = staged_rank_;
+  committed_ = staged_committed_;
+  has_state_ = true;
+  staged_ = Staged::kNone;
+}
+
+void ElasticRank::Abandon() { staged_ = Staged::kNone; }
+
+}  // namespace troupe::actors

@@ -1,0 +1,143 @@
+// troupe/actors/elastic.h — one rank of the data-parallel step with a sharded optimizer, over a
+// collectives::Communicator. The rank actor (training.h) drives it; unit tests drive several with
+// the in-process backend.
+//
+// The step (ARCHITECTURE.md, "The training step" and "Determinism"):
+//   1. rank r computes microbatches [lo, hi) of the M — a power-of-two-aligned block, so its local
+//      canonical tree sum is a whole subtree of T(0, M);
+//   2. ordered reduce-scatter keyed by those intervals: rank r receives the step gradient of its
+//      parameter range, combined in canonical tree order (bit-exact for any W);
+//   3. gradient norm from fixed 64 Ki chunks: each rank's chunk sums are all-gathered and summed
+//      in a fixed tree over the model's real chunks only (padding never enters);
+//   4. AdamW on the range into *staged* buffers; the staged moments are mirrored to the buddy
+//      rank (r + 1) mod W; staged parameter ranges are all-gathered;
+//   5. Commit() swaps the staged state in; Abandon() drops it, so a re-run step never applies an
+//      update twice.
+// A new generation is staged the same way: Configure() builds the new layout's state beside the
+// committed one, and only Commit() (once the coordinator heard from every rank) switches over —
+// a failure in the middle of a reconfiguration leaves every rank's committed state untouched.
+//
+// Ranges: the flat vector is padded to W · per_rank elements, per_rank a multiple of kNormChunk;
+// rank r owns [r·per_rank, (r+1)·per_rank) ∩ [0, n) (possibly empty).
+//
+// Reconfiguration (a new generation, a new communicator) restores the committed state by ranges:
+// parameters are broadcast from new rank 0 (a survivor), each old range's moments come from its
+// surviving owner, else from the buddy's mirror, else the whole job restores from a checkpoint.
+#ifndef TROUPE_ACTORS_ELASTIC_H_
+#define TROUPE_ACTORS_ELASTIC_H_
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "troupe/actors/checkpoint_store.h"
+#include "troupe/actors/trainable.h"
+#include "troupe/collectives/communicator.h"
+#include "troupe/model/optimizer.h"
+
+namespace troupe::actors {
+
+struct ShardLayout {
+  int world = 1;
+  int64_t num_params = 0;
+  int64_t per_rank = 0;  // a multiple of kernels::kNormChunk
+
+  static ShardLayout Make(int64_t num_params, int world);
+  int64_t padded() const { return per_rank * world; }
+  // The real (unpadded) range of rank r; begin == end for a rank that owns only padding.
+  int64_t begin(int r) const;
+  int64_t end(int r) const;
+};
+
+// [lo, hi) of the M microbatches for each of `world` ranks: power-of-two-aligned subtrees of the
+// canonical tree of [0, M), in order. InvalidArgument unless 1 <= world <= M.
+absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(int32_t microbatches,
+                                                                          int world);
+
+// Where the committed state comes from when a generation starts.
+enum class RestoreSource : int32_t { kInit = 0, kMemory = 1, kCheckpoint = 2 };
+
+// True if every old range survives in memory: its owner or its buddy ((o + 1) mod W) is in the
+// new group. old_to_new[o] is old rank o's new rank, or -1 if it is gone.
+bool MemoryRestorePossible(const std::vector<int>& old_to_new);
+
+struct GenerationPlan {
+  int world = 1;
+  int rank = 0;
+  int64_t committed_steps = 0;  // steps done; the next step to run
+  RestoreSource source = RestoreSource::kInit;
+  // kMemory: the previous generation's world and where each old rank went (survivors come first,
+  // so new rank 0 always holds the committed parameters).
+  std::vector<int> old_to_new;
+  int64_t checkpoint_step = -1;  // kCheckpoint: which checkpoint
+};
+
+struct StepOutcome {
+  std::vector<std::pair<int32_t, double>> losses;  // (microbatch, mean loss) computed here
+  double grad_norm = 0;
+};
+
+class ElasticRank {
+ public:
+  struct Options {
+    int32_t microbatches = 1;  // M
+    uint64_t seed = 1;         // parameter initialisation
+    model::AdamWConfig adamw;
+    model::LrSchedule schedule;
+    collectives::CollectiveOptions collective;  // timeout; algorithm is set per call
+    // Called for every (step, microbatch) as its data is served, before it is computed.
+    std::function<void(int64_t step, int32_t k)> on_serve;
+  };
+
+  ElasticRank(Trainable* model, Options options);
+
+  // Stages generation `plan` on `comm` (rank plan.rank of plan.world). `store` is used only for
+  // kCheckpoint. Once every rank returned OK and committed, every rank holds the committed state
+  // of step plan.committed_steps in the new layout, mirrored on its buddy.
+  absl::Status Configure(collectives::Communicator* comm, const GenerationPlan& plan,
+                         CheckpointStore* store);
+  // Runs step committed_steps() into staged state.
+  absl::StatusOr<StepOutcome> RunStep();
+  // Applies what is staged (a step or a configuration); no-op when nothing is.
+  void Commit();
+  void Abandon();
+  bool has_state() const { return has_state_; }
+
+  int64_t committed_steps() const { return committed_; }
+  const ShardLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  Trainable* model() { return model_; }
+  // The committed state of this rank's range (what a checkpoint writer copies).
+  ShardView committed_shard() const;
+
+ private:
+  enum class Staged { kNone, kStep, kConfig };
+  absl::Status MirrorToBuddy(const ShardLayout& layout, int rank, const std::vector<float>& m,
+                             const std::vector<float>& v, std::vector<float>* replica_m,
+                             std::vector<float>* replica_v);
+  absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
+
+  Trainable* model_;
+  Options options_;
+  collectives::Communicator* comm_ = nullptr;
+  ShardLayout layout_;
+  int rank_ = 0;
+  bool has_state_ = false;
+  int64_t committed_ = 0;
+  // Committed: moments of my range; the buddy mirror of rank (r - 1) mod W's range.
+  std::vector<float> m_, v_, replica_m_, replica_v_;
+  // Staged by RunStep or Configure; staged_full_ holds all n parameters.
+  Staged staged_ = Staged::kNone;
+  ShardLayout staged_layout_;
+  int staged_rank_ = 0;
+  int64_t staged_committed_ = 0;
+  std::vector<float> partial_, grad_shard_, staged_params_, staged_full_, staged_m_, staged_v_,
+      staged_replica_m_, staged_replica_v_;
+};
+
+}  // namespace troupe::actors
+
+#endif  // TROUPE_ACTORS_ELASTIC_H_

@@ -1,0 +1,86 @@
+// troupe/actors/trainable.h — what the elastic trainer needs from a model.
+//
+// A Trainable runs forward and backward for one microbatch over a flat fp32 parameter buffer and
+// names its tensors; the elastic trainer owns everything else (which rank computes which
+// microbatch, the canonical gradient sum, the sharded AdamW, checkpoints, recovery). Training your
+// own model means implementing this interface and registering a factory under a name the job spec
+// refers to (see training.h); the GPT from model/ is one implementation ("gpt").
+//
+// Contract, which deterministic mode relies on:
+//   * ComputeGradient(step, k) is a pure function of (params(), step, k): it reads the microbatch
+//     from the job's pure data function and overwrites grads() with the gradient of its share of
+//     the step's loss (the step loss is the sum over the M microbatches' shares);
+//   * InitParams(seed) is a pure function of the seed;
+//   * tensors() cover [0, num_params()) in order; `decay` says whether AdamW's weight decay
+//     applies.
+//
+// Example (a linear model y = w·x on data the model makes itself):
+//   class Linear : public troupe::actors::Trainable { ... };
+//   TrainableFactory f = [](const ModelSpec& spec) -> absl::StatusOr<std::unique_ptr<Trainable>> {
+//     return std::make_unique<Linear>(spec);
+//   };
+#ifndef TROUPE_ACTORS_TRAINABLE_H_
+#define TROUPE_ACTORS_TRAINABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "troupe/model/config.h"
+
+namespace troupe::actors {
+
+class Trainable {
+ public:
+  virtual ~Trainable() = default;
+
+  virtual int64_t num_params() const = 0;
+  virtual const std::vector<model::ParamTensor>& tensors() const = 0;
+  virtual float* params() = 0;
+  virtual const float* grads() const = 0;
+  virtual void InitParams(uint64_t seed) = 0;
+  // Overwrites grads() with the gradient of microbatch k's share of step `step`'s loss and
+  // returns that microbatch's mean loss.
+  virtual absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) = 0;
+  // Tokens (or samples) one microbatch holds: what tokens/s counts.
+  virtual int64_t tokens_per_microbatch() const = 0;
+  // For checkpoint manifests: the GPT's config, absent for other models.
+  virtual std::optional<model::GptConfig> gpt_config() const { return std::nullopt; }
+};
+
+// The model part of a job spec, as the factory sees it.
+struct ModelSpec {
+  std::string type = "gpt";    // the registered factory's name
+  std::string size = "tiny";   // gpt: tiny | small20m
+  std::string data_dir;        // gpt: where `troupe data prepare` put the shards
+  int32_t seq_len = 64;
+  int32_t microbatch_size = 4;  // m
+  int32_t microbatches = 8;     // M per step, fixed whatever the world size
+  uint64_t seed = 1;            // data order and initialisation
+  std::map<std::string, std::string> options;  // free-form, for user models ([model.options])
+};
+
+using TrainableFactory = std::function<absl::StatusOr<std::unique_ptr<Trainable>>(const ModelSpec&)>;
+
+// Name → factory. "gpt" is always present; programs add their own before they run a job.
+class TrainableRegistry {
+ public:
+  static TrainableRegistry& Global();
+  void Register(const std::string& name, TrainableFactory factory);
+  absl::StatusOr<std::unique_ptr<Trainable>> Create(const ModelSpec& spec) const;
+
+ private:
+  std::map<std::string, TrainableFactory> factories_;
+};
+
+// The GPT from model/ on the token shards in spec.data_dir (train-*.tok, tokenizer.bin).
+absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec);
+
+}  // namespace troupe::actors
+
+#endif  // TROUPE_ACTORS_TRAINABLE_H_

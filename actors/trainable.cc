@@ -1,0 +1,127 @@
+#include "troupe/actors/trainable.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "troupe/model/data_source.h"
+#include "troupe/model/gpt.h"
+#include "troupe/model/token_shard.h"
+
+namespace troupe::actors {
+namespace {
+
+class GptTrainable : public Trainable {
+ public:
+  GptTrainable(model::Gpt gpt, model::DataSource data)
+      : gpt_(std::move(gpt)), data_(std::move(data)) {}
+
+  int64_t num_params() const override { return gpt_.num_params(); }
+  const std::vector<model::ParamTensor>& tensors() const override {
+    return gpt_.layout().tensors();
+  }
+  float* params() override { return gpt_.params(); }
+  const float* grads() const override { return gpt_.grads(); }
+  void InitParams(uint64_t seed) override { gpt_.InitParams(seed); }
+  int64_t tokens_per_microbatch() const override {
+    return int64_t{data_.options().microbatch_size} * data_.options().seq_len;
+  }
+  std::optional<model::GptConfig> gpt_config() const override { return gpt_.config(); }
+
+  // The same arithmetic as model::Trainer::Step for one microbatch: loss weight 1/(M·m·T).
+  absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
+    const model::DataSourceOptions& d = data_.options();
+    const float loss_weight =
+        1.0f / static_cast<float>(int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len);
+    if (absl::Status s = data_.Get(step, k, &mb_); !s.ok()) return s;
+    absl::StatusOr<double> loss =
+        gpt_.Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
+    if (!loss.ok()) return loss.status();
+    gpt_.ZeroGrad();
+    if (absl::Status s = gpt_.Backward(loss_weight); !s.ok()) return s;
+    return *loss;
+  }
+
+ private:
+  model::Gpt gpt_;
+  model::DataSource data_;
+  model::Microbatch mb_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec) {
+  std::vector<std::string> shards;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(spec.data_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("train-", 0) == 0 && e.path().extension() == ".tok") {
+      shards.push_back(e.path().string());
+    }
+  }
+  if (ec) {
+    return absl::NotFoundError(absl::StrCat("model.data_dir: cannot read '", spec.data_dir,
+                                            "': ", ec.message(),
+                                            " (run `troupe data prepare` first)"));
+  }
+  if (shards.empty()) {
+    return absl::NotFoundError(absl::StrCat("model.data_dir: expected train-*.tok shards in '",
+                                            spec.data_dir, "', found none"));
+  }
+  std::sort(shards.begin(), shards.end());
+  absl::StatusOr<std::unique_ptr<model::TokenShard>> first = model::TokenShard::Open(shards[0], 0);
+  if (!first.ok()) return first.status();
+  const int32_t vocab = (*first)->vocab_size();
+  model::GptConfig config;
+  if (spec.size == "tiny") {
+    config = model::GptConfig::Tiny(vocab);
+  } else if (spec.size == "small20m") {
+    config = model::GptConfig::Small20M(vocab);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.size: expected tiny or small20m, got '", spec.size, "'"));
+  }
+  if (spec.seq_len > config.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("model.seq_len: expected at most ",
+                                                   config.context_length, " for size ", spec.size,
+                                                   ", got ", spec.seq_len));
+  }
+  absl::StatusOr<model::DataSource> data =
+      model::DataSource::Open(shards, vocab,
+                              {.seq_len = spec.seq_len,
+                               .microbatch_size = spec.microbatch_size,
+                               .microbatches_per_step = spec.microbatches,
+                               .seed = spec.seed});
+  if (!data.ok()) return data.status();
+  absl::StatusOr<model::Gpt> gpt = model::Gpt::Create(config);
+  if (!gpt.ok()) return gpt.status();
+  return std::make_unique<GptTrainable>(std::move(*gpt), std::move(*data));
+}
+
+TrainableRegistry& TrainableRegistry::Global() {
+  static TrainableRegistry* registry = [] {
+    auto* r = new TrainableRegistry;
+    r->Register("gpt", CreateGptTrainable);
+    return r;
+  }();
+  return *registry;
+}
+
+void TrainableRegistry::Register(const std::string& name, TrainableFactory factory) {
+  factories_[name] = std::move(factory);
+}
+
+absl::StatusOr<std::unique_ptr<Trainable>> TrainableRegistry::Create(const ModelSpec& spec) const {
+  auto it = factories_.find(spec.type);
+  if (it == factories_.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, f] : factories_) names.push_back(n);
+    return absl::InvalidArgumentError(absl::StrCat("model.type: expected one of ",
+                                                   absl::StrJoin(names, ", "), ", got '",
+                                                   spec.type, "'"));
+  }
+  return it->second(spec);
+}
+
+}  // namespace troupe::actors
