@@ -1,0 +1,77 @@
+// troupe/actors/job_spec.h — a training job, from a TOML file (Debian's libtomlplusplus).
+//
+//   [job]        name, steps, seed, work_dir, deterministic
+//   [model]      type ("gpt" or a registered Trainable), size, data_dir, seq_len,
+//                microbatch_size, microbatches (M per step, fixed whatever the world size),
+//                [model.options] free-form strings for user models
+//   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
+//   [elastic]    workers (started by the embedded cluster), min_workers, max_workers
+//   [checkpoint] dir, every (steps), keep_last
+//   [chaos]      faults = ["kill-worker@10", ...]  (see Fault)
+//
+// Every field is optional (defaults below: the tiny GPT on the fortunes corpus). Parsing rejects
+// unknown sections and keys, wrong types and out-of-range values with a message naming the file
+// and the field, with what was expected and what was found.
+//
+// Example:
+//   absl::StatusOr<JobSpec> spec = LoadJobSpec("job.toml");
+//   absl::StatusOr<JobSpec> same = ParseJobSpec(spec->ToToml(), "job.toml");
+#ifndef TROUPE_ACTORS_JOB_SPEC_H_
+#define TROUPE_ACTORS_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "troupe/actors/trainable.h"
+#include "troupe/model/optimizer.h"
+
+namespace troupe::actors {
+
+// An injected fault: `kind`@`step`[:`arg`].
+//   kill-worker@S[:R]        the process of rank R (default 1) kills itself with SIGKILL in the
+//                            middle of step S's gradient exchange
+//   kill-shard-and-buddy@S   ranks 1 and 2 (an owner and its buddy) are killed together at step S
+//   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
+//   join-worker@S            a node with one more worker joins before step S
+//   kill-coordinator@S       the coordinator's process is killed before step S
+struct Fault {
+  std::string kind;
+  int64_t step = 0;
+  int32_t arg = -1;
+  std::string ToString() const;
+};
+absl::StatusOr<Fault> ParseFault(const std::string& text);
+
+struct JobSpec {
+  std::string name = "tiny-gpt";
+  int64_t steps = 40;
+  uint64_t seed = 1;
+  std::string work_dir = "troupe-job";
+  bool deterministic = true;
+
+  ModelSpec model;
+  model::AdamWConfig adamw;
+  model::LrSchedule schedule;  // total_steps follows `steps` unless set
+
+  int32_t workers = 4;
+  int32_t min_workers = 1;
+  int32_t max_workers = 8;
+
+  std::string checkpoint_dir;  // "" = <work_dir>/ckpt
+  int64_t checkpoint_every = 10;
+  int32_t keep_last = 3;
+
+  std::vector<Fault> faults;
+
+  std::string ToToml() const;
+  std::string CheckpointDir() const;
+};
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& file);
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+}  // namespace troupe::actors
+
+#endif  // TROUPE_ACTORS_JOB_SPEC_H_

@@ -1,0 +1,102 @@
+#include "troupe/actors/job_spec.h"
+
+#include <gtest/gtest.h>
+
+namespace troupe::actors {
+namespace {
+
+TEST(JobSpecTest, DefaultsAreTheTinyGptWithFourWorkers) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec("", "empty.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.type, "gpt");
+  EXPECT_EQ(s->model.size, "tiny");
+  EXPECT_EQ(s->workers, 4);
+  EXPECT_EQ(s->schedule.total_steps, s->steps);
+  EXPECT_EQ(s->CheckpointDir(), "troupe-job/ckpt");
+}
+
+TEST(JobSpecTest, RoundTripsThroughToml) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(R"(
+[job]
+name = "t"
+steps = 12
+seed = 9
+deterministic = false
+[model]
+type = "mlp"
+microbatches = 16
+[model.options]
+hidden = "32"
+[optimizer]
+lr = 0.001
+warmup_steps = 3
+[elastic]
+workers = 3
+min_workers = 2
+max_workers = 5
+[checkpoint]
+every = 4
+keep_last = 2
+[chaos]
+faults = ["kill-worker@5:2", "join-worker@7"]
+)",
+                                           "job.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.options.at("hidden"), "32");
+  ASSERT_EQ(s->faults.size(), 2u);
+  EXPECT_EQ(s->faults[0].kind, "kill-worker");
+  EXPECT_EQ(s->faults[0].step, 5);
+  EXPECT_EQ(s->faults[0].arg, 2);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "again.toml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << s->ToToml();
+  EXPECT_EQ(back->ToToml(), s->ToToml());
+  EXPECT_EQ(back->schedule.max_lr, s->schedule.max_lr);
+  EXPECT_EQ(back->seed, 9u);
+  EXPECT_FALSE(back->deterministic);
+}
+
+struct BadCase {
+  const char* toml;
+  const char* must_mention;
+};
+
+class JobSpecErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(JobSpecErrorTest, NamesTheFileFieldExpectedAndGot) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(GetParam().toml, "bad.toml");
+  ASSERT_FALSE(s.ok()) << GetParam().toml;
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  const std::string msg(s.status().message());
+  EXPECT_NE(msg.find("bad.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(GetParam().must_mention), std::string::npos) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, JobSpecErrorTest,
+    ::testing::Values(
+        BadCase{"[job]\nsteps = \"ten\"\n", "job.steps: expected an integer, got string"},
+        BadCase{"[job]\nsteps = 0\n", "job.steps: expected an integer in [1,"},
+        BadCase{"[job]\nstep = 3\n", "job.step: expected one of"},
+        BadCase{"[jobs]\n", "[jobs]: expected one of"},
+        BadCase{"[elastic]\nmin_workers = 5\nmax_workers = 2\n", "elastic.min_workers"},
+        BadCase{"[elastic]\nworkers = 9\n", "elastic.workers: expected between"},
+        BadCase{"[model]\nmicrobatches = 2\n[elastic]\nworkers = 2\nmin_workers = 3\n"
+                "max_workers = 3\n",
+                "elastic.workers"},
+        BadCase{"[optimizer]\nlr = true\n", "optimizer.lr: expected a number, got boolean"},
+        BadCase{"[chaos]\nfaults = [\"explode@3\"]\n", "chaos.faults"},
+        BadCase{"[chaos]\nfaults = [\"kill-worker@99\"]\n", "below job.steps"},
+        BadCase{"[job\n", "bad.toml:"},
+        BadCase{"model = 3\n", "model: expected a table, got integer"}));
+
+TEST(FaultTest, Parses) {
+  EXPECT_EQ(ParseFault("kill-worker@10")->step, 10);
+  EXPECT_EQ(ParseFault("kill-worker@10")->arg, -1);
+  EXPECT_EQ(ParseFault("sigterm-node@3:1")->arg, 1);
+  EXPECT_FALSE(ParseFault("kill-worker").ok());
+  EXPECT_FALSE(ParseFault("kill-worker@x").ok());
+  EXPECT_FALSE(ParseFault("kill-worker@1:-2").ok());
+}
+
+}  // namespace
+}  // namespace troupe::actors
