@@ -26,6 +26,11 @@ int32_t SplitSize(int32_t n) {
   return p;
 }
 
+// The same status, its message prefixed with the step phase it failed in.
+absl::Status Phase(const char* phase, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(phase, ": ", s.message()));
+}
+
 absl::Status WaitAll(const std::vector<Work>& works) {
   absl::Status first;
   for (const Work& w : works) {
@@ -135,12 +140,10 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   ordered.interval_lo = static_cast<uint64_t>(lo);
   ordered.interval_hi = static_cast<uint64_t>(hi);
   grad_shard_.assign(layout_.per_rank, 0.0f);
-  if (absl::Status s = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),
-                                            collectives::ReduceOp::kSum, ordered)
-                           .Wait();
-      !s.ok()) {
-    return s;
-  }
+  Work exchange = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),
+                                       collectives::ReduceOp::kSum, ordered);
+  if (options_.on_exchange) options_.on_exchange(step);
+  if (absl::Status s = exchange.Wait(); !s.ok()) return Phase("gradient reduce-scatter", s);
 
   // 3. Global gradient norm over the real chunks, in a fixed tree.
   const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
@@ -160,7 +163,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
                                         options_.collective)
                            .Wait();
       !s.ok()) {
-    return s;
+    return Phase("gradient-norm all-gather", s);
   }
   all.resize(CeilDiv(n, kChunk));
   out.grad_norm = model::GradNormFromChunks(all);
@@ -179,14 +182,14 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   if (absl::Status s = MirrorToBuddy(layout_, rank_, staged_m_, staged_v_, &staged_replica_m_,
                                      &staged_replica_v_);
       !s.ok()) {
-    return s;
+    return Phase("buddy mirror", s);
   }
   staged_full_.assign(layout_.padded(), 0.0f);
   if (absl::Status s = comm_->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_),
                                         options_.collective)
                            .Wait();
       !s.ok()) {
-    return s;
+    return Phase("parameter all-gather", s);
   }
   staged_ = Staged::kStep;
   staged_layout_ = layout_;

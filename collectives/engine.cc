@@ -125,8 +125,11 @@ Work Engine::Submit(const CollectiveOptions& o, Fn fn, PostFn post) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
-    queue_.push_back(
-        Item{std::move(fn), std::move(post), next_seq_++, absl::Now() + o.timeout, state});
+    // Only collectives take a sequence number (their message tags derive from it): ranks issue
+    // different point-to-point operations, and counting those would shift every later collective's
+    // tags on some ranks only.
+    const uint64_t seq = fn ? next_seq_++ : 0;
+    queue_.push_back(Item{std::move(fn), std::move(post), seq, absl::Now() + o.timeout, state});
   }
   // No notify: a caller that waits runs the operation itself (a thread hand-off costs tens of
   // microseconds on a busy 2-vCPU host); the executor thread polls the queue every

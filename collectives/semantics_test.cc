@@ -86,6 +86,30 @@ TEST(Ordered, RejectsIntervalsThatAreNotSubtrees) {
   });
 }
 
+// Ranks issue different point-to-point operations (rank 0 sends to 1 only); the collectives after
+// them must still match up on every rank.
+TEST(PointToPoint, UnevenSendsDoNotShiftLaterCollectives) {
+  const int n = 3;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(n, 0, &comms);
+  CollectiveOptions o;
+  o.timeout = absl::Seconds(20);
+  std::vector<std::vector<float>> sums(n, std::vector<float>(1000, 1.0f));
+  std::vector<absl::Status> st(n);
+  ForEachRank(n, [&](int r) {
+    std::vector<float> msg(10, 5.0f);
+    if (r == 0) st[r] = comms[0]->Send(Buffer::F32(msg), 1, 7, o).Wait();
+    if (r == 1) st[r] = comms[1]->Recv(Buffer::F32(msg), 0, 7, o).Wait();
+    if (!st[r].ok()) return;
+    st[r] = comms[r]->AllReduce(Buffer::F32(sums[r]), Buffer::F32(sums[r]), ReduceOp::kSum, o)
+                .Wait();
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
+    EXPECT_EQ(sums[r][0], 3.0f) << "rank " << r;
+  }
+}
+
 TEST(Failure, KilledRankFailsEveryPendingOpWithUnavailableNamingIt) {
   const int n = 4;
   std::vector<std::unique_ptr<Communicator>> comms;

@@ -4,6 +4,9 @@
 #include <vector>
 
 #include "commands.h"
+#include <cstdio>
+
+#include "troupe/actors/training.h"
 #include "troupe/runtime/cluster.h"
 
 namespace troupe::tools {
@@ -14,7 +17,11 @@ int RunClusterRole(const std::string& role, const Args& args) {
   std::vector<char*> argv;
   for (auto& s : storage) argv.push_back(s.data());
   argv.push_back(nullptr);
-  runtime::ActorRegistry registry;  // the built-in training actors register here once they land
+  runtime::ActorRegistry registry;
+  if (absl::Status s = actors::RegisterTrainingActors(registry); !s.ok()) {
+    std::fprintf(stderr, "troupe %s: %s\n", role.c_str(), s.ToString().c_str());
+    return 1;
+  }
   return runtime::RunMain(static_cast<int>(storage.size()), argv.data(), std::move(registry));
 }
 

@@ -14,6 +14,9 @@ using Args = std::vector<std::string>;
 // troupe data prepare --input FILES... --out DIR --vocab N
 int RunData(const Args& args);
 
+// troupe train [--spec FILE] [--head HOST:P] [--workers N] [--chaos KIND@STEP]...
+int RunTrain(const Args& args);
+
 // troupe head|node|worker|up|certs ... (troupe::runtime::RunMain)
 int RunClusterRole(const std::string& role, const Args& args);
 

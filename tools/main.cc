@@ -21,6 +21,10 @@ int Up(const Args& a) { return RunClusterRole("up", a); }
 int Certs(const Args& a) { return RunClusterRole("certs", a); }
 
 constexpr Command kCommands[] = {
+    {"train",
+     "train [--spec job.toml] [--head HOST:P] [--workers N] [--steps N] "
+     "[--chaos kill-worker@10] [--report FILE]",
+     RunTrain},
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
     {"head", "head [--port P] [--host ADDR] [--tls_ca F --tls_cert F --tls_key F]", Head},
     {"node",

@@ -90,6 +90,9 @@ class ElasticRank {
     collectives::CollectiveOptions collective;  // timeout; algorithm is set per call
     // Called for every (step, microbatch) as its data is served, before it is computed.
     std::function<void(int64_t step, int32_t k)> on_serve;
+    // Called once the step's gradient exchange is under way (the reduce-scatter posted, not yet
+    // complete): where chaos kills a rank "in the middle of the exchange".
+    std::function<void(int64_t step)> on_exchange;
   };
 
   ElasticRank(Trainable* model, Options options);

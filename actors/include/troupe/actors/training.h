@@ -1,0 +1,77 @@
+// troupe/actors/training.h — elastic training as actors across worker processes.
+//
+//   driver (troupe train, or your program)           worker processes (one rank actor each)
+//   ┌──────────────────────────────────────┐        ┌───────────────────────────────────────┐
+//   │ coordinator actor: generations,      │ CAF →  │ rank actor "troupe.rank":             │
+//   │ step commits, checkpoint manifests,  │        │   data loader (pure data function),   │
+//   │ recovery, chaos; bootstrap key-value │ ← CAF  │   trainer (forward/backward),         │
+//   │ store for the collectives            │        │   parameter shard (ZeRO range + AdamW │
+//   │ driver thread: membership, spawning  │        │   + buddy mirror), checkpoint writer  │
+//   └──────────────────────────────────────┘        └───────── UCX (tensors) ───────────────┘
+//
+// Control messages are small CAF messages; gradients and parameters move only through the
+// collectives (UCX between the worker processes), bootstrapped over the coordinator.
+//
+// A generation is a fixed group of ranks. Each membership change (a rank's process dies, a node
+// drains, a worker joins at a step boundary) aborts the generation's collectives, re-plans the
+// ranks and restores the committed state (ElasticRank::Configure: memory, buddy mirror or
+// checkpoint); the step in flight is abandoned and re-run. Only committed steps count.
+//
+// Files under the job's work_dir: serve/<worker>.log — one "step microbatch generation" line per
+// microbatch a data loader served, written before it is computed; commits.log — one
+// "step generation" line per committed step; logs/ — the worker processes' output; ckpt/.
+//
+// Example (a program that embeds troupe and trains its own model):
+//   int main(int argc, char** argv) {
+//     TrainableRegistry::Global().Register("mlp", MakeMlp);
+//     troupe::runtime::ActorRegistry registry;
+//     RegisterTrainingActors(registry);
+//     if (int rc = troupe::runtime::RunMain(argc, argv, registry); rc >= 0) return rc;  // a role
+//     absl::StatusOr<JobReport> r = RunTrainingJob(*LoadJobSpec("job.toml"), {});
+//   }
+#ifndef TROUPE_ACTORS_TRAINING_H_
+#define TROUPE_ACTORS_TRAINING_H_
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "troupe/actors/job_spec.h"
+#include "troupe/runtime/registry.h"
+
+namespace troupe::actors {
+
+// Registers "troupe.rank" (args: job spec TOML, worker id). Every program whose worker processes
+// run training jobs calls this before RunMain.
+absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry);
+
+struct JobReport {
+  int64_t committed_steps = 0;
+  std::vector<double> losses;  // per committed step
+  uint32_t final_params_crc32c = 0;
+  int64_t num_params = 0;
+  int generations = 0;
+  int final_world = 0;
+  // First injected fault: from the kill (as the dying process wrote it down) to the next commit.
+  double recovery_seconds = -1;
+  int64_t steps_lost = 0;  // committed steps recomputed after faults (checkpoint rollbacks)
+  double tokens_per_second = 0;
+};
+
+struct TrainOptions {
+  std::string binary;     // embedded cluster: the program to run roles with ("" = this one)
+  std::string head;       // "HOST:PORT" of a running cluster; "" = start the embedded one
+  std::ostream* progress = nullptr;  // one line per step and per event; std::cout when null
+};
+
+// Runs `spec` to its last step (or an error that cannot be recovered from, e.g. fewer than
+// min_workers for too long) and returns what happened. The GPT reads model.data_dir, which
+// defaults to <work_dir>/data and is prepared from the fortunes corpus when empty.
+absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options);
+
+}  // namespace troupe::actors
+
+#endif  // TROUPE_ACTORS_TRAINING_H_

@@ -1,0 +1,343 @@
+// The rank actor "troupe.rank": data loader, trainer, parameter shard and checkpoint writer of
+// one worker process. Its CAF handlers only queue work for a step thread (the step blocks in the
+// collectives) — except an abort, which fails the running generation's collectives at once.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "caf/all.hpp"
+#include "protocol.h"
+#include "troupe/actors/elastic.h"
+#include "troupe/actors/training.h"
+#include "troupe/collectives/ucx_communicator.h"
+#include "troupe/model/crc32c.h"
+#include "troupe/runtime/actor.h"
+
+namespace troupe::actors {
+namespace {
+
+// Bootstrap keys live in the coordinator (put/get requests); a lookup polls until the key is
+// there, its deadline passes, or the generation it serves was aborted.
+class CoordinatorBootstrap : public collectives::Bootstrap {
+ public:
+  CoordinatorBootstrap(caf::actor_system& sys, caf::actor kv, uint64_t gen,
+                       const std::atomic<uint64_t>* aborted_below)
+      : sys_(sys), kv_(std::move(kv)), gen_(gen), aborted_below_(aborted_below) {}
+
+  absl::Status Publish(const std::string& key, const std::string& value) override {
+    caf::scoped_actor self{sys_};
+    absl::Status st = absl::UnavailableError("bootstrap: no reply from the coordinator");
+    self->request(kv_, std::chrono::seconds(10), put_atom::value, key, value)
+        .receive([&](bool) { st = absl::OkStatus(); },
+                 [&](caf::error& e) {
+                   st = absl::UnavailableError(
+                       absl::StrCat("bootstrap publish of ", key, ": ", sys_.render(e)));
+                 });
+    return st;
+  }
+
+  absl::StatusOr<std::string> Lookup(const std::string& key, absl::Time deadline) override {
+    caf::scoped_actor self{sys_};
+    while (true) {
+      if (aborted_below_->load() > gen_) {
+        return absl::AbortedError(absl::StrCat("bootstrap of generation ", gen_, " aborted"));
+      }
+      std::optional<std::string> value;
+      absl::Status st;
+      self->request(kv_, std::chrono::seconds(10), get_atom::value, key)
+          .receive(
+              [&](bool found, std::string& v) {
+                if (found) value = std::move(v);
+              },
+              [&](caf::error& e) {
+                st = absl::UnavailableError(
+                    absl::StrCat("bootstrap lookup of ", key, ": ", sys_.render(e)));
+              });
+      if (!st.ok()) return st;
+      if (value) return *value;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("bootstrap: ", key, " never published"));
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+
+ private:
+  caf::actor_system& sys_;
+  caf::actor kv_;
+  uint64_t gen_;
+  const std::atomic<uint64_t>* aborted_below_;
+};
+
+// A line written with one write(2): a kill -9 right after loses nothing already written.
+class LineLog {
+ public:
+  explicit LineLog(const std::string& path) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+  ~LineLog() {
+    if (fd_ >= 0) close(fd_);
+  }
+  void Write(const std::string& line) {
+    if (fd_ < 0) return;
+    std::string l = line + "\n";
+    (void)!write(fd_, l.data(), l.size());
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+class RankState {
+ public:
+  RankState(caf::actor_system& sys, JobSpec spec, std::string worker)
+      : sys_(sys), spec_(std::move(spec)), worker_(std::move(worker)) {}
+  ~RankState() { Stop(); }
+
+  absl::Status Init() {
+    absl::StatusOr<std::unique_ptr<Trainable>> model =
+        TrainableRegistry::Global().Create(spec_.model);
+    if (!model.ok()) return model.status();
+    model_ = std::move(*model);
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
+        CheckpointStore::Open({.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last});
+    if (!store.ok()) return store.status();
+    store_ = std::move(*store);
+    serve_log_ = std::make_unique<LineLog>(absl::StrCat(
+        spec_.work_dir, "/serve/", absl::StrReplaceAll(worker_, {{"/", "_"}}), ".log"));
+    ElasticRank::Options o;
+    o.microbatches = spec_.model.microbatches;
+    o.seed = spec_.seed;
+    o.adamw = spec_.adamw;
+    o.schedule = spec_.schedule;
+    o.collective.timeout = absl::Seconds(30);
+    o.on_serve = [this](int64_t step, int32_t k) {
+      serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_));
+    };
+    o.on_exchange = [this](int64_t step) {
+      if (kill_at_step_.load() != step) return;
+      // Chaos: die like kill -9 in the middle of the gradient exchange, after writing down when.
+      LineLog(absl::StrCat(spec_.work_dir, "/chaos.log"))
+          .Write(absl::StrCat("killed ", worker_, " step ", step, " at_ns ",
+                              absl::ToUnixNanos(absl::Now())));
+      raise(SIGKILL);
+    };
+    rank_ = std::make_unique<ElasticRank>(model_.get(), std::move(o));
+    thread_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      queue_.clear();
+    }
+    Abort(UINT64_MAX);
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // From the actor's thread: fails the current generation's collectives now.
+  void Abort(uint64_t new_gen) {
+    uint64_t cur = aborted_below_.load();
+    while (new_gen > cur && !aborted_below_.compare_exchange_weak(cur, new_gen)) {
+    }
+    std::lock_guard<std::mutex> l(comm_mu_);
+    if (comm_ != nullptr && comm_->generation() < new_gen) comm_->AbortForGeneration(new_gen);
+  }
+
+  // `always`: runs even if its generation was aborted meanwhile (a commit: the coordinator has
+  // recorded the step, so every rank that staged it must apply it).
+  void Post(uint64_t gen, std::function<void()> task, bool always = false) {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back({gen, always, std::move(task)});
+    cv_.notify_all();
+  }
+
+  void ArmKill(int64_t step) { kill_at_step_.store(step); }
+
+  // Tasks (step thread).
+  void Configure(uint64_t gen, const std::string& plan_text, caf::actor coordinator) {
+    coordinator_ = coordinator;
+    absl::StatusOr<GenerationPlan> plan = DecodePlan(plan_text);
+    absl::Status st = plan.status();
+    if (st.ok()) {
+      {
+        std::lock_guard<std::mutex> l(comm_mu_);
+        comm_.reset();  // the old generation's buffers are no longer written to after this
+      }
+      gen_ = gen;
+      CoordinatorBootstrap boot(sys_, coordinator, gen, &aborted_below_);
+      collectives::UcxOptions uo;
+      uo.rank = plan->rank;
+      uo.size = plan->world;
+      uo.generation = gen;
+      uo.key_prefix = spec_.name;
+      uo.connect_timeout = absl::Seconds(20);
+      uo.liveness_timeout = absl::Seconds(2);
+      absl::StatusOr<std::unique_ptr<collectives::Communicator>> comm =
+          collectives::CreateUcxCommunicator(&boot, uo);
+      if (!comm.ok()) {
+        st = comm.status();
+      } else {
+        {
+          std::lock_guard<std::mutex> l(comm_mu_);
+          comm_ = std::move(*comm);
+          if (aborted_below_.load() > gen) comm_->AbortForGeneration(aborted_below_.load());
+        }
+        st = rank_->Configure(comm_.get(), *plan, store_.get());
+      }
+    }
+    caf::anon_send(coordinator, configured_atom::value, gen, worker_, st.ok(), st.ToString());
+  }
+
+  void Step(uint64_t gen, int64_t step) {
+    absl::StatusOr<StepOutcome> out =
+        step == rank_->committed_steps()
+            ? rank_->RunStep()
+            : absl::StatusOr<StepOutcome>(absl::FailedPreconditionError(absl::StrCat(
+                  "step ", step, " asked, this rank is at step ", rank_->committed_steps())));
+    if (!out.ok() && comm_ != nullptr) {
+      out = absl::Status(out.status().code(),
+                         absl::StrCat(out.status().message(), " [", comm_->DebugString(), "]"));
+    }
+    std::string losses;
+    double norm = 0;
+    if (out.ok()) {
+      for (const auto& [k, loss] : out->losses) absl::StrAppend(&losses, k, ":", loss, ",");
+      norm = out->grad_norm;
+    }
+    caf::anon_send(coordinator_, stepped_atom::value, gen, step, worker_, out.ok(),
+                   out.status().ToString(), losses, norm);
+  }
+
+  void Commit(uint64_t gen, int64_t checkpoint_step) {
+    rank_->Commit();
+    if (checkpoint_step < 0 || checkpoint_step != rank_->committed_steps()) return;
+    ShardView v = rank_->committed_shard();
+    if (v.end <= v.begin) return;  // a rank that owns only padding writes nothing
+    // Copy now (the next step changes the state), write on the writer thread.
+    auto data = std::make_shared<std::vector<float>>();
+    const size_t count = v.end - v.begin;
+    data->resize(3 * count);
+    std::copy(v.params, v.params + count, data->begin());
+    std::copy(v.adam_m, v.adam_m + count, data->begin() + count);
+    std::copy(v.adam_v, v.adam_v + count, data->begin() + 2 * count);
+    const int index = rank_->rank();
+    const int64_t begin = v.begin, end = v.end;
+    if (writer_.joinable()) writer_.join();  // at most one write in flight
+    writer_ = std::thread([this, data, count, index, begin, end, checkpoint_step, gen] {
+      ShardView view{begin, end, data->data(), data->data() + count, data->data() + 2 * count};
+      absl::StatusOr<ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, view);
+      ShardFileInfo i = info.ok() ? *info : ShardFileInfo{};
+      caf::anon_send(coordinator_, shard_written_atom::value, gen, checkpoint_step, index, i.name,
+                     i.begin, i.end, static_cast<int64_t>(i.byte_size),
+                     static_cast<int64_t>(i.crc32c), info.ok(), info.status().ToString());
+    });
+  }
+
+  void Final(uint64_t gen) {
+    const uint32_t crc = model::Crc32c(model_->params(), model_->num_params() * sizeof(float));
+    caf::anon_send(coordinator_, final_atom::value, gen, static_cast<int64_t>(crc),
+                   model_->num_params(), rank_->committed_steps());
+  }
+
+ private:
+  struct Task {
+    uint64_t gen;
+    bool always;
+    std::function<void()> run;
+  };
+
+  void Loop() {
+    while (true) {
+      Task t;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) break;
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      // Work of an aborted generation is skipped (its step is abandoned by the next Configure).
+      if (!t.always && t.gen < aborted_below_.load()) continue;
+      t.run();
+    }
+    if (writer_.joinable()) writer_.join();
+  }
+
+  caf::actor_system& sys_;
+  JobSpec spec_;
+  std::string worker_;
+  std::unique_ptr<Trainable> model_;
+  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<ElasticRank> rank_;
+  std::unique_ptr<LineLog> serve_log_;
+  caf::actor coordinator_;
+  uint64_t gen_ = 0;
+  std::atomic<uint64_t> aborted_below_{0};
+  std::atomic<int64_t> kill_at_step_{-1};
+  std::mutex comm_mu_;
+  std::unique_ptr<collectives::Communicator> comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::thread thread_, writer_;
+};
+
+}  // namespace
+
+absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
+  return registry.Register<std::string, std::string>(
+      kRankActorType,
+      [](runtime::Actor* self, std::string spec_text, std::string worker) -> caf::behavior {
+        absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_text, "job spec from the coordinator");
+        std::shared_ptr<RankState> st;
+        absl::Status init = spec.status();
+        if (spec.ok()) {
+          st = std::make_shared<RankState>(self->system(), *spec, worker);
+          init = st->Init();
+        }
+        if (!init.ok()) {
+          std::cerr << "troupe.rank " << worker << ": " << init << std::endl;
+          self->quit(caf::make_error(caf::sec::runtime_error, std::string(init.message())));
+          return {};
+        }
+        self->attach_functor([st] { st->Stop(); });
+        return {
+            [st](configure_atom, uint64_t gen, const std::string& plan, const caf::actor& coord) {
+              st->Abort(gen);
+              st->Post(gen, [st, gen, plan, coord] { st->Configure(gen, plan, coord); });
+            },
+            [st](step_atom, uint64_t gen, int64_t step) {
+              st->Post(gen, [st, gen, step] { st->Step(gen, step); });
+            },
+            [st](commit_atom, uint64_t gen, int64_t checkpoint_step) {
+              st->Post(
+                  gen, [st, gen, checkpoint_step] { st->Commit(gen, checkpoint_step); },
+                  /*always=*/true);
+            },
+            [st](abort_atom, uint64_t gen) { st->Abort(gen); },
+            [st](arm_atom, int64_t step) { st->ArmKill(step); },
+            [st](final_atom, uint64_t gen) {
+              st->Post(gen, [st, gen] { st->Final(gen); });
+            },
+        };
+      });
+}
+
+}  // namespace troupe::actors
