@@ -685,6 +685,9 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
     for (const runtime::MemberInfo& m : *members) {
       if (m.kind == "node") node_pids[m.id] = m.pid;
     }
+    if (local != nullptr) {
+      for (const auto& [name, pid] : local->nodes()) node_pids[name] = pid;
+    }
     for (const runtime::MemberInfo& m : *members) {
       if (m.kind != "worker" || m.state != "alive" || spawned.count(m.id)) continue;
       spawned.insert(m.id);

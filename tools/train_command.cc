@@ -20,7 +20,7 @@ constexpr char kUsage[] =
     "  --head     submit to a running cluster; without it an embedded cluster is started\n"
     "  --chaos    inject a fault: kill-worker@S[:R], kill-shard-and-buddy@S, sigterm-node@S[:R],\n"
     "             join-worker@S\n"
-    "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n>' when done\n";
+    "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>' when done\n";
 
 bool IntFlag(const std::string& flag, const std::string& v, int64_t lo, int64_t* out) {
   if (!absl::SimpleAtoi(v, out) || *out < lo) {
@@ -106,9 +106,10 @@ int RunTrain(const Args& args) {
   }
   if (!report_path.empty()) {
     std::ofstream out(report_path);
-    out << absl::StrFormat("recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d\n",
+    out << absl::StrFormat("recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d world=%d\n",
                            report->recovery_seconds, report->steps_lost,
-                           report->final_params_crc32c, report->committed_steps);
+                           report->final_params_crc32c, report->committed_steps,
+                           report->final_world);
   }
   return 0;
 }

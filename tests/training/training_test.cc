@@ -1,0 +1,261 @@
+// Elastic training end to end (issue: must show 1–3). Every run is `troupe train` as a real
+// process tree; the faults are real: a worker process killed with SIGKILL in the middle of the
+// gradient exchange, SIGTERM to a node agent, a node that joins, the whole job killed. Final
+// weights are compared through the CRC32C of the flat parameter vector the job reports.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+constexpr int kSteps = 16;
+constexpr int kMicrobatches = 8;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Report {
+  double recovery_s = -1;
+  int steps_lost = -1, steps = -1, world = -1;
+  std::string crc;
+};
+
+struct JobRun {
+  int exit_code = -1;
+  std::string output;
+  Report report;
+};
+
+class TrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = fs::temp_directory_path() /
+            ("troupe_training_" + std::to_string(getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(base_);
+    fs::create_directories(base_);
+    // One prepared corpus for every run of the test binary (tokenizing takes seconds).
+    data_ = fs::temp_directory_path() / "troupe_training_test_data";
+    spec_ = base_ + "/job.toml";
+    std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << kSteps
+                         << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
+                         << data_ << "\"\n[elastic]\nmin_workers = 1\nmax_workers = 6\n"
+                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(base_);
+  }
+
+  // Starts `troupe train` in its own process group; output goes to <dir>/out.txt.
+  pid_t Start(const std::string& dir, const std::vector<std::string>& extra) {
+    fs::create_directories(dir);
+    std::vector<std::string> args = {TROUPE_BINARY, "train",      "--spec",   spec_,
+                                     "--work_dir",  dir,          "--report", dir + "/report"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      int fd = open((dir + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    return pid;
+  }
+
+  static int Wait(pid_t pid, milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  JobRun Train(const std::string& name, const std::vector<std::string>& extra) {
+    const std::string dir = base_ + "/" + name;
+    JobRun r;
+    r.exit_code = Wait(Start(dir, extra), milliseconds(240000));
+    r.output = Slurp(dir + "/out.txt");
+    std::istringstream rep(Slurp(dir + "/report"));
+    std::string field;
+    while (rep >> field) {
+      auto eq = field.find('=');
+      if (eq == std::string::npos) continue;
+      std::string k = field.substr(0, eq), v = field.substr(eq + 1);
+      if (k == "recovery_s") r.report.recovery_s = std::stod(v);
+      if (k == "steps_lost") r.report.steps_lost = std::stoi(v);
+      if (k == "steps") r.report.steps = std::stoi(v);
+      if (k == "world") r.report.world = std::stoi(v);
+      if (k == "crc32c") r.report.crc = v;
+    }
+    return r;
+  }
+
+  // The fault-free 4-worker run's final weights, computed once per test binary.
+  const std::string& Reference() {
+    static std::string crc;
+    if (crc.empty()) {
+      JobRun r = Train("reference", {"--workers", "4"});
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      crc = r.report.crc;
+    }
+    return crc;
+  }
+
+  // Every committed (step, generation) was served exactly once per microbatch, and every step
+  // 0..kSteps-1 was committed exactly once.
+  void ExpectExactlyOnce(const std::string& name) {
+    const std::string dir = base_ + "/" + name;
+    std::map<std::pair<int64_t, int64_t>, std::multiset<int>> served;  // (step, gen) → k
+    for (const auto& e : fs::directory_iterator(dir + "/serve")) {
+      std::istringstream in(Slurp(e.path()));
+      int64_t s, k, g;
+      while (in >> s >> k >> g) served[{s, g}].insert(static_cast<int>(k));
+    }
+    std::istringstream commits(Slurp(dir + "/commits.log"));
+    std::map<int64_t, int> committed;
+    int64_t s, g;
+    while (commits >> s >> g) {
+      ++committed[s];
+      std::multiset<int> want;
+      for (int k = 0; k < kMicrobatches; ++k) want.insert(k);
+      EXPECT_EQ(served[std::make_pair(s, g)], want) << "step " << s << " generation " << g
+                                      << ": microbatches served for the committed run";
+    }
+    for (int64_t step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(committed[step], 1) << "step " << step << " committed " << committed[step]
+                                    << " times";
+    }
+    EXPECT_EQ(committed.size(), static_cast<size_t>(kSteps));
+  }
+
+  std::string base_, data_, spec_;
+};
+
+TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights) {
+  const std::string want = Reference();
+  ASSERT_FALSE(want.empty());
+  JobRun one = Train("one", {"--workers", "1"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_EQ(one.report.crc, want) << "1 worker vs 4 workers";
+
+  JobRun r = Train("kill", {"--workers", "4", "--chaos", "kill-worker@7"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("killed by signal 9"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.world, 3) << r.output;
+  EXPECT_EQ(r.report.steps, kSteps);
+  EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0);
+  EXPECT_GT(r.report.recovery_s, 0);
+  ExpectExactlyOnce("kill");
+}
+
+TEST_F(TrainingTest, SigtermDrainsTheNodeAtAStepBoundaryWithNothingLost) {
+  const std::string want = Reference();
+  JobRun r = Train("drain", {"--workers", "4", "--chaos", "sigterm-node@6"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("draining"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.world, 3) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("drain");
+}
+
+TEST_F(TrainingTest, AWorkerThatJoinsIsFoldedInAtTheNextStepBoundary) {
+  const std::string want = Reference();
+  JobRun r = Train("join", {"--workers", "4", "--chaos", "join-worker@8"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("folding in"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.world, 5) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("join");
+}
+
+TEST_F(TrainingTest, ShardOwnerAndBuddyKilledTogetherRestoreFromDisk) {
+  const std::string want = Reference();
+  JobRun r = Train("both", {"--workers", "4", "--chaos", "kill-shard-and-buddy@12"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("state from checkpoint"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 2) << "step 10's checkpoint, killed in step 12\n" << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+}
+
+TEST_F(TrainingTest, WholeJobKilledThenResumedWithAnotherWorldSize) {
+  const std::string want = Reference();
+  const std::string dir = base_ + "/resume";
+  pid_t pid = Start(dir, {"--workers", "4"});
+  // Wait until step 10's checkpoint is committed, then kill the whole job (driver, head, nodes,
+  // workers: the process group and, through their death signals, everything below).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (Slurp(dir + "/out.txt").find("ckpt/step-10 committed") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  kill(-pid, SIGKILL);
+  int status;
+  waitpid(pid, &status, 0);
+  ASSERT_NE(Slurp(dir + "/out.txt").find("ckpt/step-10 committed"), std::string::npos);
+  JobRun r = Train("resume", {"--workers", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("state from checkpoint"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.world, 2);
+  EXPECT_EQ(r.report.crc, want) << r.output;
+}
+
+TEST_F(TrainingTest, CorruptNewestCheckpointIsSkippedAndThePreviousUsed) {
+  const std::string want = Reference();
+  // A finished 16-step job (checkpoints every 5, keep 3) leaves step-10, step-15 and step-16;
+  // damage step-16's first shard.
+  JobRun first = Train("corrupt", {"--workers", "3", "--steps", "16"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string shard = base_ + "/corrupt/ckpt/step-16/shard-00000.bin";
+  ASSERT_TRUE(fs::exists(shard));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  // Re-running the same job resumes from the newest *valid* checkpoint (step-15), recomputes
+  // step 15 and ends with the same weights.
+  JobRun again = Train("corrupt", {"--workers", "2"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("shard-00000.bin"), std::string::npos)
+      << "the warning names the damaged file\n"
+      << again.output;
+  EXPECT_NE(again.output.find("state from checkpoint " + base_ + "/corrupt/ckpt/step-15"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(again.report.crc, want) << again.output;
+}
+
+}  // namespace
