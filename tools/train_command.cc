@@ -15,7 +15,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: troupe train [--spec FILE.toml] [--head HOST:PORT] [--workers N] [--steps N]\n"
-    "                    [--work_dir DIR] [--chaos KIND@STEP[:ARG]]... [--report FILE]\n"
+    "                    [--work_dir DIR] [--data_dir DIR] [--chaos KIND@STEP[:ARG]]...\n"
+    "                    [--report FILE]\n"
     "  --spec     job spec (TOML: [job] [model] [optimizer] [elastic] [checkpoint] [chaos])\n"
     "  --head     submit to a running cluster; without it an embedded cluster is started\n"
     "  --chaos    inject a fault: kill-worker@S[:R], kill-shard-and-buddy@S, sigterm-node@S[:R],\n"
@@ -34,7 +35,7 @@ bool IntFlag(const std::string& flag, const std::string& v, int64_t lo, int64_t*
 }  // namespace
 
 int RunTrain(const Args& args) {
-  std::string spec_path, head, report_path, work_dir;
+  std::string spec_path, head, report_path, work_dir, data_dir;
   int64_t workers = -1, steps = -1;
   std::vector<std::string> chaos;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -56,6 +57,8 @@ int RunTrain(const Args& args) {
       report_path = v;
     } else if (a == "--work_dir") {
       work_dir = v;
+    } else if (a == "--data_dir") {
+      data_dir = v;
     } else if (a == "--chaos") {
       chaos.push_back(v);
     } else if (a == "--workers") {
@@ -83,6 +86,7 @@ int RunTrain(const Args& args) {
     spec->schedule.total_steps = steps;
   }
   if (!work_dir.empty()) spec->work_dir = work_dir;
+  if (!data_dir.empty()) spec->model.data_dir = data_dir;
   for (const std::string& c : chaos) {
     absl::StatusOr<actors::Fault> f = actors::ParseFault(c);
     if (!f.ok()) {
