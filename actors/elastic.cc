@@ -269,6 +269,13 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
 
 absl::Status ElasticRank::Configure(collectives::Communicator* comm, const GenerationPlan& plan,
                                     CheckpointStore* store) {
+  // A step this rank staged and the coordinator recorded as committed, but whose commit message
+  // never arrived (the coordinator died in between): apply it now. Anything else staged is
+  // abandoned.
+  if (staged_ == Staged::kStep && plan.source == RestoreSource::kMemory &&
+      staged_committed_ == plan.committed_steps) {
+    Commit();
+  }
   Abandon();
   comm_ = comm;
   const int64_t n = model_->num_params();

@@ -13,6 +13,9 @@
 //                       (shard_written, gen, step, index, name, begin, end, bytes, crc, ok, error)
 //                       (final, gen, crc, num_params, committed_steps)
 //   rank → coordinator (collectives bootstrap): (put, key, value) → bool; (get, key) → (bool, value)
+//   coordinator → driver: (hello, coordinator) (line, text) (add_node, name) (report, ...)
+//                         (failed, status)
+//   driver → coordinator: (known, n) then n × (join, worker, node, node_pid, rank); membership
 #ifndef TROUPE_ACTORS_PROTOCOL_H_
 #define TROUPE_ACTORS_PROTOCOL_H_
 
@@ -21,10 +24,12 @@
 #include "absl/status/statusor.h"
 #include "caf/atom.hpp"
 #include "troupe/actors/elastic.h"
+#include "troupe/runtime/registry.h"
 
 namespace troupe::actors {
 
 inline constexpr char kRankActorType[] = "troupe.rank";
+inline constexpr char kCoordinatorActorType[] = "troupe.coordinator";
 
 using configure_atom = caf::atom_constant<caf::atom("tr_cfg")>;
 using configured_atom = caf::atom_constant<caf::atom("tr_cfgd")>;
@@ -37,6 +42,19 @@ using final_atom = caf::atom_constant<caf::atom("tr_final")>;
 using shard_written_atom = caf::atom_constant<caf::atom("tr_shard")>;
 using put_atom = caf::atom_constant<caf::atom("tr_put")>;
 using get_atom = caf::atom_constant<caf::atom("tr_get")>;
+// coordinator ↔ driver
+using hello_atom = caf::atom_constant<caf::atom("tr_hello")>;       // (hello, coordinator)
+using known_atom = caf::atom_constant<caf::atom("tr_known")>;       // (known, n): n joins follow
+using join_atom = caf::atom_constant<caf::atom("tr_join")>;         // (join, worker, node, pid, rank)
+using progress_atom = caf::atom_constant<caf::atom("tr_line")>;     // (line, text) to print
+using report_atom = caf::atom_constant<caf::atom("tr_report")>;     // the job finished
+using failed_atom = caf::atom_constant<caf::atom("tr_failed")>;     // the job cannot go on
+using add_node_atom = caf::atom_constant<caf::atom("tr_addnode")>;  // chaos: a node joins
+// coordinator → itself
+using retry_atom = caf::atom_constant<caf::atom("tr_retry")>;
+using watchdog_atom = caf::atom_constant<caf::atom("tr_watch")>;
+
+absl::Status RegisterCoordinator(runtime::ActorRegistry& registry);
 
 // "world rank committed source checkpoint_step old0,old1,..." (old list "-" when empty).
 std::string EncodePlan(const GenerationPlan& plan);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <iostream>
 #include <mutex>
 #include <thread>
 
@@ -302,6 +303,7 @@ class RankState {
 }  // namespace
 
 absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
+  if (absl::Status s = RegisterCoordinator(registry); !s.ok()) return s;
   return registry.Register<std::string, std::string>(
       kRankActorType,
       [](runtime::Actor* self, std::string spec_text, std::string worker) -> caf::behavior {

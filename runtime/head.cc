@@ -226,6 +226,17 @@ class HeadActor final : public caf::event_based_actor {
                           "worker " + id + " died: " + why)
               : std::next(d);
     }
+    // A node whose last worker died can host nothing more: no new placements there (the
+    // scheduler would otherwise keep choosing it and every spawn would fail).
+    bool node_has_worker = false;
+    for (const auto& [wid, w] : members_) {
+      node_has_worker = node_has_worker || (w.info.kind == "worker" && w.info.state == "alive" &&
+                                            w.info.node == m.info.node);
+    }
+    if (auto node = members_.find(m.info.node);
+        !node_has_worker && node != members_.end() && node->second.info.state == "alive") {
+      (void)sched_.DrainNode(m.info.node);
+    }
     // The exit report from the node agent normally follows within milliseconds; wait for it
     // briefly so the down event can carry the exit status and the stderr tail.
     delayed_send(this, std::chrono::milliseconds(250), flush_atom::value, id);

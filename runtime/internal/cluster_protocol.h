@@ -27,6 +27,7 @@
 
 #include "caf/atom.hpp"
 #include "caf/meta/type_name.hpp"
+#include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime::internal {
 
@@ -37,8 +38,8 @@ using wexit_atom = caf::atom_constant<caf::atom("tr_wexit")>;
 using drain_atom = caf::atom_constant<caf::atom("tr_drain")>;
 using leave_atom = caf::atom_constant<caf::atom("tr_leave")>;
 using spawn_atom = caf::atom_constant<caf::atom("tr_spawn")>;
-using lookup_atom = caf::atom_constant<caf::atom("tr_lookup")>;
-using members_atom = caf::atom_constant<caf::atom("tr_members")>;
+using lookup_atom = directory_lookup_atom;
+using members_atom = members_table_atom;
 using generation_atom = caf::atom_constant<caf::atom("tr_gen")>;
 using subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 using fence_atom = caf::atom_constant<caf::atom("tr_fence")>;

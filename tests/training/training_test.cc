@@ -201,6 +201,17 @@ TEST_F(TrainingTest, AWorkerThatJoinsIsFoldedInAtTheNextStepBoundary) {
   ExpectExactlyOnce("join");
 }
 
+TEST_F(TrainingTest, KilledCoordinatorIsRestartedAndResumesFromTheCommittedStepRecord) {
+  const std::string want = Reference();
+  JobRun r = Train("coordinator", {"--workers", "4", "--chaos", "kill-coordinator@6"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("coordinator restarted"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.world, 4) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("coordinator");
+}
+
 TEST_F(TrainingTest, ShardOwnerAndBuddyKilledTogetherRestoreFromDisk) {
   const std::string want = Reference();
   JobRun r = Train("both", {"--workers", "4", "--chaos", "kill-shard-and-buddy@12"});

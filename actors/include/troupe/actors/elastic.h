@@ -97,7 +97,9 @@ class ElasticRank {
 
   ElasticRank(Trainable* model, Options options);
 
-  // Stages generation `plan` on `comm` (rank plan.rank of plan.world). `store` is used only for
+  // Stages generation `plan` on `comm` (rank plan.rank of plan.world). A staged step whose
+  // number the plan says is committed is applied first (its commit message was lost with a
+  // coordinator); any other staged state is abandoned. `store` is used only for
   // kCheckpoint. Once every rank returned OK and committed, every rank holds the committed state
   // of step plan.committed_steps in the new layout, mirrored on its buddy.
   absl::Status Configure(collectives::Communicator* comm, const GenerationPlan& plan,

@@ -93,6 +93,16 @@ typename Inspector::result_type inspect(Inspector& f, MembershipEvent& x) {
 
 using membership_atom = caf::atom_constant<caf::atom("tr_member")>;
 
+// The head's named-actor directory, for actors that talk to the head themselves: a request
+// (directory_lookup_atom, name) to ClusterClient::head() is answered with (caf::actor,
+// uint64_t generation, std::string worker), or an error when no such actor is alive. Take
+// handles of other processes' actors from the head: CAF 0.17 routes a message through the
+// process it learned the handle from, and drops it when that route takes more than one hop.
+using directory_lookup_atom = caf::atom_constant<caf::atom("tr_lookup")>;
+// The membership table, for actors that talk to the head themselves: (members_table_atom) is
+// answered with std::vector<MemberInfo>.
+using members_table_atom = caf::atom_constant<caf::atom("tr_members")>;
+
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
 // cluster must do this (Runtime does when RuntimeOptions::network is set).
 void RegisterClusterTypes(caf::actor_system_config& cfg);
