@@ -105,7 +105,7 @@ struct Coordinator {
   std::map<std::string, std::string> kv;
   std::map<int64_t, PendingCheckpoint> checkpoints;
   std::set<size_t> fired;
-  std::vector<std::string> events;  // printed with the next line
+  std::vector<std::string> events;  // short notes for the next progress line
   bool awaiting_recovery = false;
   absl::Time step_start, last_commit;
   double compute_seconds = 0;
@@ -118,7 +118,6 @@ struct Coordinator {
   void Event(const std::string& e) {
     Print(absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
                        "event: ", e));
-    events.push_back(e);
   }
 
   std::string StatePath() const { return spec.work_dir + "/coordinator.state"; }
