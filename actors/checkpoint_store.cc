@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "troupe/model/crc32c.h"
+#include "troupe/runtime/faults.h"
 
 namespace troupe::actors {
 namespace {
@@ -153,6 +154,8 @@ absl::Status CheckpointStore::Commit(const CheckpointManifest& manifest) {
     return s;
   if (absl::Status s = fs_->SyncDir(dir); !s.ok()) return s;
   if (absl::Status s = fs_->SyncDir(options_.dir); !s.ok()) return s;
+  // Chaos: the step's files and manifest are durable, LATEST still names the previous one.
+  runtime::CrashPoint("checkpoint.publish");
   const std::string latest = absl::StrCat(options_.dir, "/", kLatestName);
   if (absl::Status s =
           WriteFileAtomically(fs_, latest, absl::StrCat(kStepPrefix, manifest.step, "\n"));

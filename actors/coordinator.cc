@@ -32,6 +32,7 @@
 #include "troupe/kernels/norm.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/actor.h"
+#include "troupe/runtime/faults.h"
 
 namespace troupe::actors {
 
@@ -308,7 +309,7 @@ struct Coordinator {
   void FireFaults(caf::event_based_actor* self) {
     for (size_t i = 0; i < spec.faults.size(); ++i) {
       const Fault& f = spec.faults[i];
-      if (fired.count(i) || f.step != committed) continue;
+      if (fired.count(i) || f.step != committed || f.kind == "crash-in-checkpoint") continue;
       fired.insert(i);
       if (f.kind == "kill-worker") {
         const int r = ArmRank(f.arg);
@@ -438,6 +439,25 @@ struct Coordinator {
     return last;
   }
 
+  // crash-in-checkpoint: this process dies inside the commit of checkpoint `step`, between its
+  // manifest and LATEST.
+  void ArmCheckpointCrash(int64_t step) {
+    for (size_t i = 0; i < spec.faults.size(); ++i) {
+      const Fault& f = spec.faults[i];
+      if (f.kind != "crash-in-checkpoint" || fired.count(i) || f.step > step) continue;
+      fired.insert(i);
+      awaiting_recovery = true;
+      Save();
+      Event(absl::StrCat("chaos: kill -9 of the coordinator's process in the middle of committing ",
+                         store->StepDir(step), " (manifest written, LATEST not yet moved)"));
+      std::ofstream(spec.work_dir + "/chaos.log", std::ios::app)
+          << "killed coordinator checkpoint " << step << " at_ns "
+          << absl::ToUnixNanos(absl::Now()) << std::endl;
+      runtime::ArmCrashPoint("checkpoint.publish");
+      return;
+    }
+  }
+
   void ShardWritten(caf::event_based_actor* self, uint64_t g, int64_t step, int index,
                     ShardFileInfo info, bool ok, const std::string& error) {
     auto it = checkpoints.find(step);
@@ -457,6 +477,7 @@ struct Coordinator {
         m.generation = static_cast<int64_t>(g);
         m.optimizer_step = step;
         for (auto& [i, s] : it->second.shards) m.shards.push_back(s);
+        ArmCheckpointCrash(step);
         absl::Status s = store->Commit(m);
         Event(s.ok() ? absl::StrCat("checkpoint ", store->StepDir(step), " committed")
                      : absl::StrCat("checkpoint step-", step, " failed: ", s.ToString()));
@@ -525,9 +546,11 @@ caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_tex
   }
   c->commits.open(c->spec.work_dir + "/commits.log", std::ios::app);
   if (c->Load()) {
+    absl::StatusOr<Checkpoint> latest = c->store->LoadLatestValid();
     c->Event(absl::StrCat("coordinator restarted (pid ", getpid(),
                           "): resuming from the committed-step record (step ", c->committed,
-                          ", generation ", c->gen, ")"));
+                          ", generation ", c->gen, "); newest valid checkpoint: ",
+                          latest.ok() ? latest->dir() : std::string(latest.status().message())));
   }
   self->send(driver, hello_atom::value, caf::actor_cast<caf::actor>(self));
   self->set_down_handler([self, c](caf::down_msg& m) {

@@ -212,6 +212,21 @@ TEST_F(TrainingTest, KilledCoordinatorIsRestartedAndResumesFromTheCommittedStepR
   ExpectExactlyOnce("coordinator");
 }
 
+TEST_F(TrainingTest, CrashInTheMiddleOfACheckpointWriteLeavesLatestComplete) {
+  const std::string want = Reference();
+  // Checkpoints every 5 steps: the coordinator's process dies committing step-10 (its shard files
+  // and manifest are on disk, LATEST still says step-5); the restarted coordinator finds step-5
+  // as the newest valid checkpoint and the job finishes with the same weights.
+  JobRun r = Train("ckptcrash", {"--workers", "3", "--chaos", "crash-in-checkpoint@10"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("in the middle of committing"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("newest valid checkpoint: " + base_ + "/ckptcrash/ckpt/step-5"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("ckptcrash");
+}
+
 TEST_F(TrainingTest, ShardOwnerAndBuddyKilledTogetherRestoreFromDisk) {
   const std::string want = Reference();
   JobRun r = Train("both", {"--workers", "4", "--chaos", "kill-shard-and-buddy@12"});

@@ -36,6 +36,9 @@ namespace troupe::actors {
 //   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
 //   join-worker@S            a node with one more worker joins before step S
 //   kill-coordinator@S       the coordinator's process is killed before step S
+//   crash-in-checkpoint@S    the coordinator's process is killed in the middle of committing
+//                            the first checkpoint at or after step S (manifest written, LATEST
+//                            not yet moved)
 struct Fault {
   std::string kind;
   int64_t step = 0;
