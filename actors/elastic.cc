@@ -136,9 +136,13 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
 
   // 2. Ordered reduce-scatter: the step gradient of my range, in canonical order.
   collectives::CollectiveOptions ordered = options_.collective;
-  ordered.algorithm = collectives::Algorithm::kOrdered;
-  ordered.interval_lo = static_cast<uint64_t>(lo);
-  ordered.interval_hi = static_cast<uint64_t>(hi);
+  if (options_.deterministic) {
+    ordered.algorithm = collectives::Algorithm::kOrdered;
+    ordered.interval_lo = static_cast<uint64_t>(lo);
+    ordered.interval_hi = static_cast<uint64_t>(hi);
+  } else {
+    ordered.algorithm = collectives::Algorithm::kRing;
+  }
   grad_shard_.assign(layout_.per_rank, 0.0f);
   Work exchange = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),
                                        collectives::ReduceOp::kSum, ordered);

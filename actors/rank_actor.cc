@@ -119,6 +119,7 @@ class RankState {
         spec_.work_dir, "/serve/", absl::StrReplaceAll(worker_, {{"/", "_"}}), ".log"));
     ElasticRank::Options o;
     o.microbatches = spec_.model.microbatches;
+    o.deterministic = spec_.deterministic;
     o.seed = spec_.seed;
     o.adamw = spec_.adamw;
     o.schedule = spec_.schedule;

@@ -84,6 +84,9 @@ class ElasticRank {
  public:
   struct Options {
     int32_t microbatches = 1;  // M
+    // Deterministic mode: the ordered reduce-scatter (bit-identical weights for any world size).
+    // Off: ring reduce-scatter of the ranks' partial sums (the usual float tolerance only).
+    bool deterministic = true;
     uint64_t seed = 1;         // parameter initialisation
     model::AdamWConfig adamw;
     model::LrSchedule schedule;
