@@ -2,6 +2,8 @@
 // actors on every worker, and the job supervisor whose child is the coordinator.
 #include "troupe/actors/training.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -144,9 +146,14 @@ absl::Status PrepareData(JobSpec& spec, std::ostream& out) {
   }
   out << "preparing the fortunes corpus into " << spec.model.data_dir << " (vocab 512)"
       << std::endl;
-  absl::StatusOr<model::PreparedDataset> ds =
-      model::PrepareDataset(files, spec.model.data_dir, 512);
-  return ds.status();
+  // Into a private directory, then renamed into place: concurrent jobs sharing a data_dir never
+  // read a half-written shard (the one that loses the race keeps the winner's, which is equal).
+  const std::string tmp = absl::StrCat(spec.model.data_dir, ".tmp.", getpid());
+  absl::StatusOr<model::PreparedDataset> ds = model::PrepareDataset(files, tmp, 512);
+  if (!ds.ok()) return ds.status();
+  std::filesystem::rename(tmp, spec.model.data_dir, ec);
+  if (ec) std::filesystem::remove_all(tmp, ec);
+  return absl::OkStatus();
 }
 
 }  // namespace
