@@ -283,7 +283,9 @@ struct Coordinator {
     if (phase != Phase::kWaiting || !membership_known || members.size() < expected_joins) return;
     int usable = 0;
     for (const auto& [w, mem] : members) usable += mem.alive && !mem.draining ? 1 : 0;
-    if (usable >= (active.empty() ? spec.workers : spec.min_workers)) {
+    // Every rank the driver started has joined (the embedded cluster: `workers` of them);
+    // min_workers is enough to go.
+    if (usable >= spec.min_workers) {
       NewGeneration(self, active.empty() ? "job start" : "enough workers");
     }
   }

@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   }
   if (c->port_ == 0) return absl::DeadlineExceededError("head did not report its port in 10s");
   if (c->options_.workers > 0) {
-    auto node = c->AddNode("local", c->options_.workers);
+    auto node = c->AddNode("local", c->options_.workers,  // a cpu slot per worker
+                           absl::StrCat("cpu=", std::max(1, c->options_.workers)));
     if (!node.ok()) return node.status();
   }
   return c;

@@ -24,7 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-constexpr int kSteps = 16;
+constexpr int kSteps = 24;
 constexpr int kMicrobatches = 8;
 
 std::string Slurp(const std::string& path) {
@@ -193,7 +193,7 @@ TEST_F(TrainingTest, SigtermDrainsTheNodeAtAStepBoundaryWithNothingLost) {
 
 TEST_F(TrainingTest, AWorkerThatJoinsIsFoldedInAtTheNextStepBoundary) {
   const std::string want = Reference();
-  JobRun r = Train("join", {"--workers", "4", "--chaos", "join-worker@8"});
+  JobRun r = Train("join", {"--workers", "4", "--chaos", "join-worker@20"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("folding in"), std::string::npos) << r.output;
   EXPECT_EQ(r.report.world, 5) << r.output;
@@ -258,27 +258,58 @@ TEST_F(TrainingTest, WholeJobKilledThenResumedWithAnotherWorldSize) {
   EXPECT_EQ(r.report.crc, want) << r.output;
 }
 
+TEST_F(TrainingTest, SubmitsToARunningClusterWithHead) {
+  const std::string want = Reference();
+  // `troupe up --workers 3` in its own process group; its first line names the head.
+  const std::string up_log = base_ + "/up.txt";
+  pid_t up = fork();
+  if (up == 0) {
+    setpgid(0, 0);
+    int fd = open(up_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(TROUPE_BINARY, TROUPE_BINARY, "up", "--workers", "3", "--log_dir",
+          (base_ + "/up-logs").c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string head;
+  for (int i = 0; i < 1000 && head.empty(); ++i) {
+    const std::string text = Slurp(up_log);
+    const size_t at = text.find("head at ");
+    if (at != std::string::npos) head = text.substr(at + 8, text.find(' ', at + 8) - at - 8);
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_FALSE(head.empty()) << Slurp(up_log);
+  JobRun r = Train("remote", {"--head", head, "--chaos", "kill-worker@6"});
+  kill(-up, SIGTERM);
+  EXPECT_EQ(Wait(up, milliseconds(20000)), 0) << Slurp(up_log);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.report.world, 2) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("remote");
+}
+
 TEST_F(TrainingTest, CorruptNewestCheckpointIsSkippedAndThePreviousUsed) {
   const std::string want = Reference();
-  // A finished 16-step job (checkpoints every 5, keep 3) leaves step-10, step-15 and step-16;
-  // damage step-16's first shard.
-  JobRun first = Train("corrupt", {"--workers", "3", "--steps", "16"});
+  // A finished job (checkpoints every 5 and at the end, keep 3) leaves step-15, step-20 and
+  // step-24; damage step-24's first shard.
+  JobRun first = Train("corrupt", {"--workers", "3"});
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  const std::string shard = base_ + "/corrupt/ckpt/step-16/shard-00000.bin";
+  const std::string shard = base_ + "/corrupt/ckpt/step-24/shard-00000.bin";
   ASSERT_TRUE(fs::exists(shard));
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(100);
     f.put('\x5a');
   }
-  // Re-running the same job resumes from the newest *valid* checkpoint (step-15), recomputes
-  // step 15 and ends with the same weights.
+  // Re-running the job resumes from the newest *valid* checkpoint (step-20), recomputes steps
+  // 20..23 and ends with the same weights as the fault-free run.
   JobRun again = Train("corrupt", {"--workers", "2"});
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("shard-00000.bin"), std::string::npos)
       << "the warning names the damaged file\n"
       << again.output;
-  EXPECT_NE(again.output.find("state from checkpoint " + base_ + "/corrupt/ckpt/step-15"),
+  EXPECT_NE(again.output.find("state from checkpoint " + base_ + "/corrupt/ckpt/step-20"),
             std::string::npos)
       << again.output;
   EXPECT_EQ(again.report.crc, want) << again.output;
