@@ -6,6 +6,7 @@ find_package(OpenSSL QUIET)
 if(TROUPE_BLAS OR NOT DEFINED TROUPE_BLAS)
   find_path(TROUPE_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas openblas-pthread)
   find_library(TROUPE_OPENBLAS_LIB NAMES openblas)
+  set(TROUPE_OPENBLAS_SONAME "libopenblas.so.0" CACHE STRING "OpenBLAS library that kernels/ dlopens")
   if(TROUPE_CBLAS_INCLUDE AND TROUPE_OPENBLAS_LIB AND NOT TARGET troupe_deps::openblas)
     add_library(troupe_deps::openblas UNKNOWN IMPORTED)
     set_target_properties(troupe_deps::openblas PROPERTIES

@@ -1,40 +1,97 @@
 #include "troupe/kernels/matmul.h"
 
-#include <mutex>
+#include <string>
 #include <vector>
 
 #include "troupe/kernels/parallel.h"
 
 #ifdef TROUPE_HAVE_OPENBLAS
 #include <cblas.h>
-extern "C" void openblas_set_num_threads(int num_threads);
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
 #endif
 
 namespace troupe::kernels {
 namespace {
 
 // Block sizes are a function of the problem size only, never of the thread count, so results are
-// identical at any thread count. About 8 blocks per GEMM: enough to balance a few threads, large
-// enough that re-packing the shared operand in every block costs little.
+// identical at any thread count. About 4 blocks per GEMM: enough to balance a few threads, and
+// large, because every block re-packs the whole shared operand (with 64-row blocks that packing
+// cost a third of dweight's GEMM time).
 int64_t BlockRows(int64_t rows) {
-  const int64_t b = std::min<int64_t>(512, std::max<int64_t>(64, rows / 8));
+  const int64_t b = std::min<int64_t>(1024, std::max<int64_t>(128, rows / 4));
   return (b + 15) / 16 * 16;
 }
 
 #ifdef TROUPE_HAVE_OPENBLAS
-void PinBlasToOneThread() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
+// OpenBLAS is loaded here, at the first GEMM (or before main, below), not linked: it fixes its
+// kernel set (its "core type") once, when it is loaded, from OPENBLAS_CORETYPE or its own CPU
+// detection — and the OpenBLAS of Debian 12 (0.3.21) takes CPUs newer than itself for a Prescott
+// (SSE3 kernels, 3-5x slower than the AVX2 / AVX-512 ones those CPUs have). Loading it ourselves
+// lets troupe name the core type by instruction set, the same on every process of a job on
+// machines with the same instruction set (deterministic mode needs one GEMM everywhere), unless
+// the user set OPENBLAS_CORETYPE. Our kernels parallelise over fixed blocks, so OpenBLAS runs
+// single-threaded.
+struct Blas {
+  decltype(&cblas_sgemm) sgemm = nullptr;
+  decltype(&cblas_dgemm) dgemm = nullptr;
+  std::string core;
+};
+
+const char* CoreForThisCpu() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    return "SkylakeX";
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;  // OpenBLAS's own detection
 }
+
+Blas LoadBlas() {
+  Blas blas;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    if (const char* core = CoreForThisCpu()) setenv("OPENBLAS_CORETYPE", core, 0);
+  }
+  void* lib = dlopen(TROUPE_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
+  if (lib == nullptr) {
+    std::fprintf(stderr, "troupe: cannot load OpenBLAS (%s): %s\n", TROUPE_OPENBLAS_LIBRARY,
+                 dlerror());
+    std::abort();  // the build found it; a machine without it cannot run our GEMMs at all
+  }
+  blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(lib, "cblas_sgemm"));
+  blas.dgemm = reinterpret_cast<decltype(&cblas_dgemm)>(dlsym(lib, "cblas_dgemm"));
+  auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
+  auto core_name = reinterpret_cast<char* (*)()>(dlsym(lib, "openblas_get_corename"));
+  if (blas.sgemm == nullptr || blas.dgemm == nullptr || set_threads == nullptr) {
+    std::fprintf(stderr, "troupe: %s lacks cblas_sgemm/cblas_dgemm/openblas_set_num_threads\n",
+                 TROUPE_OPENBLAS_LIBRARY);
+    std::abort();
+  }
+  set_threads(1);
+  blas.core = core_name != nullptr ? core_name() : "unknown";
+  return blas;
+}
+
+const Blas& GetBlas() {
+  static const Blas blas = LoadBlas();
+  return blas;
+}
+
+// Before main, while the process has one thread: setenv is not safe beside other threads.
+[[maybe_unused]] const Blas& blas_at_start = GetBlas();
+
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
+  GetBlas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                  m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
               int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
+  GetBlas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                  m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 #endif
 
@@ -71,11 +128,11 @@ void ReferenceGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
 
 }  // namespace
 
-bool MatmulUsesBlas() {
+std::string GemmBackend() {
 #ifdef TROUPE_HAVE_OPENBLAS
-  return true;
+  return "OpenBLAS " + GetBlas().core;
 #else
-  return false;
+  return "reference";
 #endif
 }
 
@@ -84,7 +141,6 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
 #ifdef TROUPE_HAVE_OPENBLAS
-  PinBlasToOneThread();
   BlasGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #else
   ReferenceGemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -27,9 +27,42 @@ const Tables& GetTables() {
   return tables;
 }
 
+#if defined(__x86_64__)
+// SSE4.2's crc32 instruction computes CRC-32C: 8 bytes per instruction, ~5x the tables' speed
+// (checkpoints checksum every byte they write and read).
+__attribute__((target("sse4.2"))) uint32_t Crc32cExtendSse42(uint32_t crc, const void* data,
+                                                             size_t size) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t c = ~crc;
+  for (; size > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0; --size) {
+    c = __builtin_ia32_crc32qi(static_cast<uint32_t>(c), *p++);
+  }
+  for (; size >= 8; size -= 8, p += 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  for (; size > 0; --size) c = __builtin_ia32_crc32qi(static_cast<uint32_t>(c), *p++);
+  return ~static_cast<uint32_t>(c);
+}
+
+bool HaveSse42() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2");
+}
+#endif
+
 }  // namespace
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t size) {
+#if defined(__x86_64__)
+  static const bool sse42 = HaveSse42();
+  if (sse42) return Crc32cExtendSse42(crc, data, size);
+#endif
+  return Crc32cExtendPortable(crc, data, size);
+}
+
+uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t size) {
   const Tables& t = GetTables();
   const auto* p = static_cast<const unsigned char*>(data);
   uint32_t c = ~crc;

@@ -26,5 +26,24 @@ TEST(Crc32cTest, ExtendEqualsOneShotAtEveryCut) {
   }
 }
 
+TEST(Crc32cTest, HardwareAndTablePathsAgreeAtEveryLengthAndAlignment) {
+  std::vector<unsigned char> buf(4096 + 64);
+  uint32_t x = 2463534242u;
+  for (auto& b : buf) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<unsigned char>(x);
+  }
+  for (size_t offset = 0; offset < 9; ++offset) {
+    for (size_t len : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{63},
+                       size_t{1000}, size_t{4096}}) {
+      EXPECT_EQ(Crc32cExtend(0x12345678u, buf.data() + offset, len),
+                Crc32cExtendPortable(0x12345678u, buf.data() + offset, len))
+          << "offset " << offset << " length " << len;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe::model

@@ -4,8 +4,8 @@
 //       One forward + backward on a seeded random batch; writes DIR/meta.json (config, loss,
 //       tensor layout), params.f32, grads.f32, logits.f32, tokens.i32, targets.i32.
 //   troupe_model_bench time --steps N [config flags]
-//       N full training steps (forward, backward, grad-norm clip, AdamW); prints one line
-//       `time: step_s=<median> min_s=… max_s=… tokens_per_s=…`.
+//       One untimed warm-up step, then N full training steps (forward, backward, grad-norm clip, AdamW); prints one line
+//       `time: step_s=<median> min_s=… max_s=… tokens_per_s=… threads=… cpu_s=… gemm=…`.
 // Config flags: --vocab --context --layers --heads --width --batch --seq --seed --threads.
 #include <algorithm>
 #include <chrono>
@@ -78,7 +78,7 @@ int Dump(Gpt& gpt, int b, int t, uint64_t seed, const std::string& out) {
        << ", \"num_layers\": " << c.num_layers << ", \"num_heads\": " << c.num_heads
        << ", \"width\": " << c.width << ", \"batch\": " << b << ", \"seq\": " << t
        << ", \"num_params\": " << gpt.num_params()
-       << ", \"blas\": " << (kernels::MatmulUsesBlas() ? "true" : "false");
+       << ", \"gemm\": \"" << kernels::GemmBackend() << "\"";
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.17g", *loss);
   meta << ", \"loss\": " << buf << ", \"tensors\": [";
@@ -105,8 +105,10 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
   model::AdamWConfig adamw;
   model::LrSchedule schedule{3e-4f, 3e-5f, 0, 1000};
   std::vector<double> times;
-  const std::clock_t cpu_start = std::clock();
-  for (int s = 0; s < steps; ++s) {
+  std::clock_t cpu_start = std::clock();
+  // Step 0 is a warm-up (first touch of activations and gradients), as the torch side's is.
+  for (int s = 0; s <= steps; ++s) {
+    if (s == 1) cpu_start = std::clock();
     const auto start = std::chrono::steady_clock::now();
     if (!gpt.Forward(tokens.data(), targets.data(), b, t).ok()) return 1;
     gpt.ZeroGrad();
@@ -115,6 +117,7 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
     const auto scalars = model::StepScalars(adamw, schedule, s, norm);
     model::AdamWUpdateRange(gpt.layout(), 0, gpt.num_params(), gpt.params(), gpt.grads(), m.data(),
                             v.data(), adamw, scalars);
+    if (s == 0) continue;
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -123,9 +126,9 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  std::printf("time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d cpu_s=%.6f\n",
+  std::printf("time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d cpu_s=%.6f gemm=%s\n",
               median, sorted.front(), sorted.back(), b * t / median, kernels::NumThreads(),
-              cpu_per_step);
+              cpu_per_step, kernels::GemmBackend().c_str());
   return 0;
 }
 
@@ -159,7 +162,7 @@ int Main(int argc, char** argv) {
   const int b = static_cast<int>(f.Int("batch", 4));
   const int t = static_cast<int>(f.Int("seq", config.context_length));
   if (mode == "dump") return Dump(*gpt, b, t, seed, f.Str("out").empty() ? "." : f.Str("out"));
-  if (mode == "time") return Time(*gpt, b, t, seed, static_cast<int>(f.Int("steps", 3)));
+  if (mode == "time") return Time(*gpt, b, t, seed, static_cast<int>(std::max(1L, f.Int("steps", 3))));
   std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
   return 2;
 }

@@ -12,11 +12,14 @@
 #define TROUPE_KERNELS_MATMUL_H_
 
 #include <cstdint>
+#include <string>
 
 namespace troupe::kernels {
 
-// True when built against OpenBLAS (TROUPE_BLAS=ON), false for the reference GEMM.
-bool MatmulUsesBlas();
+// Which GEMM runs: "OpenBLAS <core type>" (TROUPE_BLAS=ON) or "reference". OpenBLAS's core type
+// is the one troupe names for this CPU's instruction set (SkylakeX with AVX-512, Haswell with
+// AVX2 + FMA), or OPENBLAS_CORETYPE when the user set it.
+std::string GemmBackend();
 
 // C[m, n] = alpha * op(A) · op(B) + beta * C, row-major, single-threaded. op(X) is X or Xᵀ.
 template <typename T>
