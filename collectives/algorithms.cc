@@ -33,7 +33,66 @@ absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbyte
   return c.t->WaitAll(absl::MakeSpan(reqs, k), c.deadline);
 }
 
+// Sends `mine` to every other rank and receives each one's into theirs[peer].
+absl::Status ExchangeWords(const OpContext& c, uint64_t mine, uint64_t* theirs, uint64_t tag) {
+  const int n = c.t->size(), r = c.t->rank();
+  std::vector<ReqId> reqs;
+  reqs.reserve(2 * (n - 1));
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    auto id = c.t->PostRecv(j, tag, &theirs[j], sizeof(uint64_t));
+    if (!id.ok()) return id.status();
+    reqs.push_back(*id);
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == r) continue;
+    auto id = c.t->PostSend(j, tag, &mine, sizeof(uint64_t));
+    if (!id.ok()) return id.status();
+    reqs.push_back(*id);
+  }
+  return c.t->WaitAll(reqs, c.deadline);
+}
+
 }  // namespace
+
+absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
+                                 ReduceOp op, bool gather, uint32_t phase) {
+  const int n = c.t->size(), r = c.t->rank();
+  if (n == 1) return absl::OkStatus();
+  std::vector<uint64_t> addr(n), signal(n);
+  if (auto st = ExchangeWords(c, reinterpret_cast<uintptr_t>(w), addr.data(), c.Tag(phase, 0, 0));
+      !st.ok()) {
+    return st;
+  }
+  // Reduce segment r chunk by chunk; a chunk read into scratch is still in cache when added.
+  constexpr size_t kChunk = 64 * 1024;  // floats
+  float* tmp = static_cast<float*>(c.t->Scratch(0, kChunk * sizeof(float)));
+  for (size_t b = off[r]; b < off[r + 1]; b += kChunk) {
+    const size_t len = std::min(kChunk, off[r + 1] - b);
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      if (auto st = c.t->ReadPeer(j, addr[j] + b * sizeof(float), tmp, len * sizeof(float));
+          !st.ok()) {
+        return st;
+      }
+      ReduceInto(w + b, tmp, len, op);
+    }
+  }
+  if (gather) {
+    // Every segment is reduced (and nobody reads unreduced data any more): fetch the others.
+    if (auto st = ExchangeWords(c, 1, signal.data(), c.Tag(phase, 1, 0)); !st.ok()) return st;
+    for (int j = 0; j < n; ++j) {
+      if (j == r || off[j + 1] == off[j]) continue;
+      if (auto st = c.t->ReadPeer(j, addr[j] + off[j] * sizeof(float), w + off[j],
+                                  (off[j + 1] - off[j]) * sizeof(float));
+          !st.ok()) {
+        return st;
+      }
+    }
+  }
+  // Nobody returns (and lets its caller reuse the buffer) while another rank may still read it.
+  return ExchangeWords(c, 2, signal.data(), c.Tag(phase, 2, 0));
+}
 
 uint64_t CanonicalMid(uint64_t lo, uint64_t hi) {
   uint64_t len = hi - lo, p = 1;

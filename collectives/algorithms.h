@@ -4,6 +4,9 @@
 //   ring reduce-scatter / all-gather   bandwidth-optimal, pieces pipelined (recv p+1 while
 //                                      reducing p); used for large buffers
 //   recursive doubling all-reduce      log2(n) rounds of whole-buffer exchange; small buffers
+//   single-copy all-reduce            each rank reduces its segment reading the others'
+//                                      buffers directly (Transport::ReadPeer), then reads their
+//                                      reduced segments; one copy per byte; same host only
 //   ordered reduce-scatter             partials keyed by contribution interval, combined by the
 //                                      owner in canonical tree order: bit-exact for any n
 //   binomial / scatter+all-gather bcast, dissemination barrier
@@ -40,6 +43,10 @@ absl::Status RingReduceScatter(const OpContext& c, float* w, const std::vector<s
 // In place on bytes; before, segment `rank` is local; afterwards all segments are.
 absl::Status RingAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off_bytes,
                            uint32_t phase);
+// In place on w (count = off.back()); needs c.t->CanReadPeers(). Afterwards segment `rank` of w
+// holds the reduction (peers combined in rank order) and, with `gather`, so do all segments.
+absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
+                                 ReduceOp op, bool gather, uint32_t phase);
 // In place; every rank ends with the bit-identical reduction.
 absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count, ReduceOp op,
                                         uint32_t phase);

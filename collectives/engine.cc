@@ -292,16 +292,15 @@ absl::Status Engine::RunAllReduce(const OpContext& c, Buffer in, Buffer out, Red
     w = ToWork(c.t, in, count);
   }
   float divisor = static_cast<float>(n);
-  Algorithm alg = o.algorithm;
-  if (alg == Algorithm::kAuto) {
-    alg = count * sizeof(float) <= o.small_bytes ? Algorithm::kRecursiveDoubling : Algorithm::kRing;
-  }
+  const Algorithm alg = Choose(o, count);
   absl::Status st;
   if (o.compression != Compression::kNone) {
     st = CompressedAllReduce(c, w, w, count, op, o);
     op = ReduceOp::kSum;  // averaging already done
   } else if (alg == Algorithm::kRecursiveDoubling) {
     st = RecursiveDoublingAllReduce(c, w, count, op, 0);
+  } else if (alg == Algorithm::kSingleCopy) {
+    st = SingleCopyAllReduce(c, w, EvenSegments(count, n), op, /*gather=*/true, 0);
   } else if (alg == Algorithm::kRing) {
     std::vector<size_t> off = EvenSegments(count, n);
     st = RingReduceScatter(c, w, off, op, 0);
@@ -324,6 +323,16 @@ absl::Status Engine::RunAllReduce(const OpContext& c, Buffer in, Buffer out, Red
   if (op == ReduceOp::kAvg) DivideBy(w, count, divisor);
   FromWork(w, out, count);
   return absl::OkStatus();
+}
+
+Algorithm Engine::Choose(const CollectiveOptions& o, size_t count) const {
+  Algorithm alg = o.algorithm;
+  if (alg == Algorithm::kAuto) {
+    if (count * sizeof(float) <= o.small_bytes) return Algorithm::kRecursiveDoubling;
+    alg = Algorithm::kSingleCopy;
+  }
+  if (alg == Algorithm::kSingleCopy && !transport_->CanReadPeers()) return Algorithm::kRing;
+  return alg;
 }
 
 Work Engine::ReduceScatter(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& o) {
@@ -350,13 +359,11 @@ absl::Status Engine::RunReduceScatter(const OpContext& c, Buffer in, Buffer out,
   std::vector<size_t> off(n + 1);
   for (int i = 0; i <= n; ++i) off[i] = block * i;
   float divisor = static_cast<float>(n);
-  Algorithm alg = o.algorithm;
-  if (alg == Algorithm::kAuto) {
-    alg = in.count * sizeof(float) <= o.small_bytes ? Algorithm::kRecursiveDoubling
-                                                    : Algorithm::kRing;
-  }
+  const Algorithm alg = Choose(o, in.count);
   absl::Status st;
-  if (alg == Algorithm::kRing) {
+  if (alg == Algorithm::kSingleCopy) {
+    st = SingleCopyAllReduce(c, w, off, op, /*gather=*/false, 0);
+  } else if (alg == Algorithm::kRing) {
     st = RingReduceScatter(c, w, off, op, 0);
   } else if (alg == Algorithm::kRecursiveDoubling) {
     st = RecursiveDoublingAllReduce(c, w, in.count, op, 0);

@@ -74,6 +74,8 @@ class Engine : public Communicator {
   void Complete(Item& item, absl::Status st);
   void FailOp(absl::Status st);
   absl::Status failed_copy() const;
+  // The algorithm an AllReduce / ReduceScatter of `count` elements runs.
+  Algorithm Choose(const CollectiveOptions& o, size_t count) const;
   absl::Status RunAllReduce(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
                             const CollectiveOptions& o);
   absl::Status RunReduceScatter(const OpContext& c, Buffer in, Buffer out, ReduceOp op,

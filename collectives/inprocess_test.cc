@@ -23,7 +23,7 @@ using testing::Tolerance;
 
 const size_t kSizes[] = {1, 2, 7, 127, 4099, 65537, 262147};
 const Algorithm kReduceAlgs[] = {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling,
-                                 Algorithm::kOrdered};
+                                 Algorithm::kOrdered, Algorithm::kSingleCopy};
 
 const char* AlgName(Algorithm a) {
   switch (a) {
@@ -35,6 +35,8 @@ const char* AlgName(Algorithm a) {
       return "recursive-doubling";
     case Algorithm::kOrdered:
       return "ordered";
+    case Algorithm::kSingleCopy:
+      return "single-copy";
   }
   return "?";
 }
@@ -227,8 +229,10 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Matrix, ::testing::Range(1, 9),
 
 // 64 MiB buffers on the ring path, out of place, f32 sum.
 TEST(Large, AllReduce64MiB) {
-  for (int n : {2, 8})
+  for (int n : {2, 8}) {
     CheckReduction(false, n, 16 << 20, DType::kF32, ReduceOp::kSum, Algorithm::kRing, false);
+    CheckReduction(false, n, 16 << 20, DType::kF32, ReduceOp::kSum, Algorithm::kSingleCopy, false);
+  }
 }
 
 TEST(Large, ReduceScatterAndAllGather64MiB) {

@@ -14,7 +14,7 @@ void F32ToBf16(const float* in, uint16_t* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = F32ToBf16(in[i]);
 }
 
-void ReduceInto(float* dst, const float* src, size_t n, ReduceOp op) {
+void ReduceInto(float* __restrict dst, const float* __restrict src, size_t n, ReduceOp op) {
   if (op == ReduceOp::kMax) {
     for (size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
   } else {

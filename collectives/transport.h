@@ -52,6 +52,14 @@ class Transport {
   // Marks the transport failed with `status` (first one wins) and wakes WaitAll.
   virtual void Fail(absl::Status status) = 0;
 
+  // Single-copy access to the peers' memory: true when the backend can read every peer's
+  // address space (kSingleCopy). ReadPeer copies `bytes` from `remote`, an address in `peer`'s
+  // process, into `local`; executor thread only; Unavailable naming the peer if it is gone.
+  virtual bool CanReadPeers() const { return false; }
+  virtual absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) {
+    return absl::UnimplementedError("collectives: this transport cannot read peers' memory");
+  }
+
   // A reusable scratch area of at least `bytes` (registered with the NIC where that matters).
   // `slot` selects one of several independent areas. Valid until the next call with that slot.
   virtual void* Scratch(int slot, size_t bytes) = 0;

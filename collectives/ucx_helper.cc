@@ -142,7 +142,8 @@ int Chaos(Ctx& c, int victim, absl::Duration liveness) {
   std::vector<float> buf(count, 1.0f);
   std::atomic<bool> stop{false};
   std::thread watch([&] {
-    while (!stop && comm->stats().bytes_received == 0) usleep(200);
+    // At least one 1 MiB piece of data (not only the small control messages) has arrived.
+    while (!stop && comm->stats().bytes_received < (size_t{1} << 20)) usleep(200);
     if (!stop) Say("PROGRESS");
   });
   CollectiveOptions o;

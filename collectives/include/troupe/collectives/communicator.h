@@ -19,14 +19,16 @@
 #ifndef TROUPE_COLLECTIVES_COMMUNICATOR_H_
 #define TROUPE_COLLECTIVES_COMMUNICATOR_H_
 
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 namespace troupe::collectives {
@@ -41,7 +43,18 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 // `CollectiveOptions::small_bytes`, ring reduce-scatter + all-gather above).
 // kOrdered is the deterministic mode: each element is reduced by the canonical tree over
 // contribution intervals (ARCHITECTURE.md, "Determinism"), bit-exact for any group size.
-enum class Algorithm : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kOrdered = 3 };
+// kSingleCopy (AllReduce, ReduceScatter): every rank reduces its segment by reading the other
+// ranks' buffers straight from their memory, then reads their reduced segments — one copy per
+// byte instead of the two that moving data through shared-memory queues costs. Needs peers whose
+// memory the backend can read (UCX: same host, Linux cross-memory attach, probed at creation;
+// in-process: always); elsewhere it runs kRing. kAuto picks it above `small_bytes` where it can.
+enum class Algorithm : uint8_t {
+  kAuto = 0,
+  kRing = 1,
+  kRecursiveDoubling = 2,
+  kOrdered = 3,
+  kSingleCopy = 4,
+};
 
 // Per-operation compression for AllReduce (sum/avg), each with error feedback: what was not sent
 // this step is kept in `CompressionState::residual` and added to the next step's input.
@@ -93,8 +106,29 @@ class Work {
     virtual ~Helper() = default;
     virtual void Help(const void* state) = 0;
   };
+  // A one-shot completion flag. Not absl::Notification: its absl::Mutex costs a deadlock-graph
+  // update per construction in Debian's Abseil, a quarter of an 8-byte all-reduce's time.
+  class Flag {
+   public:
+    void Notify() {
+      std::lock_guard<std::mutex> l(mu_);
+      set_.store(true, std::memory_order_release);
+      cv_.notify_all();
+    }
+    bool HasBeenNotified() const { return set_.load(std::memory_order_acquire); }
+    void WaitForNotification() {
+      if (HasBeenNotified()) return;
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [this] { return HasBeenNotified(); });
+    }
+
+   private:
+    std::atomic<bool> set_{false};
+    std::mutex mu_;
+    std::condition_variable cv_;
+  };
   struct State {
-    absl::Notification done;
+    Flag done;
     absl::Status status;
     std::shared_ptr<Helper> helper;
   };

@@ -4,6 +4,9 @@
 // shared-memory transports work and UCX_TLS needs no tcp). Messages use UCX tag matching; the
 // algorithms' scratch buffers are allocated once with ucp_mem_map and reused across calls.
 //
+// Large all-reduces between ranks on one host read the peers' buffers directly (Linux
+// cross-memory attach): one copy per byte instead of two through shared-memory queues.
+//
 // Failure detection does not rely on UCX: UCP_ERR_HANDLING_MODE_PEER would drop the
 // shared-memory transports (STACK.md). Instead every pair of ranks keeps a loopback TCP
 // liveness connection with heartbeats: EOF (a process that exited or was killed -9) fails every
@@ -47,6 +50,10 @@ struct UcxOptions {
   // 1.13, and cma (process_vm_readv from a peer that was just killed) raises one: the default
   // therefore leaves cma out and keeps the copy-through-shared-memory transports.
   std::string transports;
+  // Single-copy all-reduce / reduce-scatter (Algorithm::kSingleCopy) between ranks on this host
+  // whose memory this process may read (process_vm_readv; probed at creation, off where the
+  // ptrace policy forbids it). A peer killed in the middle of a read is an Unavailable error.
+  bool single_copy = true;
 };
 
 // Same-host shared memory only: with tcp present UCX 1.13 picks tcp/lo for the rendezvous lane
