@@ -118,8 +118,9 @@ class UcxTransport : public Transport {
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // the engine's exec lock serializes use
     UCX_RETURN_IF_ERROR(ucp_worker_create(context_, &wp, &worker_));
     peer_errors_ = peer_errors;
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    spins_before_yield_ = size_ > cpus ? 64 : 1 << 16;
+    cpu_set_t cpus;  // the vCPUs this process may run on (taskset, cgroups), not all online
+    const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    spins_before_yield_ = size_ > usable ? 0 : 1 << 16;
     return absl::OkStatus();
   }
 
@@ -437,9 +438,10 @@ class UcxTransport : public Transport {
   bool single_copy_ = false;
   std::vector<pid_t> pids_;  // peers' pids, for ReadPeer
   uint64_t cookie_[2] = {0, 0};  // reaped requests, reused (no malloc per message)
-  // Idle progress polls before WaitAll yields the CPU: spin while every rank has a vCPU of its
-  // own (a yield is a system call that delays the next poll), yield early when ranks outnumber
-  // vCPUs (the peer being waited for may need this one) — OpenMPI's yield-when-idle rule.
+  // Idle progress polls before WaitAll yields the CPU: spin while every rank may have a vCPU of
+  // its own (a yield is a system call that delays the next poll); yield at every idle poll when
+  // ranks outnumber the vCPUs this process may use (the peer being waited for may need this
+  // one) — OpenMPI's yield-when-idle rule.
   int spins_before_yield_ = 64;
   ReqId next_id_ = 0;
   std::vector<Region> scratch_;

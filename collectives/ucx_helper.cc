@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "test_util.h"
 #include "troupe/collectives/ucx_communicator.h"
@@ -109,6 +110,10 @@ int Matrix(Ctx& c, size_t max_count) {
                       Algorithm::kRecursiveDoubling, 3);
     ok &= CheckReduce(*comm, false, count, DType::kF32, ReduceOp::kSum, Algorithm::kOrdered, 4);
     ok &= CheckReduce(*comm, true, count / n + 1, DType::kF32, ReduceOp::kSum, Algorithm::kRing, 5);
+    ok &= CheckReduce(*comm, false, count, DType::kBF16, ReduceOp::kSum, Algorithm::kSingleCopy,
+                      10);
+    ok &= CheckReduce(*comm, true, count / n + 1, DType::kF32, ReduceOp::kAvg,
+                      Algorithm::kSingleCopy, 11);
     // All-gather and broadcast.
     HostBuf mine(DType::kF32, Input(r, count, DType::kF32, 6)), all(DType::kF32, count * n);
     ok &= comm->AllGather(mine.buf(), all.buf(), {}).Wait().ok();
@@ -130,7 +135,11 @@ int Matrix(Ctx& c, size_t max_count) {
     Work w = comm->Recv(Buffer::F32(got), (r + n - 1) % n, 11, {});
     ok &= s.Wait().ok() && w.Wait().ok() && got == Input((r + n - 1) % n, 3001, DType::kF32, 8);
   }
-  if (ok) Say(absl::StrCat("OK rank ", r, " ", DescribeUcxTransports(comm.get()).size() > 0));
+  if (ok) Say(absl::StrCat("OK rank ", r));
+  if (absl::StrContains(DescribeUcxTransports(comm.get()), "single copy (cross-memory attach, ")) {
+    Say(absl::StrContains(DescribeUcxTransports(comm.get()), "): on") ? "SINGLE_COPY on"
+                                                                        : "SINGLE_COPY off");
+  }
   return ok ? 0 : 1;
 }
 
