@@ -313,17 +313,19 @@ struct Coordinator {
       const Fault& f = spec.faults[i];
       if (fired.count(i) || f.step != committed || f.kind == "crash-in-checkpoint") continue;
       fired.insert(i);
-      if (f.kind == "kill-worker") {
+      if (f.kind == "kill-worker" || f.kind == "stop-worker") {
         const int r = ArmRank(f.arg);
-        self->send(members[group[r]].rank, arm_atom::value, f.step);
+        const bool stop = f.kind == "stop-worker";
+        self->send(members[group[r]].rank, arm_atom::value, f.step,
+                   int32_t{stop ? SIGSTOP : SIGKILL});
         awaiting_recovery = true;
-        Event(absl::StrCat("chaos: kill -9 of rank ", r, " (", group[r],
-                           ") in the middle of step ", f.step, "'s gradient exchange"));
+        Event(absl::StrCat("chaos: ", stop ? "SIGSTOP" : "kill -9", " of rank ", r, " (",
+                           group[r], ") in the middle of step ", f.step, "'s gradient exchange"));
       } else if (f.kind == "kill-shard-and-buddy") {
         const int r = ArmRank(f.arg);
         const int buddy = (r + 1) % static_cast<int>(group.size());
-        self->send(members[group[r]].rank, arm_atom::value, f.step);
-        self->send(members[group[buddy]].rank, arm_atom::value, f.step);
+        self->send(members[group[r]].rank, arm_atom::value, f.step, int32_t{SIGKILL});
+        self->send(members[group[buddy]].rank, arm_atom::value, f.step, int32_t{SIGKILL});
         awaiting_recovery = true;
         Event(absl::StrCat("chaos: kill -9 of shard owner rank ", r, " and its buddy rank ",
                            buddy, " in step ", f.step));
@@ -414,7 +416,7 @@ struct Coordinator {
       if (kill_at > 0) {
         const double r = absl::ToDoubleSeconds(now - absl::UnixEpoch()) - kill_at;
         if (report.recovery_seconds < 0) report.recovery_seconds = r;
-        events.push_back(absl::StrFormat("recovered: %.3f s from kill -9 to this commit", r));
+        events.push_back(absl::StrFormat("recovered: %.3f s from the fault to this commit", r));
         awaiting_recovery = false;
       }
     }

@@ -121,9 +121,9 @@ std::string Fault::ToString() const {
 }
 
 absl::StatusOr<Fault> ParseFault(const std::string& text) {
-  static const std::set<std::string> kKinds = {"kill-worker",       "kill-shard-and-buddy",
-                                               "sigterm-node",      "join-worker",
-                                               "kill-coordinator",  "crash-in-checkpoint"};
+  static const std::set<std::string> kKinds = {
+      "kill-worker",  "stop-worker",      "kill-shard-and-buddy", "sigterm-node",
+      "join-worker",  "kill-coordinator", "crash-in-checkpoint"};
   std::vector<std::string> parts = absl::StrSplit(text, '@');
   Fault f;
   if (parts.size() != 2 || !kKinds.count(parts[0])) {

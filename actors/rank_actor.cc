@@ -129,11 +129,13 @@ class RankState {
     };
     o.on_exchange = [this](int64_t step) {
       if (kill_at_step_.load() != step) return;
-      // Chaos: die like kill -9 in the middle of the gradient exchange, after writing down when.
+      // Chaos: die like kill -9 (or hang like a stopped process) in the middle of the gradient
+      // exchange, after writing down when.
+      const int sig = kill_signal_.load();
       LineLog(absl::StrCat(spec_.work_dir, "/chaos.log"))
-          .Write(absl::StrCat("killed ", worker_, " step ", step, " at_ns ",
-                              absl::ToUnixNanos(absl::Now())));
-      raise(SIGKILL);
+          .Write(absl::StrCat(sig == SIGSTOP ? "stopped " : "killed ", worker_, " step ", step,
+                              " at_ns ", absl::ToUnixNanos(absl::Now())));
+      raise(sig);
     };
     rank_ = std::make_unique<ElasticRank>(model_.get(), std::move(o));
     thread_ = std::thread([this] { Loop(); });
@@ -169,7 +171,10 @@ class RankState {
     cv_.notify_all();
   }
 
-  void ArmKill(int64_t step) { kill_at_step_.store(step); }
+  void ArmKill(int64_t step, int32_t sig) {
+    kill_signal_.store(sig == SIGSTOP ? SIGSTOP : SIGKILL);
+    kill_at_step_.store(step);
+  }
 
   // Tasks (step thread).
   void Configure(uint64_t gen, const std::string& plan_text, caf::actor coordinator) {
@@ -292,6 +297,7 @@ class RankState {
   uint64_t gen_ = 0;
   std::atomic<uint64_t> aborted_below_{0};
   std::atomic<int64_t> kill_at_step_{-1};
+  std::atomic<int32_t> kill_signal_{SIGKILL};
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::mutex mu_;
@@ -335,7 +341,7 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
                   /*always=*/true);
             },
             [st](abort_atom, uint64_t gen) { st->Abort(gen); },
-            [st](arm_atom, int64_t step) { st->ArmKill(step); },
+            [st](arm_atom, int64_t step, int32_t sig) { st->ArmKill(step, sig); },
             [st](final_atom, uint64_t gen) {
               st->Post(gen, [st, gen] { st->Final(gen); });
             },

@@ -19,8 +19,8 @@ constexpr char kUsage[] =
     "                    [--report FILE]\n"
     "  --spec     job spec (TOML: [job] [model] [optimizer] [elastic] [checkpoint] [chaos])\n"
     "  --head     submit to a running cluster; without it an embedded cluster is started\n"
-    "  --chaos    inject a fault: kill-worker@S[:R], kill-shard-and-buddy@S, sigterm-node@S[:R],\n"
-    "             join-worker@S\n"
+    "  --chaos    inject a fault: kill-worker@S[:R], stop-worker@S[:R], kill-shard-and-buddy@S,\n"
+    "             sigterm-node@S[:R], join-worker@S, kill-coordinator@S, crash-in-checkpoint@S\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>' when done\n";
 
 bool IntFlag(const std::string& flag, const std::string& v, int64_t lo, int64_t* out) {

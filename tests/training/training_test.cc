@@ -180,6 +180,19 @@ TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights)
   ExpectExactlyOnce("kill");
 }
 
+TEST_F(TrainingTest, StoppedWorkerIsFoundByMissedHeartbeatsFencedAndLeftBehind) {
+  const std::string want = Reference();
+  // SIGSTOP in the middle of step 7's gradient exchange: alive to the kernel, silent to everyone.
+  JobRun r = Train("stop", {"--workers", "4", "--chaos", "stop-worker@7"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("SIGSTOP of rank 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.report.world, 3) << r.output;
+  EXPECT_EQ(r.report.steps, kSteps);
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  ExpectExactlyOnce("stop");
+}
+
 TEST_F(TrainingTest, SigtermDrainsTheNodeAtAStepBoundaryWithNothingLost) {
   const std::string want = Reference();
   JobRun r = Train("drain", {"--workers", "4", "--chaos", "sigterm-node@6"});

@@ -32,6 +32,8 @@ namespace troupe::actors {
 // An injected fault: `kind`@`step`[:`arg`].
 //   kill-worker@S[:R]        the process of rank R (default 1) kills itself with SIGKILL in the
 //                            middle of step S's gradient exchange
+//   stop-worker@S[:R]        the same with SIGSTOP: a hung process, found by missed heartbeats
+//                            and fenced (SIGKILL) by its node
 //   kill-shard-and-buddy@S   ranks 1 and 2 (an owner and its buddy) are killed together at step S
 //   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
 //   join-worker@S            a node with one more worker joins before step S
