@@ -1,8 +1,10 @@
 // bench/actors — local request/response throughput and spawn cost through troupe's API, next
-// to raw CAF 0.17 doing the same work, in one run (interleaved repetitions, medians).
+// to raw CAF 0.17 doing the same work, in one run (interleaved repetitions, medians), pinned to
+// one vCPU unless --unpinned.
 // Ends with: summary: troupe_rr_per_s=… caf_rr_per_s=… ratio_rr=… troupe_spawn_per_s=…
 //                     caf_spawn_per_s=… ratio_spawn=…
 #include <benchmark/benchmark.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -116,9 +118,34 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 
 }  // namespace
 
+// Pins this process (and so every thread both actor systems start) to the first vCPU it may use.
+// Each request/response is a few thread wake-ups; across vCPUs their cost swings 2x from run to
+// run with where the scheduler puts the threads (BENCHMARKS.md), which swamps the per-message
+// difference being measured. On one vCPU both sides pay the same context switches.
+int PinToOneCpu() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    return sched_setaffinity(0, sizeof(one), &one) == 0 ? cpu : -1;
+  }
+  return -1;
+}
+
 int main(int argc, char** argv) {
   std::vector<char*> args(argv, argv + argc);
-  std::string reps = "--benchmark_repetitions=5",
+  auto unpinned = std::find_if(args.begin(), args.end(),
+                               [](const char* a) { return std::string(a) == "--unpinned"; });
+  if (unpinned != args.end()) {
+    args.erase(unpinned);
+    std::printf("placement: unpinned (threads float over every vCPU)\n");
+  } else {
+    std::printf("placement: pinned to vCPU %d (--unpinned to let threads float)\n", PinToOneCpu());
+  }
+  std::string reps = "--benchmark_repetitions=9",
               inter = "--benchmark_enable_random_interleaving=true",
               agg = "--benchmark_report_aggregates_only=true",
               min_time = "--benchmark_min_time=0.3";
