@@ -141,7 +141,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
     ordered.interval_lo = static_cast<uint64_t>(lo);
     ordered.interval_hi = static_cast<uint64_t>(hi);
   } else {
-    ordered.algorithm = collectives::Algorithm::kRing;
+    ordered.algorithm = collectives::Algorithm::kAuto;
   }
   grad_shard_.assign(layout_.per_rank, 0.0f);
   Work exchange = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),

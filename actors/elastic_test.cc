@@ -208,7 +208,7 @@ TEST_F(ElasticTest, FastModeIsCloseButNotPromisedBitIdentical) {
   for (size_t i = 0; i < want.size(); ++i) {
     max_diff = std::max(max_diff, std::fabs(double(ranks[0].model->params()[i]) - want[i]));
   }
-  EXPECT_LT(max_diff, 1e-4) << "ring reduction drifted from the reference";
+  EXPECT_LT(max_diff, 1e-4) << "fast-mode reduction drifted from the reference";
   for (auto& r : ranks) {  // every rank still holds the same parameters
     EXPECT_EQ(0, std::memcmp(r.model->params(), ranks[0].model->params(), want.size() * 4));
   }

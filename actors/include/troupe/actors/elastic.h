@@ -85,7 +85,8 @@ class ElasticRank {
   struct Options {
     int32_t microbatches = 1;  // M
     // Deterministic mode: the ordered reduce-scatter (bit-identical weights for any world size).
-    // Off: ring reduce-scatter of the ranks' partial sums (the usual float tolerance only).
+    // Off: the fastest reduce-scatter of the ranks' partial sums the communicator has (single
+    // copy on one host, else the ring; the usual float tolerance only).
     bool deterministic = true;
     uint64_t seed = 1;         // parameter initialisation
     model::AdamWConfig adamw;
