@@ -81,6 +81,16 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
   auto forward = [self, st](const std::string& w, const JoinInfo& j) {
     self->send(st->coordinator, join_atom::value, w, j.node, j.node_pid, j.rank);
   };
+  // Without the head nothing can be placed, restarted or reported: fail at once rather than wait
+  // out the silence limit.
+  self->monitor(st->client->head());
+  self->set_down_handler([self, st](caf::down_msg& m) {
+    if (st->finished || m.source != st->client->head()) return;
+    st->finished = true;
+    st->result.set_value(absl::UnavailableError(absl::StrCat(
+        "training job failed: lost the cluster's head (", self->system().render(m.reason), ")")));
+    st->queue->Push({"done", ""});
+  });
   return {
       [self, st, heard, forward](hello_atom, const caf::actor& coordinator) {
         heard();
@@ -225,6 +235,9 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   runtime::RuntimeOptions ro;
   ro.network = true;
   ro.log_events = false;
+  // This process owns only the driver relay and the job supervisor, neither with state to save;
+  // when the cluster is gone, waiting long for their remote children to confirm helps no one.
+  ro.shutdown_timeout = std::chrono::seconds(2);
   absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
       runtime::Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) return rt.status();

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -269,6 +270,43 @@ TEST_F(TrainingTest, WholeJobKilledThenResumedWithAnotherWorldSize) {
   EXPECT_NE(r.output.find("state from checkpoint"), std::string::npos) << r.output;
   EXPECT_EQ(r.report.world, 2);
   EXPECT_EQ(r.report.crc, want) << r.output;
+}
+
+// The pid of `parent`'s child whose command line contains `word` (0 if none).
+pid_t ChildWith(pid_t parent, const std::string& word) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::istringstream stat(Slurp(e.path() / "stat"));
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    stat >> pid >> comm >> state >> ppid;
+    std::string cmdline = Slurp(e.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (ppid == parent && cmdline.find(word) != std::string::npos) return std::stoi(name);
+  }
+  return 0;
+}
+
+TEST_F(TrainingTest, LosingTheHeadFailsTheJobFastNamingIt) {
+  const std::string dir = base_ + "/headloss";
+  pid_t pid = Start(dir, {"--workers", "2", "--steps", "100000"});
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Slurp(dir + "/out.txt").find("step    3/") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const pid_t head = ChildWith(pid, " head ");
+  ASSERT_GT(head, 0) << Slurp(dir + "/out.txt");
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(head, SIGKILL), 0);
+  const int rc = Wait(pid, milliseconds(30000));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = Slurp(dir + "/out.txt");
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, -1) << "still running 30 s after its head was killed\n" << out;
+  EXPECT_NE(out.find("lost the cluster's head"), std::string::npos) << out;
+  EXPECT_LT(s, 6.0) << "exited " << s << " s after the head was killed\n" << out;
 }
 
 TEST_F(TrainingTest, SubmitsToARunningClusterWithHead) {
