@@ -43,20 +43,36 @@ std::vector<double> NaiveAttention(const std::vector<double>& qkv, int64_t b, in
   return out;
 }
 
+// Sequence lengths below, at and across the kernel's 64-row causal blocks (150 = 64 + 64 + 22).
+struct Shape {
+  int64_t b, t, c, nh;
+};
+void CheckBackwardByFiniteDifferences(int64_t b, int64_t t, int64_t c, int64_t nh);
+void CheckFloatAgainstDouble(int64_t b, int64_t t, int64_t c, int64_t nh);
+
 TEST(AttentionTest, ForwardMatchesNaive) {
-  const int64_t b = 2, t = 7, c = 12, nh = 3;
-  auto qkv = RandomVector(b * t * 3 * c, 1);
-  std::vector<double> out(b * t * c), att(b * nh * t * t);
-  AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
-  const auto want = NaiveAttention(qkv, b, t, c, nh);
-  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-12);
-  for (int64_t i = 0; i < t; ++i) {  // causal: nothing above the diagonal
-    for (int64_t j = i + 1; j < t; ++j) EXPECT_EQ(att[i * t + j], 0.0);
+  for (const Shape& sh : {Shape{2, 7, 12, 3}, Shape{1, 64, 8, 2}, Shape{2, 150, 8, 2}}) {
+    const int64_t b = sh.b, t = sh.t, c = sh.c, nh = sh.nh;
+    SCOPED_TRACE(t);
+    auto qkv = RandomVector(b * t * 3 * c, 1);
+    std::vector<double> out(b * t * c), att(b * nh * t * t);
+    AttentionForward(out.data(), att.data(), qkv.data(), b, t, c, nh);
+    const auto want = NaiveAttention(qkv, b, t, c, nh);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], want[i], 1e-12) << i;
+    for (int64_t i = 0; i < t; ++i) {  // causal: nothing above the diagonal
+      for (int64_t j = i + 1; j < t; ++j) ASSERT_EQ(att[i * t + j], 0.0);
+    }
   }
 }
 
 TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
-  const int64_t b = 2, t = 5, c = 6, nh = 2;
+  for (const Shape& sh : {Shape{2, 5, 6, 2}, Shape{1, 70, 4, 2}}) {
+    SCOPED_TRACE(sh.t);
+    CheckBackwardByFiniteDifferences(sh.b, sh.t, sh.c, sh.nh);
+  }
+}
+
+void CheckBackwardByFiniteDifferences(int64_t b, int64_t t, int64_t c, int64_t nh) {
   auto qkv = RandomVector(b * t * 3 * c, 2, 1.5);
   const auto probe = RandomVector(b * t * c, 3);
   std::vector<double> out(b * t * c), att(b * nh * t * t);
@@ -71,7 +87,13 @@ TEST(AttentionTest, BackwardMatchesFiniteDifferences) {
 }
 
 TEST(AttentionTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
-  const int64_t b = 3, t = 19, c = 20, nh = 5;
+  for (const Shape& sh : {Shape{3, 19, 20, 5}, Shape{2, 131, 16, 2}}) {
+    SCOPED_TRACE(sh.t);
+    CheckFloatAgainstDouble(sh.b, sh.t, sh.c, sh.nh);
+  }
+}
+
+void CheckFloatAgainstDouble(int64_t b, int64_t t, int64_t c, int64_t nh) {
   auto qkv = RandomVector(b * t * 3 * c, 4), dout = RandomVector(b * t * c, 5);
   std::vector<double> out_d(b * t * c), att_d(b * nh * t * t), dqkv_d(qkv.size(), 0);
   AttentionForward(out_d.data(), att_d.data(), qkv.data(), b, t, c, nh);
