@@ -12,9 +12,11 @@
 #include <condition_variable>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 
+#include "absl/strings/str_replace.h"
 #include "caf/all.hpp"
 
 namespace troupe::runtime {
@@ -252,6 +254,16 @@ TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsew
   ASSERT_FALSE(before.empty()) << "svc was never placed";
   pid_t victim = static_cast<pid_t>(Member(before).pid);
   ASSERT_GT(victim, 0);
+  // A worker is placeable as soon as the head registered it, a moment before it writes its
+  // "joined" line; the stderr tail checked below must have that line to carry.
+  const std::string err_log = "/tmp/troupe-cluster-test-logs/" +
+                              absl::StrReplaceAll(before, {{"/w", "-w"}}) + ".err";
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream in(err_log);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find("joined") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(2));
+  }
   auto killed_at = Clock::now();
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   auto down =
