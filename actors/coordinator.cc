@@ -664,7 +664,24 @@ caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_tex
         c->Done(self, crc, n, steps);
       },
       [self, c](retry_atom, uint64_t gen, const std::string& why) {
-        if (gen == c->gen && c->phase == Phase::kRecovering) c->NewGeneration(self, why);
+        if (gen != c->gen || c->phase != Phase::kRecovering) return;
+        // Before the next generation, ask the head who is dead: a worker whose down event went
+        // out before this coordinator subscribed (a restarted one) is known only to the table.
+        auto regenerate = [self, c, gen, why] {
+          if (gen == c->gen && c->phase == Phase::kRecovering) c->NewGeneration(self, why);
+        };
+        if (!c->head) return regenerate();
+        self->request(c->head, std::chrono::seconds(2), runtime::members_table_atom::value)
+            .then(
+                [self, c, regenerate](const std::vector<runtime::MemberInfo>& table) {
+                  for (const runtime::MemberInfo& m : table) {
+                    if (m.kind == "worker" && m.state == "dead") {
+                      c->MemberDown(self, m.id, "dead in the table");
+                    }
+                  }
+                  regenerate();
+                },
+                [regenerate](caf::error&) { regenerate(); });
       },
       [self, c](watchdog_atom, int64_t seen) {
         // No commit for a long time with work to do: report rather than hang.
