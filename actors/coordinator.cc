@@ -303,6 +303,15 @@ struct Coordinator {
     }
   }
 
+  // Every worker the head's membership table calls dead: remembered (it never joins) and down.
+  void DownDeadInTable(caf::event_based_actor* self, const std::vector<runtime::MemberInfo>& table) {
+    for (const runtime::MemberInfo& m : table) {
+      if (m.kind != "worker" || m.state != "dead") continue;
+      dead.insert(m.id);
+      MemberDown(self, m.id, "dead in the table");
+    }
+  }
+
   int ArmRank(int requested) const {
     int r = requested < 0 ? 1 : requested;
     return std::min<int>(r, static_cast<int>(group.size()) - 1);
@@ -589,10 +598,7 @@ caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_tex
         self->request(head, std::chrono::seconds(10), runtime::members_table_atom::value)
             .then(
                 [self, c](const std::vector<runtime::MemberInfo>& table) {
-                  for (const runtime::MemberInfo& m : table) {
-                    if (m.kind == "worker" && m.state == "dead") c->dead.insert(m.id);
-                  }
-                  for (const std::string& w : c->dead) c->MemberDown(self, w, "dead in the table");
+                  c->DownDeadInTable(self, table);
                   c->membership_known = true;
                   c->MaybeStart(self);
                 },
@@ -674,11 +680,7 @@ caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_tex
         self->request(c->head, std::chrono::seconds(2), runtime::members_table_atom::value)
             .then(
                 [self, c, regenerate](const std::vector<runtime::MemberInfo>& table) {
-                  for (const runtime::MemberInfo& m : table) {
-                    if (m.kind == "worker" && m.state == "dead") {
-                      c->MemberDown(self, m.id, "dead in the table");
-                    }
-                  }
+                  c->DownDeadInTable(self, table);
                   regenerate();
                 },
                 [regenerate](caf::error&) { regenerate(); });

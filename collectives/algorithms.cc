@@ -33,34 +33,18 @@ absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbyte
   return c.t->WaitAll(absl::MakeSpan(reqs, k), c.deadline);
 }
 
-// Sends `mine` to every other rank and receives each one's into theirs[peer].
-absl::Status ExchangeWords(const OpContext& c, uint64_t mine, uint64_t* theirs, uint64_t tag) {
-  const int n = c.t->size(), r = c.t->rank();
-  std::vector<ReqId> reqs;
-  reqs.reserve(2 * (n - 1));
-  for (int j = 0; j < n; ++j) {
-    if (j == r) continue;
-    auto id = c.t->PostRecv(j, tag, &theirs[j], sizeof(uint64_t));
-    if (!id.ok()) return id.status();
-    reqs.push_back(*id);
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j == r) continue;
-    auto id = c.t->PostSend(j, tag, &mine, sizeof(uint64_t));
-    if (!id.ok()) return id.status();
-    reqs.push_back(*id);
-  }
-  return c.t->WaitAll(reqs, c.deadline);
-}
-
 }  // namespace
 
 absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
                                  ReduceOp op, bool gather, uint32_t phase) {
   const int n = c.t->size(), r = c.t->rank();
   if (n == 1) return absl::OkStatus();
-  std::vector<uint64_t> addr(n), signal(n);
-  if (auto st = ExchangeWords(c, reinterpret_cast<uintptr_t>(w), addr.data(), c.Tag(phase, 0, 0));
+  // Every rank's buffer address, gathered; then the two barriers below, on phases of their own.
+  std::vector<uint64_t> addr(n);
+  addr[r] = reinterpret_cast<uintptr_t>(w);
+  std::vector<size_t> addr_off(n + 1);
+  for (int j = 0; j <= n; ++j) addr_off[j] = j * sizeof(uint64_t);
+  if (auto st = RingAllGather(c, reinterpret_cast<uint8_t*>(addr.data()), addr_off, phase);
       !st.ok()) {
     return st;
   }
@@ -80,7 +64,7 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
   }
   if (gather) {
     // Every segment is reduced (and nobody reads unreduced data any more): fetch the others.
-    if (auto st = ExchangeWords(c, 1, signal.data(), c.Tag(phase, 1, 0)); !st.ok()) return st;
+    if (auto st = DisseminationBarrier(c, phase + 1); !st.ok()) return st;
     for (int j = 0; j < n; ++j) {
       if (j == r || off[j + 1] == off[j]) continue;
       if (auto st = c.t->ReadPeer(j, addr[j] + off[j] * sizeof(float), w + off[j],
@@ -91,7 +75,7 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
     }
   }
   // Nobody returns (and lets its caller reuse the buffer) while another rank may still read it.
-  return ExchangeWords(c, 2, signal.data(), c.Tag(phase, 2, 0));
+  return DisseminationBarrier(c, phase + 2);
 }
 
 uint64_t CanonicalMid(uint64_t lo, uint64_t hi) {

@@ -45,6 +45,7 @@ absl::Status RingAllGather(const OpContext& c, uint8_t* w, const std::vector<siz
                            uint32_t phase);
 // In place on w (count = off.back()); needs c.t->CanReadPeers(). Afterwards segment `rank` of w
 // holds the reduction (peers combined in rank order) and, with `gather`, so do all segments.
+// Uses tag phases `phase` to `phase` + 2.
 absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
                                  ReduceOp op, bool gather, uint32_t phase);
 // In place; every rank ends with the bit-identical reduction.

@@ -136,9 +136,9 @@ int Matrix(Ctx& c, size_t max_count) {
     ok &= s.Wait().ok() && w.Wait().ok() && got == Input((r + n - 1) % n, 3001, DType::kF32, 8);
   }
   if (ok) Say(absl::StrCat("OK rank ", r));
-  if (absl::StrContains(DescribeUcxTransports(comm.get()), "single copy (cross-memory attach, ")) {
-    Say(absl::StrContains(DescribeUcxTransports(comm.get()), "): on") ? "SINGLE_COPY on"
-                                                                        : "SINGLE_COPY off");
+  const std::string transports = DescribeUcxTransports(comm.get());
+  if (absl::StrContains(transports, "single copy (cross-memory attach, ")) {
+    Say(absl::StrContains(transports, "): on") ? "SINGLE_COPY on" : "SINGLE_COPY off");
   }
   return ok ? 0 : 1;
 }
