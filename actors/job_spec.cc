@@ -116,22 +116,47 @@ std::string Quote(const std::string& s) {
 
 }  // namespace
 
+namespace {
+constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
+    {FaultKind::kKillWorker, "kill-worker"},
+    {FaultKind::kStopWorker, "stop-worker"},
+    {FaultKind::kKillShardAndBuddy, "kill-shard-and-buddy"},
+    {FaultKind::kSigtermNode, "sigterm-node"},
+    {FaultKind::kJoinWorker, "join-worker"},
+    {FaultKind::kKillCoordinator, "kill-coordinator"},
+    {FaultKind::kCrashInCheckpoint, "crash-in-checkpoint"},
+};
+}  // namespace
+
+const char* FaultKindName(FaultKind kind) {
+  for (const auto& [k, name] : kFaultKinds) {
+    if (k == kind) return name;
+  }
+  return "?";
+}
+
 std::string Fault::ToString() const {
-  return arg >= 0 ? absl::StrCat(kind, "@", step, ":", arg) : absl::StrCat(kind, "@", step);
+  const char* k = FaultKindName(kind);
+  return arg >= 0 ? absl::StrCat(k, "@", step, ":", arg) : absl::StrCat(k, "@", step);
 }
 
 absl::StatusOr<Fault> ParseFault(const std::string& text) {
-  static const std::set<std::string> kKinds = {
-      "kill-worker",  "stop-worker",      "kill-shard-and-buddy", "sigterm-node",
-      "join-worker",  "kill-coordinator", "crash-in-checkpoint"};
   std::vector<std::string> parts = absl::StrSplit(text, '@');
   Fault f;
-  if (parts.size() != 2 || !kKinds.count(parts[0])) {
+  bool known = false;
+  for (const auto& [k, name] : kFaultKinds) {
+    if (parts[0] == name) {
+      f.kind = k;
+      known = true;
+    }
+  }
+  if (parts.size() != 2 || !known) {
+    std::vector<std::string> names;
+    for (const auto& [k, name] : kFaultKinds) names.push_back(name);
     return absl::InvalidArgumentError(
         absl::StrCat("fault: expected KIND@STEP[:ARG] with KIND one of ",
-                     absl::StrJoin(kKinds, ", "), ", got '", text, "'"));
+                     absl::StrJoin(names, ", "), ", got '", text, "'"));
   }
-  f.kind = parts[0];
   std::vector<std::string> sa = absl::StrSplit(parts[1], ':');
   if (sa.size() > 2 || !absl::SimpleAtoi(sa[0], &f.step) || f.step < 0 ||
       (sa.size() == 2 && (!absl::SimpleAtoi(sa[1], &f.arg) || f.arg < 0))) {

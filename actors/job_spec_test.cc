@@ -44,7 +44,8 @@ faults = ["kill-worker@5:2", "join-worker@7"]
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->model.options.at("hidden"), "32");
   ASSERT_EQ(s->faults.size(), 2u);
-  EXPECT_EQ(s->faults[0].kind, "kill-worker");
+  EXPECT_EQ(s->faults[0].kind, FaultKind::kKillWorker);
+  EXPECT_EQ(s->faults[1].ToString(), "join-worker@7");
   EXPECT_EQ(s->faults[0].step, 5);
   EXPECT_EQ(s->faults[0].arg, 2);
   absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "again.toml");

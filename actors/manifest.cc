@@ -9,13 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint.capnp.h"
+#include "envelope.h"
 #include "troupe/model/crc32c.h"
 
 namespace troupe::actors {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'R', 'P', 'C', 'K', 'M', 'A', 'N'};
-constexpr size_t kEnvelopeSize = 16;
 constexpr int64_t kMaxParams = int64_t{1} << 40;
 
 absl::Status Loss(const std::string& file, const std::string& what) {
@@ -137,41 +137,17 @@ std::string EncodeManifest(const CheckpointManifest& m) {
     s.setByteSize(m.shards[i].byte_size);
     s.setCrc32c(m.shards[i].crc32c);
   }
-  kj::Array<capnp::word> words = capnp::messageToFlatArray(builder);
-  kj::ArrayPtr<const kj::byte> message = words.asBytes();
-  std::string out(kMagic, sizeof(kMagic));
-  const uint32_t length = static_cast<uint32_t>(message.size());
-  const uint32_t crc = model::Crc32c(message.begin(), message.size());
-  out.append(reinterpret_cast<const char*>(&length), 4);
-  out.append(reinterpret_cast<const char*>(&crc), 4);
-  out.append(reinterpret_cast<const char*>(message.begin()), message.size());
-  return out;
+  return SealMessage(absl::string_view(kMagic, sizeof(kMagic)), builder);
 }
 
 absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view bytes,
                                                   const std::string& file) {
-  if (bytes.size() < kEnvelopeSize) {
-    return Loss(file, absl::StrCat(bytes.size(), " bytes, shorter than the ", kEnvelopeSize,
-                                   "-byte header"));
-  }
-  if (bytes.size() > kMaxManifestBytes) {
-    return Loss(file, absl::StrCat(bytes.size(), " bytes, at most ", kMaxManifestBytes));
-  }
-  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return Loss(file, "bad magic");
-  uint32_t length, crc;
-  std::memcpy(&length, bytes.data() + 8, 4);
-  std::memcpy(&crc, bytes.data() + 12, 4);
-  if (length != bytes.size() - kEnvelopeSize || length % sizeof(capnp::word) != 0) {
-    return Loss(file, absl::StrCat("message length ", length, ", file holds ",
-                                   bytes.size() - kEnvelopeSize, " bytes after the header"));
-  }
-  const char* message = bytes.data() + kEnvelopeSize;
-  if (uint32_t actual = model::Crc32c(message, length); actual != crc) {
-    return Loss(file, absl::StrCat("CRC32C ", actual, ", header says ", crc));
-  }
-  // Copy into word-aligned storage; Cap'n Proto reads words in place.
-  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(length / sizeof(capnp::word));
-  std::memcpy(words.begin(), message, length);
+  absl::StatusOr<kj::Array<capnp::word>> sealed = UnsealMessage(
+      bytes, absl::string_view(kMagic, sizeof(kMagic)), kMaxManifestBytes,
+      absl::StrCat("checkpoint manifest ", file));
+  if (!sealed.ok()) return sealed.status();
+  kj::Array<capnp::word> words = std::move(*sealed);
+  const size_t length = words.size() * sizeof(capnp::word);
   CheckpointManifest m;
   std::string error;
   kj::Maybe<kj::Exception> exception = kj::runCatchingExceptions([&]() {

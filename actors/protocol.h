@@ -1,29 +1,35 @@
-// The training actors' wire vocabulary (private to actors/): CAF atoms and the generation plan's
-// text form. Every message carries the generation it belongs to; the coordinator ignores replies
-// of other generations and ranks skip queued work of aborted ones.
+// The training actors' wire vocabulary (private to actors/): one inspectable struct per message,
+// registered by RegisterTrainingActors (so every process of a cluster knows them). Every message
+// of the step protocol carries the generation it belongs to; the coordinator ignores replies of
+// other generations and ranks skip queued work of aborted ones.
 //
-//   coordinator → rank: (configure, gen, plan, coordinator)   stage generation `gen`
-//                       (step, gen, s)                        run step s
-//                       (commit, gen, checkpoint_step | -1)   apply what is staged
-//                       (abort, gen)                          fail collectives below `gen` now
-//                       (arm, s)                              chaos: die mid-exchange of step s
-//                       (final, gen)                          report the parameters' CRC32C
-//   rank → coordinator: (configured, gen, worker, ok, error)
-//                       (stepped, gen, s, worker, ok, error, "k:loss,...", grad_norm)
-//                       (shard_written, gen, step, index, name, begin, end, bytes, crc, ok, error)
-//                       (final, gen, crc, num_params, committed_steps)
-//   rank → coordinator (collectives bootstrap): (put, key, value) → bool; (get, key) → (bool, value)
-//   coordinator → driver: (hello, coordinator) (line, text) (add_node, name) (report, ...)
-//                         (failed, status)
-//   driver → coordinator: (known, n) then n × (join, worker, node, node_pid, rank); membership
+//   coordinator → rank:   ConfigureRank   stage a generation (plan, coordinator handle)
+//                         RunStep         run step s
+//                         CommitRank      apply what is staged; write checkpoint s unless -1
+//                         AbortBelow      fail collectives below `generation` now
+//                         ArmKill         chaos: die with `signal` mid-exchange of step s
+//                         AskFinal        report the parameters' CRC32C
+//   rank → coordinator:   RankConfigured, StepDone, ShardWritten, FinalParams
+//   rank → coordinator (collectives bootstrap): (put_atom, key, value) → bool;
+//                         (get_atom, key) → (bool, value)
+//   coordinator → driver: CoordinatorHello, ProgressLine, AddNode, JobReport, JobFailed
+//   driver → coordinator: KnownRanks, then one RankJoined per rank; membership events
+//
+// Numbers travel as numbers (losses as doubles, statuses with their code), never as text.
 #ifndef TROUPE_ACTORS_PROTOCOL_H_
 #define TROUPE_ACTORS_PROTOCOL_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
+#include "caf/actor.hpp"
 #include "caf/atom.hpp"
+#include "caf/meta/type_name.hpp"
 #include "troupe/actors/elastic.h"
+#include "troupe/actors/manifest.h"
+#include "troupe/actors/training.h"
 #include "troupe/runtime/registry.h"
 
 namespace troupe::actors {
@@ -31,34 +37,189 @@ namespace troupe::actors {
 inline constexpr char kRankActorType[] = "troupe.rank";
 inline constexpr char kCoordinatorActorType[] = "troupe.coordinator";
 
-using configure_atom = caf::atom_constant<caf::atom("tr_cfg")>;
-using configured_atom = caf::atom_constant<caf::atom("tr_cfgd")>;
-using step_atom = caf::atom_constant<caf::atom("tr_step")>;
-using stepped_atom = caf::atom_constant<caf::atom("tr_stepd")>;
-using commit_atom = caf::atom_constant<caf::atom("tr_commit")>;
-using abort_atom = caf::atom_constant<caf::atom("tr_abort")>;
-using arm_atom = caf::atom_constant<caf::atom("tr_arm")>;
-using final_atom = caf::atom_constant<caf::atom("tr_final")>;
-using shard_written_atom = caf::atom_constant<caf::atom("tr_shard")>;
+// An absl::Status on the wire: its code and message.
+struct WireStatus {
+  int32_t code = 0;
+  std::string message;
+  static WireStatus From(const absl::Status& s) {
+    return {static_cast<int32_t>(s.code()), std::string(s.message())};
+  }
+  absl::Status ToStatus() const {
+    return absl::Status(static_cast<absl::StatusCode>(code), message);
+  }
+  bool operator==(const WireStatus& o) const { return code == o.code && message == o.message; }
+};
+
+struct ConfigureRank {
+  uint64_t generation = 0;
+  GenerationPlan plan;
+  caf::actor coordinator;
+};
+struct RankConfigured {
+  uint64_t generation = 0;
+  std::string worker;
+  WireStatus status;
+};
+struct RunStep {
+  uint64_t generation = 0;
+  int64_t step = 0;
+};
+struct StepDone {
+  uint64_t generation = 0;
+  int64_t step = 0;
+  std::string worker;
+  WireStatus status;
+  std::vector<int32_t> microbatches;  // with their mean losses, index by index
+  std::vector<double> losses;
+  double grad_norm = 0;
+};
+struct CommitRank {
+  uint64_t generation = 0;
+  int64_t checkpoint_step = -1;
+};
+struct AbortBelow {
+  uint64_t generation = 0;
+};
+struct ArmKill {
+  int64_t step = 0;
+  int32_t signal = 0;
+};
+struct AskFinal {
+  uint64_t generation = 0;
+};
+struct ShardWritten {
+  uint64_t generation = 0;
+  int64_t step = 0;
+  int32_t index = 0;
+  ShardFileInfo info;
+  WireStatus status;
+};
+struct FinalParams {
+  uint64_t generation = 0;
+  int64_t crc = 0;
+  int64_t num_params = 0;
+  int64_t steps = 0;
+};
+struct CoordinatorHello {
+  caf::actor coordinator;
+};
+struct KnownRanks {
+  int32_t count = 0;
+  caf::actor head;
+};
+struct RankJoined {
+  std::string worker;
+  std::string node;
+  int64_t node_pid = 0;   // chaos sigterm-node only (see coordinator.cc)
+  std::string rank_name;  // the rank actor's cluster-wide name (looked up at the head)
+};
+struct ProgressLine {
+  std::string text;
+};
+struct AddNode {
+  std::string name;
+};
+struct JobFailed {
+  WireStatus status;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WireStatus& x) {
+  return f(caf::meta::type_name("troupe.WireStatus"), x.code, x.message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
+  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.committed_steps,
+           x.source, x.old_to_new, x.checkpoint_step);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {
+  return f(caf::meta::type_name("troupe.ShardFileInfo"), x.name, x.begin, x.end, x.byte_size,
+           x.crc32c);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
+  return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
+           x.final_params_crc32c, x.num_params, x.generations, x.final_world, x.recovery_seconds,
+           x.steps_lost, x.tokens_per_second);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
+  return f(caf::meta::type_name("troupe.ConfigureRank"), x.generation, x.plan, x.coordinator);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankConfigured& x) {
+  return f(caf::meta::type_name("troupe.RankConfigured"), x.generation, x.worker, x.status);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RunStep& x) {
+  return f(caf::meta::type_name("troupe.RunStep"), x.generation, x.step);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
+  return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
+           x.microbatches, x.losses, x.grad_norm);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {
+  return f(caf::meta::type_name("troupe.CommitRank"), x.generation, x.checkpoint_step);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AbortBelow& x) {
+  return f(caf::meta::type_name("troupe.AbortBelow"), x.generation);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ArmKill& x) {
+  return f(caf::meta::type_name("troupe.ArmKill"), x.step, x.signal);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AskFinal& x) {
+  return f(caf::meta::type_name("troupe.AskFinal"), x.generation);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ShardWritten& x) {
+  return f(caf::meta::type_name("troupe.ShardWritten"), x.generation, x.step, x.index, x.info,
+           x.status);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FinalParams& x) {
+  return f(caf::meta::type_name("troupe.FinalParams"), x.generation, x.crc, x.num_params,
+           x.steps);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, CoordinatorHello& x) {
+  return f(caf::meta::type_name("troupe.CoordinatorHello"), x.coordinator);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KnownRanks& x) {
+  return f(caf::meta::type_name("troupe.KnownRanks"), x.count, x.head);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankJoined& x) {
+  return f(caf::meta::type_name("troupe.RankJoined"), x.worker, x.node, x.node_pid,
+           x.rank_name);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ProgressLine& x) {
+  return f(caf::meta::type_name("troupe.ProgressLine"), x.text);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AddNode& x) {
+  return f(caf::meta::type_name("troupe.AddNode"), x.name);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobFailed& x) {
+  return f(caf::meta::type_name("troupe.JobFailed"), x.status);
+}
+
+// Declares every message above to `registry` (RegisterTrainingActors calls it).
+void AddTrainingMessageTypes(runtime::ActorRegistry& registry);
+
+// The collectives bootstrap's key-value store, served by the coordinator.
 using put_atom = caf::atom_constant<caf::atom("tr_put")>;
 using get_atom = caf::atom_constant<caf::atom("tr_get")>;
-// coordinator ↔ driver
-using hello_atom = caf::atom_constant<caf::atom("tr_hello")>;       // (hello, coordinator)
-using known_atom = caf::atom_constant<caf::atom("tr_known")>;       // (known, n): n joins follow
-using join_atom = caf::atom_constant<caf::atom("tr_join")>;         // (join, worker, node, pid, rank)
-using progress_atom = caf::atom_constant<caf::atom("tr_line")>;     // (line, text) to print
-using report_atom = caf::atom_constant<caf::atom("tr_report")>;     // the job finished
-using failed_atom = caf::atom_constant<caf::atom("tr_failed")>;     // the job cannot go on
-using add_node_atom = caf::atom_constant<caf::atom("tr_addnode")>;  // chaos: a node joins
-// coordinator → itself
-using retry_atom = caf::atom_constant<caf::atom("tr_retry")>;
-using watchdog_atom = caf::atom_constant<caf::atom("tr_watch")>;
 
 absl::Status RegisterCoordinator(runtime::ActorRegistry& registry);
-
-// "world rank committed source checkpoint_step old0,old1,..." (old list "-" when empty).
-std::string EncodePlan(const GenerationPlan& plan);
-absl::StatusOr<GenerationPlan> DecodePlan(const std::string& text);
 
 }  // namespace troupe::actors
 

@@ -112,7 +112,8 @@ class RankState {
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
     absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
-        CheckpointStore::Open({.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last});
+        CheckpointStore::Open(
+            {.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last, .warning = {}});
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
     serve_log_ = std::make_unique<LineLog>(absl::StrCat(
@@ -177,11 +178,11 @@ class RankState {
   }
 
   // Tasks (step thread).
-  void Configure(uint64_t gen, const std::string& plan_text, caf::actor coordinator) {
+  void Configure(uint64_t gen, const GenerationPlan& plan_in, caf::actor coordinator) {
     coordinator_ = coordinator;
-    absl::StatusOr<GenerationPlan> plan = DecodePlan(plan_text);
-    absl::Status st = plan.status();
-    if (st.ok()) {
+    const GenerationPlan* plan = &plan_in;
+    absl::Status st;
+    {
       {
         std::lock_guard<std::mutex> l(comm_mu_);
         comm_.reset();  // the old generation's buffers are no longer written to after this
@@ -208,7 +209,7 @@ class RankState {
         st = rank_->Configure(comm_.get(), *plan, store_.get());
       }
     }
-    caf::anon_send(coordinator, configured_atom::value, gen, worker_, st.ok(), st.ToString());
+    caf::anon_send(coordinator, RankConfigured{gen, worker_, WireStatus::From(st)});
   }
 
   void Step(uint64_t gen, int64_t step) {
@@ -221,14 +222,15 @@ class RankState {
       out = absl::Status(out.status().code(),
                          absl::StrCat(out.status().message(), " [", comm_->DebugString(), "]"));
     }
-    std::string losses;
-    double norm = 0;
+    StepDone done{gen, step, worker_, WireStatus::From(out.status()), {}, {}, 0};
     if (out.ok()) {
-      for (const auto& [k, loss] : out->losses) absl::StrAppend(&losses, k, ":", loss, ",");
-      norm = out->grad_norm;
+      for (const auto& [k, loss] : out->losses) {
+        done.microbatches.push_back(k);
+        done.losses.push_back(loss);
+      }
+      done.grad_norm = out->grad_norm;
     }
-    caf::anon_send(coordinator_, stepped_atom::value, gen, step, worker_, out.ok(),
-                   out.status().ToString(), losses, norm);
+    caf::anon_send(coordinator_, std::move(done));
   }
 
   void Commit(uint64_t gen, int64_t checkpoint_step) {
@@ -250,16 +252,15 @@ class RankState {
       ShardView view{begin, end, data->data(), data->data() + count, data->data() + 2 * count};
       absl::StatusOr<ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, view);
       ShardFileInfo i = info.ok() ? *info : ShardFileInfo{};
-      caf::anon_send(coordinator_, shard_written_atom::value, gen, checkpoint_step, index, i.name,
-                     i.begin, i.end, static_cast<int64_t>(i.byte_size),
-                     static_cast<int64_t>(i.crc32c), info.ok(), info.status().ToString());
+      caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, i,
+                                                WireStatus::From(info.status())});
     });
   }
 
   void Final(uint64_t gen) {
     const uint32_t crc = model::Crc32c(model_->params(), model_->num_params() * sizeof(float));
-    caf::anon_send(coordinator_, final_atom::value, gen, static_cast<int64_t>(crc),
-                   model_->num_params(), rank_->committed_steps());
+    caf::anon_send(coordinator_, FinalParams{gen, static_cast<int64_t>(crc), model_->num_params(),
+                                             rank_->committed_steps()});
   }
 
  private:
@@ -310,6 +311,7 @@ class RankState {
 }  // namespace
 
 absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
+  AddTrainingMessageTypes(registry);
   if (absl::Status s = RegisterCoordinator(registry); !s.ok()) return s;
   return registry.Register<std::string, std::string>(
       kRankActorType,
@@ -328,22 +330,22 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
         }
         self->attach_functor([st] { st->Stop(); });
         return {
-            [st](configure_atom, uint64_t gen, const std::string& plan, const caf::actor& coord) {
-              st->Abort(gen);
-              st->Post(gen, [st, gen, plan, coord] { st->Configure(gen, plan, coord); });
+            [st](const ConfigureRank& m) {
+              st->Abort(m.generation);
+              st->Post(m.generation, [st, m] { st->Configure(m.generation, m.plan, m.coordinator); });
             },
-            [st](step_atom, uint64_t gen, int64_t step) {
-              st->Post(gen, [st, gen, step] { st->Step(gen, step); });
+            [st](const RunStep& m) {
+              st->Post(m.generation, [st, m] { st->Step(m.generation, m.step); });
             },
-            [st](commit_atom, uint64_t gen, int64_t checkpoint_step) {
+            [st](const CommitRank& m) {
               st->Post(
-                  gen, [st, gen, checkpoint_step] { st->Commit(gen, checkpoint_step); },
+                  m.generation, [st, m] { st->Commit(m.generation, m.checkpoint_step); },
                   /*always=*/true);
             },
-            [st](abort_atom, uint64_t gen) { st->Abort(gen); },
-            [st](arm_atom, int64_t step, int32_t sig) { st->ArmKill(step, sig); },
-            [st](final_atom, uint64_t gen) {
-              st->Post(gen, [st, gen] { st->Final(gen); });
+            [st](const AbortBelow& m) { st->Abort(m.generation); },
+            [st](const ArmKill& m) { st->ArmKill(m.step, m.signal); },
+            [st](const AskFinal& m) {
+              st->Post(m.generation, [st, m] { st->Final(m.generation); });
             },
         };
       });

@@ -79,7 +79,7 @@ struct DriverState {
 caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverState> st) {
   auto heard = [st] { st->last_heard_ns.store(absl::ToUnixNanos(absl::Now())); };
   auto forward = [self, st](const std::string& w, const JoinInfo& j) {
-    self->send(st->coordinator, join_atom::value, w, j.node, j.node_pid, j.rank);
+    self->send(st->coordinator, RankJoined{w, j.node, j.node_pid, j.rank});
   };
   // Without the head nothing can be placed, restarted or reported: fail at once rather than wait
   // out the silence limit.
@@ -92,49 +92,38 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
     st->queue->Push({"done", ""});
   });
   return {
-      [self, st, heard, forward](hello_atom, const caf::actor& coordinator) {
+      [self, st, heard, forward](const CoordinatorHello& h) {
         heard();
-        st->coordinator = coordinator;
-        st->client->Subscribe(coordinator);
-        self->send(coordinator, known_atom::value, static_cast<int32_t>(st->ranks.size()),
-                   st->client->head());
+        st->coordinator = h.coordinator;
+        self->send(h.coordinator, KnownRanks{static_cast<int32_t>(st->ranks.size()),
+                                             st->client->head()});
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
-      [st, forward](join_atom, const std::string& worker, const std::string& node,
-                    int64_t node_pid, const std::string& rank) {
-        st->ranks[worker] = JoinInfo{node, node_pid, rank};
-        if (st->coordinator) forward(worker, st->ranks[worker]);
+      [st, forward](const RankJoined& j) {
+        st->ranks[j.worker] = JoinInfo{j.node, j.node_pid, j.rank_name};
+        if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
       },
       [st](runtime::membership_atom, const runtime::MembershipEvent& e) {
         if (e.kind == "worker_alive") st->queue->Push({"spawn", e.subject});
         if (e.kind == "worker_down") st->ranks.erase(e.subject);
       },
-      [st, heard](progress_atom, const std::string& line) {
+      [st, heard](const ProgressLine& line) {
         heard();
-        *st->out << line << std::endl;
+        *st->out << line.text << std::endl;
       },
-      [st](add_node_atom, const std::string& name) { st->queue->Push({"add_node", name}); },
-      [st](report_atom, int64_t crc, int64_t n, int64_t steps, double last_loss, int32_t gens,
-           int32_t world, double recovery, int64_t lost, double tokens_per_second) {
+      [st](const AddNode& a) { st->queue->Push({"add_node", a.name}); },
+      [st](const JobReport& r) {
         if (st->finished) return;
         st->finished = true;
-        JobReport r;
-        r.final_params_crc32c = static_cast<uint32_t>(crc);
-        r.num_params = n;
-        r.committed_steps = steps;
-        r.losses = {last_loss};
-        r.generations = gens;
-        r.final_world = world;
-        r.recovery_seconds = recovery;
-        r.steps_lost = lost;
-        r.tokens_per_second = tokens_per_second;
         st->result.set_value(r);
         st->queue->Push({"done", ""});
       },
-      [st](failed_atom, const std::string& why) {
+      [st](const JobFailed& f) {
         if (st->finished) return;
         st->finished = true;
-        st->result.set_value(absl::UnavailableError(absl::StrCat("training job failed: ", why)));
+        const absl::Status s = f.status.ToStatus();
+        st->result.set_value(
+            absl::Status(s.code(), absl::StrCat("training job failed: ", s.message())));
         st->queue->Push({"done", ""});
       },
   };
@@ -308,15 +297,16 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
         out << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
         continue;
       }
-      caf::anon_send(driver, join_atom::value, m.id, m.node, node_pids[m.node], name);
+      caf::anon_send(driver, RankJoined{m.id, m.node, node_pids[m.node], name});
     }
   };
   spawn_ranks();
 
   // The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
   // if its process dies. It avoids spot nodes while an on-demand one can take it.
-  runtime::SupervisorSpec sup{absl::StrCat(spec.name, ".", run_id, ".job"),
-                              runtime::Strategy::kOneForOne};
+  runtime::SupervisorSpec sup;
+  sup.name = absl::StrCat(spec.name, ".", run_id, ".job");
+  sup.strategy = runtime::Strategy::kOneForOne;
   runtime::ChildSpec coordinator = runtime::ChildSpec::Actor(
       absl::StrCat(spec.name, ".", run_id, ".coordinator"), kCoordinatorActorType,
       caf::make_message(spec_text, driver), runtime::RestartType::kTransient);

@@ -50,8 +50,10 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
     }
     ArmCrashPoint(p.first, hit);
   }
+  auto config = std::make_unique<caf::actor_system_config>();
+  registry.ApplyMessageTypes(*config);
   std::unique_ptr<Runtime> rt(new Runtime(options, std::move(registry)));
-  rt->config_ = std::make_unique<caf::actor_system_config>();
+  rt->config_ = std::move(config);
   rt->config_->set("scheduler.max-threads", static_cast<size_t>(options.threads));
   rt->config_->set("scheduler.policy", caf::atom_from_string(options.scheduler));
   rt->config_->set("logger.verbosity", caf::atom("quiet"));

@@ -41,8 +41,20 @@ namespace troupe::actors {
 //   crash-in-checkpoint@S    the coordinator's process is killed in the middle of committing
 //                            the first checkpoint at or after step S (manifest written, LATEST
 //                            not yet moved)
+enum class FaultKind {
+  kKillWorker,
+  kStopWorker,
+  kKillShardAndBuddy,
+  kSigtermNode,
+  kJoinWorker,
+  kKillCoordinator,
+  kCrashInCheckpoint,
+};
+// "kill-worker", ... as written in job specs and on the command line.
+const char* FaultKindName(FaultKind kind);
+
 struct Fault {
-  std::string kind;
+  FaultKind kind = FaultKind::kKillWorker;
   int64_t step = 0;
   int32_t arg = -1;
   std::string ToString() const;

@@ -102,6 +102,10 @@ using directory_lookup_atom = caf::atom_constant<caf::atom("tr_lookup")>;
 // The membership table, for actors that talk to the head themselves: (members_table_atom) is
 // answered with std::vector<MemberInfo>.
 using members_table_atom = caf::atom_constant<caf::atom("tr_members")>;
+// (membership_subscribe_atom, subscriber) to the head: `subscriber` receives every membership
+// event from then on. Sent before a members_table_atom request by the same actor, it guarantees
+// that no event falls between the table and the subscription.
+using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
 // cluster must do this (Runtime does when RuntimeOptions::network is set).

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "caf/actor_system_config.hpp"
 #include "caf/behavior.hpp"
 #include "caf/message.hpp"
 #include "troupe/runtime/actor.h"
@@ -54,6 +55,18 @@ class ActorRegistry {
     return Add(type, Entry{expected, check, std::move(factory)});
   }
 
+  // Declares a message type (a struct with an `inspect` overload) under `name` to every actor
+  // system a Runtime built from this registry creates, so it can cross processes. Every process
+  // of a cluster runs the same registrations (the same program).
+  template <class T>
+  void AddMessageType(const std::string& name) {
+    message_types_.push_back(
+        [name](caf::actor_system_config& cfg) { cfg.add_message_type<T>(name); });
+  }
+  void ApplyMessageTypes(caf::actor_system_config& cfg) const {
+    for (const auto& add : message_types_) add(cfg);
+  }
+
   // The factory for `type` bound to `args`, or an error naming what is wrong.
   absl::StatusOr<FunctionActor::Init> Bind(const std::string& type, const caf::message& args) const;
   bool Contains(const std::string& type) const { return entries_.count(type) > 0; }
@@ -74,6 +87,7 @@ class ActorRegistry {
   }
 
   std::map<std::string, Entry> entries_;
+  std::vector<std::function<void(caf::actor_system_config&)>> message_types_;
 };
 
 }  // namespace troupe::runtime

@@ -1,0 +1,738 @@
+#include "coordinator_core.h"
+
+#include <signal.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "troupe/kernels/norm.h"
+
+namespace troupe::actors {
+
+using Kind = CoordinatorAction::Kind;
+
+const char* PhaseName(CoordinatorPhase p) {
+  switch (p) {
+    case CoordinatorPhase::kWaiting: return "waiting";
+    case CoordinatorPhase::kConfiguring: return "configuring";
+    case CoordinatorPhase::kStepping: return "stepping";
+    case CoordinatorPhase::kAwaitingJoin: return "awaiting_join";
+    case CoordinatorPhase::kRecovering: return "recovering";
+    case CoordinatorPhase::kFinishing: return "finishing";
+    case CoordinatorPhase::kDone: return "done";
+  }
+  return "?";
+}
+
+bool CoordinatorRecord::operator==(const CoordinatorRecord& o) const {
+  return committed == o.committed && generation == o.generation && steps_lost == o.steps_lost &&
+         awaiting_recovery == o.awaiting_recovery && fired == o.fired && active == o.active &&
+         dead == o.dead;
+}
+
+std::string DebugString(const CoordinatorAction& a) {
+  const std::string g = absl::StrCat("g", a.generation);
+  switch (a.kind) {
+    case Kind::kSaveRecord: return "save";
+    case Kind::kAbort: return absl::StrCat("abort(", a.worker, ",", g, ")");
+    case Kind::kConfigure: {
+      static const char* kSource[] = {"init", "memory", "checkpoint"};
+      std::string source = kSource[static_cast<int>(a.plan.source)];
+      if (a.plan.source == RestoreSource::kCheckpoint) {
+        absl::StrAppend(&source, a.plan.checkpoint_step);
+      }
+      return absl::StrCat("configure(", a.worker, ",", g, ",r", a.plan.rank, "/", a.plan.world,
+                          ",s", a.plan.committed_steps, ",", source, ")");
+    }
+    case Kind::kStep: return absl::StrCat("step(", a.worker, ",", g, ",s", a.step, ")");
+    case Kind::kCommit: return absl::StrCat("commit(", a.worker, ",", g, ",ck", a.step, ")");
+    case Kind::kCheckpoint:
+      return absl::StrCat("checkpoint(s", a.step, ",", g, ",w", a.world, ",", a.shards.size(),
+                          " shards)");
+    case Kind::kFinal: return absl::StrCat("final(", a.worker, ",", g, ")");
+    case Kind::kReadTable: return absl::StrCat("read_table(", g, ")");
+    case Kind::kTimer:
+      return absl::StrCat(
+          "timer(t", a.timer, ",",
+          std::chrono::duration_cast<std::chrono::milliseconds>(a.delay).count(), "ms)");
+    case Kind::kKillWorker:
+      return absl::StrCat(a.signal == SIGSTOP ? "stop(" : "kill(", a.worker, ",s", a.step, ")");
+    case Kind::kDrainNode: return absl::StrCat("drain_node(", a.worker, ")");
+    case Kind::kAddNode: return absl::StrCat("add_node(", a.text, ")");
+    case Kind::kCrashSelf: return "crash_self";
+    case Kind::kArmCrash: return absl::StrCat("arm_crash(", a.text, ")");
+    case Kind::kCommitted:
+      return absl::StrCat("committed(s", a.step, ",", g, ",w", a.world,
+                          a.recovered ? ",recovered)" : ")");
+    case Kind::kEvent: return "event";
+    case Kind::kFinish: return absl::StrCat("finish(s", a.step, ")");
+    case Kind::kFail: return absl::StrCat("fail(", absl::StatusCodeToString(a.status.code()), ")");
+  }
+  return "?";
+}
+
+CoordinatorCore::CoordinatorCore(Options options) : options_(std::move(options)) {}
+
+std::string CoordinatorCore::DebugString() const {
+  return absl::StrCat("CoordinatorCore{phase=", PhaseName(phase_), " gen=", record_.generation,
+                      " committed=", record_.committed, " group=[", absl::StrJoin(group_, " "),
+                      "] pending=", pending_.size(), " members=", members_.size(),
+                      " dead=", record_.dead.size(), "}");
+}
+
+// ---- helpers -------------------------------------------------------------------------------
+
+bool CoordinatorCore::Usable(const std::string& worker) const {
+  auto it = members_.find(worker);
+  return it != members_.end() && it->second.alive && !it->second.draining &&
+         !record_.dead.count(worker);
+}
+
+void CoordinatorCore::Emit(Actions* out, CoordinatorAction a) { out->push_back(std::move(a)); }
+
+void CoordinatorCore::Event(Actions* out, std::string text) {
+  CoordinatorAction a{Kind::kEvent};
+  a.text = std::move(text);
+  Emit(out, std::move(a));
+}
+
+void CoordinatorCore::ArmTimer(Actions* out, TimerKind kind, CoreDuration delay) {
+  const uint64_t id = next_timer_++;
+  timers_[id] = Timer{kind, record_.generation, record_.committed};
+  CoordinatorAction a{Kind::kTimer};
+  a.timer = id;
+  a.delay = delay;
+  Emit(out, std::move(a));
+}
+
+void CoordinatorCore::Fail(Actions* out, absl::Status status) {
+  if (phase_ == CoordinatorPhase::kDone) return;
+  phase_ = CoordinatorPhase::kDone;
+  CoordinatorAction a{Kind::kFail};
+  a.status = std::move(status);
+  Emit(out, std::move(a));
+}
+
+// ---- membership ----------------------------------------------------------------------------
+
+std::vector<CoordinatorAction> CoordinatorCore::Restore(const CoordinatorRecord& record,
+                                                        CoreTime) {
+  record_ = record;
+  return {};
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnMembershipKnown(
+    size_t expected_joins, const std::vector<std::string>& dead, CoreTime) {
+  Actions out;
+  if (membership_known_ || phase_ == CoordinatorPhase::kDone) return out;
+  expected_joins_ = expected_joins;
+  MarkDown(&out, dead, "dead in the head's table");
+  membership_known_ = true;
+  ArmTimer(&out, TimerKind::kWatchdog, options_.watchdog);
+  MaybeStart(&out);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker,
+                                                       const std::string& node, CoreTime) {
+  Actions out;
+  if (members_.count(worker) || phase_ == CoordinatorPhase::kDone) return out;
+  if (dead_nodes_.count(node)) record_.dead.insert(worker);  // its join was under way
+  if (record_.dead.count(worker)) {
+    if (expected_joins_ > 0) --expected_joins_;
+    MaybeStart(&out);
+    return out;
+  }
+  members_[worker] = Member{node};
+  if (phase_ != CoordinatorPhase::kWaiting) {
+    Event(&out, absl::StrCat("worker ", worker, " joined; folded in at the next step boundary"));
+  }
+  if (phase_ == CoordinatorPhase::kAwaitingJoin) {
+    StartStep(&out);
+  } else {
+    MaybeStart(&out);
+  }
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnJoinFailed(const std::string& worker,
+                                                             CoreTime) {
+  Actions out;
+  if (phase_ == CoordinatorPhase::kDone) return out;
+  Event(&out, absl::StrCat("worker ", worker, ": its rank actor is gone"));
+  if (expected_joins_ > 0) --expected_joins_;
+  MaybeStart(&out);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnWorkerDown(const std::string& worker,
+                                                             const std::string& why, CoreTime) {
+  Actions out;
+  MarkDown(&out, {worker}, why);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string& node,
+                                                               const std::string& why, CoreTime) {
+  Actions out;
+  for (auto& [w, m] : members_) {
+    if (m.node != node || !m.alive || m.draining) continue;
+    m.draining = true;
+    Event(&out, absl::StrCat("node ", node, " draining (", why, "): worker ", w,
+                             " leaves at the next step boundary"));
+  }
+  // Nothing waits for a step boundary while a joiner is awaited: act at once.
+  if (phase_ == CoordinatorPhase::kAwaitingJoin) StartStep(&out);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnNodeDead(const std::string& node, CoreTime) {
+  Actions out;
+  dead_nodes_.insert(node);
+  std::vector<std::string> on_node;
+  for (const auto& [w, m] : members_) {
+    if (m.node == node) on_node.push_back(w);
+  }
+  MarkDown(&out, on_node, absl::StrCat("its node ", node, " is dead"));
+  return out;
+}
+
+// Every worker of `workers` is down: remembered as dead (never planned again), and one new
+// generation if any was in the group.
+void CoordinatorCore::MarkDown(Actions* out, const std::vector<std::string>& workers,
+                               const std::string& why) {
+  std::vector<std::string> newly;
+  bool in_group = false;
+  for (const std::string& w : workers) {
+    record_.dead.insert(w);
+    auto it = members_.find(w);
+    if (it == members_.end() || !it->second.alive) continue;
+    it->second.alive = false;
+    newly.push_back(w);
+    in_group |= std::find(group_.begin(), group_.end(), w) != group_.end();
+  }
+  if (newly.empty() || phase_ == CoordinatorPhase::kDone) return;
+  const std::string what = absl::StrCat(newly.size() == 1 ? "worker " : "workers ",
+                                        absl::StrJoin(newly, ", "), " down (", why, ")");
+  if (in_group && phase_ != CoordinatorPhase::kWaiting && phase_ != CoordinatorPhase::kDone) {
+    NewGeneration(out, what);
+  } else {
+    Event(out, what);
+  }
+}
+
+// Starts a generation once the ranks the driver announced are in and the head's membership
+// table has been read (a restarted coordinator must not count workers that died meanwhile).
+void CoordinatorCore::MaybeStart(Actions* out) {
+  if (phase_ != CoordinatorPhase::kWaiting || !membership_known_ ||
+      members_.size() < expected_joins_) {
+    return;
+  }
+  int usable = 0;
+  for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
+  if (usable >= options_.min_workers) {
+    NewGeneration(out, record_.active.empty() ? "job start" : "enough workers");
+  }
+}
+
+// ---- generations ---------------------------------------------------------------------------
+
+// The committed configuration's usable workers first (their memory holds the state), then the
+// others in name order, up to max_world.
+std::vector<std::string> CoordinatorCore::NextGroup() const {
+  std::vector<std::string> next;
+  const size_t cap = static_cast<size_t>(options_.max_world);
+  for (const std::string& w : record_.active) {
+    if (Usable(w) && next.size() < cap) next.push_back(w);
+  }
+  for (const auto& [w, m] : members_) {
+    if (Usable(w) && next.size() < cap && std::find(next.begin(), next.end(), w) == next.end()) {
+      next.push_back(w);
+    }
+  }
+  return next;
+}
+
+void CoordinatorCore::PlanSource(const std::vector<std::string>& next, GenerationPlan* plan,
+                                 std::string* source) {
+  std::vector<int> old_to_new;
+  for (const std::string& w : record_.active) {
+    auto it = std::find(next.begin(), next.end(), w);
+    old_to_new.push_back(it == next.end() ? -1 : static_cast<int>(it - next.begin()));
+  }
+  if (!record_.active.empty() && MemoryRestorePossible(old_to_new)) {
+    plan->source = RestoreSource::kMemory;
+    plan->old_to_new = old_to_new;
+    const bool owners = std::find(old_to_new.begin(), old_to_new.end(), -1) == old_to_new.end();
+    *source = owners ? "memory (owners)" : "memory (owners + buddy mirrors)";
+    return;
+  }
+  // From disk or from the seed: the memory of the old configuration no longer holds the state
+  // this generation starts from.
+  const bool had_state = !record_.active.empty() || record_.committed > 0;
+  std::optional<int64_t> ckpt =
+      options_.latest_checkpoint ? options_.latest_checkpoint() : std::nullopt;
+  if (ckpt) {
+    plan->source = RestoreSource::kCheckpoint;
+    plan->checkpoint_step = *ckpt;
+    *source = absl::StrCat("checkpoint step-", *ckpt);
+    if (had_state) record_.steps_lost += std::max<int64_t>(0, record_.committed - *ckpt);
+    record_.committed = *ckpt;
+  } else {
+    plan->source = RestoreSource::kInit;
+    *source = "initialisation (seed)";
+    if (had_state) record_.steps_lost += record_.committed;
+    record_.committed = 0;
+  }
+  record_.active.clear();
+}
+
+void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
+  if (phase_ == CoordinatorPhase::kDone) return;
+  if (++failed_generations_ > options_.max_failed_generations) {
+    return Fail(out, absl::UnavailableError(absl::StrCat(
+                         "gave up after ", options_.max_failed_generations,
+                         " generations without progress; last: ", why)));
+  }
+  const std::vector<std::string> next = NextGroup();
+  ++record_.generation;
+  for (const auto& [w, m] : members_) {
+    if (!m.alive) continue;
+    CoordinatorAction a{Kind::kAbort};
+    a.worker = w;
+    a.generation = record_.generation;
+    Emit(out, std::move(a));
+  }
+  pending_.clear();
+  losses_.clear();
+  checkpoints_.clear();  // a checkpoint of an older generation can no longer complete
+  group_.clear();
+  if (static_cast<int>(next.size()) < options_.min_workers) {
+    phase_ = CoordinatorPhase::kWaiting;
+    Event(out, absl::StrCat("waiting for workers: ", next.size(), " usable, min_workers ",
+                            options_.min_workers, " (", why, ")"));
+    Emit(out, CoordinatorAction{Kind::kSaveRecord});
+    return;
+  }
+  GenerationPlan plan;
+  plan.world = static_cast<int>(next.size());
+  std::string source;
+  PlanSource(next, &plan, &source);
+  plan.committed_steps = record_.committed;
+  group_ = next;
+  Event(out, absl::StrCat("generation ", record_.generation, ": world ", group_.size(), " [",
+                          absl::StrJoin(group_, " "), "] at step ", record_.committed,
+                          ", state from ", source, " — ", why));
+  phase_ = CoordinatorPhase::kConfiguring;
+  Emit(out, CoordinatorAction{Kind::kSaveRecord});
+  for (int r = 0; r < plan.world; ++r) {
+    plan.rank = r;
+    pending_.insert(group_[r]);
+    CoordinatorAction a{Kind::kConfigure};
+    a.worker = group_[r];
+    a.generation = record_.generation;
+    a.plan = plan;
+    Emit(out, std::move(a));
+  }
+}
+
+// A failure seen by a rank (not yet by membership): regenerate after a short delay (a down event
+// may explain it first), having asked the head who is dead.
+void CoordinatorCore::Recover(Actions* out, const std::string& why) {
+  if (phase_ != CoordinatorPhase::kConfiguring && phase_ != CoordinatorPhase::kStepping &&
+      phase_ != CoordinatorPhase::kFinishing) {
+    return;
+  }
+  phase_ = CoordinatorPhase::kRecovering;
+  recover_why_ = why;
+  Event(out, why);
+  ArmTimer(out, TimerKind::kRetry, options_.retry_delay);
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
+                                                        const std::vector<std::string>& dead,
+                                                        CoreTime) {
+  Actions out;
+  MarkDown(&out, dead, "dead in the head's table");
+  if (generation == record_.generation && phase_ == CoordinatorPhase::kRecovering) {
+    NewGeneration(&out, recover_why_);
+  }
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation,
+                                                             const std::string& worker,
+                                                             const absl::Status& status,
+                                                             CoreTime) {
+  Actions out;
+  if (generation != record_.generation || phase_ != CoordinatorPhase::kConfiguring) return out;
+  if (!status.ok()) {
+    Recover(&out, absl::StrCat("configure failed on ", worker, ": ", status.ToString()));
+    return out;
+  }
+  pending_.erase(worker);
+  if (!pending_.empty()) return out;
+  record_.active = group_;
+  Emit(&out, CoordinatorAction{Kind::kSaveRecord});
+  for (const std::string& w : group_) {
+    CoordinatorAction a{Kind::kCommit};
+    a.worker = w;
+    a.generation = generation;
+    a.step = -1;
+    Emit(&out, std::move(a));
+  }
+  StartStep(&out);
+  return out;
+}
+
+// ---- steps ---------------------------------------------------------------------------------
+
+void CoordinatorCore::StartStep(Actions* out) {
+  if (record_.committed >= options_.steps) return Finish(out);
+  for (const std::string& w : group_) {
+    if (members_[w].draining) {
+      return NewGeneration(out, absl::StrCat("node ", members_[w].node,
+                                             " is draining: its ranks leave at this step "
+                                             "boundary"));
+    }
+  }
+  int joiners = 0;
+  for (const auto& [w, m] : members_) {
+    if (Usable(w) && std::find(group_.begin(), group_.end(), w) == group_.end()) ++joiners;
+  }
+  if (joiners > 0 && static_cast<int>(group_.size()) < options_.max_world) {
+    return NewGeneration(out, "folding in workers that joined, at this step boundary");
+  }
+  if (FireFaults(out)) return;
+  phase_ = CoordinatorPhase::kStepping;
+  losses_.clear();
+  for (const std::string& w : group_) {
+    pending_.insert(w);
+    CoordinatorAction a{Kind::kStep};
+    a.worker = w;
+    a.generation = record_.generation;
+    a.step = record_.committed;
+    Emit(out, std::move(a));
+  }
+}
+
+int CoordinatorCore::ArmRank(int32_t requested) const {
+  const int r = requested < 0 ? 1 : requested;
+  return std::min<int>(r, static_cast<int>(group_.size()) - 1);
+}
+
+// The faults due before step `committed`: recorded as fired and saved first, then carried out.
+// True when the step must not start now (this process dies, or a joiner is awaited).
+bool CoordinatorCore::FireFaults(Actions* out) {
+  std::vector<size_t> due;
+  for (size_t i = 0; i < options_.faults.size(); ++i) {
+    const Fault& f = options_.faults[i];
+    if (record_.fired.count(static_cast<int32_t>(i)) || f.step != record_.committed ||
+        f.kind == FaultKind::kCrashInCheckpoint) {
+      continue;
+    }
+    due.push_back(i);
+    record_.fired.insert(static_cast<int32_t>(i));
+    if (f.kind != FaultKind::kSigtermNode && f.kind != FaultKind::kJoinWorker) {
+      record_.awaiting_recovery = true;
+    }
+  }
+  if (due.empty()) return false;
+  Emit(out, CoordinatorAction{Kind::kSaveRecord});
+  bool hold = false;
+  for (size_t i : due) {
+    const Fault& f = options_.faults[i];
+    const std::string at = absl::StrCat(" before step ", f.step);
+    auto kill = [&](int rank, int32_t signal) {
+      CoordinatorAction a{Kind::kKillWorker};
+      a.worker = group_[rank];
+      a.step = f.step;
+      a.signal = signal;
+      Emit(out, std::move(a));
+    };
+    switch (f.kind) {
+      case FaultKind::kKillWorker:
+      case FaultKind::kStopWorker: {
+        const int r = ArmRank(f.arg);
+        const bool stop = f.kind == FaultKind::kStopWorker;
+        Event(out, absl::StrCat("chaos: ", stop ? "SIGSTOP" : "kill -9", " of rank ", r, " (",
+                                group_[r], ") in the middle of step ", f.step,
+                                "'s gradient exchange"));
+        kill(r, stop ? SIGSTOP : SIGKILL);
+        break;
+      }
+      case FaultKind::kKillShardAndBuddy: {
+        const int r = ArmRank(f.arg);
+        const int buddy = (r + 1) % static_cast<int>(group_.size());
+        Event(out, absl::StrCat("chaos: kill -9 of shard owner rank ", r, " and its buddy rank ",
+                                buddy, " in step ", f.step));
+        kill(r, SIGKILL);
+        kill(buddy, SIGKILL);
+        break;
+      }
+      case FaultKind::kSigtermNode: {
+        const std::string& w = group_[ArmRank(f.arg)];
+        Event(out, absl::StrCat("chaos: SIGTERM to node ", members_[w].node, at));
+        CoordinatorAction a{Kind::kDrainNode};
+        a.worker = w;
+        Emit(out, std::move(a));
+        break;
+      }
+      case FaultKind::kJoinWorker: {
+        Event(out, absl::StrCat("chaos: a node with one worker joins", at,
+                                "; the step waits for it"));
+        CoordinatorAction a{Kind::kAddNode};
+        a.text = absl::StrCat("join", f.step);
+        Emit(out, std::move(a));
+        phase_ = CoordinatorPhase::kAwaitingJoin;
+        ArmTimer(out, TimerKind::kJoinWait, options_.join_wait);
+        hold = true;
+        break;
+      }
+      case FaultKind::kKillCoordinator:
+        Event(out, absl::StrCat("chaos: kill -9 of the coordinator's process", at));
+        Emit(out, CoordinatorAction{Kind::kCrashSelf});
+        hold = true;
+        break;
+      case FaultKind::kCrashInCheckpoint: break;
+    }
+  }
+  return hold;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, int64_t step,
+                                                          const std::string& worker,
+                                                          const absl::Status& status,
+                                                          const std::map<int32_t, double>& losses,
+                                                          CoreTime) {
+  Actions out;
+  if (generation != record_.generation || step != record_.committed ||
+      phase_ != CoordinatorPhase::kStepping || !pending_.count(worker)) {
+    return out;
+  }
+  if (!status.ok()) {
+    Recover(&out, absl::StrCat("step ", step, " failed on ", worker, ": ", status.ToString()));
+    return out;
+  }
+  for (const auto& [k, v] : losses) losses_[k] = v;
+  pending_.erase(worker);
+  if (pending_.empty()) CommitStep(&out);
+  return out;
+}
+
+void CoordinatorCore::CommitStep(Actions* out) {
+  ++record_.committed;
+  failed_generations_ = 0;
+  const int64_t ckpt = CheckpointAt(record_.committed);
+  if (ckpt >= 0) ExpectCheckpoint(ckpt);
+  CoordinatorAction done{Kind::kCommitted};
+  done.step = record_.committed;
+  done.generation = record_.generation;
+  done.world = static_cast<int>(group_.size());
+  std::vector<double> l;
+  for (const auto& [k, v] : losses_) l.push_back(v);
+  done.loss = l.empty() ? 0 : kernels::TreeSum(l.data(), static_cast<int64_t>(l.size())) /
+                                  static_cast<double>(l.size());
+  done.recovered = record_.awaiting_recovery;
+  record_.awaiting_recovery = false;
+  losses_.clear();
+  Emit(out, CoordinatorAction{Kind::kSaveRecord});
+  for (const std::string& w : group_) {
+    CoordinatorAction a{Kind::kCommit};
+    a.worker = w;
+    a.generation = record_.generation;
+    a.step = ckpt;
+    Emit(out, std::move(a));
+  }
+  Emit(out, std::move(done));
+  StartStep(out);
+}
+
+// ---- checkpoints ---------------------------------------------------------------------------
+
+int64_t CoordinatorCore::CheckpointAt(int64_t step) const {
+  if (step >= options_.steps) return step;
+  return options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0 ? step : -1;
+}
+
+void CoordinatorCore::ExpectCheckpoint(int64_t step) {
+  const ShardLayout l = ShardLayout::Make(options_.num_params, static_cast<int>(group_.size()));
+  PendingCheckpoint& p = checkpoints_[step] = PendingCheckpoint();
+  p.generation = record_.generation;
+  p.world = l.world;
+  for (int r = 0; r < l.world; ++r) p.expected += l.end(r) > l.begin(r) ? 1 : 0;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generation, int64_t step,
+                                                               int32_t index,
+                                                               const ShardFileInfo& info,
+                                                               const absl::Status& status,
+                                                               CoreTime) {
+  Actions out;
+  auto it = checkpoints_.find(step);
+  if (it == checkpoints_.end() || it->second.generation != generation ||
+      it->second.committing || phase_ == CoordinatorPhase::kDone) {
+    return out;
+  }
+  if (!status.ok()) {
+    checkpoints_.erase(it);
+    const std::string what =
+        absl::StrCat("checkpoint step-", step, ": shard ", index, ": ", status.ToString());
+    // Training goes on without it; the last step's checkpoint is the job's result.
+    if (step >= options_.steps) {
+      Fail(&out, absl::Status(status.code(), absl::StrCat("the final ", what)));
+      return out;
+    }
+    Event(&out, absl::StrCat("warning: ", what, " (dropped; training goes on)"));
+  } else {
+    it->second.shards[index] = info;
+    if (static_cast<int>(it->second.shards.size()) == it->second.expected) {
+      CompleteCheckpoint(&out, step);
+    }
+  }
+  if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
+  return out;
+}
+
+// Every shard of `step` is on disk: the manifest and LATEST (crash-in-checkpoint dies between).
+void CoordinatorCore::CompleteCheckpoint(Actions* out, int64_t step) {
+  PendingCheckpoint& p = checkpoints_[step];
+  p.committing = true;  // until OnCheckpointCommitted: Finish waits for it
+  for (size_t i = 0; i < options_.faults.size(); ++i) {
+    const Fault& f = options_.faults[i];
+    if (f.kind != FaultKind::kCrashInCheckpoint || record_.fired.count(static_cast<int32_t>(i)) ||
+        f.step > step) {
+      continue;
+    }
+    record_.fired.insert(static_cast<int32_t>(i));
+    record_.awaiting_recovery = true;
+    Emit(out, CoordinatorAction{Kind::kSaveRecord});
+    Event(out, absl::StrCat("chaos: kill -9 of the coordinator's process in the middle of "
+                            "committing checkpoint step-",
+                            step, " (manifest written, LATEST not yet moved)"));
+    CoordinatorAction arm{Kind::kArmCrash};
+    arm.text = "checkpoint.publish";
+    Emit(out, std::move(arm));
+    break;
+  }
+  CoordinatorAction a{Kind::kCheckpoint};
+  a.step = step;
+  a.generation = p.generation;
+  a.world = p.world;
+  for (const auto& [i, s] : p.shards) a.shards.push_back(s);
+  Emit(out, std::move(a));
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnCheckpointCommitted(int64_t step,
+                                                                      const absl::Status& status,
+                                                                      CoreTime) {
+  Actions out;
+  checkpoints_.erase(step);
+  if (phase_ == CoordinatorPhase::kDone) return out;
+  if (status.ok()) {
+    last_checkpoint_ = std::max(last_checkpoint_, step);
+  } else if (step >= options_.steps) {
+    Fail(&out, absl::Status(status.code(), absl::StrCat("the final checkpoint step-", step,
+                                                        " could not be committed: ",
+                                                        status.ToString())));
+    return out;
+  } else {
+    Event(&out, absl::StrCat("warning: checkpoint step-", step, " failed: ", status.ToString()));
+  }
+  if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
+  return out;
+}
+
+// ---- the end -------------------------------------------------------------------------------
+
+// The last step is always checkpointed. Its write is asked again only if a generation change
+// lost it (once per generation: a write that fails is reported by its rank and fails the job).
+void CoordinatorCore::Finish(Actions* out) {
+  phase_ = CoordinatorPhase::kFinishing;
+  if (!checkpoints_.empty()) return;
+  const int64_t steps = record_.committed;
+  bool written = last_checkpoint_ >= steps;
+  if (!written && options_.latest_checkpoint) {
+    std::optional<int64_t> latest = options_.latest_checkpoint();
+    written = latest && *latest >= steps;
+  }
+  if (!written) {
+    if (final_asked_generation_ == record_.generation) {
+      return Fail(out, absl::InternalError(absl::StrCat(
+                           "the final checkpoint step-", steps,
+                           " was asked for and never completed in generation ",
+                           record_.generation)));
+    }
+    final_asked_generation_ = record_.generation;
+    ExpectCheckpoint(steps);
+    for (const std::string& w : group_) {
+      CoordinatorAction a{Kind::kCommit};
+      a.worker = w;
+      a.generation = record_.generation;
+      a.step = steps;
+      Emit(out, std::move(a));
+    }
+    return;
+  }
+  CoordinatorAction a{Kind::kFinal};
+  a.worker = group_.front();
+  a.generation = record_.generation;
+  Emit(out, std::move(a));
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnFinal(uint64_t generation, int64_t crc,
+                                                        int64_t num_params, int64_t steps,
+                                                        CoreTime) {
+  Actions out;
+  if (generation != record_.generation || phase_ != CoordinatorPhase::kFinishing) return out;
+  phase_ = CoordinatorPhase::kDone;
+  CoordinatorAction a{Kind::kFinish};
+  a.crc = crc;
+  a.num_params = num_params;
+  a.step = steps;
+  Emit(&out, std::move(a));
+  return out;
+}
+
+// ---- timers --------------------------------------------------------------------------------
+
+std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime) {
+  Actions out;
+  auto it = timers_.find(timer);
+  if (it == timers_.end()) return out;
+  const Timer t = it->second;
+  timers_.erase(it);
+  if (phase_ == CoordinatorPhase::kDone) return out;
+  switch (t.kind) {
+    case TimerKind::kRetry:
+      if (t.generation == record_.generation && phase_ == CoordinatorPhase::kRecovering) {
+        CoordinatorAction a{Kind::kReadTable};
+        a.generation = record_.generation;
+        Emit(&out, std::move(a));
+      }
+      break;
+    case TimerKind::kJoinWait:
+      if (t.generation == record_.generation && phase_ == CoordinatorPhase::kAwaitingJoin) {
+        Event(&out, "the joining worker did not arrive in time; going on without it");
+        StartStep(&out);
+      }
+      break;
+    case TimerKind::kWatchdog:
+      // No commit for a whole period with work to do: report rather than hang.
+      if (watchdog_seen_ == record_.committed && phase_ != CoordinatorPhase::kWaiting) {
+        Fail(&out, absl::DeadlineExceededError(absl::StrCat(
+                       "no step committed for ",
+                       std::chrono::duration_cast<std::chrono::seconds>(options_.watchdog).count(),
+                       " s (stuck at step ", record_.committed, ", generation ",
+                       record_.generation, ", ", PhaseName(phase_), ")")));
+        break;
+      }
+      watchdog_seen_ = record_.committed;
+      ArmTimer(&out, TimerKind::kWatchdog, options_.watchdog);
+      break;
+  }
+  return out;
+}
+
+}  // namespace troupe::actors

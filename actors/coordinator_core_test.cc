@@ -1,0 +1,624 @@
+// The coordinator's decisions, exactly: every test drives CoordinatorCore by hand with explicit
+// times and asserts the whole action sequence (DebugString form; "event" stands for a line an
+// operator reads, whatever its wording). The property test is in coordinator_core_property_test.cc.
+#include "coordinator_core.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "absl/strings/str_join.h"
+
+namespace troupe::actors {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const CoreTime kT0{};
+constexpr int64_t kParams = 4 * 65536;  // four 64 Ki chunks: up to 4 ranks own a shard each
+
+std::string Str(const std::vector<CoordinatorAction>& actions) {
+  return absl::StrJoin(actions, " ", [](std::string* out, const CoordinatorAction& a) {
+    out->append(DebugString(a));
+  });
+}
+
+Fault F(FaultKind kind, int64_t step, int32_t arg = -1) {
+  Fault f;
+  f.kind = kind;
+  f.step = step;
+  f.arg = arg;
+  return f;
+}
+
+class CoordinatorCoreTest : public ::testing::Test {
+ protected:
+  CoordinatorCore::Options Opts() {
+    CoordinatorCore::Options o;
+    o.steps = 4;
+    o.min_workers = 1;
+    o.max_world = 8;
+    o.checkpoint_every = 0;
+    o.num_params = kParams;
+    o.latest_checkpoint = [this] { return latest_; };
+    return o;
+  }
+  CoordinatorCore& Make(CoordinatorCore::Options o) {
+    core_ = std::make_unique<CoordinatorCore>(std::move(o));
+    return *core_;
+  }
+  CoordinatorCore& Make() { return Make(Opts()); }
+
+  // Known + joins of `workers` (node "n-<w>"): the generation-1 configure sequence.
+  std::string Join(const std::vector<std::string>& workers) {
+    std::string out = Str(core_->OnMembershipKnown(workers.size(), {}, kT0));
+    for (const std::string& w : workers) {
+      std::string s = Str(core_->OnJoin(w, "n-" + w, kT0));
+      if (!s.empty()) out += (out.empty() ? "" : " ") + s;
+    }
+    return out;
+  }
+  // Every rank of the current generation replies OK to configure; returns the last reply's
+  // actions.
+  std::string ConfigureAll() {
+    std::string out;
+    for (const std::string& w : core_->group()) {
+      out = Str(core_->OnConfigured(core_->generation(), w, absl::OkStatus(), kT0));
+    }
+    return out;
+  }
+  // Every rank of the group reports step `committed()` done; returns the last reply's actions.
+  std::string StepAll() {
+    std::string out;
+    const int64_t s = core_->committed();
+    for (const std::string& w : core_->group()) {
+      out = Str(core_->OnStepped(core_->generation(), s, w, absl::OkStatus(), {{0, 2.0}}, kT0));
+    }
+    return out;
+  }
+  // Workers a, b, c in generation 1, step 0 running.
+  void Running(std::vector<std::string> workers = {"a", "b", "c"}) {
+    Join(workers);
+    ConfigureAll();
+    ASSERT_EQ(core_->phase(), CoordinatorPhase::kStepping);
+  }
+
+  std::optional<int64_t> latest_;
+  std::unique_ptr<CoordinatorCore> core_;
+};
+
+// ---- start ----------------------------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, NothingIsPlannedBeforeTheMembershipTableIsRead) {
+  auto& c = Make();
+  EXPECT_EQ(Str(c.OnJoin("a", "n-a", kT0)), "");
+  EXPECT_EQ(c.phase(), CoordinatorPhase::kWaiting);
+  EXPECT_EQ(Str(c.OnMembershipKnown(1, {}, kT0)),
+            "timer(t1,120000ms) abort(a,g1) event save configure(a,g1,r0/1,s0,init)");
+}
+
+TEST_F(CoordinatorCoreTest, WaitsForEveryRankTheDriverAnnounced) {
+  auto& c = Make();
+  EXPECT_EQ(Str(c.OnMembershipKnown(3, {}, kT0)), "timer(t1,120000ms)");
+  EXPECT_EQ(Str(c.OnJoin("a", "n-a", kT0)), "");
+  EXPECT_EQ(Str(c.OnJoin("b", "n-b", kT0)), "");
+  EXPECT_EQ(Str(c.OnJoin("c", "n-c", kT0)),
+            "abort(a,g1) abort(b,g1) abort(c,g1) event save configure(a,g1,r0/3,s0,init) "
+            "configure(b,g1,r1/3,s0,init) configure(c,g1,r2/3,s0,init)");
+  EXPECT_EQ(c.phase(), CoordinatorPhase::kConfiguring);
+}
+
+TEST_F(CoordinatorCoreTest, ARankThatCannotBeFoundIsNotWaitedFor) {
+  auto& c = Make();
+  c.OnMembershipKnown(2, {}, kT0);
+  EXPECT_EQ(Str(c.OnJoin("a", "n-a", kT0)), "");
+  EXPECT_EQ(Str(c.OnJoinFailed("b", kT0)),
+            "event abort(a,g1) event save configure(a,g1,r0/1,s0,init)");
+}
+
+TEST_F(CoordinatorCoreTest, ADuplicateJoinIsIgnored) {
+  Make();
+  Running();
+  EXPECT_EQ(Str(core_->OnJoin("b", "n-b", kT0)), "");
+}
+
+TEST_F(CoordinatorCoreTest, StartsFromTheNewestCheckpointWhenOneExists) {
+  latest_ = 2;
+  Make();
+  EXPECT_EQ(Join({"a", "b"}),
+            "timer(t1,120000ms) abort(a,g1) abort(b,g1) event save "
+            "configure(a,g1,r0/2,s2,checkpoint2) configure(b,g1,r1/2,s2,checkpoint2)");
+  EXPECT_EQ(core_->record().steps_lost, 0) << "a fresh start loses nothing";
+}
+
+// ---- steps and commits ----------------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, EveryRankConfiguredCommitsTheGenerationAndStartsTheStep) {
+  Make();
+  Join({"a", "b"});
+  EXPECT_EQ(Str(core_->OnConfigured(1, "a", absl::OkStatus(), kT0)), "");
+  EXPECT_EQ(Str(core_->OnConfigured(1, "b", absl::OkStatus(), kT0)),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) step(a,g1,s0) step(b,g1,s0)");
+  EXPECT_EQ(core_->record().active, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST_F(CoordinatorCoreTest, AStepCommitsWhenEveryRankReportedAndTheNextStarts) {
+  Make();
+  Running({"a", "b"});
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::OkStatus(), {{0, 1.0}}, kT0)), "");
+  std::vector<CoordinatorAction> out =
+      core_->OnStepped(1, 0, "b", absl::OkStatus(), {{1, 3.0}}, kT0);
+  EXPECT_EQ(Str(out),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) step(a,g1,s1) "
+            "step(b,g1,s1)");
+  EXPECT_DOUBLE_EQ(out[3].loss, 2.0) << "the mean of the microbatch losses";
+  EXPECT_EQ(core_->committed(), 1);
+}
+
+TEST_F(CoordinatorCoreTest, AReplyForAnotherStepOrFromOutsideTheGroupIsIgnored) {
+  Make();
+  Running({"a", "b"});
+  EXPECT_EQ(Str(core_->OnStepped(1, 5, "a", absl::OkStatus(), {}, kT0)), "");
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "zz", absl::OkStatus(), {}, kT0)), "");
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::OkStatus(), {}, kT0)), "");
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::OkStatus(), {}, kT0)), "")
+      << "a duplicate reply does not count twice";
+  EXPECT_EQ(core_->committed(), 0);
+}
+
+TEST_F(CoordinatorCoreTest, CheckpointStepsAskRanksToWriteAndCompleteWithEveryShard) {
+  auto o = Opts();
+  o.checkpoint_every = 2;
+  Make(o);
+  Running({"a", "b"});
+  StepAll();
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck2) commit(b,g1,ck2) committed(s2,g1,w2) step(a,g1,s2) "
+            "step(b,g1,s2)");
+  ShardFileInfo s0{"shard-00000.bin", 0, 2 * 65536, 1, 1};
+  ShardFileInfo s1{"shard-00001.bin", 2 * 65536, kParams, 1, 1};
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 2, 0, s0, absl::OkStatus(), kT0)), "");
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 2, 1, s1, absl::OkStatus(), kT0)),
+            "checkpoint(s2,g1,w2,2 shards)");
+  EXPECT_EQ(Str(core_->OnCheckpointCommitted(2, absl::OkStatus(), kT0)), "");
+}
+
+TEST_F(CoordinatorCoreTest, TheLastStepIsCheckpointedThenRankZeroReportsTheCrc) {
+  auto o = Opts();
+  o.steps = 1;
+  Make(o);
+  Running({"a", "b"});
+  EXPECT_EQ(StepAll(), "save commit(a,g1,ck1) commit(b,g1,ck1) committed(s1,g1,w2)");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kFinishing);
+  ShardFileInfo s0{"shard-00000.bin", 0, 2 * 65536, 1, 1};
+  ShardFileInfo s1{"shard-00001.bin", 2 * 65536, kParams, 1, 1};
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 0, s0, absl::OkStatus(), kT0)), "");
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 1, s1, absl::OkStatus(), kT0)),
+            "checkpoint(s1,g1,w2,2 shards)")
+      << "the crc is asked only once the checkpoint is committed";
+  EXPECT_EQ(Str(core_->OnCheckpointCommitted(1, absl::OkStatus(), kT0)), "final(a,g1)");
+  EXPECT_EQ(Str(core_->OnFinal(1, 77, kParams, 1, kT0)), "finish(s1)");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
+  EXPECT_EQ(Str(core_->OnWorkerDown("a", "late", kT0)), "") << "nothing happens once done";
+}
+
+// ---- deaths in every phase ------------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, DeathWhileSteppingRegeneratesFromTheOwnersMemory) {
+  Make();
+  Running({"a", "b", "c", "d"});
+  EXPECT_EQ(Str(core_->OnWorkerDown("d", "killed by signal 9", kT0)),
+            "abort(a,g2) abort(b,g2) abort(c,g2) event save configure(a,g2,r0/3,s0,memory) "
+            "configure(b,g2,r1/3,s0,memory) configure(c,g2,r2/3,s0,memory)");
+}
+
+TEST_F(CoordinatorCoreTest, DeathWhileConfiguringRegeneratesAtOnce) {
+  Make();
+  Join({"a", "b", "c"});
+  core_->OnConfigured(1, "a", absl::OkStatus(), kT0);
+  EXPECT_EQ(Str(core_->OnWorkerDown("b", "exit 1", kT0)),
+            "abort(a,g2) abort(c,g2) event save configure(a,g2,r0/2,s0,init) "
+            "configure(c,g2,r1/2,s0,init)")
+      << "nothing was committed yet: the state comes from the seed";
+}
+
+TEST_F(CoordinatorCoreTest, DeathOfAWorkerOutsideTheGroupIsOnlyReported) {
+  auto o = Opts();
+  o.max_world = 2;
+  Make(o);
+  Running({"a", "b", "c"});
+  EXPECT_EQ(core_->group(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(Str(core_->OnWorkerDown("c", "exit 0", kT0)), "event");
+  EXPECT_EQ(core_->generation(), 1u);
+}
+
+TEST_F(CoordinatorCoreTest, DeathWhileWaitingForWorkersIsOnlyReported) {
+  auto o = Opts();
+  o.min_workers = 2;
+  Make(o);
+  core_->OnMembershipKnown(0, {}, kT0);
+  EXPECT_EQ(Str(core_->OnJoin("a", "n-a", kT0)), "");
+  EXPECT_EQ(Str(core_->OnWorkerDown("a", "exit 1", kT0)), "event");
+  EXPECT_EQ(Str(core_->OnJoin("b", "n-b", kT0)), "");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kWaiting);
+}
+
+TEST_F(CoordinatorCoreTest, DeathWhileRecoveringRegeneratesWithoutWaitingForTheTimer) {
+  Make();
+  Running({"a", "b", "c"});
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::UnavailableError("peer 2 gone"), {}, kT0)),
+            "event timer(t2,300ms)");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kRecovering);
+  EXPECT_EQ(Str(core_->OnWorkerDown("c", "killed by signal 9", kT0)),
+            "abort(a,g2) abort(b,g2) event save configure(a,g2,r0/2,s0,memory) "
+            "configure(b,g2,r1/2,s0,memory)");
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0 + milliseconds(300))), "")
+      << "the retry of generation 1 is stale";
+}
+
+TEST_F(CoordinatorCoreTest, DeathWhileFinishingRegeneratesAndAsksForTheFinalCheckpointAgain) {
+  auto o = Opts();
+  o.steps = 1;
+  Make(o);
+  Running({"a", "b", "c"});
+  StepAll();
+  ASSERT_EQ(core_->phase(), CoordinatorPhase::kFinishing);
+  EXPECT_EQ(Str(core_->OnWorkerDown("c", "killed", kT0)),
+            "abort(a,g2) abort(b,g2) event save configure(a,g2,r0/2,s1,memory) "
+            "configure(b,g2,r1/2,s1,memory)");
+  EXPECT_EQ(ConfigureAll(), "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(a,g2,ck1) "
+                            "commit(b,g2,ck1)");
+}
+
+TEST_F(CoordinatorCoreTest, DeathWhileAwaitingAJoinerRegenerates) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kJoinWorker, 1)};
+  Make(o);
+  Running({"a", "b"});
+  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) save event "
+                       "add_node(join1) timer(t2,60000ms)");
+  ASSERT_EQ(core_->phase(), CoordinatorPhase::kAwaitingJoin);
+  EXPECT_EQ(Str(core_->OnWorkerDown("b", "killed", kT0)),
+            "abort(a,g2) event save configure(a,g2,r0/1,s1,memory)");
+}
+
+TEST_F(CoordinatorCoreTest, ANodeThatDiesTakesEveryWorkerOnIt) {
+  Make();
+  core_->OnMembershipKnown(3, {}, kT0);
+  core_->OnJoin("a", "n1", kT0);
+  core_->OnJoin("b", "n2", kT0);
+  core_->OnJoin("c", "n2", kT0);
+  ConfigureAll();
+  EXPECT_EQ(Str(core_->OnNodeDead("n2", kT0)),
+            "abort(a,g2) event save configure(a,g2,r0/1,s0,init)")
+      << "one generation for the whole node; b's range had its buddy c on the same node";
+  EXPECT_EQ(core_->record().dead, (std::set<std::string>{"b", "c"}));
+}
+
+// ---- failures seen by ranks -----------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, ARankReportedFailureRegeneratesAfterReadingTheTable) {
+  Make();
+  Running({"a", "b", "c"});
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::UnavailableError("peer gone"), {}, kT0)),
+            "event timer(t2,300ms)");
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0 + milliseconds(300))), "read_table(g1)");
+  EXPECT_EQ(Str(core_->OnTable(1, {"b"}, kT0)),
+            "abort(a,g2) abort(c,g2) event save configure(a,g2,r0/2,s0,memory) "
+            "configure(c,g2,r1/2,s0,memory)");
+}
+
+TEST_F(CoordinatorCoreTest, AConfigureFailureWithNobodyDeadRetriesTheSameWorkers) {
+  Make();
+  Join({"a", "b"});
+  EXPECT_EQ(Str(core_->OnConfigured(1, "b", absl::DeadlineExceededError("bootstrap"), kT0)),
+            "event timer(t2,300ms)");
+  core_->OnTimer(2, kT0);
+  EXPECT_EQ(Str(core_->OnTable(1, {}, kT0)),
+            "abort(a,g2) abort(b,g2) event save configure(a,g2,r0/2,s0,init) "
+            "configure(b,g2,r1/2,s0,init)");
+}
+
+TEST_F(CoordinatorCoreTest, RepliesOfAnOlderGenerationAreIgnored) {
+  Make();
+  Running({"a", "b", "c"});
+  core_->OnWorkerDown("c", "killed", kT0);  // generation 2
+  EXPECT_EQ(Str(core_->OnConfigured(1, "a", absl::OkStatus(), kT0)), "");
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::InternalError("old"), {}, kT0)), "");
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 0, 0, {}, absl::OkStatus(), kT0)), "");
+  EXPECT_EQ(Str(core_->OnFinal(1, 1, 1, 1, kT0)), "");
+  EXPECT_EQ(Str(core_->OnTable(1, {}, kT0)), "");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kConfiguring);
+}
+
+TEST_F(CoordinatorCoreTest, TwentyGenerationsWithoutACommitGiveUp) {
+  auto o = Opts();
+  o.max_failed_generations = 3;
+  Make(o);
+  Join({"a", "b"});
+  std::string last;
+  for (int i = 0; i < 3; ++i) {
+    core_->OnConfigured(core_->generation(), "a", absl::InternalError("x"), kT0);
+    core_->OnTimer(core_->generation() + 1, kT0);  // timers t2, t3, t4
+    last = Str(core_->OnTable(core_->generation(), {}, kT0));
+  }
+  EXPECT_EQ(last, "fail(UNAVAILABLE)");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
+}
+
+TEST_F(CoordinatorCoreTest, TheWatchdogFailsAJobWithoutACommitForAWholePeriod) {
+  Make();
+  Running({"a"});
+  EXPECT_EQ(Str(core_->OnTimer(1, kT0 + seconds(120))), "timer(t2,120000ms)")
+      << "the first period only notes the step";
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0 + seconds(240))), "fail(DEADLINE_EXCEEDED)");
+}
+
+TEST_F(CoordinatorCoreTest, TheWatchdogIsQuietWhileStepsCommit) {
+  Make();
+  Running({"a"});
+  core_->OnTimer(1, kT0 + seconds(120));
+  StepAll();
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0 + seconds(240))), "timer(t3,120000ms)");
+}
+
+// ---- the restart race a new user met (defects 1 and 2) ---------------------------------------
+
+TEST_F(CoordinatorCoreTest, AWorkerTheTableCallsDeadIsNeverPlannedEvenIfItsJoinArrives) {
+  Make();
+  EXPECT_EQ(Str(core_->OnMembershipKnown(3, {"c"}, kT0)), "timer(t1,120000ms)");
+  core_->OnJoin("a", "n-a", kT0);
+  core_->OnJoin("b", "n-b", kT0);
+  EXPECT_EQ(Str(core_->OnJoin("c", "n-c", kT0)),
+            "abort(a,g1) abort(b,g1) event save configure(a,g1,r0/2,s0,init) "
+            "configure(b,g1,r1/2,s0,init)");
+}
+
+TEST_F(CoordinatorCoreTest, ARestartedCoordinatorNeverPlansAWorkerItsRecordCallsDead) {
+  // The old coordinator saw c die (its record says so) and was killed itself; the head's table,
+  // read by the restarted one, does not call c dead yet and the driver still announces it.
+  CoordinatorRecord r;
+  r.committed = 6;
+  r.generation = 2;
+  r.active = {"a", "b", "c"};
+  r.dead = {"c"};
+  Make();
+  EXPECT_EQ(Str(core_->Restore(r, kT0)), "");
+  EXPECT_EQ(Join({"a", "b", "c"}),
+            "timer(t1,120000ms) abort(a,g3) abort(b,g3) event save "
+            "configure(a,g3,r0/2,s6,memory) configure(b,g3,r1/2,s6,memory)");
+}
+
+TEST_F(CoordinatorCoreTest, AFaultIsSavedAsFiredBeforeItIsCarriedOut) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kKillWorker, 1)};
+  Make(o);
+  Running({"a", "b", "c"});
+  std::vector<CoordinatorAction> out;
+  for (const std::string& w : core_->group()) {
+    out = core_->OnStepped(1, 0, w, absl::OkStatus(), {}, kT0);
+  }
+  EXPECT_EQ(Str(out),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) committed(s1,g1,w3) "
+            "save event kill(b,s1) step(a,g1,s1) step(b,g1,s1) step(c,g1,s1)");
+  EXPECT_EQ(core_->record().fired, (std::set<int32_t>{0}));
+  EXPECT_TRUE(core_->record().awaiting_recovery);
+}
+
+TEST_F(CoordinatorCoreTest, AFaultThatFiredDoesNotFireAgainAfterARestart) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kKillWorker, 1)};
+  // The record the killed coordinator saved just before the kill it armed (its own process
+  // was the victim's).
+  CoordinatorRecord r;
+  r.committed = 1;
+  r.generation = 1;
+  r.active = {"a", "b", "c"};
+  r.fired = {0};
+  r.awaiting_recovery = true;
+  Make(o);
+  core_->Restore(r, kT0);
+  core_->OnMembershipKnown(2, {"b"}, kT0);
+  core_->OnJoin("a", "n-a", kT0);
+  core_->OnJoin("c", "n-c", kT0);
+  EXPECT_EQ(ConfigureAll(), "save commit(a,g2,ck-1) commit(c,g2,ck-1) step(a,g2,s1) "
+                            "step(c,g2,s1)");
+  EXPECT_EQ(StepAll(), "save commit(a,g2,ck-1) commit(c,g2,ck-1) committed(s2,g2,w2,recovered) "
+                      "step(a,g2,s2) step(c,g2,s2)")
+      << "no second kill; the first commit after the fault measures recovery";
+}
+
+// ---- chaos ----------------------------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, KillShardAndBuddyArmsBothRanks) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kKillShardAndBuddy, 0)};
+  Make(o);
+  Join({"a", "b", "c"});
+  EXPECT_EQ(ConfigureAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) save "
+                            "event kill(b,s0) kill(c,s0) step(a,g1,s0) step(b,g1,s0) "
+                            "step(c,g1,s0)");
+}
+
+TEST_F(CoordinatorCoreTest, StopWorkerSendsSigstop) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kStopWorker, 0, 0)};
+  Make(o);
+  Join({"a", "b"});
+  std::vector<CoordinatorAction> out;
+  out = core_->OnConfigured(1, "a", absl::OkStatus(), kT0);
+  out = core_->OnConfigured(1, "b", absl::OkStatus(), kT0);
+  EXPECT_EQ(Str(out), "save commit(a,g1,ck-1) commit(b,g1,ck-1) save event stop(a,s0) "
+                      "step(a,g1,s0) step(b,g1,s0)");
+  EXPECT_EQ(out[5].signal, SIGSTOP);
+}
+
+TEST_F(CoordinatorCoreTest, KillCoordinatorSavesThenDiesWithoutStartingTheStep) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kKillCoordinator, 0)};
+  Make(o);
+  Join({"a"});
+  EXPECT_EQ(ConfigureAll(), "save commit(a,g1,ck-1) save event crash_self");
+  EXPECT_TRUE(core_->record().awaiting_recovery);
+}
+
+TEST_F(CoordinatorCoreTest, CrashInCheckpointArmsBetweenTheShardsAndTheManifest) {
+  auto o = Opts();
+  o.checkpoint_every = 1;
+  o.faults = {F(FaultKind::kCrashInCheckpoint, 1)};
+  Make(o);
+  Running({"a"});
+  StepAll();
+  ShardFileInfo s{"shard-00000.bin", 0, kParams, 1, 1};
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 0, s, absl::OkStatus(), kT0)),
+            "save event arm_crash(checkpoint.publish) checkpoint(s1,g1,w1,1 shards)");
+  EXPECT_EQ(core_->record().fired, (std::set<int32_t>{0}));
+}
+
+TEST_F(CoordinatorCoreTest, SigtermNodeDrainsAtTheNextStepBoundary) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kSigtermNode, 1)};
+  Make(o);
+  Running({"a", "b", "c"});
+  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
+                       "committed(s1,g1,w3) save event drain_node(b) step(a,g1,s1) "
+                       "step(b,g1,s1) step(c,g1,s1)");
+  EXPECT_EQ(Str(core_->OnNodeDraining("n-b", "SIGTERM", kT0)), "event")
+      << "the step in flight finishes";
+  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
+                       "committed(s2,g1,w3) abort(a,g2) abort(b,g2) abort(c,g2) event save "
+                       "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)");
+}
+
+TEST_F(CoordinatorCoreTest, JoinWorkerHoldsItsStepUntilTheJoinerIsFoldedIn) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kJoinWorker, 1)};
+  Make(o);
+  Running({"a", "b"});
+  StepAll();
+  ASSERT_EQ(core_->phase(), CoordinatorPhase::kAwaitingJoin);
+  EXPECT_EQ(Str(core_->OnJoin("join1/w0", "join1", kT0)),
+            "event abort(a,g2) abort(b,g2) abort(join1/w0,g2) event save "
+            "configure(a,g2,r0/3,s1,memory) configure(b,g2,r1/3,s1,memory) "
+            "configure(join1/w0,g2,r2/3,s1,memory)");
+  EXPECT_EQ(ConfigureAll(), "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(join1/w0,g2,ck-1) "
+                            "step(a,g2,s1) step(b,g2,s1) step(join1/w0,g2,s1)");
+}
+
+TEST_F(CoordinatorCoreTest, AJoinerThatNeverArrivesIsNotWaitedForPastTheDeadline) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kJoinWorker, 1)};
+  Make(o);
+  Running({"a"});
+  StepAll();
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0 + seconds(60))), "event step(a,g1,s1)");
+}
+
+TEST_F(CoordinatorCoreTest, AWorkerThatJoinsIsFoldedInAtTheNextStepBoundary) {
+  Make();
+  Running({"a", "b"});
+  EXPECT_EQ(Str(core_->OnJoin("c", "n-c", kT0)), "event");
+  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) "
+                       "abort(a,g2) abort(b,g2) abort(c,g2) event save "
+                       "configure(a,g2,r0/3,s1,memory) configure(b,g2,r1/3,s1,memory) "
+                       "configure(c,g2,r2/3,s1,memory)");
+}
+
+// ---- where state comes from ----------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, OwnerAndBuddyLostRestoresFromTheNewestCheckpoint) {
+  Make();
+  Running({"a", "b", "c", "d"});
+  StepAll();
+  StepAll();
+  StepAll();  // committed 3
+  latest_ = 2;
+  core_->OnStepped(1, 3, "a", absl::UnavailableError("peers 1 and 2 gone"), {}, kT0);
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0)), "read_table(g1)");
+  EXPECT_EQ(Str(core_->OnTable(1, {"b", "c"}, kT0)),
+            "abort(a,g2) abort(d,g2) event save configure(a,g2,r0/2,s2,checkpoint2) "
+            "configure(d,g2,r1/2,s2,checkpoint2)")
+      << "b (rank 1) and its buddy c (rank 2) are both gone";
+  EXPECT_EQ(core_->record().steps_lost, 1);
+  EXPECT_TRUE(core_->record().active.empty()) << "no rank's memory holds step 2";
+}
+
+TEST_F(CoordinatorCoreTest, WithoutACheckpointLostStateRestartsFromTheSeed) {
+  Make();
+  Running({"a", "b"});
+  StepAll();
+  EXPECT_EQ(Str(core_->OnWorkerDown("a", "killed", kT0)),
+            "abort(b,g2) event save configure(b,g2,r0/1,s1,memory)");
+  ConfigureAll();
+  core_->OnJoin("c", "n-c", kT0);
+  EXPECT_EQ(Str(core_->OnWorkerDown("b", "killed", kT0)),
+            "abort(c,g3) event save configure(c,g3,r0/1,s0,init)");
+  EXPECT_EQ(core_->record().steps_lost, 1);
+}
+
+TEST_F(CoordinatorCoreTest, FewerThanMinWorkersWaitsThenGoesOnWhenOneJoins) {
+  auto o = Opts();
+  o.min_workers = 2;
+  Make(o);
+  Running({"a", "b"});
+  EXPECT_EQ(Str(core_->OnWorkerDown("b", "killed", kT0)), "abort(a,g2) event save");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kWaiting);
+  EXPECT_EQ(Str(core_->OnJoin("c", "n-c", kT0)),
+            "abort(a,g3) abort(c,g3) event save configure(a,g3,r0/2,s0,memory) "
+            "configure(c,g3,r1/2,s0,memory)");
+}
+
+TEST_F(CoordinatorCoreTest, MaxWorldCapsTheGroup) {
+  auto o = Opts();
+  o.max_world = 2;
+  Make(o);
+  EXPECT_EQ(Join({"a", "b", "c"}),
+            "timer(t1,120000ms) abort(a,g1) abort(b,g1) abort(c,g1) event save "
+            "configure(a,g1,r0/2,s0,init) configure(b,g1,r1/2,s0,init)");
+}
+
+// ---- disk full (defect 3) ------------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, AFailedCheckpointMidRunIsDroppedWithOneWarningAndTrainingGoesOn) {
+  auto o = Opts();
+  o.checkpoint_every = 1;
+  Make(o);
+  Running({"a", "b"});
+  StepAll();
+  const absl::Status full = absl::ResourceExhaustedError("ckpt/step-1/shard-00000.bin.tmp: No space left on device");
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 0, {}, full, kT0)), "event");
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 1, {}, full, kT0)), "")
+      << "one warning per checkpoint, not per shard";
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kStepping);
+}
+
+TEST_F(CoordinatorCoreTest, AFinalCheckpointThatCannotBeWrittenFailsTheJobNamingTheCause) {
+  auto o = Opts();
+  o.steps = 1;
+  Make(o);
+  Running({"a", "b"});
+  StepAll();
+  std::vector<CoordinatorAction> out = core_->OnShardWritten(
+      1, 1, 1, {},
+      absl::ResourceExhaustedError("ckpt/step-1/shard-00001.bin.tmp: No space left on device"),
+      kT0);
+  ASSERT_EQ(Str(out), "fail(RESOURCE_EXHAUSTED)") << "no endless retry of the final write";
+  EXPECT_NE(out[0].status.message().find("shard-00001.bin.tmp: No space left"),
+            std::string::npos)
+      << out[0].status;
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 0, {}, absl::OkStatus(), kT0)), "");
+}
+
+TEST_F(CoordinatorCoreTest, AFinalManifestThatCannotBeCommittedFailsTheJob) {
+  auto o = Opts();
+  o.steps = 1;
+  Make(o);
+  Running({"a"});
+  StepAll();
+  core_->OnShardWritten(1, 1, 0, {"shard-00000.bin", 0, kParams, 1, 1}, absl::OkStatus(), kT0);
+  EXPECT_EQ(Str(core_->OnCheckpointCommitted(1, absl::DataLossError("manifest.bin: EIO"), kT0)),
+            "fail(DATA_LOSS)");
+}
+
+}  // namespace
+}  // namespace troupe::actors
