@@ -131,16 +131,22 @@ absl::StatusOr<ShardFileInfo> CheckpointStore::WriteShard(int64_t step, int inde
   const std::string tmp = path + ".tmp";
   absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(tmp);
   if (!file.ok()) return file.status();
+  // A failed write (a full disk) leaves no partial file behind.
+  auto fail = [&](absl::Status s) {
+    file->reset();
+    fs_->DeleteFile(tmp).IgnoreError();
+    return s;
+  };
   const size_t bytes = static_cast<size_t>(shard.end - shard.begin) * sizeof(float);
   uint32_t crc = 0;
   for (const float* section : {shard.params, shard.adam_m, shard.adam_v}) {
     if (section == nullptr) continue;
-    if (absl::Status s = AppendWithCrc(file->get(), section, bytes, &crc); !s.ok()) return s;
+    if (absl::Status s = AppendWithCrc(file->get(), section, bytes, &crc); !s.ok()) return fail(s);
   }
   info.crc32c = crc;
-  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
-  if (absl::Status s = (*file)->Close(); !s.ok()) return s;
-  if (absl::Status s = fs_->Rename(tmp, path); !s.ok()) return s;
+  if (absl::Status s = (*file)->Sync(); !s.ok()) return fail(s);
+  if (absl::Status s = (*file)->Close(); !s.ok()) return fail(s);
+  if (absl::Status s = fs_->Rename(tmp, path); !s.ok()) return fail(s);
   return info;
 }
 

@@ -33,7 +33,7 @@ using timer_atom = caf::atom_constant<caf::atom("tr_timer")>;
 
 struct Rank {
   caf::actor handle;
-  int64_t node_pid = 0;
+  std::string node;
 };
 
 class Coordinator {
@@ -46,6 +46,7 @@ class Coordinator {
 
  private:
   CoreTime Now() const { return std::chrono::steady_clock::now(); }
+  std::chrono::milliseconds Rpc() const { return absl::ToChronoMilliseconds(spec_.timeouts.rpc); }
   void Print(const std::string& line) { self_->send(driver_, ProgressLine{line}); }
   void PrintEvent(const std::string& text) {
     Print(absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
@@ -114,6 +115,9 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   o.checkpoint_every = spec_.checkpoint_every;
   o.num_params = num_params_;
   o.faults = spec_.faults;
+  o.retry_delay = absl::ToChronoMilliseconds(spec_.timeouts.retry);
+  o.join_wait = absl::ToChronoMilliseconds(spec_.timeouts.join_wait);
+  o.watchdog = absl::ToChronoMilliseconds(spec_.timeouts.watchdog);
   o.latest_checkpoint = [this]() -> std::optional<int64_t> {
     absl::StatusOr<Checkpoint> c = store_->LoadLatestValid();
     if (!c.ok() || c->manifest().num_params != num_params_) return std::nullopt;
@@ -173,12 +177,15 @@ void Coordinator::Do(const CoordinatorAction& a) {
       return;
     case Kind::kKillWorker: return Send(a.worker, caf::make_message(ArmKill{a.step, a.signal}));
     case Kind::kDrainNode: {
-      // The node agent turns SIGTERM into a drain. TODO(multi-host): address it by name
-      // through the head instead of a pid, which is meaningful only on its own host.
+      // By name, through the head: the node agent gives itself the notice on its own host.
       auto it = ranks_.find(a.worker);
-      if (it != ranks_.end() && it->second.node_pid > 0) {
-        kill(static_cast<pid_t>(it->second.node_pid), SIGTERM);
-      }
+      if (it == ranks_.end() || !head_) return;
+      self_->request(head_, Rpc(), runtime::preempt_node_atom::value, it->second.node)
+          .then([](bool) {},
+                [this](caf::error& e) {
+                  PrintEvent(absl::StrCat("chaos: preempting a node failed: ",
+                                          self_->system().render(e)));
+                });
       return;
     }
     case Kind::kAddNode: return self_->send(driver_, AddNode{a.text});
@@ -187,8 +194,7 @@ void Coordinator::Do(const CoordinatorAction& a) {
       raise(SIGKILL);
       return;
     case Kind::kArmCrash:
-      ChaosLog(absl::StrCat("killed coordinator checkpoint ", a.step < 0 ? core_->committed()
-                                                                          : a.step));
+      ChaosLog(absl::StrCat("killed coordinator checkpoint ", a.step));
       runtime::ArmCrashPoint(a.text);
       return;
     case Kind::kCommitted: return Committed(a);
@@ -279,7 +285,7 @@ void Coordinator::ReadTable(uint64_t generation) {
     Execute(core_->OnTable(generation, dead, Now()));
   };
   if (!head_) return reply({});
-  self_->request(head_, std::chrono::seconds(2), runtime::members_table_atom::value)
+  self_->request(head_, Rpc(), runtime::members_table_atom::value)
       .then(
           [reply](const std::vector<runtime::MemberInfo>& table) {
             std::vector<std::string> dead;
@@ -293,12 +299,12 @@ void Coordinator::ReadTable(uint64_t generation) {
 
 void Coordinator::HandleJoin(const RankJoined& j) {
   if (ranks_.count(j.worker) || stopped_ || !head_) return;
-  self_->request(head_, std::chrono::seconds(10), runtime::directory_lookup_atom::value,
+  self_->request(head_, Rpc(), runtime::directory_lookup_atom::value,
                  j.rank_name)
       .then(
           [this, j](const caf::actor& rank, uint64_t, const std::string&) {
             if (ranks_.count(j.worker)) return;
-            ranks_[j.worker] = Rank{rank, j.node_pid};
+            ranks_[j.worker] = Rank{rank, j.node};
             self_->monitor(rank);
             Execute(core_->OnJoin(j.worker, j.node, Now()));
           },
@@ -344,7 +350,7 @@ caf::behavior Coordinator::Behavior() {
         self_->send(head_, runtime::membership_subscribe_atom::value,
                     caf::actor_cast<caf::actor>(self_));
         const size_t expected = static_cast<size_t>(k.count);
-        self_->request(head_, std::chrono::seconds(10), runtime::members_table_atom::value)
+        self_->request(head_, Rpc(), runtime::members_table_atom::value)
             .then(
                 [this, expected](const std::vector<runtime::MemberInfo>& table) {
                   std::vector<std::string> dead;

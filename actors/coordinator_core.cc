@@ -613,6 +613,7 @@ void CoordinatorCore::CompleteCheckpoint(Actions* out, int64_t step) {
                             step, " (manifest written, LATEST not yet moved)"));
     CoordinatorAction arm{Kind::kArmCrash};
     arm.text = "checkpoint.publish";
+    arm.step = step;
     Emit(out, std::move(arm));
     break;
   }

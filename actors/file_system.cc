@@ -183,10 +183,15 @@ absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path,
   const std::string tmp = path + ".tmp";
   absl::StatusOr<std::unique_ptr<WritableFile>> file = fs->NewWritableFile(tmp);
   if (!file.ok()) return file.status();
-  if (absl::Status s = (*file)->Append(bytes.data(), bytes.size()); !s.ok()) return s;
-  if (absl::Status s = (*file)->Sync(); !s.ok()) return s;
-  if (absl::Status s = (*file)->Close(); !s.ok()) return s;
-  return fs->Rename(tmp, path);
+  absl::Status s = (*file)->Append(bytes.data(), bytes.size());
+  if (s.ok()) s = (*file)->Sync();
+  if (s.ok()) s = (*file)->Close();
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (!s.ok()) {  // a failed write (a full disk) leaves no partial file behind
+    file->reset();
+    fs->DeleteFile(tmp).IgnoreError();
+  }
+  return s;
 }
 
 }  // namespace troupe::actors

@@ -76,6 +76,18 @@ class Section {
     if (!v) return Fail(key, "true or false", TypeName(n->type()));
     *out = *v;
   }
+  // A positive duration written as a string: "2s", "300ms", "1m30s".
+  void Duration(const char* key, absl::Duration* out) {
+    const toml::node* n = Find(key);
+    if (n == nullptr) return;
+    std::optional<std::string> v = n->value_exact<std::string>();
+    if (!v) return Fail(key, "a duration string such as \"2s\" or \"300ms\"", TypeName(n->type()));
+    absl::Duration d;
+    if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return Fail(key, "a positive duration such as \"2s\" or \"300ms\"", absl::StrCat("\"", *v, "\""));
+    }
+    *out = d;
+  }
   const toml::node* Raw(const char* key) { return Find(key); }
   void Fail(const std::string& key, const std::string& expected, const std::string& got) {
     if (err_->ok()) {
@@ -171,121 +183,104 @@ std::string JobSpec::CheckpointDir() const {
   return checkpoint_dir.empty() ? work_dir + "/ckpt" : checkpoint_dir;
 }
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& file) {
-  toml::parse_result parsed = toml::parse(toml_text, file);
-  if (!parsed) {
-    const toml::parse_error& e = parsed.error();
-    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.source().begin.line, ":",
-                                                   e.source().begin.column, ": ",
-                                                   std::string(e.description())));
-  }
-  const toml::table& root = parsed.table();
-  JobSpec spec;
-  absl::Status err;
-  static const std::set<std::string> kSections = {"job", "model", "optimizer", "elastic",
-                                                  "checkpoint", "chaos"};
-  for (auto&& [k, v] : root) {
-    const std::string key(k.str());
-    if (!kSections.count(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(file, ": [", key, "]: expected one of [",
-                                                     absl::StrJoin(kSections, "], ["),
-                                                     "], got an unknown section"));
-    }
-    if (!v.is_table()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file, ": ", key, ": expected a table, got ", TypeName(v.type())));
-    }
-  }
-  const int64_t kMax = std::numeric_limits<int32_t>::max();
-  {
-    Section s(root["job"].as_table(), "job", file, &err);
-    s.Str("name", &spec.name, true);
-    s.Int("steps", &spec.steps, 1, int64_t{1} << 40);
-    int64_t seed = static_cast<int64_t>(spec.seed);
-    s.Int("seed", &seed, 0, std::numeric_limits<int64_t>::max());
-    spec.seed = static_cast<uint64_t>(seed);
-    s.Str("work_dir", &spec.work_dir, true);
-    s.Bool("deterministic", &spec.deterministic);
-    s.RejectUnknown();
-  }
+namespace {
+
+void ReadJob(Section& s, JobSpec& spec) {
+  s.Str("name", &spec.name, true);
+  s.Int("steps", &spec.steps, 1, int64_t{1} << 40);
+  int64_t seed = static_cast<int64_t>(spec.seed);
+  s.Int("seed", &seed, 0, std::numeric_limits<int64_t>::max());
+  spec.seed = static_cast<uint64_t>(seed);
+  s.Str("work_dir", &spec.work_dir, true);
+  s.Bool("deterministic", &spec.deterministic);
   spec.model.seed = spec.seed;
-  {
-    Section s(root["model"].as_table(), "model", file, &err);
-    s.Str("type", &spec.model.type, true);
-    s.Str("size", &spec.model.size, true);
-    s.Str("data_dir", &spec.model.data_dir);
-    s.Int32("seq_len", &spec.model.seq_len, 1, 1 << 20);
-    s.Int32("microbatch_size", &spec.model.microbatch_size, 1, 1 << 20);
-    s.Int32("microbatches", &spec.model.microbatches, 1, 1 << 16);
-    if (const toml::node* o = s.Raw("options")) {
-      if (!o->is_table()) {
-        s.Fail("options", "a table of strings", TypeName(o->type()));
-      } else {
-        for (auto&& [k, v] : *o->as_table()) {
-          std::optional<std::string> str = v.value_exact<std::string>();
-          if (!str) {
-            s.Fail(absl::StrCat("options.", std::string(k.str())), "a string", TypeName(v.type()));
-            break;
-          }
-          spec.model.options[std::string(k.str())] = *str;
+}
+
+void ReadModel(Section& s, JobSpec& spec) {
+  s.Str("type", &spec.model.type, true);
+  s.Str("size", &spec.model.size, true);
+  s.Str("data_dir", &spec.model.data_dir);
+  s.Int32("seq_len", &spec.model.seq_len, 1, 1 << 20);
+  s.Int32("microbatch_size", &spec.model.microbatch_size, 1, 1 << 20);
+  s.Int32("microbatches", &spec.model.microbatches, 1, 1 << 16);
+  if (const toml::node* o = s.Raw("options")) {
+    if (!o->is_table()) {
+      s.Fail("options", "a table of strings", TypeName(o->type()));
+    } else {
+      for (auto&& [k, v] : *o->as_table()) {
+        std::optional<std::string> str = v.value_exact<std::string>();
+        if (!str) {
+          s.Fail(absl::StrCat("options.", std::string(k.str())), "a string", TypeName(v.type()));
+          break;
         }
+        spec.model.options[std::string(k.str())] = *str;
       }
     }
-    s.RejectUnknown();
   }
-  bool total_set = false;
-  {
-    Section s(root["optimizer"].as_table(), "optimizer", file, &err);
-    s.Float("lr", &spec.schedule.max_lr, 0, 10);
-    s.Float("min_lr", &spec.schedule.min_lr, 0, 10);
-    s.Int("warmup_steps", &spec.schedule.warmup_steps, 0, int64_t{1} << 40);
-    total_set = s.Raw("total_steps") != nullptr;
-    s.Int("total_steps", &spec.schedule.total_steps, 1, int64_t{1} << 40);
-    s.Float("weight_decay", &spec.adamw.weight_decay, 0, 10);
-    s.Float("max_grad_norm", &spec.adamw.max_grad_norm, 0, 1e9);
-    s.Float("beta1", &spec.adamw.beta1, 0, 0.999999);
-    s.Float("beta2", &spec.adamw.beta2, 0, 0.999999);
-    s.RejectUnknown();
-  }
+}
+
+void ReadOptimizer(Section& s, JobSpec& spec) {
+  s.Float("lr", &spec.schedule.max_lr, 0, 10);
+  s.Float("min_lr", &spec.schedule.min_lr, 0, 10);
+  s.Int("warmup_steps", &spec.schedule.warmup_steps, 0, int64_t{1} << 40);
+  const bool total_set = s.Raw("total_steps") != nullptr;
+  s.Int("total_steps", &spec.schedule.total_steps, 1, int64_t{1} << 40);
+  s.Float("weight_decay", &spec.adamw.weight_decay, 0, 10);
+  s.Float("max_grad_norm", &spec.adamw.max_grad_norm, 0, 1e9);
+  s.Float("beta1", &spec.adamw.beta1, 0, 0.999999);
+  s.Float("beta2", &spec.adamw.beta2, 0, 0.999999);
   if (!total_set) spec.schedule.total_steps = spec.steps;
-  {
-    Section s(root["elastic"].as_table(), "elastic", file, &err);
-    s.Int32("workers", &spec.workers, 1, 1024);
-    s.Int32("min_workers", &spec.min_workers, 1, 1024);
-    s.Int32("max_workers", &spec.max_workers, 1, 1024);
-    s.RejectUnknown();
-  }
-  {
-    Section s(root["checkpoint"].as_table(), "checkpoint", file, &err);
-    s.Str("dir", &spec.checkpoint_dir);
-    s.Int("every", &spec.checkpoint_every, 0, kMax);
-    s.Int32("keep_last", &spec.keep_last, 1, 1000);
-    s.RejectUnknown();
-  }
-  {
-    Section s(root["chaos"].as_table(), "chaos", file, &err);
-    if (const toml::node* f = s.Raw("faults")) {
-      if (!f->is_array()) {
-        s.Fail("faults", "an array of strings like \"kill-worker@10\"", TypeName(f->type()));
-      } else {
-        for (const toml::node& e : *f->as_array()) {
-          std::optional<std::string> str = e.value_exact<std::string>();
-          if (!str) {
-            s.Fail("faults", "an array of strings", absl::StrCat("a ", TypeName(e.type())));
-            break;
-          }
-          absl::StatusOr<Fault> fault = ParseFault(*str);
-          if (!fault.ok()) {
-            s.Fail("faults", "KIND@STEP[:ARG]", absl::StrCat("'", *str, "' (", fault.status().message(), ")"));
-            break;
-          }
-          spec.faults.push_back(*fault);
+}
+
+void ReadElastic(Section& s, JobSpec& spec) {
+  s.Int32("workers", &spec.workers, 1, 1024);
+  s.Int32("min_workers", &spec.min_workers, 1, 1024);
+  s.Int32("max_workers", &spec.max_workers, 1, 1024);
+}
+
+void ReadCheckpoint(Section& s, JobSpec& spec) {
+  s.Str("dir", &spec.checkpoint_dir);
+  s.Int("every", &spec.checkpoint_every, 0, int64_t{std::numeric_limits<int32_t>::max()});
+  s.Int32("keep_last", &spec.keep_last, 1, 1000);
+}
+
+void ReadChaos(Section& s, JobSpec& spec) {
+  if (const toml::node* f = s.Raw("faults")) {
+    if (!f->is_array()) {
+      s.Fail("faults", "an array of strings like \"kill-worker@10\"", TypeName(f->type()));
+    } else {
+      for (const toml::node& e : *f->as_array()) {
+        std::optional<std::string> str = e.value_exact<std::string>();
+        if (!str) {
+          s.Fail("faults", "an array of strings", absl::StrCat("a ", TypeName(e.type())));
+          break;
         }
+        absl::StatusOr<Fault> fault = ParseFault(*str);
+        if (!fault.ok()) {
+          s.Fail("faults", "KIND@STEP[:ARG]", absl::StrCat("'", *str, "' (", fault.status().message(), ")"));
+          break;
+        }
+        spec.faults.push_back(*fault);
       }
     }
-    s.RejectUnknown();
   }
-  if (!err.ok()) return err;
+}
+
+void ReadTimeouts(Section& s, JobSpec& spec) {
+  Timeouts& t = spec.timeouts;
+  s.Duration("liveness", &t.liveness);
+  s.Duration("collective", &t.collective);
+  s.Duration("bootstrap", &t.bootstrap);
+  s.Duration("rpc", &t.rpc);
+  s.Duration("retry", &t.retry);
+  s.Duration("join_wait", &t.join_wait);
+  s.Duration("watchdog", &t.watchdog);
+  s.Duration("driver_silence", &t.driver_silence);
+  s.Duration("cluster_start", &t.cluster_start);
+}
+
+// The relations between fields (each field's own range is checked as it is read).
+absl::Status Validate(const JobSpec& spec, const std::string& file) {
   auto bad = [&](const std::string& field, const std::string& expected, const std::string& got) {
     return absl::InvalidArgumentError(
         absl::StrCat(file, ": ", field, ": expected ", expected, ", got ", got));
@@ -310,12 +305,75 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
     return bad("optimizer.min_lr", absl::StrCat("at most lr (", spec.schedule.max_lr, ")"),
                absl::StrCat(spec.schedule.min_lr));
   }
+  const Timeouts& t = spec.timeouts;
+  auto less = [&](const char* a, absl::Duration da, const char* b, absl::Duration db) {
+    return da < db ? absl::OkStatus()
+                   : bad(absl::StrCat("timeouts.", a),
+                         absl::StrCat("less than timeouts.", b, " (", absl::FormatDuration(db), ")"),
+                         absl::FormatDuration(da));
+  };
+  for (absl::Status st : {less("liveness", t.liveness, "collective", t.collective),
+                          less("collective", t.collective, "watchdog", t.watchdog),
+                          less("bootstrap", t.bootstrap, "watchdog", t.watchdog),
+                          less("rpc", t.rpc, "watchdog", t.watchdog),
+                          less("retry", t.retry, "watchdog", t.watchdog),
+                          less("watchdog", t.watchdog, "driver_silence", t.driver_silence)}) {
+    if (!st.ok()) return st;
+  }
   for (const Fault& f : spec.faults) {
     if (f.step >= spec.steps) {
       return bad("chaos.faults", absl::StrCat("a step below job.steps (", spec.steps, ")"),
                  absl::StrCat("'", f.ToString(), "'"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Every top-level key is a known section holding a table.
+absl::Status CheckSections(const toml::table& root, const std::string& file) {
+  static const std::set<std::string> kSections = {"job", "model", "optimizer", "elastic",
+                                                  "checkpoint", "chaos", "timeouts"};
+  for (auto&& [k, v] : root) {
+    const std::string key(k.str());
+    if (!kSections.count(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": [", key, "]: expected one of [",
+                                                     absl::StrJoin(kSections, "], ["),
+                                                     "], got an unknown section"));
+    }
+    if (!v.is_table()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": ", key, ": expected a table, got ", TypeName(v.type())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& file) {
+  toml::parse_result parsed = toml::parse(toml_text, file);
+  if (!parsed) {
+    const toml::parse_error& e = parsed.error();
+    return absl::InvalidArgumentError(absl::StrCat(file, ":", e.source().begin.line, ":",
+                                                   e.source().begin.column, ": ",
+                                                   std::string(e.description())));
+  }
+  const toml::table& root = parsed.table();
+  if (absl::Status s = CheckSections(root, file); !s.ok()) return s;
+  JobSpec spec;
+  absl::Status err;
+  // [job] first: the model takes its seed, the schedule its total_steps by default.
+  constexpr std::pair<const char*, void (*)(Section&, JobSpec&)> kReaders[] = {
+      {"job", ReadJob},         {"model", ReadModel},           {"optimizer", ReadOptimizer},
+      {"elastic", ReadElastic}, {"checkpoint", ReadCheckpoint}, {"chaos", ReadChaos},
+      {"timeouts", ReadTimeouts}};
+  for (const auto& [name, read] : kReaders) {
+    Section s(root[name].as_table(), name, file, &err);
+    read(s, spec);
+    s.RejectUnknown();
+  }
+  if (!err.ok()) return err;
+  if (absl::Status s = Validate(spec, file); !s.ok()) return s;
   return spec;
 }
 
@@ -348,7 +406,15 @@ std::string JobSpec::ToToml() const {
       "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
       "\nmax_workers = ", max_workers, "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir),
       "\nevery = ", checkpoint_every, "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [",
-      absl::StrJoin(faults_q, ", "), "]\n");
+      absl::StrJoin(faults_q, ", "), "]\n\n[timeouts]\nliveness = \"",
+      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
+      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
+      "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
+      absl::FormatDuration(timeouts.join_wait), "\"\nwatchdog = \"",
+      absl::FormatDuration(timeouts.watchdog), "\"\ndriver_silence = \"",
+      absl::FormatDuration(timeouts.driver_silence), "\"\ncluster_start = \"",
+      absl::FormatDuration(timeouts.cluster_start), "\"\n");
 }
 
 }  // namespace troupe::actors

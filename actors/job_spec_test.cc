@@ -39,6 +39,9 @@ every = 4
 keep_last = 2
 [chaos]
 faults = ["kill-worker@5:2", "join-worker@7"]
+[timeouts]
+liveness = "500ms"
+watchdog = "90s"
 )",
                                            "job.toml");
   ASSERT_TRUE(s.ok()) << s.status();
@@ -54,6 +57,9 @@ faults = ["kill-worker@5:2", "join-worker@7"]
   EXPECT_EQ(back->schedule.max_lr, s->schedule.max_lr);
   EXPECT_EQ(back->seed, 9u);
   EXPECT_FALSE(back->deterministic);
+  EXPECT_EQ(back->timeouts.liveness, absl::Milliseconds(500));
+  EXPECT_EQ(back->timeouts.watchdog, absl::Seconds(90));
+  EXPECT_EQ(back->timeouts.collective, absl::Seconds(30)) << "the default";
 }
 
 struct BadCase {
@@ -88,6 +94,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[chaos]\nfaults = [\"explode@3\"]\n", "chaos.faults"},
         BadCase{"[chaos]\nfaults = [\"kill-worker@99\"]\n", "below job.steps"},
         BadCase{"[job\n", "bad.toml:"},
+        BadCase{"[timeouts]\nliveness = 2\n", "timeouts.liveness: expected a duration string"},
+        BadCase{"[timeouts]\nrpc = \"soon\"\n", "timeouts.rpc: expected a positive duration"},
+        BadCase{"[timeouts]\nretry = \"-1s\"\n", "timeouts.retry: expected a positive"},
+        BadCase{"[timeouts]\nliveness = \"40s\"\n",
+                "timeouts.liveness: expected less than timeouts.collective (30s), got 40s"},
+        BadCase{"[timeouts]\ncollective = \"3m\"\n",
+                "timeouts.collective: expected less than timeouts.watchdog (2m), got 3m"},
+        BadCase{"[timeouts]\nwatchdog = \"5m\"\n",
+                "timeouts.watchdog: expected less than timeouts.driver_silence (3m), got 5m"},
         BadCase{"model = 3\n", "model: expected a table, got integer"}));
 
 TEST(FaultTest, Parses) {

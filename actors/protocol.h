@@ -110,7 +110,6 @@ struct KnownRanks {
 struct RankJoined {
   std::string worker;
   std::string node;
-  int64_t node_pid = 0;   // chaos sigterm-node only (see coordinator.cc)
   std::string rank_name;  // the rank actor's cluster-wide name (looked up at the head)
 };
 struct ProgressLine {
@@ -196,8 +195,7 @@ typename Inspector::result_type inspect(Inspector& f, KnownRanks& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankJoined& x) {
-  return f(caf::meta::type_name("troupe.RankJoined"), x.worker, x.node, x.node_pid,
-           x.rank_name);
+  return f(caf::meta::type_name("troupe.RankJoined"), x.worker, x.node, x.rank_name);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ProgressLine& x) {

@@ -79,7 +79,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   RoundTrip(FinalParams{7, 0x12345678, 262144, 60}, "troupe.FinalParams");
   RoundTrip(CoordinatorHello{}, "troupe.CoordinatorHello");
   RoundTrip(KnownRanks{4, {}}, "troupe.KnownRanks");
-  RoundTrip(RankJoined{"n1/w0", "n1", 4242, "t.99.rank.n1.w0"}, "troupe.RankJoined");
+  RoundTrip(RankJoined{"n1/w0", "n1", "t.99.rank.n1.w0"}, "troupe.RankJoined");
   RoundTrip(ProgressLine{"step    1/60"}, "troupe.ProgressLine");
   RoundTrip(AddNode{"join20"}, "troupe.AddNode");
   RoundTrip(JobFailed{err}, "troupe.JobFailed");

@@ -31,13 +31,17 @@ namespace {
 class CoordinatorBootstrap : public collectives::Bootstrap {
  public:
   CoordinatorBootstrap(caf::actor_system& sys, caf::actor kv, uint64_t gen,
-                       const std::atomic<uint64_t>* aborted_below)
-      : sys_(sys), kv_(std::move(kv)), gen_(gen), aborted_below_(aborted_below) {}
+                       const std::atomic<uint64_t>* aborted_below, absl::Duration rpc)
+      : sys_(sys),
+        kv_(std::move(kv)),
+        gen_(gen),
+        aborted_below_(aborted_below),
+        rpc_(absl::ToChronoMilliseconds(rpc)) {}
 
   absl::Status Publish(const std::string& key, const std::string& value) override {
     caf::scoped_actor self{sys_};
     absl::Status st = absl::UnavailableError("bootstrap: no reply from the coordinator");
-    self->request(kv_, std::chrono::seconds(10), put_atom::value, key, value)
+    self->request(kv_, rpc_, put_atom::value, key, value)
         .receive([&](bool) { st = absl::OkStatus(); },
                  [&](caf::error& e) {
                    st = absl::UnavailableError(
@@ -54,7 +58,7 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
       }
       std::optional<std::string> value;
       absl::Status st;
-      self->request(kv_, std::chrono::seconds(10), get_atom::value, key)
+      self->request(kv_, rpc_, get_atom::value, key)
           .receive(
               [&](bool found, std::string& v) {
                 if (found) value = std::move(v);
@@ -77,6 +81,7 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
   caf::actor kv_;
   uint64_t gen_;
   const std::atomic<uint64_t>* aborted_below_;
+  std::chrono::milliseconds rpc_;
 };
 
 // A line written with one write(2): a kill -9 right after loses nothing already written.
@@ -124,7 +129,7 @@ class RankState {
     o.seed = spec_.seed;
     o.adamw = spec_.adamw;
     o.schedule = spec_.schedule;
-    o.collective.timeout = absl::Seconds(30);
+    o.collective.timeout = spec_.timeouts.collective;
     o.on_serve = [this](int64_t step, int32_t k) {
       serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_));
     };
@@ -188,14 +193,14 @@ class RankState {
         comm_.reset();  // the old generation's buffers are no longer written to after this
       }
       gen_ = gen;
-      CoordinatorBootstrap boot(sys_, coordinator, gen, &aborted_below_);
+      CoordinatorBootstrap boot(sys_, coordinator, gen, &aborted_below_, spec_.timeouts.rpc);
       collectives::UcxOptions uo;
       uo.rank = plan->rank;
       uo.size = plan->world;
       uo.generation = gen;
       uo.key_prefix = spec_.name;
-      uo.connect_timeout = absl::Seconds(20);
-      uo.liveness_timeout = absl::Seconds(2);
+      uo.connect_timeout = spec_.timeouts.bootstrap;
+      uo.liveness_timeout = spec_.timeouts.liveness;
       absl::StatusOr<std::unique_ptr<collectives::Communicator>> comm =
           collectives::CreateUcxCommunicator(&boot, uo);
       if (!comm.ok()) {

@@ -58,7 +58,6 @@ class DriverQueue {
 
 struct JoinInfo {
   std::string node;
-  int64_t node_pid = 0;
   std::string rank;  // the rank actor's cluster-wide name
 };
 
@@ -79,7 +78,7 @@ struct DriverState {
 caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverState> st) {
   auto heard = [st] { st->last_heard_ns.store(absl::ToUnixNanos(absl::Now())); };
   auto forward = [self, st](const std::string& w, const JoinInfo& j) {
-    self->send(st->coordinator, RankJoined{w, j.node, j.node_pid, j.rank});
+    self->send(st->coordinator, RankJoined{w, j.node, j.rank});
   };
   // Without the head nothing can be placed, restarted or reported: fail at once rather than wait
   // out the silence limit.
@@ -100,7 +99,7 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
       [st, forward](const RankJoined& j) {
-        st->ranks[j.worker] = JoinInfo{j.node, j.node_pid, j.rank_name};
+        st->ranks[j.worker] = JoinInfo{j.node, j.rank_name};
         if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
       },
       [st](runtime::membership_atom, const runtime::MembershipEvent& e) {
@@ -247,7 +246,7 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   // The embedded cluster's workers register asynchronously: wait for all of them.
   if (local != nullptr) {
     const size_t want = static_cast<size_t>(spec.workers) + 1;
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
     size_t alive = 0;
     while (absl::Now() < deadline) {
       absl::StatusOr<std::vector<runtime::MemberInfo>> members = client->Members();
@@ -262,7 +261,8 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
     }
     if (alive < want) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "embedded cluster: ", alive, " of ", want, " workers joined within 60 s (logs in ",
+          "embedded cluster: ", alive, " of ", want, " workers joined within ",
+          absl::FormatDuration(spec.timeouts.cluster_start), " (timeouts.cluster_start; logs in ",
           spec.work_dir, "/logs)"));
     }
   }
@@ -273,13 +273,6 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   auto spawn_ranks = [&] {
     absl::StatusOr<std::vector<runtime::MemberInfo>> members = client->Members();
     if (!members.ok()) return;
-    std::map<std::string, int64_t> node_pids;
-    for (const runtime::MemberInfo& m : *members) {
-      if (m.kind == "node") node_pids[m.id] = m.pid;
-    }
-    if (local != nullptr) {
-      for (const auto& [name, pid] : local->nodes()) node_pids[name] = pid;
-    }
     for (const runtime::MemberInfo& m : *members) {
       if (m.kind != "worker" || m.state != "alive" || spawned.count(m.id)) continue;
       if (local != nullptr && m.node == "coord") continue;
@@ -297,7 +290,7 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
         out << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
         continue;
       }
-      caf::anon_send(driver, RankJoined{m.id, m.node, node_pids[m.node], name});
+      caf::anon_send(driver, RankJoined{m.id, m.node, name});
     }
   };
   spawn_ranks();
@@ -320,7 +313,7 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   sup.children.push_back(coordinator);
   if (absl::StatusOr<runtime::ActorRef> s = (*rt)->StartSupervisor(sup); !s.ok()) return s.status();
 
-  constexpr int64_t kSilenceLimitNs = int64_t{180} * 1000000000;
+  const int64_t silence_ns = absl::ToInt64Nanoseconds(spec.timeouts.driver_silence);
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
     if (req && req->kind == "add_node" && local != nullptr) {
@@ -329,10 +322,12 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
     } else if (req && req->kind == "spawn") {
       spawn_ranks();
     }
-    if (absl::ToUnixNanos(absl::Now()) - st->last_heard_ns.load() > kSilenceLimitNs) {
+    if (absl::ToUnixNanos(absl::Now()) - st->last_heard_ns.load() > silence_ns) {
       caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
       return absl::DeadlineExceededError(
-          "no word from the coordinator for 180 s (is any worker left to run it?)");
+          absl::StrCat("no word from the coordinator for ",
+                       absl::FormatDuration(spec.timeouts.driver_silence),
+                       " (timeouts.driver_silence; is any worker left to run it?)"));
     }
   }
   absl::StatusOr<JobReport> report = result.get();

@@ -165,6 +165,16 @@ class HeadActor final : public caf::event_based_actor {
           subscribers_.push_back(who);
           monitor(who);
         },
+        [this](preempt_node_atom, const std::string& node) -> caf::result<bool> {
+          auto it = members_.find(node);
+          if (it == members_.end() || it->second.info.kind != "node" ||
+              it->second.info.state == "dead") {
+            return caf::make_error(caf::sec::runtime_error,
+                                   absl::StrCat("preempt: no live node '", node, "'"));
+          }
+          send(it->second.handle, preempt_node_atom::value);
+          return true;
+        },
         [this](tick_atom) {
           CheckHeartbeats();
           delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);

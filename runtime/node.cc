@@ -50,6 +50,8 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
         if (pid_t pid = w->PidOf(id)) kill(pid, SIGKILL);
       },
       [w](release_atom) { w->release = true; },
+      // Chaos: a preemption notice, delivered as the cloud's would be (SIGTERM to this agent).
+      [](preempt_node_atom) { kill(getpid(), SIGTERM); },
   };
 }
 

@@ -8,6 +8,8 @@
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault)
+//   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
+//                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
 //
 // Every field is optional (defaults below: the tiny GPT on the fortunes corpus). Parsing rejects
 // unknown sections and keys, wrong types and out-of-range values with a message naming the file
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "troupe/actors/trainable.h"
 #include "troupe/model/optimizer.h"
 
@@ -61,6 +64,31 @@ struct Fault {
 };
 absl::StatusOr<Fault> ParseFault(const std::string& text);
 
+// Every deadline of a training job, in one place. Validated relations: liveness < collective
+// < watchdog; bootstrap, rpc and retry each < watchdog; watchdog < driver_silence.
+struct Timeouts {
+  // A peer rank silent this long is dead (the collectives' liveness channel): how fast a hung
+  // (SIGSTOPped) process is found.
+  absl::Duration liveness = absl::Seconds(2);
+  // One collective's deadline (a generation that cannot finish its exchange gives up).
+  absl::Duration collective = absl::Seconds(30);
+  // A generation's communicator connects (every rank publishes and finds the others) within this.
+  absl::Duration bootstrap = absl::Seconds(20);
+  // A control request: the collectives' bootstrap store, head lookups, the membership table.
+  absl::Duration rpc = absl::Seconds(10);
+  // After a rank reports a failure, before the coordinator regenerates (a down event that
+  // explains the failure usually arrives first).
+  absl::Duration retry = absl::Milliseconds(300);
+  // join-worker@S: step S waits this long for the joining worker.
+  absl::Duration join_wait = absl::Seconds(60);
+  // No step committed for this long, with work to do: the job fails rather than hang.
+  absl::Duration watchdog = absl::Seconds(120);
+  // The driver gives up on a coordinator it has not heard from for this long.
+  absl::Duration driver_silence = absl::Seconds(180);
+  // The embedded cluster's workers register within this.
+  absl::Duration cluster_start = absl::Seconds(60);
+};
+
 struct JobSpec {
   std::string name = "tiny-gpt";
   int64_t steps = 40;
@@ -81,6 +109,7 @@ struct JobSpec {
   int32_t keep_last = 3;
 
   std::vector<Fault> faults;
+  Timeouts timeouts;
 
   std::string ToToml() const;
   std::string CheckpointDir() const;

@@ -106,6 +106,10 @@ using members_table_atom = caf::atom_constant<caf::atom("tr_members")>;
 // event from then on. Sent before a members_table_atom request by the same actor, it guarantees
 // that no event falls between the table and the subscription.
 using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
+// (preempt_node_atom, node name) to the head → bool: chaos by name. The head forwards
+// (preempt_node_atom) to that node's agent, which gives itself a preemption notice (SIGTERM, as a
+// cloud would) on its own host; no pid crosses a machine.
+using preempt_node_atom = caf::atom_constant<caf::atom("tr_preempt")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
 // cluster must do this (Runtime does when RuntimeOptions::network is set).
