@@ -152,7 +152,7 @@ void Coordinator::Execute(std::vector<CoordinatorAction> actions) {
 void Coordinator::Do(const CoordinatorAction& a) {
   switch (a.kind) {
     case Kind::kSaveRecord:
-      if (absl::Status s = SaveCoordinatorRecord(PosixFileSystem(), StatePath(), core_->record());
+      if (absl::Status s = SaveCoordinatorRecord(PosixFileSystem(), StatePath(), a.record);
           !s.ok()) {
         Stop(caf::make_message(JobFailed{WireStatus::From(s)}));
       }

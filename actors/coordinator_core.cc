@@ -91,6 +91,13 @@ bool CoordinatorCore::Usable(const std::string& worker) const {
 
 void CoordinatorCore::Emit(Actions* out, CoordinatorAction a) { out->push_back(std::move(a)); }
 
+// The record as it is now (not as it will be when the shell gets to the action).
+void CoordinatorCore::Save(Actions* out) {
+  CoordinatorAction a{Kind::kSaveRecord};
+  a.record = record_;
+  Emit(out, std::move(a));
+}
+
 void CoordinatorCore::Event(Actions* out, std::string text) {
   CoordinatorAction a{Kind::kEvent};
   a.text = std::move(text);
@@ -312,7 +319,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
     phase_ = CoordinatorPhase::kWaiting;
     Event(out, absl::StrCat("waiting for workers: ", next.size(), " usable, min_workers ",
                             options_.min_workers, " (", why, ")"));
-    Emit(out, CoordinatorAction{Kind::kSaveRecord});
+    Save(out);
     return;
   }
   GenerationPlan plan;
@@ -325,7 +332,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
                           absl::StrJoin(group_, " "), "] at step ", record_.committed,
                           ", state from ", source, " — ", why));
   phase_ = CoordinatorPhase::kConfiguring;
-  Emit(out, CoordinatorAction{Kind::kSaveRecord});
+  Save(out);
   for (int r = 0; r < plan.world; ++r) {
     plan.rank = r;
     pending_.insert(group_[r]);
@@ -374,7 +381,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
   pending_.erase(worker);
   if (!pending_.empty()) return out;
   record_.active = group_;
-  Emit(&out, CoordinatorAction{Kind::kSaveRecord});
+  Save(&out);
   for (const std::string& w : group_) {
     CoordinatorAction a{Kind::kCommit};
     a.worker = w;
@@ -439,7 +446,7 @@ bool CoordinatorCore::FireFaults(Actions* out) {
     }
   }
   if (due.empty()) return false;
-  Emit(out, CoordinatorAction{Kind::kSaveRecord});
+  Save(out);
   bool hold = false;
   for (size_t i : due) {
     const Fault& f = options_.faults[i];
@@ -537,7 +544,7 @@ void CoordinatorCore::CommitStep(Actions* out) {
   done.recovered = record_.awaiting_recovery;
   record_.awaiting_recovery = false;
   losses_.clear();
-  Emit(out, CoordinatorAction{Kind::kSaveRecord});
+  Save(out);
   for (const std::string& w : group_) {
     CoordinatorAction a{Kind::kCommit};
     a.worker = w;
@@ -607,7 +614,7 @@ void CoordinatorCore::CompleteCheckpoint(Actions* out, int64_t step) {
     }
     record_.fired.insert(static_cast<int32_t>(i));
     record_.awaiting_recovery = true;
-    Emit(out, CoordinatorAction{Kind::kSaveRecord});
+    Save(out);
     Event(out, absl::StrCat("chaos: kill -9 of the coordinator's process in the middle of "
                             "committing checkpoint step-",
                             step, " (manifest written, LATEST not yet moved)"));

@@ -73,7 +73,7 @@ struct CoordinatorRecord {
 
 struct CoordinatorAction {
   enum class Kind {
-    kSaveRecord,   // persist record() before carrying out any later action
+    kSaveRecord,   // persist `record` before carrying out any later action
     kAbort,        // tell `worker`: fail collectives of generations below `generation` now
     kConfigure,    // send `worker` generation `generation` with `plan`
     kStep,         // send `worker`: run step `step` of `generation`
@@ -109,6 +109,7 @@ struct CoordinatorAction {
   int64_t num_params = 0;
   std::string text;
   absl::Status status;
+  CoordinatorRecord record;  // kSaveRecord: the record as of this action
 };
 
 // The short form tests compare: "configure(w1,g2,r1/3,memory)", "step(w0,g2,s5)", "event", ...
@@ -200,6 +201,7 @@ class CoordinatorCore {
 
   bool Usable(const std::string& worker) const;
   void Emit(Actions* out, CoordinatorAction a);
+  void Save(Actions* out);
   void Event(Actions* out, std::string text);
   void ArmTimer(Actions* out, TimerKind kind, CoreDuration delay);
   void Fail(Actions* out, absl::Status status);

@@ -52,6 +52,7 @@ const char* kEventNames[] = {"membership_known", "join",    "join_failed",  "wor
 
 struct Coverage {
   int64_t hits[kNumPhases][kNumEventTypes] = {};
+  std::map<std::string, int64_t> faults_carried_out;  // by action, over all sequences
 };
 
 class Sim {
@@ -199,6 +200,7 @@ class Sim {
   }
 
   void CountFault(const std::string& key, int allowed) {
+    ++coverage_->faults_carried_out[key.substr(0, key.find_first_of("@0123456789"))];
     if (++fault_runs_[key] > allowed) Fail(absl::StrCat("fault ", key, " carried out twice"));
   }
   const Fault* FaultAt(int64_t step) const {
@@ -210,7 +212,7 @@ class Sim {
 
   void Do(const CoordinatorAction& a) {
     switch (a.kind) {
-      case Kind::kSaveRecord: saved_ = core_->record(); break;
+      case Kind::kSaveRecord: saved_ = a.record; break;
       case Kind::kAbort: break;
       case Kind::kConfigure: {
         if (told_dead_.count(a.worker)) {
@@ -515,6 +517,9 @@ TEST(CoordinatorCorePropertyTest, InvariantsHoldOverThousandsOfRandomSequences) 
     }
   }
   EXPECT_EQ(missing, "") << "(phase x event) pairs hit fewer than 10 times";
+  for (const char* kind : {"kill", "drain", "join", "crash", "arm_crash"}) {
+    EXPECT_GE(coverage.faults_carried_out[kind], 50) << kind << " faults carried out";
+  }
   std::string table;
   for (int p = 0; p < kNumPhases; ++p) {
     absl::StrAppend(&table, PhaseName(static_cast<CoordinatorPhase>(p)), ":");
