@@ -92,8 +92,8 @@ class ConfigRegistry {
     std::function<std::string(const std::string&)> set;  // "" on success, else what's wrong
     std::function<std::string()> get;
     // Lists only: adds one item ("" on success, else what's wrong); empties the list.
-    std::function<std::string(const std::string&)> add;
-    std::function<void()> clear;
+    std::function<std::string(const std::string&)> add = nullptr;
+    std::function<void()> clear = nullptr;
   };
   void Add(const std::string& name, Option option);
   // Applies `value` to option `name` through `apply` (its set or add), naming name, type,
