@@ -156,6 +156,13 @@ absl::Status PrepareData(JobSpec& spec, std::ostream& out) {
 
 }  // namespace
 
+runtime::RuntimeOptions DefaultDriverRuntimeOptions() {
+  runtime::RuntimeOptions ro;
+  ro.log_events = false;
+  ro.shutdown_timeout = std::chrono::seconds(2);
+  return ro;
+}
+
 absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options) {
   std::ostream& out = options.progress != nullptr ? *options.progress : std::cout;
   std::error_code ec;
@@ -194,6 +201,7 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
     lo.binary = options.binary;
     lo.workers = 0;
     lo.cluster.log_dir = spec.work_dir + "/logs";
+    lo.extra_args = options.runtime.TlsArgs();  // head, nodes and workers: the driver's files
     absl::StatusOr<std::unique_ptr<runtime::LocalCluster>> c = runtime::LocalCluster::Start(lo);
     if (!c.ok()) return c.status();
     local = std::move(*c);
@@ -205,27 +213,20 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
     }
     absl::StatusOr<pid_t> pid = local->AddNode("coord", 1, "cpu=1", "", node_args);
     if (!pid.ok()) return pid.status();
-    out << "embedded cluster: head 127.0.0.1:" << port << ", " << spec.workers
+    out << "embedded cluster: head 127.0.0.1:" << port
+        << (options.runtime.tls() ? " (mutual TLS), " : ", ") << spec.workers
         << " worker nodes and a coordinator node; logs in " << lo.cluster.log_dir << std::endl;
   } else {
-    std::vector<std::string> hp = absl::StrSplit(options.head, ':');
-    int p = 0;
-    if (hp.size() != 2 || !absl::SimpleAtoi(hp[1], &p) || p <= 0 || p > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--head: expected HOST:PORT, got '", options.head, "'"));
-    }
-    host = hp[0];
-    port = static_cast<uint16_t>(p);
+    absl::StatusOr<std::pair<std::string, uint16_t>> hp = runtime::ParseHostPort(options.head);
+    if (!hp.ok()) return hp.status();
+    host = hp->first;
+    port = hp->second;
   }
 
   runtime::ActorRegistry registry;
   if (absl::Status s = RegisterTrainingActors(registry); !s.ok()) return s;
-  runtime::RuntimeOptions ro;
+  runtime::RuntimeOptions ro = options.runtime;
   ro.network = true;
-  ro.log_events = false;
-  // This process owns only the driver relay and the job supervisor, neither with state to save;
-  // when the cluster is gone, waiting long for their remote children to confirm helps no one.
-  ro.shutdown_timeout = std::chrono::seconds(2);
   absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
       runtime::Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) return rt.status();

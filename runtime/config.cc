@@ -3,12 +3,15 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <iostream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace troupe::runtime {
 namespace {
@@ -152,6 +155,45 @@ void ConfigRegistry::AddByteSize(const std::string& name, int64_t* target, const
              [target] { return absl::StrCat(*target); }});
 }
 
+void ConfigRegistry::AddStringList(const std::string& name, std::vector<std::string>* target,
+                                   const std::string& help, Validator<std::string> validate) {
+  auto check = [validate](const std::string& item) {
+    if (item.empty()) return std::string("expected a non-empty item");
+    return validate ? validate(item) : std::string();
+  };
+  Option o;
+  o.type = "list";
+  o.help = help;
+  o.set = [target, check](const std::string& text) {
+    std::vector<std::string> items = absl::StrSplit(text, ',', absl::SkipEmpty());
+    for (const std::string& item : items) {
+      std::string why = check(item);
+      if (!why.empty()) return absl::StrCat("item '", item, "': ", why);
+    }
+    *target = std::move(items);
+    return std::string();
+  };
+  o.get = [target] { return absl::StrJoin(*target, ","); };
+  o.add = [target, check](const std::string& item) {
+    std::string why = check(item);
+    if (why.empty()) target->push_back(item);
+    return why;
+  };
+  o.clear = [target] { target->clear(); };
+  Add(name, std::move(o));
+}
+
+absl::Status ConfigRegistry::Apply(const std::string& name, const Option& option,
+                                   const std::function<std::string(const std::string&)>& apply,
+                                   const std::string& value, const std::string& source) {
+  std::string why = apply(value);
+  if (!why.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("option '", name, "' (", option.type, ", from ",
+                                                   source, "): got '", value, "': ", why));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ConfigRegistry::Set(const std::string& name, const std::string& value,
                                  const std::string& source) {
   auto it = options_.find(name);
@@ -162,13 +204,7 @@ absl::Status ConfigRegistry::Set(const std::string& name, const std::string& val
         absl::StrCat("unknown option '", name, "' (from ", source,
                      "); known options: ", absl::StrJoin(names, ", ")));
   }
-  std::string why = it->second.set(value);
-  if (!why.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("option '", name, "' (", it->second.type,
-                                                   ", from ", source, "): got '", value,
-                                                   "': ", why));
-  }
-  return absl::OkStatus();
+  return Apply(name, it->second, it->second.set, value, source);
 }
 
 absl::Status ConfigRegistry::LoadEnvironment(
@@ -185,6 +221,7 @@ absl::Status ConfigRegistry::LoadEnvironment(
 
 absl::Status ConfigRegistry::ParseFlags(int argc, const char* const* argv,
                                         std::vector<std::string>* rest) {
+  std::set<std::string> lists_seen;  // the first flag of a list replaces the environment's items
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg.rfind("--", 0) != 0 || arg == "--") {
@@ -211,6 +248,24 @@ absl::Status ConfigRegistry::ParseFlags(int argc, const char* const* argv,
     if (it == options_.end()) {
       if (body.rfind("troupe.", 0) == 0) return Set(name, value, "flag " + arg);
       if (rest) rest->push_back(arg);
+      continue;
+    }
+    const Option& option = it->second;
+    if (option.add) {
+      if (lists_seen.insert(name).second) option.clear();
+      std::vector<std::string> items;
+      if (has_value) items.push_back(value);
+      while (!has_value && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) {
+        items.push_back(argv[++i]);
+      }
+      if (items.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("option '", name, "' (list, from flag ", arg,
+                                                       "): expected a value after it"));
+      }
+      for (const std::string& item : items) {
+        if (absl::Status s = Apply(name, option, option.add, item, "flag --" + name); !s.ok())
+          return s;
+      }
       continue;
     }
     if (!has_value) {
@@ -269,6 +324,30 @@ ConfigRegistry::Validator<std::string> OneOf(std::vector<std::string> allowed) {
       if (a == v) return std::string();
     return absl::StrCat("expected one of ", absl::StrJoin(allowed, ", "));
   };
+}
+
+int ParseCommandLine(const std::string& command, const std::string& usage,
+                     const std::vector<std::string>& args, ConfigRegistry& config) {
+  std::vector<const char*> argv = {command.c_str()};
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << usage << "\n\nOptions (also as TROUPE_<NAME> environment variables):\n"
+                << config.Help();
+      return 0;
+    }
+    argv.push_back(a.c_str());
+  }
+  absl::Status s = config.LoadEnvironment();
+  std::vector<std::string> rest;
+  if (s.ok()) s = config.ParseFlags(static_cast<int>(argv.size()), argv.data(), &rest);
+  if (s.ok() && !rest.empty()) {
+    s = absl::InvalidArgumentError(absl::StrCat("unexpected argument '", rest[0], "'"));
+  }
+  if (!s.ok()) {
+    std::cerr << "troupe " << command << ": " << s.message() << " (see --help)\n";
+    return 2;
+  }
+  return -1;
 }
 
 }  // namespace troupe::runtime

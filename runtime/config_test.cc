@@ -102,5 +102,46 @@ TEST(ConfigTest, ParsersAndHelp) {
   EXPECT_EQ(f.threads, 3);
 }
 
+TEST(ConfigTest, ListsTakeItemsUntilTheNextFlagAddUpAndReplaceTheEnvironment) {
+  std::vector<std::string> inputs, chaos;
+  int64_t vocab = 0;
+  ConfigRegistry reg;
+  reg.AddStringList("input", &inputs, "files");
+  reg.AddStringList("chaos", &chaos, "faults", [](const std::string& v) {
+    return v.find('@') != std::string::npos ? std::string() : std::string("expected KIND@STEP");
+  });
+  reg.AddInt("vocab", &vocab, "vocab");
+  ASSERT_TRUE(reg.LoadEnvironment([](const char* n) -> const char* {
+                   return std::string(n) == "TROUPE_INPUT" ? "env1,env2" : nullptr;
+                 })
+                  .ok());
+  EXPECT_EQ(inputs, (std::vector<std::string>{"env1", "env2"}));
+  EXPECT_EQ(reg.Get("input"), "env1,env2");
+  const char* argv[] = {"prog", "--input",     "a",       "b,c", "--vocab",
+                        "300",  "--chaos=x@1", "--chaos", "y@2", "--input=d"};
+  std::vector<std::string> rest;
+  ASSERT_TRUE(reg.ParseFlags(10, argv, &rest).ok());
+  EXPECT_EQ(inputs, (std::vector<std::string>{"a", "b,c", "d"})) << "flags replace the env's";
+  EXPECT_EQ(chaos, (std::vector<std::string>{"x@1", "y@2"}));
+  EXPECT_EQ(vocab, 300);
+  EXPECT_TRUE(rest.empty());
+  EXPECT_NE(reg.Help().find("--chaos=<list>"), std::string::npos) << reg.Help();
+
+  const char* bad[] = {"prog", "--chaos", "boom"};
+  absl::Status s = reg.ParseFlags(3, bad, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("option 'chaos' (list, from flag --chaos): got 'boom': expected "
+                             "KIND@STEP"),
+            std::string::npos)
+      << s;
+  const char* empty[] = {"prog", "--input", "--vocab", "3"};
+  s = reg.ParseFlags(4, empty, nullptr);
+  EXPECT_NE(s.message().find("expected a value"), std::string::npos) << s;
+  ASSERT_TRUE(reg.Set("chaos", "a@1").ok());
+  s = reg.Set("chaos", "z@3,nope");
+  EXPECT_NE(s.message().find("item 'nope': expected KIND@STEP"), std::string::npos) << s;
+  EXPECT_EQ(chaos, (std::vector<std::string>{"a@1"})) << "a rejected list must not be applied";
+}
+
 }  // namespace
 }  // namespace troupe::runtime

@@ -120,7 +120,7 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   config.AddString("labels", &labels, "labels, e.g. spot=true,zone=a");
   config.AddInt("workers", &workers, "worker processes to start", InRange(0, 256));
   config.AddDuration("grace", &grace, "on SIGTERM: drain, then leave after this long");
-  if (int rc = ParseRoleOptions(
+  if (int rc = ParseCommandLine(
           "node", "usage: troupe node --head HOST:P [--resources cpu=2,gpu=0] [--labels k=v]", args,
           config);
       rc >= 0)
@@ -185,10 +185,7 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
                  "--threads",
                  absl::StrCat(ro.threads)};
     if (!co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", co.build_id});
-    if (!ro.tls_cert.empty()) {
-      spec.args.insert(spec.args.end(),
-                       {"--tls_ca", ro.tls_ca, "--tls_cert", ro.tls_cert, "--tls_key", ro.tls_key});
-    }
+    for (const std::string& a : ro.TlsArgs()) spec.args.push_back(a);
     std::string visible;
     for (int g = 0; g < per_worker; ++g)
       absl::StrAppend(&visible, g ? "," : "", i * per_worker + g);

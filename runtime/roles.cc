@@ -23,31 +23,6 @@
 #include "internal/tls.h"
 
 namespace troupe::runtime {
-namespace internal {
-
-int ParseRoleOptions(const std::string& role, const std::string& usage,
-                     const std::vector<std::string>& args, ConfigRegistry& config) {
-  std::vector<const char*> argv = {role.c_str()};
-  for (const auto& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::cout << usage << "\n\nOptions (also as TROUPE_<NAME> environment variables):\n"
-                << config.Help();
-      return 0;
-    }
-    argv.push_back(a.c_str());
-  }
-  absl::Status s = config.LoadEnvironment();
-  std::vector<std::string> rest;
-  if (s.ok()) s = config.ParseFlags(static_cast<int>(argv.size()), argv.data(), &rest);
-  if (s.ok() && !rest.empty()) {
-    s = absl::InvalidArgumentError(absl::StrCat("unexpected argument '", rest[0], "'"));
-  }
-  if (!s.ok()) {
-    std::cerr << "troupe " << role << ": " << s.message() << " (see --help)\n";
-    return 2;
-  }
-  return -1;
-}
 
 absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text) {
   size_t colon = text.rfind(':');
@@ -59,6 +34,8 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string
   }
   return std::make_pair(text.substr(0, colon), static_cast<uint16_t>(port));
 }
+
+namespace internal {
 
 void BlockRoleSignals() {
   sigset_t set;
@@ -133,7 +110,7 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   config.AddString("host", &host, "address to listen on");
   config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
   if (int rc =
-          ParseRoleOptions("head", "usage: troupe head [--port P] [--host ADDR]", args, config);
+          ParseCommandLine("head", "usage: troupe head [--port P] [--host ADDR]", args, config);
       rc >= 0)
     return rc;
   BlockRoleSignals();
@@ -151,9 +128,8 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
     return 1;
   }
   std::cout << "troupe head: listening on " << host << ":" << *bound
-            << (ro.tls_cert.empty()
-                    ? " (plain TCP without TLS: for loopback and trusted local networks only)"
-                    : " (mutual TLS)")
+            << (ro.tls() ? " (mutual TLS)"
+                         : " (plain TCP without TLS: for loopback and trusted local networks only)")
             << " build_id=" << build_id << std::endl;
   if (!port_file.empty()) {
     std::string tmp = port_file + ".tmp";
@@ -177,7 +153,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   config.AddString("head", &head_addr, "head address HOST:PORT");
   config.AddString("node", &node, "the node agent this worker belongs to");
   config.AddString("id", &id, "this worker's id");
-  if (int rc = ParseRoleOptions("worker", "usage: troupe worker (started by a node agent)", args,
+  if (int rc = ParseCommandLine("worker", "usage: troupe worker (started by a node agent)", args,
                                 config);
       rc >= 0)
     return rc;
@@ -231,7 +207,7 @@ int UpMain(const std::vector<std::string>& args) {
   ro.Register(config);
   co.Register(config);
   config.AddInt("workers", &workers, "worker processes on this machine", InRange(0, 256));
-  if (int rc = ParseRoleOptions("up",
+  if (int rc = ParseCommandLine("up",
                                 "usage: troupe up [--workers N]\n"
                                 "Starts a head, a node agent and N worker processes on this "
                                 "machine; Ctrl-C (or SIGTERM) tears them down.",
@@ -242,14 +218,16 @@ int UpMain(const std::vector<std::string>& args) {
   LocalCluster::Options o;
   o.workers = static_cast<int>(workers);
   o.cluster = co;
+  o.extra_args = ro.TlsArgs();  // every member presents the same certificate
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) {
     std::cerr << "troupe up: " << cluster.status().message() << "\n";
     return 1;
   }
   std::cout << "troupe up: head at 127.0.0.1:" << (*cluster)->port() << " (pid "
-            << (*cluster)->head_pid() << "), node 'local' with " << workers << " workers; logs in "
-            << co.log_dir << "; Ctrl-C to stop" << std::endl;
+            << (*cluster)->head_pid() << ", " << (ro.tls() ? "mutual TLS" : "plain TCP")
+            << "), node 'local' with " << workers << " workers; logs in " << co.log_dir
+            << "; Ctrl-C to stop" << std::endl;
   WaitForStopSignal();
   std::cout << "troupe up: tearing down" << std::endl;
   cluster->reset();
@@ -261,7 +239,7 @@ int CertsMain(const std::vector<std::string>& args) {
   ConfigRegistry config;
   config.AddString("dir", &dir, "where to write ca.pem, ca.key and <member>.{pem,key}");
   config.AddString("members", &members, "comma-separated member names to issue certificates for");
-  if (int rc = ParseRoleOptions("certs",
+  if (int rc = ParseCommandLine("certs",
                                 "usage: troupe certs --dir DIR [--members head,node-a,...]\n"
                                 "Creates a cluster CA and a certificate per member, for "
                                 "--tls_ca/--tls_cert/--tls_key.",

@@ -27,6 +27,11 @@ void RuntimeOptions::Register(ConfigRegistry& registry) {
                      "fault injection: SIGKILL this process at crash point NAME[:HIT]");
 }
 
+std::vector<std::string> RuntimeOptions::TlsArgs() const {
+  if (!tls()) return {};
+  return {"--tls_ca", tls_ca, "--tls_cert", tls_cert, "--tls_key", tls_key};
+}
+
 Runtime::Runtime(RuntimeOptions options, ActorRegistry registry)
     : options_(std::move(options)),
       ctx_(std::make_shared<internal::Context>(std::move(registry))) {}

@@ -275,7 +275,7 @@ absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle, uin
                                  const std::string& host) {
   auto& sys = runtime.system();
   const RuntimeOptions& o = runtime.options();
-  bool tls = !o.tls_cert.empty();
+  bool tls = o.tls();
   // With TLS, CAF listens on loopback only; the public port is our TLS front door, which
   // authenticates each peer before a single byte reaches CAF's protocol.
   auto caf_port =
@@ -316,7 +316,7 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
   const RuntimeOptions& o = runtime.options();
   std::string via_host = host;
   uint16_t via_port = port;
-  if (!o.tls_cert.empty()) {
+  if (o.tls()) {
     // CAF connects to a local dialer that carries the connection over TLS to host:port.
     auto ctx = MakeContext(o, /*server=*/false);
     if (!ctx.ok()) return ctx.status();
@@ -347,9 +347,20 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
   }
   auto h = sys.middleman().remote_actor(via_host, via_port);
   if (!h) {
+    // A TLS front door cuts a plain peer off during CAF's handshake, and our dialer drops a
+    // connection whose TLS handshake failed: both look the same here, so say what to check.
+    std::string hint;
+    if (h.error() == caf::sec::disconnect_during_handshake) {
+      hint = o.tls()
+                 ? "; the TLS handshake failed or the peer closed the connection: does the head "
+                   "run with mutual TLS and a certificate from the same cluster CA as --tls_ca?"
+                 : "; the peer closed the connection during the handshake: if the cluster uses "
+                   "mutual TLS, give this process --tls_ca, --tls_cert and --tls_key (or "
+                   "TROUPE_TLS_CA, TROUPE_TLS_CERT and TROUPE_TLS_KEY)";
+    }
     return absl::UnavailableError(absl::StrCat("cannot reach ", host, ":", port,
-                                               o.tls_cert.empty() ? "" : " (mutual TLS)", ": ",
-                                               sys.render(h.error())));
+                                               o.tls() ? " (mutual TLS)" : "", ": ",
+                                               sys.render(h.error()), hint));
   }
   return *h;
 }

@@ -1,42 +1,32 @@
 // troupe data prepare: text files -> BPE tokenizer + token shards (see model/corpus.h).
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 
 #include "commands.h"
 #include "troupe/model/corpus.h"
+#include "troupe/runtime/config.h"
 
 namespace troupe::tools {
 namespace {
 
-constexpr char kUsage[] = "usage: troupe data prepare --input FILES... --out DIR --vocab N\n";
+constexpr char kUsage[] =
+    "usage: troupe data prepare --input FILES... --out DIR --vocab N\n"
+    "Trains a BPE tokenizer of N tokens on the text files and writes it with train/val token\n"
+    "shards into DIR.";
 
 int Prepare(const Args& args) {
   std::vector<std::string> inputs;
   std::string out;
-  long vocab = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--input") {
-      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) inputs.push_back(args[++i]);
-    } else if (args[i] == "--out" && i + 1 < args.size()) {
-      out = args[++i];
-    } else if (args[i] == "--vocab" && i + 1 < args.size()) {
-      char* end = nullptr;
-      vocab = std::strtol(args[++i].c_str(), &end, 10);
-      if (end == nullptr || *end != '\0' || vocab <= 0 || vocab > (1L << 30)) {
-        std::fprintf(stderr,
-                     "troupe data prepare: --vocab: expected a positive integer, got '%s'\n",
-                     args[i].c_str());
-        return 2;
-      }
-    } else {
-      std::fprintf(stderr, "troupe data prepare: unexpected argument '%s'\n%s", args[i].c_str(),
-                   kUsage);
-      return 2;
-    }
-  }
-  if (inputs.empty() || out.empty() || vocab == 0) {
-    std::fprintf(stderr, "%s", kUsage);
+  int64_t vocab = 0;
+  runtime::ConfigRegistry config;
+  config.AddStringList("input", &inputs, "text files to tokenize (required)");
+  config.AddString("out", &out, "directory for the tokenizer and the shards (required)");
+  config.AddInt("vocab", &vocab, "tokenizer vocabulary size (required)",
+                runtime::InRange(1, int64_t{1} << 30));
+  if (int rc = runtime::ParseCommandLine("data prepare", kUsage, args, config); rc >= 0) return rc;
+  const char* missing = inputs.empty() ? "input" : out.empty() ? "out" : vocab == 0 ? "vocab" : "";
+  if (*missing != '\0') {
+    std::fprintf(stderr, "troupe data prepare: option '%s' is required (see --help)\n", missing);
     return 2;
   }
   const auto start = std::chrono::steady_clock::now();
@@ -62,8 +52,9 @@ int Prepare(const Args& args) {
 
 int RunData(const Args& args) {
   if (!args.empty() && args[0] == "prepare") return Prepare(Args(args.begin() + 1, args.end()));
-  std::fprintf(stderr, "%s", kUsage);
-  return 2;
+  const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
+  std::fprintf(help ? stdout : stderr, "%s\n", kUsage);
+  return help ? 0 : 2;
 }
 
 }  // namespace troupe::tools

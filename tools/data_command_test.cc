@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -39,6 +40,63 @@ TEST(DataPrepareCommandTest, WritesTokenizerAndShards) {
   ASSERT_TRUE(train.ok()) << train.status();
   EXPECT_GT((*train)->size(), 100);
   EXPECT_TRUE(model::TokenShard::Open(dir + "/out/val-00000.tok", 300).ok());
+}
+
+// Runs `env troupe args` through the shell; returns the exit status, with its output in *out.
+int RunTroupeEnv(const std::string& env, const std::string& args, std::string* out) {
+  FILE* p = popen(("env " + env + " " + TROUPE_BINARY + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  out->clear();
+  while (fgets(buf, sizeof buf, p)) *out += buf;
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(DataPrepareCommandTest, OptionsComeFromTroupeVariablesThroughTheConfigRegistry) {
+  char tmpl[] = "/tmp/troupe_tools_test_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  {
+    std::ofstream in(dir + "/a.txt");
+    for (int i = 0; i < 60; ++i) in << "A fortune about cats, number " << i << ".\n%\n";
+  }
+  {
+    std::ofstream in(dir + "/b.txt");
+    for (int i = 0; i < 30; ++i) in << "Dogs bark at " << i << " o'clock.\n%\n";
+  }
+  std::string out;
+  ASSERT_EQ(RunTroupeEnv("TROUPE_INPUT=" + dir + "/a.txt," + dir + "/b.txt TROUPE_OUT=" + dir +
+                             "/env TROUPE_VOCAB=280",
+                         "data prepare", &out),
+            0)
+      << out;
+  auto tok = model::BpeTokenizer::Load(dir + "/env/tokenizer.bin");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->vocab_size(), 280);
+  // A flag wins over the variable.
+  ASSERT_EQ(RunTroupeEnv(
+                "TROUPE_VOCAB=280",
+                "data prepare --input " + dir + "/a.txt --out " + dir + "/flag --vocab 290", &out),
+            0)
+      << out;
+  tok = model::BpeTokenizer::Load(dir + "/flag/tokenizer.bin");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(tok->vocab_size(), 290);
+
+  EXPECT_EQ(RunTroupeEnv("TROUPE_VOCAB=0", "data prepare --input a --out /tmp/x", &out), 2);
+  EXPECT_NE(out.find("option 'vocab' (int, from environment variable TROUPE_VOCAB): got '0': "
+                     "expected a value in [1, 1073741824]"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunTroupeEnv("", "data prepare --input a --out /tmp/x --vocab ten", &out), 2);
+  EXPECT_NE(out.find("option 'vocab' (int, from flag --vocab): got 'ten': expected an integer"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunTroupeEnv("", "data prepare --out /tmp/x --vocab 300", &out), 2);
+  EXPECT_NE(out.find("option 'input' is required"), std::string::npos) << out;
+  EXPECT_EQ(RunTroupeEnv("", "data prepare --help", &out), 0);
+  EXPECT_NE(out.find("--input=<list>"), std::string::npos) << out;
+  EXPECT_NE(out.find("TROUPE_VOCAB"), std::string::npos) << out;
+  std::system(("rm -rf " + dir).c_str());
 }
 
 TEST(DataPrepareCommandTest, UsageErrorsAndMissingInputFail) {

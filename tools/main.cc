@@ -23,16 +23,19 @@ int Certs(const Args& a) { return RunClusterRole("certs", a); }
 constexpr Command kCommands[] = {
     {"train",
      "train [--spec job.toml] [--head HOST:P] [--workers N] [--steps N] "
-     "[--chaos kill-worker@10] [--report FILE]",
+     "[--chaos kill-worker@10] [--report FILE] [--tls_ca F --tls_cert F --tls_key F]",
      RunTrain},
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
     {"head", "head [--port P] [--host ADDR] [--tls_ca F --tls_cert F --tls_key F]", Head},
     {"node",
      "node --head HOST:P [--resources cpu=2,gpu=0,memory=8G] [--labels k=v] "
-     "[--workers N] [--grace 30s]",
+     "[--workers N] [--grace 30s] [--tls_ca F --tls_cert F --tls_key F]",
      Node},
-    {"up", "up [--workers N]   (head + node agent + N workers on this machine)", Up},
-    {"certs", "certs --dir DIR [--members head,node-a,...]", Certs},
+    {"up",
+     "up [--workers N] [--tls_ca F --tls_cert F --tls_key F]   (head + node agent + N workers "
+     "on this machine)",
+     Up},
+    {"certs", "certs --dir DIR [--members head,node-a,driver,...]", Certs},
     {"worker", "worker ...   (started by a node agent)", Worker},
 };
 

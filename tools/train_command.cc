@@ -1,14 +1,15 @@
 // troupe train: an elastic training job (actors/training.h) on the embedded local cluster, or on a
-// running one with --head. Flags override the job spec file's fields.
+// running one with --head. Flags (or TROUPE_* variables) override the job spec file's fields.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "commands.h"
 #include "troupe/actors/training.h"
+#include "troupe/runtime/cluster.h"
+#include "troupe/runtime/config.h"
 
 namespace troupe::tools {
 namespace {
@@ -16,104 +17,101 @@ namespace {
 constexpr char kUsage[] =
     "usage: troupe train [--spec FILE.toml] [--head HOST:PORT] [--workers N] [--steps N]\n"
     "                    [--work_dir DIR] [--data_dir DIR] [--chaos KIND@STEP[:ARG]]...\n"
-    "                    [--report FILE]\n"
+    "                    [--report FILE] [--tls_ca F --tls_cert F --tls_key F]\n"
     "  --spec     job spec (TOML: [job] [model] [optimizer] [elastic] [checkpoint] [chaos])\n"
     "  --head     submit to a running cluster; without it an embedded cluster is started\n"
+    "  --tls_*    the cluster's CA and this driver's certificate and key (`troupe certs`): needed\n"
+    "             to submit to a cluster whose head runs with mutual TLS; without --head, the\n"
+    "             embedded cluster runs with mutual TLS using these files\n"
     "  --chaos    inject a fault: kill-worker@S[:R], stop-worker@S[:R], kill-shard-and-buddy@S,\n"
     "             sigterm-node@S[:R], join-worker@S, kill-coordinator@S, crash-in-checkpoint@S\n"
-    "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>' when done\n";
+    "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
+    "             generations=<n>' when done";
 
-bool IntFlag(const std::string& flag, const std::string& v, int64_t lo, int64_t* out) {
-  if (!absl::SimpleAtoi(v, out) || *out < lo) {
-    std::fprintf(stderr, "troupe train: %s: expected an integer >= %lld, got '%s'\n",
-                 flag.c_str(), static_cast<long long>(lo), v.c_str());
-    return false;
+// What `troupe train` reads from its command line, and where each option is declared.
+struct TrainFlags {
+  std::string spec_path, head, report_path, work_dir, data_dir;
+  int64_t workers = 0, steps = 0;  // 0: as the job spec says
+  std::vector<std::string> chaos;
+  actors::TrainOptions options;
+
+  void Register(runtime::ConfigRegistry& config) {
+    options.runtime.Register(config);  // --tls_ca/--tls_cert/--tls_key, --threads, ... as roles
+    config.AddString("spec", &spec_path, "job spec file (TOML); \"\": the defaults");
+    config.AddString("head", &head,
+                     "HOST:PORT of a running cluster's head to submit to; \"\": start an "
+                     "embedded cluster on this machine",
+                     [](const std::string& v) {
+                       return v.empty() || runtime::ParseHostPort(v).ok()
+                                  ? std::string()
+                                  : std::string("expected HOST:PORT (e.g. 127.0.0.1:7000)");
+                     });
+    config.AddInt("workers", &workers, "worker processes ([elastic] workers; 0: the spec's)",
+                  runtime::AtLeast(1));
+    config.AddInt("steps", &steps, "steps to train ([job] steps; 0: the spec's)",
+                  runtime::AtLeast(1));
+    config.AddString("work_dir", &work_dir, "job directory ([job] work_dir; \"\": the spec's)");
+    config.AddString("data_dir", &data_dir,
+                     "token shards ([model] data_dir; \"\": the spec's, or <work_dir>/data)");
+    config.AddStringList("chaos", &chaos, "faults to inject, KIND@STEP[:ARG] (added to the spec's)",
+                         [](const std::string& v) {
+                           absl::StatusOr<actors::Fault> f = actors::ParseFault(v);
+                           return f.ok() ? std::string() : std::string(f.status().message());
+                         });
+    config.AddString("report", &report_path, "write a one-line report here when done");
   }
-  return true;
+};
+
+// The job spec from --spec, with the flags' fields applied and the whole validated again.
+absl::StatusOr<actors::JobSpec> MakeSpec(const TrainFlags& f) {
+  absl::StatusOr<actors::JobSpec> spec = f.spec_path.empty()
+                                             ? actors::ParseJobSpec("", "(defaults)")
+                                             : actors::LoadJobSpec(f.spec_path);
+  if (!spec.ok()) return spec.status();
+  if (f.workers > 0) {
+    spec->workers = static_cast<int32_t>(f.workers);
+    spec->max_workers = std::max(spec->max_workers, spec->workers);
+    spec->min_workers = std::min(spec->min_workers, spec->workers);
+  }
+  if (f.steps > 0) {
+    spec->steps = f.steps;
+    spec->schedule.total_steps = f.steps;
+  }
+  if (!f.work_dir.empty()) spec->work_dir = f.work_dir;
+  if (!f.data_dir.empty()) spec->model.data_dir = f.data_dir;
+  for (const std::string& c : f.chaos) {
+    absl::StatusOr<actors::Fault> fault = actors::ParseFault(c);
+    if (!fault.ok()) return fault.status();
+    spec->faults.push_back(*fault);
+  }
+  // Re-validate the combination (flags may have moved fields out of range).
+  return actors::ParseJobSpec(spec->ToToml(), "flags + spec");
 }
 
 }  // namespace
 
 int RunTrain(const Args& args) {
-  std::string spec_path, head, report_path, work_dir, data_dir;
-  int64_t workers = -1, steps = -1;
-  std::vector<std::string> chaos;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (i + 1 >= args.size()) {
-      std::fprintf(stderr, "troupe train: %s: expected a value\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-    const std::string& v = args[++i];
-    if (a == "--spec") {
-      spec_path = v;
-    } else if (a == "--head") {
-      head = v;
-    } else if (a == "--report") {
-      report_path = v;
-    } else if (a == "--work_dir") {
-      work_dir = v;
-    } else if (a == "--data_dir") {
-      data_dir = v;
-    } else if (a == "--chaos") {
-      chaos.push_back(v);
-    } else if (a == "--workers") {
-      if (!IntFlag(a, v, 1, &workers)) return 2;
-    } else if (a == "--steps") {
-      if (!IntFlag(a, v, 1, &steps)) return 2;
-    } else {
-      std::fprintf(stderr, "troupe train: unexpected argument '%s'\n%s", a.c_str(), kUsage);
-      return 2;
-    }
-  }
-  absl::StatusOr<actors::JobSpec> spec =
-      spec_path.empty() ? actors::ParseJobSpec("", "(defaults)") : actors::LoadJobSpec(spec_path);
+  TrainFlags flags;
+  runtime::ConfigRegistry config;
+  flags.Register(config);
+  if (int rc = runtime::ParseCommandLine("train", kUsage, args, config); rc >= 0) return rc;
+  absl::StatusOr<actors::JobSpec> spec = MakeSpec(flags);
   if (!spec.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", std::string(spec.status().message()).c_str());
     return 2;
   }
-  if (workers > 0) {
-    spec->workers = static_cast<int32_t>(workers);
-    spec->max_workers = std::max(spec->max_workers, spec->workers);
-    spec->min_workers = std::min(spec->min_workers, spec->workers);
-  }
-  if (steps > 0) {
-    spec->steps = steps;
-    spec->schedule.total_steps = steps;
-  }
-  if (!work_dir.empty()) spec->work_dir = work_dir;
-  if (!data_dir.empty()) spec->model.data_dir = data_dir;
-  for (const std::string& c : chaos) {
-    absl::StatusOr<actors::Fault> f = actors::ParseFault(c);
-    if (!f.ok()) {
-      std::fprintf(stderr, "troupe train: --chaos: %s\n", std::string(f.status().message()).c_str());
-      return 2;
-    }
-    spec->faults.push_back(*f);
-  }
-  // Re-validate the combination (flags may have moved fields out of range).
-  absl::StatusOr<actors::JobSpec> checked = actors::ParseJobSpec(spec->ToToml(), "flags + spec");
-  if (!checked.ok()) {
-    std::fprintf(stderr, "troupe train: %s\n", std::string(checked.status().message()).c_str());
-    return 2;
-  }
-  actors::TrainOptions options;
-  options.head = head;
-  absl::StatusOr<actors::JobReport> report = actors::RunTrainingJob(*checked, options);
+  flags.options.head = flags.head;
+  absl::StatusOr<actors::JobReport> report = actors::RunTrainingJob(*spec, flags.options);
   if (!report.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", report.status().ToString().c_str());
     return 1;
   }
-  if (!report_path.empty()) {
-    std::ofstream out(report_path);
-    out << absl::StrFormat("recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d world=%d\n",
-                           report->recovery_seconds, report->steps_lost,
-                           report->final_params_crc32c, report->committed_steps,
-                           report->final_world);
+  if (!flags.report_path.empty()) {
+    std::ofstream out(flags.report_path);
+    out << absl::StrFormat(
+        "recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d world=%d generations=%d\n",
+        report->recovery_seconds, report->steps_lost, report->final_params_crc32c,
+        report->committed_steps, report->final_world, report->generations);
   }
   return 0;
 }

@@ -20,13 +20,6 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry);
 int UpMain(const std::vector<std::string>& args);
 int CertsMain(const std::vector<std::string>& args);
 
-// Parses options (environment, then flags) into `config`; handles --help. Returns an exit code
-// if the program should stop (help printed: 0; bad option: 2), or -1 to go on.
-int ParseRoleOptions(const std::string& role, const std::string& usage,
-                     const std::vector<std::string>& args, ConfigRegistry& config);
-
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text);
-
 // Sends heartbeats (this process's tracked actors) to the head until stopped.
 class HeartbeatSender {
  public:

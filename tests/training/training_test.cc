@@ -21,6 +21,9 @@
 
 #include <gtest/gtest.h>
 
+#include "caf/all.hpp"
+#include "troupe/runtime/cluster.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -38,7 +41,7 @@ std::string Slurp(const std::string& path) {
 
 struct Report {
   double recovery_s = -1;
-  int steps_lost = -1, steps = -1, world = -1;
+  int steps_lost = -1, steps = -1, world = -1, generations = -1;
   std::string crc;
 };
 
@@ -103,10 +106,11 @@ class TrainingTest : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
 
-  JobRun Train(const std::string& name, const std::vector<std::string>& extra) {
+  JobRun Train(const std::string& name, const std::vector<std::string>& extra,
+               milliseconds timeout = milliseconds(240000)) {
     const std::string dir = base_ + "/" + name;
     JobRun r;
-    r.exit_code = Wait(Start(dir, extra), milliseconds(240000));
+    r.exit_code = Wait(Start(dir, extra), timeout);
     r.output = Slurp(dir + "/out.txt");
     std::istringstream rep(Slurp(dir + "/report"));
     std::string field;
@@ -119,6 +123,7 @@ class TrainingTest : public ::testing::Test {
       if (k == "steps") r.report.steps = std::stoi(v);
       if (k == "world") r.report.world = std::stoi(v);
       if (k == "crc32c") r.report.crc = v;
+      if (k == "generations") r.report.generations = std::stoi(v);
     }
     return r;
   }
@@ -379,6 +384,108 @@ TEST_F(TrainingTest, ADiskFullEndsTheJobCleanlyNamingTheFinalCheckpoint) {
   int64_t s, g, n = 0;
   while (commits >> s >> g) ++n;
   EXPECT_EQ(n, kSteps) << "every step was still trained";
+}
+
+std::vector<std::string> TlsFlags(const std::string& certs, const std::string& who) {
+  return {"--tls_ca",  certs + "/ca.pem",         "--tls_cert", certs + "/" + who + ".pem",
+          "--tls_key", certs + "/" + who + ".key"};
+}
+
+// Blocks until `want` workers of the cluster are alive (woken by its membership events), or the
+// deadline passes; returns how many are alive.
+size_t WaitForAliveWorkers(troupe::runtime::Runtime& rt, troupe::runtime::ClusterClient& client,
+                           size_t want, std::chrono::seconds timeout) {
+  caf::scoped_actor self{rt.system()};
+  client.Subscribe(self);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  size_t alive = 0;
+  while (true) {
+    absl::StatusOr<std::vector<troupe::runtime::MemberInfo>> members = client.Members();
+    alive = 0;
+    for (const auto& m : members.value_or(std::vector<troupe::runtime::MemberInfo>{})) {
+      alive += m.kind == "worker" && m.state == "alive" ? 1 : 0;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (alive >= want || now >= deadline) return alive;
+    self->receive([](troupe::runtime::membership_atom, const troupe::runtime::MembershipEvent&) {},
+                  caf::after(std::chrono::duration_cast<milliseconds>(deadline - now)) >> [] {});
+  }
+}
+
+TEST_F(TrainingTest, MutualTlsClusterTrainsThroughAKillAndRefusesADriverWithoutCertificates) {
+  const std::string want = Reference();
+  ASSERT_FALSE(want.empty());
+  // The cluster's certificates, made by `troupe certs` as a person would.
+  const std::string certs = base_ + "/certs";
+  {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl(TROUPE_BINARY, TROUPE_BINARY, "certs", "--dir", certs.c_str(), "--members",
+            "head,node,driver", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ASSERT_EQ(Wait(pid, milliseconds(30000)), 0);
+  }
+  // A head and a node agent with three workers, each its own process, with their certificates.
+  troupe::runtime::LocalCluster::Options o;
+  o.binary = TROUPE_BINARY;
+  o.workers = 0;
+  o.cluster.log_dir = base_ + "/tls-logs";
+  o.head_args = TlsFlags(certs, "head");
+  absl::StatusOr<std::unique_ptr<troupe::runtime::LocalCluster>> cluster =
+      troupe::runtime::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->AddNode("n1", 3, "cpu=3", "", TlsFlags(certs, "node")).ok());
+  const std::string head = "127.0.0.1:" + std::to_string((*cluster)->port());
+  {
+    // All three workers joined over TLS before the job starts (so its first world is 3).
+    troupe::runtime::RuntimeOptions ro;
+    ro.network = true;
+    ro.log_events = false;
+    ro.tls_ca = certs + "/ca.pem";
+    ro.tls_cert = certs + "/driver.pem";
+    ro.tls_key = certs + "/driver.key";
+    absl::StatusOr<std::unique_ptr<troupe::runtime::Runtime>> rt =
+        troupe::runtime::Runtime::Create(troupe::runtime::ActorRegistry{}, ro);
+    ASSERT_TRUE(rt.ok()) << rt.status();
+    absl::StatusOr<troupe::runtime::ClusterClient> client =
+        troupe::runtime::ClusterClient::Connect(**rt, "127.0.0.1", (*cluster)->port());
+    ASSERT_TRUE(client.ok()) << client.status();
+    ASSERT_EQ(WaitForAliveWorkers(**rt, *client, 3, std::chrono::seconds(60)), 3u);
+  }
+
+  // A driver without the cluster's certificate is cut off in the handshake: it fails fast and
+  // says which options it lacks.
+  const auto t0 = std::chrono::steady_clock::now();
+  JobRun plain = Train("tls-plain", {"--head", head}, milliseconds(30000));
+  const double plain_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(plain.exit_code, 1) << plain.output;
+  EXPECT_LT(plain_s, 15.0) << plain.output;
+  EXPECT_NE(plain.output.find("cannot reach " + head), std::string::npos) << plain.output;
+  EXPECT_NE(plain.output.find("--tls_ca, --tls_cert and --tls_key"), std::string::npos)
+      << plain.output;
+
+  // With the driver's certificate the job runs, loses a worker to kill -9 in step 6 and ends
+  // with the fault-free run's weights.
+  std::vector<std::string> args = TlsFlags(certs, "driver");
+  args.insert(args.end(), {"--head", head, "--chaos", "kill-worker@6"});
+  JobRun r = Train("tls", args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.report.steps, kSteps) << r.output;
+  EXPECT_EQ(r.report.world, 2) << r.output;
+  EXPECT_GE(r.report.generations, 2) << r.output;
+  EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  // commits.log ("step generation" per committed step): step 6 was committed by a later
+  // generation than step 5, and the job ended in that generation.
+  std::map<int64_t, int64_t> generation_of;
+  std::istringstream commits(Slurp(base_ + "/tls/commits.log"));
+  for (int64_t step, gen; commits >> step >> gen;) generation_of[step] = gen;
+  ASSERT_TRUE(generation_of.count(5) && generation_of.count(6) && generation_of.count(kSteps - 1))
+      << Slurp(base_ + "/tls/commits.log");
+  EXPECT_GT(generation_of[6], generation_of[5]) << Slurp(base_ + "/tls/commits.log");
+  EXPECT_EQ(generation_of[kSteps - 1], generation_of[6]) << Slurp(base_ + "/tls/commits.log");
+  ExpectExactlyOnce("tls");
 }
 
 TEST_F(TrainingTest, CorruptNewestCheckpointIsSkippedAndThePreviousUsed) {

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "troupe/actors/job_spec.h"
 #include "troupe/runtime/registry.h"
+#include "troupe/runtime/runtime_options.h"
 
 namespace troupe::actors {
 
@@ -61,10 +62,20 @@ struct JobReport {
   double tokens_per_second = 0;
 };
 
+// The driver's runtime unless told otherwise: no supervision lines on stderr, and a short
+// shutdown (it owns only the driver relay and the job supervisor, neither with state to save;
+// when the cluster is gone, waiting long for their remote children helps no one).
+runtime::RuntimeOptions DefaultDriverRuntimeOptions();
+
 struct TrainOptions {
   std::string binary;     // embedded cluster: the program to run roles with ("" = this one)
   std::string head;       // "HOST:PORT" of a running cluster; "" = start the embedded one
   std::ostream* progress = nullptr;  // one line per step and per event; std::cout when null
+  // The driver process's runtime, declared in `troupe train`'s config registry like every role's
+  // (--tls_ca/--tls_cert/--tls_key or TROUPE_TLS_*, --threads, ...). With TLS the driver reaches
+  // the head over mutual TLS, and an embedded cluster runs with the same certificate files.
+  // `network` is turned on by RunTrainingJob.
+  runtime::RuntimeOptions runtime = DefaultDriverRuntimeOptions();
 };
 
 // Runs `spec` to its last step (or an error that cannot be recovered from, e.g. fewer than

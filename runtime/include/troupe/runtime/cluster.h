@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -119,6 +120,10 @@ void RegisterClusterTypes(caf::actor_system_config& cfg);
 // (<member>.pem, <member>.key) into `dir`: what --tls_ca/--tls_cert/--tls_key take.
 absl::Status GenerateClusterCertificates(const std::string& dir,
                                          const std::vector<std::string>& members);
+
+// A head address "HOST:PORT" (what --head takes) as (host, port); InvalidArgument naming --head,
+// the expected form and the text otherwise.
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text);
 
 // This binary's ELF build id as hex (falls back to a hash of the executable).
 std::string BuildId();

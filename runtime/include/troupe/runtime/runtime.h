@@ -29,6 +29,7 @@
 #include "troupe/runtime/events.h"
 #include "troupe/runtime/faults.h"
 #include "troupe/runtime/registry.h"
+#include "troupe/runtime/runtime_options.h"
 #include "troupe/runtime/supervisor.h"
 
 namespace troupe::runtime {
@@ -36,23 +37,6 @@ namespace troupe::runtime {
 namespace internal {
 class Context;
 }
-
-struct RuntimeOptions {
-  int64_t threads = 2;                 // CAF scheduler threads
-  std::string scheduler = "stealing";  // stealing | sharing | testing (deterministic, tests)
-  Duration shutdown_timeout = std::chrono::seconds(10);
-  bool log_events = true;  // supervision events to stderr (unless a sink is set)
-  bool network = false;    // load CAF's middleman: remote actors, clusters
-  // Mutual TLS for remote actors (all three or none): the cluster CA, this process's
-  // certificate and its private key, PEM files (`troupe certs` makes them).
-  std::string tls_ca, tls_cert, tls_key;
-  // Fault injection: kill this process at a named crash point ("name" or "name:N").
-  std::string crash_at;
-
-  // Declares every option above in `registry` (names: threads, scheduler, shutdown_timeout,
-  // log_events; `network` is set by the role, not by users).
-  void Register(ConfigRegistry& registry);
-};
 
 class Runtime {
  public:

@@ -1,0 +1,131 @@
+// `troupe train` reads its flags through the runtime's ConfigRegistry like every role: each option
+// works as a flag and as a TROUPE_* variable, the TLS options reach the driver's runtime, and a bad
+// value is refused naming the option, where it came from, what was expected and what was got.
+// No cluster is started: the driver stops where the option under test shows.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace troupe::tools {
+namespace {
+
+// Runs `env troupe args` through the shell; returns the exit status, with its output in *out.
+int Troupe(const std::string& env, const std::string& args, std::string* out) {
+  // `timeout` bounds every run: nothing here may wait for a cluster.
+  FILE* p =
+      popen(("env " + env + " timeout 60 " + TROUPE_BINARY + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  out->clear();
+  while (fgets(buf, sizeof buf, p)) *out += buf;
+  int rc = pclose(p);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+class TrainCommandTest : public ::testing::Test {
+ protected:
+  // A small tokenized corpus, so the driver gets as far as its runtime without the fortunes.
+  static void SetUpTestSuite() {
+    char tmpl[] = "/tmp/troupe_train_command_test_XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+    {
+      std::ofstream in(dir_ + "/corpus.txt");
+      for (int i = 0; i < 200; ++i) in << "A fortune about cats and dogs, number " << i << ".\n%\n";
+    }
+    std::string out;
+    ASSERT_EQ(
+        Troupe("",
+               "data prepare --input " + dir_ + "/corpus.txt --out " + dir_ + "/data --vocab 300",
+               &out),
+        0)
+        << out;
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  // Flags every run shares: the prepared data and a fresh work dir.
+  static std::string Common() { return "--data_dir " + dir_ + "/data --work_dir " + dir_ + "/w"; }
+
+  static std::string dir_;
+};
+
+std::string TrainCommandTest::dir_;
+
+TEST_F(TrainCommandTest, HelpListsTheTlsAndJobOptionsWithTheirVariables) {
+  std::string out;
+  ASSERT_EQ(Troupe("", "train --help", &out), 0) << out;
+  for (const char* want : {"usage: troupe train", "--tls_ca=<string>", "TROUPE_TLS_CA",
+                           "--tls_cert=<string>", "--tls_key=<string>", "--head=<string>",
+                           "--chaos=<list>", "kill-worker@S", "--steps=<int>", "--report"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  }
+}
+
+TEST_F(TrainCommandTest, HeadComesFromTheFlagOrTheEnvironment) {
+  std::string out;
+  // Port 1 refuses at once: reaching it shows where the driver went.
+  EXPECT_EQ(Troupe("", "train --head 127.0.0.1:1 " + Common(), &out), 1) << out;
+  EXPECT_NE(out.find("cannot reach 127.0.0.1:1"), std::string::npos) << out;
+  EXPECT_EQ(Troupe("TROUPE_HEAD=127.0.0.1:1", "train " + Common(), &out), 1) << out;
+  EXPECT_NE(out.find("cannot reach 127.0.0.1:1"), std::string::npos) << out;
+}
+
+TEST_F(TrainCommandTest, TlsFilesReachTheDriverFromTheFlagsOrTheEnvironment) {
+  std::string out;
+  // The driver's runtime checks the files before it dials: the message names the CA file given.
+  const std::string missing =
+      " /nonexistent/ca.pem --tls_cert /nonexistent/driver.pem --tls_key "
+      "/nonexistent/driver.key";
+  EXPECT_EQ(Troupe("", "train --head 127.0.0.1:1 --tls_ca" + missing + " " + Common(), &out), 1)
+      << out;
+  EXPECT_NE(out.find("--tls_ca '/nonexistent/ca.pem': cannot open"), std::string::npos) << out;
+  EXPECT_EQ(out.find("cannot reach"), std::string::npos) << out;
+
+  EXPECT_EQ(Troupe("TROUPE_TLS_CA=/nonexistent/env-ca.pem TROUPE_TLS_CERT=/nonexistent/d.pem "
+                   "TROUPE_TLS_KEY=/nonexistent/d.key",
+                   "train --head 127.0.0.1:1 " + Common(), &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("--tls_ca '/nonexistent/env-ca.pem': cannot open"), std::string::npos) << out;
+
+  EXPECT_EQ(Troupe("", "train --head 127.0.0.1:1 --tls_ca /nonexistent/ca.pem " + Common(), &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("tls_ca, tls_cert and tls_key: expected all three or none"), std::string::npos)
+      << out;
+}
+
+TEST_F(TrainCommandTest, BadValuesNameTheOptionTheSourceTheExpectationAndTheValue) {
+  std::string out;
+  EXPECT_EQ(Troupe("", "train --workers 0", &out), 2) << out;
+  EXPECT_NE(out.find("option 'workers' (int, from flag --workers): got '0': expected at least 1"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Troupe("TROUPE_STEPS=many", "train", &out), 2) << out;
+  EXPECT_NE(out.find("option 'steps' (int, from environment variable TROUPE_STEPS): got 'many': "
+                     "expected an integer"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Troupe("", "train --head nowhere", &out), 2) << out;
+  EXPECT_NE(out.find("option 'head' (string, from flag --head): got 'nowhere': expected "
+                     "HOST:PORT"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Troupe("TROUPE_CHAOS=kill-worker@3,explode@4", "train", &out), 2) << out;
+  EXPECT_NE(out.find("option 'chaos' (list, from environment variable TROUPE_CHAOS): got "
+                     "'kill-worker@3,explode@4': item 'explode@4'"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Troupe("", "train --chaos", &out), 2) << out;
+  EXPECT_NE(out.find("option 'chaos' (list, from flag --chaos): expected a value"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(Troupe("", "train --tls-ca x", &out), 2) << out;
+  EXPECT_NE(out.find("unexpected argument '--tls-ca'"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace troupe::tools
