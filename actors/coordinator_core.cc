@@ -382,13 +382,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
   if (!pending_.empty()) return out;
   record_.active = group_;
   Save(&out);
-  for (const std::string& w : group_) {
-    CoordinatorAction a{Kind::kCommit};
-    a.worker = w;
-    a.generation = generation;
-    a.step = -1;
-    Emit(&out, std::move(a));
-  }
+  CommitGroup(&out, -1);
   StartStep(&out);
   return out;
 }
@@ -545,18 +539,23 @@ void CoordinatorCore::CommitStep(Actions* out) {
   record_.awaiting_recovery = false;
   losses_.clear();
   Save(out);
-  for (const std::string& w : group_) {
-    CoordinatorAction a{Kind::kCommit};
-    a.worker = w;
-    a.generation = record_.generation;
-    a.step = ckpt;
-    Emit(out, std::move(a));
-  }
+  CommitGroup(out, ckpt);
   Emit(out, std::move(done));
   StartStep(out);
 }
 
 // ---- checkpoints ---------------------------------------------------------------------------
+
+// Every rank of the group applies its staged state; and writes checkpoint `step` unless -1.
+void CoordinatorCore::CommitGroup(Actions* out, int64_t checkpoint_step) {
+  for (const std::string& w : group_) {
+    CoordinatorAction a{Kind::kCommit};
+    a.worker = w;
+    a.generation = record_.generation;
+    a.step = checkpoint_step;
+    Emit(out, std::move(a));
+  }
+}
 
 int64_t CoordinatorCore::CheckpointAt(int64_t step) const {
   if (step >= options_.steps) return step;
@@ -674,13 +673,7 @@ void CoordinatorCore::Finish(Actions* out) {
     }
     final_asked_generation_ = record_.generation;
     ExpectCheckpoint(steps);
-    for (const std::string& w : group_) {
-      CoordinatorAction a{Kind::kCommit};
-      a.worker = w;
-      a.generation = record_.generation;
-      a.step = steps;
-      Emit(out, std::move(a));
-    }
+    CommitGroup(out, steps);
     return;
   }
   CoordinatorAction a{Kind::kFinal};

@@ -214,6 +214,7 @@ class CoordinatorCore {
   void StartStep(Actions* out);
   bool FireFaults(Actions* out);
   void CommitStep(Actions* out);
+  void CommitGroup(Actions* out, int64_t checkpoint_step);
   void ExpectCheckpoint(int64_t step);
   int64_t CheckpointAt(int64_t step) const;
   void CompleteCheckpoint(Actions* out, int64_t step);
