@@ -2,6 +2,7 @@
 // actors on every worker, and the job supervisor whose child is the coordinator.
 #include "troupe/actors/training.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -56,6 +57,31 @@ class DriverQueue {
   std::deque<DriverRequest> q_;
 };
 
+// The job's structured event log, <work_dir>/logs/events.log: the job supervisor's events (the
+// coordinator's starts, exits and restarts, with the reason) and a process_exit event for every
+// worker or node the head reports dead, with its cause. One write(2) per line, so concurrent
+// writers never interleave and a line is complete once written.
+class EventLogFile {
+ public:
+  explicit EventLogFile(const std::string& path) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  }
+  ~EventLogFile() {
+    if (fd_ >= 0) close(fd_);
+  }
+  void Write(runtime::SupervisionEvent e) {
+    if (fd_ < 0) return;
+    if (e.wall_time.time_since_epoch().count() == 0) e.wall_time = std::chrono::system_clock::now();
+    const std::string line = runtime::FormatEvent(e) + "\n";
+    (void)!write(fd_, line.data(), line.size());
+  }
+
+ private:
+  int fd_ = -1;
+};
+
 struct JoinInfo {
   std::string node;
   std::string rank;  // the rank actor's cluster-wide name
@@ -71,7 +97,17 @@ struct DriverState {
   std::promise<absl::StatusOr<JobReport>> result;
   bool finished = false;
   std::atomic<int64_t> last_heard_ns{0};
+  std::shared_ptr<EventLogFile> events;
 };
+
+// A process death the head reported, for the operator's terminal (the event log has the fields).
+std::string DeathLine(const runtime::MembershipEvent& e) {
+  std::string what = e.kind == "node_dead" ? "node agent" : "worker";
+  return absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
+                      "event: ", what, " ", e.subject, e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
+                      e.kind == "worker_exit" ? " exit status: " : " down: ",
+                      runtime::ExitCauseName(e.exit_cause()), " — ", e.detail);
+}
 
 // Relays between the coordinator (wherever the supervisor placed it) and this process: prints its
 // lines, replays the known ranks to every new incarnation, carries out its requests.
@@ -105,6 +141,10 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
       [st](runtime::membership_atom, const runtime::MembershipEvent& e) {
         if (e.kind == "worker_alive") st->queue->Push({"spawn", e.subject});
         if (e.kind == "worker_down") st->ranks.erase(e.subject);
+        if (e.kind == "worker_down" || e.kind == "worker_exit" || e.kind == "node_dead") {
+          if (st->events) st->events->Write(e.ToProcessExit("head"));
+          if (!st->finished) *st->out << DeathLine(e) << std::endl;
+        }
       },
       [st, heard](const ProgressLine& line) {
         heard();
@@ -230,6 +270,8 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
       runtime::Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) return rt.status();
+  auto events = std::make_shared<EventLogFile>(spec.work_dir + "/logs/events.log");
+  (*rt)->SetEventSink([events](const runtime::SupervisionEvent& e) { events->Write(e); });
   absl::StatusOr<runtime::ClusterClient> client =
       runtime::ClusterClient::Connect(**rt, host, port);
   if (!client.ok()) return client.status();
@@ -240,6 +282,7 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   st->queue = &queue;
   st->client = &*client;
   st->last_heard_ns = absl::ToUnixNanos(absl::Now());
+  st->events = events;
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
   caf::actor driver = (*rt)->system().spawn(DriverActor, st);
   client->Subscribe(driver);

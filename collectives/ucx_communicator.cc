@@ -42,6 +42,7 @@ struct Req {
   void* ucx = nullptr;  // UCX request, freed when reaped
   int peer = 0;
   size_t bytes = 0;
+  uint64_t tag = 0;  // the 48-bit message tag, for diagnostics
 };
 
 void OnSend(void* request, ucs_status_t status, void* user) {
@@ -120,6 +121,7 @@ class UcxTransport : public Transport {
     peer_errors_ = peer_errors;
     cpu_set_t cpus;  // the vCPUs this process may run on (taskset, cgroups), not all online
     const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    usable_cpus_ = usable;
     spins_before_yield_ = size_ > usable ? 0 : 1 << 16;
     return absl::OkStatus();
   }
@@ -170,6 +172,8 @@ class UcxTransport : public Transport {
     if (auto st = failure(); !st.ok()) return st;
     auto req = NewReq();
     req->peer = peer;
+    req->bytes = bytes;
+    req->tag = tag;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = OnSend;
@@ -185,6 +189,7 @@ class UcxTransport : public Transport {
     req->peer = peer;
     req->recv = true;
     req->bytes = bytes;
+    req->tag = tag;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = OnRecv;
@@ -209,7 +214,10 @@ class UcxTransport : public Transport {
       if (auto st = failure(); !st.ok()) return st;
       if ((iter & 255) == 255 && absl::Now() > deadline) {
         return FailWith(absl::DeadlineExceededError(
-            absl::StrCat("collectives: rank ", rank_, " operation deadline passed")));
+            absl::StrCat("collectives: rank ", rank_, " operation deadline passed; ",
+                         DescribePending(ids), "; ", iter, " polls, ",
+                         spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
+                         " (", size_, " ranks, ", usable_cpus_, " usable vCPUs)")));
       }
       if (ucp_worker_progress(worker_) != 0) {
         idle = 0;
@@ -387,6 +395,29 @@ class UcxTransport : public Transport {
     Fail(st);
     return failure();
   }
+  // Which of `ids` are still pending, with peer, size and the tag's operation / phase / step /
+  // piece (see OpTag and OpContext::Tag): where a stalled collective waits.
+  std::string DescribePending(absl::Span<const ReqId> ids) {
+    std::string out;
+    int pending = 0;
+    for (ReqId id : ids) {
+      const Req* r = reqs_[id].get();
+      if (r->done) continue;
+      if (++pending > 4) continue;
+      const uint64_t sub = r->tag & 0xffffff;
+      absl::StrAppend(&out, pending > 1 ? ", " : "", r->recv ? "receive from" : "send to",
+                      " rank ", r->peer, " (", r->bytes, " bytes, ");
+      if (r->tag >> 47) {
+        absl::StrAppend(&out, "user tag ", r->tag & 0x7fffffff, ")");
+      } else {
+        absl::StrAppend(&out, "op ", (r->tag >> 24) & 0x7fffff, " phase ", sub >> 20, " step ",
+                        (sub >> 12) & 0xff, " piece ", sub & 0xfff, ")");
+      }
+    }
+    return absl::StrCat(pending, " of ", ids.size(), " requests pending: ", out,
+                        pending > 4 ? ", ..." : "");
+  }
+
   absl::Status PeerError(const Req* r) {
     return absl::UnavailableError(
         absl::StrCat("collectives: ", r->recv ? "receive from" : "send to", " peer rank ", r->peer,
@@ -445,6 +476,7 @@ class UcxTransport : public Transport {
   // ranks outnumber the vCPUs this process may use (the peer being waited for may need this
   // one) — OpenMPI's yield-when-idle rule.
   int spins_before_yield_ = 64;
+  int usable_cpus_ = 1;
   ReqId next_id_ = 0;
   std::vector<Region> scratch_;
   std::mutex fail_mu_;

@@ -27,10 +27,29 @@ void ClusterOptions::Register(ConfigRegistry& registry) {
   registry.AddString("build_id", &build_id, "override this binary's build id (tests)");
 }
 
+SupervisionEvent MembershipEvent::ToProcessExit(const std::string& observer) const {
+  SupervisionEvent e;
+  e.supervisor = observer;
+  e.child = subject;
+  e.generation = generation;
+  e.event = "process_exit";
+  e.pid = pid;
+  e.cause = exit_cause() == ExitCause::kNone ? ExitCause::kLost : exit_cause();
+  e.exit_code = exit_code;
+  e.signal = signal;
+  e.reason = absl::StrCat(kind, ": ", detail);
+  return e;
+}
+
 std::string MembershipEvent::DebugString() const {
   std::string s = absl::StrCat("gen=", generation, " event=", kind, " subject=", subject);
   if (!node.empty()) absl::StrAppend(&s, " node=", node);
   if (pid) absl::StrAppend(&s, " pid=", pid);
+  if (cause != 0) {
+    absl::StrAppend(&s, " cause=", ExitCauseName(exit_cause()));
+    if (exit_cause() == ExitCause::kExited) absl::StrAppend(&s, " exit_code=", exit_code);
+    if (signal != 0) absl::StrAppend(&s, " signal=", signal);
+  }
   if (!detail.empty()) absl::StrAppend(&s, " detail=\"", detail, "\"");
   if (!stderr_tail.empty()) {
     std::string t = stderr_tail;

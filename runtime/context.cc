@@ -1,13 +1,44 @@
 #include "internal/context.h"
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "caf/abstract_actor.hpp"
 #include "caf/actor.hpp"
 
 namespace troupe::runtime {
+
+const char* ExitCauseName(ExitCause cause) {
+  switch (cause) {
+    case ExitCause::kNone:
+      return "none";
+    case ExitCause::kExited:
+      return "exited";
+    case ExitCause::kSignaled:
+      return "signaled";
+    case ExitCause::kFenced:
+      return "fenced";
+    case ExitCause::kLost:
+      return "lost";
+  }
+  return "none";
+}
+
+bool ParseExitCause(const std::string& name, ExitCause* cause) {
+  for (ExitCause c : {ExitCause::kNone, ExitCause::kExited, ExitCause::kSignaled,
+                      ExitCause::kFenced, ExitCause::kLost}) {
+    if (name == ExitCauseName(c)) {
+      *cause = c;
+      return true;
+    }
+  }
+  return false;
+}
 
 std::string FormatEvent(const SupervisionEvent& e) {
   using namespace std::chrono;
@@ -18,15 +49,106 @@ std::string FormatEvent(const SupervisionEvent& e) {
   char ts[32];
   std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
   auto quote = [](const std::string& s) {
-    return s.find_first_of(" =\"") == std::string::npos && !s.empty() ? s
-                                                                      : absl::StrCat("\"", s, "\"");
+    if (s.find_first_of(" =\"\\\n") == std::string::npos && !s.empty()) return s;
+    std::string q = "\"";
+    for (char c : s) {
+      if (c == '"' || c == '\\') q += '\\';
+      q += c == '\n' ? ' ' : c;
+    }
+    return q + "\"";
   };
   std::string line = absl::StrCat("ts=", ts, ".", absl::Dec(us % 1000000, absl::kZeroPad6),
                                   "Z supervisor=", quote(e.supervisor), " child=", quote(e.child),
                                   " gen=", e.generation, " event=", e.event);
+  if (e.cause != ExitCause::kNone) {
+    absl::StrAppend(&line, " pid=", e.pid, " cause=", ExitCauseName(e.cause));
+    if (e.cause == ExitCause::kExited) absl::StrAppend(&line, " exit_code=", e.exit_code);
+    if (e.signal != 0) absl::StrAppend(&line, " signal=", e.signal);
+  }
   if (!e.reason.empty()) absl::StrAppend(&line, " reason=", quote(e.reason));
   if (!e.decision.empty()) absl::StrAppend(&line, " decision=", quote(e.decision));
   return line;
+}
+
+bool ParseEvent(const std::string& line, SupervisionEvent* e) {
+  SupervisionEvent out;
+  bool has_event = false;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && line[i] == ' ') ++i;
+    if (i >= line.size()) break;
+    const size_t eq = line.find('=', i);
+    if (eq == std::string::npos) return false;
+    const std::string key = line.substr(i, eq - i);
+    std::string value;
+    i = eq + 1;
+    if (i < line.size() && line[i] == '"') {
+      for (++i; i < line.size() && line[i] != '"'; ++i) {
+        if (line[i] == '\\' && i + 1 < line.size()) ++i;
+        value += line[i];
+      }
+      if (i >= line.size()) return false;  // unterminated quote
+      ++i;
+    } else {
+      const size_t end = line.find(' ', i);
+      value = line.substr(i, end == std::string::npos ? std::string::npos : end - i);
+      i = end == std::string::npos ? line.size() : end;
+    }
+    bool ok = true;
+    if (key == "supervisor") {
+      out.supervisor = value;
+    } else if (key == "child") {
+      out.child = value;
+    } else if (key == "gen") {
+      ok = absl::SimpleAtoi(value, &out.generation);
+    } else if (key == "event") {
+      out.event = value;
+      has_event = true;
+    } else if (key == "pid") {
+      ok = absl::SimpleAtoi(value, &out.pid);
+    } else if (key == "cause") {
+      ok = ParseExitCause(value, &out.cause);
+    } else if (key == "exit_code") {
+      ok = absl::SimpleAtoi(value, &out.exit_code);
+    } else if (key == "signal") {
+      ok = absl::SimpleAtoi(value, &out.signal);
+    } else if (key == "reason") {
+      out.reason = value;
+    } else if (key == "decision") {
+      out.decision = value;
+    }  // ts and keys added later are skipped
+    if (!ok) return false;
+  }
+  if (!has_event) return false;
+  *e = std::move(out);
+  return true;
+}
+
+SupervisionEvent ProcessExitEvent(const std::string& reaper, const std::string& child, int64_t pid,
+                                  int wait_status, bool fenced) {
+  SupervisionEvent e;
+  e.supervisor = reaper;
+  e.child = child;
+  e.event = "process_exit";
+  e.pid = pid;
+  if (WIFEXITED(wait_status)) {
+    e.cause = ExitCause::kExited;
+    e.exit_code = WEXITSTATUS(wait_status);
+    e.reason = absl::StrCat("exited with status ", e.exit_code);
+  } else if (WIFSIGNALED(wait_status)) {
+    e.cause = ExitCause::kSignaled;
+    e.signal = WTERMSIG(wait_status);
+    e.reason = absl::StrCat("killed by signal ", e.signal, " (", strsignal(e.signal), ")");
+  } else {
+    e.cause = ExitCause::kLost;
+    e.reason = absl::StrCat("wait status ", wait_status);
+  }
+  if (fenced) {
+    e.cause = ExitCause::kFenced;
+    e.reason = absl::StrCat("fenced (the head declared it dead for missed heartbeats), then ",
+                            e.reason);
+  }
+  return e;
 }
 
 namespace internal {

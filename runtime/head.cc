@@ -24,7 +24,10 @@ struct Member {
   std::map<std::string, ActorStat> actors;  // by actor name, from heartbeats
   std::set<std::string> hung;               // actors already reported hung
   bool down_reported = false;
+  bool exit_known = false;               // the node agent's waitpid status has arrived
   std::string exit_detail, stderr_tail;  // from the node agent's waitpid
+  ExitCause cause = ExitCause::kNone;    // how it died, as far as the head knows
+  int exit_code = -1, signal = 0;
   size_t hosted = 0;                     // actors spawned here, for placement
 };
 
@@ -118,13 +121,8 @@ class HeadActor final : public caf::event_based_actor {
           }
         },
         [this](wexit_atom, const std::string& id, int64_t pid, const std::string& status,
-               const std::string& tail) {
-          auto it = members_.find(id);
-          if (it == members_.end()) return;
-          it->second.exit_detail = status;
-          it->second.stderr_tail = tail;
-          MarkWorkerDead(id, "process " + status);
-          ReportWorkerDown(id);
+               const std::string& tail, int32_t wait_status, bool fenced) {
+          HandleWorkerExit(id, status, tail, wait_status, fenced);
         },
         [this](flush_atom, const std::string& id) { ReportWorkerDown(id); },
         [this](drain_atom, const std::string& node, int64_t grace_ms) {
@@ -217,19 +215,46 @@ class HeadActor final : public caf::event_based_actor {
 
   void Publish(const std::string& kind, const std::string& subject, const std::string& node,
                int64_t pid, const std::string& detail, const std::string& tail = "",
-               bool bump = true) {
+               bool bump = true, ExitCause cause = ExitCause::kNone, int exit_code = -1,
+               int signal = 0) {
     if (bump) ++generation_;
-    MembershipEvent e{generation_, kind, subject, node, pid, detail, tail};
+    MembershipEvent e{generation_, kind,      subject, node, pid, detail, tail,
+                      static_cast<int32_t>(cause), exit_code, signal};
     aout(this) << "troupe-head: " << e.DebugString() << std::endl;
     for (const auto& s : subscribers_) send(s, membership_atom::value, e);
   }
 
-  void MarkWorkerDead(const std::string& id, const std::string& why) {
+  // The node agent's waitpid status of a worker. Usually it marks the worker dead; when the head
+  // already had (a lost connection whose report waited out the flush delay, or a fence for
+  // missed heartbeats), the real status follows as worker_exit, so no death goes unexplained.
+  void HandleWorkerExit(const std::string& id, const std::string& status, const std::string& tail,
+                        int32_t wait_status, bool fenced) {
+    auto it = members_.find(id);
+    if (it == members_.end() || it->second.exit_known) return;
+    Member& m = it->second;
+    SupervisionEvent e = ProcessExitEvent("", id, m.info.pid, wait_status, fenced);
+    m.exit_known = true;
+    m.stderr_tail = tail;
+    if (m.down_reported) {
+      Publish("worker_exit", id, m.info.node, m.info.pid, "process " + e.reason, tail,
+              /*bump=*/false, e.cause, e.exit_code, e.signal);
+      return;
+    }
+    m.exit_detail = "process " + e.reason;
+    m.cause = e.cause;
+    m.exit_code = e.exit_code;
+    m.signal = e.signal;
+    MarkWorkerDead(id, m.exit_detail, e.cause);
+    ReportWorkerDown(id);
+  }
+
+  void MarkWorkerDead(const std::string& id, const std::string& why, ExitCause cause) {
     auto it = members_.find(id);
     if (it == members_.end() || it->second.info.state == "dead") return;
     Member& m = it->second;
     m.info.state = "dead";
     if (m.exit_detail.empty()) m.exit_detail = why;
+    if (m.cause == ExitCause::kNone) m.cause = cause;
     for (auto d = directory_.begin(); d != directory_.end();) {
       d = d->second.worker == id
               ? NamedDown(d, caf::make_error(caf::exit_reason::remote_link_unreachable),
@@ -259,7 +284,8 @@ class HeadActor final : public caf::event_based_actor {
     }
     Member& m = it->second;
     m.down_reported = true;
-    Publish("worker_down", id, m.info.node, m.info.pid, m.exit_detail, m.stderr_tail);
+    Publish("worker_down", id, m.info.node, m.info.pid, m.exit_detail, m.stderr_tail,
+            /*bump=*/true, m.cause, m.exit_code, m.signal);
   }
 
   void MarkNodeDead(const std::string& node, const std::string& why) {
@@ -267,14 +293,17 @@ class HeadActor final : public caf::event_based_actor {
     if (it == members_.end() || it->second.info.state == "dead") return;
     for (auto& [id, m] : members_) {
       if (m.info.kind == "worker" && m.info.node == node && m.info.state != "dead") {
-        MarkWorkerDead(id, "its node " + why);
+        MarkWorkerDead(id, "its node " + why, ExitCause::kLost);
         ReportWorkerDown(id);
       }
     }
     it->second.info.state = "dead";
     // Its actors were released above (their workers died with it); nothing is left to move.
     (void)sched_.RemoveNodes({node});
-    Publish("node_dead", node, node, 0, why);
+    // A node that left exits 0 right after; otherwise nobody here can see how it ended.
+    const bool left = why == "left";
+    Publish("node_dead", node, node, it->second.info.pid, why, "", /*bump=*/true,
+            left ? ExitCause::kExited : ExitCause::kLost, left ? 0 : -1);
   }
 
   void HandleDown(const caf::down_msg& dm) {
@@ -292,7 +321,7 @@ class HeadActor final : public caf::event_based_actor {
       if (m.handle.address() != dm.source || m.info.state == "dead") continue;
       std::string why = "connection lost (" + caf::to_string(dm.reason) + ")";
       if (m.info.kind == "worker") {
-        MarkWorkerDead(id, why);
+        MarkWorkerDead(id, why, ExitCause::kLost);
       } else {
         MarkNodeDead(id, why);
       }
@@ -302,6 +331,18 @@ class HeadActor final : public caf::event_based_actor {
 
   void CheckHeartbeats() {
     auto now = Clock::now();
+    // Silence that overlaps the head's own stall is not the members': on an oversubscribed host
+    // the head process can go unscheduled for over a heartbeat_timeout, and on waking it would
+    // find every member silent at once (seen: all four nodes of a job declared dead together,
+    // 1.07-1.18 s against a 1 s timeout, and the job lost). A tick later than two heartbeat
+    // intervals shifts every member's last heartbeat by the stall instead; the heartbeats that
+    // queued up meanwhile arrive within the next ticks.
+    const auto tick = options_.heartbeat_interval / 4;
+    if (last_tick_ != Clock::time_point{} && now - last_tick_ > 2 * options_.heartbeat_interval) {
+      const auto stall = now - last_tick_ - tick;
+      for (auto& [id, m] : members_) m.last_seen += stall;
+    }
+    last_tick_ = now;
     std::vector<std::string> silent;
     for (auto& [id, m] : members_) {
       if (m.info.state == "dead") continue;
@@ -315,7 +356,7 @@ class HeadActor final : public caf::event_based_actor {
           std::chrono::duration_cast<std::chrono::milliseconds>(options_.heartbeat_timeout).count(),
           "ms)");
       if (m.info.kind == "worker") {
-        MarkWorkerDead(id, why);
+        MarkWorkerDead(id, absl::StrCat("fenced: ", why), ExitCause::kFenced);
         ReportWorkerDown(id);
         // Fence it: a stopped process must not come back and act on stale state.
         auto node = members_.find(m.info.node);
@@ -480,6 +521,7 @@ class HeadActor final : public caf::event_based_actor {
   scheduler::Scheduler sched_;
   uint64_t anonymous_ = 0;
   std::vector<caf::actor> subscribers_;
+  Clock::time_point last_tick_;  // when CheckHeartbeats last ran
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,10 @@ std::vector<std::string> LocalCluster::RoleArgs() const {
   return a;
 }
 
+std::string LocalCluster::LogDir() const {
+  return options_.cluster.log_dir.empty() ? dir_ : options_.cluster.log_dir;
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->options_ = std::move(options);
@@ -37,8 +42,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   head.args = {"head", "--port", "0", "--port_file", port_file};
   for (auto& a : c->RoleArgs()) head.args.push_back(a);
   for (auto& a : c->options_.head_args) head.args.push_back(a);
-  head.stdout_path = c->dir_ + "/head.out";
-  head.stderr_path = c->dir_ + "/head.err";
+  // The head's and node agents' logs sit beside the workers' (<log_dir>), where an operator
+  // looks: they hold the membership changes and every reaped worker's process_exit event.
+  mkdir(c->LogDir().c_str(), 0755);
+  head.stdout_path = c->LogDir() + "/head.out";
+  head.stderr_path = c->LogDir() + "/head.err";
   auto pid = internal::StartProcess(head);
   if (!pid.ok()) return pid.status();
   c->head_pid_ = *pid;
@@ -81,8 +89,8 @@ absl::StatusOr<pid_t> LocalCluster::AddNode(const std::string& name, int workers
   if (!labels.empty()) node.args.insert(node.args.end(), {"--labels", labels});
   for (auto& a : RoleArgs()) node.args.push_back(a);
   node.args.insert(node.args.end(), extra_args.begin(), extra_args.end());
-  node.stdout_path = absl::StrCat(dir_, "/node-", name, ".out");
-  node.stderr_path = absl::StrCat(dir_, "/node-", name, ".err");
+  node.stdout_path = absl::StrCat(LogDir(), "/node-", name, ".out");
+  node.stderr_path = absl::StrCat(LogDir(), "/node-", name, ".err");
   auto pid = internal::StartProcess(node);
   if (pid.ok()) nodes_[name] = *pid;
   return pid;

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -30,6 +31,7 @@ struct Workers {
   std::mutex mu;
   std::map<pid_t, std::string> ids;  // live worker pids
   std::map<std::string, std::string> stderr_paths;
+  std::set<std::string> fenced;  // workers this agent killed because the head fenced them
   std::atomic<bool> release{false};
   std::atomic<bool> head_lost{false};
 
@@ -47,7 +49,12 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
   self->set_down_handler([w](caf::down_msg&) { w->head_lost = true; });
   return {
       [w](fence_atom, const std::string& id) {
-        if (pid_t pid = w->PidOf(id)) kill(pid, SIGKILL);
+        std::lock_guard<std::mutex> l(w->mu);
+        for (const auto& [pid, wid] : w->ids) {
+          if (wid != id) continue;
+          w->fenced.insert(id);  // its exit is reported as fenced, not as a bare SIGKILL
+          kill(pid, SIGKILL);
+        }
       },
       [w](release_atom) { w->release = true; },
       // Chaos: a preemption notice, delivered as the cloud's would be (SIGTERM to this agent).
@@ -62,33 +69,38 @@ int GpuCount(const std::string& resources) {
   return static_cast<int>(r->at("gpu"));
 }
 
-void Reap(Workers& w, const caf::actor& head) {
+// Every worker that ended: a process_exit event here (this agent's log) and an exit report to
+// the head, which publishes it (worker_down) with the same cause.
+void Reap(Workers& w, const caf::actor& head, Context& ctx, const std::string& node) {
   int status = 0;
   pid_t pid;
   while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
     std::string id, err;
+    bool fenced = false;
     {
       std::lock_guard<std::mutex> l(w.mu);
       auto it = w.ids.find(pid);
       if (it == w.ids.end()) continue;
       id = it->second;
       err = w.stderr_paths[id];
+      fenced = w.fenced.erase(id) > 0;
       w.ids.erase(it);
     }
-    std::string what = DescribeWaitStatus(status);
-    std::cerr << "troupe node: worker " << id << " (pid " << pid << ") " << what << std::endl;
-    caf::anon_send(head, wexit_atom::value, id, static_cast<int64_t>(pid), what, TailFile(err, 20));
+    SupervisionEvent e = ProcessExitEvent("node:" + node, id, pid, status, fenced);
+    ctx.Emit(e);
+    caf::anon_send(head, wexit_atom::value, id, static_cast<int64_t>(pid), e.reason,
+                   TailFile(err, 20), static_cast<int32_t>(status), fenced);
   }
 }
 
-void StopWorkers(Workers& w, const caf::actor& head) {
+void StopWorkers(Workers& w, const caf::actor& head, Context& ctx, const std::string& node) {
   {
     std::lock_guard<std::mutex> l(w.mu);
     for (const auto& [pid, id] : w.ids) kill(pid, SIGTERM);
   }
   auto deadline = Clock::now() + std::chrono::seconds(1);
   while (Clock::now() < deadline) {
-    Reap(w, head);
+    Reap(w, head, ctx, node);
     {
       std::lock_guard<std::mutex> l(w.mu);
       if (w.ids.empty()) return;
@@ -100,7 +112,7 @@ void StopWorkers(Workers& w, const caf::actor& head) {
     for (const auto& [pid, id] : w.ids) kill(pid, SIGKILL);
   }
   usleep(50000);
-  Reap(w, head);
+  Reap(w, head, ctx, node);
 }
 
 }  // namespace
@@ -203,6 +215,7 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
     w->stderr_paths[id] = spec.stderr_path;
   }
   HeartbeatSender heartbeats(**rt, *head, name, co.heartbeat_interval);
+  const std::shared_ptr<Context>& ctx = (*rt)->internal_context();
 
   sigset_t set;
   sigemptyset(&set);
@@ -214,7 +227,7 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   while (true) {
     timespec ts{0, 20 * 1000 * 1000};
     int sig = sigtimedwait(&set, nullptr, &ts);
-    if (sig == SIGCHLD) Reap(*w, *head);
+    if (sig == SIGCHLD) Reap(*w, *head, *ctx, name);
     if ((sig == SIGTERM || sig == SIGINT) && !draining) {
       draining = true;
       deadline = Clock::now() + grace;
@@ -225,13 +238,13 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
     }
     if (w->head_lost) {
       std::cerr << "troupe node " << name << ": lost the head; stopping workers" << std::endl;
-      StopWorkers(*w, *head);
+      StopWorkers(*w, *head, *ctx, name);
       std::fflush(nullptr);
       _exit(1);
     }
     if (draining && (w->release || Clock::now() >= deadline)) break;
   }
-  StopWorkers(*w, *head);
+  StopWorkers(*w, *head, *ctx, name);
   {
     caf::scoped_actor self{sys};
     self->send(*head, leave_atom::value, name);

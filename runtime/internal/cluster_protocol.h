@@ -5,7 +5,8 @@
 //   (reg_node_atom, name, build_id, resources, labels, agent)      -> uint64 generation | error
 //   (reg_worker_atom, id, node, pid, build_id, worker)             -> uint64 generation | error
 //   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
-//   (wexit_atom, worker id, pid, status text, stderr tail)         from the worker's node agent
+//   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
+//                                                                  from the worker's node agent
 //   (drain_atom, node, int64 grace_ms)                             node got SIGTERM
 //   (leave_atom, node)                                             node leaves now
 //   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id) | error

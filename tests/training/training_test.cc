@@ -23,6 +23,7 @@
 
 #include "caf/all.hpp"
 #include "troupe/runtime/cluster.h"
+#include "troupe/runtime/events.h"
 
 namespace {
 
@@ -112,18 +113,24 @@ class TrainingTest : public ::testing::Test {
     JobRun r;
     r.exit_code = Wait(Start(dir, extra), timeout);
     r.output = Slurp(dir + "/out.txt");
-    std::istringstream rep(Slurp(dir + "/report"));
+    r.report = ReadReport(dir + "/report");
+    return r;
+  }
+
+  static Report ReadReport(const std::string& path) {
+    Report r;
+    std::istringstream rep(Slurp(path));
     std::string field;
     while (rep >> field) {
       auto eq = field.find('=');
       if (eq == std::string::npos) continue;
       std::string k = field.substr(0, eq), v = field.substr(eq + 1);
-      if (k == "recovery_s") r.report.recovery_s = std::stod(v);
-      if (k == "steps_lost") r.report.steps_lost = std::stoi(v);
-      if (k == "steps") r.report.steps = std::stoi(v);
-      if (k == "world") r.report.world = std::stoi(v);
-      if (k == "crc32c") r.report.crc = v;
-      if (k == "generations") r.report.generations = std::stoi(v);
+      if (k == "recovery_s") r.recovery_s = std::stod(v);
+      if (k == "steps_lost") r.steps_lost = std::stoi(v);
+      if (k == "steps") r.steps = std::stoi(v);
+      if (k == "world") r.world = std::stoi(v);
+      if (k == "crc32c") r.crc = v;
+      if (k == "generations") r.generations = std::stoi(v);
     }
     return r;
   }
@@ -297,6 +304,107 @@ pid_t ChildWith(pid_t parent, const std::string& word) {
     if (ppid == parent && cmdline.find(word) != std::string::npos) return std::stoi(name);
   }
   return 0;
+}
+
+// Processes (other than this test) whose command line mentions `word`.
+std::vector<pid_t> ProcessesWith(const std::string& word) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = Slurp(e.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(word) != std::string::npos && std::stoi(name) != getpid()) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+std::vector<troupe::runtime::SupervisionEvent> ReadEvents(const std::string& path) {
+  std::vector<troupe::runtime::SupervisionEvent> out;
+  std::istringstream in(Slurp(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    troupe::runtime::SupervisionEvent e;
+    if (troupe::runtime::ParseEvent(line, &e)) out.push_back(e);
+  }
+  return out;
+}
+
+// kill -9 from outside, of two worker processes at once, in the middle of a run: the worker that
+// hosts the coordinator and a rank's worker (an operator picking two `troupe worker` pids from ps
+// hits the coordinator's two times in five). Every death is in the job's event log with its
+// cause; the coordinator is restarted and the job ends with the fault-free run's weights.
+TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) {
+  const std::string want = Reference();
+  ASSERT_FALSE(want.empty());
+  const std::string dir = base_ + "/kill2";
+  const pid_t job = Start(dir, {"--workers", "4"});
+  // Mid-run: two steps committed (the coordinator's commit record has a line per commit).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  size_t commits = 0;
+  pid_t coord = 0, rank = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::istringstream log(Slurp(dir + "/commits.log"));
+    std::string line;
+    for (commits = 0; std::getline(log, line);) ++commits;
+    if (commits >= 2) {
+      coord = ChildWith(ChildWith(job, "--name coord "), " worker ");
+      rank = ChildWith(ChildWith(job, "--name n1 "), " worker ");
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_GE(commits, 2u) << Slurp(dir + "/out.txt");
+  ASSERT_GT(coord, 0);
+  ASSERT_GT(rank, 0);
+  ASSERT_EQ(kill(coord, SIGKILL), 0);
+  ASSERT_EQ(kill(rank, SIGKILL), 0);
+  const int rc = Wait(job, milliseconds(240000));
+  const std::string out = Slurp(dir + "/out.txt");
+  ASSERT_EQ(rc, 0) << out;
+
+  const std::vector<troupe::runtime::SupervisionEvent> events = ReadEvents(dir + "/logs/events.log");
+  for (pid_t victim : {coord, rank}) {
+    bool found = false;
+    for (const auto& e : events) {
+      found = found || (e.event == "process_exit" && e.pid == victim &&
+                        e.cause == troupe::runtime::ExitCause::kSignaled && e.signal == SIGKILL);
+    }
+    EXPECT_TRUE(found) << "no process_exit event with cause=signaled signal=9 for pid " << victim
+                       << "\n" << Slurp(dir + "/logs/events.log");
+  }
+  // Every death in the log has a cause, and the coordinator's exit is there with the reason.
+  bool coordinator_exit = false, coordinator_restart = false;
+  for (const auto& e : events) {
+    if (e.event == "process_exit") {
+      EXPECT_NE(e.cause, troupe::runtime::ExitCause::kNone) << troupe::runtime::FormatEvent(e);
+      EXPECT_GT(e.pid, 0) << troupe::runtime::FormatEvent(e);
+    }
+    const bool is_coordinator = e.child.size() > 12 &&
+                                e.child.compare(e.child.size() - 12, 12, ".coordinator") == 0;
+    if (is_coordinator && e.event == "exit") {
+      coordinator_exit = true;
+      EXPECT_FALSE(e.reason.empty()) << troupe::runtime::FormatEvent(e);
+    }
+    coordinator_restart = coordinator_restart || (is_coordinator && e.event == "start" &&
+                                                  coordinator_exit);
+  }
+  EXPECT_TRUE(coordinator_exit) << Slurp(dir + "/logs/events.log");
+  EXPECT_TRUE(coordinator_restart) << Slurp(dir + "/logs/events.log");
+
+  const Report report = ReadReport(dir + "/report");
+  EXPECT_EQ(report.steps, kSteps);
+  EXPECT_EQ(report.crc, want) << "final weights differ from the fault-free run\n" << out;
+  ExpectExactlyOnce("kill2");
+  // Nothing is left behind: the head and node agents name the job's log folder (their workers
+  // die with them, PR_SET_PDEATHSIG).
+  const auto gone_by = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!ProcessesWith(dir + "/logs").empty() && std::chrono::steady_clock::now() < gone_by) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(ProcessesWith(dir + "/logs").empty());
 }
 
 TEST_F(TrainingTest, LosingTheHeadFailsTheJobFastNamingIt) {

@@ -40,6 +40,7 @@
 #include "caf/actor.hpp"
 #include "caf/meta/type_name.hpp"
 #include "troupe/runtime/config.h"
+#include "troupe/runtime/events.h"
 #include "troupe/runtime/placement.h"
 #include "troupe/runtime/runtime.h"
 
@@ -83,13 +84,23 @@ struct MembershipEvent {
   int64_t pid = 0;
   std::string detail;       // why: exit status or signal, heartbeat silence, refusal reason
   std::string stderr_tail;  // worker_down: the last lines of the dead worker's stderr
+  // worker_down and node_dead: how the process ended (ExitCause as an integer on the wire; see
+  // events.h). kSignaled/kExited come from the node agent's waitpid, kFenced from the head's
+  // failure detector (missed heartbeats), kLost when only the connection was seen to go.
+  int32_t cause = 0;
+  int32_t exit_code = -1;
+  int32_t signal = 0;
+  ExitCause exit_cause() const { return static_cast<ExitCause>(cause); }
+  // The process_exit event for this membership event (a worker_down or node_dead), for the
+  // structured event log of whoever subscribed; `observer` names the log's writer.
+  SupervisionEvent ToProcessExit(const std::string& observer) const;
   std::string DebugString() const;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MembershipEvent& x) {
   return f(caf::meta::type_name("troupe.MembershipEvent"), x.generation, x.kind, x.subject, x.node,
-           x.pid, x.detail, x.stderr_tail);
+           x.pid, x.detail, x.stderr_tail, x.cause, x.exit_code, x.signal);
 }
 
 using membership_atom = caf::atom_constant<caf::atom("tr_member")>;
@@ -199,6 +210,9 @@ class LocalCluster {
   const std::map<std::string, pid_t>& nodes() const { return nodes_; }
   // Sends `sig` to node `name`'s agent and, for SIGKILL/SIGTERM, reaps it.
   void SignalNode(const std::string& name, int sig);
+  // Where the head's, node agents' and workers' stdout/stderr go: cluster.log_dir (a private
+  // temporary directory when that is empty).
+  std::string LogDir() const;
 
  private:
   LocalCluster() = default;

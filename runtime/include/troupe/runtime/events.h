@@ -6,8 +6,16 @@
 //   ts=2026-11-22T10:00:00.123456Z supervisor=job child=worker-1 gen=2 event=exit
 //     reason=killed decision="restart after 10000us"        (one line in the log)
 //
+// Every process death is one event=process_exit line with its cause, written by whoever saw it
+// end (the node agent that reaped a worker, the head that lost a node or fenced a worker, the
+// driver of a training job into <work_dir>/logs/events.log):
+//
+//   ts=... supervisor=node:n1 child=n1/w0 gen=0 event=process_exit pid=4242 cause=signaled
+//     signal=9 reason="killed by signal 9 (Killed)"
+//
 // Install a sink with Runtime::SetEventSink (e.g. to capture events in a test); the default
 // writes the line above to stderr. Sinks are called from actor threads: make them thread-safe.
+// ParseEvent reads a line back, so tests and tools match fields, never the wording of `reason`.
 #ifndef TROUPE_RUNTIME_EVENTS_H_
 #define TROUPE_RUNTIME_EVENTS_H_
 
@@ -18,6 +26,19 @@
 
 namespace troupe::runtime {
 
+// How a process ended (event=process_exit), as the process that reaped or fenced it saw it.
+enum class ExitCause {
+  kNone,      // not a process exit
+  kExited,    // it exited by itself; exit_code holds its status
+  kSignaled,  // a signal ended it (kill -9 from outside, a crash); signal holds the number
+  kFenced,    // the head declared it dead for missed heartbeats and its node agent killed it
+  kLost,      // its node or connection went away: no exit status could be observed
+};
+// "none", "exited", "signaled", "fenced", "lost" (the cause= field of the line).
+const char* ExitCauseName(ExitCause cause);
+// The inverse of ExitCauseName; false for an unknown name.
+bool ParseExitCause(const std::string& name, ExitCause* cause);
+
 struct SupervisionEvent {
   std::chrono::system_clock::time_point wall_time;
   std::string supervisor;
@@ -26,12 +47,25 @@ struct SupervisionEvent {
   std::string event;     // "start", "exit", "stop", "restart_scheduled", "escalate", "drop"
   std::string reason;    // exit reason as the supervisor classified it, with detail
   std::string decision;  // what the supervisor decided, for "exit"
+  // event "process_exit" only:
+  int64_t pid = 0;
+  ExitCause cause = ExitCause::kNone;
+  int exit_code = -1;  // kExited: the exit status
+  int signal = 0;      // kSignaled: the signal; kFenced: the signal it was killed with, if seen
 };
 
 using EventSink = std::function<void(const SupervisionEvent&)>;
 
-// The one-line form: ts=... supervisor=... child=... gen=... event=... reason=... decision=...
+// The one-line form: ts=... supervisor=... child=... gen=... event=... [pid=... cause=...
+// exit_code=... | signal=...] reason=... decision=...
 std::string FormatEvent(const SupervisionEvent& e);
+// Reads a FormatEvent line back (every field but wall_time); false if it is not one.
+bool ParseEvent(const std::string& line, SupervisionEvent* e);
+
+// A process_exit event for a wait(2) status: kExited or kSignaled (kFenced when `fenced`: the
+// reaper itself killed it because the head fenced it), with a reason a person can read.
+SupervisionEvent ProcessExitEvent(const std::string& reaper, const std::string& child, int64_t pid,
+                                  int wait_status, bool fenced);
 
 }  // namespace troupe::runtime
 
