@@ -203,8 +203,11 @@ runtime::RuntimeOptions DefaultDriverRuntimeOptions() {
   return ro;
 }
 
-absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options) {
-  std::ostream& out = options.progress != nullptr ? *options.progress : std::cout;
+namespace {
+
+// The job's directories, per-run records and data, ready before any process starts; bad model
+// settings fail here.
+absl::Status PrepareJob(JobSpec& spec, std::ostream& out) {
   std::error_code ec;
   spec.work_dir = std::filesystem::absolute(spec.work_dir).lexically_normal().string();
   if (!spec.checkpoint_dir.empty()) {
@@ -228,119 +231,124 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   if (auto probe = TrainableRegistry::Global().Create(spec.model); !probe.ok()) {
     return probe.status();
   }
-  const std::string spec_text = spec.ToToml();
+  return absl::OkStatus();
+}
 
-  // The cluster: a running one, or the embedded default — a head, one spot node per worker (so a
-  // node can be preempted on its own) and an on-demand node for the coordinator.
-  std::unique_ptr<runtime::LocalCluster> local;
+const std::vector<std::string> kNodeArgs = {"--grace", "5s"};
+
+struct JobCluster {
+  std::unique_ptr<runtime::LocalCluster> local;  // the embedded one, or null
   std::string host = "127.0.0.1";
   uint16_t port = 0;
-  const std::vector<std::string> node_args = {"--grace", "5s"};
+};
+
+// The cluster: a running one, or the embedded default — a head, one spot node per worker (so a
+// node can be preempted on its own) and an on-demand node for the coordinator.
+absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions& options,
+                                        std::ostream& out) {
+  JobCluster c;
   if (options.head.empty()) {
     runtime::LocalCluster::Options lo;
     lo.binary = options.binary;
     lo.workers = 0;
     lo.cluster.log_dir = spec.work_dir + "/logs";
     lo.extra_args = options.runtime.TlsArgs();  // head, nodes and workers: the driver's files
-    absl::StatusOr<std::unique_ptr<runtime::LocalCluster>> c = runtime::LocalCluster::Start(lo);
-    if (!c.ok()) return c.status();
-    local = std::move(*c);
-    port = local->port();
+    absl::StatusOr<std::unique_ptr<runtime::LocalCluster>> c_or = runtime::LocalCluster::Start(lo);
+    if (!c_or.ok()) return c_or.status();
+    c.local = std::move(*c_or);
+    c.port = c.local->port();
     for (int i = 0; i < spec.workers; ++i) {
       absl::StatusOr<pid_t> pid =
-          local->AddNode(absl::StrCat("n", i), 1, "cpu=1", "spot=true", node_args);
+          c.local->AddNode(absl::StrCat("n", i), 1, "cpu=1", "spot=true", kNodeArgs);
       if (!pid.ok()) return pid.status();
     }
-    absl::StatusOr<pid_t> pid = local->AddNode("coord", 1, "cpu=1", "", node_args);
+    absl::StatusOr<pid_t> pid = c.local->AddNode("coord", 1, "cpu=1", "", kNodeArgs);
     if (!pid.ok()) return pid.status();
-    out << "embedded cluster: head 127.0.0.1:" << port
+    out << "embedded cluster: head 127.0.0.1:" << c.port
         << (options.runtime.tls() ? " (mutual TLS), " : ", ") << spec.workers
         << " worker nodes and a coordinator node; logs in " << lo.cluster.log_dir << std::endl;
   } else {
     absl::StatusOr<std::pair<std::string, uint16_t>> hp = runtime::ParseHostPort(options.head);
     if (!hp.ok()) return hp.status();
-    host = hp->first;
-    port = hp->second;
+    c.host = hp->first;
+    c.port = hp->second;
   }
+  return c;
+}
 
-  runtime::ActorRegistry registry;
-  if (absl::Status s = RegisterTrainingActors(registry); !s.ok()) return s;
-  runtime::RuntimeOptions ro = options.runtime;
-  ro.network = true;
-  absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
-      runtime::Runtime::Create(std::move(registry), ro);
-  if (!rt.ok()) return rt.status();
-  auto events = std::make_shared<EventLogFile>(spec.work_dir + "/logs/events.log");
-  (*rt)->SetEventSink([events](const runtime::SupervisionEvent& e) { events->Write(e); });
-  absl::StatusOr<runtime::ClusterClient> client =
-      runtime::ClusterClient::Connect(**rt, host, port);
-  if (!client.ok()) return client.status();
-
-  DriverQueue queue;
-  auto st = std::make_shared<DriverState>();
-  st->out = &out;
-  st->queue = &queue;
-  st->client = &*client;
-  st->last_heard_ns = absl::ToUnixNanos(absl::Now());
-  st->events = events;
-  std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
-  caf::actor driver = (*rt)->system().spawn(DriverActor, st);
-  client->Subscribe(driver);
-
-  // The embedded cluster's workers register asynchronously: wait for all of them.
-  if (local != nullptr) {
-    const size_t want = static_cast<size_t>(spec.workers) + 1;
-    const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
-    size_t alive = 0;
-    while (absl::Now() < deadline) {
-      absl::StatusOr<std::vector<runtime::MemberInfo>> members = client->Members();
-      alive = 0;
-      if (members.ok()) {
-        for (const runtime::MemberInfo& m : *members) {
-          alive += m.kind == "worker" && m.state == "alive" ? 1 : 0;
-        }
+// The embedded cluster's workers register asynchronously: waits for all of them.
+absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec) {
+  const size_t want = static_cast<size_t>(spec.workers) + 1;
+  const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
+  size_t alive = 0;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<runtime::MemberInfo>> members = client.Members();
+    alive = 0;
+    if (members.ok()) {
+      for (const runtime::MemberInfo& m : *members) {
+        alive += m.kind == "worker" && m.state == "alive" ? 1 : 0;
       }
-      if (alive >= want) break;
-      absl::SleepFor(absl::Milliseconds(10));
     }
-    if (alive < want) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "embedded cluster: ", alive, " of ", want, " workers joined within ",
-          absl::FormatDuration(spec.timeouts.cluster_start), " (timeouts.cluster_start; logs in ",
-          spec.work_dir, "/logs)"));
-    }
+    if (alive >= want) break;
+    absl::SleepFor(absl::Milliseconds(10));
   }
+  if (alive < want) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "embedded cluster: ", alive, " of ", want, " workers joined within ",
+        absl::FormatDuration(spec.timeouts.cluster_start), " (timeouts.cluster_start; logs in ",
+        spec.work_dir, "/logs)"));
+  }
+  return absl::OkStatus();
+}
 
-  // A rank actor on every live worker not yet serving this job (except the coordinator's node).
-  std::set<std::string> spawned;
-  const int run_id = static_cast<int>(getpid());
-  auto spawn_ranks = [&] {
-    absl::StatusOr<std::vector<runtime::MemberInfo>> members = client->Members();
+// A rank actor on every live worker not yet serving this job (except the coordinator's node).
+class RankSpawner {
+ public:
+  RankSpawner(runtime::ClusterClient& client, const JobSpec& spec, std::string spec_text,
+              bool embedded, caf::actor driver, std::ostream& out)
+      : client_(client), spec_(spec), spec_text_(std::move(spec_text)), embedded_(embedded),
+        driver_(std::move(driver)), out_(out) {}
+
+  void SpawnNew() {
+    absl::StatusOr<std::vector<runtime::MemberInfo>> members = client_.Members();
     if (!members.ok()) return;
     for (const runtime::MemberInfo& m : *members) {
-      if (m.kind != "worker" || m.state != "alive" || spawned.count(m.id)) continue;
-      if (local != nullptr && m.node == "coord") continue;
-      spawned.insert(m.id);
+      if (m.kind != "worker" || m.state != "alive" || spawned_.count(m.id)) continue;
+      if (embedded_ && m.node == "coord") continue;
+      spawned_.insert(m.id);
       const std::string name =
-          absl::StrCat(spec.name, ".", run_id, ".rank.", absl::StrReplaceAll(m.id, {{"/", "."}}));
+          absl::StrCat(spec_.name, ".", RunId(), ".rank.", absl::StrReplaceAll(m.id, {{"/", "."}}));
       // A rank takes a cpu slot of its node (the coordinator takes none, so spread placement
       // puts it where no rank is).
       runtime::Placement at;
       at.worker = m.id;
       at.resources = "cpu=1";
       absl::StatusOr<runtime::ActorRef> ref =
-          client->Spawn(kRankActorType, caf::make_message(spec_text, m.id), name, at);
+          client_.Spawn(kRankActorType, caf::make_message(spec_text_, m.id), name, at);
       if (!ref.ok()) {
-        out << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
+        out_ << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
         continue;
       }
-      caf::anon_send(driver, RankJoined{m.id, m.node, name});
+      caf::anon_send(driver_, RankJoined{m.id, m.node, name});
     }
-  };
-  spawn_ranks();
+  }
+  static int RunId() { return static_cast<int>(getpid()); }
 
-  // The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
-  // if its process dies. It avoids spot nodes while an on-demand one can take it.
+ private:
+  runtime::ClusterClient& client_;
+  const JobSpec& spec_;
+  const std::string spec_text_;
+  const bool embedded_;
+  caf::actor driver_;
+  std::ostream& out_;
+  std::set<std::string> spawned_;
+};
+
+// The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
+// if its process dies. It avoids spot nodes while an on-demand one can take it.
+absl::Status StartJobSupervisor(runtime::Runtime& rt, const JobSpec& spec,
+                                const std::string& spec_text, const caf::actor& driver) {
+  const int run_id = RankSpawner::RunId();
   runtime::SupervisorSpec sup;
   sup.name = absl::StrCat(spec.name, ".", run_id, ".job");
   sup.strategy = runtime::Strategy::kOneForOne;
@@ -355,39 +363,88 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   coordinator.backoff.max = std::chrono::seconds(1);
   sup.intensity = {10, std::chrono::seconds(30)};
   sup.children.push_back(coordinator);
-  if (absl::StatusOr<runtime::ActorRef> s = (*rt)->StartSupervisor(sup); !s.ok()) return s.status();
+  return rt.StartSupervisor(sup).status();
+}
 
+// Until the coordinator reports: carries out its requests (nodes to add, ranks to spawn) and
+// gives up on a coordinator silent for timeouts.driver_silence.
+absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, JobCluster& cluster, DriverState& st,
+                                      DriverQueue& queue, RankSpawner& ranks,
+                                      std::future<absl::StatusOr<JobReport>>& result,
+                                      std::ostream& out) {
   const int64_t silence_ns = absl::ToInt64Nanoseconds(spec.timeouts.driver_silence);
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
-    if (req && req->kind == "add_node" && local != nullptr) {
-      absl::StatusOr<pid_t> pid = local->AddNode(req->arg, 1, "cpu=1", "spot=true", node_args);
+    if (req && req->kind == "add_node" && cluster.local != nullptr) {
+      absl::StatusOr<pid_t> pid = cluster.local->AddNode(req->arg, 1, "cpu=1", "spot=true", kNodeArgs);
       if (!pid.ok()) out << "warning: adding node " << req->arg << ": " << pid.status() << std::endl;
     } else if (req && req->kind == "spawn") {
-      spawn_ranks();
+      ranks.SpawnNew();
     }
-    if (absl::ToUnixNanos(absl::Now()) - st->last_heard_ns.load() > silence_ns) {
-      caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
+    if (absl::ToUnixNanos(absl::Now()) - st.last_heard_ns.load() > silence_ns) {
       return absl::DeadlineExceededError(
           absl::StrCat("no word from the coordinator for ",
                        absl::FormatDuration(spec.timeouts.driver_silence),
                        " (timeouts.driver_silence; is any worker left to run it?)"));
     }
   }
-  absl::StatusOr<JobReport> report = result.get();
-  caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
-  if (report.ok()) {
-    out << absl::StrFormat(
-               "done: %d steps, final loss %.4f, world %d, %d generations, params crc32c "
-               "%08x, steps lost %d",
-               report->committed_steps, report->losses.empty() ? 0.0 : report->losses.back(),
-               report->final_world, report->generations, report->final_params_crc32c,
-               report->steps_lost)
-        << (report->recovery_seconds >= 0
-                ? absl::StrFormat(", recovery %.3f s", report->recovery_seconds)
-                : std::string())
-        << std::endl;
+  return result.get();
+}
+
+void PrintSummary(const JobReport& r, std::ostream& out) {
+  out << absl::StrFormat(
+             "done: %d steps, final loss %.4f, world %d, %d generations, params crc32c "
+             "%08x, steps lost %d",
+             r.committed_steps, r.losses.empty() ? 0.0 : r.losses.back(),
+             r.final_world, r.generations, r.final_params_crc32c,
+             r.steps_lost)
+      << (r.recovery_seconds >= 0
+              ? absl::StrFormat(", recovery %.3f s", r.recovery_seconds)
+              : std::string())
+      << std::endl;
+}
+
+}  // namespace
+
+absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options) {
+  std::ostream& out = options.progress != nullptr ? *options.progress : std::cout;
+  if (absl::Status s = PrepareJob(spec, out); !s.ok()) return s;
+  const std::string spec_text = spec.ToToml();
+  absl::StatusOr<JobCluster> cluster = StartCluster(spec, options, out);
+  if (!cluster.ok()) return cluster.status();
+  runtime::ActorRegistry registry;
+  if (absl::Status s = RegisterTrainingActors(registry); !s.ok()) return s;
+  runtime::RuntimeOptions ro = options.runtime;
+  ro.network = true;
+  absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
+      runtime::Runtime::Create(std::move(registry), ro);
+  if (!rt.ok()) return rt.status();
+  auto events = std::make_shared<EventLogFile>(spec.work_dir + "/logs/events.log");
+  (*rt)->SetEventSink([events](const runtime::SupervisionEvent& e) { events->Write(e); });
+  absl::StatusOr<runtime::ClusterClient> client =
+      runtime::ClusterClient::Connect(**rt, cluster->host, cluster->port);
+  if (!client.ok()) return client.status();
+
+  DriverQueue queue;
+  auto st = std::make_shared<DriverState>();
+  st->out = &out;
+  st->queue = &queue;
+  st->client = &*client;
+  st->last_heard_ns = absl::ToUnixNanos(absl::Now());
+  st->events = events;
+  std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
+  caf::actor driver = (*rt)->system().spawn(DriverActor, st);
+  client->Subscribe(driver);
+
+  if (cluster->local != nullptr) {
+    if (absl::Status s = WaitForWorkers(*client, spec); !s.ok()) return s;
   }
+  RankSpawner ranks(*client, spec, spec_text, cluster->local != nullptr, driver, out);
+  ranks.SpawnNew();
+  if (absl::Status s = StartJobSupervisor(**rt, spec, spec_text, driver); !s.ok()) return s;
+  absl::StatusOr<JobReport> report = AwaitReport(spec, *cluster, *st, queue, ranks, result, out);
+  caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
+  if (report.ok()) PrintSummary(*report, out);
   return report;
 }
 

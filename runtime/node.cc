@@ -115,108 +115,89 @@ void StopWorkers(Workers& w, const caf::actor& head, Context& ctx, const std::st
   Reap(w, head, ctx, node);
 }
 
-}  // namespace
-
-int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
+struct NodeConfig {
   RuntimeOptions ro;
   ClusterOptions co;
   std::string head_addr, name, resources = "cpu=1", labels;
   int64_t workers = 1;
   Duration grace = std::chrono::seconds(30);
+};
+
+// Flags and TROUPE_* variables; >= 0: exit with it now (help, or a bad option).
+int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
   ConfigRegistry config;
-  ro.Register(config);
-  co.Register(config);
-  config.AddString("head", &head_addr, "head address HOST:PORT");
-  config.AddString("name", &name, "this node's name (default: the host name)");
-  config.AddString("resources", &resources, "resources, e.g. cpu=2,gpu=0,memory=8G");
-  config.AddString("labels", &labels, "labels, e.g. spot=true,zone=a");
-  config.AddInt("workers", &workers, "worker processes to start", InRange(0, 256));
-  config.AddDuration("grace", &grace, "on SIGTERM: drain, then leave after this long");
+  c.ro.Register(config);
+  c.co.Register(config);
+  config.AddString("head", &c.head_addr, "head address HOST:PORT");
+  config.AddString("name", &c.name, "this node's name (default: the host name)");
+  config.AddString("resources", &c.resources, "resources, e.g. cpu=2,gpu=0,memory=8G");
+  config.AddString("labels", &c.labels, "labels, e.g. spot=true,zone=a");
+  config.AddInt("workers", &c.workers, "worker processes to start", InRange(0, 256));
+  config.AddDuration("grace", &c.grace, "on SIGTERM: drain, then leave after this long");
   if (int rc = ParseCommandLine(
           "node", "usage: troupe node --head HOST:P [--resources cpu=2,gpu=0] [--labels k=v]", args,
           config);
       rc >= 0)
     return rc;
-  auto hp = ParseHostPort(head_addr);
-  if (!hp.ok()) {
-    std::cerr << "troupe node: " << hp.status().message() << "\n";
-    return 2;
-  }
-  if (name.empty()) {
+  if (c.name.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
-    name = host;
+    c.name = host;
   }
-  BlockRoleSignals();
-  ro.network = true;
-  auto rt = Runtime::Create(std::move(registry), ro);
-  if (!rt.ok()) {
-    std::cerr << "troupe node: " << rt.status().message() << "\n";
-    return 2;
-  }
-  auto& sys = (*rt)->system();
-  auto head = Connect(**rt, hp->first, hp->second);
-  if (!head.ok()) {
-    std::cerr << "troupe node " << name << ": " << head.status().message() << "\n";
-    return 1;
-  }
-  auto w = std::make_shared<Workers>();
-  caf::actor agent = sys.spawn(AgentBehavior, w, *head);
-  std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
+  return -1;
+}
+
+bool RegisterWithHead(caf::actor_system& sys, const caf::actor& head, const NodeConfig& c,
+                      const caf::actor& agent) {
+  const std::string build_id = c.co.build_id.empty() ? BuildId() : c.co.build_id;
   bool ok = false;
-  {
-    caf::scoped_actor self{sys};
-    self->request(*head, std::chrono::seconds(10), reg_node_atom::value, name, build_id, resources,
-                  labels, agent)
-        .receive([&](uint64_t) { ok = true; },
-                 [&](caf::error& e) {
-                   std::cerr << "troupe node " << name << ": refused: " << sys.render(e) << "\n";
-                 });
-  }
-  if (!ok) {
-    std::fflush(nullptr);
-    _exit(3);
-  }
-  std::cout << "troupe node " << name << ": joined " << head_addr << " with " << resources
-            << ", starting " << workers << " workers" << std::endl;
-  mkdir(co.log_dir.c_str(), 0755);
-  int gpus = GpuCount(resources), per_worker = workers > 0 ? gpus / workers : 0;
-  for (int64_t i = 0; i < workers; ++i) {
-    std::string id = absl::StrCat(name, "/w", i);
-    std::string file = absl::StrCat(co.log_dir, "/", name, "-w", i);
+  caf::scoped_actor self{sys};
+  self->request(head, std::chrono::seconds(10), reg_node_atom::value, c.name, build_id,
+                c.resources, c.labels, agent)
+      .receive([&](uint64_t) { ok = true; },
+               [&](caf::error& e) {
+                 std::cerr << "troupe node " << c.name << ": refused: " << sys.render(e) << "\n";
+               });
+  return ok;
+}
+
+// The node's worker processes, each with its share of the GPUs and its own log files.
+void StartWorkers(const NodeConfig& c, Workers& w) {
+  mkdir(c.co.log_dir.c_str(), 0755);
+  const int gpus = GpuCount(c.resources);
+  const int per_worker = c.workers > 0 ? gpus / static_cast<int>(c.workers) : 0;
+  for (int64_t i = 0; i < c.workers; ++i) {
+    std::string id = absl::StrCat(c.name, "/w", i);
+    std::string file = absl::StrCat(c.co.log_dir, "/", c.name, "-w", i);
     ProcessSpec spec;
-    spec.args = {"worker",
-                 "--head",
-                 head_addr,
-                 "--node",
-                 name,
-                 "--id",
-                 id,
-                 "--heartbeat_interval",
-                 FormatDuration(co.heartbeat_interval),
-                 "--threads",
-                 absl::StrCat(ro.threads)};
-    if (!co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", co.build_id});
-    for (const std::string& a : ro.TlsArgs()) spec.args.push_back(a);
+    spec.args = {"worker", "--head", c.head_addr, "--node", c.name, "--id", id,
+                 "--heartbeat_interval", FormatDuration(c.co.heartbeat_interval), "--threads",
+                 absl::StrCat(c.ro.threads)};
+    if (!c.co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", c.co.build_id});
+    for (const std::string& a : c.ro.TlsArgs()) spec.args.push_back(a);
     std::string visible;
-    for (int g = 0; g < per_worker; ++g)
+    for (int g = 0; g < per_worker; ++g) {
       absl::StrAppend(&visible, g ? "," : "", i * per_worker + g);
+    }
     spec.env["CUDA_VISIBLE_DEVICES"] = visible;
     spec.stdout_path = file + ".out";
     spec.stderr_path = file + ".err";
     auto pid = StartProcess(spec);
     if (!pid.ok()) {
-      std::cerr << "troupe node " << name << ": cannot start worker " << id << ": "
+      std::cerr << "troupe node " << c.name << ": cannot start worker " << id << ": "
                 << pid.status().message() << "\n";
       continue;
     }
-    std::lock_guard<std::mutex> l(w->mu);
-    w->ids[*pid] = id;
-    w->stderr_paths[id] = spec.stderr_path;
+    std::lock_guard<std::mutex> l(w.mu);
+    w.ids[*pid] = id;
+    w.stderr_paths[id] = spec.stderr_path;
   }
-  HeartbeatSender heartbeats(**rt, *head, name, co.heartbeat_interval);
-  const std::shared_ptr<Context>& ctx = (*rt)->internal_context();
+}
 
+// Reaps workers until SIGTERM/SIGINT (a drain of `grace`, or until the head releases the node)
+// or the head is lost; then stops the workers and exits the process.
+[[noreturn]] void ServeUntilGone(const NodeConfig& c, Workers& w, const caf::actor& head,
+                                 Context& ctx, caf::actor_system& sys) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -227,32 +208,68 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   while (true) {
     timespec ts{0, 20 * 1000 * 1000};
     int sig = sigtimedwait(&set, nullptr, &ts);
-    if (sig == SIGCHLD) Reap(*w, *head, *ctx, name);
+    if (sig == SIGCHLD) Reap(w, head, ctx, c.name);
     if ((sig == SIGTERM || sig == SIGINT) && !draining) {
       draining = true;
-      deadline = Clock::now() + grace;
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(grace).count();
-      std::cout << "troupe node " << name << ": preemption notice, draining for " << ms << "ms"
+      deadline = Clock::now() + c.grace;
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(c.grace).count();
+      std::cout << "troupe node " << c.name << ": preemption notice, draining for " << ms << "ms"
                 << std::endl;
-      caf::anon_send(*head, drain_atom::value, name, static_cast<int64_t>(ms));
+      caf::anon_send(head, drain_atom::value, c.name, static_cast<int64_t>(ms));
     }
-    if (w->head_lost) {
-      std::cerr << "troupe node " << name << ": lost the head; stopping workers" << std::endl;
-      StopWorkers(*w, *head, *ctx, name);
+    if (w.head_lost) {
+      std::cerr << "troupe node " << c.name << ": lost the head; stopping workers" << std::endl;
+      StopWorkers(w, head, ctx, c.name);
       std::fflush(nullptr);
       _exit(1);
     }
-    if (draining && (w->release || Clock::now() >= deadline)) break;
+    if (draining && (w.release || Clock::now() >= deadline)) break;
   }
-  StopWorkers(*w, *head, *ctx, name);
+  StopWorkers(w, head, ctx, c.name);
   {
     caf::scoped_actor self{sys};
-    self->send(*head, leave_atom::value, name);
+    self->send(head, leave_atom::value, c.name);
   }
-  std::cout << "troupe node " << name << ": left" << std::endl;
+  std::cout << "troupe node " << c.name << ": left" << std::endl;
   std::fflush(nullptr);
   usleep(100000);  // let the leave message go out
   _exit(0);
+}
+
+}  // namespace
+
+int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
+  NodeConfig c;
+  if (int rc = ParseNodeConfig(args, c); rc >= 0) return rc;
+  auto hp = ParseHostPort(c.head_addr);
+  if (!hp.ok()) {
+    std::cerr << "troupe node: " << hp.status().message() << "\n";
+    return 2;
+  }
+  BlockRoleSignals();
+  c.ro.network = true;
+  auto rt = Runtime::Create(std::move(registry), c.ro);
+  if (!rt.ok()) {
+    std::cerr << "troupe node: " << rt.status().message() << "\n";
+    return 2;
+  }
+  auto& sys = (*rt)->system();
+  auto head = Connect(**rt, hp->first, hp->second);
+  if (!head.ok()) {
+    std::cerr << "troupe node " << c.name << ": " << head.status().message() << "\n";
+    return 1;
+  }
+  auto w = std::make_shared<Workers>();
+  caf::actor agent = sys.spawn(AgentBehavior, w, *head);
+  if (!RegisterWithHead(sys, *head, c, agent)) {
+    std::fflush(nullptr);
+    _exit(3);
+  }
+  std::cout << "troupe node " << c.name << ": joined " << c.head_addr << " with " << c.resources
+            << ", starting " << c.workers << " workers" << std::endl;
+  StartWorkers(c, *w);
+  HeartbeatSender heartbeats(**rt, *head, c.name, c.co.heartbeat_interval);
+  ServeUntilGone(c, *w, *head, *(*rt)->internal_context(), sys);
 }
 
 }  // namespace troupe::runtime::internal
