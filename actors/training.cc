@@ -315,8 +315,9 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
 
   // The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
   // if its process dies. It avoids spot nodes while an on-demand one can take it.
-  runtime::SupervisorSpec sup{absl::StrCat(spec.name, ".", run_id, ".job"),
-                              runtime::Strategy::kOneForOne};
+  runtime::SupervisorSpec sup;
+  sup.name = absl::StrCat(spec.name, ".", run_id, ".job");
+  sup.strategy = runtime::Strategy::kOneForOne;
   runtime::ChildSpec coordinator = runtime::ChildSpec::Actor(
       absl::StrCat(spec.name, ".", run_id, ".coordinator"), kCoordinatorActorType,
       caf::make_message(spec_text, driver), runtime::RestartType::kTransient);

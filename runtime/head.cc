@@ -117,7 +117,7 @@ class HeadActor final : public caf::event_based_actor {
             }
           }
         },
-        [this](wexit_atom, const std::string& id, int64_t pid, const std::string& status,
+        [this](wexit_atom, const std::string& id, int64_t /*pid*/, const std::string& status,
                const std::string& tail) {
           auto it = members_.find(id);
           if (it == members_.end()) return;

@@ -5,13 +5,14 @@
 #   custom-model  an MLP of the example's own, trained elastically by troupe's actors with one of
 #                 its 3 worker processes killed at step 15, finishes on 2 workers after recovering
 #                 and at least halves its loss.
+# A fourth argument ON (troupe's TROUPE_WERROR) builds the consumer with warnings as errors.
 set -euo pipefail
-build_dir=$1 source_dir=$2 example=$3
+build_dir=$1 source_dir=$2 example=$3 werror=${4:-OFF}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
-cmake -S "$source_dir/examples/$example" -B "$work/build" -G Ninja \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake -S "$source_dir/examples/$example" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_COMPILE_WARNING_AS_ERROR="$werror" >/dev/null
 cmake --build "$work/build" >/dev/null
 case "$example" in
   embed)
