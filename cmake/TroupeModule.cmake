@@ -7,6 +7,11 @@
 add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra>")
 set(CMAKE_COMPILE_WARNING_AS_ERROR ${TROUPE_WERROR})
 
+# Deterministic numerics, the same in every module and in the tests that recompute their results:
+# no fused multiply-add contraction, in host code and in device code (nvcc --fmad=false).
+add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-ffp-contract=off>"
+  "$<$<COMPILE_LANGUAGE:CUDA>:--fmad=false;-Xcompiler=-ffp-contract=off>")
+
 # troupe_module(<name> SOURCES ... DEPS ... [PRIVATE_DEPS ...])
 #   One module = one library target `troupe_<name>`, alias and export name `troupe::<name>`,
 #   public headers in <name>/include/troupe/<name>/.
