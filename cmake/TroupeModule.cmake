@@ -6,7 +6,6 @@
 # `-Werror all-warnings` for nvcc).
 add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra>")
 set(CMAKE_COMPILE_WARNING_AS_ERROR ${TROUPE_WERROR})
-
 # Deterministic numerics, the same in every module and in the tests that recompute their results:
 # no fused multiply-add contraction, in host code and in device code (nvcc --fmad=false).
 add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-ffp-contract=off>"
@@ -25,6 +24,8 @@ function(troupe_module name)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(troupe_${name} PUBLIC ${M_DEPS} PRIVATE ${M_PRIVATE_DEPS})
+  # Our public headers need C++17: consumers of the installed package get it too.
+  target_compile_features(troupe_${name} PUBLIC cxx_std_17)
   set_property(GLOBAL APPEND PROPERTY TROUPE_INSTALLED_MODULES troupe_${name})
   install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()
