@@ -28,7 +28,7 @@ constexpr int64_t kN = 100000;  // 1.2 MB per checkpoint: several chunks per sha
 class KillingFileSystem : public testing::HookedFileSystem {
  public:
   KillingFileSystem(int64_t kill_at) : HookedFileSystem(PosixFileSystem()), kill_at_(kill_at) {}
-  absl::Status Before(const std::string& op) override {
+  absl::Status Before(const std::string& /*op*/) override {
     if (++calls_ == kill_at_) ::kill(::getpid(), SIGKILL);
     return absl::OkStatus();
   }

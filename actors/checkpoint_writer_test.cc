@@ -54,7 +54,9 @@ State ReadAll(CheckpointStore& store, int64_t step) {
   absl::StatusOr<Checkpoint> ckpt = store.Load(step);
   EXPECT_TRUE(ckpt.ok()) << ckpt.status();
   State s{std::vector<float>(kN), std::vector<float>(kN), std::vector<float>(kN)};
-  if (ckpt.ok()) EXPECT_TRUE(ckpt->ReadRange(0, kN, s.params.data(), s.m.data(), s.v.data()).ok());
+  if (ckpt.ok()) {
+    EXPECT_TRUE(ckpt->ReadRange(0, kN, s.params.data(), s.m.data(), s.v.data()).ok());
+  }
   return s;
 }
 

@@ -46,4 +46,21 @@ if(NOT TARGET troupe_deps::caf_core)
 endif()
 
 find_package(ucx CONFIG QUIET)
-find_package(CapnProto CONFIG QUIET)
+
+# Cap'n Proto's libraries, which troupe_actors links privately (its generated code). A static
+# troupe_actors still puts them on its consumers' link line, so the installed package needs them
+# too, but not Cap'n Proto's CMake package: that one checks for libatomic with the C compiler and
+# fails in a project declared `LANGUAGES CXX`. Only the libraries are located here (no error when
+# absent: only a program linking troupe::actors needs them). The build itself finds the package in
+# actors/CMakeLists.txt, for its code generator.
+if(NOT TARGET troupe_deps::capnp)
+  find_library(TROUPE_CAPNP_LIB capnp)
+  find_library(TROUPE_KJ_LIB kj)
+  set(troupe_capnp_libs ${TROUPE_CAPNP_LIB} ${TROUPE_KJ_LIB})
+  if(NOT TROUPE_CAPNP_LIB OR NOT TROUPE_KJ_LIB)
+    set(troupe_capnp_libs capnp kj)  # the linker then names what is missing
+  endif()
+  add_library(troupe_deps::capnp INTERFACE IMPORTED)
+  set_target_properties(troupe_deps::capnp PROPERTIES
+    INTERFACE_LINK_LIBRARIES "${troupe_capnp_libs};Threads::Threads")
+endif()

@@ -1,3 +1,16 @@
+# Compiler flags for troupe's own sources: every target created in this project (modules, tests,
+# tools, bench; examples/ set theirs), not the targets of projects that embed or install troupe.
+# Third-party headers come in as system headers (imported targets, or SYSTEM include folders), so
+# their warnings stay silent; generated Cap'n Proto sources opt out in actors/CMakeLists.txt.
+# TROUPE_WERROR turns every warning into an error (COMPILE_WARNING_AS_ERROR: -Werror, and
+# `-Werror all-warnings` for nvcc).
+add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra>")
+set(CMAKE_COMPILE_WARNING_AS_ERROR ${TROUPE_WERROR})
+# Deterministic numerics, the same in every module and in the tests that recompute their results:
+# no fused multiply-add contraction, in host code and in device code (nvcc --fmad=false).
+add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-ffp-contract=off>"
+  "$<$<COMPILE_LANGUAGE:CUDA>:--fmad=false;-Xcompiler=-ffp-contract=off>")
+
 # troupe_module(<name> SOURCES ... DEPS ... [PRIVATE_DEPS ...])
 #   One module = one library target `troupe_<name>`, alias and export name `troupe::<name>`,
 #   public headers in <name>/include/troupe/<name>/.
@@ -11,7 +24,8 @@ function(troupe_module name)
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
   target_link_libraries(troupe_${name} PUBLIC ${M_DEPS} PRIVATE ${M_PRIVATE_DEPS})
-  target_compile_options(troupe_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  # Our public headers need C++17: consumers of the installed package get it too.
+  target_compile_features(troupe_${name} PUBLIC cxx_std_17)
   set_property(GLOBAL APPEND PROPERTY TROUPE_INSTALLED_MODULES troupe_${name})
   install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()

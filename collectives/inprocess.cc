@@ -155,7 +155,7 @@ class InProcTransport : public Transport {
 
   // One address space: every peer's memory is readable.
   bool CanReadPeers() const override { return true; }
-  absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) override {
+  absl::Status ReadPeer(int /*peer*/, uint64_t remote, void* local, size_t bytes) override {
     {
       std::lock_guard<std::mutex> l(sh_->mu);
       if (!failed_.ok()) return failed_;

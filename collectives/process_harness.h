@@ -74,7 +74,7 @@ class Ranks {
         _exit(127);
       }
       close(fds[1]);
-      procs_.push_back(Proc{pid, fdopen(fds[0], "r")});
+      procs_.push_back(Proc{pid, fdopen(fds[0], "r"), /*lines=*/{}});
     }
   }
   ~Ranks() {

@@ -56,7 +56,8 @@ class Transport {
   // address space (kSingleCopy). ReadPeer copies `bytes` from `remote`, an address in `peer`'s
   // process, into `local`; executor thread only; Unavailable naming the peer if it is gone.
   virtual bool CanReadPeers() const { return false; }
-  virtual absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) {
+  virtual absl::Status ReadPeer(int /*peer*/, uint64_t /*remote*/, void* /*local*/,
+                                size_t /*bytes*/) {
     return absl::UnimplementedError("collectives: this transport cannot read peers' memory");
   }
 

@@ -45,13 +45,14 @@ struct Req {
   uint64_t tag = 0;  // the 48-bit message tag, for diagnostics
 };
 
-void OnSend(void* request, ucs_status_t status, void* user) {
+void OnSend(void* /*request*/, ucs_status_t status, void* user) {
   auto* r = static_cast<Req*>(user);
   r->status = status;
   r->done = true;
 }
 
-void OnRecv(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user) {
+void OnRecv(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* /*info*/,
+            void* user) {
   auto* r = static_cast<Req*>(user);
   r->status = status;
   r->done = true;
@@ -532,7 +533,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   UcxEngine* raw = engine.get();
   auto live = Liveness::Start(
       boot, prefix, o.rank, o.size, lo,
-      [raw](int rank, const std::string& why) {
+      [raw](int /*rank*/, const std::string& why) {
         raw->Abort(absl::UnavailableError(absl::StrCat("collectives: ", why)));
       },
       deadline);

@@ -63,6 +63,7 @@ FaultInjector::Decision FaultInjector::OnMessage(const std::string& receiver, ui
       case Decision::Kind::kDelay:
         ++delayed_;
         break;
+      case Decision::Kind::kHang:  // the receiver sleeps d.delay inside its handler (actor.cc)
       case Decision::Kind::kDeliver:
         break;
     }

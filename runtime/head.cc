@@ -120,7 +120,7 @@ class HeadActor final : public caf::event_based_actor {
             }
           }
         },
-        [this](wexit_atom, const std::string& id, int64_t pid, const std::string& status,
+        [this](wexit_atom, const std::string& id, int64_t /*pid*/, const std::string& status,
                const std::string& tail, int32_t wait_status, bool fenced) {
           HandleWorkerExit(id, status, tail, wait_status, fenced);
         },

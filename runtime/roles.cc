@@ -182,7 +182,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   bool ok = false;
   self->request(*head, std::chrono::seconds(10), reg_worker_atom::value, id, node,
                 static_cast<int64_t>(getpid()), build_id, worker)
-      .receive([&](uint64_t gen) { ok = true; },
+      .receive([&](uint64_t /*gen*/) { ok = true; },
                [&](caf::error& e) {
                  std::cerr << "troupe worker " << id << ": refused: " << sys.render(e) << "\n";
                });

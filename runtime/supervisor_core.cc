@@ -87,7 +87,7 @@ Action SupervisorCore::MakeStart(size_t i, TimePoint now) {
   Child& c = children_[i];
   c.state = State::kRunning;
   c.started_at = now;
-  return Action{Action::Kind::kStart, i, ++c.generation};
+  return Action{Action::Kind::kStart, i, ++c.generation, /*delay=*/{}, /*timer=*/0, /*reason=*/{}};
 }
 
 std::vector<Action> SupervisorCore::Start(TimePoint now) {
@@ -125,7 +125,8 @@ void SupervisorCore::StopRange(const std::vector<size_t>& order, std::vector<Act
   for (size_t i : order) {
     Child& c = children_[i];
     if (c.state != State::kRunning) continue;
-    out->push_back(Action{Action::Kind::kStop, i, c.generation});
+    out->push_back(Action{Action::Kind::kStop, i, c.generation, /*delay=*/{}, /*timer=*/0,
+                          /*reason=*/{}});
     c.state = c.spec.restart == RestartType::kTemporary ? State::kTerminated : State::kWaiting;
   }
 }
@@ -185,7 +186,7 @@ std::vector<Action> SupervisorCore::OnExit(size_t child, uint64_t generation, Ex
   uint64_t timer = next_timer_++;
   timers_[timer] = group;
   Duration delay = BackoffDelay(child);
-  out.push_back(Action{Action::Kind::kRestartAfter, child, 0, delay, timer});
+  out.push_back(Action{Action::Kind::kRestartAfter, child, 0, delay, timer, /*reason=*/{}});
   decide(absl::StrCat("restart after ", delay.count() / 1000, "us"));
   return out;
 }

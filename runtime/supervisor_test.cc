@@ -16,7 +16,7 @@ using V = std::vector<std::string>;
 
 SupervisorSpec Workers(std::string name, Strategy s, int n,
                        Intensity in = {3, std::chrono::seconds(5)}) {
-  SupervisorSpec spec{std::move(name), s, in};
+  SupervisorSpec spec{std::move(name), s, in, /*children=*/{}};
   for (int i = 0; i < n; ++i) {
     ChildSpec c =
         ChildSpec::Actor("w" + std::to_string(i), "worker", caf::make_message(int32_t{i}));
@@ -89,7 +89,8 @@ TEST_F(SupervisorTest, OneForAllRestartsEveryChild) {
 }
 
 TEST_F(SupervisorTest, NestedSupervisorEscalatesAndParentRestartsIt) {
-  SupervisorSpec root{"root", Strategy::kOneForOne, Intensity{5, std::chrono::seconds(5)}};
+  SupervisorSpec root{"root", Strategy::kOneForOne, Intensity{5, std::chrono::seconds(5)},
+                      /*children=*/{}};
   ChildSpec inner = ChildSpec::Supervisor(
       "inner", Workers("inner", Strategy::kOneForOne, 1, Intensity{1, std::chrono::seconds(5)}));
   inner.backoff.jitter = 0;

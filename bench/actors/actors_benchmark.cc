@@ -58,7 +58,7 @@ void RequestResponse(benchmark::State& state, caf::actor_system& sys, const caf:
   int64_t i = 0;
   for (auto _ : state) {
     self->request(echo, caf::infinite, echo_atom::value, i++)
-        .receive([](int64_t) {}, [&](caf::error& e) { state.SkipWithError("request failed"); });
+        .receive([](int64_t) {}, [&](caf::error&) { state.SkipWithError("request failed"); });
   }
   state.SetItemsProcessed(state.iterations());
 }

@@ -13,7 +13,7 @@ using work_atom = caf::atom_constant<caf::atom("work")>;
 
 int main(int argc, char** argv) {
   rt::ActorRegistry registry;
-  (void)registry.Register<int32_t>("worker", [](rt::Actor* self, int32_t id) {
+  (void)registry.Register<int32_t>("worker", [](rt::Actor* /*self*/, int32_t id) {
     return caf::behavior{[=](work_atom, int32_t x) { return x * id; }};
   });
   auto runtime = rt::Runtime::FromArgs(std::move(registry), argc, argv);
@@ -31,7 +31,9 @@ int main(int argc, char** argv) {
     cv.notify_all();
   });
 
-  rt::SupervisorSpec spec{"workers", rt::Strategy::kOneForOne};
+  rt::SupervisorSpec spec;
+  spec.name = "workers";
+  spec.strategy = rt::Strategy::kOneForOne;
   for (int32_t i = 1; i <= 3; ++i) {
     spec.children.push_back(
         rt::ChildSpec::Actor("worker-" + std::to_string(i), "worker", caf::make_message(i)));

@@ -51,7 +51,9 @@ Scheduler IdleCopy(const Scheduler& s, const std::vector<NodeSpec>& nodes) {
   Scheduler idle;
   for (const NodeSpec& n : nodes) {
     auto v = s.Node(n.name);
-    if (v && v->state == NodeState::kAlive) EXPECT_TRUE(idle.AddNode(n).ok());
+    if (v && v->state == NodeState::kAlive) {
+      EXPECT_TRUE(idle.AddNode(n).ok());
+    }
   }
   return idle;
 }

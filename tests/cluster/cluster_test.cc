@@ -238,7 +238,7 @@ TEST_F(ClusterTest, SchedulerExplainsUnschedulableAndSpreadsStrictGroups) {
 TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsewhere) {
   StartNode("node-a", 2);
   StartNode("node-b", 2);
-  SupervisorSpec spec{"svc-sup", Strategy::kOneForOne};
+  SupervisorSpec spec{"svc-sup", Strategy::kOneForOne, /*intensity=*/{}, /*children=*/{}};
   ChildSpec child = ChildSpec::Actor("svc", "echo");
   child.placement = Placement{};
   child.backoff.initial = milliseconds(1);
