@@ -115,26 +115,43 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   if (!has_state_) return absl::FailedPreconditionError("RunStep before a configuration committed");
   Abandon();
   const int64_t step = committed_;
-  const int64_t n = model_->num_params();
   absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> blocks =
       MicrobatchBlocks(options_.microbatches, layout_.world);
   if (!blocks.ok()) return blocks.status();
   const auto [lo, hi] = (*blocks)[rank_];
-
-  // 1. This rank's subtree of the canonical gradient sum.
   StepOutcome out;
-  model::TreeAccumulator acc(n);
+  if (absl::Status s = AccumulateSubtree(step, lo, hi, &out); !s.ok()) return s;
+  if (absl::Status s = ReduceScatterGradient(step, lo, hi); !s.ok()) return s;
+  absl::StatusOr<double> grad_norm = GlobalGradNorm();
+  if (!grad_norm.ok()) return grad_norm.status();
+  out.grad_norm = *grad_norm;
+  StageAdamW(step, out.grad_norm);
+  if (absl::Status s = ShareStagedState(); !s.ok()) return s;
+  staged_ = Staged::kStep;
+  staged_layout_ = layout_;
+  staged_rank_ = rank_;
+  staged_committed_ = step + 1;
+  return out;
+}
+
+// This rank's subtree of the canonical gradient sum, into partial_.
+absl::Status ElasticRank::AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
+                                            StepOutcome* out) {
+  model::TreeAccumulator acc(model_->num_params());
   for (int32_t k = lo; k < hi; ++k) {
     if (options_.on_serve) options_.on_serve(step, k);
     absl::StatusOr<double> loss = model_->ComputeGradient(step, k);
     if (!loss.ok()) return loss.status();
-    out.losses.emplace_back(k, *loss);
+    out->losses.emplace_back(k, *loss);
     acc.Add(model_->grads());
   }
   partial_.assign(layout_.padded(), 0.0f);
   acc.Finish(partial_.data());
+  return absl::OkStatus();
+}
 
-  // 2. Ordered reduce-scatter: the step gradient of my range, in canonical order.
+// Ordered reduce-scatter: the step gradient of my range, in canonical order, into grad_shard_.
+absl::Status ElasticRank::ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi) {
   collectives::CollectiveOptions ordered = options_.collective;
   if (options_.deterministic) {
     ordered.algorithm = collectives::Algorithm::kOrdered;
@@ -148,8 +165,12 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
                                        collectives::ReduceOp::kSum, ordered);
   if (options_.on_exchange) options_.on_exchange(step);
   if (absl::Status s = exchange.Wait(); !s.ok()) return Phase("gradient reduce-scatter", s);
+  return absl::OkStatus();
+}
 
-  // 3. Global gradient norm over the real chunks, in a fixed tree.
+// Global gradient norm over the real chunks, in a fixed tree.
+absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
+  const int64_t n = model_->num_params();
   const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
   const int64_t chunks_per_rank = layout_.per_rank / kChunk;
   std::vector<double> mine(chunks_per_rank, 0.0), all(chunks_per_rank * layout_.world, 0.0);
@@ -170,11 +191,14 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
     return Phase("gradient-norm all-gather", s);
   }
   all.resize(CeilDiv(n, kChunk));
-  out.grad_norm = model::GradNormFromChunks(all);
-  const kernels::AdamWScalars scalars =
-      model::StepScalars(options_.adamw, options_.schedule, step, out.grad_norm);
+  return model::GradNormFromChunks(all);
+}
 
-  // 4. Staged AdamW on my range, mirrored to the buddy, parameters all-gathered.
+// AdamW on my range into staged_params_ and staged moments; committed state is untouched.
+void ElasticRank::StageAdamW(int64_t step, double grad_norm) {
+  const kernels::AdamWScalars scalars =
+      model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
+  const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
   staged_params_.assign(layout_.per_rank, 0.0f);
   std::copy(model_->params() + b, model_->params() + e, staged_params_.begin());
   staged_m_ = m_;
@@ -183,6 +207,10 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
     model::AdamWUpdateRange(model_->tensors(), b, e, staged_params_.data(), grad_shard_.data(),
                             staged_m_.data(), staged_v_.data(), options_.adamw, scalars);
   }
+}
+
+// The staged moments mirrored to the buddy; every rank's staged parameters into staged_full_.
+absl::Status ElasticRank::ShareStagedState() {
   if (absl::Status s = MirrorToBuddy(layout_, rank_, staged_m_, staged_v_, &staged_replica_m_,
                                      &staged_replica_v_);
       !s.ok()) {
@@ -195,11 +223,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
       !s.ok()) {
     return Phase("parameter all-gather", s);
   }
-  staged_ = Staged::kStep;
-  staged_layout_ = layout_;
-  staged_rank_ = rank_;
-  staged_committed_ = step + 1;
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to) {

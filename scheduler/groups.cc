@@ -255,102 +255,156 @@ std::optional<Unschedulable> State::PlaceBundles(uint32_t group, std::vector<int
   return why;
 }
 
-absl::StatusOr<RescheduleReport> State::RemoveNodes(const std::vector<std::string>& names) {
+namespace {
+
+// (creation sequence, handle) pairs: sorted, they list actors or groups in creation order, so
+// reports do not depend on hash-set iteration order.
+using BySeq = std::vector<std::pair<uint64_t, uint32_t>>;
+
+// What the dead nodes held: actors outside groups, and groups with a bundle there.
+struct Lost {
+  BySeq actors, groups;
+};
+
+// A group's bundles that were on dead nodes, now unplaced, and the node each was on.
+struct LostBundles {
+  std::vector<int> todo;
+  std::vector<std::string> from;
+};
+
+absl::StatusOr<std::vector<uint32_t>> ResolveNodes(const State& s,
+                                                   const std::vector<std::string>& names) {
   std::vector<uint32_t> dead;
   for (const std::string& name : names) {
-    auto it = node_by_name_.find(name);
-    if (it == node_by_name_.end()) return absl::NotFoundError("RemoveNodes: no node " + name);
+    auto it = s.node_by_name_.find(name);
+    if (it == s.node_by_name_.end()) return absl::NotFoundError("RemoveNodes: no node " + name);
     if (std::find(dead.begin(), dead.end(), it->second) == dead.end()) dead.push_back(it->second);
   }
-  std::vector<std::pair<uint64_t, uint32_t>> lost_actors, lost_groups;
+  return dead;
+}
+
+// Takes the nodes out of the cluster. What they held keeps the node it was on, encoded as
+// -(node + 2), until it is re-placed or reported.
+Lost MarkDead(State& s, const std::vector<uint32_t>& dead) {
+  Lost lost;
   for (uint32_t n : dead) {
-    NodeRec& node = nodes_[n];
-    if (node.indexed) index_.EraseNode(node, n);
-    if (node.state == NodeState::kAlive) --alive_;
+    NodeRec& node = s.nodes_[n];
+    if (node.indexed) s.index_.EraseNode(node, n);
+    if (node.state == NodeState::kAlive) --s.alive_;
     node.indexed = false;
     node.state = NodeState::kDead;
-    node_by_name_.erase(node.name);
+    s.node_by_name_.erase(node.name);
     for (uint32_t a : node.actors) {
-      lost_actors.push_back({actors_[a].seq, a});
-      actors_[a].node = -(static_cast<int>(n) + 2);  // remember where it was: -(node + 2)
+      lost.actors.push_back({s.actors_[a].seq, a});
+      s.actors_[a].node = -(static_cast<int>(n) + 2);
     }
     for (uint64_t gb : node.bundles) {
       const uint32_t g = static_cast<uint32_t>(gb >> 32);
-      groups_[g].bundle_node[static_cast<uint32_t>(gb)] = -(static_cast<int>(n) + 2);
-      lost_groups.push_back({groups_[g].seq, g});
+      s.groups_[g].bundle_node[static_cast<uint32_t>(gb)] = -(static_cast<int>(n) + 2);
+      lost.groups.push_back({s.groups_[g].seq, g});
     }
     node.actors.clear();
     node.bundles.clear();
   }
-  std::sort(lost_actors.begin(), lost_actors.end());
-  std::sort(lost_groups.begin(), lost_groups.end());
-  lost_groups.erase(std::unique(lost_groups.begin(), lost_groups.end()), lost_groups.end());
+  std::sort(lost.actors.begin(), lost.actors.end());
+  std::sort(lost.groups.begin(), lost.groups.end());
+  lost.groups.erase(std::unique(lost.groups.begin(), lost.groups.end()), lost.groups.end());
+  return lost;
+}
 
+LostBundles DetachLostBundles(State& s, GroupRec& group) {
+  LostBundles lost;
+  for (int b = 0; b < static_cast<int>(group.bundle_node.size()); ++b) {
+    if (group.bundle_node[b] < -1) {
+      lost.from.push_back(s.nodes_[-group.bundle_node[b] - 2].name);
+      group.bundle_node[b] = -1;
+      lost.todo.push_back(b);
+    }
+  }
+  return lost;
+}
+
+// The actors in bundles [first, last) of the group, in creation order.
+BySeq BundleActorsBySeq(const State& s, const GroupRec& group, size_t first, size_t last) {
+  BySeq inside;
+  for (size_t b = first; b < last; ++b) {
+    for (uint32_t a : group.bundle_actors[b]) inside.push_back({s.actors_[a].seq, a});
+  }
+  std::sort(inside.begin(), inside.end());
+  return inside;
+}
+
+// Reports the group broken and drops it; its actors go with it, each reported from where it ran.
+void BreakGroup(State& s, uint32_t g, const LostBundles& lost, Unschedulable why,
+                RescheduleReport& report) {
+  const GroupRec& group = s.groups_[g];
+  std::vector<std::string> where = lost.from;
+  std::sort(where.begin(), where.end());
+  where.erase(std::unique(where.begin(), where.end()), where.end());
+  why.reason = absl::StrCat("lost ", lost.todo.size(), " bundle(s) on ", absl::StrJoin(where, ","),
+                            " and could not re-place them: ", why.reason);
+  for (const auto& [aseq, a] : BundleActorsBySeq(s, group, 0, group.bundle_actors.size())) {
+    const int n = s.actors_[a].node;
+    const std::string was = n >= 0 ? s.nodes_[n].name : "";
+    report.lost.push_back(
+        {s.actors_[a].id, was,
+         Unschedulable{absl::StrCat("its placement group '", group.id, "' broke: ", why.reason),
+                       why.retry_can_help}});
+  }
+  report.broken.push_back({group.id, std::move(why)});
+  s.DropGroup(g);
+}
+
+// The re-placed bundles' actors follow them to their new nodes.
+void RecordRepairedGroup(State& s, const GroupRec& group, const LostBundles& lost,
+                         RescheduleReport& report) {
+  RescheduleReport::RepairedGroup repaired{group.id, lost.todo, {}};
+  for (size_t i = 0; i < lost.todo.size(); ++i) {
+    const int b = lost.todo[i];
+    repaired.new_nodes.push_back(s.nodes_[group.bundle_node[b]].name);
+    for (const auto& [aseq, a] : BundleActorsBySeq(s, group, b, b + 1)) {
+      s.actors_[a].node = group.bundle_node[b];
+      report.moved.push_back({s.actors_[a].id, lost.from[i], repaired.new_nodes.back()});
+    }
+  }
+  report.repaired.push_back(std::move(repaired));
+}
+
+void RepairGroup(State& s, uint32_t g, RescheduleReport& report) {
+  const LostBundles lost = DetachLostBundles(s, s.groups_[g]);
+  std::optional<Unschedulable> why = s.PlaceBundles(g, lost.todo);
+  if (why) {
+    BreakGroup(s, g, lost, *std::move(why), report);
+    return;
+  }
+  RecordRepairedGroup(s, s.groups_[g], lost, report);
+}
+
+// Re-places an actor that ran outside groups on a dead node, or reports it lost and forgets it.
+void ReplaceLostActor(State& s, uint32_t a, RescheduleReport& report) {
+  ActorRec& actor = s.actors_[a];
+  const std::string from = s.nodes_[-actor.node - 2].name;
+  actor.node = -1;
+  std::optional<Unschedulable> why = s.PlaceActorRec(a);
+  if (why) {
+    report.lost.push_back({actor.id, from, *std::move(why)});
+    s.actor_by_id_.erase(actor.id);
+    actor = ActorRec{};
+    s.free_actor_slots_.push_back(a);
+    return;
+  }
+  report.moved.push_back({actor.id, from, s.nodes_[actor.node].name});
+}
+
+}  // namespace
+
+absl::StatusOr<RescheduleReport> State::RemoveNodes(const std::vector<std::string>& names) {
+  absl::StatusOr<std::vector<uint32_t>> dead = ResolveNodes(*this, names);
+  if (!dead.ok()) return dead.status();
+  const Lost lost = MarkDead(*this, *dead);
   RescheduleReport report;
-  for (const auto& [seq, g] : lost_groups) {
-    GroupRec& group = groups_[g];
-    std::vector<int> todo;
-    std::vector<std::string> from;
-    for (int b = 0; b < static_cast<int>(group.bundle_node.size()); ++b) {
-      if (group.bundle_node[b] < -1) {
-        from.push_back(nodes_[-group.bundle_node[b] - 2].name);
-        group.bundle_node[b] = -1;
-        todo.push_back(b);
-      }
-    }
-    std::optional<Unschedulable> why = PlaceBundles(g, todo);
-    if (why) {
-      std::vector<std::string> where = from;
-      std::sort(where.begin(), where.end());
-      where.erase(std::unique(where.begin(), where.end()), where.end());
-      why->reason = absl::StrCat("lost ", todo.size(), " bundle(s) on ", absl::StrJoin(where, ","),
-                                 " and could not re-place them: ", why->reason);
-      // Actors inside the group go with it, each reported from where it ran.
-      std::vector<std::pair<uint64_t, uint32_t>> inside;
-      for (const auto& set : group.bundle_actors) {
-        for (uint32_t a : set) inside.push_back({actors_[a].seq, a});
-      }
-      std::sort(inside.begin(), inside.end());
-      for (const auto& [aseq, a] : inside) {
-        const int n = actors_[a].node;
-        const std::string was = n >= 0 ? nodes_[n].name : "";
-        report.lost.push_back({actors_[a].id, was,
-                               Unschedulable{absl::StrCat("its placement group '", group.id,
-                                                          "' broke: ", why->reason),
-                                             why->retry_can_help}});
-      }
-      report.broken.push_back({group.id, *std::move(why)});
-      DropGroup(g);
-      continue;
-    }
-    RescheduleReport::RepairedGroup repaired{group.id, todo, {}};
-    for (size_t i = 0; i < todo.size(); ++i) {
-      const int b = todo[i];
-      repaired.new_nodes.push_back(nodes_[group.bundle_node[b]].name);
-      std::vector<std::pair<uint64_t, uint32_t>> inside;
-      for (uint32_t a : group.bundle_actors[b]) inside.push_back({actors_[a].seq, a});
-      std::sort(inside.begin(), inside.end());
-      for (const auto& [aseq, a] : inside) {
-        actors_[a].node = group.bundle_node[b];
-        report.moved.push_back({actors_[a].id, from[i], repaired.new_nodes.back()});
-      }
-    }
-    report.repaired.push_back(std::move(repaired));
-  }
-  for (const auto& [seq, a] : lost_actors) {
-    ActorRec& actor = actors_[a];
-    const std::string from = nodes_[-actor.node - 2].name;
-    actor.node = -1;
-    std::optional<Unschedulable> why = PlaceActorRec(a);
-    if (why) {
-      report.lost.push_back({actor.id, from, *std::move(why)});
-      actor_by_id_.erase(actor.id);
-      actor = ActorRec{};
-      free_actor_slots_.push_back(a);
-      continue;
-    }
-    report.moved.push_back({actor.id, from, nodes_[actor.node].name});
-  }
+  for (const auto& [seq, g] : lost.groups) RepairGroup(*this, g, report);
+  for (const auto& [seq, a] : lost.actors) ReplaceLostActor(*this, a, report);
   return report;
 }
 

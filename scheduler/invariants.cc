@@ -7,120 +7,178 @@
 namespace troupe::scheduler::internal {
 namespace {
 
+// By node, then resource id: what actors and bundles hold, recomputed from the records.
+using Usage = std::vector<std::vector<int64_t>>;
+
 absl::Status Broken(const std::string& what) { return absl::InternalError("invariant: " + what); }
 
-}  // namespace
+// Adds what `who` holds to node n's usage; `who` must sit on a node that is not dead.
+absl::Status Charge(const State& s, int n, const Demand& d, const std::string& who, Usage& used) {
+  if (n < 0 || n >= static_cast<int>(s.nodes_.size())) return Broken(who + " has no node");
+  if (s.nodes_[n].state == NodeState::kDead) return Broken(who + " is on dead " + s.nodes_[n].name);
+  for (const auto& [r, amount] : d.items) used[n][r] += amount;
+  return absl::OkStatus();
+}
 
-absl::Status State::CheckInvariants() const {
-  // 1. Accounting: free == total - what actors and bundles hold, never negative.
-  std::vector<std::vector<int64_t>> used(nodes_.size());
-  for (size_t n = 0; n < nodes_.size(); ++n) used[n].assign(nodes_[n].total.size(), 0);
-  auto charge = [&](int n, const Demand& d, const std::string& who) -> absl::Status {
-    if (n < 0 || n >= static_cast<int>(nodes_.size())) return Broken(who + " has no node");
-    if (nodes_[n].state == NodeState::kDead) return Broken(who + " is on dead " + nodes_[n].name);
-    for (const auto& [r, amount] : d.items) used[n][r] += amount;
-    return absl::OkStatus();
-  };
+// Actors outside groups are charged to their node; those inside sit in their bundle, whose
+// resources are the bundle's (charged by CheckGroups).
+absl::Status CheckActors(const State& s, Usage& used) {
   size_t live_actors = 0;
-  for (uint32_t a = 0; a < actors_.size(); ++a) {
-    const ActorRec& rec = actors_[a];
+  for (uint32_t a = 0; a < s.actors_.size(); ++a) {
+    const ActorRec& rec = s.actors_[a];
     if (!rec.live) continue;
     ++live_actors;
     if (rec.group >= 0) {
-      const GroupRec& g = groups_[rec.group];
+      const GroupRec& g = s.groups_[rec.group];
       if (!g.live || rec.bundle < 0 || rec.bundle >= static_cast<int>(g.bundle_node.size()) ||
           g.bundle_node[rec.bundle] != rec.node || !g.bundle_actors[rec.bundle].contains(a) ||
-          nodes_[rec.node].actors.contains(a)) {
+          s.nodes_[rec.node].actors.contains(a)) {
         return Broken("actor " + rec.id + " is not inside its bundle");
       }
-      continue;  // its resources are the bundle's, charged below
+      continue;
     }
-    if (absl::Status s = charge(rec.node, rec.demand, "actor " + rec.id); !s.ok()) return s;
-    if (!nodes_[rec.node].actors.contains(a)) return Broken("node misses actor " + rec.id);
+    if (absl::Status st = Charge(s, rec.node, rec.demand, "actor " + rec.id, used); !st.ok()) {
+      return st;
+    }
+    if (!s.nodes_[rec.node].actors.contains(a)) return Broken("node misses actor " + rec.id);
   }
-  if (live_actors != actor_by_id_.size()) return Broken("actor map size");
-  for (uint32_t g = 0; g < groups_.size(); ++g) {
-    const GroupRec& rec = groups_[g];
-    if (!rec.live) continue;
-    std::vector<int> domains;
-    const int key =
-        rec.request.domain_key.empty() ? kNodeDomain : label_key_ids_.at(rec.request.domain_key);
-    for (size_t b = 0; b < rec.bundle_node.size(); ++b) {
-      const std::string who = absl::StrCat("group ", rec.id, " bundle ", b);
-      if (absl::Status s = charge(rec.bundle_node[b], rec.demands[b], who); !s.ok()) return s;
-      if (!nodes_[rec.bundle_node[b]].bundles.contains(static_cast<uint64_t>(g) << 32 | b)) {
-        return Broken("node misses " + who);
-      }
-      domains.push_back(DomainOf(rec.bundle_node[b], key));
-      std::vector<int64_t> left(rec.bundle_free[b].size(), 0);
-      for (const auto& [r, amount] : rec.demands[b].items) left[r] = amount;
-      for (uint32_t a : rec.bundle_actors[b]) {
-        if (!actors_[a].live || actors_[a].group != static_cast<int>(g))
-          return Broken(who + " actor");
-        for (const auto& [r, amount] : actors_[a].demand.items) {
-          if (r >= static_cast<int>(left.size()))
-            return Broken(who + " holds an unreserved resource");
-          left[r] -= amount;
-        }
-      }
-      if (left != rec.bundle_free[b]) return Broken(who + " reservation accounting");
-      for (int64_t v : left) {
-        if (v < 0) return Broken(who + " over-committed by its actors");
-      }
+  if (live_actors != s.actor_by_id_.size()) return Broken("actor map size");
+  return absl::OkStatus();
+}
+
+// What a bundle has left for actors is its reservation minus its actors' demands, never negative.
+absl::Status CheckBundleActors(const State& s, uint32_t g, size_t b, const std::string& who) {
+  const GroupRec& rec = s.groups_[g];
+  std::vector<int64_t> left(rec.bundle_free[b].size(), 0);
+  for (const auto& [r, amount] : rec.demands[b].items) left[r] = amount;
+  for (uint32_t a : rec.bundle_actors[b]) {
+    if (!s.actors_[a].live || s.actors_[a].group != static_cast<int>(g)) {
+      return Broken(who + " actor");
     }
-    std::vector<int> distinct = domains;
-    std::sort(distinct.begin(), distinct.end());
-    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-    if (rec.request.strategy == Strategy::kStrictSpread && distinct.size() != domains.size()) {
-      return Broken("STRICT_SPREAD group " + rec.id + " shares a domain");
-    }
-    if (rec.request.strategy == Strategy::kStrictPack && distinct.size() != 1) {
-      return Broken("STRICT_PACK group " + rec.id + " spans domains");
+    for (const auto& [r, amount] : s.actors_[a].demand.items) {
+      if (r >= static_cast<int>(left.size())) return Broken(who + " holds an unreserved resource");
+      left[r] -= amount;
     }
   }
-  for (uint32_t n = 0; n < nodes_.size(); ++n) {
-    const NodeRec& node = nodes_[n];
+  if (left != rec.bundle_free[b]) return Broken(who + " reservation accounting");
+  for (int64_t v : left) {
+    if (v < 0) return Broken(who + " over-committed by its actors");
+  }
+  return absl::OkStatus();
+}
+
+// `domains`: the failure domain of each bundle, in bundle order.
+absl::Status CheckStrategy(const GroupRec& rec, const std::vector<int>& domains) {
+  std::vector<int> distinct = domains;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  if (rec.request.strategy == Strategy::kStrictSpread && distinct.size() != domains.size()) {
+    return Broken("STRICT_SPREAD group " + rec.id + " shares a domain");
+  }
+  if (rec.request.strategy == Strategy::kStrictPack && distinct.size() != 1) {
+    return Broken("STRICT_PACK group " + rec.id + " spans domains");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckGroup(const State& s, uint32_t g, Usage& used) {
+  const GroupRec& rec = s.groups_[g];
+  std::vector<int> domains;
+  const int key =
+      rec.request.domain_key.empty() ? kNodeDomain : s.label_key_ids_.at(rec.request.domain_key);
+  for (size_t b = 0; b < rec.bundle_node.size(); ++b) {
+    const std::string who = absl::StrCat("group ", rec.id, " bundle ", b);
+    if (absl::Status st = Charge(s, rec.bundle_node[b], rec.demands[b], who, used); !st.ok()) {
+      return st;
+    }
+    if (!s.nodes_[rec.bundle_node[b]].bundles.contains(static_cast<uint64_t>(g) << 32 | b)) {
+      return Broken("node misses " + who);
+    }
+    domains.push_back(s.DomainOf(rec.bundle_node[b], key));
+    if (absl::Status st = CheckBundleActors(s, g, b, who); !st.ok()) return st;
+  }
+  return CheckStrategy(rec, domains);
+}
+
+// free == total - used, never negative.
+absl::Status CheckNodeAccounting(const State& s, uint32_t n, const std::vector<int64_t>& used) {
+  const NodeRec& node = s.nodes_[n];
+  for (size_t r = 0; r < node.total.size(); ++r) {
+    if (node.free[r] != node.total[r] - used[r]) {
+      return Broken(absl::StrCat(node.name, " ", s.resource_names_[r], " free ", node.free[r],
+                                 " != total ", node.total[r], " - used ", used[r]));
+    }
+    if (node.free[r] < 0) return Broken("over-commit on " + node.name);
+  }
+  return absl::OkStatus();
+}
+
+// The index holds exactly the alive nodes, under their current keys.
+absl::Status CheckNodeIndexed(const State& s, uint32_t n) {
+  const NodeRec& node = s.nodes_[n];
+  if (node.indexed != (node.state == NodeState::kAlive) || node.hidden) {
+    return Broken("index membership of " + node.name);
+  }
+  for (size_t r = 0; node.indexed && r < node.total.size(); ++r) {
+    if (node.total[r] <= 0) continue;
+    const int rr = static_cast<int>(r);
+    const auto* by_free = s.index_.by_free(rr, node.spot_class).Find(node.free[r], n);
+    const auto* by_util = s.index_.by_util(rr, node.spot_class).Find(Index::Util(node, rr), n);
+    if (by_free == nullptr || by_util == nullptr) return Broken("index key of " + node.name);
+    if (by_free->hot != Index::Hot(node) || by_util->hot != Index::Hot(node)) {
+      return Broken("stale free amounts in the index entries of " + node.name);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNodes(const State& s, const Usage& used) {
+  for (uint32_t n = 0; n < s.nodes_.size(); ++n) {
+    const NodeRec& node = s.nodes_[n];
     if (node.state == NodeState::kDead) {
       if (!node.actors.empty() || !node.bundles.empty() || node.indexed) {
         return Broken("dead node " + node.name + " holds something or is indexed");
       }
       continue;
     }
-    for (size_t r = 0; r < node.total.size(); ++r) {
-      if (node.free[r] != node.total[r] - used[n][r]) {
-        return Broken(absl::StrCat(node.name, " ", resource_names_[r], " free ", node.free[r],
-                                   " != total ", node.total[r], " - used ", used[n][r]));
-      }
-      if (node.free[r] < 0) return Broken("over-commit on " + node.name);
-    }
-    // 2. The index holds exactly the alive nodes, under their current keys.
-    if (node.indexed != (node.state == NodeState::kAlive) || node.hidden) {
-      return Broken("index membership of " + node.name);
-    }
-    for (size_t r = 0; node.indexed && r < node.total.size(); ++r) {
-      if (node.total[r] <= 0) continue;
-      const int rr = static_cast<int>(r);
-      const auto* by_free = index_.by_free(rr, node.spot_class).Find(node.free[r], n);
-      const auto* by_util = index_.by_util(rr, node.spot_class).Find(Index::Util(node, rr), n);
-      if (by_free == nullptr || by_util == nullptr) return Broken("index key of " + node.name);
-      if (by_free->hot != Index::Hot(node) || by_util->hot != Index::Hot(node)) {
-        return Broken("stale free amounts in the index entries of " + node.name);
-      }
-    }
-  }
-  for (int r = 0; r < index_.resources(); ++r) {
-    size_t expected = 0;
-    for (const NodeRec& node : nodes_) expected += node.indexed && node.Total(r) > 0;
-    for (int cls : {kOnDemand, kSpot}) {
-      if (!index_.by_free(r, cls).Valid() || !index_.by_util(r, cls).Valid()) {
-        return Broken("index structure of " + resource_names_[r]);
-      }
-    }
-    const size_t got = index_.by_free(r, 0).size() + index_.by_free(r, 1).size();
-    const size_t got_util = index_.by_util(r, 0).size() + index_.by_util(r, 1).size();
-    if (got != expected || got_util != expected) return Broken("index size " + resource_names_[r]);
+    if (absl::Status st = CheckNodeAccounting(s, n, used[n]); !st.ok()) return st;
+    if (absl::Status st = CheckNodeIndexed(s, n); !st.ok()) return st;
   }
   return absl::OkStatus();
+}
+
+// Each resource's sets are well-formed and list every indexed node offering it, once.
+absl::Status CheckIndexSizes(const State& s) {
+  for (int r = 0; r < s.index_.resources(); ++r) {
+    size_t expected = 0;
+    for (const NodeRec& node : s.nodes_) expected += node.indexed && node.Total(r) > 0;
+    for (int cls : {kOnDemand, kSpot}) {
+      if (!s.index_.by_free(r, cls).Valid() || !s.index_.by_util(r, cls).Valid()) {
+        return Broken("index structure of " + s.resource_names_[r]);
+      }
+    }
+    const size_t got = s.index_.by_free(r, 0).size() + s.index_.by_free(r, 1).size();
+    const size_t got_util = s.index_.by_util(r, 0).size() + s.index_.by_util(r, 1).size();
+    if (got != expected || got_util != expected) {
+      return Broken("index size " + s.resource_names_[r]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status State::CheckInvariants() const {
+  // Actors and groups fill `used` before the nodes are checked against it.
+  Usage used(nodes_.size());
+  for (size_t n = 0; n < nodes_.size(); ++n) used[n].assign(nodes_[n].total.size(), 0);
+  if (absl::Status s = CheckActors(*this, used); !s.ok()) return s;
+  for (uint32_t g = 0; g < groups_.size(); ++g) {
+    if (!groups_[g].live) continue;
+    if (absl::Status s = CheckGroup(*this, g, used); !s.ok()) return s;
+  }
+  if (absl::Status s = CheckNodes(*this, used); !s.ok()) return s;
+  return CheckIndexSizes(*this);
 }
 
 NodeView State::View(uint32_t n) const {

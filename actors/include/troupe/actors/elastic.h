@@ -128,6 +128,12 @@ class ElasticRank {
                              const std::vector<float>& v, std::vector<float>* replica_m,
                              std::vector<float>* replica_v);
   absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
+  // RunStep's phases, in order; each fills the buffers the next one reads.
+  absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi, StepOutcome* out);
+  absl::Status ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi);
+  absl::StatusOr<double> GlobalGradNorm();
+  void StageAdamW(int64_t step, double grad_norm);
+  absl::Status ShareStagedState();
 
   Trainable* model_;
   Options options_;
