@@ -97,14 +97,16 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_text, "job spec from the driver");
   if (!spec.ok()) return spec.status();
   spec_ = *spec;
-  absl::StatusOr<std::unique_ptr<Trainable>> probe = TrainableRegistry::Global().Create(spec_.model);
+  absl::StatusOr<std::unique_ptr<Trainable>> probe =
+      TrainableRegistry::Global().Create(spec_.model);
   if (!probe.ok()) return probe.status();
   num_params_ = (*probe)->num_params();
   tokens_per_microbatch_ = (*probe)->tokens_per_microbatch();
   gpt_config_ = (*probe)->gpt_config();
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(
-      {.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last,
-       .warning = [this](const std::string& w) { Print("warning: " + w); }});
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
+      CheckpointStore::Open({.dir = spec_.CheckpointDir(),
+                             .keep_last = spec_.keep_last,
+                             .warning = [this](const std::string& w) { Print("warning: " + w); }});
   if (!store.ok()) return store.status();
   store_ = std::move(*store);
 
@@ -157,25 +159,31 @@ void Coordinator::Do(const CoordinatorAction& a) {
         Stop(caf::make_message(JobFailed{WireStatus::From(s)}));
       }
       return;
-    case Kind::kAbort: return Send(a.worker, caf::make_message(AbortBelow{a.generation}));
+    case Kind::kAbort:
+      return Send(a.worker, caf::make_message(AbortBelow{a.generation}));
     case Kind::kConfigure:
       stepping_ = false;
       if (a.plan.rank == 0) kv_.clear();  // keys name their generation; older ones are dead
-      return Send(a.worker, caf::make_message(ConfigureRank{
-                                a.generation, a.plan, caf::actor_cast<caf::actor>(self_)}));
+      return Send(a.worker, caf::make_message(ConfigureRank{a.generation, a.plan,
+                                                            caf::actor_cast<caf::actor>(self_)}));
     case Kind::kStep:
       if (!stepping_) step_start_ = absl::Now();
       stepping_ = true;
       return Send(a.worker, caf::make_message(RunStep{a.generation, a.step}));
-    case Kind::kCommit: return Send(a.worker, caf::make_message(CommitRank{a.generation, a.step}));
-    case Kind::kCheckpoint: return CommitCheckpoint(a);
-    case Kind::kFinal: return Send(a.worker, caf::make_message(AskFinal{a.generation}));
-    case Kind::kReadTable: return ReadTable(a.generation);
+    case Kind::kCommit:
+      return Send(a.worker, caf::make_message(CommitRank{a.generation, a.step}));
+    case Kind::kCheckpoint:
+      return CommitCheckpoint(a);
+    case Kind::kFinal:
+      return Send(a.worker, caf::make_message(AskFinal{a.generation}));
+    case Kind::kReadTable:
+      return ReadTable(a.generation);
     case Kind::kTimer:
       self_->delayed_send(self_, std::chrono::duration_cast<std::chrono::microseconds>(a.delay),
                           timer_atom::value, a.timer);
       return;
-    case Kind::kKillWorker: return Send(a.worker, caf::make_message(ArmKill{a.step, a.signal}));
+    case Kind::kKillWorker:
+      return Send(a.worker, caf::make_message(ArmKill{a.step, a.signal}));
     case Kind::kDrainNode: {
       // By name, through the head: the node agent gives itself the notice on its own host.
       auto it = ranks_.find(a.worker);
@@ -183,12 +191,13 @@ void Coordinator::Do(const CoordinatorAction& a) {
       self_->request(head_, Rpc(), runtime::preempt_node_atom::value, it->second.node)
           .then([](bool) {},
                 [this](caf::error& e) {
-                  PrintEvent(absl::StrCat("chaos: preempting a node failed: ",
-                                          self_->system().render(e)));
+                  PrintEvent(
+                      absl::StrCat("chaos: preempting a node failed: ", self_->system().render(e)));
                 });
       return;
     }
-    case Kind::kAddNode: return self_->send(driver_, AddNode{a.text});
+    case Kind::kAddNode:
+      return self_->send(driver_, AddNode{a.text});
     case Kind::kCrashSelf:
       ChaosLog(absl::StrCat("killed coordinator step ", core_->committed()));
       raise(SIGKILL);
@@ -197,9 +206,12 @@ void Coordinator::Do(const CoordinatorAction& a) {
       ChaosLog(absl::StrCat("killed coordinator checkpoint ", a.step));
       runtime::ArmCrashPoint(a.text);
       return;
-    case Kind::kCommitted: return Committed(a);
-    case Kind::kEvent: return PrintEvent(a.text);
-    case Kind::kFinish: return Finish(a);
+    case Kind::kCommitted:
+      return Committed(a);
+    case Kind::kEvent:
+      return PrintEvent(a.text);
+    case Kind::kFinish:
+      return Finish(a);
     case Kind::kFail:
       return Stop(caf::make_message(JobFailed{WireStatus::From(a.status)}));
   }
@@ -233,15 +245,16 @@ void Coordinator::Committed(const CoordinatorAction& a) {
   report_.final_world = a.world;
   report_.generations = static_cast<int>(a.generation);
   report_.steps_lost = core_->record().steps_lost;
-  std::string line = absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d",
-                                     a.step, spec_.steps, a.loss,
-                                     step_tokens / std::max(secs, 1e-9), a.world, a.generation);
+  std::string line =
+      absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d", a.step, spec_.steps,
+                      a.loss, step_tokens / std::max(secs, 1e-9), a.world, a.generation);
   if (a.recovered) {
     const double kill_at = LastKillSeconds();
     if (kill_at > 0) {
       const double r = absl::ToDoubleSeconds(now - absl::UnixEpoch()) - kill_at;
       if (report_.recovery_seconds < 0) report_.recovery_seconds = r;
-      absl::StrAppend(&line, absl::StrFormat("  | recovered: %.3f s from the fault to this commit", r));
+      absl::StrAppend(&line,
+                      absl::StrFormat("  | recovered: %.3f s from the fault to this commit", r));
     }
   }
   Print(line);
@@ -299,8 +312,7 @@ void Coordinator::ReadTable(uint64_t generation) {
 
 void Coordinator::HandleJoin(const RankJoined& j) {
   if (ranks_.count(j.worker) || stopped_ || !head_) return;
-  self_->request(head_, Rpc(), runtime::directory_lookup_atom::value,
-                 j.rank_name)
+  self_->request(head_, Rpc(), runtime::directory_lookup_atom::value, j.rank_name)
       .then(
           [this, j](const caf::actor& rank, uint64_t, const std::string&) {
             if (ranks_.count(j.worker)) return;
@@ -366,9 +378,7 @@ caf::behavior Coordinator::Behavior() {
                 });
       },
       [this](const RankJoined& j) { HandleJoin(j); },
-      [this](runtime::membership_atom, const runtime::MembershipEvent& e) {
-        HandleMembership(e);
-      },
+      [this](runtime::membership_atom, const runtime::MembershipEvent& e) { HandleMembership(e); },
       [this](const RankConfigured& m) {
         Execute(core_->OnConfigured(m.generation, m.worker, m.status.ToStatus(), Now()));
       },
@@ -377,8 +387,8 @@ caf::behavior Coordinator::Behavior() {
         for (size_t i = 0; i < m.microbatches.size() && i < m.losses.size(); ++i) {
           losses[m.microbatches[i]] = m.losses[i];
         }
-        Execute(core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(), losses,
-                                 Now()));
+        Execute(
+            core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(), losses, Now()));
       },
       [this](const ShardWritten& m) {
         Execute(core_->OnShardWritten(m.generation, m.step, m.index, m.info, m.status.ToStatus(),

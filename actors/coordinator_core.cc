@@ -14,13 +14,20 @@ using Kind = CoordinatorAction::Kind;
 
 const char* PhaseName(CoordinatorPhase p) {
   switch (p) {
-    case CoordinatorPhase::kWaiting: return "waiting";
-    case CoordinatorPhase::kConfiguring: return "configuring";
-    case CoordinatorPhase::kStepping: return "stepping";
-    case CoordinatorPhase::kAwaitingJoin: return "awaiting_join";
-    case CoordinatorPhase::kRecovering: return "recovering";
-    case CoordinatorPhase::kFinishing: return "finishing";
-    case CoordinatorPhase::kDone: return "done";
+    case CoordinatorPhase::kWaiting:
+      return "waiting";
+    case CoordinatorPhase::kConfiguring:
+      return "configuring";
+    case CoordinatorPhase::kStepping:
+      return "stepping";
+    case CoordinatorPhase::kAwaitingJoin:
+      return "awaiting_join";
+    case CoordinatorPhase::kRecovering:
+      return "recovering";
+    case CoordinatorPhase::kFinishing:
+      return "finishing";
+    case CoordinatorPhase::kDone:
+      return "done";
   }
   return "?";
 }
@@ -34,8 +41,10 @@ bool CoordinatorRecord::operator==(const CoordinatorRecord& o) const {
 std::string DebugString(const CoordinatorAction& a) {
   const std::string g = absl::StrCat("g", a.generation);
   switch (a.kind) {
-    case Kind::kSaveRecord: return "save";
-    case Kind::kAbort: return absl::StrCat("abort(", a.worker, ",", g, ")");
+    case Kind::kSaveRecord:
+      return "save";
+    case Kind::kAbort:
+      return absl::StrCat("abort(", a.worker, ",", g, ")");
     case Kind::kConfigure: {
       static const char* kSource[] = {"init", "memory", "checkpoint"};
       std::string source = kSource[static_cast<int>(a.plan.source)];
@@ -45,29 +54,40 @@ std::string DebugString(const CoordinatorAction& a) {
       return absl::StrCat("configure(", a.worker, ",", g, ",r", a.plan.rank, "/", a.plan.world,
                           ",s", a.plan.committed_steps, ",", source, ")");
     }
-    case Kind::kStep: return absl::StrCat("step(", a.worker, ",", g, ",s", a.step, ")");
-    case Kind::kCommit: return absl::StrCat("commit(", a.worker, ",", g, ",ck", a.step, ")");
+    case Kind::kStep:
+      return absl::StrCat("step(", a.worker, ",", g, ",s", a.step, ")");
+    case Kind::kCommit:
+      return absl::StrCat("commit(", a.worker, ",", g, ",ck", a.step, ")");
     case Kind::kCheckpoint:
       return absl::StrCat("checkpoint(s", a.step, ",", g, ",w", a.world, ",", a.shards.size(),
                           " shards)");
-    case Kind::kFinal: return absl::StrCat("final(", a.worker, ",", g, ")");
-    case Kind::kReadTable: return absl::StrCat("read_table(", g, ")");
+    case Kind::kFinal:
+      return absl::StrCat("final(", a.worker, ",", g, ")");
+    case Kind::kReadTable:
+      return absl::StrCat("read_table(", g, ")");
     case Kind::kTimer:
-      return absl::StrCat(
-          "timer(t", a.timer, ",",
-          std::chrono::duration_cast<std::chrono::milliseconds>(a.delay).count(), "ms)");
+      return absl::StrCat("timer(t", a.timer, ",",
+                          std::chrono::duration_cast<std::chrono::milliseconds>(a.delay).count(),
+                          "ms)");
     case Kind::kKillWorker:
       return absl::StrCat(a.signal == SIGSTOP ? "stop(" : "kill(", a.worker, ",s", a.step, ")");
-    case Kind::kDrainNode: return absl::StrCat("drain_node(", a.worker, ")");
-    case Kind::kAddNode: return absl::StrCat("add_node(", a.text, ")");
-    case Kind::kCrashSelf: return "crash_self";
-    case Kind::kArmCrash: return absl::StrCat("arm_crash(", a.text, ")");
+    case Kind::kDrainNode:
+      return absl::StrCat("drain_node(", a.worker, ")");
+    case Kind::kAddNode:
+      return absl::StrCat("add_node(", a.text, ")");
+    case Kind::kCrashSelf:
+      return "crash_self";
+    case Kind::kArmCrash:
+      return absl::StrCat("arm_crash(", a.text, ")");
     case Kind::kCommitted:
       return absl::StrCat("committed(s", a.step, ",", g, ",w", a.world,
                           a.recovered ? ",recovered)" : ")");
-    case Kind::kEvent: return "event";
-    case Kind::kFinish: return absl::StrCat("finish(s", a.step, ")");
-    case Kind::kFail: return absl::StrCat("fail(", absl::StatusCodeToString(a.status.code()), ")");
+    case Kind::kEvent:
+      return "event";
+    case Kind::kFinish:
+      return absl::StrCat("finish(s", a.step, ")");
+    case Kind::kFail:
+      return absl::StrCat("fail(", absl::StatusCodeToString(a.status.code()), ")");
   }
   return "?";
 }
@@ -123,8 +143,7 @@ void CoordinatorCore::Fail(Actions* out, absl::Status status) {
 
 // ---- membership ----------------------------------------------------------------------------
 
-std::vector<CoordinatorAction> CoordinatorCore::Restore(const CoordinatorRecord& record,
-                                                        CoreTime) {
+std::vector<CoordinatorAction> CoordinatorCore::Restore(const CoordinatorRecord& record, CoreTime) {
   record_ = record;
   return {};
 }
@@ -163,8 +182,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker
   return out;
 }
 
-std::vector<CoordinatorAction> CoordinatorCore::OnJoinFailed(const std::string& worker,
-                                                             CoreTime) {
+std::vector<CoordinatorAction> CoordinatorCore::OnJoinFailed(const std::string& worker, CoreTime) {
   Actions out;
   if (phase_ == CoordinatorPhase::kDone) return out;
   Event(&out, absl::StrCat("worker ", worker, ": its rank actor is gone"));
@@ -298,9 +316,9 @@ void CoordinatorCore::PlanSource(const std::vector<std::string>& next, Generatio
 void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
   if (phase_ == CoordinatorPhase::kDone) return;
   if (++failed_generations_ > options_.max_failed_generations) {
-    return Fail(out, absl::UnavailableError(absl::StrCat(
-                         "gave up after ", options_.max_failed_generations,
-                         " generations without progress; last: ", why)));
+    return Fail(
+        out, absl::UnavailableError(absl::StrCat("gave up after ", options_.max_failed_generations,
+                                                 " generations without progress; last: ", why)));
   }
   const std::vector<std::string> next = NextGroup();
   ++record_.generation;
@@ -370,8 +388,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
 
 std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation,
                                                              const std::string& worker,
-                                                             const absl::Status& status,
-                                                             CoreTime) {
+                                                             const absl::Status& status, CoreTime) {
   Actions out;
   if (generation != record_.generation || phase_ != CoordinatorPhase::kConfiguring) return out;
   if (!status.ok()) {
@@ -457,9 +474,9 @@ bool CoordinatorCore::FireFaults(Actions* out) {
       case FaultKind::kStopWorker: {
         const int r = ArmRank(f.arg);
         const bool stop = f.kind == FaultKind::kStopWorker;
-        Event(out, absl::StrCat("chaos: ", stop ? "SIGSTOP" : "kill -9", " of rank ", r, " (",
-                                group_[r], ") in the middle of step ", f.step,
-                                "'s gradient exchange"));
+        Event(out,
+              absl::StrCat("chaos: ", stop ? "SIGSTOP" : "kill -9", " of rank ", r, " (", group_[r],
+                           ") in the middle of step ", f.step, "'s gradient exchange"));
         kill(r, stop ? SIGSTOP : SIGKILL);
         break;
       }
@@ -481,8 +498,8 @@ bool CoordinatorCore::FireFaults(Actions* out) {
         break;
       }
       case FaultKind::kJoinWorker: {
-        Event(out, absl::StrCat("chaos: a node with one worker joins", at,
-                                "; the step waits for it"));
+        Event(out,
+              absl::StrCat("chaos: a node with one worker joins", at, "; the step waits for it"));
         CoordinatorAction a{Kind::kAddNode};
         a.text = absl::StrCat("join", f.step);
         Emit(out, std::move(a));
@@ -496,7 +513,8 @@ bool CoordinatorCore::FireFaults(Actions* out) {
         Emit(out, CoordinatorAction{Kind::kCrashSelf});
         hold = true;
         break;
-      case FaultKind::kCrashInCheckpoint: break;
+      case FaultKind::kCrashInCheckpoint:
+        break;
     }
   }
   return hold;
@@ -533,8 +551,9 @@ void CoordinatorCore::CommitStep(Actions* out) {
   done.world = static_cast<int>(group_.size());
   std::vector<double> l;
   for (const auto& [k, v] : losses_) l.push_back(v);
-  done.loss = l.empty() ? 0 : kernels::TreeSum(l.data(), static_cast<int64_t>(l.size())) /
-                                  static_cast<double>(l.size());
+  done.loss = l.empty() ? 0
+                        : kernels::TreeSum(l.data(), static_cast<int64_t>(l.size())) /
+                              static_cast<double>(l.size());
   done.recovered = record_.awaiting_recovery;
   record_.awaiting_recovery = false;
   losses_.clear();
@@ -577,8 +596,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generati
                                                                CoreTime) {
   Actions out;
   auto it = checkpoints_.find(step);
-  if (it == checkpoints_.end() || it->second.generation != generation ||
-      it->second.committing || phase_ == CoordinatorPhase::kDone) {
+  if (it == checkpoints_.end() || it->second.generation != generation || it->second.committing ||
+      phase_ == CoordinatorPhase::kDone) {
     return out;
   }
   if (!status.ok()) {
@@ -640,9 +659,9 @@ std::vector<CoordinatorAction> CoordinatorCore::OnCheckpointCommitted(int64_t st
   if (status.ok()) {
     last_checkpoint_ = std::max(last_checkpoint_, step);
   } else if (step >= options_.steps) {
-    Fail(&out, absl::Status(status.code(), absl::StrCat("the final checkpoint step-", step,
-                                                        " could not be committed: ",
-                                                        status.ToString())));
+    Fail(&out,
+         absl::Status(status.code(), absl::StrCat("the final checkpoint step-", step,
+                                                  " could not be committed: ", status.ToString())));
     return out;
   } else {
     Event(&out, absl::StrCat("warning: checkpoint step-", step, " failed: ", status.ToString()));
@@ -666,10 +685,10 @@ void CoordinatorCore::Finish(Actions* out) {
   }
   if (!written) {
     if (final_asked_generation_ == record_.generation) {
-      return Fail(out, absl::InternalError(absl::StrCat(
-                           "the final checkpoint step-", steps,
-                           " was asked for and never completed in generation ",
-                           record_.generation)));
+      return Fail(
+          out, absl::InternalError(absl::StrCat("the final checkpoint step-", steps,
+                                                " was asked for and never completed in generation ",
+                                                record_.generation)));
     }
     final_asked_generation_ = record_.generation;
     ExpectCheckpoint(steps);
@@ -725,8 +744,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime
         Fail(&out, absl::DeadlineExceededError(absl::StrCat(
                        "no step committed for ",
                        std::chrono::duration_cast<std::chrono::seconds>(options_.watchdog).count(),
-                       " s (stuck at step ", record_.committed, ", generation ",
-                       record_.generation, ", ", PhaseName(phase_), ")")));
+                       " s (stuck at step ", record_.committed, ", generation ", record_.generation,
+                       ", ", PhaseName(phase_), ")")));
         break;
       }
       watchdog_seen_ = record_.committed;

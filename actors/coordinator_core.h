@@ -49,48 +49,48 @@ using CoreTime = std::chrono::steady_clock::time_point;
 using CoreDuration = std::chrono::steady_clock::duration;
 
 enum class CoordinatorPhase {
-  kWaiting,        // for min_workers usable workers (or the membership table)
-  kConfiguring,    // configure sent to the generation's ranks; waiting for every reply
-  kStepping,       // step sent; waiting for every rank's stepped
-  kAwaitingJoin,   // chaos join-worker@S: step S held until the joiner is in (or a deadline)
-  kRecovering,     // a rank reported a failure; regenerating after the retry delay
-  kFinishing,      // every step committed; the final checkpoint and CRC are being collected
-  kDone,           // finished or failed: nothing more happens
+  kWaiting,       // for min_workers usable workers (or the membership table)
+  kConfiguring,   // configure sent to the generation's ranks; waiting for every reply
+  kStepping,      // step sent; waiting for every rank's stepped
+  kAwaitingJoin,  // chaos join-worker@S: step S held until the joiner is in (or a deadline)
+  kRecovering,    // a rank reported a failure; regenerating after the retry delay
+  kFinishing,     // every step committed; the final checkpoint and CRC are being collected
+  kDone,          // finished or failed: nothing more happens
 };
 const char* PhaseName(CoordinatorPhase p);
 
 // What a restarted coordinator resumes from (see coordinator_record.h for the file).
 struct CoordinatorRecord {
-  int64_t committed = 0;          // steps committed
-  uint64_t generation = 0;        // the newest generation planned
-  int64_t steps_lost = 0;         // committed steps recomputed after checkpoint rollbacks
-  bool awaiting_recovery = false;  // a fault fired; the next commit measures recovery
-  std::set<int32_t> fired;        // indices into the job's faults
+  int64_t committed = 0;            // steps committed
+  uint64_t generation = 0;          // the newest generation planned
+  int64_t steps_lost = 0;           // committed steps recomputed after checkpoint rollbacks
+  bool awaiting_recovery = false;   // a fault fired; the next commit measures recovery
+  std::set<int32_t> fired;          // indices into the job's faults
   std::vector<std::string> active;  // the committed configuration: worker of each rank
-  std::set<std::string> dead;     // workers known dead: never planned again
+  std::set<std::string> dead;       // workers known dead: never planned again
   bool operator==(const CoordinatorRecord& o) const;
 };
 
 struct CoordinatorAction {
   enum class Kind {
-    kSaveRecord,   // persist `record` before carrying out any later action
-    kAbort,        // tell `worker`: fail collectives of generations below `generation` now
-    kConfigure,    // send `worker` generation `generation` with `plan`
-    kStep,         // send `worker`: run step `step` of `generation`
-    kCommit,       // send `worker`: apply the staged step; write checkpoint `step` unless -1
-    kCheckpoint,   // commit checkpoint `step` (manifest of `shards`, world `world`) to the store
-    kFinal,        // ask `worker` for the final parameters' CRC
-    kReadTable,    // read the head's membership table, then call OnTable
-    kTimer,        // call OnTimer(`timer`) after `delay`
-    kKillWorker,   // chaos: `worker` kills itself with `signal` in step `step`'s exchange
-    kDrainNode,    // chaos: the node agent of `worker`'s node gets SIGTERM
-    kAddNode,      // chaos: a node named `text` with one worker joins
-    kCrashSelf,    // chaos: this process dies now (kill-coordinator)
-    kArmCrash,     // chaos: this process dies at crash point `text` (crash-in-checkpoint)
-    kCommitted,    // step `step` committed in `generation` (world `world`, mean `loss`)
-    kEvent,        // something an operator should read: `text`
-    kFinish,       // the job is done: report `crc`, `num_params`, `step`; stop every member
-    kFail,         // the job cannot go on: `status`; stop
+    kSaveRecord,  // persist `record` before carrying out any later action
+    kAbort,       // tell `worker`: fail collectives of generations below `generation` now
+    kConfigure,   // send `worker` generation `generation` with `plan`
+    kStep,        // send `worker`: run step `step` of `generation`
+    kCommit,      // send `worker`: apply the staged step; write checkpoint `step` unless -1
+    kCheckpoint,  // commit checkpoint `step` (manifest of `shards`, world `world`) to the store
+    kFinal,       // ask `worker` for the final parameters' CRC
+    kReadTable,   // read the head's membership table, then call OnTable
+    kTimer,       // call OnTimer(`timer`) after `delay`
+    kKillWorker,  // chaos: `worker` kills itself with `signal` in step `step`'s exchange
+    kDrainNode,   // chaos: the node agent of `worker`'s node gets SIGTERM
+    kAddNode,     // chaos: a node named `text` with one worker joins
+    kCrashSelf,   // chaos: this process dies now (kill-coordinator)
+    kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint)
+    kCommitted,   // step `step` committed in `generation` (world `world`, mean `loss`)
+    kEvent,       // something an operator should read: `text`
+    kFinish,      // the job is done: report `crc`, `num_params`, `step`; stop every member
+    kFail,        // the job cannot go on: `status`; stop
   };
   explicit CoordinatorAction(Kind k) : kind(k) {}
   Kind kind;
@@ -226,8 +226,8 @@ class CoordinatorCore {
   CoordinatorPhase phase_ = CoordinatorPhase::kWaiting;
   std::map<std::string, Member> members_;
   std::set<std::string> dead_nodes_;  // a worker of one of these is dead when it joins
-  std::vector<std::string> group_;  // this generation's workers, by rank
-  std::set<std::string> pending_;   // ranks whose reply this phase still needs
+  std::vector<std::string> group_;    // this generation's workers, by rank
+  std::set<std::string> pending_;     // ranks whose reply this phase still needs
   std::map<int32_t, double> losses_;
   std::map<int64_t, PendingCheckpoint> checkpoints_;
   std::map<uint64_t, Timer> timers_;
@@ -235,8 +235,8 @@ class CoordinatorCore {
   size_t expected_joins_ = 0;
   bool membership_known_ = false;
   std::string recover_why_;              // what Recover saw, for the generation it leads to
-  int64_t last_checkpoint_ = -1;          // newest checkpoint this incarnation committed
-  uint64_t final_asked_generation_ = 0;   // the final checkpoint was asked again in this one
+  int64_t last_checkpoint_ = -1;         // newest checkpoint this incarnation committed
+  uint64_t final_asked_generation_ = 0;  // the final checkpoint was asked again in this one
   int failed_generations_ = 0;
   int64_t watchdog_seen_ = -1;
 };

@@ -45,10 +45,19 @@ enum EventType {
   kNumEventTypes,
 };
 constexpr int kNumPhases = 7;
-const char* kEventNames[] = {"membership_known", "join",    "join_failed",  "worker_down",
-                             "node_draining",    "node_dead", "table",      "configured",
-                             "stepped",          "shard_written", "checkpoint_committed",
-                             "final",            "timer"};
+const char* kEventNames[] = {"membership_known",
+                             "join",
+                             "join_failed",
+                             "worker_down",
+                             "node_draining",
+                             "node_dead",
+                             "table",
+                             "configured",
+                             "stepped",
+                             "shard_written",
+                             "checkpoint_committed",
+                             "final",
+                             "timer"};
 
 struct Coverage {
   int64_t hits[kNumPhases][kNumEventTypes] = {};
@@ -115,8 +124,8 @@ class Sim {
     const std::string w = absl::StrCat("w", next_worker_);
     // The first workers two per node; later joiners on nodes of their own (a dead node stays
     // dead).
-    workers_[w] = Worker{started_ ? absl::StrCat("j", next_worker_)
-                                  : absl::StrCat("n", next_worker_ / 2)};
+    workers_[w] =
+        Worker{started_ ? absl::StrCat("j", next_worker_) : absl::StrCat("n", next_worker_ / 2)};
     ++next_worker_;
     return w;
   }
@@ -180,8 +189,7 @@ class Sim {
     const std::vector<std::string> alive = Alive();
     const std::vector<std::string> dead = TableDead();
     for (const std::string& w : dead) told_dead_.insert(w);
-    Deliver(kEvMembershipKnown,
-            [&] { return core_->OnMembershipKnown(alive.size(), dead, now_); });
+    Deliver(kEvMembershipKnown, [&] { return core_->OnMembershipKnown(alive.size(), dead, now_); });
     for (const std::string& w : alive) {
       const std::string node = workers_[w].node;
       queue_.push_back({kEvJoin, [this, w, node] { return core_->OnJoin(w, node, now_); }});
@@ -212,8 +220,11 @@ class Sim {
 
   void Do(const CoordinatorAction& a) {
     switch (a.kind) {
-      case Kind::kSaveRecord: saved_ = a.record; break;
-      case Kind::kAbort: break;
+      case Kind::kSaveRecord:
+        saved_ = a.record;
+        break;
+      case Kind::kAbort:
+        break;
       case Kind::kConfigure: {
         if (told_dead_.count(a.worker)) {
           Fail(absl::StrCat("generation ", a.generation, " plans ", a.worker,
@@ -269,7 +280,9 @@ class Sim {
                           }});
         break;
       }
-      case Kind::kTimer: timers_[a.timer] = now_ + a.delay; break;
+      case Kind::kTimer:
+        timers_[a.timer] = now_ + a.delay;
+        break;
       case Kind::kKillWorker: {
         const Fault* f = FaultAt(a.step);
         CountFault(absl::StrCat("kill@", a.step),
@@ -280,9 +293,8 @@ class Sim {
       case Kind::kDrainNode: {
         CountFault(absl::StrCat("drain@", core_->committed()), 1);
         const std::string node = workers_[a.worker].node;
-        queue_.push_back({kEvNodeDraining, [this, node] {
-                            return core_->OnNodeDraining(node, "SIGTERM", now_);
-                          }});
+        queue_.push_back({kEvNodeDraining,
+                          [this, node] { return core_->OnNodeDraining(node, "SIGTERM", now_); }});
         for (auto& [w, s] : workers_) {
           if (s.node == node && s.alive) Kill(w);  // it leaves after its grace period
         }
@@ -314,12 +326,15 @@ class Sim {
           Fail(absl::StrCat("step ", a.step, " committed twice"));
         }
         break;
-      case Kind::kEvent: break;
+      case Kind::kEvent:
+        break;
       case Kind::kFinish:
         if (core_->committed() != steps_) Fail("finished before the last step");
         finished_ = true;
         break;
-      case Kind::kFail: Fail(absl::StrCat("the job failed: ", a.status.ToString())); break;
+      case Kind::kFail:
+        Fail(absl::StrCat("the job failed: ", a.status.ToString()));
+        break;
     }
   }
 
@@ -340,9 +355,8 @@ class Sim {
   // Fires the earliest timer due within `horizon` (the fake clock jumps to it).
   bool FireEarliestTimer(CoreDuration horizon = std::chrono::hours(1000)) {
     if (timers_.empty()) return false;
-    auto it = std::min_element(timers_.begin(), timers_.end(), [](const auto& x, const auto& y) {
-      return x.second < y.second;
-    });
+    auto it = std::min_element(timers_.begin(), timers_.end(),
+                               [](const auto& x, const auto& y) { return x.second < y.second; });
     if (it->second > now_ + horizon) return false;
     const uint64_t id = it->first;
     now_ = std::max(now_, it->second);
@@ -360,7 +374,8 @@ class Sim {
 
   void RandomStep() {
     const int r = Pick(0, 99);
-    if (r < 50 && !queue_.empty()) return DeliverQueued(Pick(0, static_cast<int>(queue_.size()) - 1));
+    if (r < 50 && !queue_.empty())
+      return DeliverQueued(Pick(0, static_cast<int>(queue_.size()) - 1));
     // Not the watchdog while replies are on their way: it would call a healthy job stuck.
     if (r < 60 && FireEarliestTimer(std::chrono::minutes(2))) return;
     Inject();
@@ -372,7 +387,8 @@ class Sim {
     const uint64_t gen = core_->generation();
     const uint64_t some_gen = static_cast<uint64_t>(Pick(0, static_cast<int>(gen)));
     const std::vector<std::string> alive = Alive();
-    const std::string any = alive.empty() ? "w0" : alive[Pick(0, static_cast<int>(alive.size()) - 1)];
+    const std::string any =
+        alive.empty() ? "w0" : alive[Pick(0, static_cast<int>(alive.size()) - 1)];
     const bool can_lose = injecting_ && AliveCount() > min_workers_;
     switch (type) {
       case kEvMembershipKnown:
@@ -396,7 +412,8 @@ class Sim {
         int on_node = 0;
         for (const auto& [w, s] : workers_) on_node += s.node == node && s.alive ? 1 : 0;
         whole_node_ok = whole_node_ok && AliveCount() - on_node >= min_workers_;
-        if (!whole_node_ok) return Deliver(type, [&] { return core_->OnNodeDraining("nx", "x", now_); });
+        if (!whole_node_ok)
+          return Deliver(type, [&] { return core_->OnNodeDraining("nx", "x", now_); });
         for (auto& [w, s] : workers_) {
           if (s.node == node && s.alive) Kill(w);
         }
@@ -425,7 +442,8 @@ class Sim {
       case kEvConfigured: {
         // A rank's configure failure (a bootstrap that timed out), or a stale success.
         const bool current = injecting_ && Chance(0.5);
-        const absl::Status st = current ? absl::DeadlineExceededError("bootstrap") : absl::OkStatus();
+        const absl::Status st =
+            current ? absl::DeadlineExceededError("bootstrap") : absl::OkStatus();
         return Deliver(type, [&] {
           return core_->OnConfigured(current ? gen : gen - std::min<uint64_t>(gen, 1), any, st,
                                      now_);
@@ -444,14 +462,14 @@ class Sim {
           return core_->OnShardWritten(gen + 1, core_->committed(), 0, {}, absl::OkStatus(), now_);
         });
       case kEvCheckpointCommitted:
-        return Deliver(type, [&] {
-          return core_->OnCheckpointCommitted(-1, absl::OkStatus(), now_);
-        });
+        return Deliver(type,
+                       [&] { return core_->OnCheckpointCommitted(-1, absl::OkStatus(), now_); });
       case kEvFinal:
         return Deliver(type, [&] { return core_->OnFinal(gen + 1, 1, 1, 1, now_); });
       case kEvTimer:
         return Deliver(type, [&] { return core_->OnTimer(999999, now_); });
-      case kNumEventTypes: break;
+      case kNumEventTypes:
+        break;
     }
   }
 

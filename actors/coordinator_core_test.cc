@@ -266,8 +266,9 @@ TEST_F(CoordinatorCoreTest, DeathWhileFinishingRegeneratesAndAsksForTheFinalChec
   EXPECT_EQ(Str(core_->OnWorkerDown("c", "killed", kT0)),
             "abort(a,g2) abort(b,g2) event save configure(a,g2,r0/2,s1,memory) "
             "configure(b,g2,r1/2,s1,memory)");
-  EXPECT_EQ(ConfigureAll(), "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(a,g2,ck1) "
-                            "commit(b,g2,ck1)");
+  EXPECT_EQ(ConfigureAll(),
+            "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(a,g2,ck1) "
+            "commit(b,g2,ck1)");
 }
 
 TEST_F(CoordinatorCoreTest, DeathWhileAwaitingAJoinerRegenerates) {
@@ -275,8 +276,9 @@ TEST_F(CoordinatorCoreTest, DeathWhileAwaitingAJoinerRegenerates) {
   o.faults = {F(FaultKind::kJoinWorker, 1)};
   Make(o);
   Running({"a", "b"});
-  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) save event "
-                       "add_node(join1) timer(t2,60000ms)");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) save event "
+            "add_node(join1) timer(t2,60000ms)");
   ASSERT_EQ(core_->phase(), CoordinatorPhase::kAwaitingJoin);
   EXPECT_EQ(Str(core_->OnWorkerDown("b", "killed", kT0)),
             "abort(a,g2) event save configure(a,g2,r0/1,s1,memory)");
@@ -421,10 +423,12 @@ TEST_F(CoordinatorCoreTest, AFaultThatFiredDoesNotFireAgainAfterARestart) {
   core_->OnMembershipKnown(2, {"b"}, kT0);
   core_->OnJoin("a", "n-a", kT0);
   core_->OnJoin("c", "n-c", kT0);
-  EXPECT_EQ(ConfigureAll(), "save commit(a,g2,ck-1) commit(c,g2,ck-1) step(a,g2,s1) "
-                            "step(c,g2,s1)");
-  EXPECT_EQ(StepAll(), "save commit(a,g2,ck-1) commit(c,g2,ck-1) committed(s2,g2,w2,recovered) "
-                      "step(a,g2,s2) step(c,g2,s2)")
+  EXPECT_EQ(ConfigureAll(),
+            "save commit(a,g2,ck-1) commit(c,g2,ck-1) step(a,g2,s1) "
+            "step(c,g2,s1)");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g2,ck-1) commit(c,g2,ck-1) committed(s2,g2,w2,recovered) "
+            "step(a,g2,s2) step(c,g2,s2)")
       << "no second kill; the first commit after the fault measures recovery";
 }
 
@@ -435,9 +439,10 @@ TEST_F(CoordinatorCoreTest, KillShardAndBuddyArmsBothRanks) {
   o.faults = {F(FaultKind::kKillShardAndBuddy, 0)};
   Make(o);
   Join({"a", "b", "c"});
-  EXPECT_EQ(ConfigureAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) save "
-                            "event kill(b,s0) kill(c,s0) step(a,g1,s0) step(b,g1,s0) "
-                            "step(c,g1,s0)");
+  EXPECT_EQ(ConfigureAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) save "
+            "event kill(b,s0) kill(c,s0) step(a,g1,s0) step(b,g1,s0) "
+            "step(c,g1,s0)");
 }
 
 TEST_F(CoordinatorCoreTest, StopWorkerSendsSigstop) {
@@ -448,8 +453,9 @@ TEST_F(CoordinatorCoreTest, StopWorkerSendsSigstop) {
   std::vector<CoordinatorAction> out;
   out = core_->OnConfigured(1, "a", absl::OkStatus(), kT0);
   out = core_->OnConfigured(1, "b", absl::OkStatus(), kT0);
-  EXPECT_EQ(Str(out), "save commit(a,g1,ck-1) commit(b,g1,ck-1) save event stop(a,s0) "
-                      "step(a,g1,s0) step(b,g1,s0)");
+  EXPECT_EQ(Str(out),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) save event stop(a,s0) "
+            "step(a,g1,s0) step(b,g1,s0)");
   EXPECT_EQ(out[5].signal, SIGSTOP);
 }
 
@@ -480,14 +486,16 @@ TEST_F(CoordinatorCoreTest, SigtermNodeDrainsAtTheNextStepBoundary) {
   o.faults = {F(FaultKind::kSigtermNode, 1)};
   Make(o);
   Running({"a", "b", "c"});
-  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
-                       "committed(s1,g1,w3) save event drain_node(b) step(a,g1,s1) "
-                       "step(b,g1,s1) step(c,g1,s1)");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
+            "committed(s1,g1,w3) save event drain_node(b) step(a,g1,s1) "
+            "step(b,g1,s1) step(c,g1,s1)");
   EXPECT_EQ(Str(core_->OnNodeDraining("n-b", "SIGTERM", kT0)), "event")
       << "the step in flight finishes";
-  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
-                       "committed(s2,g1,w3) abort(a,g2) abort(b,g2) abort(c,g2) event save "
-                       "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
+            "committed(s2,g1,w3) abort(a,g2) abort(b,g2) abort(c,g2) event save "
+            "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)");
 }
 
 TEST_F(CoordinatorCoreTest, JoinWorkerHoldsItsStepUntilTheJoinerIsFoldedIn) {
@@ -501,8 +509,9 @@ TEST_F(CoordinatorCoreTest, JoinWorkerHoldsItsStepUntilTheJoinerIsFoldedIn) {
             "event abort(a,g2) abort(b,g2) abort(join1/w0,g2) event save "
             "configure(a,g2,r0/3,s1,memory) configure(b,g2,r1/3,s1,memory) "
             "configure(join1/w0,g2,r2/3,s1,memory)");
-  EXPECT_EQ(ConfigureAll(), "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(join1/w0,g2,ck-1) "
-                            "step(a,g2,s1) step(b,g2,s1) step(join1/w0,g2,s1)");
+  EXPECT_EQ(ConfigureAll(),
+            "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(join1/w0,g2,ck-1) "
+            "step(a,g2,s1) step(b,g2,s1) step(join1/w0,g2,s1)");
 }
 
 TEST_F(CoordinatorCoreTest, AJoinerThatNeverArrivesIsNotWaitedForPastTheDeadline) {
@@ -518,10 +527,11 @@ TEST_F(CoordinatorCoreTest, AWorkerThatJoinsIsFoldedInAtTheNextStepBoundary) {
   Make();
   Running({"a", "b"});
   EXPECT_EQ(Str(core_->OnJoin("c", "n-c", kT0)), "event");
-  EXPECT_EQ(StepAll(), "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) "
-                       "abort(a,g2) abort(b,g2) abort(c,g2) event save "
-                       "configure(a,g2,r0/3,s1,memory) configure(b,g2,r1/3,s1,memory) "
-                       "configure(c,g2,r2/3,s1,memory)");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s1,g1,w2) "
+            "abort(a,g2) abort(b,g2) abort(c,g2) event save "
+            "configure(a,g2,r0/3,s1,memory) configure(b,g2,r1/3,s1,memory) "
+            "configure(c,g2,r2/3,s1,memory)");
 }
 
 // ---- where state comes from ----------------------------------------------------------------
@@ -585,7 +595,8 @@ TEST_F(CoordinatorCoreTest, AFailedCheckpointMidRunIsDroppedWithOneWarningAndTra
   Make(o);
   Running({"a", "b"});
   StepAll();
-  const absl::Status full = absl::ResourceExhaustedError("ckpt/step-1/shard-00000.bin.tmp: No space left on device");
+  const absl::Status full =
+      absl::ResourceExhaustedError("ckpt/step-1/shard-00000.bin.tmp: No space left on device");
   EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 0, {}, full, kT0)), "event");
   EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 1, {}, full, kT0)), "")
       << "one warning per checkpoint, not per shard";
@@ -603,8 +614,7 @@ TEST_F(CoordinatorCoreTest, AFinalCheckpointThatCannotBeWrittenFailsTheJobNaming
       absl::ResourceExhaustedError("ckpt/step-1/shard-00001.bin.tmp: No space left on device"),
       kT0);
   ASSERT_EQ(Str(out), "fail(RESOURCE_EXHAUSTED)") << "no endless retry of the final write";
-  EXPECT_NE(out[0].status.message().find("shard-00001.bin.tmp: No space left"),
-            std::string::npos)
+  EXPECT_NE(out[0].status.message().find("shard-00001.bin.tmp: No space left"), std::string::npos)
       << out[0].status;
   EXPECT_EQ(Str(core_->OnShardWritten(1, 1, 0, {}, absl::OkStatus(), kT0)), "");
 }

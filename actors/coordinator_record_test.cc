@@ -30,7 +30,8 @@ TEST(CoordinatorRecordTest, RoundTripsEveryField) {
 
 TEST(CoordinatorRecordTest, MissingRecordIsNotAnError) {
   FakeFileSystem fs;
-  absl::StatusOr<std::optional<CoordinatorRecord>> r = LoadCoordinatorRecord(&fs, "job/coordinator.state");
+  absl::StatusOr<std::optional<CoordinatorRecord>> r =
+      LoadCoordinatorRecord(&fs, "job/coordinator.state");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->has_value());
 }
@@ -43,7 +44,8 @@ TEST(CoordinatorRecordTest, SavedRecordSurvivesACrashAndReplacesTheOldOne) {
   ASSERT_TRUE(SaveCoordinatorRecord(&fs, "job/coordinator.state", first).ok());
   ASSERT_TRUE(SaveCoordinatorRecord(&fs, "job/coordinator.state", Sample()).ok());
   fs.Reboot(/*lose_unsynced=*/true);  // only fsynced data and directory entries survive
-  absl::StatusOr<std::optional<CoordinatorRecord>> r = LoadCoordinatorRecord(&fs, "job/coordinator.state");
+  absl::StatusOr<std::optional<CoordinatorRecord>> r =
+      LoadCoordinatorRecord(&fs, "job/coordinator.state");
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->has_value());
   EXPECT_EQ(**r, Sample());

@@ -88,8 +88,8 @@ ElasticRank::ElasticRank(Trainable* model, Options options)
     : model_(model), options_(std::move(options)) {}
 
 ShardView ElasticRank::committed_shard() const {
-  return {layout_.begin(rank_), layout_.end(rank_),
-          model_->params() + layout_.begin(rank_), m_.data(), v_.data()};
+  return {layout_.begin(rank_), layout_.end(rank_), model_->params() + layout_.begin(rank_),
+          m_.data(), v_.data()};
 }
 
 absl::Status ElasticRank::MirrorToBuddy(const ShardLayout& layout, int rank,
@@ -181,12 +181,12 @@ absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
     std::copy(sums->begin(), sums->end(), mine.begin());
   }
   // Doubles travel as pairs of f32 words: an all-gather only copies bytes.
-  if (absl::Status s = comm_->AllGather(Buffer::F32(reinterpret_cast<float*>(mine.data()),
-                                                    mine.size() * 2),
-                                        Buffer::F32(reinterpret_cast<float*>(all.data()),
-                                                    all.size() * 2),
-                                        options_.collective)
-                           .Wait();
+  if (absl::Status s =
+          comm_
+              ->AllGather(Buffer::F32(reinterpret_cast<float*>(mine.data()), mine.size() * 2),
+                          Buffer::F32(reinterpret_cast<float*>(all.data()), all.size() * 2),
+                          options_.collective)
+              .Wait();
       !s.ok()) {
     return Phase("gradient-norm all-gather", s);
   }
@@ -217,8 +217,9 @@ absl::Status ElasticRank::ShareStagedState() {
     return Phase("buddy mirror", s);
   }
   staged_full_.assign(layout_.padded(), 0.0f);
-  if (absl::Status s = comm_->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_),
-                                        options_.collective)
+  if (absl::Status s = comm_
+                           ->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_),
+                                       options_.collective)
                            .Wait();
       !s.ok()) {
     return Phase("parameter all-gather", s);
@@ -230,7 +231,8 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
   const int64_t n = model_->num_params();
   const int old_world = static_cast<int>(plan.old_to_new.size());
   if (!MemoryRestorePossible(plan.old_to_new)) {
-    return absl::FailedPreconditionError("memory restore: an old range has neither owner nor buddy");
+    return absl::FailedPreconditionError(
+        "memory restore: an old range has neither owner nor buddy");
   }
   // Survivors must hold exactly the committed step the coordinator recorded.
   const bool survivor = has_state_ && layout_.world == old_world && rank_ < old_world &&
@@ -250,8 +252,7 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
   // Parameters: every survivor holds them; new rank 0 is a survivor.
   staged_full_.assign(n, 0.0f);
   if (survivor) std::copy(model_->params(), model_->params() + n, staged_full_.begin());
-  if (absl::Status s =
-          comm_->Broadcast(Buffer::F32(staged_full_), 0, options_.collective).Wait();
+  if (absl::Status s = comm_->Broadcast(Buffer::F32(staged_full_), 0, options_.collective).Wait();
       !s.ok()) {
     return s;
   }
@@ -279,16 +280,14 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
           std::memcpy(dst_m, sm, count * sizeof(float));
           std::memcpy(dst_v, sv, count * sizeof(float));
         } else {
-          works.push_back(comm_->Send(Buffer::F32(const_cast<float*>(sm), count), d, tag,
-                                      options_.collective));
+          works.push_back(
+              comm_->Send(Buffer::F32(const_cast<float*>(sm), count), d, tag, options_.collective));
           works.push_back(comm_->Send(Buffer::F32(const_cast<float*>(sv), count), d, tag + 1,
                                       options_.collective));
         }
       } else if (d == plan.rank) {
-        works.push_back(
-            comm_->Recv(Buffer::F32(dst_m, count), src, tag, options_.collective));
-        works.push_back(
-            comm_->Recv(Buffer::F32(dst_v, count), src, tag + 1, options_.collective));
+        works.push_back(comm_->Recv(Buffer::F32(dst_m, count), src, tag, options_.collective));
+        works.push_back(comm_->Recv(Buffer::F32(dst_v, count), src, tag + 1, options_.collective));
       }
     }
   }
@@ -311,8 +310,8 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
   if (plan.rank < 0 || plan.rank >= plan.world || comm->size() != plan.world ||
       comm->rank() != plan.rank) {
     return absl::InvalidArgumentError(absl::StrCat("configure: plan rank ", plan.rank, " of ",
-                                                   plan.world, ", communicator rank ",
-                                                   comm->rank(), " of ", comm->size()));
+                                                   plan.world, ", communicator rank ", comm->rank(),
+                                                   " of ", comm->size()));
   }
   switch (plan.source) {
     case RestoreSource::kInit: {
@@ -329,8 +328,8 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       absl::StatusOr<Checkpoint> ckpt = store->Load(plan.checkpoint_step);
       if (!ckpt.ok()) return ckpt.status();
       if (ckpt->manifest().num_params != n) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            ckpt->dir(), ": num_params: expected ", n, ", got ", ckpt->manifest().num_params));
+        return absl::FailedPreconditionError(absl::StrCat(ckpt->dir(), ": num_params: expected ", n,
+                                                          ", got ", ckpt->manifest().num_params));
       }
       staged_full_.assign(n, 0.0f);
       if (absl::Status s = ckpt->ReadRange(0, n, staged_full_.data(), nullptr, nullptr); !s.ok())

@@ -52,9 +52,9 @@ class ElasticTest : public ::testing::Test {
 
   // Parameters and moments of the single-process reference after `steps` steps.
   void Reference(int steps, std::vector<float>* params, std::vector<float>* m) {
-    auto data = model::DataSource::Open({dir_ + "/train-00000.tok"}, 300,
-                                        {.seq_len = 32, .microbatch_size = 2,
-                                         .microbatches_per_step = kM, .seed = 7});
+    auto data = model::DataSource::Open(
+        {dir_ + "/train-00000.tok"}, 300,
+        {.seq_len = 32, .microbatch_size = 2, .microbatches_per_step = kM, .seed = 7});
     ASSERT_TRUE(data.ok()) << data.status();
     auto trainer = model::Trainer::Create(
         {.config = model::GptConfig::Tiny(300), .adamw = {}, .schedule = schedule_, .init_seed = 3},
@@ -161,7 +161,7 @@ TEST(ShardLayoutTest, ChunkAlignedRangesCoverTheParameters) {
 }
 
 TEST(MemoryRestoreTest, NeedsOwnerOrBuddyOfEveryRange) {
-  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, 2}));   // rank 2's buddy 3 survives
+  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, 2}));    // rank 2's buddy 3 survives
   EXPECT_FALSE(MemoryRestorePossible({0, 1, -1, -1}));  // rank 2 and its buddy both gone
   EXPECT_FALSE(MemoryRestorePossible({-1}));
   EXPECT_TRUE(MemoryRestorePossible({-1, 0}));
@@ -243,12 +243,12 @@ TEST_F(ElasticTest, JoinersAreFoldedInAndMatch) {
   Reference(4, &want, &want_m);
   std::vector<Rank> ranks(4);
   for (auto& r : ranks) r = NewRank();
-  std::vector<Rank*> two = {&ranks[0], &ranks[1]}, four = {&ranks[0], &ranks[1], &ranks[2],
-                                                           &ranks[3]};
+  std::vector<Rank*> two = {&ranks[0], &ranks[1]},
+                     four = {&ranks[0], &ranks[1], &ranks[2], &ranks[3]};
   Configure(two, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
   Steps(two, 2);
-  Configure(four,
-            {.committed_steps = 2, .source = RestoreSource::kMemory, .old_to_new = {0, 1}}, 1);
+  Configure(four, {.committed_steps = 2, .source = RestoreSource::kMemory, .old_to_new = {0, 1}},
+            1);
   Steps(four, 4);
   for (Rank* r : four) ExpectBitIdentical(*r, want);
 }

@@ -28,8 +28,8 @@ absl::StatusOr<kj::Array<capnp::word>> UnsealMessage(absl::string_view bytes,
     return absl::DataLossError(absl::StrCat(what, ": ", why));
   };
   if (bytes.size() < kEnvelopeSize) {
-    return loss(absl::StrCat(bytes.size(), " bytes, shorter than the ", kEnvelopeSize,
-                             "-byte header"));
+    return loss(
+        absl::StrCat(bytes.size(), " bytes, shorter than the ", kEnvelopeSize, "-byte header"));
   }
   if (bytes.size() > max_bytes) {
     return loss(absl::StrCat(bytes.size(), " bytes, at most ", max_bytes));

@@ -4,7 +4,8 @@
 //
 //   std::string bytes = SealMessage("TRPCKMAN", builder);
 //   absl::StatusOr<kj::Array<capnp::word>> words =
-//       UnsealMessage(bytes, "TRPCKMAN", kMaxBytes, "checkpoint manifest ckpt/step-10/manifest.bin");
+//       UnsealMessage(bytes, "TRPCKMAN", kMaxBytes, "checkpoint manifest
+//       ckpt/step-10/manifest.bin");
 #ifndef TROUPE_ACTORS_ENVELOPE_H_
 #define TROUPE_ACTORS_ENVELOPE_H_
 

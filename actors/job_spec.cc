@@ -19,13 +19,20 @@ namespace {
 
 const char* TypeName(toml::node_type t) {
   switch (t) {
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    default: return "date/time";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    default:
+      return "date/time";
   }
 }
 
@@ -83,8 +90,10 @@ class Section {
     std::optional<std::string> v = n->value_exact<std::string>();
     if (!v) return Fail(key, "a duration string such as \"2s\" or \"300ms\"", TypeName(n->type()));
     absl::Duration d;
-    if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
-      return Fail(key, "a positive duration such as \"2s\" or \"300ms\"", absl::StrCat("\"", *v, "\""));
+    if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() ||
+        d == absl::InfiniteDuration()) {
+      return Fail(key, "a positive duration such as \"2s\" or \"300ms\"",
+                  absl::StrCat("\"", *v, "\""));
     }
     *out = d;
   }
@@ -172,9 +181,9 @@ absl::StatusOr<Fault> ParseFault(const std::string& text) {
   std::vector<std::string> sa = absl::StrSplit(parts[1], ':');
   if (sa.size() > 2 || !absl::SimpleAtoi(sa[0], &f.step) || f.step < 0 ||
       (sa.size() == 2 && (!absl::SimpleAtoi(sa[1], &f.arg) || f.arg < 0))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fault '", text, "': expected STEP (an integer >= 0) and optional :ARG, got '", parts[1],
-        "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text, "': expected STEP (an integer >= 0) and optional :ARG, got '",
+                     parts[1], "'"));
   }
   return f;
 }
@@ -257,7 +266,8 @@ void ReadChaos(Section& s, JobSpec& spec) {
         }
         absl::StatusOr<Fault> fault = ParseFault(*str);
         if (!fault.ok()) {
-          s.Fail("faults", "KIND@STEP[:ARG]", absl::StrCat("'", *str, "' (", fault.status().message(), ")"));
+          s.Fail("faults", "KIND@STEP[:ARG]",
+                 absl::StrCat("'", *str, "' (", fault.status().message(), ")"));
           break;
         }
         spec.faults.push_back(*fault);
@@ -307,17 +317,18 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
   }
   const Timeouts& t = spec.timeouts;
   auto less = [&](const char* a, absl::Duration da, const char* b, absl::Duration db) {
-    return da < db ? absl::OkStatus()
-                   : bad(absl::StrCat("timeouts.", a),
-                         absl::StrCat("less than timeouts.", b, " (", absl::FormatDuration(db), ")"),
-                         absl::FormatDuration(da));
+    return da < db
+               ? absl::OkStatus()
+               : bad(absl::StrCat("timeouts.", a),
+                     absl::StrCat("less than timeouts.", b, " (", absl::FormatDuration(db), ")"),
+                     absl::FormatDuration(da));
   };
-  for (absl::Status st : {less("liveness", t.liveness, "collective", t.collective),
-                          less("collective", t.collective, "watchdog", t.watchdog),
-                          less("bootstrap", t.bootstrap, "watchdog", t.watchdog),
-                          less("rpc", t.rpc, "watchdog", t.watchdog),
-                          less("retry", t.retry, "watchdog", t.watchdog),
-                          less("watchdog", t.watchdog, "driver_silence", t.driver_silence)}) {
+  for (absl::Status st :
+       {less("liveness", t.liveness, "collective", t.collective),
+        less("collective", t.collective, "watchdog", t.watchdog),
+        less("bootstrap", t.bootstrap, "watchdog", t.watchdog),
+        less("rpc", t.rpc, "watchdog", t.watchdog), less("retry", t.retry, "watchdog", t.watchdog),
+        less("watchdog", t.watchdog, "driver_silence", t.driver_silence)}) {
     if (!st.ok()) return st;
   }
   for (const Fault& f : spec.faults) {
@@ -331,7 +342,7 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
 
 // Every top-level key is a known section holding a table.
 absl::Status CheckSections(const toml::table& root, const std::string& file) {
-  static const std::set<std::string> kSections = {"job", "model", "optimizer", "elastic",
+  static const std::set<std::string> kSections = {"job",        "model", "optimizer", "elastic",
                                                   "checkpoint", "chaos", "timeouts"};
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
@@ -364,8 +375,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
   absl::Status err;
   // [job] first: the model takes its seed, the schedule its total_steps by default.
   constexpr std::pair<const char*, void (*)(Section&, JobSpec&)> kReaders[] = {
-      {"job", ReadJob},         {"model", ReadModel},           {"optimizer", ReadOptimizer},
-      {"elastic", ReadElastic}, {"checkpoint", ReadCheckpoint}, {"chaos", ReadChaos},
+      {"job", ReadJob},          {"model", ReadModel},           {"optimizer", ReadOptimizer},
+      {"elastic", ReadElastic},  {"checkpoint", ReadCheckpoint}, {"chaos", ReadChaos},
       {"timeouts", ReadTimeouts}};
   for (const auto& [name, read] : kReaders) {
     Section s(root[name].as_table(), name, file, &err);
@@ -389,7 +400,8 @@ std::string JobSpec::ToToml() const {
   std::vector<std::string> faults_q;
   for (const Fault& f : faults) faults_q.push_back(Quote(f.ToString()));
   std::string options;
-  for (const auto& [k, v] : model.options) absl::StrAppend(&options, Quote(k), " = ", Quote(v), "\n");
+  for (const auto& [k, v] : model.options)
+    absl::StrAppend(&options, Quote(k), " = ", Quote(v), "\n");
   // Floats are written with enough digits to read back the same float.
   auto num = [](float x) { return absl::StrFormat("%.9g", x); };
   return absl::StrCat(
@@ -398,17 +410,16 @@ std::string JobSpec::ToToml() const {
       "\n\n[model]\ntype = ", Quote(model.type), "\nsize = ", Quote(model.size),
       "\ndata_dir = ", Quote(model.data_dir), "\nseq_len = ", model.seq_len,
       "\nmicrobatch_size = ", model.microbatch_size, "\nmicrobatches = ", model.microbatches,
-      "\n\n[model.options]\n", options,
-      "\n[optimizer]\nlr = ", num(schedule.max_lr), "\nmin_lr = ", num(schedule.min_lr),
-      "\nwarmup_steps = ", schedule.warmup_steps, "\ntotal_steps = ", schedule.total_steps,
-      "\nweight_decay = ", num(adamw.weight_decay), "\nmax_grad_norm = ", num(adamw.max_grad_norm),
-      "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
-      "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
-      "\nmax_workers = ", max_workers, "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir),
-      "\nevery = ", checkpoint_every, "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [",
-      absl::StrJoin(faults_q, ", "), "]\n\n[timeouts]\nliveness = \"",
-      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
-      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      "\n\n[model.options]\n", options, "\n[optimizer]\nlr = ", num(schedule.max_lr),
+      "\nmin_lr = ", num(schedule.min_lr), "\nwarmup_steps = ", schedule.warmup_steps,
+      "\ntotal_steps = ", schedule.total_steps, "\nweight_decay = ", num(adamw.weight_decay),
+      "\nmax_grad_norm = ", num(adamw.max_grad_norm), "\nbeta1 = ", num(adamw.beta1),
+      "\nbeta2 = ", num(adamw.beta2), "\n\n[elastic]\nworkers = ", workers,
+      "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
+      "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
+      "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
+      "]\n\n[timeouts]\nliveness = \"", absl::FormatDuration(timeouts.liveness),
+      "\"\ncollective = \"", absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
       absl::FormatDuration(timeouts.join_wait), "\"\nwatchdog = \"",

@@ -142,9 +142,9 @@ std::string EncodeManifest(const CheckpointManifest& m) {
 
 absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view bytes,
                                                   const std::string& file) {
-  absl::StatusOr<kj::Array<capnp::word>> sealed = UnsealMessage(
-      bytes, absl::string_view(kMagic, sizeof(kMagic)), kMaxManifestBytes,
-      absl::StrCat("checkpoint manifest ", file));
+  absl::StatusOr<kj::Array<capnp::word>> sealed =
+      UnsealMessage(bytes, absl::string_view(kMagic, sizeof(kMagic)), kMaxManifestBytes,
+                    absl::StrCat("checkpoint manifest ", file));
   if (!sealed.ok()) return sealed.status();
   kj::Array<capnp::word> words = std::move(*sealed);
   const size_t length = words.size() * sizeof(capnp::word);

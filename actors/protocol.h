@@ -182,8 +182,7 @@ typename Inspector::result_type inspect(Inspector& f, ShardWritten& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, FinalParams& x) {
-  return f(caf::meta::type_name("troupe.FinalParams"), x.generation, x.crc, x.num_params,
-           x.steps);
+  return f(caf::meta::type_name("troupe.FinalParams"), x.generation, x.crc, x.num_params, x.steps);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CoordinatorHello& x) {

@@ -116,9 +116,8 @@ class RankState {
         TrainableRegistry::Global().Create(spec_.model);
     if (!model.ok()) return model.status();
     model_ = std::move(*model);
-    absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
-        CheckpointStore::Open(
-            {.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last, .warning = {}});
+    absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(
+        {.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last, .warning = {}});
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
     serve_log_ = std::make_unique<LineLog>(absl::StrCat(
@@ -257,8 +256,8 @@ class RankState {
       ShardView view{begin, end, data->data(), data->data() + count, data->data() + 2 * count};
       absl::StatusOr<ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, view);
       ShardFileInfo i = info.ok() ? *info : ShardFileInfo{};
-      caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, i,
-                                                WireStatus::From(info.status())});
+      caf::anon_send(coordinator_,
+                     ShardWritten{gen, checkpoint_step, index, i, WireStatus::From(info.status())});
     });
   }
 
@@ -337,7 +336,8 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
         return {
             [st](const ConfigureRank& m) {
               st->Abort(m.generation);
-              st->Post(m.generation, [st, m] { st->Configure(m.generation, m.plan, m.coordinator); });
+              st->Post(m.generation,
+                       [st, m] { st->Configure(m.generation, m.plan, m.coordinator); });
             },
             [st](const RunStep& m) {
               st->Post(m.generation, [st, m] { st->Step(m.generation, m.step); });

@@ -61,9 +61,8 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
     }
   }
   if (ec) {
-    return absl::NotFoundError(absl::StrCat("model.data_dir: cannot read '", spec.data_dir,
-                                            "': ", ec.message(),
-                                            " (run `troupe data prepare` first)"));
+    return absl::NotFoundError(absl::StrCat("model.data_dir: cannot read '", spec.data_dir, "': ",
+                                            ec.message(), " (run `troupe data prepare` first)"));
   }
   if (shards.empty()) {
     return absl::NotFoundError(absl::StrCat("model.data_dir: expected train-*.tok shards in '",
@@ -117,9 +116,8 @@ absl::StatusOr<std::unique_ptr<Trainable>> TrainableRegistry::Create(const Model
   if (it == factories_.end()) {
     std::vector<std::string> names;
     for (const auto& [n, f] : factories_) names.push_back(n);
-    return absl::InvalidArgumentError(absl::StrCat("model.type: expected one of ",
-                                                   absl::StrJoin(names, ", "), ", got '",
-                                                   spec.type, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.type: expected one of ", absl::StrJoin(names, ", "), ", got '", spec.type, "'"));
   }
   return it->second(spec);
 }

@@ -104,7 +104,8 @@ struct DriverState {
 std::string DeathLine(const runtime::MembershipEvent& e) {
   std::string what = e.kind == "node_dead" ? "node agent" : "worker";
   return absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
-                      "event: ", what, " ", e.subject, e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
+                      "event: ", what, " ", e.subject,
+                      e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
                       e.kind == "worker_exit" ? " exit status: " : " down: ",
                       runtime::ExitCauseName(e.exit_cause()), " — ", e.detail);
 }
@@ -130,8 +131,8 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
       [self, st, heard, forward](const CoordinatorHello& h) {
         heard();
         st->coordinator = h.coordinator;
-        self->send(h.coordinator, KnownRanks{static_cast<int32_t>(st->ranks.size()),
-                                             st->client->head()});
+        self->send(h.coordinator,
+                   KnownRanks{static_cast<int32_t>(st->ranks.size()), st->client->head()});
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
       [st, forward](const RankJoined& j) {
@@ -150,7 +151,9 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         heard();
         *st->out << line.text << std::endl;
       },
-      [st](const AddNode& a) { st->queue->Push({"add_node", a.name}); },
+      [st](const AddNode& a) {
+        st->queue->Push({"add_node", a.name});
+      },
       [st](const JobReport& r) {
         if (st->finished) return;
         st->finished = true;
@@ -293,10 +296,10 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec)
     absl::SleepFor(absl::Milliseconds(10));
   }
   if (alive < want) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "embedded cluster: ", alive, " of ", want, " workers joined within ",
-        absl::FormatDuration(spec.timeouts.cluster_start), " (timeouts.cluster_start; logs in ",
-        spec.work_dir, "/logs)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("embedded cluster: ", alive, " of ", want, " workers joined within ",
+                     absl::FormatDuration(spec.timeouts.cluster_start),
+                     " (timeouts.cluster_start; logs in ", spec.work_dir, "/logs)"));
   }
   return absl::OkStatus();
 }
@@ -306,8 +309,12 @@ class RankSpawner {
  public:
   RankSpawner(runtime::ClusterClient& client, const JobSpec& spec, std::string spec_text,
               bool embedded, caf::actor driver, std::ostream& out)
-      : client_(client), spec_(spec), spec_text_(std::move(spec_text)), embedded_(embedded),
-        driver_(std::move(driver)), out_(out) {}
+      : client_(client),
+        spec_(spec),
+        spec_text_(std::move(spec_text)),
+        embedded_(embedded),
+        driver_(std::move(driver)),
+        out_(out) {}
 
   void SpawnNew() {
     absl::StatusOr<std::vector<runtime::MemberInfo>> members = client_.Members();
@@ -376,16 +383,17 @@ absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, JobCluster& cluster, 
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
     if (req && req->kind == "add_node" && cluster.local != nullptr) {
-      absl::StatusOr<pid_t> pid = cluster.local->AddNode(req->arg, 1, "cpu=1", "spot=true", kNodeArgs);
-      if (!pid.ok()) out << "warning: adding node " << req->arg << ": " << pid.status() << std::endl;
+      absl::StatusOr<pid_t> pid =
+          cluster.local->AddNode(req->arg, 1, "cpu=1", "spot=true", kNodeArgs);
+      if (!pid.ok())
+        out << "warning: adding node " << req->arg << ": " << pid.status() << std::endl;
     } else if (req && req->kind == "spawn") {
       ranks.SpawnNew();
     }
     if (absl::ToUnixNanos(absl::Now()) - st.last_heard_ns.load() > silence_ns) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no word from the coordinator for ",
-                       absl::FormatDuration(spec.timeouts.driver_silence),
-                       " (timeouts.driver_silence; is any worker left to run it?)"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no word from the coordinator for ", absl::FormatDuration(spec.timeouts.driver_silence),
+          " (timeouts.driver_silence; is any worker left to run it?)"));
     }
   }
   return result.get();
@@ -395,12 +403,10 @@ void PrintSummary(const JobReport& r, std::ostream& out) {
   out << absl::StrFormat(
              "done: %d steps, final loss %.4f, world %d, %d generations, params crc32c "
              "%08x, steps lost %d",
-             r.committed_steps, r.losses.empty() ? 0.0 : r.losses.back(),
-             r.final_world, r.generations, r.final_params_crc32c,
-             r.steps_lost)
-      << (r.recovery_seconds >= 0
-              ? absl::StrFormat(", recovery %.3f s", r.recovery_seconds)
-              : std::string())
+             r.committed_steps, r.losses.empty() ? 0.0 : r.losses.back(), r.final_world,
+             r.generations, r.final_params_crc32c, r.steps_lost)
+      << (r.recovery_seconds >= 0 ? absl::StrFormat(", recovery %.3f s", r.recovery_seconds)
+                                  : std::string())
       << std::endl;
 }
 

@@ -101,8 +101,8 @@ TEST(PointToPoint, UnevenSendsDoNotShiftLaterCollectives) {
     if (r == 0) st[r] = comms[0]->Send(Buffer::F32(msg), 1, 7, o).Wait();
     if (r == 1) st[r] = comms[1]->Recv(Buffer::F32(msg), 0, 7, o).Wait();
     if (!st[r].ok()) return;
-    st[r] = comms[r]->AllReduce(Buffer::F32(sums[r]), Buffer::F32(sums[r]), ReduceOp::kSum, o)
-                .Wait();
+    st[r] =
+        comms[r]->AllReduce(Buffer::F32(sums[r]), Buffer::F32(sums[r]), ReduceOp::kSum, o).Wait();
   });
   for (int r = 0; r < n; ++r) {
     EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];

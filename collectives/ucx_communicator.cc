@@ -14,9 +14,9 @@
 #include <cstring>
 #include <fstream>
 #include <list>
+#include <mutex>
 #include <random>
 #include <sstream>
-#include <mutex>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -214,11 +214,10 @@ class UcxTransport : public Transport {
       if (all) break;
       if (auto st = failure(); !st.ok()) return st;
       if ((iter & 255) == 255 && absl::Now() > deadline) {
-        return FailWith(absl::DeadlineExceededError(
-            absl::StrCat("collectives: rank ", rank_, " operation deadline passed; ",
-                         DescribePending(ids), "; ", iter, " polls, ",
-                         spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
-                         " (", size_, " ranks, ", usable_cpus_, " usable vCPUs)")));
+        return FailWith(absl::DeadlineExceededError(absl::StrCat(
+            "collectives: rank ", rank_, " operation deadline passed; ", DescribePending(ids), "; ",
+            iter, " polls, ", spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
+            " (", size_, " ranks, ", usable_cpus_, " usable vCPUs)")));
       }
       if (ucp_worker_progress(worker_) != 0) {
         idle = 0;
@@ -281,9 +280,9 @@ class UcxTransport : public Transport {
   absl::Status ProbeSingleCopy(Bootstrap* boot, const std::string& prefix, absl::Time deadline) {
     std::random_device rd;
     for (auto& w : cookie_) w = (uint64_t{rd()} << 32) | rd();
-    const std::string me = absl::StrCat(BootId(), " ", getpid(), " ",
-                                        reinterpret_cast<uintptr_t>(cookie_), " ", cookie_[0],
-                                        " ", cookie_[1]);
+    const std::string me =
+        absl::StrCat(BootId(), " ", getpid(), " ", reinterpret_cast<uintptr_t>(cookie_), " ",
+                     cookie_[0], " ", cookie_[1]);
     if (auto st = boot->Publish(absl::StrCat(prefix, "/cma/", rank_), me); !st.ok()) return st;
     pids_.assign(size_, 0);
     bool readable = true;
@@ -318,9 +317,9 @@ class UcxTransport : public Transport {
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
     if (!ReadFrom(pids_[peer], remote, local, bytes)) {
-      return FailWith(absl::UnavailableError(absl::StrCat(
-          "collectives: reading peer rank ", peer, "'s memory (pid ", pids_[peer],
-          ") failed: ", std::strerror(errno))));
+      return FailWith(absl::UnavailableError(absl::StrCat("collectives: reading peer rank ", peer,
+                                                          "'s memory (pid ", pids_[peer],
+                                                          ") failed: ", std::strerror(errno))));
     }
     CountRecv(bytes);
     return absl::OkStatus();
@@ -406,8 +405,8 @@ class UcxTransport : public Transport {
       if (r->done) continue;
       if (++pending > 4) continue;
       const uint64_t sub = r->tag & 0xffffff;
-      absl::StrAppend(&out, pending > 1 ? ", " : "", r->recv ? "receive from" : "send to",
-                      " rank ", r->peer, " (", r->bytes, " bytes, ");
+      absl::StrAppend(&out, pending > 1 ? ", " : "", r->recv ? "receive from" : "send to", " rank ",
+                      r->peer, " (", r->bytes, " bytes, ");
       if (r->tag >> 47) {
         absl::StrAppend(&out, "user tag ", r->tag & 0x7fffffff, ")");
       } else {
@@ -468,7 +467,7 @@ class UcxTransport : public Transport {
   std::list<std::unique_ptr<Req>> abandoned_;
   std::vector<std::unique_ptr<Req>> free_;
   bool single_copy_ = false;
-  std::vector<pid_t> pids_;  // peers' pids, for ReadPeer
+  std::vector<pid_t> pids_;      // peers' pids, for ReadPeer
   uint64_t cookie_[2] = {0, 0};  // reaped requests, reused (no malloc per message)
   // Idle progress polls before WaitAll yields the CPU: spin while every rank may have a vCPU of
   // its own (a yield is a system call that delays the next poll), for ~2 ms (65536 polls; with

@@ -110,8 +110,8 @@ int Matrix(Ctx& c, size_t max_count) {
                       Algorithm::kRecursiveDoubling, 3);
     ok &= CheckReduce(*comm, false, count, DType::kF32, ReduceOp::kSum, Algorithm::kOrdered, 4);
     ok &= CheckReduce(*comm, true, count / n + 1, DType::kF32, ReduceOp::kSum, Algorithm::kRing, 5);
-    ok &= CheckReduce(*comm, false, count, DType::kBF16, ReduceOp::kSum, Algorithm::kSingleCopy,
-                      10);
+    ok &=
+        CheckReduce(*comm, false, count, DType::kBF16, ReduceOp::kSum, Algorithm::kSingleCopy, 10);
     ok &= CheckReduce(*comm, true, count / n + 1, DType::kF32, ReduceOp::kAvg,
                       Algorithm::kSingleCopy, 11);
     // All-gather and broadcast.

@@ -82,8 +82,8 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int64
       const int64_t i1 = std::min(t, i0 + kCausalRows);
       Gemm<T>(false, true, i1 - i0, i1, hs, T(1), dout_h + i0 * c, c, v, 3 * c, T(0),
               datt.data() + i0 * t, t);
-      Gemm<T>(true, false, i1 - i0, hs, t - i0, T(1), a + i0 * t + i0, t, dout_h + i0 * c, c,
-              T(1), dv + i0 * 3 * c, 3 * c);
+      Gemm<T>(true, false, i1 - i0, hs, t - i0, T(1), a + i0 * t + i0, t, dout_h + i0 * c, c, T(1),
+              dv + i0 * 3 * c, 3 * c);
     }
     // Softmax backward in place: dpre[i, j] = a[i, j] * (datt[i, j] - sum_k a[i, k] datt[i, k]).
     for (int64_t i = 0; i < t; ++i) {
@@ -97,8 +97,8 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int64
       const int64_t i1 = std::min(t, i0 + kCausalRows);
       Gemm<T>(false, false, i1 - i0, hs, i1, scale, datt.data() + i0 * t, t, k, 3 * c, T(1),
               dq + i0 * 3 * c, 3 * c);
-      Gemm<T>(true, false, i1 - i0, hs, t - i0, scale, datt.data() + i0 * t + i0, t,
-              q + i0 * 3 * c, 3 * c, T(1), dk + i0 * 3 * c, 3 * c);
+      Gemm<T>(true, false, i1 - i0, hs, t - i0, scale, datt.data() + i0 * t + i0, t, q + i0 * 3 * c,
+              3 * c, T(1), dk + i0 * 3 * c, 3 * c);
     }
   });
 }

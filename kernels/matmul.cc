@@ -86,13 +86,13 @@ const Blas& GetBlas() {
 
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  GetBlas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                  m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  GetBlas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                  n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
               int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  GetBlas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                  m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  GetBlas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                  n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 #endif
 

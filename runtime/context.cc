@@ -145,8 +145,8 @@ SupervisionEvent ProcessExitEvent(const std::string& reaper, const std::string& 
   }
   if (fenced) {
     e.cause = ExitCause::kFenced;
-    e.reason = absl::StrCat("fenced (the head declared it dead for missed heartbeats), then ",
-                            e.reason);
+    e.reason =
+        absl::StrCat("fenced (the head declared it dead for missed heartbeats), then ", e.reason);
   }
   return e;
 }

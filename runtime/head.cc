@@ -28,7 +28,7 @@ struct Member {
   std::string exit_detail, stderr_tail;  // from the node agent's waitpid
   ExitCause cause = ExitCause::kNone;    // how it died, as far as the head knows
   int exit_code = -1, signal = 0;
-  size_t hosted = 0;                     // actors spawned here, for placement
+  size_t hosted = 0;  // actors spawned here, for placement
 };
 
 // Every node carries this label, so a request can be pinned to one node by a selector.
@@ -61,69 +61,19 @@ class HeadActor final : public caf::event_based_actor {
         [this](reg_node_atom, const std::string& name, const std::string& build_id,
                const std::string& resources, const std::string& labels,
                const caf::actor& agent) -> caf::result<uint64_t> {
-          if (auto e = CheckBuild("node", name, build_id)) return *e;
-          auto it = members_.find(name);
-          if (it != members_.end() && it->second.info.state != "dead") {
-            return caf::make_error(caf::sec::runtime_error,
-                                   absl::StrCat("node '", name, "' is already a member"));
-          }
-          auto spec = ParseNodeSpec(name, resources, labels);
-          if (!spec.ok()) {
-            return caf::make_error(
-                caf::sec::runtime_error,
-                absl::StrCat("node '", name, "' refused: ", spec.status().message()));
-          }
-          if (absl::Status s = sched_.AddNode(*spec); !s.ok()) {
-            return caf::make_error(caf::sec::runtime_error,
-                                   absl::StrCat("node '", name, "' refused: ", s.message()));
-          }
-          Member m;
-          m.info = MemberInfo{name, "node", name, "alive", 0, resources, labels};
-          m.handle = agent;
-          m.last_seen = Clock::now();
-          monitor(agent);
-          members_[name] = std::move(m);
-          Publish("node_alive", name, name, 0, "resources " + resources + " labels " + labels);
-          return generation_;
+          return HandleRegisterNode(name, build_id, resources, labels, agent);
         },
         [this](reg_worker_atom, const std::string& id, const std::string& node, int64_t pid,
                const std::string& build_id, const caf::actor& worker) -> caf::result<uint64_t> {
-          if (auto e = CheckBuild("worker", id, build_id)) return *e;
-          Member m;
-          m.info = MemberInfo{id, "worker", node, "alive", pid, "", ""};
-          m.handle = worker;
-          m.last_seen = Clock::now();
-          monitor(worker);
-          members_[id] = std::move(m);
-          Publish("worker_alive", id, node, pid, "");
-          return generation_;
+          return HandleRegisterWorker(id, node, pid, build_id, worker);
         },
         [this](heartbeat_atom, const std::string& id, const std::vector<ActorStat>& stats) {
-          auto it = members_.find(id);
-          if (it == members_.end() || it->second.info.state == "dead") return;
-          Member& m = it->second;
-          m.last_seen = Clock::now();
-          m.actors.clear();
-          for (const auto& s : stats) m.actors[s.name] = s;
-          auto hung_ms =
-              std::chrono::duration_cast<std::chrono::milliseconds>(options_.hung_timeout).count();
-          for (const auto& s : stats) {
-            if (s.busy_ms >= static_cast<uint64_t>(hung_ms)) {
-              if (m.hung.insert(s.name).second) {
-                Publish("actor_hung", s.name, m.info.node, m.info.pid,
-                        absl::StrCat("handler running for ", s.busy_ms, "ms on worker ", id,
-                                     " (progress ", s.progress, ")"),
-                        "", /*bump=*/false);
-              }
-            } else {
-              m.hung.erase(s.name);
-            }
-          }
+          HandleHeartbeat(id, stats);
         },
-        [this](wexit_atom, const std::string& id, int64_t /*pid*/, const std::string& status,
-               const std::string& tail, int32_t wait_status, bool fenced) {
-          HandleWorkerExit(id, status, tail, wait_status, fenced);
-        },
+        // The status text is for older agents' logs; the wait status says it all.
+        [this](wexit_atom, const std::string& id, int64_t /*pid*/, const std::string& /*status*/,
+               const std::string& tail, int32_t wait_status,
+               bool fenced) { HandleWorkerExit(id, tail, wait_status, fenced); },
         [this](flush_atom, const std::string& id) { ReportWorkerDown(id); },
         [this](drain_atom, const std::string& node, int64_t grace_ms) {
           auto it = members_.find(node);
@@ -164,14 +114,7 @@ class HeadActor final : public caf::event_based_actor {
           monitor(who);
         },
         [this](preempt_node_atom, const std::string& node) -> caf::result<bool> {
-          auto it = members_.find(node);
-          if (it == members_.end() || it->second.info.kind != "node" ||
-              it->second.info.state == "dead") {
-            return caf::make_error(caf::sec::runtime_error,
-                                   absl::StrCat("preempt: no live node '", node, "'"));
-          }
-          send(it->second.handle, preempt_node_atom::value);
-          return true;
+          return HandlePreempt(node);
         },
         [this](tick_atom) {
           CheckHeartbeats();
@@ -218,17 +161,96 @@ class HeadActor final : public caf::event_based_actor {
                bool bump = true, ExitCause cause = ExitCause::kNone, int exit_code = -1,
                int signal = 0) {
     if (bump) ++generation_;
-    MembershipEvent e{generation_, kind,      subject, node, pid, detail, tail,
-                      static_cast<int32_t>(cause), exit_code, signal};
+    MembershipEvent e{generation_, kind,   subject, node,
+                      pid,         detail, tail,    static_cast<int32_t>(cause),
+                      exit_code,   signal};
     aout(this) << "troupe-head: " << e.DebugString() << std::endl;
     for (const auto& s : subscribers_) send(s, membership_atom::value, e);
+  }
+
+  caf::result<uint64_t> HandleRegisterNode(const std::string& name, const std::string& build_id,
+                                           const std::string& resources, const std::string& labels,
+                                           const caf::actor& agent) {
+    if (auto e = CheckBuild("node", name, build_id)) return *e;
+    auto it = members_.find(name);
+    if (it != members_.end() && it->second.info.state != "dead") {
+      return caf::make_error(caf::sec::runtime_error,
+                             absl::StrCat("node '", name, "' is already a member"));
+    }
+    auto spec = ParseNodeSpec(name, resources, labels);
+    if (!spec.ok()) {
+      return caf::make_error(caf::sec::runtime_error,
+                             absl::StrCat("node '", name, "' refused: ", spec.status().message()));
+    }
+    if (absl::Status s = sched_.AddNode(*spec); !s.ok()) {
+      return caf::make_error(caf::sec::runtime_error,
+                             absl::StrCat("node '", name, "' refused: ", s.message()));
+    }
+    Member m;
+    m.info = MemberInfo{name, "node", name, "alive", 0, resources, labels};
+    m.handle = agent;
+    m.last_seen = Clock::now();
+    monitor(agent);
+    members_[name] = std::move(m);
+    Publish("node_alive", name, name, 0, "resources " + resources + " labels " + labels);
+    return generation_;
+  }
+
+  caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
+                                             int64_t pid, const std::string& build_id,
+                                             const caf::actor& worker) {
+    if (auto e = CheckBuild("worker", id, build_id)) return *e;
+    Member m;
+    m.info = MemberInfo{id, "worker", node, "alive", pid, "", ""};
+    m.handle = worker;
+    m.last_seen = Clock::now();
+    monitor(worker);
+    members_[id] = std::move(m);
+    Publish("worker_alive", id, node, pid, "");
+    return generation_;
+  }
+
+  // A worker's or node's heartbeat, with its actors' handler times: a handler running longer
+  // than hung_timeout is reported once as actor_hung.
+  void HandleHeartbeat(const std::string& id, const std::vector<ActorStat>& stats) {
+    auto it = members_.find(id);
+    if (it == members_.end() || it->second.info.state == "dead") return;
+    Member& m = it->second;
+    m.last_seen = Clock::now();
+    m.actors.clear();
+    for (const auto& s : stats) m.actors[s.name] = s;
+    auto hung_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(options_.hung_timeout).count();
+    for (const auto& s : stats) {
+      if (s.busy_ms >= static_cast<uint64_t>(hung_ms)) {
+        if (m.hung.insert(s.name).second) {
+          Publish("actor_hung", s.name, m.info.node, m.info.pid,
+                  absl::StrCat("handler running for ", s.busy_ms, "ms on worker ", id,
+                               " (progress ", s.progress, ")"),
+                  "", /*bump=*/false);
+        }
+      } else {
+        m.hung.erase(s.name);
+      }
+    }
+  }
+
+  // Chaos by name: the node's agent gives itself a preemption notice on its own host.
+  caf::result<bool> HandlePreempt(const std::string& node) {
+    auto it = members_.find(node);
+    if (it == members_.end() || it->second.info.kind != "node" || it->second.info.state == "dead") {
+      return caf::make_error(caf::sec::runtime_error,
+                             absl::StrCat("preempt: no live node '", node, "'"));
+    }
+    send(it->second.handle, preempt_node_atom::value);
+    return true;
   }
 
   // The node agent's waitpid status of a worker. Usually it marks the worker dead; when the head
   // already had (a lost connection whose report waited out the flush delay, or a fence for
   // missed heartbeats), the real status follows as worker_exit, so no death goes unexplained.
-  void HandleWorkerExit(const std::string& id, const std::string& status, const std::string& tail,
-                        int32_t wait_status, bool fenced) {
+  void HandleWorkerExit(const std::string& id, const std::string& tail, int32_t wait_status,
+                        bool fenced) {
     auto it = members_.find(id);
     if (it == members_.end() || it->second.exit_known) return;
     Member& m = it->second;

@@ -152,8 +152,8 @@ bool RegisterWithHead(caf::actor_system& sys, const caf::actor& head, const Node
   const std::string build_id = c.co.build_id.empty() ? BuildId() : c.co.build_id;
   bool ok = false;
   caf::scoped_actor self{sys};
-  self->request(head, std::chrono::seconds(10), reg_node_atom::value, c.name, build_id,
-                c.resources, c.labels, agent)
+  self->request(head, std::chrono::seconds(10), reg_node_atom::value, c.name, build_id, c.resources,
+                c.labels, agent)
       .receive([&](uint64_t) { ok = true; },
                [&](caf::error& e) {
                  std::cerr << "troupe node " << c.name << ": refused: " << sys.render(e) << "\n";
@@ -170,8 +170,16 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
     std::string id = absl::StrCat(c.name, "/w", i);
     std::string file = absl::StrCat(c.co.log_dir, "/", c.name, "-w", i);
     ProcessSpec spec;
-    spec.args = {"worker", "--head", c.head_addr, "--node", c.name, "--id", id,
-                 "--heartbeat_interval", FormatDuration(c.co.heartbeat_interval), "--threads",
+    spec.args = {"worker",
+                 "--head",
+                 c.head_addr,
+                 "--node",
+                 c.name,
+                 "--id",
+                 id,
+                 "--heartbeat_interval",
+                 FormatDuration(c.co.heartbeat_interval),
+                 "--threads",
                  absl::StrCat(c.ro.threads)};
     if (!c.co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", c.co.build_id});
     for (const std::string& a : c.ro.TlsArgs()) spec.args.push_back(a);

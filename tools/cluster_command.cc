@@ -1,11 +1,10 @@
 // troupe head | node | worker | up | certs: the cluster roles, run by the stock binary with
 // troupe's built-in actor types (user programs call troupe::runtime::RunMain themselves).
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "commands.h"
-#include <cstdio>
-
 #include "troupe/actors/training.h"
 #include "troupe/runtime/cluster.h"
 

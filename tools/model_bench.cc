@@ -4,8 +4,9 @@
 //       One forward + backward on a seeded random batch; writes DIR/meta.json (config, loss,
 //       tensor layout), params.f32, grads.f32, logits.f32, tokens.i32, targets.i32.
 //   troupe_model_bench time --steps N [config flags]
-//       One untimed warm-up step, then N full training steps (forward, backward, grad-norm clip, AdamW); prints one line
-//       `time: step_s=<median> min_s=… max_s=… tokens_per_s=… threads=… cpu_s=… gemm=…`.
+//       One untimed warm-up step, then N full training steps (forward, backward, grad-norm clip,
+//       AdamW); prints one line `time: step_s=<median> min_s=… max_s=… tokens_per_s=… threads=…
+//       cpu_s=… gemm=…`.
 // Config flags: --vocab --context --layers --heads --width --batch --seq --seed --threads.
 #include <algorithm>
 #include <chrono>
@@ -77,8 +78,8 @@ int Dump(Gpt& gpt, int b, int t, uint64_t seed, const std::string& out) {
   meta << "{\"vocab_size\": " << c.vocab_size << ", \"context_length\": " << c.context_length
        << ", \"num_layers\": " << c.num_layers << ", \"num_heads\": " << c.num_heads
        << ", \"width\": " << c.width << ", \"batch\": " << b << ", \"seq\": " << t
-       << ", \"num_params\": " << gpt.num_params()
-       << ", \"gemm\": \"" << kernels::GemmBackend() << "\"";
+       << ", \"num_params\": " << gpt.num_params() << ", \"gemm\": \"" << kernels::GemmBackend()
+       << "\"";
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.17g", *loss);
   meta << ", \"loss\": " << buf << ", \"tensors\": [";
@@ -126,9 +127,10 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
-  std::printf("time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d cpu_s=%.6f gemm=%s\n",
-              median, sorted.front(), sorted.back(), b * t / median, kernels::NumThreads(),
-              cpu_per_step, kernels::GemmBackend().c_str());
+  std::printf(
+      "time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d cpu_s=%.6f gemm=%s\n",
+      median, sorted.front(), sorted.back(), b * t / median, kernels::NumThreads(), cpu_per_step,
+      kernels::GemmBackend().c_str());
   return 0;
 }
 
@@ -162,7 +164,8 @@ int Main(int argc, char** argv) {
   const int b = static_cast<int>(f.Int("batch", 4));
   const int t = static_cast<int>(f.Int("seq", config.context_length));
   if (mode == "dump") return Dump(*gpt, b, t, seed, f.Str("out").empty() ? "." : f.Str("out"));
-  if (mode == "time") return Time(*gpt, b, t, seed, static_cast<int>(std::max(1L, f.Int("steps", 3))));
+  if (mode == "time")
+    return Time(*gpt, b, t, seed, static_cast<int>(std::max(1L, f.Int("steps", 3))));
   std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
   return 2;
 }

@@ -106,8 +106,9 @@ class Mlp : public troupe::actors::Trainable {
 int main(int argc, char** argv) {
   // 1. The model, by name, in every process (workers build it from the job spec).
   troupe::actors::TrainableRegistry::Global().Register(
-      "mlp", [](const troupe::actors::ModelSpec& spec)
-                 -> absl::StatusOr<std::unique_ptr<troupe::actors::Trainable>> {
+      "mlp",
+      [](const troupe::actors::ModelSpec& spec)
+          -> absl::StatusOr<std::unique_ptr<troupe::actors::Trainable>> {
         auto hidden = spec.options.count("hidden") ? std::stoi(spec.options.at("hidden")) : 32;
         return std::make_unique<Mlp>(hidden, spec.microbatch_size, spec.microbatches, spec.seed);
       });

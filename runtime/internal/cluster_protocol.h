@@ -11,7 +11,8 @@
 //   (leave_atom, node)                                             node leaves now
 //   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id) | error
 //   (pg_atom, name, std::vector<std::string> bundles, strategy, domain_key)
-//                                                                  -> std::vector<std::string> nodes
+//                                                                  -> std::vector<std::string>
+//                                                                  nodes
 //   (lookup_atom, name)                                            -> (actor, uint64 gen, worker)
 //   (members_atom)                                                 -> std::vector<MemberInfo>
 //   (generation_atom)                                              -> uint64

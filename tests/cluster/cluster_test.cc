@@ -256,8 +256,8 @@ TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsew
   ASSERT_GT(victim, 0);
   // A worker is placeable as soon as the head registered it, a moment before it writes its
   // "joined" line; the stderr tail checked below must have that line to carry.
-  const std::string err_log = "/tmp/troupe-cluster-test-logs/" +
-                              absl::StrReplaceAll(before, {{"/w", "-w"}}) + ".err";
+  const std::string err_log =
+      "/tmp/troupe-cluster-test-logs/" + absl::StrReplaceAll(before, {{"/w", "-w"}}) + ".err";
   for (int i = 0; i < 500; ++i) {
     std::ifstream in(err_log);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

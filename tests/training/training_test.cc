@@ -3,13 +3,14 @@
 // gradient exchange, SIGTERM to a node agent, a node that joins, the whole job killed. Final
 // weights are compared through the CRC32C of the flat parameter vector the job reports.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,8 +19,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "caf/all.hpp"
 #include "troupe/runtime/cluster.h"
@@ -75,8 +74,8 @@ class TrainingTest : public ::testing::Test {
   // Starts `troupe train` in its own process group; output goes to <dir>/out.txt.
   pid_t Start(const std::string& dir, const std::vector<std::string>& extra) {
     fs::create_directories(dir);
-    std::vector<std::string> args = {TROUPE_BINARY, "train",      "--spec",   spec_,
-                                     "--work_dir",  dir,          "--report", dir + "/report"};
+    std::vector<std::string> args = {TROUPE_BINARY, "train", "--spec",   spec_,
+                                     "--work_dir",  dir,     "--report", dir + "/report"};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_t pid = fork();
     if (pid == 0) {
@@ -163,12 +162,12 @@ class TrainingTest : public ::testing::Test {
       ++committed[s];
       std::multiset<int> want;
       for (int k = 0; k < kMicrobatches; ++k) want.insert(k);
-      EXPECT_EQ(served[std::make_pair(s, g)], want) << "step " << s << " generation " << g
-                                      << ": microbatches served for the committed run";
+      EXPECT_EQ(served[std::make_pair(s, g)], want)
+          << "step " << s << " generation " << g << ": microbatches served for the committed run";
     }
     for (int64_t step = 0; step < kSteps; ++step) {
-      EXPECT_EQ(committed[step], 1) << "step " << step << " committed " << committed[step]
-                                    << " times";
+      EXPECT_EQ(committed[step], 1)
+          << "step " << step << " committed " << committed[step] << " times";
     }
     EXPECT_EQ(committed.size(), static_cast<size_t>(kSteps));
   }
@@ -365,7 +364,8 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
   const std::string out = Slurp(dir + "/out.txt");
   ASSERT_EQ(rc, 0) << out;
 
-  const std::vector<troupe::runtime::SupervisionEvent> events = ReadEvents(dir + "/logs/events.log");
+  const std::vector<troupe::runtime::SupervisionEvent> events =
+      ReadEvents(dir + "/logs/events.log");
   for (pid_t victim : {coord, rank}) {
     bool found = false;
     for (const auto& e : events) {
@@ -373,7 +373,8 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
                         e.cause == troupe::runtime::ExitCause::kSignaled && e.signal == SIGKILL);
     }
     EXPECT_TRUE(found) << "no process_exit event with cause=signaled signal=9 for pid " << victim
-                       << "\n" << Slurp(dir + "/logs/events.log");
+                       << "\n"
+                       << Slurp(dir + "/logs/events.log");
   }
   // Every death in the log has a cause, and the coordinator's exit is there with the reason.
   bool coordinator_exit = false, coordinator_restart = false;
@@ -382,14 +383,14 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
       EXPECT_NE(e.cause, troupe::runtime::ExitCause::kNone) << troupe::runtime::FormatEvent(e);
       EXPECT_GT(e.pid, 0) << troupe::runtime::FormatEvent(e);
     }
-    const bool is_coordinator = e.child.size() > 12 &&
-                                e.child.compare(e.child.size() - 12, 12, ".coordinator") == 0;
+    const bool is_coordinator =
+        e.child.size() > 12 && e.child.compare(e.child.size() - 12, 12, ".coordinator") == 0;
     if (is_coordinator && e.event == "exit") {
       coordinator_exit = true;
       EXPECT_FALSE(e.reason.empty()) << troupe::runtime::FormatEvent(e);
     }
-    coordinator_restart = coordinator_restart || (is_coordinator && e.event == "start" &&
-                                                  coordinator_exit);
+    coordinator_restart =
+        coordinator_restart || (is_coordinator && e.event == "start" && coordinator_exit);
   }
   EXPECT_TRUE(coordinator_exit) << Slurp(dir + "/logs/events.log");
   EXPECT_TRUE(coordinator_restart) << Slurp(dir + "/logs/events.log");
@@ -616,9 +617,7 @@ TEST_F(TrainingTest, CorruptNewestCheckpointIsSkippedAndThePreviousUsed) {
   EXPECT_NE(again.output.find("shard-00000.bin"), std::string::npos)
       << "the warning names the damaged file\n"
       << again.output;
-  EXPECT_NE(again.output.find("state from checkpoint step-20"),
-            std::string::npos)
-      << again.output;
+  EXPECT_NE(again.output.find("state from checkpoint step-20"), std::string::npos) << again.output;
   EXPECT_EQ(again.report.crc, want) << again.output;
 }
 

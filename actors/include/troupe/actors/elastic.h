@@ -88,7 +88,7 @@ class ElasticRank {
     // Off: the fastest reduce-scatter of the ranks' partial sums the communicator has (single
     // copy on one host, else the ring; the usual float tolerance only).
     bool deterministic = true;
-    uint64_t seed = 1;         // parameter initialisation
+    uint64_t seed = 1;  // parameter initialisation
     model::AdamWConfig adamw;
     model::LrSchedule schedule;
     collectives::CollectiveOptions collective;  // timeout; algorithm is set per call

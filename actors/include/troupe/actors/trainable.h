@@ -55,17 +55,18 @@ class Trainable {
 
 // The model part of a job spec, as the factory sees it.
 struct ModelSpec {
-  std::string type = "gpt";    // the registered factory's name
-  std::string size = "tiny";   // gpt: tiny | small20m
-  std::string data_dir;        // gpt: where `troupe data prepare` put the shards
+  std::string type = "gpt";   // the registered factory's name
+  std::string size = "tiny";  // gpt: tiny | small20m
+  std::string data_dir;       // gpt: where `troupe data prepare` put the shards
   int32_t seq_len = 64;
-  int32_t microbatch_size = 4;  // m
-  int32_t microbatches = 8;     // M per step, fixed whatever the world size
-  uint64_t seed = 1;            // data order and initialisation
+  int32_t microbatch_size = 4;                 // m
+  int32_t microbatches = 8;                    // M per step, fixed whatever the world size
+  uint64_t seed = 1;                           // data order and initialisation
   std::map<std::string, std::string> options;  // free-form, for user models ([model.options])
 };
 
-using TrainableFactory = std::function<absl::StatusOr<std::unique_ptr<Trainable>>(const ModelSpec&)>;
+using TrainableFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Trainable>>(const ModelSpec&)>;
 
 // Name → factory. "gpt" is always present; programs add their own before they run a job.
 class TrainableRegistry {

@@ -68,8 +68,8 @@ struct JobReport {
 runtime::RuntimeOptions DefaultDriverRuntimeOptions();
 
 struct TrainOptions {
-  std::string binary;     // embedded cluster: the program to run roles with ("" = this one)
-  std::string head;       // "HOST:PORT" of a running cluster; "" = start the embedded one
+  std::string binary;  // embedded cluster: the program to run roles with ("" = this one)
+  std::string head;    // "HOST:PORT" of a running cluster; "" = start the embedded one
   std::ostream* progress = nullptr;  // one line per step and per event; std::cout when null
   // The driver process's runtime, declared in `troupe train`'s config registry like every role's
   // (--tls_ca/--tls_cert/--tls_key or TROUPE_TLS_*, --threads, ...). With TLS the driver reaches
