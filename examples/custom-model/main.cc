@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   spec.adamw.weight_decay = 0;
   spec.workers = 3;
   spec.checkpoint_every = 10;
-  spec.faults.push_back({"kill-worker", 15, 1});
+  spec.faults.push_back({troupe::actors::FaultKind::kKillWorker, 15, 1});
   absl::StatusOr<troupe::actors::JobReport> report = troupe::actors::RunTrainingJob(spec, {});
   if (!report.ok()) {
     std::fprintf(stderr, "custom_model: %s\n", report.status().ToString().c_str());
