@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
+#include "line_log.h"
 #include "protocol.h"
 #include "troupe/actors/elastic.h"
 #include "troupe/actors/training.h"
@@ -82,27 +83,6 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
   uint64_t gen_;
   const std::atomic<uint64_t>* aborted_below_;
   std::chrono::milliseconds rpc_;
-};
-
-// A line written with one write(2): a kill -9 right after loses nothing already written.
-class LineLog {
- public:
-  explicit LineLog(const std::string& path) {
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  }
-  ~LineLog() {
-    if (fd_ >= 0) close(fd_);
-  }
-  void Write(const std::string& line) {
-    if (fd_ < 0) return;
-    std::string l = line + "\n";
-    (void)!write(fd_, l.data(), l.size());
-  }
-
- private:
-  int fd_ = -1;
 };
 
 class RankState {

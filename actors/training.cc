@@ -21,6 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
+#include "line_log.h"
 #include "protocol.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/cluster.h"
@@ -63,23 +64,14 @@ class DriverQueue {
 // writers never interleave and a line is complete once written.
 class EventLogFile {
  public:
-  explicit EventLogFile(const std::string& path) {
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  }
-  ~EventLogFile() {
-    if (fd_ >= 0) close(fd_);
-  }
+  explicit EventLogFile(const std::string& path) : log_(path) {}
   void Write(runtime::SupervisionEvent e) {
-    if (fd_ < 0) return;
     if (e.wall_time.time_since_epoch().count() == 0) e.wall_time = std::chrono::system_clock::now();
-    const std::string line = runtime::FormatEvent(e) + "\n";
-    (void)!write(fd_, line.data(), line.size());
+    log_.Write(runtime::FormatEvent(e));
   }
 
  private:
-  int fd_ = -1;
+  LineLog log_;
 };
 
 struct JoinInfo {
