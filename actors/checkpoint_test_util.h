@@ -33,18 +33,20 @@ bool BitEqual(const std::vector<float>& a, const std::vector<float>& b);
 class HookedFileSystem : public FileSystem {
  public:
   explicit HookedFileSystem(FileSystem* base) : base_(base) {}
-  virtual absl::Status Before(const std::string& op) = 0;
+  [[nodiscard]] virtual absl::Status Before(const std::string& op) = 0;
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
-  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) override {
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
+      const std::string& path) override {
     return base_->OpenForRead(path);
   }
-  absl::Status Rename(const std::string& from, const std::string& to) override;
-  absl::Status SyncDir(const std::string& dir) override;
-  absl::Status CreateDir(const std::string& dir) override;
-  absl::Status DeleteFile(const std::string& path) override;
-  absl::Status DeleteDir(const std::string& dir) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+  [[nodiscard]] absl::Status Rename(const std::string& from, const std::string& to) override;
+  [[nodiscard]] absl::Status SyncDir(const std::string& dir) override;
+  [[nodiscard]] absl::Status CreateDir(const std::string& dir) override;
+  [[nodiscard]] absl::Status DeleteFile(const std::string& path) override;
+  [[nodiscard]] absl::Status DeleteDir(const std::string& dir) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
     return base_->ListDir(dir);
   }
   bool FileExists(const std::string& path) override { return base_->FileExists(path); }

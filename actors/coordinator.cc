@@ -24,6 +24,7 @@
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/faults.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::actors {
 namespace {
@@ -415,7 +416,7 @@ caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_tex
   auto c = std::make_shared<Coordinator>(self, driver);
   if (absl::Status init = c->Init(spec_text); !init.ok()) {
     self->send(driver, JobFailed{WireStatus::From(init)});
-    self->quit(caf::make_error(caf::sec::runtime_error, std::string(init.message())));
+    self->quit(runtime::StatusToError(init));
     return {};
   }
   caf::behavior b = c->Behavior();

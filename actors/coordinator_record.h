@@ -24,8 +24,8 @@ namespace troupe::actors {
 inline constexpr uint32_t kCoordinatorRecordVersion = 1;
 
 std::string EncodeCoordinatorRecord(const CoordinatorRecord& record);
-absl::StatusOr<CoordinatorRecord> DecodeCoordinatorRecord(absl::string_view bytes,
-                                                          const std::string& file);
+[[nodiscard]] absl::StatusOr<CoordinatorRecord> DecodeCoordinatorRecord(absl::string_view bytes,
+                                                                        const std::string& file);
 
 [[nodiscard]] absl::Status SaveCoordinatorRecord(FileSystem* fs, const std::string& path,
                                                  const CoordinatorRecord& record);

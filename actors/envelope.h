@@ -26,9 +26,10 @@ std::string SealMessage(absl::string_view magic, capnp::MessageBuilder& builder)
 
 // The message's words (aligned, ready for capnp::FlatArrayMessageReader), or DataLoss starting
 // with `what` and naming the damage: short, too large, bad magic, length, CRC.
-absl::StatusOr<kj::Array<capnp::word>> UnsealMessage(absl::string_view bytes,
-                                                     absl::string_view magic, size_t max_bytes,
-                                                     const std::string& what);
+[[nodiscard]] absl::StatusOr<kj::Array<capnp::word>> UnsealMessage(absl::string_view bytes,
+                                                                   absl::string_view magic,
+                                                                   size_t max_bytes,
+                                                                   const std::string& what);
 
 }  // namespace troupe::actors
 

@@ -31,24 +31,14 @@
 #include "troupe/actors/manifest.h"
 #include "troupe/actors/training.h"
 #include "troupe/runtime/registry.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::actors {
 
 inline constexpr char kRankActorType[] = "troupe.rank";
 inline constexpr char kCoordinatorActorType[] = "troupe.coordinator";
 
-// An absl::Status on the wire: its code and message.
-struct WireStatus {
-  int32_t code = 0;
-  std::string message;
-  static WireStatus From(const absl::Status& s) {
-    return {static_cast<int32_t>(s.code()), std::string(s.message())};
-  }
-  absl::Status ToStatus() const {
-    return absl::Status(static_cast<absl::StatusCode>(code), message);
-  }
-  bool operator==(const WireStatus& o) const { return code == o.code && message == o.message; }
-};
+using runtime::WireStatus;  // a Status as a message field (troupe/runtime/status.h)
 
 struct ConfigureRank {
   uint64_t generation = 0;
@@ -122,10 +112,6 @@ struct JobFailed {
   WireStatus status;
 };
 
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, WireStatus& x) {
-  return f(caf::meta::type_name("troupe.WireStatus"), x.code, x.message);
-}
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
   return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.committed_steps,
@@ -216,7 +202,7 @@ void AddTrainingMessageTypes(runtime::ActorRegistry& registry);
 using put_atom = caf::atom_constant<caf::atom("tr_put")>;
 using get_atom = caf::atom_constant<caf::atom("tr_get")>;
 
-absl::Status RegisterCoordinator(runtime::ActorRegistry& registry);
+[[nodiscard]] absl::Status RegisterCoordinator(runtime::ActorRegistry& registry);
 
 }  // namespace troupe::actors
 

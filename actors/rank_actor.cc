@@ -23,6 +23,7 @@
 #include "troupe/collectives/ucx_communicator.h"
 #include "troupe/model/crc32c.h"
 #include "troupe/runtime/actor.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::actors {
 namespace {
@@ -309,7 +310,7 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
         }
         if (!init.ok()) {
           std::cerr << "troupe.rank " << worker << ": " << init << std::endl;
-          self->quit(caf::make_error(caf::sec::runtime_error, std::string(init.message())));
+          self->quit(runtime::StatusToError(init));
           return {};
         }
         self->attach_functor([st] { st->Stop(); });

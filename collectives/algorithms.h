@@ -38,30 +38,33 @@ struct OpContext {
 std::vector<size_t> EvenSegments(size_t count, int n);
 
 // In place on w; afterwards segment `rank` of w holds the reduction of all ranks' segments.
-absl::Status RingReduceScatter(const OpContext& c, float* w, const std::vector<size_t>& off,
-                               ReduceOp op, uint32_t phase);
+[[nodiscard]] absl::Status RingReduceScatter(const OpContext& c, float* w,
+                                             const std::vector<size_t>& off, ReduceOp op,
+                                             uint32_t phase);
 // In place on bytes; before, segment `rank` is local; afterwards all segments are.
-absl::Status RingAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off_bytes,
-                           uint32_t phase);
+[[nodiscard]] absl::Status RingAllGather(const OpContext& c, uint8_t* w,
+                                         const std::vector<size_t>& off_bytes, uint32_t phase);
 // In place on w (count = off.back()); needs c.t->CanReadPeers(). Afterwards segment `rank` of w
 // holds the reduction (peers combined in rank order) and, with `gather`, so do all segments.
 // Uses tag phases `phase` to `phase` + 2.
-absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
-                                 ReduceOp op, bool gather, uint32_t phase);
+[[nodiscard]] absl::Status SingleCopyAllReduce(const OpContext& c, float* w,
+                                               const std::vector<size_t>& off, ReduceOp op,
+                                               bool gather, uint32_t phase);
 // In place; every rank ends with the bit-identical reduction.
-absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count, ReduceOp op,
-                                        uint32_t phase);
+[[nodiscard]] absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count,
+                                                      ReduceOp op, uint32_t phase);
 // Rank r's `w` (count = off.back()) is the partial sum over contributions [lo, hi). Writes the
 // canonical-tree reduction of segment `rank` to `out`, and the number of contributions to
 // `*contributions`.
-absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
-                                  const std::vector<size_t>& off, uint64_t lo, uint64_t hi,
-                                  ReduceOp op, float* out, uint64_t* contributions, uint32_t phase);
-absl::Status BinomialBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,
-                               uint32_t phase);
-absl::Status ScatterAllGatherBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,
-                                       uint32_t phase);
-absl::Status DisseminationBarrier(const OpContext& c, uint32_t phase);
+[[nodiscard]] absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
+                                                const std::vector<size_t>& off, uint64_t lo,
+                                                uint64_t hi, ReduceOp op, float* out,
+                                                uint64_t* contributions, uint32_t phase);
+[[nodiscard]] absl::Status BinomialBroadcast(const OpContext& c, uint8_t* buf, size_t bytes,
+                                             int root, uint32_t phase);
+[[nodiscard]] absl::Status ScatterAllGatherBroadcast(const OpContext& c, uint8_t* buf, size_t bytes,
+                                                     int root, uint32_t phase);
+[[nodiscard]] absl::Status DisseminationBarrier(const OpContext& c, uint32_t phase);
 
 // The canonical split point: lo + the largest power of two strictly below hi - lo.
 uint64_t CanonicalMid(uint64_t lo, uint64_t hi);

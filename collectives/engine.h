@@ -73,13 +73,13 @@ class Engine : public Communicator {
   bool PollPointToPoint();
   void Complete(Item& item, absl::Status st);
   void FailOp(absl::Status st);
-  absl::Status failed_copy() const;
+  [[nodiscard]] absl::Status failed_copy() const;
   // The algorithm an AllReduce / ReduceScatter of `count` elements runs.
   Algorithm Choose(const CollectiveOptions& o, size_t count) const;
-  absl::Status RunAllReduce(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
-                            const CollectiveOptions& o);
-  absl::Status RunReduceScatter(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
-                                const CollectiveOptions& o);
+  [[nodiscard]] absl::Status RunAllReduce(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
+                                          const CollectiveOptions& o);
+  [[nodiscard]] absl::Status RunReduceScatter(const OpContext& c, Buffer in, Buffer out,
+                                              ReduceOp op, const CollectiveOptions& o);
 
   std::unique_ptr<Transport> transport_;
   const uint64_t generation_;
@@ -98,8 +98,9 @@ class Engine : public Communicator {
 };
 
 // Compressed all-reduce (top-k or int8 with error feedback) over Transport; in compression.cc.
-absl::Status CompressedAllReduce(const OpContext& c, const float* in, float* out, size_t count,
-                                 ReduceOp op, const CollectiveOptions& o);
+[[nodiscard]] absl::Status CompressedAllReduce(const OpContext& c, const float* in, float* out,
+                                               size_t count, ReduceOp op,
+                                               const CollectiveOptions& o);
 
 }  // namespace troupe::collectives
 

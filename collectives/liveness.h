@@ -26,9 +26,9 @@ class Liveness {
     absl::Duration interval = absl::Milliseconds(100);
     absl::Duration timeout = absl::Seconds(5);
   };
-  static absl::StatusOr<std::unique_ptr<Liveness>> Start(Bootstrap* boot, const std::string& prefix,
-                                                         int rank, int size, Options options,
-                                                         OnDead on_dead, absl::Time deadline);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Liveness>> Start(
+      Bootstrap* boot, const std::string& prefix, int rank, int size, Options options,
+      OnDead on_dead, absl::Time deadline);
   ~Liveness();
 
  private:

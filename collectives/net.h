@@ -12,14 +12,14 @@
 namespace troupe::collectives::net {
 
 // Listens on 127.0.0.1:port (0: any free port); returns the fd and sets *bound_port.
-absl::StatusOr<int> Listen(int port, int* bound_port);
+[[nodiscard]] absl::StatusOr<int> Listen(int port, int* bound_port);
 // Connects to host:port, retrying refused connections until `deadline`.
-absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadline);
+[[nodiscard]] absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadline);
 // Waits for a connection until `deadline`.
-absl::StatusOr<int> Accept(int listen_fd, absl::Time deadline);
+[[nodiscard]] absl::StatusOr<int> Accept(int listen_fd, absl::Time deadline);
 // Reads exactly n bytes. Unavailable on EOF or error, DeadlineExceeded after `deadline`.
-absl::Status ReadFull(int fd, void* buf, size_t n, absl::Time deadline);
-absl::Status WriteFull(int fd, const void* buf, size_t n);
+[[nodiscard]] absl::Status ReadFull(int fd, void* buf, size_t n, absl::Time deadline);
+[[nodiscard]] absl::Status WriteFull(int fd, const void* buf, size_t n);
 void SetNoDelay(int fd);
 
 }  // namespace troupe::collectives::net

@@ -36,15 +36,17 @@ class Transport {
 
   // Post a non-blocking send/receive of `bytes` bytes. The buffer must stay valid until a
   // WaitAll covering the request returns (successfully or not).
-  virtual absl::StatusOr<ReqId> PostSend(int peer, uint64_t tag, const void* buf, size_t bytes) = 0;
-  virtual absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf, size_t bytes) = 0;
+  [[nodiscard]] virtual absl::StatusOr<ReqId> PostSend(int peer, uint64_t tag, const void* buf,
+                                                       size_t bytes) = 0;
+  [[nodiscard]] virtual absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf,
+                                                       size_t bytes) = 0;
   // Waits for all `reqs`. On failure (transport failed, deadline) every outstanding request of
   // this transport is cancelled before returning, so no buffer is touched afterwards.
-  virtual absl::Status WaitAll(absl::Span<const ReqId> reqs, absl::Time deadline) = 0;
+  [[nodiscard]] virtual absl::Status WaitAll(absl::Span<const ReqId> reqs, absl::Time deadline) = 0;
 
   // Non-blocking check of one request (progressing the transport): true and reaped when done,
   // false while pending, an error once the transport failed.
-  virtual absl::StatusOr<bool> Test(ReqId req) = 0;
+  [[nodiscard]] virtual absl::StatusOr<bool> Test(ReqId req) = 0;
 
   // Cancels and reaps every outstanding request (executor thread only; after a failed op).
   virtual void CancelAll() = 0;
@@ -56,8 +58,8 @@ class Transport {
   // address space (kSingleCopy). ReadPeer copies `bytes` from `remote`, an address in `peer`'s
   // process, into `local`; executor thread only; Unavailable naming the peer if it is gone.
   virtual bool CanReadPeers() const { return false; }
-  virtual absl::Status ReadPeer(int /*peer*/, uint64_t /*remote*/, void* /*local*/,
-                                size_t /*bytes*/) {
+  [[nodiscard]] virtual absl::Status ReadPeer(int /*peer*/, uint64_t /*remote*/, void* /*local*/,
+                                              size_t /*bytes*/) {
     return absl::UnimplementedError("collectives: this transport cannot read peers' memory");
   }
 

@@ -31,15 +31,15 @@ inline uint64_t GetU64(const char* p) {
   return v;
 }
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+[[nodiscard]] absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 // Writes header then each (data, size) chunk to path + ".tmp", fsyncs, renames over path.
 struct Chunk {
   const void* data;
   size_t size;
 };
-absl::Status WriteFileAtomically(const std::string& path, const std::string& header,
-                                 std::initializer_list<Chunk> chunks);
+[[nodiscard]] absl::Status WriteFileAtomically(const std::string& path, const std::string& header,
+                                               std::initializer_list<Chunk> chunks);
 
 }  // namespace troupe::model::internal
 

@@ -9,6 +9,7 @@
 #include "caf/sec.hpp"
 #include "caf/system_messages.hpp"
 #include "internal/context.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 namespace {
@@ -101,7 +102,7 @@ caf::invoke_message_result Actor::consume(caf::mailbox_element& x) {
         std::this_thread::sleep_for(d.delay);  // stuck, as far as anyone can tell
         break;
       case FaultInjector::Decision::Kind::kFail:
-        quit(caf::make_error(caf::sec::runtime_error, d.reason));
+        quit(StatusToError(absl::InternalError(d.reason)));
         return caf::invoke_message_result::consumed;
     }
   }

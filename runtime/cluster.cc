@@ -12,6 +12,7 @@
 #include "internal/context.h"
 #include "internal/process.h"
 #include "internal/tls.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 
@@ -138,16 +139,7 @@ absl::StatusOr<std::tuple<Ts...>> Ask(caf::actor_system& sys, const caf::actor& 
   absl::StatusOr<std::tuple<Ts...>> out = absl::UnavailableError("no answer");
   self->request(to, std::chrono::duration_cast<caf::timespan>(timeout), std::forward<Args>(args)...)
       .receive([&](Ts&... xs) { out = std::make_tuple(std::move(xs)...); },
-               [&](caf::error& e) {
-                 // Errors troupe raises carry their text as the context's only string.
-                 const caf::message& ctx = e.context();
-                 std::string what = ctx.size() == 1 && ctx.match_element<std::string>(0)
-                                        ? ctx.get_as<std::string>(0)
-                                        : sys.render(e);
-                 out = e == caf::sec::request_timeout
-                           ? absl::DeadlineExceededError("head did not answer in time")
-                           : absl::UnavailableError(what);
-               });
+               [&](caf::error& e) { out = ErrorToStatus(e, "head"); });
   return out;
 }
 
@@ -174,29 +166,13 @@ absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf
   return Spawn(type, args, name, *p);
 }
 
-namespace {
-
-// The head reports an unschedulable request as "unschedulable (<retry meaning>): <reason>".
-absl::Status FromHeadError(const absl::Status& s) {
-  std::string m(s.message());
-  if (m.find("unschedulable (waiting may help)") != std::string::npos) {
-    return absl::ResourceExhaustedError(m);
-  }
-  if (m.find("unschedulable (no node could ever fit)") != std::string::npos) {
-    return absl::FailedPreconditionError(m);
-  }
-  return s;
-}
-
-}  // namespace
-
 absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
                                               const std::string& name, const Placement& placement) {
   uint64_t gen = name.empty() ? 1 : runtime_->internal_context()->NextGeneration(name);
   auto r =
       Ask<caf::actor, std::string>(runtime_->system(), head_, timeout_, internal::spawn_atom::value,
                                    type, args, name, gen, placement);
-  if (!r.ok()) return FromHeadError(r.status());
+  if (!r.ok()) return r.status();
   return ActorRef{name, gen, std::get<0>(*r)};
 }
 
@@ -206,7 +182,7 @@ absl::StatusOr<std::vector<std::string>> ClusterClient::CreatePlacementGroup(
   auto r =
       Ask<std::vector<std::string>>(runtime_->system(), head_, timeout_, internal::pg_atom::value,
                                     name, bundles, strategy, domain_key);
-  if (!r.ok()) return FromHeadError(r.status());
+  if (!r.ok()) return r.status();
   return std::get<0>(*r);
 }
 

@@ -19,6 +19,7 @@
 #include "caf/all.hpp"
 #include "direct_wire.h"
 #include "troupe/runtime/runtime.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 
@@ -103,15 +104,14 @@ std::vector<char> ErrorFrame(const absl::Status& s, uint32_t call_id) {
   return out;
 }
 
-absl::Status FromCafError(caf::actor_system& sys, const caf::error& err, const std::string& actor) {
+// An actor's error reply as the Status the client gets: its code kept (StatusToError), the
+// actor named.
+absl::Status FromCafError(const caf::error& err, const std::string& actor) {
   if (err == caf::sec::request_receiver_down) {
     return absl::NotFoundError(absl::StrCat("actor '", actor, "' has exited"));
   }
-  if (err == caf::sec::unexpected_message) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("actor '", actor, "' does not handle this message"));
-  }
-  return absl::UnknownError(absl::StrCat("actor '", actor, "' failed: ", sys.render(err)));
+  absl::Status s = ErrorToStatus(err);
+  return absl::Status(s.code(), absl::StrCat("actor '", actor, "' failed: ", s.message()));
 }
 
 }  // namespace
@@ -306,7 +306,7 @@ caf::actor DirectServer::Impl::MakeReplySink(std::shared_ptr<Wire> wire, std::st
     caf::message reply = ptr->move_content_to_message();
     std::vector<char> out(kHeaderBytes);
     if (reply.match_elements<caf::error>()) {
-      out = ErrorFrame(FromCafError(*sys, reply.get_as<caf::error>(0), actor), call_id);
+      out = ErrorFrame(FromCafError(reply.get_as<caf::error>(0), actor), call_id);
     } else if (caf::binary_serializer ser{*sys, out}; auto err = ser(reply)) {
       out = ErrorFrame(absl::InternalError(absl::StrCat("cannot serialize the reply of '", actor,
                                                         "': ", sys->render(err))),

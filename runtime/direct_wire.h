@@ -56,24 +56,25 @@ struct FrameHeader {
 void EncodeHeader(const FrameHeader& h, char* out);
 // Validates and decodes a header; InvalidArgument naming the field, what was expected and what
 // arrived (bad magic, version, kind, reserved bits, or a length above `max_payload`).
-absl::Status DecodeHeader(const char* in, uint32_t max_payload, FrameHeader* out);
+[[nodiscard]] absl::Status DecodeHeader(const char* in, uint32_t max_payload, FrameHeader* out);
 
 // Appends a complete kError frame carrying `status` to `out`.
 void AppendErrorFrame(const absl::Status& status, uint32_t call_id, std::vector<char>* out);
 // Decodes a kError payload back into a status (DataLoss if it is too short).
-absl::Status DecodeErrorPayload(const char* data, size_t size);
+[[nodiscard]] absl::Status DecodeErrorPayload(const char* data, size_t size);
 
 using Deadline = std::chrono::steady_clock::time_point;
 
 // Socket helpers. All return Unavailable on a closed or reset connection, DeadlineExceeded
 // when `deadline` passes first (Deadline::max() = no deadline); WriteAll gives up with
 // Unavailable when the whole buffer is not written by `deadline` (a peer that stops reading).
-absl::Status WriteAll(int fd, const char* data, size_t size, Deadline deadline = Deadline::max());
+[[nodiscard]] absl::Status WriteAll(int fd, const char* data, size_t size,
+                                    Deadline deadline = Deadline::max());
 // Reads exactly `size` bytes.
-absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
+[[nodiscard]] absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
 // Reads one frame: header into `h`, payload into `payload`; protocol errors are InvalidArgument.
-absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHeader* h,
-                       std::vector<char>* payload);
+[[nodiscard]] absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline,
+                                     FrameHeader* h, std::vector<char>* payload);
 
 // Reads frames from one socket through a buffer, so a small frame costs one recv() (plus one
 // poll() when there is a deadline). Not thread-safe; one per connection and direction.
@@ -81,10 +82,11 @@ class FrameReader {
  public:
   FrameReader(int fd, uint32_t max_payload) : fd_(fd), max_payload_(max_payload) {}
   // The next frame; `*payload` points into the buffer and stays valid until the next call.
-  absl::Status Next(Deadline deadline, FrameHeader* h, const char** payload);
+  [[nodiscard]] absl::Status Next(Deadline deadline, FrameHeader* h, const char** payload);
 
  private:
-  absl::Status Fill(size_t need, Deadline deadline);  // until `need` unread bytes are buffered
+  [[nodiscard]] absl::Status Fill(size_t need,
+                                  Deadline deadline);  // until `need` unread bytes are buffered
   int fd_;
   uint32_t max_payload_;
   std::vector<char> buf_;
@@ -94,8 +96,8 @@ class FrameReader {
 // TCP_NODELAY and close-on-exec on a connected socket.
 void TuneSocket(int fd);
 // A connected TCP socket to host:port within `timeout` (Unavailable if refused or too slow).
-absl::Status Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
-                     int* fd_out);
+[[nodiscard]] absl::Status Connect(const std::string& host, uint16_t port,
+                                   std::chrono::milliseconds timeout, int* fd_out);
 
 }  // namespace troupe::runtime::direct
 

@@ -9,12 +9,22 @@
 #include "caf/all.hpp"
 #include "internal/cluster_protocol.h"
 #include "internal/resources.h"
+#include "troupe/runtime/status.h"
 #include "troupe/scheduler/scheduler.h"
 
 namespace troupe::runtime::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// An unschedulable request: ResourceExhausted when waiting for resources may help,
+// FailedPrecondition when no node could ever fit (what ClusterClient callers branch on).
+absl::Status Unschedulable(const scheduler::Unschedulable& u, const std::string& what) {
+  std::string m = absl::StrCat("unschedulable (",
+                               u.retry_can_help ? "waiting may help" : "no node could ever fit",
+                               "): ", what, " ", u.reason);
+  return u.retry_can_help ? absl::ResourceExhaustedError(m) : absl::FailedPreconditionError(m);
+}
 
 struct Member {
   MemberInfo info;
@@ -58,14 +68,17 @@ class HeadActor final : public caf::event_based_actor {
     set_down_handler([this](caf::down_msg& dm) { HandleDown(dm); });
     delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
     return {
-        [this](reg_node_atom, const std::string& name, const std::string& build_id,
-               const std::string& resources, const std::string& labels,
-               const caf::actor& agent) -> caf::result<uint64_t> {
-          return HandleRegisterNode(name, build_id, resources, labels, agent);
+        [this](cluster_hello_atom, uint32_t version, const std::string& build_id,
+               const std::string& kind, const std::string& name) -> caf::result<uint32_t> {
+          return HandleHello(version, build_id, kind, name);
+        },
+        [this](reg_node_atom, const std::string& name, const std::string& resources,
+               const std::string& labels, const caf::actor& agent) -> caf::result<uint64_t> {
+          return HandleRegisterNode(name, resources, labels, agent);
         },
         [this](reg_worker_atom, const std::string& id, const std::string& node, int64_t pid,
-               const std::string& build_id, const caf::actor& worker) -> caf::result<uint64_t> {
-          return HandleRegisterWorker(id, node, pid, build_id, worker);
+               const caf::actor& worker) -> caf::result<uint64_t> {
+          return HandleRegisterWorker(id, node, pid, worker);
         },
         [this](heartbeat_atom, const std::string& id, const std::vector<ActorStat>& stats) {
           HandleHeartbeat(id, stats);
@@ -98,8 +111,8 @@ class HeadActor final : public caf::event_based_actor {
                const std::string& name) -> caf::result<caf::actor, uint64_t, std::string> {
           auto it = directory_.find(name);
           if (it == directory_.end()) {
-            return caf::make_error(caf::sec::runtime_error,
-                                   absl::StrCat("no actor named '", name, "' in the cluster"));
+            return StatusToError(
+                absl::NotFoundError(absl::StrCat("no actor named '", name, "' in the cluster")));
           }
           return {it->second.handle, it->second.generation, it->second.worker};
         },
@@ -146,14 +159,24 @@ class HeadActor final : public caf::event_based_actor {
     return directory_.erase(it);
   }
 
-  std::optional<caf::error> CheckBuild(const std::string& what, const std::string& id,
-                                       const std::string& build_id) {
-    if (build_id == build_id_) return std::nullopt;
-    std::string why =
-        absl::StrCat(what, " '", id, "' refused: its build id ", build_id,
-                     " differs from the head's ", build_id_, "; run the same binary everywhere");
-    Publish("refused", id, what == "node" ? id : "", 0, why, "", /*bump=*/false);
-    return caf::make_error(caf::sec::runtime_error, why);
+  // The first message of every join: a member of another protocol version or build is refused
+  // (and the refusal published) before it can send anything else.
+  caf::result<uint32_t> HandleHello(uint32_t version, const std::string& build_id,
+                                    const std::string& kind, const std::string& name) {
+    std::string why;
+    if (version != kClusterProtocolVersion) {
+      why = absl::StrCat(kind, " '", name, "' refused: it speaks cluster protocol version ",
+                         version, ", this head speaks version ", kClusterProtocolVersion,
+                         "; run the same troupe release everywhere");
+    } else if (build_id != build_id_) {
+      why =
+          absl::StrCat(kind, " '", name, "' refused: its build id ", build_id,
+                       " differs from the head's ", build_id_, "; run the same binary everywhere");
+    } else {
+      return kClusterProtocolVersion;
+    }
+    Publish("refused", name, kind == "node" ? name : "", 0, why, "", /*bump=*/false);
+    return StatusToError(absl::FailedPreconditionError(why));
   }
 
   void Publish(const std::string& kind, const std::string& subject, const std::string& node,
@@ -168,23 +191,21 @@ class HeadActor final : public caf::event_based_actor {
     for (const auto& s : subscribers_) send(s, membership_atom::value, e);
   }
 
-  caf::result<uint64_t> HandleRegisterNode(const std::string& name, const std::string& build_id,
-                                           const std::string& resources, const std::string& labels,
-                                           const caf::actor& agent) {
-    if (auto e = CheckBuild("node", name, build_id)) return *e;
+  caf::result<uint64_t> HandleRegisterNode(const std::string& name, const std::string& resources,
+                                           const std::string& labels, const caf::actor& agent) {
     auto it = members_.find(name);
     if (it != members_.end() && it->second.info.state != "dead") {
-      return caf::make_error(caf::sec::runtime_error,
-                             absl::StrCat("node '", name, "' is already a member"));
+      return StatusToError(
+          absl::AlreadyExistsError(absl::StrCat("node '", name, "' is already a member")));
     }
     auto spec = ParseNodeSpec(name, resources, labels);
     if (!spec.ok()) {
-      return caf::make_error(caf::sec::runtime_error,
-                             absl::StrCat("node '", name, "' refused: ", spec.status().message()));
+      return StatusToError(absl::InvalidArgumentError(
+          absl::StrCat("node '", name, "' refused: ", spec.status().message())));
     }
     if (absl::Status s = sched_.AddNode(*spec); !s.ok()) {
-      return caf::make_error(caf::sec::runtime_error,
-                             absl::StrCat("node '", name, "' refused: ", s.message()));
+      return StatusToError(
+          absl::Status(s.code(), absl::StrCat("node '", name, "' refused: ", s.message())));
     }
     Member m;
     m.info = MemberInfo{name, "node", name, "alive", 0, resources, labels};
@@ -197,9 +218,7 @@ class HeadActor final : public caf::event_based_actor {
   }
 
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
-                                             int64_t pid, const std::string& build_id,
-                                             const caf::actor& worker) {
-    if (auto e = CheckBuild("worker", id, build_id)) return *e;
+                                             int64_t pid, const caf::actor& worker) {
     Member m;
     m.info = MemberInfo{id, "worker", node, "alive", pid, "", ""};
     m.handle = worker;
@@ -239,8 +258,7 @@ class HeadActor final : public caf::event_based_actor {
   caf::result<bool> HandlePreempt(const std::string& node) {
     auto it = members_.find(node);
     if (it == members_.end() || it->second.info.kind != "node" || it->second.info.state == "dead") {
-      return caf::make_error(caf::sec::runtime_error,
-                             absl::StrCat("preempt: no live node '", node, "'"));
+      return StatusToError(absl::NotFoundError(absl::StrCat("preempt: no live node '", node, "'")));
     }
     send(it->second.handle, preempt_node_atom::value);
     return true;
@@ -407,27 +425,21 @@ class HeadActor final : public caf::event_based_actor {
       auto w = members_.find(where.worker);
       if (w == members_.end() || w->second.info.kind != "worker" ||
           w->second.info.state != "alive") {
-        return caf::make_error(caf::sec::runtime_error,
-                               absl::StrCat("no alive worker '", where.worker, "'"));
+        return StatusToError(
+            absl::UnavailableError(absl::StrCat("no alive worker '", where.worker, "'")));
       }
       node_pin = w->second.info.node;
     }
     auto actor_request = MakeActorRequest(id, where, node_pin);
     if (!actor_request.ok()) {
-      return caf::make_error(caf::sec::runtime_error,
-                             std::string(actor_request.status().message()));
+      return StatusToError(actor_request.status());
     }
     auto decision = sched_.PlaceActor(*actor_request);
     if (!decision.ok()) {
-      return caf::make_error(caf::sec::runtime_error, std::string(decision.status().message()));
+      return StatusToError(decision.status());
     }
     if (!decision->placed()) {
-      const auto& u = *decision->unschedulable;
-      return caf::make_error(
-          caf::sec::runtime_error,
-          absl::StrCat("unschedulable (",
-                       u.retry_can_help ? "waiting may help" : "no node could ever fit", "): ", id,
-                       " ", u.reason));
+      return StatusToError(Unschedulable(*decision->unschedulable, id));
     }
     Member* best = nullptr;
     for (auto& [wid, m] : members_) {
@@ -439,8 +451,8 @@ class HeadActor final : public caf::event_based_actor {
     }
     if (!best) {
       (void)sched_.ReleaseActor(id);
-      return caf::make_error(caf::sec::runtime_error, absl::StrCat("no alive worker on node '",
-                                                                   decision->node, "' for ", id));
+      return StatusToError(absl::UnavailableError(
+          absl::StrCat("no alive worker on node '", decision->node, "' for ", id)));
     }
     best->hosted++;
     std::string worker_id = best->info.id;
@@ -509,28 +521,21 @@ class HeadActor final : public caf::event_based_actor {
         {"strict_spread", scheduler::Strategy::kStrictSpread}};
     auto it = kStrategies.find(strategy);
     if (it == kStrategies.end()) {
-      return caf::make_error(caf::sec::runtime_error,
-                             absl::StrCat("placement group '", name,
-                                          "': strategy expected pack, "
-                                          "spread, strict_pack or strict_spread, got '",
-                                          strategy, "'"));
+      return StatusToError(absl::InvalidArgumentError(
+          absl::StrCat("placement group '", name,
+                       "': strategy expected pack, spread, strict_pack or strict_spread, got '",
+                       strategy, "'")));
     }
     r.strategy = it->second;
     for (size_t i = 0; i < bundles.size(); ++i) {
       auto b = ParseResources(bundles[i], absl::StrCat("bundle ", i));
-      if (!b.ok())
-        return caf::make_error(caf::sec::runtime_error, std::string(b.status().message()));
+      if (!b.ok()) return StatusToError(b.status());
       r.bundles.push_back(*b);
     }
     auto d = sched_.CreatePlacementGroup(r);
-    if (!d.ok()) return caf::make_error(caf::sec::runtime_error, std::string(d.status().message()));
+    if (!d.ok()) return StatusToError(d.status());
     if (!d->placed()) {
-      const auto& u = *d->unschedulable;
-      return caf::make_error(
-          caf::sec::runtime_error,
-          absl::StrCat("unschedulable (",
-                       u.retry_can_help ? "waiting may help" : "no node could ever fit",
-                       "): placement group ", name, " ", u.reason));
+      return StatusToError(Unschedulable(*d->unschedulable, "placement group " + name));
     }
     return d->bundle_nodes;
   }

@@ -147,20 +147,6 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
   return -1;
 }
 
-bool RegisterWithHead(caf::actor_system& sys, const caf::actor& head, const NodeConfig& c,
-                      const caf::actor& agent) {
-  const std::string build_id = c.co.build_id.empty() ? BuildId() : c.co.build_id;
-  bool ok = false;
-  caf::scoped_actor self{sys};
-  self->request(head, std::chrono::seconds(10), reg_node_atom::value, c.name, build_id, c.resources,
-                c.labels, agent)
-      .receive([&](uint64_t) { ok = true; },
-               [&](caf::error& e) {
-                 std::cerr << "troupe node " << c.name << ": refused: " << sys.render(e) << "\n";
-               });
-  return ok;
-}
-
 // The node's worker processes, each with its share of the GPUs and its own log files.
 void StartWorkers(const NodeConfig& c, Workers& w) {
   mkdir(c.co.log_dir.c_str(), 0755);
@@ -249,35 +235,21 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
 int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   NodeConfig c;
   if (int rc = ParseNodeConfig(args, c); rc >= 0) return rc;
-  auto hp = ParseHostPort(c.head_addr);
-  if (!hp.ok()) {
-    std::cerr << "troupe node: " << hp.status().message() << "\n";
-    return 2;
-  }
   BlockRoleSignals();
-  c.ro.network = true;
-  auto rt = Runtime::Create(std::move(registry), c.ro);
-  if (!rt.ok()) {
-    std::cerr << "troupe node: " << rt.status().message() << "\n";
-    return 2;
-  }
-  auto& sys = (*rt)->system();
-  auto head = Connect(**rt, hp->first, hp->second);
-  if (!head.ok()) {
-    std::cerr << "troupe node " << c.name << ": " << head.status().message() << "\n";
-    return 1;
-  }
+  auto m = StartMember(c.head_addr, c.ro, std::move(registry));
+  if (!m.ok()) ExitRole("node", c.name, m.status());
+  auto& sys = m->runtime->system();
   auto w = std::make_shared<Workers>();
-  caf::actor agent = sys.spawn(AgentBehavior, w, *head);
-  if (!RegisterWithHead(sys, *head, c, agent)) {
-    std::fflush(nullptr);
-    _exit(3);
-  }
+  caf::actor agent = sys.spawn(AgentBehavior, w, m->head);
+  auto joined =
+      JoinCluster(sys, m->head, c.co, "node", c.name,
+                  caf::make_message(reg_node_atom::value, c.name, c.resources, c.labels, agent));
+  if (!joined.ok()) ExitRole("node", c.name, joined.status());
   std::cout << "troupe node " << c.name << ": joined " << c.head_addr << " with " << c.resources
             << ", starting " << c.workers << " workers" << std::endl;
   StartWorkers(c, *w);
-  HeartbeatSender heartbeats(**rt, *head, c.name, c.co.heartbeat_interval);
-  ServeUntilGone(c, *w, *head, *(*rt)->internal_context(), sys);
+  HeartbeatSender heartbeats(*m->runtime, m->head, c.name, c.co.heartbeat_interval);
+  ServeUntilGone(c, *w, m->head, *m->runtime->internal_context(), sys);
 }
 
 }  // namespace troupe::runtime::internal

@@ -21,6 +21,7 @@
 #include "internal/process.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 
@@ -64,6 +65,51 @@ HeartbeatSender::HeartbeatSender(Runtime& runtime, caf::actor head, std::string 
   });
 }
 
+absl::StatusOr<ClusterMember> StartMember(const std::string& head_addr, RuntimeOptions options,
+                                          ActorRegistry registry) {
+  TROUPE_ASSIGN_OR_RETURN(auto hp, ParseHostPort(head_addr));
+  options.network = true;
+  ClusterMember m;
+  TROUPE_ASSIGN_OR_RETURN(m.runtime, Runtime::Create(std::move(registry), options));
+  absl::StatusOr<caf::actor> head = Connect(*m.runtime, hp.first, hp.second);
+  if (!head.ok()) return absl::UnavailableError(head.status().message());
+  m.head = *head;
+  m.runtime->internal_context()->SetHead(m.head);
+  return m;
+}
+
+absl::StatusOr<uint64_t> JoinCluster(caf::actor_system& sys, const caf::actor& head,
+                                     const ClusterOptions& options, const std::string& kind,
+                                     const std::string& name, const caf::message& registration) {
+  const std::string build_id = options.build_id.empty() ? BuildId() : options.build_id;
+  caf::scoped_actor self{sys};
+  absl::Status status;
+  self->request(head, std::chrono::seconds(10), cluster_hello_atom::value, kClusterProtocolVersion,
+                build_id, kind, name)
+      .receive([](uint32_t) {}, [&](caf::error& e) { status = ErrorToStatus(e, "head"); });
+  TROUPE_RETURN_IF_ERROR(status);
+  uint64_t generation = 0;
+  self->request(head, std::chrono::seconds(10), registration)
+      .receive([&](uint64_t g) { generation = g; },
+               [&](caf::error& e) { status = ErrorToStatus(e, "head"); });
+  TROUPE_RETURN_IF_ERROR(status);
+  return generation;
+}
+
+void ExitRole(const std::string& role, const std::string& name, const absl::Status& status) {
+  std::cerr << "troupe " << role << (name.empty() ? "" : " ") << name << ": " << status << "\n";
+  std::fflush(nullptr);
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      _exit(2);
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      _exit(3);
+    default:
+      _exit(1);
+  }
+}
+
 HeartbeatSender::~HeartbeatSender() {
   stop_ = true;
   thread_.join();
@@ -88,8 +134,7 @@ caf::behavior WorkerBehavior(caf::event_based_actor* self, std::shared_ptr<Conte
                   const std::string& name, uint64_t gen) -> caf::result<caf::actor> {
         CrashPoint("worker.spawn");
         auto h = SpawnChild(self->system(), nullptr, ChildSpec::Actor(name, type, args), gen, ctx);
-        if (!h.ok())
-          return caf::make_error(caf::sec::runtime_error, std::string(h.status().message()));
+        if (!h.ok()) return StatusToError(h.status());
         ctx->Own(*h);
         return *h;
       },
@@ -157,46 +202,20 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
                                 config);
       rc >= 0)
     return rc;
-  auto hp = ParseHostPort(head_addr);
-  if (!hp.ok()) {
-    std::cerr << "troupe worker: " << hp.status().message() << "\n";
-    return 2;
-  }
-  ro.network = true;
-  auto rt = Runtime::Create(std::move(registry), ro);
-  if (!rt.ok()) {
-    std::cerr << "troupe worker: " << rt.status().message() << "\n";
-    return 2;
-  }
-  auto& sys = (*rt)->system();
-  auto head = Connect(**rt, hp->first, hp->second);
-  if (!head.ok()) {
-    std::cerr << "troupe worker " << id << ": " << head.status().message() << "\n";
-    return 1;
-  }
-  auto ctx = (*rt)->internal_context();
-  ctx->SetHead(*head);
-  caf::actor worker = sys.spawn(WorkerBehavior, ctx);
-  std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
-  caf::scoped_actor self{sys};
-  bool ok = false;
-  self->request(*head, std::chrono::seconds(10), reg_worker_atom::value, id, node,
-                static_cast<int64_t>(getpid()), build_id, worker)
-      .receive([&](uint64_t /*gen*/) { ok = true; },
-               [&](caf::error& e) {
-                 std::cerr << "troupe worker " << id << ": refused: " << sys.render(e) << "\n";
-               });
-  if (!ok) {
-    std::fflush(nullptr);
-    _exit(3);
-  }
+  auto m = StartMember(head_addr, ro, std::move(registry));
+  if (!m.ok()) ExitRole("worker", id, m.status());
+  auto& sys = m->runtime->system();
+  caf::actor worker = sys.spawn(WorkerBehavior, m->runtime->internal_context());
+  auto joined = JoinCluster(
+      sys, m->head, co, "worker", id,
+      caf::make_message(reg_worker_atom::value, id, node, static_cast<int64_t>(getpid()), worker));
+  if (!joined.ok()) ExitRole("worker", id, joined.status());
   std::cerr << "troupe worker " << id << ": joined, pid " << getpid() << std::endl;
-  HeartbeatSender heartbeats(**rt, *head, id, co.heartbeat_interval);
-  self->monitor(*head);
+  HeartbeatSender heartbeats(*m->runtime, m->head, id, co.heartbeat_interval);
+  caf::scoped_actor self{sys};
+  self->monitor(m->head);
   self->receive([](caf::down_msg&) {});
-  std::cerr << "troupe worker " << id << ": lost the head; exiting" << std::endl;
-  std::fflush(nullptr);
-  _exit(1);  // hosted actors may be stuck; do not wait for them
+  ExitRole("worker", id, absl::UnavailableError("lost the head; exiting"));
 }
 
 int UpMain(const std::vector<std::string>& args) {

@@ -10,6 +10,7 @@
 #include "internal/spawn.h"
 #include "internal/tls.h"
 #include "troupe/runtime/cluster.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   }
   auto config = std::make_unique<caf::actor_system_config>();
   registry.ApplyMessageTypes(*config);
+  RegisterStatusErrors(*config);
   std::unique_ptr<Runtime> rt(new Runtime(options, std::move(registry)));
   rt->config_ = std::move(config);
   rt->config_->set("scheduler.max-threads", static_cast<size_t>(options.threads));

@@ -10,6 +10,7 @@
 #include "internal/context.h"
 #include "internal/spawn.h"
 #include "supervisor_core.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 namespace {
@@ -71,8 +72,8 @@ class SupervisorActor final : public Actor {
         [this](which_atom, const std::string& child) -> caf::result<caf::actor, uint64_t> {
           size_t i = core_.Find(child);
           if (i == core_.size() || !core_.running(i)) {
-            return caf::make_error(caf::sec::runtime_error,
-                                   absl::StrCat("no running child named '", child, "'"));
+            return StatusToError(
+                absl::NotFoundError(absl::StrCat("no running child named '", child, "'")));
           }
           return {handles_[i], generations_[i]};
         },
@@ -132,7 +133,7 @@ class SupervisorActor final : public Actor {
                                           "escalate",
                                           a.reason,
                                           "stop supervisor; parent decides"});
-          quit(caf::make_error(caf::sec::runtime_error, a.reason));
+          quit(StatusToError(absl::AbortedError(a.reason)));
           return;
       }
     }
@@ -146,7 +147,7 @@ class SupervisorActor final : public Actor {
     auto h = internal::SpawnChild(system(), this, spec_->children[i], gen, context_ptr());
     if (!h.ok()) {  // validated up front; only resource exhaustion gets here
       Emit(i, gen, "exit", std::string(h.status().message()), "escalate");
-      quit(caf::make_error(caf::sec::runtime_error, std::string(h.status().message())));
+      quit(StatusToError(h.status()));
       return;
     }
     handles_[i] = *h;

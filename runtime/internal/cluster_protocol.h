@@ -1,9 +1,10 @@
 // internal/cluster_protocol.h — the control messages between head, node agents and workers.
 // Small typed CAF messages; every type here is registered by RegisterClusterTypes.
 //
-// to the head:
-//   (reg_node_atom, name, build_id, resources, labels, agent)      -> uint64 generation | error
-//   (reg_worker_atom, id, node, pid, build_id, worker)             -> uint64 generation | error
+// to the head (a member's join: hello, then its registration; see JoinCluster in roles.h):
+//   (cluster_hello_atom, uint32 version, build_id, kind, name)     -> uint32 version | error
+//   (reg_node_atom, name, resources, labels, agent)                -> uint64 generation | error
+//   (reg_worker_atom, id, node, pid, worker)                       -> uint64 generation | error
 //   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
 //   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
 //                                                                  from the worker's node agent

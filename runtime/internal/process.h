@@ -22,7 +22,7 @@ struct ProcessSpec {
   bool die_with_parent = true;             // PR_SET_PDEATHSIG(SIGKILL)
 };
 
-absl::StatusOr<pid_t> StartProcess(const ProcessSpec& spec);
+[[nodiscard]] absl::StatusOr<pid_t> StartProcess(const ProcessSpec& spec);
 // "exited with status 3", "killed by signal 9 (Killed)".
 std::string DescribeWaitStatus(int status);
 // The last `lines` lines of a text file ("" if unreadable).

@@ -11,11 +11,11 @@
 namespace troupe::runtime::internal {
 
 // "spot=true,zone=a" -> {spot: true, zone: a}; `field` names the option in errors.
-absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string& text,
-                                                               const std::string& field);
+[[nodiscard]] absl::StatusOr<std::map<std::string, std::string>> ParseLabels(
+    const std::string& text, const std::string& field);
 // "cpu=2,gpu=1,memory=8G" -> amounts (memory in bytes); negative or non-numeric is an error.
-absl::StatusOr<std::map<std::string, double>> ParseResources(const std::string& text,
-                                                             const std::string& field);
+[[nodiscard]] absl::StatusOr<std::map<std::string, double>> ParseResources(
+    const std::string& text, const std::string& field);
 
 }  // namespace troupe::runtime::internal
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "caf/message.hpp"
 #include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime::internal {
@@ -30,6 +31,33 @@ class HeartbeatSender {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// The boot every member of a cluster (node agent, worker) shares, written once:
+//   auto m = StartMember(head_addr, runtime_options, registry);     // runtime + head connection
+//   auto gen = JoinCluster(m->runtime->system(), m->head, co, "node", name,
+//                          caf::make_message(reg_node_atom::value, ...));  // hello, then register
+//   if (!gen.ok()) ExitRole("node", name, gen.status());
+struct ClusterMember {
+  std::unique_ptr<Runtime> runtime;
+  caf::actor head;
+};
+// A networked runtime connected to the head at `head_addr` (HOST:PORT). InvalidArgument for a bad
+// address or option, Unavailable when the head cannot be reached.
+[[nodiscard]] absl::StatusOr<ClusterMember> StartMember(const std::string& head_addr,
+                                                        RuntimeOptions options,
+                                                        ActorRegistry registry);
+// The join handshake: (cluster_hello_atom, kClusterProtocolVersion, build id, kind, name) — the
+// head refuses another protocol version or build with FailedPrecondition — then `registration`
+// (reg_node_atom or reg_worker_atom, internal/cluster_protocol.h). Returns the cluster generation.
+[[nodiscard]] absl::StatusOr<uint64_t> JoinCluster(caf::actor_system& sys, const caf::actor& head,
+                                                   const ClusterOptions& options,
+                                                   const std::string& kind, const std::string& name,
+                                                   const caf::message& registration);
+// Prints "troupe <role> <name>: <status>" and exits the process at once (hosted actors may be
+// stuck; nothing is awaited) with 2 for a bad option, 3 when the head refused this member (another
+// protocol version or build, a duplicate name), 1 otherwise (the head unreachable or lost).
+[[noreturn]] void ExitRole(const std::string& role, const std::string& name,
+                           const absl::Status& status);
 
 // Blocks SIGTERM, SIGINT and SIGCHLD in this thread (and in threads created afterwards), so a
 // role's main thread can wait for them with sigtimedwait.

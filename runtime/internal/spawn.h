@@ -19,9 +19,10 @@ class Context;
 
 // Spawns child `spec` as incarnation `generation`. With `parent`, the child is spawned from
 // (and monitored by) the parent actor; otherwise from `system`, unmonitored.
-absl::StatusOr<caf::actor> SpawnChild(caf::actor_system& system, caf::event_based_actor* parent,
-                                      const ChildSpec& spec, uint64_t generation,
-                                      const std::shared_ptr<Context>& ctx);
+[[nodiscard]] absl::StatusOr<caf::actor> SpawnChild(caf::actor_system& system,
+                                                    caf::event_based_actor* parent,
+                                                    const ChildSpec& spec, uint64_t generation,
+                                                    const std::shared_ptr<Context>& ctx);
 
 }  // namespace troupe::runtime::internal
 

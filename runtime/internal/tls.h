@@ -26,13 +26,15 @@ namespace troupe::runtime::internal {
 
 // Checks that the three PEM files exist and parse, and that the key matches the certificate
 // (CAF's OpenSSL module aborts the process on a bad file; we refuse with a message instead).
-absl::Status CheckTlsFiles(const std::string& ca, const std::string& cert, const std::string& key);
+[[nodiscard]] absl::Status CheckTlsFiles(const std::string& ca, const std::string& cert,
+                                         const std::string& key);
 
 // Publishes `handle` on host:port, through TLS when the runtime has TLS configured.
-absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle, uint16_t port,
-                                 const std::string& host);
+[[nodiscard]] absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle,
+                                               uint16_t port, const std::string& host);
 // Connects to the actor published on host:port, through TLS when configured.
-absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, uint16_t port);
+[[nodiscard]] absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host,
+                                                 uint16_t port);
 
 }  // namespace troupe::runtime::internal
 

@@ -123,7 +123,8 @@ class State {
   explicit State(Scheduler::Options options) : options_(options) {}
 
   // ---- interning and compilation (placer.cc) ----
-  absl::StatusOr<Demand> CompileDemand(const ResourceMap& demands, const std::string& what) const;
+  [[nodiscard]] absl::StatusOr<Demand> CompileDemand(const ResourceMap& demands,
+                                                     const std::string& what) const;
   Demand SumDemands(const std::vector<const Demand*>& parts) const;
   void ChoosePrimary(const Demand& demand) const;
   Filter CompileSelector(const std::vector<LabelTerm>& selector);
@@ -166,7 +167,7 @@ class State {
   void AssignBundle(uint32_t group, int bundle, uint32_t node);
   void UnassignBundle(uint32_t group, int bundle);
   void DropGroup(uint32_t group);
-  absl::StatusOr<RescheduleReport> RemoveNodes(const std::vector<std::string>& names);
+  [[nodiscard]] absl::StatusOr<RescheduleReport> RemoveNodes(const std::vector<std::string>& names);
 
   // ---- reasons (diagnose.cc) ----
   Unschedulable Diagnose(const Demand& demand, const Filter& filter) const;
@@ -175,7 +176,7 @@ class State {
   std::string FormatAmount(int64_t fixed) const;
 
   // ---- invariants and views (invariants.cc) ----
-  absl::Status CheckInvariants() const;
+  [[nodiscard]] absl::Status CheckInvariants() const;
   std::string DebugString() const;
   NodeView View(uint32_t node) const;
 

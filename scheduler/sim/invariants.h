@@ -21,7 +21,7 @@ namespace troupe::scheduler::sim {
 // Accounting (Scheduler::CheckInvariants) plus, from the views: every actor and bundle is on a
 // node that is not dead, every group is complete, STRICT_SPREAD bundles are in distinct
 // domains and STRICT_PACK bundles in one.
-absl::Status CheckCluster(const Scheduler& s);
+[[nodiscard]] absl::Status CheckCluster(const Scheduler& s);
 
 struct Snapshot {
   std::map<std::string, std::string> actors;               // actor -> node
@@ -34,8 +34,9 @@ Snapshot TakeSnapshot(const Scheduler& s);
 // that were are either re-placed (and listed as moved/repaired) or gone (listed as lost/broken
 // with a reason); nothing else is reported, except the actors inside a broken group, which go
 // with it (listed as lost).
-absl::Status CheckReschedule(const Snapshot& before, const std::vector<std::string>& dead,
-                             const RescheduleReport& report, const Scheduler& after);
+[[nodiscard]] absl::Status CheckReschedule(const Snapshot& before,
+                                           const std::vector<std::string>& dead,
+                                           const RescheduleReport& report, const Scheduler& after);
 
 }  // namespace troupe::scheduler::sim
 

@@ -16,8 +16,10 @@
 #include <mutex>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "caf/all.hpp"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 namespace {
@@ -351,6 +353,30 @@ TEST_F(ClusterTest, NodeWithAnotherBuildIdIsRefused) {
   ASSERT_EQ(waitpid(*pid, &status, 0), *pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3);
   EXPECT_EQ(Member("node-x").id, "") << "a refused node is never a member";
+}
+
+// The join handshake's first message carries the protocol version: a member of another version is
+// refused, both versions named, before it can register.
+TEST_F(ClusterTest, AMemberOfAnotherProtocolVersionIsRefusedNamingBothVersions) {
+  caf::scoped_actor self{rt_->system()};
+  absl::Status refusal;
+  self->request(client_->head(), std::chrono::seconds(10), cluster_hello_atom::value,
+                kClusterProtocolVersion + 1, BuildId(), std::string("node"),
+                std::string("node-future"))
+      .receive([&](uint32_t) { refusal = absl::InternalError("accepted"); },
+               [&](caf::error& e) { refusal = ErrorToStatus(e, "head"); });
+  EXPECT_TRUE(absl::IsFailedPrecondition(refusal)) << refusal;
+  EXPECT_NE(
+      refusal.message().find(absl::StrCat("node 'node-future' refused: it speaks cluster "
+                                          "protocol version ",
+                                          kClusterProtocolVersion + 1,
+                                          ", this head speaks version ", kClusterProtocolVersion)),
+      std::string::npos)
+      << refusal;
+  auto refused =
+      events_.WaitFor([](auto& e) { return e.kind == "refused" && e.subject == "node-future"; });
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(Member("node-future").id, "") << "a refused node is never a member";
 }
 
 TEST_F(ClusterTest, SigtermDrainsNodeThenItLeavesAtTheDeadline) {

@@ -13,6 +13,7 @@
 #include "caf/all.hpp"
 #include "troupe/runtime/direct.h"
 #include "troupe/runtime/runtime.h"
+#include "troupe/runtime/status.h"
 
 namespace rt = troupe::runtime;
 using echo_atom = caf::atom_constant<caf::atom("echo")>;
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
         [](echo_atom, int64_t x) { return x; },
         [](pid_atom) { return static_cast<int64_t>(getpid()); },
         [](fail_atom) -> caf::result<int64_t> {
-          return caf::make_error(caf::sec::runtime_error, "asked to fail");
+          return troupe::runtime::StatusToError(absl::FailedPreconditionError("asked to fail"));
         },
         [](hang_atom) -> int64_t {
           for (;;) std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -72,8 +72,8 @@ class Checkpoint {
   // Copies elements [begin, end) into range-local buffers (params[0] is element begin). adam_m
   // and adam_v may be null; if set, the checkpoint must hold moments (else FailedPrecondition).
   // Files are read, not re-checksummed: they were verified at load time.
-  absl::Status ReadRange(int64_t begin, int64_t end, float* params, float* adam_m,
-                         float* adam_v) const;
+  [[nodiscard]] absl::Status ReadRange(int64_t begin, int64_t end, float* params, float* adam_m,
+                                       float* adam_v) const;
 
  private:
   friend class CheckpointStore;
@@ -87,26 +87,29 @@ class Checkpoint {
 class CheckpointStore {
  public:
   // Creates options.dir if needed. InvalidArgument for keep_last < 1.
-  static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(CheckpointStoreOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<CheckpointStore>> Open(
+      CheckpointStoreOptions options);
 
   // Writes checkpoint meta.step from shards (in range order, covering [0, meta.num_params)) and
   // commits it; meta's shards field is ignored (filled in from what was written). AlreadyExists
   // if that step is already committed (at or before LATEST); a directory left by a crash — partial,
   // or complete but never published through LATEST — is cleared and written afresh.
-  absl::Status Write(const CheckpointManifest& meta, absl::Span<const ShardView> shards);
+  [[nodiscard]] absl::Status Write(const CheckpointManifest& meta,
+                                   absl::Span<const ShardView> shards);
 
   // The two halves of Write, for writers that each hold one shard: WriteShard writes
   // step-<step>/shard-<index>.bin durably (not yet visible); Commit writes the manifest (with
   // every shard's info, in range order), publishes it through LATEST and prunes old ones.
-  absl::StatusOr<ShardFileInfo> WriteShard(int64_t step, int index, const ShardView& shard);
-  absl::Status Commit(const CheckpointManifest& manifest);
+  [[nodiscard]] absl::StatusOr<ShardFileInfo> WriteShard(int64_t step, int index,
+                                                         const ShardView& shard);
+  [[nodiscard]] absl::Status Commit(const CheckpointManifest& manifest);
 
   // The newest checkpoint that verifies, at or before LATEST; NotFound if there is none.
-  absl::StatusOr<Checkpoint> LoadLatestValid();
+  [[nodiscard]] absl::StatusOr<Checkpoint> LoadLatestValid();
   // Verifies and returns checkpoint `step` (DataLoss naming the file if it is corrupt/partial).
-  absl::StatusOr<Checkpoint> Load(int64_t step);
+  [[nodiscard]] absl::StatusOr<Checkpoint> Load(int64_t step);
   // Steps of the step-<n> directories present (complete or not), ascending.
-  absl::StatusOr<std::vector<int64_t>> ListSteps();
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> ListSteps();
 
   std::string StepDir(int64_t step) const;
   const std::string& dir() const { return options_.dir; }
@@ -115,8 +118,8 @@ class CheckpointStore {
   explicit CheckpointStore(CheckpointStoreOptions options);
   void Warn(const std::string& line) const;
   int64_t ReadLatestStep();  // -1 when LATEST is missing or unreadable
-  absl::Status Prune(int64_t latest_step);
-  absl::Status DeleteStepDir(int64_t step);
+  [[nodiscard]] absl::Status Prune(int64_t latest_step);
+  [[nodiscard]] absl::Status DeleteStepDir(int64_t step);
 
   CheckpointStoreOptions options_;
   FileSystem* fs_;

@@ -64,9 +64,10 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Snapshots shards (as CheckpointStore::Write takes them) and queues the write of meta.step.
-  absl::Status Submit(const CheckpointManifest& meta, absl::Span<const ShardView> shards);
+  [[nodiscard]] absl::Status Submit(const CheckpointManifest& meta,
+                                    absl::Span<const ShardView> shards);
   // Waits until nothing is queued or being written; returns the first error since the last call.
-  absl::Status Flush();
+  [[nodiscard]] absl::Status Flush();
   CheckpointWriterStats stats() const;
 
  private:

@@ -54,8 +54,8 @@ struct ShardLayout {
 
 // [lo, hi) of the M microbatches for each of `world` ranks: power-of-two-aligned subtrees of the
 // canonical tree of [0, M), in order. InvalidArgument unless 1 <= world <= M.
-absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(int32_t microbatches,
-                                                                          int world);
+[[nodiscard]] absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(
+    int32_t microbatches, int world);
 
 // Where the committed state comes from when a generation starts.
 enum class RestoreSource : int32_t { kInit = 0, kMemory = 1, kCheckpoint = 2 };
@@ -106,10 +106,10 @@ class ElasticRank {
   // coordinator); any other staged state is abandoned. `store` is used only for
   // kCheckpoint. Once every rank returned OK and committed, every rank holds the committed state
   // of step plan.committed_steps in the new layout, mirrored on its buddy.
-  absl::Status Configure(collectives::Communicator* comm, const GenerationPlan& plan,
-                         CheckpointStore* store);
+  [[nodiscard]] absl::Status Configure(collectives::Communicator* comm, const GenerationPlan& plan,
+                                       CheckpointStore* store);
   // Runs step committed_steps() into staged state.
-  absl::StatusOr<StepOutcome> RunStep();
+  [[nodiscard]] absl::StatusOr<StepOutcome> RunStep();
   // Applies what is staged (a step or a configuration); no-op when nothing is.
   void Commit();
   void Abandon();
@@ -124,16 +124,18 @@ class ElasticRank {
 
  private:
   enum class Staged { kNone, kStep, kConfig };
-  absl::Status MirrorToBuddy(const ShardLayout& layout, int rank, const std::vector<float>& m,
-                             const std::vector<float>& v, std::vector<float>* replica_m,
-                             std::vector<float>* replica_v);
-  absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
+  [[nodiscard]] absl::Status MirrorToBuddy(const ShardLayout& layout, int rank,
+                                           const std::vector<float>& m, const std::vector<float>& v,
+                                           std::vector<float>* replica_m,
+                                           std::vector<float>* replica_v);
+  [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
   // RunStep's phases, in order; each fills the buffers the next one reads.
-  absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi, StepOutcome* out);
-  absl::Status ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi);
-  absl::StatusOr<double> GlobalGradNorm();
+  [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
+                                               StepOutcome* out);
+  [[nodiscard]] absl::Status ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi);
+  [[nodiscard]] absl::StatusOr<double> GlobalGradNorm();
   void StageAdamW(int64_t step, double grad_norm);
-  absl::Status ShareStagedState();
+  [[nodiscard]] absl::Status ShareStagedState();
 
   Trainable* model_;
   Options options_;

@@ -32,9 +32,9 @@ namespace troupe::actors {
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
-  virtual absl::Status Append(const void* data, size_t size) = 0;
-  virtual absl::Status Sync() = 0;  // fsync: the data written so far survives a crash
-  virtual absl::Status Close() = 0;
+  [[nodiscard]] virtual absl::Status Append(const void* data, size_t size) = 0;
+  [[nodiscard]] virtual absl::Status Sync() = 0;  // fsync: the data written so far survives a crash
+  [[nodiscard]] virtual absl::Status Close() = 0;
 };
 
 // A file opened for positional reads. Thread-compatible (ReadAt is const).
@@ -43,7 +43,7 @@ class ReadableFile {
   virtual ~ReadableFile() = default;
   virtual uint64_t size() const = 0;
   // Reads exactly size bytes at offset; OutOfRange if the file is shorter.
-  virtual absl::Status ReadAt(uint64_t offset, size_t size, void* out) const = 0;
+  [[nodiscard]] virtual absl::Status ReadAt(uint64_t offset, size_t size, void* out) const = 0;
 };
 
 // Implementations are thread-safe.
@@ -52,19 +52,21 @@ class FileSystem {
   virtual ~FileSystem() = default;
 
   // Creates (or truncates) path for writing.
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) = 0;
-  virtual absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
+      const std::string& path) = 0;
   // Atomically replaces `to` with `from` (POSIX rename).
-  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
+  [[nodiscard]] virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
   // fsync of a directory: the entries created, renamed or removed in it survive a crash.
-  virtual absl::Status SyncDir(const std::string& dir) = 0;
+  [[nodiscard]] virtual absl::Status SyncDir(const std::string& dir) = 0;
   // mkdir; OK if the directory exists.
-  virtual absl::Status CreateDir(const std::string& dir) = 0;
-  virtual absl::Status DeleteFile(const std::string& path) = 0;
-  virtual absl::Status DeleteDir(const std::string& dir) = 0;  // must be empty
+  [[nodiscard]] virtual absl::Status CreateDir(const std::string& dir) = 0;
+  [[nodiscard]] virtual absl::Status DeleteFile(const std::string& path) = 0;
+  [[nodiscard]] virtual absl::Status DeleteDir(const std::string& dir) = 0;  // must be empty
   // Names in dir (no "." or ".."), unsorted. NotFound if dir does not exist.
-  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListDir(
+      const std::string& dir) = 0;
   virtual bool FileExists(const std::string& path) = 0;
 };
 
@@ -72,11 +74,12 @@ class FileSystem {
 FileSystem* PosixFileSystem();
 
 // Reads a whole file of at most max_bytes; FailedPrecondition naming the file if it is larger.
-absl::StatusOr<std::string> ReadSmallFile(FileSystem* fs, const std::string& path,
-                                          uint64_t max_bytes);
+[[nodiscard]] absl::StatusOr<std::string> ReadSmallFile(FileSystem* fs, const std::string& path,
+                                                        uint64_t max_bytes);
 
 // Writes bytes to path + ".tmp", fsyncs, closes and renames it over path (no directory fsync).
-absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path, const std::string& bytes);
+[[nodiscard]] absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path,
+                                               const std::string& bytes);
 
 }  // namespace troupe::actors
 

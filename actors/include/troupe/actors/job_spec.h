@@ -62,7 +62,7 @@ struct Fault {
   int32_t arg = -1;
   std::string ToString() const;
 };
-absl::StatusOr<Fault> ParseFault(const std::string& text);
+[[nodiscard]] absl::StatusOr<Fault> ParseFault(const std::string& text);
 
 // Every deadline of a training job, in one place. Validated relations: liveness < collective
 // < watchdog; bootstrap, rpc and retry each < watchdog; watchdog < driver_silence.
@@ -115,8 +115,9 @@ struct JobSpec {
   std::string CheckpointDir() const;
 };
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& file);
-absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+[[nodiscard]] absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
+                                                   const std::string& file);
+[[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 
 }  // namespace troupe::actors
 

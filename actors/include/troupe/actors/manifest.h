@@ -61,10 +61,12 @@ struct CheckpointManifest {
 uint64_t ShardByteSize(int64_t begin, int64_t end, bool has_moments);
 
 // DataLoss naming `file` unless the manifest is self-consistent (see the banner).
-absl::Status ValidateManifest(const CheckpointManifest& manifest, const std::string& file);
+[[nodiscard]] absl::Status ValidateManifest(const CheckpointManifest& manifest,
+                                            const std::string& file);
 
 std::string EncodeManifest(const CheckpointManifest& manifest);
-absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view bytes, const std::string& file);
+[[nodiscard]] absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view bytes,
+                                                                const std::string& file);
 
 }  // namespace troupe::actors
 

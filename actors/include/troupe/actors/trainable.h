@@ -46,7 +46,7 @@ class Trainable {
   virtual void InitParams(uint64_t seed) = 0;
   // Overwrites grads() with the gradient of microbatch k's share of step `step`'s loss and
   // returns that microbatch's mean loss.
-  virtual absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) = 0;
+  [[nodiscard]] virtual absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) = 0;
   // Tokens (or samples) one microbatch holds: what tokens/s counts.
   virtual int64_t tokens_per_microbatch() const = 0;
   // For checkpoint manifests: the GPT's config, absent for other models.
@@ -73,14 +73,14 @@ class TrainableRegistry {
  public:
   static TrainableRegistry& Global();
   void Register(const std::string& name, TrainableFactory factory);
-  absl::StatusOr<std::unique_ptr<Trainable>> Create(const ModelSpec& spec) const;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<Trainable>> Create(const ModelSpec& spec) const;
 
  private:
   std::map<std::string, TrainableFactory> factories_;
 };
 
 // The GPT from model/ on the token shards in spec.data_dir (train-*.tok, tokenizer.bin).
-absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec);
 
 }  // namespace troupe::actors
 

@@ -47,7 +47,7 @@ namespace troupe::actors {
 
 // Registers "troupe.rank" (args: job spec TOML, worker id). Every program whose worker processes
 // run training jobs calls this before RunMain.
-absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry);
+[[nodiscard]] absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry);
 
 struct JobReport {
   int64_t committed_steps = 0;
@@ -81,7 +81,7 @@ struct TrainOptions {
 // Runs `spec` to its last step (or an error that cannot be recovered from, e.g. fewer than
 // min_workers for too long) and returns what happened. The GPT reads model.data_dir, which
 // defaults to <work_dir>/data and is prepared from the fortunes corpus when empty.
-absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options);
+[[nodiscard]] absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options);
 
 }  // namespace troupe::actors
 

@@ -40,13 +40,13 @@ class TcpBootstrapServer {
  public:
   virtual ~TcpBootstrapServer() = default;
   // port 0 picks a free port.
-  static absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> Start(int port = 0);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> Start(int port = 0);
   virtual int port() const = 0;
 };
 
 class TcpBootstrapClient : public Bootstrap {
  public:
-  static absl::StatusOr<std::unique_ptr<TcpBootstrapClient>> Connect(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TcpBootstrapClient>> Connect(
       const std::string& host, int port, absl::Time deadline = absl::Now() + absl::Seconds(30));
 };
 

@@ -29,7 +29,7 @@ struct GptConfig {
   int32_t width = 0;  // model width C; must be divisible by num_heads
 
   // InvalidArgument naming the field and what was expected when the config is inconsistent.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
   std::string DebugString() const;
   bool operator==(const GptConfig& o) const;
 

@@ -27,7 +27,8 @@ inline constexpr char kFortunesDir[] = "/usr/share/games/fortunes";
 std::vector<std::string> FortunesCorpusFiles(const std::string& dir = kFortunesDir);
 
 // Reads the files and splits them into documents (empty documents dropped).
-absl::StatusOr<std::vector<std::string>> ReadDocuments(const std::vector<std::string>& paths);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> ReadDocuments(
+    const std::vector<std::string>& paths);
 
 struct PreparedDataset {
   std::string tokenizer_path;
@@ -43,8 +44,8 @@ struct PreparedDataset {
 // Trains a BPE tokenizer of vocab_size on the documents, encodes every document followed by the
 // end-of-text token, and writes out_dir/tokenizer.bin, out_dir/train-00000.tok and
 // out_dir/val-00000.tok (every 20th document goes to validation). Creates out_dir if needed.
-absl::StatusOr<PreparedDataset> PrepareDataset(const std::vector<std::string>& input_paths,
-                                               const std::string& out_dir, int32_t vocab_size);
+[[nodiscard]] absl::StatusOr<PreparedDataset> PrepareDataset(
+    const std::vector<std::string>& input_paths, const std::string& out_dir, int32_t vocab_size);
 
 }  // namespace troupe::model
 

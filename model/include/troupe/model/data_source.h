@@ -44,8 +44,9 @@ struct Microbatch {
 
 class DataSource {
  public:
-  static absl::StatusOr<DataSource> Open(const std::vector<std::string>& shard_paths,
-                                         int32_t vocab_size, const DataSourceOptions& options);
+  [[nodiscard]] static absl::StatusOr<DataSource> Open(const std::vector<std::string>& shard_paths,
+                                                       int32_t vocab_size,
+                                                       const DataSourceOptions& options);
 
   int64_t num_samples() const { return num_samples_; }
   const DataSourceOptions& options() const { return options_; }
@@ -53,7 +54,7 @@ class DataSource {
   // The dataset sample read by row r of microbatch k of step s.
   int64_t SampleIndex(int64_t step, int32_t k, int32_t row) const;
   // InvalidArgument if step < 0 or k is outside [0, microbatches_per_step).
-  absl::Status Get(int64_t step, int32_t k, Microbatch* out) const;
+  [[nodiscard]] absl::Status Get(int64_t step, int32_t k, Microbatch* out) const;
 
  private:
   DataSource() = default;

@@ -27,7 +27,7 @@ namespace troupe::model {
 template <typename T>
 class GptModel {
  public:
-  static absl::StatusOr<GptModel> Create(const GptConfig& config);
+  [[nodiscard]] static absl::StatusOr<GptModel> Create(const GptConfig& config);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -44,12 +44,13 @@ class GptModel {
   // Runs the model on tokens [b, t] (t <= context_length). With targets, computes per-token
   // losses and returns their mean; without (nullptr), only logits, and returns 0. Token and target
   // ids must be below vocab_size, else InvalidArgument naming the index.
-  absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets, int b, int t);
+  [[nodiscard]] absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets, int b,
+                                               int t);
 
   void ZeroGrad();
   // Accumulates d(loss_weight · Σ losses)/dθ into grads(). FailedPrecondition unless the last
   // Forward had targets.
-  absl::Status Backward(T loss_weight);
+  [[nodiscard]] absl::Status Backward(T loss_weight);
 
   const T* logits() const { return logits_.data(); }  // [b, t, vocab_size] of the last Forward
   const T* losses() const { return losses_.data(); }  // [b, t]

@@ -47,8 +47,9 @@ std::vector<double> GradChunkSquareSums(const float* grads, int64_t n);
 // The chunk sums of a range owner holding grads[begin, end) (grads_range points at element begin).
 // begin must be a multiple of kernels::kNormChunk, and so must end unless end == total. Owners'
 // results concatenated in range order equal GradChunkSquareSums of the whole buffer, bit for bit.
-absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* grads_range, int64_t begin,
-                                                         int64_t end, int64_t total);
+[[nodiscard]] absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* grads_range,
+                                                                       int64_t begin, int64_t end,
+                                                                       int64_t total);
 // sqrt(TreeSum(chunk sums)).
 double GradNormFromChunks(const std::vector<double>& chunk_sums);
 double GradNorm(const float* grads, int64_t n);

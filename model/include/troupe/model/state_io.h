@@ -44,8 +44,8 @@ struct LoadedState {
   std::vector<float> adam_m, adam_v;  // empty when saved without optimizer state
 };
 
-absl::Status SaveState(const std::string& path, const StateView& state);
-absl::StatusOr<LoadedState> LoadState(const std::string& path);
+[[nodiscard]] absl::Status SaveState(const std::string& path, const StateView& state);
+[[nodiscard]] absl::StatusOr<LoadedState> LoadState(const std::string& path);
 
 }  // namespace troupe::model
 

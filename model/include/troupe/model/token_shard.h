@@ -28,14 +28,14 @@ inline constexpr uint32_t kTokenShardVersion = 1;
 inline constexpr size_t kTokenShardHeaderSize = 32;
 
 // Writes uint16 tokens when vocab_size <= 65536, else uint32. Every id must be in [0, vocab_size).
-absl::Status WriteTokenShard(const std::string& path, const std::vector<int32_t>& tokens,
-                             int32_t vocab_size);
+[[nodiscard]] absl::Status WriteTokenShard(const std::string& path,
+                                           const std::vector<int32_t>& tokens, int32_t vocab_size);
 
 class TokenShard {
  public:
   // expected_vocab_size > 0 also requires the header's vocabulary to equal it.
-  static absl::StatusOr<std::unique_ptr<TokenShard>> Open(const std::string& path,
-                                                          int32_t expected_vocab_size);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TokenShard>> Open(
+      const std::string& path, int32_t expected_vocab_size);
   ~TokenShard();
   TokenShard(const TokenShard&) = delete;
   TokenShard& operator=(const TokenShard&) = delete;

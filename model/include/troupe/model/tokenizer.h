@@ -33,10 +33,10 @@ class BpeTokenizer {
  public:
   // vocab_size >= 257 (bytes + end-of-text). Fewer merges result if the text runs out of pairs;
   // the vocabulary size is then smaller than asked.
-  static absl::StatusOr<BpeTokenizer> Train(const std::vector<std::string>& documents,
-                                            int32_t vocab_size);
-  static absl::StatusOr<BpeTokenizer> Load(const std::string& path);
-  absl::Status Save(const std::string& path) const;
+  [[nodiscard]] static absl::StatusOr<BpeTokenizer> Train(const std::vector<std::string>& documents,
+                                                          int32_t vocab_size);
+  [[nodiscard]] static absl::StatusOr<BpeTokenizer> Load(const std::string& path);
+  [[nodiscard]] absl::Status Save(const std::string& path) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(256 + merges_.size() + 1); }
   int32_t eot_token() const { return vocab_size() - 1; }

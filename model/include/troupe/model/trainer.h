@@ -35,10 +35,11 @@ struct TrainerOptions {
 class Trainer {
  public:
   // data must outlive the trainer; its seq_len must not exceed config.context_length.
-  static absl::StatusOr<Trainer> Create(const TrainerOptions& options, const DataSource* data);
+  [[nodiscard]] static absl::StatusOr<Trainer> Create(const TrainerOptions& options,
+                                                      const DataSource* data);
 
   // Runs step step() and advances; returns the step's mean loss.
-  absl::StatusOr<double> Step();
+  [[nodiscard]] absl::StatusOr<double> Step();
 
   int64_t step() const { return step_; }
   double last_grad_norm() const { return last_grad_norm_; }
@@ -46,9 +47,9 @@ class Trainer {
   const std::vector<float>& adam_m() const { return m_; }
   const std::vector<float>& adam_v() const { return v_; }
 
-  absl::Status Save(const std::string& path) const;
+  [[nodiscard]] absl::Status Save(const std::string& path) const;
   // Loads params, moments and step; InvalidArgument if the file's config differs.
-  absl::Status Restore(const std::string& path);
+  [[nodiscard]] absl::Status Restore(const std::string& path);
 
  private:
   Trainer(const TrainerOptions& options, Gpt model, const DataSource* data);

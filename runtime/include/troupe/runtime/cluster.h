@@ -123,46 +123,57 @@ using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 // cloud would) on its own host; no pid crosses a machine.
 using preempt_node_atom = caf::atom_constant<caf::atom("tr_preempt")>;
 
+// The version of the messages between head, node agents and workers. Every member's join starts
+// with (cluster_hello_atom, uint32 protocol version, build id, kind "node"|"worker", name), a
+// message whose shape never changes: the head answers with its own version (uint32), or refuses a
+// member of another version (FailedPrecondition, both versions named) or another build. Bump it
+// whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
+// changes.
+inline constexpr uint32_t kClusterProtocolVersion = 2;
+using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
+
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
 // cluster must do this (Runtime does when RuntimeOptions::network is set).
 void RegisterClusterTypes(caf::actor_system_config& cfg);
 
 // Writes a new cluster CA (ca.pem, ca.key) and one certificate + key per member
 // (<member>.pem, <member>.key) into `dir`: what --tls_ca/--tls_cert/--tls_key take.
-absl::Status GenerateClusterCertificates(const std::string& dir,
-                                         const std::vector<std::string>& members);
+[[nodiscard]] absl::Status GenerateClusterCertificates(const std::string& dir,
+                                                       const std::vector<std::string>& members);
 
 // A head address "HOST:PORT" (what --head takes) as (host, port); InvalidArgument naming --head,
 // the expected form and the text otherwise.
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string& text);
+[[nodiscard]] absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(
+    const std::string& text);
 
 // This binary's ELF build id as hex (falls back to a hash of the executable).
 std::string BuildId();
 
 class ClusterClient {
  public:
-  static absl::StatusOr<ClusterClient> Connect(Runtime& runtime, const std::string& host,
-                                               uint16_t port,
-                                               Duration timeout = std::chrono::seconds(10));
+  [[nodiscard]] static absl::StatusOr<ClusterClient> Connect(
+      Runtime& runtime, const std::string& host, uint16_t port,
+      Duration timeout = std::chrono::seconds(10));
   // Spawns a registered type on a worker chosen by `where`: "" (least loaded worker),
   // "node=<name>" or "worker=<id>". The actor is registered cluster-wide under `name`.
-  absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
-                                 const std::string& name, const std::string& where = "");
+  [[nodiscard]] absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
+                                               const std::string& name,
+                                               const std::string& where = "");
   // The same with resource demands and constraints. Unschedulable requests fail with
   // ResourceExhausted (waiting for resources may help) or FailedPrecondition (no node could
   // ever fit), and a message saying why.
-  absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
-                                 const std::string& name, const Placement& placement);
+  [[nodiscard]] absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
+                                               const std::string& name, const Placement& placement);
   // Gang-schedules a placement group: `bundles` are resource lists ("cpu=1,gpu=1"), strategy
   // pack | spread | strict_pack | strict_spread. Returns each bundle's node.
-  absl::StatusOr<std::vector<std::string>> CreatePlacementGroup(
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> CreatePlacementGroup(
       const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
       const std::string& domain_key = "");
-  absl::StatusOr<ActorRef> Lookup(const std::string& name);
+  [[nodiscard]] absl::StatusOr<ActorRef> Lookup(const std::string& name);
   // The worker id hosting actor `name`.
-  absl::StatusOr<std::string> WhereIs(const std::string& name);
-  absl::StatusOr<std::vector<MemberInfo>> Members();
-  absl::StatusOr<uint64_t> Generation();
+  [[nodiscard]] absl::StatusOr<std::string> WhereIs(const std::string& name);
+  [[nodiscard]] absl::StatusOr<std::vector<MemberInfo>> Members();
+  [[nodiscard]] absl::StatusOr<uint64_t> Generation();
   // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.
   void Subscribe(const caf::actor& subscriber);
   const caf::actor& head() const { return head_; }
@@ -196,14 +207,14 @@ class LocalCluster {
     std::vector<std::string> extra_args;  // passed to every role
     std::vector<std::string> head_args;   // passed to the head only (e.g. its TLS files)
   };
-  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
   ~LocalCluster();
 
   // Starts another node agent process with `workers` worker processes.
-  absl::StatusOr<pid_t> AddNode(const std::string& name, int workers,
-                                const std::string& resources = "cpu=1",
-                                const std::string& labels = "",
-                                const std::vector<std::string>& extra_args = {});
+  [[nodiscard]] absl::StatusOr<pid_t> AddNode(const std::string& name, int workers,
+                                              const std::string& resources = "cpu=1",
+                                              const std::string& labels = "",
+                                              const std::vector<std::string>& extra_args = {});
   uint16_t port() const { return port_; }
   pid_t head_pid() const { return head_pid_; }
   // Node agent pids by node name.

@@ -37,8 +37,8 @@ namespace troupe::runtime {
 using Duration = std::chrono::nanoseconds;
 
 // Parsers shared by the registry and by other option parsers (resources, labels).
-absl::StatusOr<Duration> ParseDuration(const std::string& text);
-absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
+[[nodiscard]] absl::StatusOr<Duration> ParseDuration(const std::string& text);
+[[nodiscard]] absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 std::string FormatDuration(Duration d);
 
 class ConfigRegistry {
@@ -66,18 +66,20 @@ class ConfigRegistry {
                      const std::string& help, Validator<std::string> validate = nullptr);
 
   // Sets one option from text; `source` names where the text came from, for the error message.
-  absl::Status Set(const std::string& name, const std::string& value,
-                   const std::string& source = "code");
+  [[nodiscard]] absl::Status Set(const std::string& name, const std::string& value,
+                                 const std::string& source = "code");
 
   // Reads TROUPE_<NAME> (upper case, '.' and '-' as '_') for every registered option.
   // `getenv` is injectable for tests.
-  absl::Status LoadEnvironment(const std::function<const char*(const char*)>& getenv = nullptr);
+  [[nodiscard]] absl::Status LoadEnvironment(
+      const std::function<const char*(const char*)>& getenv = nullptr);
 
   // Consumes --name=value / --name value / --flag / --no-flag / --list item... for registered
   // names; everything else (positional arguments, unknown flags) is returned in `rest` in order,
   // so a program can layer its own flags on top. Unknown flags that look like ours ("--troupe.")
   // are an error.
-  absl::Status ParseFlags(int argc, const char* const* argv, std::vector<std::string>* rest);
+  [[nodiscard]] absl::Status ParseFlags(int argc, const char* const* argv,
+                                        std::vector<std::string>* rest);
 
   bool Has(const std::string& name) const { return options_.count(name) > 0; }
   // The current value of an option, formatted as text ("" for an unknown name).
@@ -98,9 +100,9 @@ class ConfigRegistry {
   void Add(const std::string& name, Option option);
   // Applies `value` to option `name` through `apply` (its set or add), naming name, type,
   // source and value in the error.
-  absl::Status Apply(const std::string& name, const Option& option,
-                     const std::function<std::string(const std::string&)>& apply,
-                     const std::string& value, const std::string& source);
+  [[nodiscard]] absl::Status Apply(const std::string& name, const Option& option,
+                                   const std::function<std::string(const std::string&)>& apply,
+                                   const std::string& value, const std::string& source);
   std::map<std::string, Option> options_;
 };
 

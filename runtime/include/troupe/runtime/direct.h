@@ -67,8 +67,8 @@ struct DirectServerOptions {
 // that is running on a connection thread to return.
 class DirectServer {
  public:
-  static absl::StatusOr<std::unique_ptr<DirectServer>> Start(Runtime& runtime,
-                                                             DirectServerOptions options = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DirectServer>> Start(
+      Runtime& runtime, DirectServerOptions options = {});
   ~DirectServer();  // closes the listener and every connection, joins their threads
   DirectServer(const DirectServer&) = delete;
   DirectServer& operator=(const DirectServer&) = delete;
@@ -96,11 +96,9 @@ class DirectClient {
  public:
   // Connects and binds to `actor`: NotFound if the server has no actor of that name,
   // Unavailable if the server cannot be reached.
-  static absl::StatusOr<std::unique_ptr<DirectClient>> Connect(Runtime& runtime,
-                                                               const std::string& host,
-                                                               uint16_t port,
-                                                               const std::string& actor,
-                                                               DirectClientOptions options = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<DirectClient>> Connect(
+      Runtime& runtime, const std::string& host, uint16_t port, const std::string& actor,
+      DirectClientOptions options = {});
   ~DirectClient();
   DirectClient(const DirectClient&) = delete;
   DirectClient& operator=(const DirectClient&) = delete;
@@ -108,16 +106,17 @@ class DirectClient {
   // Sends `request` to the actor and returns its reply. Errors: Unavailable (peer dead, connection
   // lost, or no reply before the deadline: the connection is dropped and the next call
   // reconnects), NotFound (the actor is gone), InvalidArgument (the actor does not handle the
-  // message, or a protocol error), DataLoss (an undecodable reply), or the actor's own error.
-  absl::StatusOr<caf::message> Call(const caf::message& request);
-  absl::StatusOr<caf::message> Call(const caf::message& request, Duration timeout);
+  // message, or a protocol error), DataLoss (an undecodable reply), or the actor's own error
+  // with its code (an actor replies with runtime::StatusToError, runtime/status.h).
+  [[nodiscard]] absl::StatusOr<caf::message> Call(const caf::message& request);
+  [[nodiscard]] absl::StatusOr<caf::message> Call(const caf::message& request, Duration timeout);
 
   std::string DebugString() const;
 
  private:
   DirectClient(Runtime& runtime, std::string host, uint16_t port, std::string actor,
                DirectClientOptions options);
-  absl::Status EnsureConnected();
+  [[nodiscard]] absl::Status EnsureConnected();
   void Drop();
 
   Runtime* runtime_;

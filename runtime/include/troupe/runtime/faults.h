@@ -49,7 +49,7 @@ class FaultInjector {
 
   // Kills the actor named `name` (exit_reason::kill: it cannot trap it). NotFound if no actor
   // has that name.
-  absl::Status KillActor(const std::string& name);
+  [[nodiscard]] absl::Status KillActor(const std::string& name);
   // Makes the actor named `name` fail (exit with an error) when it is about to handle its
   // `n`-th application message (1-based, counted per incarnation).
   void FailAtMessage(const std::string& name, uint64_t n);

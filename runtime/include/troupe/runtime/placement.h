@@ -29,7 +29,7 @@ struct Placement {
   int64_t bundle = -1;            // ... in this bundle (-1: the first with room)
 
   // "" / "any", "node=<name>" or "worker=<id>".
-  static absl::StatusOr<Placement> Parse(const std::string& where);
+  [[nodiscard]] static absl::StatusOr<Placement> Parse(const std::string& where);
 };
 
 template <class Inspector>

@@ -43,7 +43,7 @@ class ActorRegistry {
   // Registers `type`, whose factory `f` is called as f(self, Args...). Registering a name twice
   // is an AlreadyExists error.
   template <class... Args, class F>
-  absl::Status Register(const std::string& type, F f) {
+  [[nodiscard]] absl::Status Register(const std::string& type, F f) {
     std::string expected = "(";
     int i = 0;
     ((expected += (i++ ? ", " : "") + ArgTypeName(caf::type_nr<Args>::value, &typeid(Args))), ...);
@@ -68,7 +68,8 @@ class ActorRegistry {
   }
 
   // The factory for `type` bound to `args`, or an error naming what is wrong.
-  absl::StatusOr<FunctionActor::Init> Bind(const std::string& type, const caf::message& args) const;
+  [[nodiscard]] absl::StatusOr<FunctionActor::Init> Bind(const std::string& type,
+                                                         const caf::message& args) const;
   bool Contains(const std::string& type) const { return entries_.count(type) > 0; }
   std::vector<std::string> Types() const;
 
@@ -78,7 +79,7 @@ class ActorRegistry {
     std::function<bool(const caf::message&)> check;
     Factory factory;
   };
-  absl::Status Add(const std::string& type, Entry e);
+  [[nodiscard]] absl::Status Add(const std::string& type, Entry e);
 
   template <class... Args, class F, size_t... I>
   static caf::behavior Invoke(const F& f, Actor* self, const caf::message& m,

@@ -40,11 +40,11 @@ class Context;
 
 class Runtime {
  public:
-  static absl::StatusOr<std::unique_ptr<Runtime>> Create(ActorRegistry registry,
-                                                         RuntimeOptions options = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Runtime>> Create(ActorRegistry registry,
+                                                                       RuntimeOptions options = {});
   // Options from defaults, then TROUPE_* environment variables, then flags. Arguments that are
   // not runtime options are returned in `rest` (if non-null).
-  static absl::StatusOr<std::unique_ptr<Runtime>> FromArgs(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Runtime>> FromArgs(
       ActorRegistry registry, int argc, const char* const* argv,
       std::vector<std::string>* rest = nullptr);
   ~Runtime();
@@ -55,19 +55,21 @@ class Runtime {
   const RuntimeOptions& options() const { return options_; }
 
   // Spawns a registered actor type, unnamed and unsupervised.
-  absl::StatusOr<caf::actor> Spawn(const std::string& type, const caf::message& args = {});
+  [[nodiscard]] absl::StatusOr<caf::actor> Spawn(const std::string& type,
+                                                 const caf::message& args = {});
   // Spawns a registered actor type under a cluster-visible name (AlreadyExists if taken).
-  absl::StatusOr<ActorRef> SpawnNamed(const std::string& name, const std::string& type,
-                                      const caf::message& args = {});
+  [[nodiscard]] absl::StatusOr<ActorRef> SpawnNamed(const std::string& name,
+                                                    const std::string& type,
+                                                    const caf::message& args = {});
   // Validates the whole tree, then starts it. Returns the root supervisor's ref.
-  absl::StatusOr<ActorRef> StartSupervisor(const SupervisorSpec& spec);
+  [[nodiscard]] absl::StatusOr<ActorRef> StartSupervisor(const SupervisorSpec& spec);
   // The current incarnation registered under `name`.
-  absl::StatusOr<ActorRef> Lookup(const std::string& name) const;
+  [[nodiscard]] absl::StatusOr<ActorRef> Lookup(const std::string& name) const;
 
   // Sends to the incarnation `to` names; dropped by the receiver if it is a newer one.
   // Resolves the name at send time; a name that is not registered is NotFound.
   template <class... Ts>
-  absl::Status Send(const ActorRef& to, Ts&&... xs) {
+  [[nodiscard]] absl::Status Send(const ActorRef& to, Ts&&... xs) {
     auto current = Lookup(to.name);
     if (!current.ok()) return current.status();
     caf::anon_send(current->handle, to_gen_atom::value, to.generation,

@@ -62,7 +62,7 @@ struct SupervisorSpec {
 
 // Checks a whole tree before anything is spawned: names present and unique among siblings,
 // actor types registered and their arguments of the right types, sane numbers.
-absl::Status Validate(const SupervisorSpec& spec, const ActorRegistry& registry);
+[[nodiscard]] absl::Status Validate(const SupervisorSpec& spec, const ActorRegistry& registry);
 
 // Requests a supervisor understands (besides exits and downs of its children):
 //   (which_atom, std::string child) -> (caf::actor handle, uint64_t generation)

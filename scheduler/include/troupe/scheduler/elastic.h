@@ -48,7 +48,7 @@ const char* ScaleActionName(ScaleDecision::Action action);
 class ElasticPolicy {
  public:
   // InvalidArgument unless 1 <= min_workers <= max_workers.
-  static absl::StatusOr<ElasticPolicy> Create(const ElasticOptions& options);
+  [[nodiscard]] static absl::StatusOr<ElasticPolicy> Create(const ElasticOptions& options);
 
   // A node offering `slots` worker slots joined (a rejoin replaces the old slot count).
   ScaleDecision OnJoin(const std::string& node, int slots);

@@ -115,7 +115,7 @@ struct Unschedulable {
   std::string reason;
   bool retry_can_help = false;
   // ResourceExhausted when retry can help, FailedPrecondition otherwise.
-  absl::Status ToStatus() const;
+  [[nodiscard]] absl::Status ToStatus() const;
 };
 
 struct ActorDecision {

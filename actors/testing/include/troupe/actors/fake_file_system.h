@@ -45,18 +45,21 @@ class FakeFileSystem : public FileSystem {
   bool crashed() const;
 
   // Test helpers that bypass faults and durability: corrupt or inspect stored bytes.
-  absl::Status FlipByte(const std::string& path, uint64_t offset);
-  absl::Status Truncate(const std::string& path, uint64_t size);
-  absl::Status PutFile(const std::string& path, const std::string& bytes);  // durable at once
+  [[nodiscard]] absl::Status FlipByte(const std::string& path, uint64_t offset);
+  [[nodiscard]] absl::Status Truncate(const std::string& path, uint64_t size);
+  [[nodiscard]] absl::Status PutFile(const std::string& path,
+                                     const std::string& bytes);  // durable at once
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
-  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) override;
-  absl::Status Rename(const std::string& from, const std::string& to) override;
-  absl::Status SyncDir(const std::string& dir) override;
-  absl::Status CreateDir(const std::string& dir) override;
-  absl::Status DeleteFile(const std::string& path) override;
-  absl::Status DeleteDir(const std::string& dir) override;
-  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) override;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(
+      const std::string& path) override;
+  [[nodiscard]] absl::Status Rename(const std::string& from, const std::string& to) override;
+  [[nodiscard]] absl::Status SyncDir(const std::string& dir) override;
+  [[nodiscard]] absl::Status CreateDir(const std::string& dir) override;
+  [[nodiscard]] absl::Status DeleteFile(const std::string& path) override;
+  [[nodiscard]] absl::Status DeleteDir(const std::string& dir) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override;
   bool FileExists(const std::string& path) override;
 
  private:
@@ -71,7 +74,7 @@ class FakeFileSystem : public FileSystem {
   };
 
   // Counts a mutating call; returns the injected error, if any. Caller holds mu_.
-  absl::Status Tick(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status Tick(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string Parent(const std::string& path);
   bool IsDir(const std::string& path) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetEntry(const std::string& path, const Entry* entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
