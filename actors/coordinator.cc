@@ -304,7 +304,8 @@ void Coordinator::ReadTable(uint64_t generation) {
           [reply](const std::vector<runtime::MemberInfo>& table) {
             std::vector<std::string> dead;
             for (const runtime::MemberInfo& m : table) {
-              if (m.kind == "worker" && m.state == "dead") dead.push_back(m.id);
+              if (m.kind == runtime::MemberKind::kWorker && m.state == runtime::MemberState::kDead)
+                dead.push_back(m.id);
             }
             reply(dead);
           },
@@ -329,18 +330,25 @@ void Coordinator::HandleJoin(const RankJoined& j) {
 }
 
 void Coordinator::HandleMembership(const runtime::MembershipEvent& e) {
-  if (e.kind == "worker_down") {
-    Execute(core_->OnWorkerDown(e.subject, e.detail, Now()));
-  } else if (e.kind == "node_draining") {
-    Execute(core_->OnNodeDraining(e.subject, e.detail, Now()));
-  } else if (e.kind == "node_dead") {
-    Execute(core_->OnNodeDead(e.subject, Now()));
-  } else if (e.kind == "actor_hung") {
-    for (const auto& [w, r] : ranks_) {
-      if (e.detail.find(w) != std::string::npos) {
-        Execute(core_->OnWorkerDown(w, absl::StrCat("hung: ", e.detail), Now()));
+  switch (e.kind) {
+    case runtime::MembershipKind::kWorkerDown:
+      Execute(core_->OnWorkerDown(e.subject, e.detail, Now()));
+      break;
+    case runtime::MembershipKind::kNodeDraining:
+      Execute(core_->OnNodeDraining(e.subject, e.detail, Now()));
+      break;
+    case runtime::MembershipKind::kNodeDead:
+      Execute(core_->OnNodeDead(e.subject, Now()));
+      break;
+    case runtime::MembershipKind::kActorHung:
+      for (const auto& [w, r] : ranks_) {
+        if (e.detail.find(w) != std::string::npos) {
+          Execute(core_->OnWorkerDown(w, absl::StrCat("hung: ", e.detail), Now()));
+        }
       }
-    }
+      break;
+    default:  // joins reach the coordinator as RankJoined; the rest changes nothing here
+      break;
   }
 }
 
@@ -368,7 +376,9 @@ caf::behavior Coordinator::Behavior() {
                 [this, expected](const std::vector<runtime::MemberInfo>& table) {
                   std::vector<std::string> dead;
                   for (const runtime::MemberInfo& m : table) {
-                    if (m.kind == "worker" && m.state == "dead") dead.push_back(m.id);
+                    if (m.kind == runtime::MemberKind::kWorker &&
+                        m.state == runtime::MemberState::kDead)
+                      dead.push_back(m.id);
                   }
                   Execute(core_->OnMembershipKnown(expected, dead, Now()));
                 },

@@ -94,12 +94,12 @@ struct DriverState {
 
 // A process death the head reported, for the operator's terminal (the event log has the fields).
 std::string DeathLine(const runtime::MembershipEvent& e) {
-  std::string what = e.kind == "node_dead" ? "node agent" : "worker";
+  std::string what = e.kind == runtime::MembershipKind::kNodeDead ? "node agent" : "worker";
   return absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
                       "event: ", what, " ", e.subject,
                       e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
-                      e.kind == "worker_exit" ? " exit status: " : " down: ",
-                      runtime::ExitCauseName(e.exit_cause()), " — ", e.detail);
+                      e.kind == runtime::MembershipKind::kWorkerExit ? " exit status: " : " down: ",
+                      runtime::ExitCauseName(e.cause), " — ", e.detail);
 }
 
 // Relays between the coordinator (wherever the supervisor placed it) and this process: prints its
@@ -132,9 +132,11 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
       },
       [st](runtime::membership_atom, const runtime::MembershipEvent& e) {
-        if (e.kind == "worker_alive") st->queue->Push({"spawn", e.subject});
-        if (e.kind == "worker_down") st->ranks.erase(e.subject);
-        if (e.kind == "worker_down" || e.kind == "worker_exit" || e.kind == "node_dead") {
+        if (e.kind == runtime::MembershipKind::kWorkerAlive) st->queue->Push({"spawn", e.subject});
+        if (e.kind == runtime::MembershipKind::kWorkerDown) st->ranks.erase(e.subject);
+        if (e.kind == runtime::MembershipKind::kWorkerDown ||
+            e.kind == runtime::MembershipKind::kWorkerExit ||
+            e.kind == runtime::MembershipKind::kNodeDead) {
           if (st->events) st->events->Write(e.ToProcessExit("head"));
           if (!st->finished) *st->out << DeathLine(e) << std::endl;
         }
@@ -281,7 +283,9 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec)
     alive = 0;
     if (members.ok()) {
       for (const runtime::MemberInfo& m : *members) {
-        alive += m.kind == "worker" && m.state == "alive" ? 1 : 0;
+        if (m.kind == runtime::MemberKind::kWorker && m.state == runtime::MemberState::kAlive) {
+          ++alive;
+        }
       }
     }
     if (alive >= want) break;
@@ -312,7 +316,10 @@ class RankSpawner {
     absl::StatusOr<std::vector<runtime::MemberInfo>> members = client_.Members();
     if (!members.ok()) return;
     for (const runtime::MemberInfo& m : *members) {
-      if (m.kind != "worker" || m.state != "alive" || spawned_.count(m.id)) continue;
+      if (m.kind != runtime::MemberKind::kWorker || m.state != runtime::MemberState::kAlive ||
+          spawned_.count(m.id)) {
+        continue;
+      }
       if (embedded_ && m.node == "coord") continue;
       spawned_.insert(m.id);
       const std::string name =
@@ -355,8 +362,8 @@ absl::Status StartJobSupervisor(runtime::Runtime& rt, const JobSpec& spec,
       absl::StrCat(spec.name, ".", run_id, ".coordinator"), kCoordinatorActorType,
       caf::make_message(spec_text, driver), runtime::RestartType::kTransient);
   runtime::Placement where;
-  where.strategy = "spread";
-  where.spot = "avoid";
+  where.strategy = runtime::PlacementStrategy::kSpread;
+  where.spot = runtime::SpotPreference::kAvoid;
   coordinator.placement = where;
   coordinator.backoff.initial = std::chrono::milliseconds(1);
   coordinator.backoff.max = std::chrono::seconds(1);

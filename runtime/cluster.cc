@@ -28,44 +28,12 @@ void ClusterOptions::Register(ConfigRegistry& registry) {
   registry.AddString("build_id", &build_id, "override this binary's build id (tests)");
 }
 
-SupervisionEvent MembershipEvent::ToProcessExit(const std::string& observer) const {
-  SupervisionEvent e;
-  e.supervisor = observer;
-  e.child = subject;
-  e.generation = generation;
-  e.event = "process_exit";
-  e.pid = pid;
-  e.cause = exit_cause() == ExitCause::kNone ? ExitCause::kLost : exit_cause();
-  e.exit_code = exit_code;
-  e.signal = signal;
-  e.reason = absl::StrCat(kind, ": ", detail);
-  return e;
-}
-
-std::string MembershipEvent::DebugString() const {
-  std::string s = absl::StrCat("gen=", generation, " event=", kind, " subject=", subject);
-  if (!node.empty()) absl::StrAppend(&s, " node=", node);
-  if (pid) absl::StrAppend(&s, " pid=", pid);
-  if (cause != 0) {
-    absl::StrAppend(&s, " cause=", ExitCauseName(exit_cause()));
-    if (exit_cause() == ExitCause::kExited) absl::StrAppend(&s, " exit_code=", exit_code);
-    if (signal != 0) absl::StrAppend(&s, " signal=", signal);
-  }
-  if (!detail.empty()) absl::StrAppend(&s, " detail=\"", detail, "\"");
-  if (!stderr_tail.empty()) {
-    std::string t = stderr_tail;
-    for (char& c : t)
-      if (c == '\n') c = '|';
-    absl::StrAppend(&s, " stderr_tail=\"", t, "\"");
-  }
-  return s;
-}
-
 void RegisterClusterTypes(caf::actor_system_config& cfg) {
   cfg.add_message_type<MemberInfo>("troupe.MemberInfo");
   cfg.add_message_type<std::vector<MemberInfo>>("troupe.MemberInfos");
   cfg.add_message_type<MembershipEvent>("troupe.MembershipEvent");
   cfg.add_message_type<Placement>("troupe.Placement");
+  cfg.add_message_type<GroupStrategy>("troupe.GroupStrategy");
   cfg.add_message_type<internal::ActorStat>("troupe.ActorStat");
   cfg.add_message_type<std::vector<internal::ActorStat>>("troupe.ActorStats");
 }
@@ -145,20 +113,6 @@ absl::StatusOr<std::tuple<Ts...>> Ask(caf::actor_system& sys, const caf::actor& 
 
 }  // namespace
 
-absl::StatusOr<Placement> Placement::Parse(const std::string& where) {
-  Placement p;
-  if (where.empty() || where == "any") return p;
-  if (where.rfind("node=", 0) == 0) {
-    p.node = where.substr(5);
-  } else if (where.rfind("worker=", 0) == 0) {
-    p.worker = where.substr(7);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "placement '", where, "': expected '', 'any', 'node=<name>' or 'worker=<id>'"));
-  }
-  return p;
-}
-
 absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
                                               const std::string& name, const std::string& where) {
   auto p = Placement::Parse(where);
@@ -177,7 +131,7 @@ absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf
 }
 
 absl::StatusOr<std::vector<std::string>> ClusterClient::CreatePlacementGroup(
-    const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
+    const std::string& name, const std::vector<std::string>& bundles, GroupStrategy strategy,
     const std::string& domain_key) {
   auto r =
       Ask<std::vector<std::string>>(runtime_->system(), head_, timeout_, internal::pg_atom::value,

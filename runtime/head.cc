@@ -90,10 +90,10 @@ class HeadActor final : public caf::event_based_actor {
         [this](flush_atom, const std::string& id) { ReportWorkerDown(id); },
         [this](drain_atom, const std::string& node, int64_t grace_ms) {
           auto it = members_.find(node);
-          if (it == members_.end() || it->second.info.state != "alive") return;
-          it->second.info.state = "draining";
+          if (it == members_.end() || it->second.info.state != MemberState::kAlive) return;
+          it->second.info.state = MemberState::kDraining;
           (void)sched_.DrainNode(node);
-          Publish("node_draining", node, node, 0,
+          Publish(MembershipKind::kNodeDraining, node, node, 0,
                   absl::StrCat("preemption notice; leaves within ", grace_ms, "ms"));
         },
         [this](leave_atom, const std::string& node) { MarkNodeDead(node, "left"); },
@@ -103,7 +103,7 @@ class HeadActor final : public caf::event_based_actor {
           return HandleSpawn(type, args, name, gen, where);
         },
         [this](pg_atom, const std::string& name, const std::vector<std::string>& bundles,
-               const std::string& strategy,
+               GroupStrategy strategy,
                const std::string& domain_key) -> caf::result<std::vector<std::string>> {
           return HandlePlacementGroup(name, bundles, strategy, domain_key);
         },
@@ -175,18 +175,17 @@ class HeadActor final : public caf::event_based_actor {
     } else {
       return kClusterProtocolVersion;
     }
-    Publish("refused", name, kind == "node" ? name : "", 0, why, "", /*bump=*/false);
+    Publish(MembershipKind::kRefused, name, kind == "node" ? name : "", 0, why, "", /*bump=*/false);
     return StatusToError(absl::FailedPreconditionError(why));
   }
 
-  void Publish(const std::string& kind, const std::string& subject, const std::string& node,
+  void Publish(MembershipKind kind, const std::string& subject, const std::string& node,
                int64_t pid, const std::string& detail, const std::string& tail = "",
                bool bump = true, ExitCause cause = ExitCause::kNone, int exit_code = -1,
                int signal = 0) {
     if (bump) ++generation_;
-    MembershipEvent e{generation_, kind,   subject, node,
-                      pid,         detail, tail,    static_cast<int32_t>(cause),
-                      exit_code,   signal};
+    MembershipEvent e{generation_, kind, subject, node,      pid,
+                      detail,      tail, cause,   exit_code, signal};
     aout(this) << "troupe-head: " << e.DebugString() << std::endl;
     for (const auto& s : subscribers_) send(s, membership_atom::value, e);
   }
@@ -194,7 +193,7 @@ class HeadActor final : public caf::event_based_actor {
   caf::result<uint64_t> HandleRegisterNode(const std::string& name, const std::string& resources,
                                            const std::string& labels, const caf::actor& agent) {
     auto it = members_.find(name);
-    if (it != members_.end() && it->second.info.state != "dead") {
+    if (it != members_.end() && it->second.info.state != MemberState::kDead) {
       return StatusToError(
           absl::AlreadyExistsError(absl::StrCat("node '", name, "' is already a member")));
     }
@@ -208,24 +207,25 @@ class HeadActor final : public caf::event_based_actor {
           absl::Status(s.code(), absl::StrCat("node '", name, "' refused: ", s.message())));
     }
     Member m;
-    m.info = MemberInfo{name, "node", name, "alive", 0, resources, labels};
+    m.info = MemberInfo{name, MemberKind::kNode, name, MemberState::kAlive, 0, resources, labels};
     m.handle = agent;
     m.last_seen = Clock::now();
     monitor(agent);
     members_[name] = std::move(m);
-    Publish("node_alive", name, name, 0, "resources " + resources + " labels " + labels);
+    Publish(MembershipKind::kNodeAlive, name, name, 0,
+            "resources " + resources + " labels " + labels);
     return generation_;
   }
 
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
                                              int64_t pid, const caf::actor& worker) {
     Member m;
-    m.info = MemberInfo{id, "worker", node, "alive", pid, "", ""};
+    m.info = MemberInfo{id, MemberKind::kWorker, node, MemberState::kAlive, pid, "", ""};
     m.handle = worker;
     m.last_seen = Clock::now();
     monitor(worker);
     members_[id] = std::move(m);
-    Publish("worker_alive", id, node, pid, "");
+    Publish(MembershipKind::kWorkerAlive, id, node, pid, "");
     return generation_;
   }
 
@@ -233,7 +233,7 @@ class HeadActor final : public caf::event_based_actor {
   // than hung_timeout is reported once as actor_hung.
   void HandleHeartbeat(const std::string& id, const std::vector<ActorStat>& stats) {
     auto it = members_.find(id);
-    if (it == members_.end() || it->second.info.state == "dead") return;
+    if (it == members_.end() || it->second.info.state == MemberState::kDead) return;
     Member& m = it->second;
     m.last_seen = Clock::now();
     m.actors.clear();
@@ -243,7 +243,7 @@ class HeadActor final : public caf::event_based_actor {
     for (const auto& s : stats) {
       if (s.busy_ms >= static_cast<uint64_t>(hung_ms)) {
         if (m.hung.insert(s.name).second) {
-          Publish("actor_hung", s.name, m.info.node, m.info.pid,
+          Publish(MembershipKind::kActorHung, s.name, m.info.node, m.info.pid,
                   absl::StrCat("handler running for ", s.busy_ms, "ms on worker ", id,
                                " (progress ", s.progress, ")"),
                   "", /*bump=*/false);
@@ -257,7 +257,8 @@ class HeadActor final : public caf::event_based_actor {
   // Chaos by name: the node's agent gives itself a preemption notice on its own host.
   caf::result<bool> HandlePreempt(const std::string& node) {
     auto it = members_.find(node);
-    if (it == members_.end() || it->second.info.kind != "node" || it->second.info.state == "dead") {
+    if (it == members_.end() || it->second.info.kind != MemberKind::kNode ||
+        it->second.info.state == MemberState::kDead) {
       return StatusToError(absl::NotFoundError(absl::StrCat("preempt: no live node '", node, "'")));
     }
     send(it->second.handle, preempt_node_atom::value);
@@ -276,7 +277,7 @@ class HeadActor final : public caf::event_based_actor {
     m.exit_known = true;
     m.stderr_tail = tail;
     if (m.down_reported) {
-      Publish("worker_exit", id, m.info.node, m.info.pid, "process " + e.reason, tail,
+      Publish(MembershipKind::kWorkerExit, id, m.info.node, m.info.pid, "process " + e.reason, tail,
               /*bump=*/false, e.cause, e.exit_code, e.signal);
       return;
     }
@@ -290,9 +291,9 @@ class HeadActor final : public caf::event_based_actor {
 
   void MarkWorkerDead(const std::string& id, const std::string& why, ExitCause cause) {
     auto it = members_.find(id);
-    if (it == members_.end() || it->second.info.state == "dead") return;
+    if (it == members_.end() || it->second.info.state == MemberState::kDead) return;
     Member& m = it->second;
-    m.info.state = "dead";
+    m.info.state = MemberState::kDead;
     if (m.exit_detail.empty()) m.exit_detail = why;
     if (m.cause == ExitCause::kNone) m.cause = cause;
     for (auto d = directory_.begin(); d != directory_.end();) {
@@ -305,11 +306,12 @@ class HeadActor final : public caf::event_based_actor {
     // scheduler would otherwise keep choosing it and every spawn would fail).
     bool node_has_worker = false;
     for (const auto& [wid, w] : members_) {
-      node_has_worker = node_has_worker || (w.info.kind == "worker" && w.info.state == "alive" &&
-                                            w.info.node == m.info.node);
+      node_has_worker =
+          node_has_worker || (w.info.kind == MemberKind::kWorker &&
+                              w.info.state == MemberState::kAlive && w.info.node == m.info.node);
     }
-    if (auto node = members_.find(m.info.node);
-        !node_has_worker && node != members_.end() && node->second.info.state == "alive") {
+    if (auto node = members_.find(m.info.node); !node_has_worker && node != members_.end() &&
+                                                node->second.info.state == MemberState::kAlive) {
       (void)sched_.DrainNode(m.info.node);
     }
     // The exit report from the node agent normally follows within milliseconds; wait for it
@@ -319,30 +321,32 @@ class HeadActor final : public caf::event_based_actor {
 
   void ReportWorkerDown(const std::string& id) {
     auto it = members_.find(id);
-    if (it == members_.end() || it->second.down_reported || it->second.info.state != "dead") {
+    if (it == members_.end() || it->second.down_reported ||
+        it->second.info.state != MemberState::kDead) {
       return;
     }
     Member& m = it->second;
     m.down_reported = true;
-    Publish("worker_down", id, m.info.node, m.info.pid, m.exit_detail, m.stderr_tail,
+    Publish(MembershipKind::kWorkerDown, id, m.info.node, m.info.pid, m.exit_detail, m.stderr_tail,
             /*bump=*/true, m.cause, m.exit_code, m.signal);
   }
 
   void MarkNodeDead(const std::string& node, const std::string& why) {
     auto it = members_.find(node);
-    if (it == members_.end() || it->second.info.state == "dead") return;
+    if (it == members_.end() || it->second.info.state == MemberState::kDead) return;
     for (auto& [id, m] : members_) {
-      if (m.info.kind == "worker" && m.info.node == node && m.info.state != "dead") {
+      if (m.info.kind == MemberKind::kWorker && m.info.node == node &&
+          m.info.state != MemberState::kDead) {
         MarkWorkerDead(id, "its node " + why, ExitCause::kLost);
         ReportWorkerDown(id);
       }
     }
-    it->second.info.state = "dead";
+    it->second.info.state = MemberState::kDead;
     // Its actors were released above (their workers died with it); nothing is left to move.
     (void)sched_.RemoveNodes({node});
     // A node that left exits 0 right after; otherwise nobody here can see how it ended.
     const bool left = why == "left";
-    Publish("node_dead", node, node, it->second.info.pid, why, "", /*bump=*/true,
+    Publish(MembershipKind::kNodeDead, node, node, it->second.info.pid, why, "", /*bump=*/true,
             left ? ExitCause::kExited : ExitCause::kLost, left ? 0 : -1);
   }
 
@@ -358,9 +362,9 @@ class HeadActor final : public caf::event_based_actor {
       }
     }
     for (auto& [id, m] : members_) {
-      if (m.handle.address() != dm.source || m.info.state == "dead") continue;
+      if (m.handle.address() != dm.source || m.info.state == MemberState::kDead) continue;
       std::string why = "connection lost (" + caf::to_string(dm.reason) + ")";
-      if (m.info.kind == "worker") {
+      if (m.info.kind == MemberKind::kWorker) {
         MarkWorkerDead(id, why, ExitCause::kLost);
       } else {
         MarkNodeDead(id, why);
@@ -385,7 +389,7 @@ class HeadActor final : public caf::event_based_actor {
     last_tick_ = now;
     std::vector<std::string> silent;
     for (auto& [id, m] : members_) {
-      if (m.info.state == "dead") continue;
+      if (m.info.state == MemberState::kDead) continue;
       if (now - m.last_seen > options_.heartbeat_timeout) silent.push_back(id);
     }
     for (const auto& id : silent) {
@@ -395,12 +399,12 @@ class HeadActor final : public caf::event_based_actor {
           "no heartbeat for ", ms, "ms (timeout ",
           std::chrono::duration_cast<std::chrono::milliseconds>(options_.heartbeat_timeout).count(),
           "ms)");
-      if (m.info.kind == "worker") {
+      if (m.info.kind == MemberKind::kWorker) {
         MarkWorkerDead(id, absl::StrCat("fenced: ", why), ExitCause::kFenced);
         ReportWorkerDown(id);
         // Fence it: a stopped process must not come back and act on stale state.
         auto node = members_.find(m.info.node);
-        if (node != members_.end() && node->second.info.state != "dead") {
+        if (node != members_.end() && node->second.info.state != MemberState::kDead) {
           send(node->second.handle, fence_atom::value, id);
         }
       } else {
@@ -423,8 +427,8 @@ class HeadActor final : public caf::event_based_actor {
     std::string node_pin = where.node;
     if (!where.worker.empty()) {
       auto w = members_.find(where.worker);
-      if (w == members_.end() || w->second.info.kind != "worker" ||
-          w->second.info.state != "alive") {
+      if (w == members_.end() || w->second.info.kind != MemberKind::kWorker ||
+          w->second.info.state != MemberState::kAlive) {
         return StatusToError(
             absl::UnavailableError(absl::StrCat("no alive worker '", where.worker, "'")));
       }
@@ -443,7 +447,8 @@ class HeadActor final : public caf::event_based_actor {
     }
     Member* best = nullptr;
     for (auto& [wid, m] : members_) {
-      if (m.info.kind != "worker" || m.info.state != "alive" || m.info.node != decision->node) {
+      if (m.info.kind != MemberKind::kWorker || m.info.state != MemberState::kAlive ||
+          m.info.node != decision->node) {
         continue;
       }
       if (!where.worker.empty() && wid != where.worker) continue;
@@ -491,42 +496,61 @@ class HeadActor final : public caf::event_based_actor {
     if (!node_pin.empty()) {
       r.selector.push_back({kNodeLabel, scheduler::LabelTerm::Op::kIn, {node_pin}});
     }
-    if (where.strategy == "spread")
-      r.strategy = scheduler::Strategy::kSpread;
-    else if (where.strategy != "pack" && !where.strategy.empty())
-      return absl::InvalidArgumentError(
-          absl::StrCat("placement strategy: expected pack or spread, got '", where.strategy, "'"));
-    if (where.spot == "prefer")
-      r.spot = scheduler::SpotPreference::kPreferSpot;
-    else if (where.spot == "avoid")
-      r.spot = scheduler::SpotPreference::kPreferOnDemand;
-    else if (!where.spot.empty())
-      return absl::InvalidArgumentError(
-          absl::StrCat("placement spot: expected '', prefer or avoid, got '", where.spot, "'"));
+    switch (where.strategy) {
+      case PlacementStrategy::kPack:
+        r.strategy = scheduler::Strategy::kPack;
+        break;
+      case PlacementStrategy::kSpread:
+        r.strategy = scheduler::Strategy::kSpread;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "placement strategy: expected pack or spread, got ", static_cast<int>(where.strategy)));
+    }
+    switch (where.spot) {
+      case SpotPreference::kNone:
+        r.spot = scheduler::SpotPreference::kNone;
+        break;
+      case SpotPreference::kPrefer:
+        r.spot = scheduler::SpotPreference::kPreferSpot;
+        break;
+      case SpotPreference::kAvoid:
+        r.spot = scheduler::SpotPreference::kPreferOnDemand;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "placement spot: expected none, prefer or avoid, got ", static_cast<int>(where.spot)));
+    }
     r.group = where.group;
     r.bundle = static_cast<int>(where.bundle);
     return r;
   }
 
   caf::result<std::vector<std::string>> HandlePlacementGroup(
-      const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
+      const std::string& name, const std::vector<std::string>& bundles, GroupStrategy strategy,
       const std::string& domain_key) {
     scheduler::PlacementGroupRequest r;
     r.group = name;
     r.domain_key = domain_key;
-    static const std::map<std::string, scheduler::Strategy> kStrategies = {
-        {"pack", scheduler::Strategy::kPack},
-        {"spread", scheduler::Strategy::kSpread},
-        {"strict_pack", scheduler::Strategy::kStrictPack},
-        {"strict_spread", scheduler::Strategy::kStrictSpread}};
-    auto it = kStrategies.find(strategy);
-    if (it == kStrategies.end()) {
-      return StatusToError(absl::InvalidArgumentError(
-          absl::StrCat("placement group '", name,
-                       "': strategy expected pack, spread, strict_pack or strict_spread, got '",
-                       strategy, "'")));
+    switch (strategy) {
+      case GroupStrategy::kPack:
+        r.strategy = scheduler::Strategy::kPack;
+        break;
+      case GroupStrategy::kSpread:
+        r.strategy = scheduler::Strategy::kSpread;
+        break;
+      case GroupStrategy::kStrictPack:
+        r.strategy = scheduler::Strategy::kStrictPack;
+        break;
+      case GroupStrategy::kStrictSpread:
+        r.strategy = scheduler::Strategy::kStrictSpread;
+        break;
+      default:
+        return StatusToError(absl::InvalidArgumentError(
+            absl::StrCat("placement group '", name,
+                         "': strategy expected pack, spread, strict_pack or strict_spread, got ",
+                         static_cast<int>(strategy))));
     }
-    r.strategy = it->second;
     for (size_t i = 0; i < bundles.size(); ++i) {
       auto b = ParseResources(bundles[i], absl::StrCat("bundle ", i));
       if (!b.ok()) return StatusToError(b.status());

@@ -63,8 +63,8 @@ absl::Status ErrorToStatus(const caf::error& error, const std::string& peer) {
   const std::string who = peer.empty() ? std::string() : absl::StrCat(peer, ": ");
   if (error.category() == caf::atom("system")) {
     const auto s = static_cast<caf::sec>(error.code());
-    return absl::Status(CodeOfSec(s), absl::StrCat(who, caf::to_string(s),
-                                                   text.empty() ? "" : ": ", text));
+    return absl::Status(CodeOfSec(s),
+                        absl::StrCat(who, caf::to_string(s), text.empty() ? "" : ": ", text));
   }
   if (error.category() == caf::atom("exit")) {
     const auto r = static_cast<caf::exit_reason>(error.code());
@@ -75,12 +75,10 @@ absl::Status ErrorToStatus(const caf::error& error, const std::string& peer) {
 }
 
 void RegisterStatusErrors(caf::actor_system_config& config) {
-  config.add_error_category(kStatusErrorCategory,
-                            [](uint8_t code, caf::atom_value, const caf::message& ctx) {
-                              return absl::Status(static_cast<absl::StatusCode>(code),
-                                                  ContextText(ctx))
-                                  .ToString();
-                            });
+  config.add_error_category(
+      kStatusErrorCategory, [](uint8_t code, caf::atom_value, const caf::message& ctx) {
+        return absl::Status(static_cast<absl::StatusCode>(code), ContextText(ctx)).ToString();
+      });
 }
 
 }  // namespace troupe::runtime

@@ -10,14 +10,14 @@ namespace troupe::runtime {
 namespace {
 
 constexpr absl::StatusCode kEveryError[] = {
-    absl::StatusCode::kCancelled,       absl::StatusCode::kUnknown,
-    absl::StatusCode::kInvalidArgument, absl::StatusCode::kDeadlineExceeded,
-    absl::StatusCode::kNotFound,        absl::StatusCode::kAlreadyExists,
-    absl::StatusCode::kPermissionDenied, absl::StatusCode::kResourceExhausted,
+    absl::StatusCode::kCancelled,          absl::StatusCode::kUnknown,
+    absl::StatusCode::kInvalidArgument,    absl::StatusCode::kDeadlineExceeded,
+    absl::StatusCode::kNotFound,           absl::StatusCode::kAlreadyExists,
+    absl::StatusCode::kPermissionDenied,   absl::StatusCode::kResourceExhausted,
     absl::StatusCode::kFailedPrecondition, absl::StatusCode::kAborted,
-    absl::StatusCode::kOutOfRange,      absl::StatusCode::kUnimplemented,
-    absl::StatusCode::kInternal,        absl::StatusCode::kUnavailable,
-    absl::StatusCode::kDataLoss,        absl::StatusCode::kUnauthenticated};
+    absl::StatusCode::kOutOfRange,         absl::StatusCode::kUnimplemented,
+    absl::StatusCode::kInternal,           absl::StatusCode::kUnavailable,
+    absl::StatusCode::kDataLoss,           absl::StatusCode::kUnauthenticated};
 
 TEST(StatusTest, EveryCodeRoundTripsThroughACafError) {
   for (absl::StatusCode code : kEveryError) {
@@ -76,9 +76,7 @@ absl::StatusOr<int> Half(int x) {
   return x / 2;
 }
 
-absl::Status Check(int x) {
-  return x < 0 ? absl::OutOfRangeError("negative") : absl::OkStatus();
-}
+absl::Status Check(int x) { return x < 0 ? absl::OutOfRangeError("negative") : absl::OkStatus(); }
 
 absl::StatusOr<int> Quarter(int x) {
   TROUPE_RETURN_IF_ERROR(Check(x));

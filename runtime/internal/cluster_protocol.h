@@ -11,7 +11,7 @@
 //   (drain_atom, node, int64 grace_ms)                             node got SIGTERM
 //   (leave_atom, node)                                             node leaves now
 //   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id) | error
-//   (pg_atom, name, std::vector<std::string> bundles, strategy, domain_key)
+//   (pg_atom, name, std::vector<std::string> bundles, GroupStrategy, domain_key)
 //                                                                  -> std::vector<std::string>
 //                                                                  nodes
 //   (lookup_atom, name)                                            -> (actor, uint64 gen, worker)

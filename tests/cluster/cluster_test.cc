@@ -137,7 +137,7 @@ class ClusterTest : public ::testing::Test {
     for (int i = 0; i < workers; ++i) {
       std::string id = name + "/w" + std::to_string(i);
       ASSERT_TRUE(events_.WaitFor([&](auto& e) {
-        return e.kind == "worker_alive" && e.subject == id;
+        return e.kind == MembershipKind::kWorkerAlive && e.subject == id;
       })) << "worker "
           << id << " did not join";
     }
@@ -175,9 +175,9 @@ TEST_F(ClusterTest, RemoteSpawnOnDistinctProcesses) {
   auto members = client_->Members();
   ASSERT_TRUE(members.ok()) << members.status();
   for (const auto& m : *members) {
-    if (m.kind != "worker") continue;
+    if (m.kind != MemberKind::kWorker) continue;
     ++workers;
-    EXPECT_EQ(m.state, "alive");
+    EXPECT_EQ(m.state, MemberState::kAlive);
     EXPECT_TRUE(pids.insert(m.pid).second) << "pid " << m.pid << " is not distinct";
   }
   EXPECT_EQ(workers, 4);
@@ -213,7 +213,8 @@ TEST_F(ClusterTest, SchedulerExplainsUnschedulableAndSpreadsStrictGroups) {
             std::string::npos)
       << r.status();
   std::cout << "gpu=1 on a CPU-only cluster: " << r.status().message() << std::endl;
-  auto nodes = client_->CreatePlacementGroup("pair", {"cpu=1", "cpu=1"}, "strict_spread");
+  auto nodes =
+      client_->CreatePlacementGroup("pair", {"cpu=1", "cpu=1"}, GroupStrategy::kStrictSpread);
   ASSERT_TRUE(nodes.ok()) << nodes.status();
   ASSERT_EQ(nodes->size(), 2u);
   EXPECT_NE((*nodes)[0], (*nodes)[1]);
@@ -227,7 +228,8 @@ TEST_F(ClusterTest, SchedulerExplainsUnschedulableAndSpreadsStrictGroups) {
     ASSERT_TRUE(client_->Spawn("echo", {}, name, in_bundle).ok());
     EXPECT_EQ(client_->WhereIs(name)->rfind((*nodes)[b] + "/w", 0), 0u);
   }
-  auto three = client_->CreatePlacementGroup("trio", {"cpu=1", "cpu=1", "cpu=1"}, "strict_spread");
+  auto three = client_->CreatePlacementGroup("trio", {"cpu=1", "cpu=1", "cpu=1"},
+                                             GroupStrategy::kStrictSpread);
   EXPECT_FALSE(three.ok()) << "3 strictly spread bundles cannot fit on 2 nodes";
   std::cout << "strict_spread of 3 on 2 nodes: " << three.status().message() << std::endl;
   // A resource request the cluster can hold, but not now: waiting may help.
@@ -268,8 +270,8 @@ TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsew
   }
   auto killed_at = Clock::now();
   ASSERT_EQ(kill(victim, SIGKILL), 0);
-  auto down =
-      events_.WaitFor([&](auto& e) { return e.kind == "worker_down" && e.subject == before; });
+  auto down = events_.WaitFor(
+      [&](auto& e) { return e.kind == MembershipKind::kWorkerDown && e.subject == before; });
   ASSERT_TRUE(down) << "no down event for " << before;
   auto latency = std::chrono::duration_cast<milliseconds>(down->at - killed_at).count();
   std::cout << "kill -9 -> worker_down: " << latency << " ms" << std::endl;
@@ -298,8 +300,8 @@ TEST_F(ClusterTest, StoppedWorkerIsDeclaredDeadAfterHeartbeatTimeoutAndFenced) {
   ASSERT_GT(pid, 0);
   auto stopped_at = Clock::now();
   ASSERT_EQ(kill(pid, SIGSTOP), 0);
-  auto down =
-      events_.WaitFor([](auto& e) { return e.kind == "worker_down" && e.subject == "node-a/w0"; });
+  auto down = events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kWorkerDown && e.subject == "node-a/w0"; });
   ASSERT_TRUE(down);
   auto ms = std::chrono::duration_cast<milliseconds>(down->at - stopped_at).count();
   std::cout << "SIGSTOP -> dead verdict: " << ms << " ms (timeout 500 ms, interval 50 ms)"
@@ -317,35 +319,36 @@ TEST_F(ClusterTest, ActorStuckInHandlerIsReportedHung) {
   auto ref = client_->Spawn("echo", {}, "stuck");
   ASSERT_TRUE(ref.ok()) << ref.status();
   caf::anon_send(ref->handle, hang_atom::value);
-  auto hung =
-      events_.WaitFor([](auto& e) { return e.kind == "actor_hung" && e.subject == "stuck"; });
+  auto hung = events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kActorHung && e.subject == "stuck"; });
   ASSERT_TRUE(hung);
   EXPECT_NE(hung->event.detail.find("on worker node-a/w0"), std::string::npos);
   std::this_thread::sleep_for(milliseconds(600));
-  EXPECT_EQ(Member("node-a/w0").state, "alive") << "its process still answers heartbeats";
+  EXPECT_EQ(Member("node-a/w0").state, MemberState::kAlive)
+      << "its process still answers heartbeats";
 }
 
 TEST_F(ClusterTest, NodeThatLeavesAndRejoinsBumpsGenerationTwice) {
   StartNode("node-c", 0);
-  ASSERT_TRUE(
-      events_.WaitFor([](auto& e) { return e.kind == "node_alive" && e.subject == "node-c"; }));
+  ASSERT_TRUE(events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kNodeAlive && e.subject == "node-c"; }));
   uint64_t g0 = *client_->Generation();
   cluster_->SignalNode("node-c", SIGKILL);
-  ASSERT_TRUE(
-      events_.WaitFor([](auto& e) { return e.kind == "node_dead" && e.subject == "node-c"; }));
+  ASSERT_TRUE(events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kNodeDead && e.subject == "node-c"; }));
   StartNode("node-c", 0);
   ASSERT_TRUE(events_.WaitFor([&](auto& e) {
-    return e.kind == "node_alive" && e.subject == "node-c" && e.generation > g0;
+    return e.kind == MembershipKind::kNodeAlive && e.subject == "node-c" && e.generation > g0;
   }));
   EXPECT_EQ(*client_->Generation(), g0 + 2);
-  EXPECT_EQ(Member("node-c").state, "alive");
+  EXPECT_EQ(Member("node-c").state, MemberState::kAlive);
 }
 
 TEST_F(ClusterTest, NodeWithAnotherBuildIdIsRefused) {
   auto pid = cluster_->AddNode("node-x", 0, "cpu=1", "", {"--build_id", "bogus"});
   ASSERT_TRUE(pid.ok());
-  auto refused =
-      events_.WaitFor([](auto& e) { return e.kind == "refused" && e.subject == "node-x"; });
+  auto refused = events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kRefused && e.subject == "node-x"; });
   ASSERT_TRUE(refused);
   EXPECT_NE(refused->event.detail.find("build id bogus differs from the head's"), std::string::npos)
       << refused->event.DebugString();
@@ -373,8 +376,8 @@ TEST_F(ClusterTest, AMemberOfAnotherProtocolVersionIsRefusedNamingBothVersions) 
                                           ", this head speaks version ", kClusterProtocolVersion)),
       std::string::npos)
       << refusal;
-  auto refused =
-      events_.WaitFor([](auto& e) { return e.kind == "refused" && e.subject == "node-future"; });
+  auto refused = events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kRefused && e.subject == "node-future"; });
   ASSERT_TRUE(refused);
   EXPECT_EQ(Member("node-future").id, "") << "a refused node is never a member";
 }
@@ -383,16 +386,16 @@ TEST_F(ClusterTest, SigtermDrainsNodeThenItLeavesAtTheDeadline) {
   StartNode("node-d", 1, {"--grace", "400ms"});
   auto sent = Clock::now();
   kill(cluster_->nodes().at("node-d"), SIGTERM);
-  ASSERT_TRUE(
-      events_.WaitFor([](auto& e) { return e.kind == "node_draining" && e.subject == "node-d"; }));
+  ASSERT_TRUE(events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kNodeDraining && e.subject == "node-d"; }));
   auto refused = client_->Spawn("echo", {}, "late", "node=node-d");
   EXPECT_FALSE(refused.ok()) << "a draining node takes no work";
-  auto dead =
-      events_.WaitFor([](auto& e) { return e.kind == "node_dead" && e.subject == "node-d"; });
+  auto dead = events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kNodeDead && e.subject == "node-d"; });
   ASSERT_TRUE(dead);
   EXPECT_GE(std::chrono::duration_cast<milliseconds>(dead->at - sent).count(), 380);
-  EXPECT_TRUE(
-      events_.WaitFor([](auto& e) { return e.kind == "worker_down" && e.subject == "node-d/w0"; }));
+  EXPECT_TRUE(events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kWorkerDown && e.subject == "node-d/w0"; }));
 }
 
 TEST_F(ClusterTest, KillingNodeAgentLeavesNoWorkerBehind) {
@@ -413,8 +416,8 @@ TEST_F(ClusterTest, KillingNodeAgentLeavesNoWorkerBehind) {
   for (int i = 0; i < 500 && any_left(); ++i) std::this_thread::sleep_for(milliseconds(10));
   EXPECT_TRUE(LiveProcessesWith("--node node-e").empty()) << "orphaned workers of node-e";
   for (pid_t p : workers) EXPECT_FALSE(ProcessAlive(p)) << p;
-  EXPECT_TRUE(
-      events_.WaitFor([](auto& e) { return e.kind == "node_dead" && e.subject == "node-e"; }));
+  EXPECT_TRUE(events_.WaitFor(
+      [](auto& e) { return e.kind == MembershipKind::kNodeDead && e.subject == "node-e"; }));
 }
 
 }  // namespace

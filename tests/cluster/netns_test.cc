@@ -109,7 +109,7 @@ TEST_F(NetnsTest, NodeInAnotherNamespaceJoinsAndHostsAnActor) {
   for (int i = 0; i < 500 && !joined; ++i) {
     auto members = client_->Members();
     for (const auto& m : members.value_or(std::vector<MemberInfo>{}))
-      joined |= m.id == "far/w0" && m.state == "alive";
+      joined |= m.id == "far/w0" && m.state == MemberState::kAlive;
     if (!joined) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   ASSERT_TRUE(joined) << "the node in namespace " << ns_ << " did not join";

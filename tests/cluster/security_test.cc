@@ -106,7 +106,7 @@ class SecurityTest : public ::testing::Test {
     auto m = client_->Members();
     if (!m.ok()) return false;
     for (const auto& x : *m)
-      if (x.id == "node-a/w0" && x.state == "alive") return true;
+      if (x.id == "node-a/w0" && x.state == MemberState::kAlive) return true;
     return false;
   }
 

@@ -512,7 +512,10 @@ size_t WaitForAliveWorkers(troupe::runtime::Runtime& rt, troupe::runtime::Cluste
     absl::StatusOr<std::vector<troupe::runtime::MemberInfo>> members = client.Members();
     alive = 0;
     for (const auto& m : members.value_or(std::vector<troupe::runtime::MemberInfo>{})) {
-      alive += m.kind == "worker" && m.state == "alive" ? 1 : 0;
+      if (m.kind == troupe::runtime::MemberKind::kWorker &&
+          m.state == troupe::runtime::MemberState::kAlive) {
+        ++alive;
+      }
     }
     const auto now = std::chrono::steady_clock::now();
     if (alive >= want || now >= deadline) return alive;

@@ -57,12 +57,58 @@ struct ClusterOptions {
   void Register(ConfigRegistry& registry);
 };
 
+// What a member of the cluster is. Printed "node" | "worker" (Name, ParseMemberKind).
+enum class MemberKind {
+  kNode,    // a node agent: one per machine, named by --name
+  kWorker,  // a worker process "<node>/w<i>", started by its node agent
+};
+
+// Where a member is in the lifecycle drawn at the top of this file. Printed "joining" | "alive"
+// | "draining" | "dead" (Name, ParseMemberState).
+enum class MemberState {
+  kJoining,   // registering with the head (never in the table today: accepted means alive)
+  kAlive,     // accepted and heartbeating; a worker may host actors
+  kDraining,  // a node that got its preemption notice: no new placements, leaves at its deadline
+  kDead,      // gone for good (exited, killed, lost, fenced); a name comes back as a new member
+};
+
+// What changed, in a MembershipEvent. Printed as the event= field of DebugString: "node_alive" |
+// "node_draining" | "node_dead" | "worker_alive" | "worker_down" | "worker_exit" | "actor_hung" |
+// "refused" (Name, ParseMembershipKind).
+enum class MembershipKind {
+  kNodeAlive,     // a node agent joined (or rejoined under its name)
+  kNodeDraining,  // a node got its preemption notice (SIGTERM + grace)
+  kNodeDead,      // a node left, lost its connection or missed its heartbeats
+  kWorkerAlive,   // a worker process registered
+  kWorkerDown,    // a worker died: the head marks it dead, with the exit status when known
+  kWorkerExit,    // the exit status of a worker already reported down (arrived late)
+  kActorHung,     // an actor's handler has run longer than hung_timeout (its process answers)
+  kRefused,       // a node or worker with another build id was turned away (not a member)
+};
+
+// The text forms above; "?" for a value outside the enum (never sent by a peer of this build).
+const char* Name(MemberKind kind);
+const char* Name(MemberState state);
+const char* Name(MembershipKind kind);
+// The inverses of Name, for text edges (tools, tests, logs read back): InvalidArgument naming the
+// field, the expected values and the text otherwise.
+absl::StatusOr<MemberKind> ParseMemberKind(const std::string& text);
+absl::StatusOr<MemberState> ParseMemberState(const std::string& text);
+absl::StatusOr<MembershipKind> ParseMembershipKind(const std::string& text);
+
+// CAF 0.17 serializes an enum as its underlying integer; these make its message printing
+// (to_string of a message, CAF's logs) show the names instead of "<unprintable>".
+inline std::string to_string(MemberKind x) { return Name(x); }
+inline std::string to_string(MemberState x) { return Name(x); }
+inline std::string to_string(MembershipKind x) { return Name(x); }
+inline std::string to_string(ExitCause x) { return ExitCauseName(x); }
+
 // One row of the membership table.
 struct MemberInfo {
-  std::string id;     // node name, or worker id "<node>/w<i>"
-  std::string kind;   // "node" | "worker"
-  std::string node;   // for a worker: its node
-  std::string state;  // joining | alive | draining | dead
+  std::string id;  // node name, or worker id "<node>/w<i>"
+  MemberKind kind = MemberKind::kNode;
+  std::string node;  // for a worker: its node
+  MemberState state = MemberState::kJoining;
   int64_t pid = 0;
   std::string resources;  // "cpu=2,gpu=0,memory=8G"
   std::string labels;     // "spot=true,zone=a"
@@ -77,26 +123,26 @@ typename Inspector::result_type inspect(Inspector& f, MemberInfo& x) {
 // What subscribers receive, as (membership_atom, MembershipEvent).
 struct MembershipEvent {
   uint64_t generation = 0;
-  std::string kind;     // node_alive | node_draining | node_dead | worker_alive | worker_down |
-                        // actor_hung | refused
+  MembershipKind kind = MembershipKind::kNodeAlive;
   std::string subject;  // node name, worker id or actor name
   std::string node;
   int64_t pid = 0;
   std::string detail;       // why: exit status or signal, heartbeat silence, refusal reason
   std::string stderr_tail;  // worker_down: the last lines of the dead worker's stderr
-  // worker_down and node_dead: how the process ended (ExitCause as an integer on the wire; see
-  // events.h). kSignaled/kExited come from the node agent's waitpid, kFenced from the head's
+  // worker_down, worker_exit and node_dead: how the process ended (see events.h); kNone for the
+  // other kinds. kSignaled/kExited come from the node agent's waitpid, kFenced from the head's
   // failure detector (missed heartbeats), kLost when only the connection was seen to go.
-  int32_t cause = 0;
+  ExitCause cause = ExitCause::kNone;
   int32_t exit_code = -1;
   int32_t signal = 0;
-  ExitCause exit_cause() const { return static_cast<ExitCause>(cause); }
   // The process_exit event for this membership event (a worker_down or node_dead), for the
   // structured event log of whoever subscribed; `observer` names the log's writer.
   SupervisionEvent ToProcessExit(const std::string& observer) const;
   std::string DebugString() const;
 };
 
+// The enums travel as their underlying integers (CAF 0.17's data_processor does that for any
+// enum without a serialize overload): the same bytes as the int32 fields they replaced.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MembershipEvent& x) {
   return f(caf::meta::type_name("troupe.MembershipEvent"), x.generation, x.kind, x.subject, x.node,
@@ -164,10 +210,10 @@ class ClusterClient {
   // ever fit), and a message saying why.
   [[nodiscard]] absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
                                                const std::string& name, const Placement& placement);
-  // Gang-schedules a placement group: `bundles` are resource lists ("cpu=1,gpu=1"), strategy
-  // pack | spread | strict_pack | strict_spread. Returns each bundle's node.
+  // Gang-schedules a placement group: `bundles` are resource lists ("cpu=1,gpu=1"), placed by
+  // `strategy` (see placement.h). Returns each bundle's node.
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> CreatePlacementGroup(
-      const std::string& name, const std::vector<std::string>& bundles, const std::string& strategy,
+      const std::string& name, const std::vector<std::string>& bundles, GroupStrategy strategy,
       const std::string& domain_key = "");
   [[nodiscard]] absl::StatusOr<ActorRef> Lookup(const std::string& name);
   // The worker id hosting actor `name`.

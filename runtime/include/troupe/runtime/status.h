@@ -82,10 +82,10 @@ absl::Status AsStatus(const absl::StatusOr<T>& s) {
 #define TROUPE_STATUS_CONCAT_(a, b) TROUPE_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the Status (or a StatusOr's status) from the enclosing function unless it is OK.
-#define TROUPE_RETURN_IF_ERROR(expr)                                                 \
-  do {                                                                               \
+#define TROUPE_RETURN_IF_ERROR(expr)                                                    \
+  do {                                                                                  \
     ::absl::Status troupe_status_ = ::troupe::runtime::status_internal::AsStatus(expr); \
-    if (!troupe_status_.ok()) return troupe_status_;                                 \
+    if (!troupe_status_.ok()) return troupe_status_;                                    \
   } while (false)
 
 // `lhs` = the value of the StatusOr `rexpr`, or return its status from the enclosing function.

@@ -1,0 +1,139 @@
+// The membership enums of cluster.h: text round trips, the errors at the text edge, and how a
+// MembershipEvent prints and travels.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "caf/binary_deserializer.hpp"
+#include "caf/binary_serializer.hpp"
+#include "caf/deep_to_string.hpp"
+#include "troupe/runtime/cluster.h"
+
+namespace troupe::runtime {
+namespace {
+
+TEST(MembershipNamesTest, MemberKindRoundTrips) {
+  for (MemberKind k : {MemberKind::kNode, MemberKind::kWorker}) {
+    absl::StatusOr<MemberKind> back = ParseMemberKind(Name(k));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, k) << Name(k);
+  }
+  EXPECT_STREQ(Name(MemberKind::kNode), "node");
+  EXPECT_STREQ(Name(MemberKind::kWorker), "worker");
+}
+
+TEST(MembershipNamesTest, MemberStateRoundTrips) {
+  const std::vector<std::pair<MemberState, std::string>> all = {
+      {MemberState::kJoining, "joining"},
+      {MemberState::kAlive, "alive"},
+      {MemberState::kDraining, "draining"},
+      {MemberState::kDead, "dead"}};
+  for (const auto& [s, text] : all) {
+    EXPECT_EQ(Name(s), text);
+    absl::StatusOr<MemberState> back = ParseMemberState(text);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, s) << text;
+  }
+}
+
+TEST(MembershipNamesTest, MembershipKindRoundTrips) {
+  const std::vector<std::pair<MembershipKind, std::string>> all = {
+      {MembershipKind::kNodeAlive, "node_alive"},
+      {MembershipKind::kNodeDraining, "node_draining"},
+      {MembershipKind::kNodeDead, "node_dead"},
+      {MembershipKind::kWorkerAlive, "worker_alive"},
+      {MembershipKind::kWorkerDown, "worker_down"},
+      {MembershipKind::kWorkerExit, "worker_exit"},
+      {MembershipKind::kActorHung, "actor_hung"},
+      {MembershipKind::kRefused, "refused"}};
+  for (const auto& [k, text] : all) {
+    EXPECT_EQ(Name(k), text);
+    absl::StatusOr<MembershipKind> back = ParseMembershipKind(text);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, k) << text;
+  }
+}
+
+TEST(MembershipNamesTest, UnknownNamesNameTheFieldTheChoicesAndTheText) {
+  absl::StatusOr<MemberKind> kind = ParseMemberKind("head");
+  ASSERT_EQ(kind.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(kind.status().message(), "member kind: expected node or worker, got 'head'");
+
+  absl::StatusOr<MemberState> state = ParseMemberState("Alive");
+  ASSERT_EQ(state.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state.status().message(),
+            "member state: expected joining, alive, draining or dead, got 'Alive'");
+
+  absl::StatusOr<MembershipKind> event = ParseMembershipKind("");
+  ASSERT_EQ(event.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(event.status().message(),
+            "membership event kind: expected node_alive, node_draining, node_dead, worker_alive, "
+            "worker_down, worker_exit, actor_hung or refused, got ''");
+
+  EXPECT_STREQ(Name(static_cast<MemberState>(42)), "?");
+}
+
+MembershipEvent WorkerDown() {
+  MembershipEvent e;
+  e.generation = 7;
+  e.kind = MembershipKind::kWorkerDown;
+  e.subject = "n1/w0";
+  e.node = "n1";
+  e.pid = 4242;
+  e.detail = "process killed by signal 9 (Killed)";
+  e.stderr_tail = "a\nb";
+  e.cause = ExitCause::kSignaled;
+  e.signal = 9;
+  return e;
+}
+
+TEST(MembershipEventTest, DebugStringPrintsTheNames) {
+  EXPECT_EQ(WorkerDown().DebugString(),
+            "gen=7 event=worker_down subject=n1/w0 node=n1 pid=4242 cause=signaled signal=9 "
+            "detail=\"process killed by signal 9 (Killed)\" stderr_tail=\"a|b\"");
+  MembershipEvent alive;
+  alive.generation = 1;
+  alive.kind = MembershipKind::kNodeAlive;
+  alive.subject = "n1";
+  EXPECT_EQ(alive.DebugString(), "gen=1 event=node_alive subject=n1");
+}
+
+TEST(MembershipEventTest, ProcessExitCarriesTheCauseAndTheKindsName) {
+  SupervisionEvent p = WorkerDown().ToProcessExit("head");
+  EXPECT_EQ(p.event, "process_exit");
+  EXPECT_EQ(p.cause, ExitCause::kSignaled);
+  EXPECT_EQ(p.reason, "worker_down: process killed by signal 9 (Killed)");
+  MembershipEvent dead;
+  dead.kind = MembershipKind::kNodeDead;
+  EXPECT_EQ(dead.ToProcessExit("head").cause, ExitCause::kLost) << "no status seen: lost";
+}
+
+// CAF 0.17 carries the enums as their underlying integers; CAF's own printing shows the names.
+TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
+  MembershipEvent e = WorkerDown();
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  ASSERT_FALSE(sink(e));
+  MembershipEvent back;
+  caf::binary_deserializer source{nullptr, buf};
+  ASSERT_FALSE(source(back));
+  EXPECT_EQ(back.DebugString(), e.DebugString());
+
+  MemberInfo m{"n1/w0", MemberKind::kWorker, "n1", MemberState::kDraining, 7, "", ""};
+  buf.clear();
+  caf::binary_serializer sink2{nullptr, buf};
+  ASSERT_FALSE(sink2(m));
+  MemberInfo m2;
+  caf::binary_deserializer source2{nullptr, buf};
+  ASSERT_FALSE(source2(m2));
+  EXPECT_EQ(m2.kind, MemberKind::kWorker);
+  EXPECT_EQ(m2.state, MemberState::kDraining);
+
+  const std::string text = caf::deep_to_string(e);
+  EXPECT_NE(text.find("worker_down"), std::string::npos) << text;
+  EXPECT_NE(text.find("signaled"), std::string::npos) << text;
+  EXPECT_NE(caf::deep_to_string(m).find("draining"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::runtime
