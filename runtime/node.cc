@@ -21,6 +21,7 @@
 #include "internal/resources.h"
 #include "internal/roles.h"
 #include "internal/tls.h"
+#include "troupe/runtime/log.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -156,7 +157,7 @@ bool RegisterWithHead(caf::actor_system& sys, const caf::actor& head, const Node
                 c.labels, agent)
       .receive([&](uint64_t) { ok = true; },
                [&](caf::error& e) {
-                 std::cerr << "troupe node " << c.name << ": refused: " << sys.render(e) << "\n";
+                 LogError(absl::StrCat("node ", c.name), absl::StrCat("refused: ", sys.render(e)));
                });
   return ok;
 }
@@ -192,8 +193,8 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
     spec.stderr_path = file + ".err";
     auto pid = StartProcess(spec);
     if (!pid.ok()) {
-      std::cerr << "troupe node " << c.name << ": cannot start worker " << id << ": "
-                << pid.status().message() << "\n";
+      LogError(absl::StrCat("node ", c.name),
+               absl::StrCat("cannot start worker ", id, ": ", pid.status().message()));
       continue;
     }
     std::lock_guard<std::mutex> l(w.mu);
@@ -226,7 +227,7 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
       caf::anon_send(head, drain_atom::value, c.name, static_cast<int64_t>(ms));
     }
     if (w.head_lost) {
-      std::cerr << "troupe node " << c.name << ": lost the head; stopping workers" << std::endl;
+      LogWarn(absl::StrCat("node ", c.name), "lost the head; stopping workers");
       StopWorkers(w, head, ctx, c.name);
       std::fflush(nullptr);
       _exit(1);
@@ -251,20 +252,20 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   if (int rc = ParseNodeConfig(args, c); rc >= 0) return rc;
   auto hp = ParseHostPort(c.head_addr);
   if (!hp.ok()) {
-    std::cerr << "troupe node: " << hp.status().message() << "\n";
+    LogError("node", std::string(hp.status().message()));
     return 2;
   }
   BlockRoleSignals();
   c.ro.network = true;
   auto rt = Runtime::Create(std::move(registry), c.ro);
   if (!rt.ok()) {
-    std::cerr << "troupe node: " << rt.status().message() << "\n";
+    LogError("node", std::string(rt.status().message()));
     return 2;
   }
   auto& sys = (*rt)->system();
   auto head = Connect(**rt, hp->first, hp->second);
   if (!head.ok()) {
-    std::cerr << "troupe node " << c.name << ": " << head.status().message() << "\n";
+    LogError(absl::StrCat("node ", c.name), std::string(head.status().message()));
     return 1;
   }
   auto w = std::make_shared<Workers>();

@@ -21,6 +21,7 @@
 #include "internal/process.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
+#include "troupe/runtime/log.h"
 
 namespace troupe::runtime {
 
@@ -117,14 +118,14 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   ro.network = true;
   auto rt = Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) {
-    std::cerr << "troupe head: " << rt.status().message() << "\n";
+    LogError("head", std::string(rt.status().message()));
     return 2;
   }
   std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
   caf::actor head = SpawnHead((*rt)->system(), co, build_id);
   auto bound = Publish(**rt, head, static_cast<uint16_t>(port), host);
   if (!bound.ok()) {
-    std::cerr << "troupe head: " << bound.status().message() << "\n";
+    LogError("head", std::string(bound.status().message()));
     return 1;
   }
   std::cout << "troupe head: listening on " << host << ":" << *bound
@@ -159,19 +160,19 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
     return rc;
   auto hp = ParseHostPort(head_addr);
   if (!hp.ok()) {
-    std::cerr << "troupe worker: " << hp.status().message() << "\n";
+    LogError("worker", std::string(hp.status().message()));
     return 2;
   }
   ro.network = true;
   auto rt = Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) {
-    std::cerr << "troupe worker: " << rt.status().message() << "\n";
+    LogError("worker", std::string(rt.status().message()));
     return 2;
   }
   auto& sys = (*rt)->system();
   auto head = Connect(**rt, hp->first, hp->second);
   if (!head.ok()) {
-    std::cerr << "troupe worker " << id << ": " << head.status().message() << "\n";
+    LogError(absl::StrCat("worker ", id), std::string(head.status().message()));
     return 1;
   }
   auto ctx = (*rt)->internal_context();
@@ -184,17 +185,17 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
                 static_cast<int64_t>(getpid()), build_id, worker)
       .receive([&](uint64_t /*gen*/) { ok = true; },
                [&](caf::error& e) {
-                 std::cerr << "troupe worker " << id << ": refused: " << sys.render(e) << "\n";
+                 LogError(absl::StrCat("worker ", id), absl::StrCat("refused: ", sys.render(e)));
                });
   if (!ok) {
     std::fflush(nullptr);
     _exit(3);
   }
-  std::cerr << "troupe worker " << id << ": joined, pid " << getpid() << std::endl;
+  LogInfo(absl::StrCat("worker ", id), absl::StrCat("joined, pid ", getpid()));
   HeartbeatSender heartbeats(**rt, *head, id, co.heartbeat_interval);
   self->monitor(*head);
   self->receive([](caf::down_msg&) {});
-  std::cerr << "troupe worker " << id << ": lost the head; exiting" << std::endl;
+  LogWarn(absl::StrCat("worker ", id), "lost the head; exiting");
   std::fflush(nullptr);
   _exit(1);  // hosted actors may be stuck; do not wait for them
 }
@@ -221,7 +222,7 @@ int UpMain(const std::vector<std::string>& args) {
   o.extra_args = ro.TlsArgs();  // every member presents the same certificate
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) {
-    std::cerr << "troupe up: " << cluster.status().message() << "\n";
+    LogError("up", std::string(cluster.status().message()));
     return 1;
   }
   std::cout << "troupe up: head at 127.0.0.1:" << (*cluster)->port() << " (pid "
@@ -247,12 +248,12 @@ int CertsMain(const std::vector<std::string>& args) {
       rc >= 0)
     return rc;
   if (dir.empty()) {
-    std::cerr << "troupe certs: --dir is required\n";
+    LogError("certs", "--dir is required");
     return 2;
   }
   std::vector<std::string> names = absl::StrSplit(members, ',', absl::SkipEmpty());
   if (absl::Status s = GenerateClusterCertificates(dir, names); !s.ok()) {
-    std::cerr << "troupe certs: " << s.message() << "\n";
+    LogError("certs", std::string(s.message()));
     return 1;
   }
   std::cout << "troupe certs: wrote " << dir << "/ca.pem and certificates for " << members
