@@ -144,7 +144,6 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
       LoadCoordinatorRecord(PosixFileSystem(), StatePath());
   if (!record.ok()) return record.status();
   if (*record) {
-    report_.steps_lost = (*record)->steps_lost;
     Execute(core_->Restore(**record, Now()));
     absl::StatusOr<Checkpoint> latest = store_->LoadLatestValid();
     runtime::SupervisionEvent e = JobEvent("coordinator_restarted", "coordinator");
@@ -277,10 +276,6 @@ void Coordinator::Committed(const CoordinatorAction& a) {
   tokens_ += step_tokens;
   stepping_ = false;
   report_.losses.push_back(a.loss);
-  report_.committed_steps = a.step;
-  report_.final_world = a.world;
-  report_.generations = static_cast<int>(a.generation);
-  report_.steps_lost = core_->record().steps_lost;
   std::string line =
       absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d", a.step, spec_.steps,
                       a.loss, step_tokens / std::max(secs, 1e-9), a.world, a.generation);
@@ -303,12 +298,15 @@ void Coordinator::Committed(const CoordinatorAction& a) {
 }
 
 void Coordinator::Finish(const CoordinatorAction& a) {
+  // Everything the core keeps comes from its record, once, here.
+  const CoordinatorRecord& record = core_->record();
   JobReport r = report_;
   r.final_params_crc32c = static_cast<uint32_t>(a.crc);
   r.num_params = a.num_params;
   r.committed_steps = a.step;
-  r.generations = static_cast<int>(core_->generation());
-  r.steps_lost = core_->record().steps_lost;
+  r.generations = static_cast<int>(record.generation);
+  r.steps_lost = record.steps_lost;
+  r.final_world = static_cast<int>(record.active.size());
   r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
   Stop(caf::make_message(std::move(r)));
 }
