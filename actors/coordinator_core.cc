@@ -252,7 +252,7 @@ void CoordinatorCore::MarkDown(Actions* out, const std::vector<std::string>& wor
   const std::string what = absl::StrCat(newly.size() == 1 ? "worker " : "workers ",
                                         absl::StrJoin(newly, ", "), " down (", why, ")");
   if (in_group && phase_ != CoordinatorPhase::kWaiting && phase_ != CoordinatorPhase::kDone) {
-    NewGeneration(out, "worker_down", what);
+    NewGeneration(out, "worker_down", what, {{"down", absl::StrJoin(newly, " ")}});
   } else {
     runtime::SupervisionEvent e = JobEvent("worker_down");
     e.Set("workers", absl::StrJoin(newly, " ")).reason = why;
@@ -326,7 +326,8 @@ std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
 }
 
 void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
-                                    const std::string& why) {
+                                    const std::string& why,
+                                    const std::map<std::string, std::string>& extra) {
   if (phase_ == CoordinatorPhase::kDone) return;
   if (++failed_generations_ > options_.max_failed_generations) {
     return Fail(
@@ -349,6 +350,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   if (static_cast<int>(next.size()) < options_.min_workers) {
     phase_ = CoordinatorPhase::kWaiting;
     runtime::SupervisionEvent e = JobEvent("waiting");
+    e.fields = extra;
     e.Set("usable", static_cast<int64_t>(next.size())).Set("min_workers", options_.min_workers);
     e.Set("trigger", trigger).reason = why;
     Event(out, std::move(e));
@@ -361,6 +363,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   plan.committed_steps = record_.committed;
   group_ = next;
   runtime::SupervisionEvent e = JobEvent("generation");
+  e.fields = extra;
   e.Set("world", plan.world).Set("workers", absl::StrJoin(group_, " "));
   e.Set("step", record_.committed).Set("source", source).Set("steps_lost", record_.steps_lost);
   e.Set("trigger", trigger).reason = why;
@@ -432,7 +435,8 @@ void CoordinatorCore::StartStep(Actions* out) {
     if (members_[w].draining) {
       return NewGeneration(out, "drain",
                            absl::StrCat("node ", members_[w].node,
-                                        " is draining: its ranks leave at this step boundary"));
+                                        " is draining: its ranks leave at this step boundary"),
+                           {{"node", members_[w].node}});
     }
   }
   int joiners = 0;

@@ -216,8 +216,9 @@ class CoordinatorCore {
   void MaybeStart(Actions* out);
   std::vector<std::string> NextGroup() const;
   // `trigger`: the generation event's trigger= (start, workers, worker_down, drain, join,
-  // failure); `why`: its reason.
-  void NewGeneration(Actions* out, const std::string& trigger, const std::string& why);
+  // failure); `why`: its reason; `extra`: further fields (down=, node=: who leaves).
+  void NewGeneration(Actions* out, const std::string& trigger, const std::string& why,
+                     const std::map<std::string, std::string>& extra = {});
   // The plan's restore source; the generation event's source= (owners, mirrors, checkpoint, seed).
   std::string PlanSource(const std::vector<std::string>& next, GenerationPlan* plan);
   // A rank's failure: `event` (recovering) is logged; `why` becomes the next generation's reason.

@@ -590,6 +590,7 @@ TEST_F(CoordinatorCoreTest, GenerationEventsSayWhereTheStateComesFrom) {
   EXPECT_EQ(ev[0].generation, 2u);
   EXPECT_EQ(ev[0].Field("source"), "mirrors");
   EXPECT_EQ(ev[0].Field("trigger"), "worker_down");
+  EXPECT_EQ(ev[0].Field("down"), "d");
   EXPECT_EQ(ev[0].IntField("step"), 3);
   EXPECT_EQ(ev[0].IntField("world"), 3);
   EXPECT_NE(ev[0].reason.find("d down (killed)"), std::string::npos) << ev[0].reason;
@@ -604,6 +605,7 @@ TEST_F(CoordinatorCoreTest, GenerationEventsSayWhereTheStateComesFrom) {
   EXPECT_EQ(ev[0].event, "generation");
   EXPECT_EQ(ev[0].Field("source"), "checkpoint");
   EXPECT_EQ(ev[0].Field("trigger"), "worker_down");
+  EXPECT_EQ(ev[0].Field("down"), "b c");
   EXPECT_EQ(ev[0].IntField("step"), 2);
   EXPECT_EQ(ev[0].IntField("steps_lost"), 1);
   EXPECT_EQ(ev[0].IntField("world"), 1);

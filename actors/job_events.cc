@@ -119,7 +119,8 @@ std::string DescribeEvent(const SupervisionEvent& e) {
                         ") at step ", e.Field("step"));
   }
   if (n == "fault_failed") return absl::StrCat("chaos: ", e.Field("kind"), " failed", Why(e));
-  if (n == "checkpoint_committed") return absl::StrCat("checkpoint ", e.Field("path"), " committed");
+  if (n == "checkpoint_committed")
+    return absl::StrCat("checkpoint ", e.Field("path"), " committed");
   if (n == "checkpoint_dropped") {
     const std::string shard = e.Field("shard");
     return absl::StrCat("warning: checkpoint step-", e.Field("step"),
@@ -135,18 +136,18 @@ std::string DescribeEvent(const SupervisionEvent& e) {
     const std::string ckpt = e.Field("checkpoint");
     return absl::StrCat("coordinator restarted (pid ", e.pid,
                         "): resuming from the committed-step record (step ", e.Field("step"),
-                        ", generation ", e.generation, "); newest valid checkpoint: ",
-                        ckpt.empty() ? e.reason : ckpt);
+                        ", generation ", e.generation,
+                        "); newest valid checkpoint: ", ckpt.empty() ? e.reason : ckpt);
   }
   if (n == "recovered") {
-    return absl::StrCat("recovered: ", e.Field("seconds"), " s from the fault (",
-                        e.Field("fault"), ") to the commit of step ", e.Field("step"));
+    return absl::StrCat("recovered: ", e.Field("seconds"), " s from the fault (", e.Field("fault"),
+                        ") to the commit of step ", e.Field("step"));
   }
   if (n == "process_exit") {
     const bool node = e.reason.rfind("node_dead", 0) == 0;
-    return absl::StrCat(node ? "node agent " : "worker ",
-                        e.child, e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "", " down: ",
-                        runtime::ExitCauseName(e.cause), " — ", e.reason);
+    return absl::StrCat(node ? "node agent " : "worker ", e.child,
+                        e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
+                        " down: ", runtime::ExitCauseName(e.cause), " — ", e.reason);
   }
   return runtime::FormatEvent(e);
 }

@@ -12,8 +12,9 @@
 // Events (event=NAME, then the fields beyond supervisor/child/gen/reason):
 //   generation             a generation is planned: world, workers, step (it starts from),
 //                          source (owners|mirrors|checkpoint|seed), steps_lost (so far), trigger
-//                          (start|workers|worker_down|drain|join|failure); reason: who left
-//   waiting                too few usable workers: usable, min_workers, trigger
+//                          (start|workers|worker_down|drain|join|failure), down (trigger
+//                          worker_down: the workers that left) or node (trigger drain)
+//   waiting                too few usable workers: usable, min_workers, trigger, down / node
 //   worker_down            workers (not in the running generation) are down: workers
 //   join_folded            child joined; it is folded in at the next step boundary: node
 //   join_failed            child's rank actor cannot be reached
