@@ -2,8 +2,9 @@
 // CoordinatorCore, which makes every decision. The shell turns messages into the core's events
 // and carries out the actions the core returns, in order: messages to ranks and to the driver,
 // timers, the committed-step record (<work_dir>/coordinator.state, through FileSystem),
-// checkpoint manifests, chaos. It runs in a worker process under the driver's job supervisor; a
-// restarted one resumes from the record.
+// checkpoint manifests, chaos, and the job's event log (job_events.h): every decision is an event
+// there and, as a line made from that event, on the driver's terminal. It runs in a worker process
+// under the driver's job supervisor; a restarted one resumes from the record.
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "caf/all.hpp"
 #include "coordinator_core.h"
 #include "coordinator_record.h"
+#include "job_events.h"
 #include "protocol.h"
 #include "troupe/actors/checkpoint_store.h"
 #include "troupe/runtime/actor.h"
@@ -49,18 +51,27 @@ class Coordinator {
   CoreTime Now() const { return std::chrono::steady_clock::now(); }
   std::chrono::milliseconds Rpc() const { return absl::ToChronoMilliseconds(spec_.timeouts.rpc); }
   void Print(const std::string& line) { self_->send(driver_, ProgressLine{line}); }
-  void PrintEvent(const std::string& text) {
-    Print(absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
-                       "event: ", text));
+  // Into the event log, then (made from the event) to the driver's terminal.
+  void LogEvent(runtime::SupervisionEvent e) {
+    events_->Write(e);
+    Print(EventProgressLine(e));
+  }
+  // A fault this process carries out, written down before it happens (the progress line to the
+  // driver might not leave the process before SIGKILL does).
+  void FaultFired(FaultKind kind, int64_t step, const std::string& node = "") {
+    runtime::SupervisionEvent e = JobEvent("fault_fired", "coordinator");
+    e.generation = core_->generation();
+    e.pid = getpid();
+    e.Set("kind", FaultKindName(kind))
+        .Set("step", step)
+        .Set("at_ns", absl::ToUnixNanos(absl::Now()));
+    if (!node.empty()) e.Set("node", node);
+    events_->Write(std::move(e));
   }
   std::string StatePath() const { return spec_.work_dir + "/coordinator.state"; }
   void Send(const std::string& worker, caf::message m) {
     auto it = ranks_.find(worker);
     if (it != ranks_.end()) self_->send(it->second.handle, std::move(m));
-  }
-  void ChaosLog(const std::string& what) {
-    std::ofstream(spec_.work_dir + "/chaos.log", std::ios::app)
-        << what << " at_ns " << absl::ToUnixNanos(absl::Now()) << std::endl;
   }
 
   void Execute(std::vector<CoordinatorAction> actions);
@@ -72,7 +83,6 @@ class Coordinator {
   void ReadTable(uint64_t generation);
   void HandleJoin(const RankJoined& j);
   void HandleMembership(const runtime::MembershipEvent& e);
-  double LastKillSeconds() const;
 
   caf::event_based_actor* self_;
   caf::actor driver_;  // prints our lines, receives the report, relays joins and membership
@@ -83,6 +93,7 @@ class Coordinator {
   std::optional<model::GptConfig> gpt_config_;
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<CoordinatorCore> core_;
+  std::unique_ptr<EventLog> events_;  // <work_dir>/logs/events.log
   std::map<std::string, Rank> ranks_;
   std::ofstream commits_;
   absl::Time step_start_;
@@ -127,20 +138,23 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
     return c->step();
   };
   core_ = std::make_unique<CoordinatorCore>(std::move(o));
+  events_ = std::make_unique<EventLog>(EventLogPath(spec_.work_dir));
 
   commits_.open(spec_.work_dir + "/commits.log", std::ios::app);
   absl::StatusOr<std::optional<CoordinatorRecord>> record =
       LoadCoordinatorRecord(PosixFileSystem(), StatePath());
   if (!record.ok()) return record.status();
   if (*record) {
-    report_.steps_lost = (*record)->steps_lost;
     Execute(core_->Restore(**record, Now()));
     absl::StatusOr<Checkpoint> latest = store_->LoadLatestValid();
-    PrintEvent(absl::StrCat("coordinator restarted (pid ", getpid(),
-                            "): resuming from the committed-step record (step ",
-                            (*record)->committed, ", generation ", (*record)->generation,
-                            "); newest valid checkpoint: ",
-                            latest.ok() ? latest->dir() : std::string(latest.status().message())));
+    runtime::SupervisionEvent e = JobEvent("coordinator_restarted", "coordinator");
+    e.generation = (*record)->generation;
+    e.pid = getpid();
+    e.Set("step", (*record)->committed);
+    e.Set("checkpoint", latest.ok() ? latest->dir() : "");
+    e.Set("checkpoint_step", latest.ok() ? latest->step() : int64_t{-1});
+    if (!latest.ok()) e.reason = std::string(latest.status().message());
+    LogEvent(std::move(e));
   }
   return absl::OkStatus();
 }
@@ -184,37 +198,53 @@ void Coordinator::Do(const CoordinatorAction& a) {
                           timer_atom::value, a.timer);
       return;
     case Kind::kKillWorker:
-      return Send(a.worker, caf::make_message(ArmKill{a.step, a.signal}));
+      return Send(a.worker,
+                  caf::make_message(ArmKill{a.step, a.signal, static_cast<int32_t>(a.fault)}));
     case Kind::kDrainNode: {
       // By name, through the head: the node agent gives itself the notice on its own host.
       auto it = ranks_.find(a.worker);
       if (it == ranks_.end() || !head_) return;
+      FaultFired(FaultKind::kSigtermNode, core_->committed(), it->second.node);
       self_->request(head_, Rpc(), runtime::preempt_node_atom::value, it->second.node)
           .then([](bool) {},
                 [this](caf::error& e) {
-                  PrintEvent(
-                      absl::StrCat("chaos: preempting a node failed: ", self_->system().render(e)));
+                  runtime::SupervisionEvent failed = JobEvent("fault_failed", "coordinator");
+                  failed.generation = core_->generation();
+                  failed.Set("kind", FaultKindName(FaultKind::kSigtermNode)).reason =
+                      self_->system().render(e);
+                  LogEvent(std::move(failed));
                 });
       return;
     }
     case Kind::kAddNode:
+      FaultFired(FaultKind::kJoinWorker, core_->committed(), a.text);
       return self_->send(driver_, AddNode{a.text});
     case Kind::kCrashSelf:
-      ChaosLog(absl::StrCat("killed coordinator step ", core_->committed()));
+      FaultFired(FaultKind::kKillCoordinator, core_->committed());
       raise(SIGKILL);
       return;
     case Kind::kArmCrash:
-      ChaosLog(absl::StrCat("killed coordinator checkpoint ", a.step));
+      FaultFired(FaultKind::kCrashInCheckpoint, a.step);
       runtime::ArmCrashPoint(a.text);
       return;
     case Kind::kCommitted:
       return Committed(a);
-    case Kind::kEvent:
-      return PrintEvent(a.text);
+    case Kind::kEvent: {
+      runtime::SupervisionEvent e = a.event;
+      // The core knows steps; the store knows where they are.
+      if (e.event.rfind("checkpoint_", 0) == 0 || e.event == "final_checkpoint_failed") {
+        e.Set("path", store_->StepDir(e.IntField("step")));
+      }
+      return LogEvent(std::move(e));
+    }
     case Kind::kFinish:
       return Finish(a);
-    case Kind::kFail:
+    case Kind::kFail: {
+      runtime::SupervisionEvent e = a.event;
+      if (e.event == "final_checkpoint_failed") e.Set("path", store_->StepDir(e.IntField("step")));
+      events_->Write(std::move(e));  // the driver reports the Status itself
       return Stop(caf::make_message(JobFailed{WireStatus::From(a.status)}));
+    }
   }
 }
 
@@ -229,7 +259,12 @@ void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
   m.optimizer_step = a.step;
   m.shards = a.shards;
   absl::Status s = store_->Commit(m);
-  if (s.ok()) PrintEvent(absl::StrCat("checkpoint ", store_->StepDir(a.step), " committed"));
+  if (s.ok()) {
+    runtime::SupervisionEvent e = JobEvent("checkpoint_committed");
+    e.generation = a.generation;
+    e.Set("step", a.step).Set("path", store_->StepDir(a.step)).Set("world", a.world);
+    LogEvent(std::move(e));
+  }
   Execute(core_->OnCheckpointCommitted(a.step, s, Now()));
 }
 
@@ -242,45 +277,37 @@ void Coordinator::Committed(const CoordinatorAction& a) {
   tokens_ += step_tokens;
   stepping_ = false;
   report_.losses.push_back(a.loss);
-  report_.committed_steps = a.step;
-  report_.final_world = a.world;
-  report_.generations = static_cast<int>(a.generation);
-  report_.steps_lost = core_->record().steps_lost;
   std::string line =
       absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d", a.step, spec_.steps,
                       a.loss, step_tokens / std::max(secs, 1e-9), a.world, a.generation);
   if (a.recovered) {
-    const double kill_at = LastKillSeconds();
-    if (kill_at > 0) {
-      const double r = absl::ToDoubleSeconds(now - absl::UnixEpoch()) - kill_at;
+    // From the newest fault_fired event (the dying process wrote it, with its time) to now.
+    std::optional<runtime::SupervisionEvent> fault =
+        NewestRecoveryFault(ReadEventLog(EventLogPath(spec_.work_dir)));
+    if (fault && fault->IntField("at_ns", 0) > 0) {
+      const double r = absl::ToDoubleSeconds(now - absl::FromUnixNanos(fault->IntField("at_ns")));
       if (report_.recovery_seconds < 0) report_.recovery_seconds = r;
-      absl::StrAppend(&line,
-                      absl::StrFormat("  | recovered: %.3f s from the fault to this commit", r));
+      runtime::SupervisionEvent e = JobEvent("recovered");
+      e.generation = a.generation;
+      e.Set("step", a.step).Set("seconds", absl::StrFormat("%.3f", r));
+      e.Set("fault", fault->Field("kind"));
+      events_->Write(e);
+      absl::StrAppend(&line, "  | ", DescribeEvent(e));
     }
   }
   Print(line);
 }
 
-// The newest kill time the chaos hooks wrote down (seconds since the epoch), or 0.
-double Coordinator::LastKillSeconds() const {
-  std::ifstream in(spec_.work_dir + "/chaos.log");
-  std::string line;
-  double last = 0;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f = absl::StrSplit(line, ' ');
-    int64_t ns;
-    if (f.size() == 6 && absl::SimpleAtoi(f[5], &ns)) last = ns / 1e9;
-  }
-  return last;
-}
-
 void Coordinator::Finish(const CoordinatorAction& a) {
+  // Everything the core keeps comes from its record, once, here.
+  const CoordinatorRecord& record = core_->record();
   JobReport r = report_;
   r.final_params_crc32c = static_cast<uint32_t>(a.crc);
   r.num_params = a.num_params;
   r.committed_steps = a.step;
-  r.generations = static_cast<int>(core_->generation());
-  r.steps_lost = core_->record().steps_lost;
+  r.generations = static_cast<int>(record.generation);
+  r.steps_lost = record.steps_lost;
+  r.final_world = static_cast<int>(record.active.size());
   r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
   Stop(caf::make_message(std::move(r)));
 }
@@ -323,9 +350,9 @@ void Coordinator::HandleJoin(const RankJoined& j) {
             Execute(core_->OnJoin(j.worker, j.node, Now()));
           },
           [this, j](caf::error& e) {
-            PrintEvent(absl::StrCat("worker ", j.worker, ": cannot look up its rank actor (",
-                                    self_->system().render(e), ")"));
-            Execute(core_->OnJoinFailed(j.worker, Now()));
+            Execute(core_->OnJoinFailed(
+                j.worker,
+                absl::StrCat("cannot look up its rank actor: ", self_->system().render(e)), Now()));
           });
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "job_events.h"
 #include "troupe/kernels/norm.h"
 
 namespace troupe::actors {
@@ -83,7 +84,7 @@ std::string DebugString(const CoordinatorAction& a) {
       return absl::StrCat("committed(s", a.step, ",", g, ",w", a.world,
                           a.recovered ? ",recovered)" : ")");
     case Kind::kEvent:
-      return "event";
+      return "event";  // which one: a.event (tests of the vocabulary look at it)
     case Kind::kFinish:
       return absl::StrCat("finish(s", a.step, ")");
     case Kind::kFail:
@@ -118,9 +119,10 @@ void CoordinatorCore::Save(Actions* out) {
   Emit(out, std::move(a));
 }
 
-void CoordinatorCore::Event(Actions* out, std::string text) {
+void CoordinatorCore::Event(Actions* out, runtime::SupervisionEvent event) {
   CoordinatorAction a{Kind::kEvent};
-  a.text = std::move(text);
+  a.event = std::move(event);
+  a.event.generation = record_.generation;
   Emit(out, std::move(a));
 }
 
@@ -133,10 +135,15 @@ void CoordinatorCore::ArmTimer(Actions* out, TimerKind kind, CoreDuration delay)
   Emit(out, std::move(a));
 }
 
-void CoordinatorCore::Fail(Actions* out, absl::Status status) {
+void CoordinatorCore::Fail(Actions* out, absl::Status status,
+                           std::optional<runtime::SupervisionEvent> event) {
   if (phase_ == CoordinatorPhase::kDone) return;
   phase_ = CoordinatorPhase::kDone;
   CoordinatorAction a{Kind::kFail};
+  a.event = event ? std::move(*event) : JobEvent("job_failed");
+  a.event.generation = record_.generation;
+  a.event.Set("code", absl::StatusCodeToString(status.code()));
+  if (a.event.reason.empty()) a.event.reason = std::string(status.message());
   a.status = std::move(status);
   Emit(out, std::move(a));
 }
@@ -172,7 +179,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker
   }
   members_[worker] = Member{node};
   if (phase_ != CoordinatorPhase::kWaiting) {
-    Event(&out, absl::StrCat("worker ", worker, " joined; folded in at the next step boundary"));
+    Event(&out, JobEvent("join_folded", worker).Set("node", node));
   }
   if (phase_ == CoordinatorPhase::kAwaitingJoin) {
     StartStep(&out);
@@ -182,10 +189,13 @@ std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker
   return out;
 }
 
-std::vector<CoordinatorAction> CoordinatorCore::OnJoinFailed(const std::string& worker, CoreTime) {
+std::vector<CoordinatorAction> CoordinatorCore::OnJoinFailed(const std::string& worker,
+                                                             const std::string& why, CoreTime) {
   Actions out;
   if (phase_ == CoordinatorPhase::kDone) return out;
-  Event(&out, absl::StrCat("worker ", worker, ": its rank actor is gone"));
+  runtime::SupervisionEvent e = JobEvent("join_failed", worker);
+  e.reason = why;
+  Event(&out, std::move(e));
   if (expected_joins_ > 0) --expected_joins_;
   MaybeStart(&out);
   return out;
@@ -204,8 +214,9 @@ std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string
   for (auto& [w, m] : members_) {
     if (m.node != node || !m.alive || m.draining) continue;
     m.draining = true;
-    Event(&out, absl::StrCat("node ", node, " draining (", why, "): worker ", w,
-                             " leaves at the next step boundary"));
+    runtime::SupervisionEvent e = JobEvent("drain", w);
+    e.Set("node", node).reason = why;
+    Event(&out, std::move(e));
   }
   // Nothing waits for a step boundary while a joiner is awaited: act at once.
   if (phase_ == CoordinatorPhase::kAwaitingJoin) StartStep(&out);
@@ -241,9 +252,11 @@ void CoordinatorCore::MarkDown(Actions* out, const std::vector<std::string>& wor
   const std::string what = absl::StrCat(newly.size() == 1 ? "worker " : "workers ",
                                         absl::StrJoin(newly, ", "), " down (", why, ")");
   if (in_group && phase_ != CoordinatorPhase::kWaiting && phase_ != CoordinatorPhase::kDone) {
-    NewGeneration(out, what);
+    NewGeneration(out, "worker_down", what, {{"down", absl::StrJoin(newly, " ")}});
   } else {
-    Event(out, what);
+    runtime::SupervisionEvent e = JobEvent("worker_down");
+    e.Set("workers", absl::StrJoin(newly, " ")).reason = why;
+    Event(out, std::move(e));
   }
 }
 
@@ -257,7 +270,8 @@ void CoordinatorCore::MaybeStart(Actions* out) {
   int usable = 0;
   for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
   if (usable >= options_.min_workers) {
-    NewGeneration(out, record_.active.empty() ? "job start" : "enough workers");
+    const bool start = record_.active.empty();
+    NewGeneration(out, start ? "start" : "workers", start ? "job start" : "enough workers");
   }
 }
 
@@ -279,8 +293,8 @@ std::vector<std::string> CoordinatorCore::NextGroup() const {
   return next;
 }
 
-void CoordinatorCore::PlanSource(const std::vector<std::string>& next, GenerationPlan* plan,
-                                 std::string* source) {
+std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
+                                        GenerationPlan* plan) {
   std::vector<int> old_to_new;
   for (const std::string& w : record_.active) {
     auto it = std::find(next.begin(), next.end(), w);
@@ -290,8 +304,7 @@ void CoordinatorCore::PlanSource(const std::vector<std::string>& next, Generatio
     plan->source = RestoreSource::kMemory;
     plan->old_to_new = old_to_new;
     const bool owners = std::find(old_to_new.begin(), old_to_new.end(), -1) == old_to_new.end();
-    *source = owners ? "memory (owners)" : "memory (owners + buddy mirrors)";
-    return;
+    return owners ? "owners" : "mirrors";
   }
   // From disk or from the seed: the memory of the old configuration no longer holds the state
   // this generation starts from.
@@ -301,19 +314,20 @@ void CoordinatorCore::PlanSource(const std::vector<std::string>& next, Generatio
   if (ckpt) {
     plan->source = RestoreSource::kCheckpoint;
     plan->checkpoint_step = *ckpt;
-    *source = absl::StrCat("checkpoint step-", *ckpt);
     if (had_state) record_.steps_lost += std::max<int64_t>(0, record_.committed - *ckpt);
     record_.committed = *ckpt;
   } else {
     plan->source = RestoreSource::kInit;
-    *source = "initialisation (seed)";
     if (had_state) record_.steps_lost += record_.committed;
     record_.committed = 0;
   }
   record_.active.clear();
+  return ckpt ? "checkpoint" : "seed";
 }
 
-void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
+void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
+                                    const std::string& why,
+                                    const std::map<std::string, std::string>& extra) {
   if (phase_ == CoordinatorPhase::kDone) return;
   if (++failed_generations_ > options_.max_failed_generations) {
     return Fail(
@@ -335,20 +349,25 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
   group_.clear();
   if (static_cast<int>(next.size()) < options_.min_workers) {
     phase_ = CoordinatorPhase::kWaiting;
-    Event(out, absl::StrCat("waiting for workers: ", next.size(), " usable, min_workers ",
-                            options_.min_workers, " (", why, ")"));
+    runtime::SupervisionEvent e = JobEvent("waiting");
+    e.fields = extra;
+    e.Set("usable", static_cast<int64_t>(next.size())).Set("min_workers", options_.min_workers);
+    e.Set("trigger", trigger).reason = why;
+    Event(out, std::move(e));
     Save(out);
     return;
   }
   GenerationPlan plan;
   plan.world = static_cast<int>(next.size());
-  std::string source;
-  PlanSource(next, &plan, &source);
+  const std::string source = PlanSource(next, &plan);
   plan.committed_steps = record_.committed;
   group_ = next;
-  Event(out, absl::StrCat("generation ", record_.generation, ": world ", group_.size(), " [",
-                          absl::StrJoin(group_, " "), "] at step ", record_.committed,
-                          ", state from ", source, " — ", why));
+  runtime::SupervisionEvent e = JobEvent("generation");
+  e.fields = extra;
+  e.Set("world", plan.world).Set("workers", absl::StrJoin(group_, " "));
+  e.Set("step", record_.committed).Set("source", source).Set("steps_lost", record_.steps_lost);
+  e.Set("trigger", trigger).reason = why;
+  Event(out, std::move(e));
   phase_ = CoordinatorPhase::kConfiguring;
   Save(out);
   for (int r = 0; r < plan.world; ++r) {
@@ -364,14 +383,15 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& why) {
 
 // A failure seen by a rank (not yet by membership): regenerate after a short delay (a down event
 // may explain it first), having asked the head who is dead.
-void CoordinatorCore::Recover(Actions* out, const std::string& why) {
+void CoordinatorCore::Recover(Actions* out, runtime::SupervisionEvent event,
+                              const std::string& why) {
   if (phase_ != CoordinatorPhase::kConfiguring && phase_ != CoordinatorPhase::kStepping &&
       phase_ != CoordinatorPhase::kFinishing) {
     return;
   }
   phase_ = CoordinatorPhase::kRecovering;
   recover_why_ = why;
-  Event(out, why);
+  Event(out, std::move(event));
   ArmTimer(out, TimerKind::kRetry, options_.retry_delay);
 }
 
@@ -381,7 +401,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
   Actions out;
   MarkDown(&out, dead, "dead in the head's table");
   if (generation == record_.generation && phase_ == CoordinatorPhase::kRecovering) {
-    NewGeneration(&out, recover_why_);
+    NewGeneration(&out, "failure", recover_why_);
   }
   return out;
 }
@@ -392,7 +412,10 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
   Actions out;
   if (generation != record_.generation || phase_ != CoordinatorPhase::kConfiguring) return out;
   if (!status.ok()) {
-    Recover(&out, absl::StrCat("configure failed on ", worker, ": ", status.ToString()));
+    runtime::SupervisionEvent e = JobEvent("recovering", worker);
+    e.Set("during", "configure").reason = status.ToString();
+    Recover(&out, std::move(e),
+            absl::StrCat("configure failed on ", worker, ": ", status.ToString()));
     return out;
   }
   pending_.erase(worker);
@@ -410,9 +433,10 @@ void CoordinatorCore::StartStep(Actions* out) {
   if (record_.committed >= options_.steps) return Finish(out);
   for (const std::string& w : group_) {
     if (members_[w].draining) {
-      return NewGeneration(out, absl::StrCat("node ", members_[w].node,
-                                             " is draining: its ranks leave at this step "
-                                             "boundary"));
+      return NewGeneration(out, "drain",
+                           absl::StrCat("node ", members_[w].node,
+                                        " is draining: its ranks leave at this step boundary"),
+                           {{"node", members_[w].node}});
     }
   }
   int joiners = 0;
@@ -420,7 +444,7 @@ void CoordinatorCore::StartStep(Actions* out) {
     if (Usable(w) && std::find(group_.begin(), group_.end(), w) == group_.end()) ++joiners;
   }
   if (joiners > 0 && static_cast<int>(group_.size()) < options_.max_world) {
-    return NewGeneration(out, "folding in workers that joined, at this step boundary");
+    return NewGeneration(out, "join", "folding in workers that joined, at this step boundary");
   }
   if (FireFaults(out)) return;
   phase_ = CoordinatorPhase::kStepping;
@@ -452,21 +476,21 @@ bool CoordinatorCore::FireFaults(Actions* out) {
     }
     due.push_back(i);
     record_.fired.insert(static_cast<int32_t>(i));
-    if (f.kind != FaultKind::kSigtermNode && f.kind != FaultKind::kJoinWorker) {
-      record_.awaiting_recovery = true;
-    }
+    if (FaultAwaitsRecovery(f.kind)) record_.awaiting_recovery = true;
   }
   if (due.empty()) return false;
   Save(out);
   bool hold = false;
   for (size_t i : due) {
     const Fault& f = options_.faults[i];
-    const std::string at = absl::StrCat(" before step ", f.step);
+    runtime::SupervisionEvent armed = JobEvent("fault_armed");
+    armed.Set("kind", FaultKindName(f.kind)).Set("step", f.step);
     auto kill = [&](int rank, int32_t signal) {
       CoordinatorAction a{Kind::kKillWorker};
       a.worker = group_[rank];
       a.step = f.step;
       a.signal = signal;
+      a.fault = f.kind;
       Emit(out, std::move(a));
     };
     switch (f.kind) {
@@ -474,34 +498,31 @@ bool CoordinatorCore::FireFaults(Actions* out) {
       case FaultKind::kStopWorker: {
         const int r = ArmRank(f.arg);
         const bool stop = f.kind == FaultKind::kStopWorker;
-        Event(out,
-              absl::StrCat("chaos: ", stop ? "SIGSTOP" : "kill -9", " of rank ", r, " (", group_[r],
-                           ") in the middle of step ", f.step, "'s gradient exchange"));
+        Event(out, armed.Set("rank", r).Set("worker", group_[r]));
         kill(r, stop ? SIGSTOP : SIGKILL);
         break;
       }
       case FaultKind::kKillShardAndBuddy: {
         const int r = ArmRank(f.arg);
         const int buddy = (r + 1) % static_cast<int>(group_.size());
-        Event(out, absl::StrCat("chaos: kill -9 of shard owner rank ", r, " and its buddy rank ",
-                                buddy, " in step ", f.step));
+        armed.Set("rank", r).Set("worker", group_[r]);
+        Event(out, armed.Set("buddy_rank", buddy).Set("buddy", group_[buddy]));
         kill(r, SIGKILL);
         kill(buddy, SIGKILL);
         break;
       }
       case FaultKind::kSigtermNode: {
         const std::string& w = group_[ArmRank(f.arg)];
-        Event(out, absl::StrCat("chaos: SIGTERM to node ", members_[w].node, at));
+        Event(out, armed.Set("worker", w).Set("node", members_[w].node));
         CoordinatorAction a{Kind::kDrainNode};
         a.worker = w;
         Emit(out, std::move(a));
         break;
       }
       case FaultKind::kJoinWorker: {
-        Event(out,
-              absl::StrCat("chaos: a node with one worker joins", at, "; the step waits for it"));
         CoordinatorAction a{Kind::kAddNode};
         a.text = absl::StrCat("join", f.step);
+        Event(out, armed.Set("node", a.text));
         Emit(out, std::move(a));
         phase_ = CoordinatorPhase::kAwaitingJoin;
         ArmTimer(out, TimerKind::kJoinWait, options_.join_wait);
@@ -509,7 +530,7 @@ bool CoordinatorCore::FireFaults(Actions* out) {
         break;
       }
       case FaultKind::kKillCoordinator:
-        Event(out, absl::StrCat("chaos: kill -9 of the coordinator's process", at));
+        Event(out, armed);
         Emit(out, CoordinatorAction{Kind::kCrashSelf});
         hold = true;
         break;
@@ -531,7 +552,10 @@ std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, i
     return out;
   }
   if (!status.ok()) {
-    Recover(&out, absl::StrCat("step ", step, " failed on ", worker, ": ", status.ToString()));
+    runtime::SupervisionEvent e = JobEvent("recovering", worker);
+    e.Set("during", "step").Set("step", step).reason = status.ToString();
+    Recover(&out, std::move(e),
+            absl::StrCat("step ", step, " failed on ", worker, ": ", status.ToString()));
     return out;
   }
   for (const auto& [k, v] : losses) losses_[k] = v;
@@ -606,10 +630,14 @@ std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generati
         absl::StrCat("checkpoint step-", step, ": shard ", index, ": ", status.ToString());
     // Training goes on without it; the last step's checkpoint is the job's result.
     if (step >= options_.steps) {
-      Fail(&out, absl::Status(status.code(), absl::StrCat("the final ", what)));
+      runtime::SupervisionEvent e = JobEvent("final_checkpoint_failed");
+      e.Set("step", step).Set("shard", index).reason = status.ToString();
+      Fail(&out, absl::Status(status.code(), absl::StrCat("the final ", what)), std::move(e));
       return out;
     }
-    Event(&out, absl::StrCat("warning: ", what, " (dropped; training goes on)"));
+    runtime::SupervisionEvent e = JobEvent("checkpoint_dropped");
+    e.Set("step", step).Set("shard", index).reason = status.ToString();
+    Event(&out, std::move(e));
   } else {
     it->second.shards[index] = info;
     if (static_cast<int>(it->second.shards.size()) == it->second.expected) {
@@ -633,9 +661,7 @@ void CoordinatorCore::CompleteCheckpoint(Actions* out, int64_t step) {
     record_.fired.insert(static_cast<int32_t>(i));
     record_.awaiting_recovery = true;
     Save(out);
-    Event(out, absl::StrCat("chaos: kill -9 of the coordinator's process in the middle of "
-                            "committing checkpoint step-",
-                            step, " (manifest written, LATEST not yet moved)"));
+    Event(out, JobEvent("fault_armed").Set("kind", FaultKindName(f.kind)).Set("step", step));
     CoordinatorAction arm{Kind::kArmCrash};
     arm.text = "checkpoint.publish";
     arm.step = step;
@@ -659,12 +685,17 @@ std::vector<CoordinatorAction> CoordinatorCore::OnCheckpointCommitted(int64_t st
   if (status.ok()) {
     last_checkpoint_ = std::max(last_checkpoint_, step);
   } else if (step >= options_.steps) {
+    runtime::SupervisionEvent e = JobEvent("final_checkpoint_failed");
+    e.Set("step", step).reason = status.ToString();
     Fail(&out,
          absl::Status(status.code(), absl::StrCat("the final checkpoint step-", step,
-                                                  " could not be committed: ", status.ToString())));
+                                                  " could not be committed: ", status.ToString())),
+         std::move(e));
     return out;
   } else {
-    Event(&out, absl::StrCat("warning: checkpoint step-", step, " failed: ", status.ToString()));
+    runtime::SupervisionEvent e = JobEvent("checkpoint_dropped");
+    e.Set("step", step).reason = status.ToString();
+    Event(&out, std::move(e));
   }
   if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
   return out;
@@ -685,10 +716,13 @@ void CoordinatorCore::Finish(Actions* out) {
   }
   if (!written) {
     if (final_asked_generation_ == record_.generation) {
-      return Fail(
-          out, absl::InternalError(absl::StrCat("the final checkpoint step-", steps,
-                                                " was asked for and never completed in generation ",
-                                                record_.generation)));
+      runtime::SupervisionEvent e = JobEvent("final_checkpoint_failed");
+      e.Set("step", steps).reason = "asked for and never completed in this generation";
+      return Fail(out,
+                  absl::InternalError(absl::StrCat(
+                      "the final checkpoint step-", steps,
+                      " was asked for and never completed in generation ", record_.generation)),
+                  std::move(e));
     }
     final_asked_generation_ = record_.generation;
     ExpectCheckpoint(steps);
@@ -734,7 +768,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime
       break;
     case TimerKind::kJoinWait:
       if (t.generation == record_.generation && phase_ == CoordinatorPhase::kAwaitingJoin) {
-        Event(&out, "the joining worker did not arrive in time; going on without it");
+        Event(&out, JobEvent("join_timeout"));
         StartStep(&out);
       }
       break;

@@ -42,6 +42,7 @@
 #include "troupe/actors/elastic.h"
 #include "troupe/actors/job_spec.h"
 #include "troupe/actors/manifest.h"
+#include "troupe/runtime/events.h"
 
 namespace troupe::actors {
 
@@ -82,15 +83,15 @@ struct CoordinatorAction {
     kFinal,       // ask `worker` for the final parameters' CRC
     kReadTable,   // read the head's membership table, then call OnTable
     kTimer,       // call OnTimer(`timer`) after `delay`
-    kKillWorker,  // chaos: `worker` kills itself with `signal` in step `step`'s exchange
+    kKillWorker,  // chaos: `worker` kills itself with `signal` in step `step`'s exchange (`fault`)
     kDrainNode,   // chaos: the node agent of `worker`'s node gets SIGTERM
     kAddNode,     // chaos: a node named `text` with one worker joins
     kCrashSelf,   // chaos: this process dies now (kill-coordinator)
-    kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint)
+    kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
     kCommitted,   // step `step` committed in `generation` (world `world`, mean `loss`)
-    kEvent,       // something an operator should read: `text`
+    kEvent,       // a decision, for the job's event log and the operator: `event`
     kFinish,      // the job is done: report `crc`, `num_params`, `step`; stop every member
-    kFail,        // the job cannot go on: `status`; stop
+    kFail,        // the job cannot go on: `status` (and `event`, for the log); stop
   };
   explicit CoordinatorAction(Kind k) : kind(k) {}
   Kind kind;
@@ -101,6 +102,7 @@ struct CoordinatorAction {
   std::vector<ShardFileInfo> shards;
   int world = 0;
   int32_t signal = 0;
+  FaultKind fault = FaultKind::kKillWorker;
   uint64_t timer = 0;
   CoreDuration delay{0};
   double loss = 0;
@@ -108,6 +110,9 @@ struct CoordinatorAction {
   int64_t crc = 0;
   int64_t num_params = 0;
   std::string text;
+  // kEvent, kFail: what happened, in the event log's vocabulary (job_events.h); gen= is the
+  // generation when it was decided.
+  runtime::SupervisionEvent event;
   absl::Status status;
   CoordinatorRecord record;  // kSaveRecord: the record as of this action
 };
@@ -145,7 +150,8 @@ class CoordinatorCore {
   // A rank actor joined (its handle resolved), or could not be found.
   std::vector<CoordinatorAction> OnJoin(const std::string& worker, const std::string& node,
                                         CoreTime now);
-  std::vector<CoordinatorAction> OnJoinFailed(const std::string& worker, CoreTime now);
+  std::vector<CoordinatorAction> OnJoinFailed(const std::string& worker, const std::string& why,
+                                              CoreTime now);
   // Membership: a worker's process or actor is gone (killed, fenced, hung) with `why`.
   std::vector<CoordinatorAction> OnWorkerDown(const std::string& worker, const std::string& why,
                                               CoreTime now);
@@ -202,14 +208,21 @@ class CoordinatorCore {
   bool Usable(const std::string& worker) const;
   void Emit(Actions* out, CoordinatorAction a);
   void Save(Actions* out);
-  void Event(Actions* out, std::string text);
+  void Event(Actions* out, runtime::SupervisionEvent event);
   void ArmTimer(Actions* out, TimerKind kind, CoreDuration delay);
-  void Fail(Actions* out, absl::Status status);
+  // The job fails with `status`; `event` (default: job_failed) goes to the log.
+  void Fail(Actions* out, absl::Status status,
+            std::optional<runtime::SupervisionEvent> event = std::nullopt);
   void MaybeStart(Actions* out);
   std::vector<std::string> NextGroup() const;
-  void NewGeneration(Actions* out, const std::string& why);
-  void PlanSource(const std::vector<std::string>& next, GenerationPlan* plan, std::string* source);
-  void Recover(Actions* out, const std::string& why);
+  // `trigger`: the generation event's trigger= (start, workers, worker_down, drain, join,
+  // failure); `why`: its reason; `extra`: further fields (down=, node=: who leaves).
+  void NewGeneration(Actions* out, const std::string& trigger, const std::string& why,
+                     const std::map<std::string, std::string>& extra = {});
+  // The plan's restore source; the generation event's source= (owners, mirrors, checkpoint, seed).
+  std::string PlanSource(const std::vector<std::string>& next, GenerationPlan* plan);
+  // A rank's failure: `event` (recovering) is logged; `why` becomes the next generation's reason.
+  void Recover(Actions* out, runtime::SupervisionEvent event, const std::string& why);
   void MarkDown(Actions* out, const std::vector<std::string>& workers, const std::string& why);
   void StartStep(Actions* out);
   bool FireFaults(Actions* out);

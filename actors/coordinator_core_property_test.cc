@@ -399,7 +399,7 @@ class Sim {
         return Deliver(type, [&] { return core_->OnJoin(w, node, now_); });
       }
       case kEvJoinFailed:
-        return Deliver(type, [&] { return core_->OnJoinFailed("ghost", now_); });
+        return Deliver(type, [&] { return core_->OnJoinFailed("ghost", "no such actor", now_); });
       case kEvWorkerDown:
         if (can_lose) Kill(any);
         return Deliver(type, [&] {

@@ -1,6 +1,7 @@
 // The coordinator's decisions, exactly: every test drives CoordinatorCore by hand with explicit
-// times and asserts the whole action sequence (DebugString form; "event" stands for a line an
-// operator reads, whatever its wording). The property test is in coordinator_core_property_test.cc.
+// times and asserts the whole action sequence (DebugString form; "event" stands for a structured
+// event of job_events.h, whose fields the *EventsTest tests below assert). The property test is in
+// coordinator_core_property_test.cc.
 #include "coordinator_core.h"
 
 #include <gtest/gtest.h>
@@ -112,7 +113,7 @@ TEST_F(CoordinatorCoreTest, ARankThatCannotBeFoundIsNotWaitedFor) {
   auto& c = Make();
   c.OnMembershipKnown(2, {}, kT0);
   EXPECT_EQ(Str(c.OnJoin("a", "n-a", kT0)), "");
-  EXPECT_EQ(Str(c.OnJoinFailed("b", kT0)),
+  EXPECT_EQ(Str(c.OnJoinFailed("b", "lookup failed", kT0)),
             "event abort(a,g1) event save configure(a,g1,r0/1,s0,init)");
 }
 
@@ -551,6 +552,96 @@ TEST_F(CoordinatorCoreTest, OwnerAndBuddyLostRestoresFromTheNewestCheckpoint) {
       << "b (rank 1) and its buddy c (rank 2) are both gone";
   EXPECT_EQ(core_->record().steps_lost, 1);
   EXPECT_TRUE(core_->record().active.empty()) << "no rank's memory holds step 2";
+}
+
+// The kEvent actions (and kFail's event) of `actions`, in order.
+std::vector<runtime::SupervisionEvent> Events(const std::vector<CoordinatorAction>& actions) {
+  std::vector<runtime::SupervisionEvent> out;
+  for (const CoordinatorAction& a : actions) {
+    if (a.kind == CoordinatorAction::Kind::kEvent || a.kind == CoordinatorAction::Kind::kFail) {
+      out.push_back(a.event);
+    }
+  }
+  return out;
+}
+
+TEST_F(CoordinatorCoreTest, GenerationEventsSayWhereTheStateComesFrom) {
+  Make();
+  std::vector<CoordinatorAction> start = core_->OnMembershipKnown(4, {}, kT0);
+  for (const char* w : {"a", "b", "c"}) core_->OnJoin(w, std::string("n-") + w, kT0);
+  start = core_->OnJoin("d", "n-d", kT0);
+  std::vector<runtime::SupervisionEvent> ev = Events(start);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].event, "generation");
+  EXPECT_EQ(ev[0].generation, 1u);
+  EXPECT_EQ(ev[0].Field("source"), "seed");
+  EXPECT_EQ(ev[0].Field("trigger"), "start");
+  EXPECT_EQ(ev[0].IntField("world"), 4);
+  EXPECT_EQ(ev[0].Field("workers"), "a b c d");
+  ConfigureAll();
+  StepAll();
+  StepAll();
+  StepAll();  // committed 3
+
+  // One owner lost: the others' memory and its buddy's mirror hold the state.
+  ev = Events(core_->OnWorkerDown("d", "killed", kT0));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].event, "generation");
+  EXPECT_EQ(ev[0].generation, 2u);
+  EXPECT_EQ(ev[0].Field("source"), "mirrors");
+  EXPECT_EQ(ev[0].Field("trigger"), "worker_down");
+  EXPECT_EQ(ev[0].Field("down"), "d");
+  EXPECT_EQ(ev[0].IntField("step"), 3);
+  EXPECT_EQ(ev[0].IntField("world"), 3);
+  EXPECT_NE(ev[0].reason.find("d down (killed)"), std::string::npos) << ev[0].reason;
+  ConfigureAll();
+
+  // An owner and its buddy lost: the newest checkpoint, one step recomputed.
+  latest_ = 2;
+  core_->OnStepped(2, 3, "a", absl::UnavailableError("peers 1 and 2 gone"), {}, kT0);
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0)), "read_table(g2)");
+  ev = Events(core_->OnTable(2, {"b", "c"}, kT0));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].event, "generation");
+  EXPECT_EQ(ev[0].Field("source"), "checkpoint");
+  EXPECT_EQ(ev[0].Field("trigger"), "worker_down");
+  EXPECT_EQ(ev[0].Field("down"), "b c");
+  EXPECT_EQ(ev[0].IntField("step"), 2);
+  EXPECT_EQ(ev[0].IntField("steps_lost"), 1);
+  EXPECT_EQ(ev[0].IntField("world"), 1);
+}
+
+TEST_F(CoordinatorCoreTest, FaultAndCheckpointEventsCarryTheirFacts) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kStopWorker, 1, 2)};
+  o.checkpoint_every = 1;
+  Make(o);
+  Running({"a", "b", "c"});
+  std::vector<CoordinatorAction> commit;
+  for (const std::string& w : core_->group()) {
+    commit = core_->OnStepped(1, 0, w, absl::OkStatus(), {{0, 2.0}}, kT0);
+  }
+  // Step 0 committed; step 1 starts with the stop-worker fault armed on rank 2.
+  std::vector<runtime::SupervisionEvent> ev = Events(commit);
+  ASSERT_EQ(ev.size(), 1u) << Str(commit);
+  EXPECT_EQ(ev[0].event, "fault_armed");
+  EXPECT_EQ(ev[0].Field("kind"), "stop-worker");
+  EXPECT_EQ(ev[0].IntField("step"), 1);
+  EXPECT_EQ(ev[0].IntField("rank"), 2);
+  EXPECT_EQ(ev[0].Field("worker"), "c");
+  for (const CoordinatorAction& a : commit) {
+    if (a.kind == CoordinatorAction::Kind::kKillWorker) {
+      EXPECT_EQ(a.fault, FaultKind::kStopWorker);
+      EXPECT_EQ(a.signal, SIGSTOP);
+    }
+  }
+  // Checkpoint 1's shard 0 cannot be written: dropped, training goes on.
+  ev = Events(core_->OnShardWritten(1, 1, 0, {}, absl::ResourceExhaustedError("disk full"), kT0));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].event, "checkpoint_dropped");
+  EXPECT_EQ(ev[0].IntField("step"), 1);
+  EXPECT_EQ(ev[0].IntField("shard"), 0);
+  EXPECT_NE(ev[0].reason.find("disk full"), std::string::npos) << ev[0].reason;
 }
 
 TEST_F(CoordinatorCoreTest, WithoutACheckpointLostStateRestartsFromTheSeed) {

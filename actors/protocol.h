@@ -73,6 +73,7 @@ struct AbortBelow {
 struct ArmKill {
   int64_t step = 0;
   int32_t signal = 0;
+  int32_t fault_kind = 0;  // the FaultKind this carries out (for the rank's fault_fired event)
 };
 struct AskFinal {
   uint64_t generation = 0;
@@ -155,7 +156,7 @@ typename Inspector::result_type inspect(Inspector& f, AbortBelow& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ArmKill& x) {
-  return f(caf::meta::type_name("troupe.ArmKill"), x.step, x.signal);
+  return f(caf::meta::type_name("troupe.ArmKill"), x.step, x.signal, x.fault_kind);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AskFinal& x) {

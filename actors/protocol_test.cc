@@ -73,7 +73,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
             "troupe.StepDone");
   RoundTrip(CommitRank{7, 40}, "troupe.CommitRank");
   RoundTrip(AbortBelow{8}, "troupe.AbortBelow");
-  RoundTrip(ArmKill{41, 9}, "troupe.ArmKill");
+  RoundTrip(ArmKill{41, 9, 2}, "troupe.ArmKill");
   RoundTrip(AskFinal{7}, "troupe.AskFinal");
   RoundTrip(ShardWritten{7, 40, 2, info, err}, "troupe.ShardWritten");
   RoundTrip(FinalParams{7, 0x12345678, 262144, 60}, "troupe.FinalParams");

@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
-#include <iostream>
 #include <mutex>
 #include <thread>
 
@@ -16,6 +15,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
+#include "job_events.h"
 #include "line_log.h"
 #include "protocol.h"
 #include "troupe/actors/elastic.h"
@@ -23,6 +23,7 @@
 #include "troupe/collectives/ucx_communicator.h"
 #include "troupe/model/crc32c.h"
 #include "troupe/runtime/actor.h"
+#include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::actors {
@@ -116,11 +117,17 @@ class RankState {
     o.on_exchange = [this](int64_t step) {
       if (kill_at_step_.load() != step) return;
       // Chaos: die like kill -9 (or hang like a stopped process) in the middle of the gradient
-      // exchange, after writing down when.
+      // exchange, after writing down when (the coordinator measures recovery from at_ns).
       const int sig = kill_signal_.load();
-      LineLog(absl::StrCat(spec_.work_dir, "/chaos.log"))
-          .Write(absl::StrCat(sig == SIGSTOP ? "stopped " : "killed ", worker_, " step ", step,
-                              " at_ns ", absl::ToUnixNanos(absl::Now())));
+      runtime::SupervisionEvent e = JobEvent("fault_fired", worker_, "rank");
+      e.generation = gen_;
+      e.pid = getpid();
+      e.signal = sig;
+      e.Set("kind", FaultKindName(static_cast<FaultKind>(kill_fault_.load())))
+          .Set("step", step)
+          .Set("rank", rank_->rank())
+          .Set("at_ns", absl::ToUnixNanos(absl::Now()));
+      EventLog(EventLogPath(spec_.work_dir)).Write(std::move(e));
       raise(sig);
     };
     rank_ = std::make_unique<ElasticRank>(model_.get(), std::move(o));
@@ -157,8 +164,9 @@ class RankState {
     cv_.notify_all();
   }
 
-  void ArmKill(int64_t step, int32_t sig) {
+  void ArmKill(int64_t step, int32_t sig, int32_t fault_kind) {
     kill_signal_.store(sig == SIGSTOP ? SIGSTOP : SIGKILL);
+    kill_fault_.store(fault_kind);
     kill_at_step_.store(step);
   }
 
@@ -284,6 +292,7 @@ class RankState {
   std::atomic<uint64_t> aborted_below_{0};
   std::atomic<int64_t> kill_at_step_{-1};
   std::atomic<int32_t> kill_signal_{SIGKILL};
+  std::atomic<int32_t> kill_fault_{static_cast<int32_t>(FaultKind::kKillWorker)};
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::mutex mu_;
@@ -309,7 +318,7 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
           init = st->Init();
         }
         if (!init.ok()) {
-          std::cerr << "troupe.rank " << worker << ": " << init << std::endl;
+          runtime::LogError(absl::StrCat("rank ", worker), init.ToString());
           self->quit(runtime::StatusToError(init));
           return {};
         }
@@ -329,7 +338,7 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
                   /*always=*/true);
             },
             [st](const AbortBelow& m) { st->Abort(m.generation); },
-            [st](const ArmKill& m) { st->ArmKill(m.step, m.signal); },
+            [st](const ArmKill& m) { st->ArmKill(m.step, m.signal, m.fault_kind); },
             [st](const AskFinal& m) {
               st->Post(m.generation, [st, m] { st->Final(m.generation); });
             },

@@ -21,7 +21,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
-#include "line_log.h"
+#include "job_events.h"
 #include "protocol.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/cluster.h"
@@ -58,22 +58,6 @@ class DriverQueue {
   std::deque<DriverRequest> q_;
 };
 
-// The job's structured event log, <work_dir>/logs/events.log: the job supervisor's events (the
-// coordinator's starts, exits and restarts, with the reason) and a process_exit event for every
-// worker or node the head reports dead, with its cause. One write(2) per line, so concurrent
-// writers never interleave and a line is complete once written.
-class EventLogFile {
- public:
-  explicit EventLogFile(const std::string& path) : log_(path) {}
-  void Write(runtime::SupervisionEvent e) {
-    if (e.wall_time.time_since_epoch().count() == 0) e.wall_time = std::chrono::system_clock::now();
-    log_.Write(runtime::FormatEvent(e));
-  }
-
- private:
-  LineLog log_;
-};
-
 struct JoinInfo {
   std::string node;
   std::string rank;  // the rank actor's cluster-wide name
@@ -89,18 +73,11 @@ struct DriverState {
   std::promise<absl::StatusOr<JobReport>> result;
   bool finished = false;
   std::atomic<int64_t> last_heard_ns{0};
-  std::shared_ptr<EventLogFile> events;
+  // The job's event log (job_events.h): here the job supervisor's events (the coordinator's
+  // starts, exits and restarts) and a process_exit event for every worker or node the head
+  // reports dead; the coordinator and the ranks append their own.
+  std::shared_ptr<EventLog> events;
 };
-
-// A process death the head reported, for the operator's terminal (the event log has the fields).
-std::string DeathLine(const runtime::MembershipEvent& e) {
-  std::string what = e.kind == runtime::MembershipKind::kNodeDead ? "node agent" : "worker";
-  return absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
-                      "event: ", what, " ", e.subject,
-                      e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
-                      e.kind == runtime::MembershipKind::kWorkerExit ? " exit status: " : " down: ",
-                      runtime::ExitCauseName(e.cause), " — ", e.detail);
-}
 
 // Relays between the coordinator (wherever the supervisor placed it) and this process: prints its
 // lines, replays the known ranks to every new incarnation, carries out its requests.
@@ -137,8 +114,9 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         if (e.kind == runtime::MembershipKind::kWorkerDown ||
             e.kind == runtime::MembershipKind::kWorkerExit ||
             e.kind == runtime::MembershipKind::kNodeDead) {
-          if (st->events) st->events->Write(e.ToProcessExit("head"));
-          if (!st->finished) *st->out << DeathLine(e) << std::endl;
+          const runtime::SupervisionEvent exit = e.ToProcessExit("head");
+          if (st->events) st->events->Write(exit);
+          if (!st->finished) *st->out << EventProgressLine(exit) << std::endl;
         }
       },
       [st, heard](const ProgressLine& line) {
@@ -217,7 +195,7 @@ absl::Status PrepareJob(JobSpec& spec, std::ostream& out) {
   }
   // Per-run records start empty; checkpoints persist (a new run resumes from them).
   std::filesystem::remove_all(spec.work_dir + "/serve", ec);
-  for (const char* f : {"/chaos.log", "/coordinator.state", "/commits.log"}) {
+  for (const char* f : {"/logs/events.log", "/coordinator.state", "/commits.log"}) {
     std::filesystem::remove(spec.work_dir + f, ec);
   }
   if (absl::Status s = PrepareData(spec, out); !s.ok()) return s;
@@ -424,7 +402,7 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
       runtime::Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) return rt.status();
-  auto events = std::make_shared<EventLogFile>(spec.work_dir + "/logs/events.log");
+  auto events = std::make_shared<EventLog>(EventLogPath(spec.work_dir));
   (*rt)->SetEventSink([events](const runtime::SupervisionEvent& e) { events->Write(e); });
   absl::StatusOr<runtime::ClusterClient> client =
       runtime::ClusterClient::Connect(**rt, cluster->host, cluster->port);

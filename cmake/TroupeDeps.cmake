@@ -20,6 +20,8 @@ if(TROUPE_MODEL_ONLY)
 endif()
 
 find_package(absl CONFIG REQUIRED)
+# runtime/log.cc's logger (Debian's libspdlog-dev, compiled, with an external fmt).
+find_package(spdlog CONFIG REQUIRED)
 
 # CAF 0.17 ships neither a CMake config nor pkg-config (STACK.md).
 find_path(TROUPE_CAF_INCLUDE caf/config.hpp REQUIRED)

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "troupe/runtime/log.h"
 
 namespace troupe::runtime {
 namespace {
@@ -344,7 +345,7 @@ int ParseCommandLine(const std::string& command, const std::string& usage,
     s = absl::InvalidArgumentError(absl::StrCat("unexpected argument '", rest[0], "'"));
   }
   if (!s.ok()) {
-    std::cerr << "troupe " << command << ": " << s.message() << " (see --help)\n";
+    LogError(command, absl::StrCat(s.message(), " (see --help)"));
     return 2;
   }
   return -1;

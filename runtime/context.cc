@@ -40,6 +40,40 @@ bool ParseExitCause(const std::string& name, ExitCause* cause) {
   return false;
 }
 
+namespace {
+
+// The keys of SupervisionEvent's own members: never taken from (or written as) `fields`.
+bool ReservedKey(const std::string& key) {
+  for (const char* k : {"ts", "supervisor", "child", "gen", "event", "pid", "cause", "exit_code",
+                        "signal", "reason", "decision"}) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string SupervisionEvent::Field(const std::string& key) const {
+  auto it = fields.find(key);
+  return it == fields.end() ? std::string() : it->second;
+}
+
+int64_t SupervisionEvent::IntField(const std::string& key, int64_t fallback) const {
+  int64_t v;
+  auto it = fields.find(key);
+  return it != fields.end() && absl::SimpleAtoi(it->second, &v) ? v : fallback;
+}
+
+SupervisionEvent& SupervisionEvent::Set(const std::string& key, const std::string& value) {
+  fields[key] = value;
+  return *this;
+}
+
+SupervisionEvent& SupervisionEvent::Set(const std::string& key, int64_t value) {
+  fields[key] = absl::StrCat(value);
+  return *this;
+}
+
 std::string FormatEvent(const SupervisionEvent& e) {
   using namespace std::chrono;
   auto us = duration_cast<microseconds>(e.wall_time.time_since_epoch()).count();
@@ -60,10 +94,14 @@ std::string FormatEvent(const SupervisionEvent& e) {
   std::string line = absl::StrCat("ts=", ts, ".", absl::Dec(us % 1000000, absl::kZeroPad6),
                                   "Z supervisor=", quote(e.supervisor), " child=", quote(e.child),
                                   " gen=", e.generation, " event=", e.event);
+  if (e.cause != ExitCause::kNone || e.pid != 0) absl::StrAppend(&line, " pid=", e.pid);
   if (e.cause != ExitCause::kNone) {
-    absl::StrAppend(&line, " pid=", e.pid, " cause=", ExitCauseName(e.cause));
+    absl::StrAppend(&line, " cause=", ExitCauseName(e.cause));
     if (e.cause == ExitCause::kExited) absl::StrAppend(&line, " exit_code=", e.exit_code);
-    if (e.signal != 0) absl::StrAppend(&line, " signal=", e.signal);
+  }
+  if (e.signal != 0) absl::StrAppend(&line, " signal=", e.signal);
+  for (const auto& [key, value] : e.fields) {
+    if (!key.empty() && !ReservedKey(key)) absl::StrAppend(&line, " ", key, "=", quote(value));
   }
   if (!e.reason.empty()) absl::StrAppend(&line, " reason=", quote(e.reason));
   if (!e.decision.empty()) absl::StrAppend(&line, " decision=", quote(e.decision));
@@ -116,7 +154,9 @@ bool ParseEvent(const std::string& line, SupervisionEvent* e) {
       out.reason = value;
     } else if (key == "decision") {
       out.decision = value;
-    }  // ts and keys added later are skipped
+    } else if (key != "ts") {
+      out.fields[key] = value;
+    }
     if (!ok) return false;
   }
   if (!has_event) return false;

@@ -21,6 +21,7 @@
 #include "internal/resources.h"
 #include "internal/roles.h"
 #include "internal/tls.h"
+#include "troupe/runtime/log.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -178,8 +179,8 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
     spec.stderr_path = file + ".err";
     auto pid = StartProcess(spec);
     if (!pid.ok()) {
-      std::cerr << "troupe node " << c.name << ": cannot start worker " << id << ": "
-                << pid.status().message() << "\n";
+      LogError(absl::StrCat("node ", c.name),
+               absl::StrCat("cannot start worker ", id, ": ", pid.status().message()));
       continue;
     }
     std::lock_guard<std::mutex> l(w.mu);
@@ -212,7 +213,7 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
       caf::anon_send(head, drain_atom::value, c.name, static_cast<int64_t>(ms));
     }
     if (w.head_lost) {
-      std::cerr << "troupe node " << c.name << ": lost the head; stopping workers" << std::endl;
+      LogWarn(absl::StrCat("node ", c.name), "lost the head; stopping workers");
       StopWorkers(w, head, ctx, c.name);
       std::fflush(nullptr);
       _exit(1);

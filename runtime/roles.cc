@@ -21,6 +21,7 @@
 #include "internal/process.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
+#include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
@@ -97,7 +98,8 @@ absl::StatusOr<uint64_t> JoinCluster(caf::actor_system& sys, const caf::actor& h
 }
 
 void ExitRole(const std::string& role, const std::string& name, const absl::Status& status) {
-  std::cerr << "troupe " << role << (name.empty() ? "" : " ") << name << ": " << status << "\n";
+  Log(status.code() == absl::StatusCode::kUnavailable ? LogLevel::kWarn : LogLevel::kError,
+      name.empty() ? role : absl::StrCat(role, " ", name), status.ToString());
   std::fflush(nullptr);
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
@@ -162,14 +164,14 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   ro.network = true;
   auto rt = Runtime::Create(std::move(registry), ro);
   if (!rt.ok()) {
-    std::cerr << "troupe head: " << rt.status().message() << "\n";
+    LogError("head", std::string(rt.status().message()));
     return 2;
   }
   std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
   caf::actor head = SpawnHead((*rt)->system(), co, build_id);
   auto bound = Publish(**rt, head, static_cast<uint16_t>(port), host);
   if (!bound.ok()) {
-    std::cerr << "troupe head: " << bound.status().message() << "\n";
+    LogError("head", std::string(bound.status().message()));
     return 1;
   }
   std::cout << "troupe head: listening on " << host << ":" << *bound
@@ -210,7 +212,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
       sys, m->head, co, "worker", id,
       caf::make_message(reg_worker_atom::value, id, node, static_cast<int64_t>(getpid()), worker));
   if (!joined.ok()) ExitRole("worker", id, joined.status());
-  std::cerr << "troupe worker " << id << ": joined, pid " << getpid() << std::endl;
+  LogInfo(absl::StrCat("worker ", id), absl::StrCat("joined, pid ", getpid()));
   HeartbeatSender heartbeats(*m->runtime, m->head, id, co.heartbeat_interval);
   caf::scoped_actor self{sys};
   self->monitor(m->head);
@@ -240,7 +242,7 @@ int UpMain(const std::vector<std::string>& args) {
   o.extra_args = ro.TlsArgs();  // every member presents the same certificate
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) {
-    std::cerr << "troupe up: " << cluster.status().message() << "\n";
+    LogError("up", std::string(cluster.status().message()));
     return 1;
   }
   std::cout << "troupe up: head at 127.0.0.1:" << (*cluster)->port() << " (pid "
@@ -266,12 +268,12 @@ int CertsMain(const std::vector<std::string>& args) {
       rc >= 0)
     return rc;
   if (dir.empty()) {
-    std::cerr << "troupe certs: --dir is required\n";
+    LogError("certs", "--dir is required");
     return 2;
   }
   std::vector<std::string> names = absl::StrSplit(members, ',', absl::SkipEmpty());
   if (absl::Status s = GenerateClusterCertificates(dir, names); !s.ok()) {
-    std::cerr << "troupe certs: " << s.message() << "\n";
+    LogError("certs", std::string(s.message()));
     return 1;
   }
   std::cout << "troupe certs: wrote " << dir << "/ca.pem and certificates for " << members

@@ -10,6 +10,7 @@
 #include "internal/spawn.h"
 #include "internal/tls.h"
 #include "troupe/runtime/cluster.h"
+#include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
@@ -26,6 +27,8 @@ void RuntimeOptions::Register(ConfigRegistry& registry) {
   registry.AddString("tls_key", &tls_key, "this process's private key (PEM)");
   registry.AddString("crash_at", &crash_at,
                      "fault injection: SIGKILL this process at crash point NAME[:HIT]");
+  registry.AddString("log_level", &log_level, "lowest level of log line written",
+                     OneOf({"debug", "info", "warn", "error"}));
 }
 
 std::vector<std::string> RuntimeOptions::TlsArgs() const {
@@ -43,7 +46,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   ConfigRegistry check;
   RuntimeOptions copy = options;
   copy.Register(check);
-  for (const char* name : {"threads", "scheduler", "shutdown_timeout"}) {
+  for (const char* name : {"threads", "scheduler", "shutdown_timeout", "log_level"}) {
     if (absl::Status s = check.Set(name, check.Get(name), "RuntimeOptions"); !s.ok()) return s;
   }
   if (!options.crash_at.empty()) {
@@ -56,6 +59,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
     }
     ArmCrashPoint(p.first, hit);
   }
+  if (LogLevel level; ParseLogLevel(options.log_level, &level)) SetLogLevel(level);
   auto config = std::make_unique<caf::actor_system_config>();
   registry.ApplyMessageTypes(*config);
   RegisterStatusErrors(*config);

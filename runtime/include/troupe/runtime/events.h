@@ -13,6 +13,12 @@
 //   ts=... supervisor=node:n1 child=n1/w0 gen=0 event=process_exit pid=4242 cause=signaled
 //     signal=9 reason="killed by signal 9 (Killed)"
 //
+// Events that need more than the fields below carry a small map of further key=value fields,
+// written after them in key order: a training job's decisions (actors/job_events.h) are
+//
+//   ts=... supervisor=coordinator child= gen=3 event=generation source=checkpoint step=10
+//     world=3 workers="n0/w0 n1/w0 n3/w0" reason="..."
+//
 // Install a sink with Runtime::SetEventSink (e.g. to capture events in a test); the default
 // writes the line above to stderr. Sinks are called from actor threads: make them thread-safe.
 // ParseEvent reads a line back, so tests and tools match fields, never the wording of `reason`.
@@ -22,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 namespace troupe::runtime {
@@ -47,19 +54,31 @@ struct SupervisionEvent {
   std::string event;     // "start", "exit", "stop", "restart_scheduled", "escalate", "drop"
   std::string reason;    // exit reason as the supervisor classified it, with detail
   std::string decision;  // what the supervisor decided, for "exit"
+  int64_t pid = 0;       // the process the event is about (written when set, or with a cause)
   // event "process_exit" only:
-  int64_t pid = 0;
   ExitCause cause = ExitCause::kNone;
   int exit_code = -1;  // kExited: the exit status
-  int signal = 0;      // kSignaled: the signal; kFenced: the signal it was killed with, if seen
+  int signal = 0;      // kSignaled: the signal; kFenced: the signal it was killed with, if seen;
+                       // otherwise a signal the event is about (written when non-zero)
+  // Further fields (step=, world=, source=, ...). Keys are lowercase words, none of the names
+  // above nor "ts" (FormatEvent skips such a key); ParseEvent puts every other key here.
+  std::map<std::string, std::string> fields{};
+
+  // fields[key], or "" when absent.
+  std::string Field(const std::string& key) const;
+  // fields[key] as an integer, or `fallback` when absent or not an integer.
+  int64_t IntField(const std::string& key, int64_t fallback = -1) const;
+  SupervisionEvent& Set(const std::string& key, const std::string& value);
+  SupervisionEvent& Set(const std::string& key, int64_t value);
 };
 
 using EventSink = std::function<void(const SupervisionEvent&)>;
 
-// The one-line form: ts=... supervisor=... child=... gen=... event=... [pid=... cause=...
-// exit_code=... | signal=...] reason=... decision=...
+// The one-line form: ts=... supervisor=... child=... gen=... event=... [pid=...] [cause=...
+// [exit_code=...]] [signal=...] [key=value of `fields`, in key order] reason=... decision=...
 std::string FormatEvent(const SupervisionEvent& e);
 // Reads a FormatEvent line back (every field but wall_time); false if it is not one.
+// ParseEvent(FormatEvent(e)) gives e back (but wall_time), fields included.
 bool ParseEvent(const std::string& line, SupervisionEvent* e);
 
 // A process_exit event for a wait(2) status: kExited or kSignaled (kFenced when `fenced`: the

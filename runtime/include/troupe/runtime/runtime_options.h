@@ -32,6 +32,9 @@ struct RuntimeOptions {
   std::string tls_ca, tls_cert, tls_key;
   // Fault injection: kill this process at a named crash point ("name" or "name:N").
   std::string crash_at;
+  // The lowest level of log line written (log.h): debug | info | warn | error. Applied by
+  // Runtime::Create; inherited by the processes a role starts through TROUPE_LOG_LEVEL.
+  std::string log_level = "info";
 
   bool tls() const { return !tls_cert.empty(); }
   // The flags that give another process of this cluster the same TLS files ({} without TLS):
@@ -39,7 +42,8 @@ struct RuntimeOptions {
   std::vector<std::string> TlsArgs() const;
 
   // Declares every option above in `registry` (names: threads, scheduler, shutdown_timeout,
-  // log_events, tls_ca, tls_cert, tls_key, crash_at; `network` is set by the role, not by users),
+  // log_events, tls_ca, tls_cert, tls_key, crash_at, log_level; `network` is set by the role, not
+  // by users),
   // with the struct's current values as defaults.
   void Register(ConfigRegistry& registry);
 };

@@ -1,0 +1,185 @@
+#include "job_events.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace troupe::actors {
+
+using runtime::SupervisionEvent;
+
+std::string EventLogPath(const std::string& work_dir) { return work_dir + "/logs/events.log"; }
+
+SupervisionEvent JobEvent(const std::string& name, const std::string& child,
+                          const std::string& supervisor) {
+  SupervisionEvent e;
+  e.supervisor = supervisor;
+  e.child = child;
+  e.event = name;
+  return e;
+}
+
+bool FaultAwaitsRecovery(FaultKind kind) {
+  return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker;
+}
+
+namespace {
+
+bool FaultAwaitsRecovery(const std::string& kind_name) {
+  for (FaultKind k : {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
+                      FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
+                      FaultKind::kCrashInCheckpoint}) {
+    if (kind_name == FaultKindName(k)) return FaultAwaitsRecovery(k);
+  }
+  return false;
+}
+
+// " — why" when the event has a reason.
+std::string Why(const SupervisionEvent& e) { return e.reason.empty() ? "" : " — " + e.reason; }
+
+std::string DescribeSource(const SupervisionEvent& e) {
+  const std::string source = e.Field("source");
+  if (source == "owners") return "memory (owners)";
+  if (source == "mirrors") return "memory (owners + buddy mirrors)";
+  if (source == "checkpoint") return absl::StrCat("checkpoint step-", e.Field("step"));
+  if (source == "seed") return "initialisation (seed)";
+  return source;
+}
+
+std::string DescribeFaultArmed(const SupervisionEvent& e) {
+  const std::string kind = e.Field("kind");
+  const std::string step = e.Field("step");
+  if (kind == "kill-worker" || kind == "stop-worker") {
+    return absl::StrCat("chaos: ", kind == "stop-worker" ? "SIGSTOP" : "kill -9", " of rank ",
+                        e.Field("rank"), " (", e.Field("worker"), ") in the middle of step ", step,
+                        "'s gradient exchange");
+  }
+  if (kind == "kill-shard-and-buddy") {
+    return absl::StrCat("chaos: kill -9 of shard owner rank ", e.Field("rank"),
+                        " and its buddy rank ", e.Field("buddy_rank"), " in step ", step);
+  }
+  if (kind == "sigterm-node") {
+    return absl::StrCat("chaos: SIGTERM to node ", e.Field("node"), " before step ", step);
+  }
+  if (kind == "join-worker") {
+    return absl::StrCat("chaos: a node with one worker joins before step ", step,
+                        "; the step waits for it");
+  }
+  if (kind == "kill-coordinator") {
+    return absl::StrCat("chaos: kill -9 of the coordinator's process before step ", step);
+  }
+  if (kind == "crash-in-checkpoint") {
+    return absl::StrCat(
+        "chaos: kill -9 of the coordinator's process in the middle of committing checkpoint "
+        "step-",
+        step, " (manifest written, LATEST not yet moved)");
+  }
+  return absl::StrCat("chaos: ", kind, " at step ", step);
+}
+
+}  // namespace
+
+std::string DescribeEvent(const SupervisionEvent& e) {
+  const std::string& n = e.event;
+  if (n == "generation") {
+    return absl::StrCat("generation ", e.generation, ": world ", e.Field("world"), " [",
+                        e.Field("workers"), "] at step ", e.Field("step"), ", state from ",
+                        DescribeSource(e), Why(e));
+  }
+  if (n == "waiting") {
+    return absl::StrCat("waiting for workers: ", e.Field("usable"), " usable, min_workers ",
+                        e.Field("min_workers"), " (", e.reason, ")");
+  }
+  if (n == "worker_down") {
+    const std::string workers = e.Field("workers");
+    return absl::StrCat(workers.find(' ') == std::string::npos ? "worker " : "workers ", workers,
+                        " down (", e.reason, ")");
+  }
+  if (n == "join_folded") {
+    return absl::StrCat("worker ", e.child, " joined; folded in at the next step boundary");
+  }
+  if (n == "join_failed") {
+    return absl::StrCat("worker ", e.child, ": its rank actor is gone", Why(e));
+  }
+  if (n == "drain") {
+    return absl::StrCat("node ", e.Field("node"), " draining (", e.reason, "): worker ", e.child,
+                        " leaves at the next step boundary");
+  }
+  if (n == "recovering") {
+    const std::string what =
+        e.Field("during") == "step" ? absl::StrCat("step ", e.Field("step")) : "configure";
+    return absl::StrCat(what, " failed on ", e.child, ": ", e.reason);
+  }
+  if (n == "join_timeout") return "the joining worker did not arrive in time; going on without it";
+  if (n == "fault_armed") return DescribeFaultArmed(e);
+  if (n == "fault_fired") {
+    return absl::StrCat("chaos: ", e.Field("kind"), " carried out by ", e.child, " (pid ", e.pid,
+                        ") at step ", e.Field("step"));
+  }
+  if (n == "fault_failed") return absl::StrCat("chaos: ", e.Field("kind"), " failed", Why(e));
+  if (n == "checkpoint_committed")
+    return absl::StrCat("checkpoint ", e.Field("path"), " committed");
+  if (n == "checkpoint_dropped") {
+    const std::string shard = e.Field("shard");
+    return absl::StrCat("warning: checkpoint step-", e.Field("step"),
+                        shard.empty() ? "" : absl::StrCat(": shard ", shard), ": ", e.reason,
+                        " (dropped; training goes on)");
+  }
+  if (n == "final_checkpoint_failed") {
+    return absl::StrCat("the final checkpoint step-", e.Field("step"), " (", e.Field("path"),
+                        ") cannot be written: ", e.reason);
+  }
+  if (n == "job_failed") return absl::StrCat("the job cannot go on: ", e.reason);
+  if (n == "coordinator_restarted") {
+    const std::string ckpt = e.Field("checkpoint");
+    return absl::StrCat("coordinator restarted (pid ", e.pid,
+                        "): resuming from the committed-step record (step ", e.Field("step"),
+                        ", generation ", e.generation,
+                        "); newest valid checkpoint: ", ckpt.empty() ? e.reason : ckpt);
+  }
+  if (n == "recovered") {
+    return absl::StrCat("recovered: ", e.Field("seconds"), " s from the fault (", e.Field("fault"),
+                        ") to the commit of step ", e.Field("step"));
+  }
+  if (n == "process_exit") {
+    const bool node = e.reason.rfind("node_dead", 0) == 0;
+    return absl::StrCat(node ? "node agent " : "worker ", e.child,
+                        e.pid ? absl::StrCat(" (pid ", e.pid, ")") : "",
+                        " down: ", runtime::ExitCauseName(e.cause), " — ", e.reason);
+  }
+  return runtime::FormatEvent(e);
+}
+
+std::string EventProgressLine(const SupervisionEvent& e) {
+  return absl::StrCat(absl::FormatTime("%H:%M:%E3S ", absl::Now(), absl::LocalTimeZone()),
+                      "event: ", DescribeEvent(e));
+}
+
+void EventLog::Write(SupervisionEvent e) {
+  if (e.wall_time.time_since_epoch().count() == 0) e.wall_time = std::chrono::system_clock::now();
+  log_.Write(runtime::FormatEvent(e));
+}
+
+std::vector<SupervisionEvent> ReadEventLog(const std::string& path) {
+  std::vector<SupervisionEvent> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    SupervisionEvent e;
+    if (runtime::ParseEvent(line, &e)) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::optional<SupervisionEvent> NewestRecoveryFault(const std::vector<SupervisionEvent>& events) {
+  std::optional<SupervisionEvent> newest;
+  for (const SupervisionEvent& e : events) {
+    if (e.event != "fault_fired" || !FaultAwaitsRecovery(e.Field("kind"))) continue;
+    if (!newest || e.IntField("at_ns") >= newest->IntField("at_ns")) newest = e;
+  }
+  return newest;
+}
+
+}  // namespace troupe::actors
