@@ -77,6 +77,7 @@ class Coordinator {
   void Execute(std::vector<CoordinatorAction> actions);
   void Do(const CoordinatorAction& a);
   void CommitCheckpoint(const CoordinatorAction& a);
+  void PreemptNode(const std::string& worker);
   void Committed(const CoordinatorAction& a);
   void Finish(const CoordinatorAction& a);
   void Stop(caf::message to_driver);
@@ -200,22 +201,8 @@ void Coordinator::Do(const CoordinatorAction& a) {
     case Kind::kKillWorker:
       return Send(a.worker,
                   caf::make_message(ArmKill{a.step, a.signal, static_cast<int32_t>(a.fault)}));
-    case Kind::kDrainNode: {
-      // By name, through the head: the node agent gives itself the notice on its own host.
-      auto it = ranks_.find(a.worker);
-      if (it == ranks_.end() || !head_) return;
-      FaultFired(FaultKind::kSigtermNode, core_->committed(), it->second.node);
-      self_->request(head_, Rpc(), runtime::preempt_node_atom::value, it->second.node)
-          .then([](bool) {},
-                [this](caf::error& e) {
-                  runtime::SupervisionEvent failed = JobEvent("fault_failed", "coordinator");
-                  failed.generation = core_->generation();
-                  failed.Set("kind", FaultKindName(FaultKind::kSigtermNode)).reason =
-                      self_->system().render(e);
-                  LogEvent(std::move(failed));
-                });
-      return;
-    }
+    case Kind::kDrainNode:
+      return PreemptNode(a.worker);
     case Kind::kAddNode:
       FaultFired(FaultKind::kJoinWorker, core_->committed(), a.text);
       return self_->send(driver_, AddNode{a.text});
@@ -246,6 +233,22 @@ void Coordinator::Do(const CoordinatorAction& a) {
       return Stop(caf::make_message(JobFailed{WireStatus::From(a.status)}));
     }
   }
+}
+
+// Chaos by name, through the head: the node agent gives itself the notice on its own host.
+void Coordinator::PreemptNode(const std::string& worker) {
+  auto it = ranks_.find(worker);
+  if (it == ranks_.end() || !head_) return;
+  FaultFired(FaultKind::kSigtermNode, core_->committed(), it->second.node);
+  self_->request(head_, Rpc(), runtime::preempt_node_atom::value, it->second.node)
+      .then([](bool) {},
+            [this](caf::error& e) {
+              runtime::SupervisionEvent failed = JobEvent("fault_failed", "coordinator");
+              failed.generation = core_->generation();
+              failed.Set("kind", FaultKindName(FaultKind::kSigtermNode)).reason =
+                  self_->system().render(e);
+              LogEvent(std::move(failed));
+            });
 }
 
 void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
