@@ -132,11 +132,25 @@ class TrainingTest : public ::testing::Test {
     return pid;
   }
 
+  // Every thread's backtrace of `pid` (gdb, installed by scripts/setup) into
+  // /tmp/troupe-hung-<pid>.stacks, and a line on stderr naming that file.
+  static void DumpStacks(pid_t pid) {
+    const std::string file = absl::StrCat("/tmp/troupe-hung-", pid, ".stacks");
+    const std::string cmd = absl::StrCat("gdb -batch -p ", pid,
+                                         " -ex 'thread apply all bt' >", file, " 2>&1");
+    const int rc = std::system(cmd.c_str());
+    std::cerr << "job " << pid << " hung; its stacks (gdb rc " << rc << ", " << file << "):\n"
+              << Slurp(file) << std::endl;
+  }
+
   static int Wait(pid_t pid, milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     int status = 0;
     while (waitpid(pid, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > deadline) {
+        // A job that hangs is a bug: keep every thread's stack of the driver for the report
+        // (<out.txt>.stacks beside its output), then kill its process group.
+        DumpStacks(pid);
         kill(-pid, SIGKILL);
         waitpid(pid, &status, 0);
         return -1;
