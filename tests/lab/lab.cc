@@ -206,7 +206,7 @@ absl::Status Lab::Up(int n) {
 }
 
 absl::Status Lab::Down() {
-  auto r = RunHere({TROUPE_LAB_SCRIPT, "down", "--name", name_});
+  auto r = RunHere({TROUPE_LAB_SCRIPT, "down", "--name", name_, "--no-wait"});
   // Reap what Spawn started and nobody waited for (every one of them is dead by now).
   for (pid_t pid : spawned_) {
     for (int i = 0; i < 100 && waitpid(pid, nullptr, WNOHANG) == 0; ++i)
