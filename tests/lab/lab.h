@@ -53,7 +53,8 @@ class Lab {
   // Reaps the processes from Spawn() that the caller has not waited for.
   [[nodiscard]] absl::Status Down();
 
-  // Runs `sh -c cmd` inside `host` and waits for it.
+  // Runs `sh -c cmd` inside `host` and waits for it and for its output to end: a background
+  // process started by cmd must redirect its stdout/stderr, or Exec waits for it too.
   [[nodiscard]] absl::StatusOr<ExecResult> Exec(const std::string& host, const std::string& cmd);
   // Starts argv (argv[0] looked up in PATH) inside `host`; returns its pid (see the banner).
   [[nodiscard]] absl::StatusOr<pid_t> Spawn(const std::string& host,
