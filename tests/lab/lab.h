@@ -1,0 +1,85 @@
+// A lab of hosts on one machine, for tests: each host has its own network, IPC, mount
+// (private /dev/shm and /tmp), PID and UTS namespace and its own address, linked to the others
+// through a router namespace; a shared directory (the stand-in for NFS) sits at the same path
+// on every host. The lab is made and removed by scripts/lab (its header describes the topology);
+// this class drives it and runs processes inside hosts.
+//
+//   troupe::lab::Lab lab("trlabt");            // hosts trlabt-h1, trlabt-h2, ...
+//   ASSERT_TRUE(lab.Up(3).ok());               // removes a stale lab of the same name first
+//   auto r = lab.Exec("trlabt-h1", "hostname"); // r->output == "trlabt-h1\n"
+//   auto pid = lab.Spawn("trlabt-h2", {"troupe", "node", "--head", lab.Address("trlabt-h1")});
+//   ...                                         // ~Lab() (or Down()) leaves nothing behind
+//
+// A pid from Spawn is a child of the calling process, seen from the machine's PID namespace:
+// waitpid() gives the program's exit status, and a signal to it reaches the program (SIGKILL
+// kills the program too). Up(), Down(), Exec() and Spawn() may be called from one thread only.
+// Needs root, like CI; Up() fails (never skips) with the reason when namespaces cannot be made.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace troupe::lab {
+
+struct LabHost {
+  std::string name;     // also its hostname and its name in every host's /etc/hosts
+  std::string address;  // its IPv4 address on its link to the router
+  pid_t init_pid = 0;   // PID 1 of the host's PID namespace, seen from the machine
+};
+
+struct ExecResult {
+  int exit_code = -1;  // the shell's exit status; 128+N when killed by signal N
+  std::string output;  // stdout and stderr together
+};
+
+class Lab {
+ public:
+  // `name`: "trlab" plus up to 4 of [a-z0-9]; one lab of a name at a time on a machine.
+  explicit Lab(std::string name = "trlabt");
+  ~Lab();  // Down(), reporting a failure on stderr
+  Lab(const Lab&) = delete;
+  Lab& operator=(const Lab&) = delete;
+
+  // Starts hosts <name>-h1..<name>-hN (a stale lab of this name, e.g. from a killed test, is
+  // removed first). FailedPrecondition with the script's message when it cannot.
+  [[nodiscard]] absl::Status Up(int n);
+  // Kills every process of every host, removes namespaces, links, mounts and the shared
+  // directory, and verifies that nothing remains (Internal, naming what is left, otherwise).
+  // Reaps the processes from Spawn() that the caller has not waited for.
+  [[nodiscard]] absl::Status Down();
+
+  // Runs `sh -c cmd` inside `host` and waits for it and for its output to end: a background
+  // process started by cmd must redirect its stdout/stderr, or Exec waits for it too.
+  [[nodiscard]] absl::StatusOr<ExecResult> Exec(const std::string& host, const std::string& cmd);
+  // Starts argv (argv[0] looked up in PATH) inside `host`; returns its pid (see the banner).
+  [[nodiscard]] absl::StatusOr<pid_t> Spawn(const std::string& host,
+                                            const std::vector<std::string>& argv);
+
+  const std::string& name() const { return name_; }
+  const std::vector<LabHost>& hosts() const { return hosts_; }
+  // Address of `host`; empty if there is no such host.
+  std::string Address(const std::string& host) const;
+  // The directory every host sees at this same path (writable by all).
+  const std::string& shared_dir() const { return shared_dir_; }
+  // The lab's state directory (/run/troupe-lab/<name>).
+  std::string state_dir() const;
+
+ private:
+  const LabHost* Find(const std::string& host) const;
+
+  std::string name_;
+  std::vector<LabHost> hosts_;
+  std::string shared_dir_;
+  std::vector<pid_t> spawned_;  // reaped by Down() if the caller did not wait for them
+  bool up_ = false;
+};
+
+// Runs argv on this machine (not in a host) and waits; output is stdout and stderr together.
+[[nodiscard]] absl::StatusOr<ExecResult> RunHere(const std::vector<std::string>& argv);
+
+}  // namespace troupe::lab
