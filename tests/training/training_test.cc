@@ -136,8 +136,8 @@ class TrainingTest : public ::testing::Test {
   // /tmp/troupe-hung-<pid>.stacks, and a line on stderr naming that file.
   static void DumpStacks(pid_t pid) {
     const std::string file = absl::StrCat("/tmp/troupe-hung-", pid, ".stacks");
-    const std::string cmd = absl::StrCat("gdb -batch -p ", pid,
-                                         " -ex 'thread apply all bt' >", file, " 2>&1");
+    const std::string cmd =
+        absl::StrCat("gdb -batch -p ", pid, " -ex 'thread apply all bt' >", file, " 2>&1");
     const int rc = std::system(cmd.c_str());
     std::cerr << "job " << pid << " hung; its stacks (gdb rc " << rc << ", " << file << "):\n"
               << Slurp(file) << std::endl;
