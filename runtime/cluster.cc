@@ -67,6 +67,10 @@ int FindBuildId(struct dl_phdr_info* info, size_t, void* out) {
 
 }  // namespace
 
+std::string ClusterOptions::EffectiveBuildId() const {
+  return build_id.empty() ? BuildId() : build_id;
+}
+
 std::string BuildId() {
   static const std::string id = [] {
     std::string hex;

@@ -175,7 +175,10 @@ class HeadActor final : public caf::event_based_actor {
     } else {
       return kClusterProtocolVersion;
     }
-    Publish(MembershipKind::kRefused, name, kind == "node" ? name : "", 0, why, "", /*bump=*/false);
+    // The kind is text in this frozen message; a node is its own node in the event.
+    auto member = ParseMemberKind(kind);
+    const bool node = member.ok() && *member == MemberKind::kNode;
+    Publish(MembershipKind::kRefused, name, node ? name : "", 0, why, "", /*bump=*/false);
     return StatusToError(absl::FailedPreconditionError(why));
   }
 

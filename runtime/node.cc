@@ -53,7 +53,10 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
         std::lock_guard<std::mutex> l(w->mu);
         for (const auto& [pid, wid] : w->ids) {
           if (wid != id) continue;
-          w->fenced.insert(id);  // its exit is reported as fenced, not as a bare SIGKILL
+          // Its exit is reported as fenced, not as a bare SIGKILL — unless it was already killed
+          // (by a fault, or from outside) and is only slow to finish dying: that cause stands.
+          if (AlreadyDying(pid)) continue;
+          w->fenced.insert(id);
           kill(pid, SIGKILL);
         }
       },

@@ -1,5 +1,6 @@
 #include "internal/process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -7,9 +8,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
@@ -94,6 +97,57 @@ std::string TailFile(const std::string& path, int lines) {
   std::string out;
   for (const auto& l : last) absl::StrAppend(&out, l, "\n");
   return out;
+}
+
+namespace {
+
+// A "SigPnd:" / "ShdPnd:" line of /proc/<pid>/task/<tid>/status holds SIGKILL.
+bool KillPending(const std::string& line) {
+  for (const char* key : {"SigPnd:", "ShdPnd:"}) {
+    if (line.rfind(key, 0) != 0) continue;
+    uint64_t mask = std::strtoull(line.c_str() + std::strlen(key), nullptr, 16);
+    return (mask >> (SIGKILL - 1)) & 1;
+  }
+  return false;
+}
+
+// The task's flags (field 9 of its stat) hold PF_EXITING, or its state is Z or X.
+bool TaskExiting(const std::string& stat_path) {
+  std::ifstream in(stat_path);
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return false;
+  std::istringstream fields(stat.substr(paren + 1));
+  std::string state, field;
+  fields >> state;
+  for (int i = 4; i < 9; ++i) fields >> field;  // ppid pgrp session tty_nr tpgid
+  unsigned long flags = 0;                      // NOLINT(runtime/int): the kernel's type
+  fields >> flags;
+  constexpr unsigned long kPfExiting = 0x4;  // NOLINT(runtime/int)
+  return state == "Z" || state == "X" || (flags & kPfExiting) != 0;
+}
+
+}  // namespace
+
+bool AlreadyDying(pid_t pid) {
+  const std::string task_dir = absl::StrCat("/proc/", pid, "/task");
+  DIR* dir = opendir(task_dir.c_str());
+  if (dir == nullptr) return false;
+  // A group exit puts SIGKILL on every thread still running; the thread that began it, and one
+  // that has finished, is exiting. A leader that left by pthread_exit alone is exiting too, so
+  // "every thread exiting" — not "one" — is the other sign.
+  bool kill_pending = false, all_exiting = true, any = false;
+  while (dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string task = absl::StrCat(task_dir, "/", entry->d_name);
+    std::ifstream status(task + "/status");
+    for (std::string line; !kill_pending && std::getline(status, line);)
+      kill_pending = KillPending(line);
+    all_exiting = all_exiting && TaskExiting(task + "/stat");
+    any = true;
+  }
+  closedir(dir);
+  return kill_pending || (any && all_exiting);
 }
 
 }  // namespace troupe::runtime::internal

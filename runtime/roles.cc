@@ -82,11 +82,10 @@ absl::StatusOr<ClusterMember> StartMember(const std::string& head_addr, RuntimeO
 absl::StatusOr<uint64_t> JoinCluster(caf::actor_system& sys, const caf::actor& head,
                                      const ClusterOptions& options, const std::string& kind,
                                      const std::string& name, const caf::message& registration) {
-  const std::string build_id = options.build_id.empty() ? BuildId() : options.build_id;
   caf::scoped_actor self{sys};
   absl::Status status;
   self->request(head, std::chrono::seconds(10), cluster_hello_atom::value, kClusterProtocolVersion,
-                build_id, kind, name)
+                options.EffectiveBuildId(), kind, name)
       .receive([](uint32_t) {}, [&](caf::error& e) { status = ErrorToStatus(e, "head"); });
   TROUPE_RETURN_IF_ERROR(status);
   uint64_t generation = 0;
@@ -167,8 +166,7 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
     LogError("head", std::string(rt.status().message()));
     return 2;
   }
-  std::string build_id = co.build_id.empty() ? BuildId() : co.build_id;
-  caf::actor head = SpawnHead((*rt)->system(), co, build_id);
+  caf::actor head = SpawnHead((*rt)->system(), co, co.EffectiveBuildId());
   auto bound = Publish(**rt, head, static_cast<uint16_t>(port), host);
   if (!bound.ok()) {
     LogError("head", std::string(bound.status().message()));
@@ -177,7 +175,7 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   std::cout << "troupe head: listening on " << host << ":" << *bound
             << (ro.tls() ? " (mutual TLS)"
                          : " (plain TCP without TLS: for loopback and trusted local networks only)")
-            << " build_id=" << build_id << std::endl;
+            << " build_id=" << co.EffectiveBuildId() << std::endl;
   if (!port_file.empty()) {
     std::string tmp = port_file + ".tmp";
     std::ofstream(tmp) << *bound << "\n";

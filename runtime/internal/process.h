@@ -29,6 +29,10 @@ std::string DescribeWaitStatus(int status);
 std::string TailFile(const std::string& path, int lines);
 // This binary's path (/proc/self/exe resolved).
 std::string SelfExe();
+// Whether `pid` has already been killed and is on its way out: a SIGKILL pending on it or on one of
+// its threads, a thread exiting, or a zombie. A SIGKILLed process is reaped only once every thread
+// has left the kernel, which can take over a second on a loaded machine.
+bool AlreadyDying(pid_t pid);
 
 }  // namespace troupe::runtime::internal
 

@@ -55,6 +55,8 @@ struct ClusterOptions {
   std::string build_id;                 // "" = this binary's ELF build id
 
   void Register(ConfigRegistry& registry);
+  // build_id, or this binary's when it is "" (BuildId below).
+  std::string EffectiveBuildId() const;
 };
 
 // What a member of the cluster is. Printed "node" | "worker" (Name, ParseMemberKind).
