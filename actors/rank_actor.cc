@@ -89,8 +89,12 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
 
 class RankState {
  public:
-  RankState(caf::actor_system& sys, JobSpec spec, std::string worker)
-      : sys_(sys), spec_(std::move(spec)), worker_(std::move(worker)) {}
+  // `address`: the worker's node's advertised address (its collectives listen there).
+  RankState(caf::actor_system& sys, JobSpec spec, std::string worker, std::string address)
+      : sys_(sys),
+        spec_(std::move(spec)),
+        worker_(std::move(worker)),
+        address_(std::move(address)) {}
   ~RankState() { Stop(); }
 
   absl::Status Init() {
@@ -187,6 +191,7 @@ class RankState {
       uo.size = plan->world;
       uo.generation = gen;
       uo.key_prefix = spec_.name;
+      uo.address = address_;
       uo.connect_timeout = spec_.timeouts.bootstrap;
       uo.liveness_timeout = spec_.timeouts.liveness;
       absl::StatusOr<std::unique_ptr<collectives::Communicator>> comm =
@@ -283,6 +288,7 @@ class RankState {
   caf::actor_system& sys_;
   JobSpec spec_;
   std::string worker_;
+  std::string address_;
   std::unique_ptr<Trainable> model_;
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<ElasticRank> rank_;
@@ -307,14 +313,15 @@ class RankState {
 absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
   AddTrainingMessageTypes(registry);
   if (absl::Status s = RegisterCoordinator(registry); !s.ok()) return s;
-  return registry.Register<std::string, std::string>(
+  return registry.Register<std::string, std::string, std::string>(
       kRankActorType,
-      [](runtime::Actor* self, std::string spec_text, std::string worker) -> caf::behavior {
+      [](runtime::Actor* self, std::string spec_text, std::string worker,
+         std::string address) -> caf::behavior {
         absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_text, "job spec from the coordinator");
         std::shared_ptr<RankState> st;
         absl::Status init = spec.status();
         if (spec.ok()) {
-          st = std::make_shared<RankState>(self->system(), *spec, worker);
+          st = std::make_shared<RankState>(self->system(), *spec, worker, address);
           init = st->Init();
         }
         if (!init.ok()) {

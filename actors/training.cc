@@ -251,9 +251,10 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
   return c;
 }
 
-// The embedded cluster's workers register asynchronously: waits for all of them.
-absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec) {
-  const size_t want = static_cast<size_t>(spec.workers) + 1;
+// Workers register asynchronously: waits for `want` of them — all of the embedded cluster's, or
+// min_workers of a running cluster's (a job cannot start with fewer).
+absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec, size_t want,
+                            const std::string& cluster) {
   const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
   size_t alive = 0;
   while (absl::Now() < deadline) {
@@ -270,10 +271,11 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec)
     absl::SleepFor(absl::Milliseconds(10));
   }
   if (alive < want) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("embedded cluster: ", alive, " of ", want, " workers joined within ",
-                     absl::FormatDuration(spec.timeouts.cluster_start),
-                     " (timeouts.cluster_start; logs in ", spec.work_dir, "/logs)"));
+    return absl::DeadlineExceededError(absl::StrCat(
+        cluster, ": ", alive, " of ", want, " workers alive within ",
+        absl::FormatDuration(spec.timeouts.cluster_start), " (timeouts.cluster_start; logs in ",
+        cluster == "embedded cluster" ? spec.work_dir + "/logs" : "the node agents' --log_dir",
+        ")"));
   }
   return absl::OkStatus();
 }
@@ -308,7 +310,7 @@ class RankSpawner {
       at.worker = m.id;
       at.resources = "cpu=1";
       absl::StatusOr<runtime::ActorRef> ref =
-          client_.Spawn(kRankActorType, caf::make_message(spec_text_, m.id), name, at);
+          client_.Spawn(kRankActorType, caf::make_message(spec_text_, m.id, m.address), name, at);
       if (!ref.ok()) {
         out_ << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
         continue;
@@ -376,6 +378,24 @@ absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, JobCluster& cluster, 
   return result.get();
 }
 
+// Stops an actor when the scope ends and waits (up to 5 s) until it is gone.
+class StopOnExit {
+ public:
+  StopOnExit(caf::actor_system& sys, caf::actor actor) : sys_(sys), actor_(std::move(actor)) {}
+  ~StopOnExit() {
+    caf::scoped_actor self{sys_};
+    self->monitor(actor_);
+    self->send_exit(actor_, caf::exit_reason::user_shutdown);
+    self->receive([](caf::down_msg&) {}, caf::after(std::chrono::seconds(5)) >> [] {});
+  }
+  StopOnExit(const StopOnExit&) = delete;
+  StopOnExit& operator=(const StopOnExit&) = delete;
+
+ private:
+  caf::actor_system& sys_;
+  caf::actor actor_;
+};
+
 void PrintSummary(const JobReport& r, std::ostream& out) {
   out << absl::StrFormat(
              "done: %d steps, final loss %.4f, world %d, %d generations, params crc32c "
@@ -417,16 +437,21 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   st->events = events;
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
   caf::actor driver = (*rt)->system().spawn(DriverActor, st);
+  // On every way out of here, the driver actor is gone before the locals it points to are (and
+  // before the runtime's shutdown, which waits for every actor).
+  StopOnExit stop_driver((*rt)->system(), driver);
   client->Subscribe(driver);
 
-  if (cluster->local != nullptr) {
-    if (absl::Status s = WaitForWorkers(*client, spec); !s.ok()) return s;
-  }
+  absl::Status ready =
+      cluster->local != nullptr
+          ? WaitForWorkers(*client, spec, static_cast<size_t>(spec.workers) + 1, "embedded cluster")
+          : WaitForWorkers(*client, spec, static_cast<size_t>(spec.min_workers),
+                           absl::StrCat("the cluster at ", options.head));
+  if (!ready.ok()) return ready;
   RankSpawner ranks(*client, spec, spec_text, cluster->local != nullptr, driver, out);
   ranks.SpawnNew();
   if (absl::Status s = StartJobSupervisor(**rt, spec, spec_text, driver); !s.ok()) return s;
   absl::StatusOr<JobReport> report = AwaitReport(spec, *cluster, *st, queue, ranks, result, out);
-  caf::anon_send_exit(driver, caf::exit_reason::user_shutdown);
   if (report.ok()) PrintSummary(*report, out);
   return report;
 }

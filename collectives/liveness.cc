@@ -14,7 +14,8 @@ namespace troupe::collectives {
 
 absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
                                                           const std::string& prefix, int rank,
-                                                          int size, Options options, OnDead on_dead,
+                                                          int size, const std::string& address,
+                                                          Options options, OnDead on_dead,
                                                           absl::Time deadline) {
   std::unique_ptr<Liveness> l(new Liveness());
   l->rank_ = rank;
@@ -22,10 +23,10 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   l->on_dead_ = std::move(on_dead);
   l->peers_.resize(size);
   int port = 0;
-  auto lfd = net::Listen(0, &port);
+  auto lfd = net::Listen(address, 0, &port);
   if (!lfd.ok()) return lfd.status();
   auto key = [&](int r) { return absl::StrCat(prefix, "/live/", r); };
-  absl::Status st = boot->Publish(key(rank), absl::StrCat(port, " ", getpid()));
+  absl::Status st = boot->Publish(key(rank), absl::StrCat(address, " ", port, " ", getpid()));
   // Connect to lower ranks, accept from higher ones; the first 8 bytes name (rank, pid).
   for (int j = 0; st.ok() && j < rank; ++j) {
     auto v = boot->Lookup(key(j), deadline);
@@ -33,11 +34,18 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
       st = v.status();
       break;
     }
+    char peer_address[64] = {};
     int peer_port = 0, peer_pid = 0;
-    std::sscanf(v->c_str(), "%d %d", &peer_port, &peer_pid);
-    auto fd = net::Connect("127.0.0.1", peer_port, deadline);
+    if (std::sscanf(v->c_str(), "%63s %d %d", peer_address, &peer_port, &peer_pid) != 3) {
+      st = absl::DataLossError(
+          absl::StrCat("liveness: rank ", j, " published '", *v, "', expected 'ADDRESS PORT PID'"));
+      break;
+    }
+    auto fd = net::Connect(peer_address, peer_port, deadline);
     if (!fd.ok()) {
-      st = fd.status();
+      st = absl::Status(fd.status().code(),
+                        absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
+                                     ") unreachable: ", fd.status().message()));
       break;
     }
     int32_t hello[2] = {rank, static_cast<int32_t>(getpid())};
@@ -48,7 +56,16 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   for (int k = rank + 1; st.ok() && k < size; ++k) {
     auto fd = net::Accept(*lfd, deadline);
     if (!fd.ok()) {
-      st = fd.status();
+      // Name the peers that never connected, with the addresses they published (if any).
+      std::string missing;
+      for (int m = rank + 1; m < size; ++m) {
+        if (l->peers_[m].fd >= 0) continue;
+        auto v = boot->Lookup(key(m), absl::Now() + absl::Milliseconds(100));
+        absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", m, " (",
+                        v.ok() ? *v : "published nothing", ")");
+      }
+      st = absl::Status(fd.status().code(),
+                        absl::StrCat(fd.status().message(), "; never connected: ", missing));
       break;
     }
     int32_t hello[2];

@@ -1,8 +1,9 @@
-// Private: the liveness channel of the UCX backend. Every pair of ranks holds one loopback TCP
-// connection; each side writes a heartbeat byte every `interval`. A peer is dead when its
-// connection reaches EOF or errors (exit, kill -9: detected at once) or when it has been silent
-// for `timeout` (SIGSTOP, hang). A clean shutdown sends a goodbye byte first, so a departing
-// peer is not reported. Threads: one monitor thread; `on_dead` runs on it, once per peer.
+// Private: the liveness channel of the UCX backend. Every pair of ranks holds one TCP connection
+// (each rank listens on its own address: loopback when the world is on one host); each side writes
+// a heartbeat byte every `interval`. A peer is dead when its connection reaches EOF or errors
+// (exit, kill -9: detected at once) or when it has been silent for `timeout` (SIGSTOP, hang). A
+// clean shutdown sends a goodbye byte first, so a departing peer is not reported. Threads: one
+// monitor thread; `on_dead` runs on it, once per peer.
 #ifndef TROUPE_COLLECTIVES_LIVENESS_H_
 #define TROUPE_COLLECTIVES_LIVENESS_H_
 
@@ -27,8 +28,8 @@ class Liveness {
     absl::Duration timeout = absl::Seconds(5);
   };
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Liveness>> Start(
-      Bootstrap* boot, const std::string& prefix, int rank, int size, Options options,
-      OnDead on_dead, absl::Time deadline);
+      Bootstrap* boot, const std::string& prefix, int rank, int size, const std::string& address,
+      Options options, OnDead on_dead, absl::Time deadline);
   ~Liveness();
 
  private:

@@ -1,6 +1,9 @@
 #include "net.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -33,17 +36,20 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-absl::StatusOr<int> Listen(int port, int* bound_port) {
+absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, address.c_str(), &a.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address: expected an IPv4 address, got '", address, "'"));
+  }
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket");
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 128) != 0) {
-    absl::Status st = Errno(absl::StrCat("bind/listen 127.0.0.1:", port));
+    absl::Status st = Errno(absl::StrCat("bind/listen ", address, ":", port));
     close(fd);
     return st;
   }
@@ -60,15 +66,35 @@ absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadli
   if (inet_pton(AF_INET, host.c_str(), &a.sin_addr) != 1) {
     return absl::InvalidArgumentError(absl::StrCat("host expected an IPv4 address, got ", host));
   }
+  const std::string peer = absl::StrCat(host, ":", port);
   for (;;) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Non-blocking, so that a peer that never answers (dropped SYNs) costs no more than the
+    // deadline, not the kernel's two-minute SYN timeout.
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return Errno("socket");
-    if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    int err = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 ? 0 : errno;
+    while (err == EINPROGRESS || err == EINTR) {
+      pollfd p{fd, POLLOUT, 0};
+      const int r = poll(&p, 1, PollMs(deadline));
+      if (r > 0) {
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      } else if (r < 0 && errno != EINTR) {
+        err = errno;
+      } else if (absl::Now() > deadline) {
+        close(fd);
+        return absl::DeadlineExceededError(
+            absl::StrCat("connect ", peer, ": no answer before the deadline"));
+      }
+    }
+    if (err == 0) {
+      fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
       SetNoDelay(fd);
       return fd;
     }
-    absl::Status st = Errno(absl::StrCat("connect ", host, ":", port));
     close(fd);
+    absl::Status st =
+        absl::UnavailableError(absl::StrCat("connect ", peer, ": ", std::strerror(err)));
     if (absl::Now() > deadline) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -123,6 +149,44 @@ absl::Status WriteFull(int fd, const void* buf, size_t n) {
     n -= static_cast<size_t>(k);
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The first up IPv4 interface for which `pick` holds, as (name, address).
+template <typename Pick>
+absl::StatusOr<std::pair<std::string, std::string>> FindInterface(Pick pick) {
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return Errno("getifaddrs");
+  std::pair<std::string, std::string> found;
+  for (ifaddrs* i = all; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof(text));
+    if (pick(*i, std::string(text))) {
+      found = {i->ifa_name, text};
+      break;
+    }
+  }
+  freeifaddrs(all);
+  if (found.first.empty()) return absl::NotFoundError("no such interface");
+  return found;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FirstExternalAddress() {
+  auto i = FindInterface(
+      [](const ifaddrs& i, const std::string&) { return !(i.ifa_flags & IFF_LOOPBACK); });
+  if (!i.ok()) return absl::NotFoundError("no IPv4 interface other than loopback is up");
+  return i->second;
+}
+
+absl::StatusOr<std::string> InterfaceOf(const std::string& address) {
+  auto i = FindInterface([&](const ifaddrs&, const std::string& a) { return a == address; });
+  if (!i.ok()) return absl::NotFoundError(absl::StrCat("no interface holds ", address));
+  return i->first;
 }
 
 }  // namespace troupe::collectives::net

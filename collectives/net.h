@@ -1,4 +1,4 @@
-// Private: small blocking-socket helpers (loopback TCP) for the bootstrap and liveness channel.
+// Private: small blocking-socket helpers (IPv4 TCP) for the bootstrap and liveness channel.
 #ifndef TROUPE_COLLECTIVES_NET_H_
 #define TROUPE_COLLECTIVES_NET_H_
 
@@ -11,9 +11,11 @@
 
 namespace troupe::collectives::net {
 
-// Listens on 127.0.0.1:port (0: any free port); returns the fd and sets *bound_port.
-[[nodiscard]] absl::StatusOr<int> Listen(int port, int* bound_port);
-// Connects to host:port, retrying refused connections until `deadline`.
+// Listens on address:port (an IPv4 address; port 0: any free port); returns the fd and sets
+// *bound_port.
+[[nodiscard]] absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port);
+// Connects to host:port (an IPv4 address), retrying refused connections until `deadline`; an
+// unanswered connection attempt (a peer behind a partition) also ends at `deadline`.
 [[nodiscard]] absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadline);
 // Waits for a connection until `deadline`.
 [[nodiscard]] absl::StatusOr<int> Accept(int listen_fd, absl::Time deadline);
@@ -21,6 +23,10 @@ namespace troupe::collectives::net {
 [[nodiscard]] absl::Status ReadFull(int fd, void* buf, size_t n, absl::Time deadline);
 [[nodiscard]] absl::Status WriteFull(int fd, const void* buf, size_t n);
 void SetNoDelay(int fd);
+// The IPv4 address of the first interface that is up and not loopback; NotFound if none.
+[[nodiscard]] absl::StatusOr<std::string> FirstExternalAddress();
+// The name of the interface that holds IPv4 `address` ("eth0"); NotFound if none does.
+[[nodiscard]] absl::StatusOr<std::string> InterfaceOf(const std::string& address);
 
 }  // namespace troupe::collectives::net
 

@@ -161,9 +161,10 @@ class Client : public TcpBootstrapClient {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> TcpBootstrapServer::Start(int port) {
+absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> TcpBootstrapServer::Start(
+    int port, const std::string& address) {
   int bound = 0;
-  auto fd = net::Listen(port, &bound);
+  auto fd = net::Listen(address, port, &bound);
   if (!fd.ok()) return fd.status();
   return std::unique_ptr<TcpBootstrapServer>(new Server(*fd, bound));
 }

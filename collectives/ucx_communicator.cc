@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine.h"
 #include "liveness.h"
+#include "net.h"
 
 namespace troupe::collectives {
 namespace {
@@ -74,52 +75,69 @@ class UcxTransport : public Transport {
       for (auto& [id, r] : reqs_) r.release();
       return;
     }
-    if (worker_ != nullptr) {
-      for (ucp_ep_h ep : eps_) {
-        if (ep == nullptr) continue;
-        ucp_request_param_t p{};
-        void* r = ucp_ep_close_nbx(ep, &p);  // flushes: nothing is outstanding when healthy
-        if (UCS_PTR_IS_PTR(r)) {
-          for (int i = 0; i < 100000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) {
-            ucp_worker_progress(worker_);
-          }
-          ucp_request_free(r);
+    for (int j = 0; j < size_ && j < static_cast<int>(eps_.size()); ++j) {
+      if (eps_[j] == nullptr) continue;
+      ucp_request_param_t p{};
+      void* r = ucp_ep_close_nbx(eps_[j], &p);  // flushes: nothing is outstanding when healthy
+      if (UCS_PTR_IS_PTR(r)) {
+        ucp_worker_h w = lanes_[lane_of_[j]].worker;
+        for (int i = 0; i < 100000 && ucp_request_check_status(r) == UCS_INPROGRESS; ++i) {
+          ucp_worker_progress(w);
         }
+        ucp_request_free(r);
       }
-      for (auto& s : scratch_) {
-        if (s.memh != nullptr) ucp_mem_unmap(context_, s.memh);
-      }
-      ucp_worker_destroy(worker_);
     }
-    if (context_ != nullptr) ucp_cleanup(context_);
+    for (auto& s : scratch_) {
+      if (s.memh != nullptr) ucp_mem_unmap(lanes_[kLocal].context, s.memh);
+    }
+    for (Lane& lane : lanes_) {
+      if (lane.worker != nullptr) ucp_worker_destroy(lane.worker);
+      if (lane.context != nullptr) ucp_cleanup(lane.context);
+    }
   }
 
-  absl::Status Init(const UcxOptions& o) {
-    const bool peer_errors = o.ucx_peer_error_handling;
+  // The lanes: shared memory for the ranks of this host, UCX's network transports for the others
+  // (two UCP contexts, since with tcp in one context UCX 1.13 moves large messages between ranks
+  // of one host over tcp/lo).
+  enum LaneKind { kLocal = 0, kRemote = 1 };
+
+  // Opens a lane: a UCP context over `tls` (restricted to `devices` when not empty) and its
+  // worker.
+  absl::Status Open(LaneKind kind, const std::string& tls, const std::string& devices) {
+    const char* field = kind == kLocal ? "UcxOptions.transports" : "UcxOptions.remote_transports";
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     params.features = UCP_FEATURE_TAG;
     params.mt_workers_shared = 0;
     ucp_config_t* config = nullptr;
     UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config));
-    std::string tls = o.transports;
-    if (tls.empty() && std::getenv("UCX_TLS") == nullptr) tls = kDefaultUcxTransports;
-    if (!tls.empty()) {
-      ucs_status_t m = ucp_config_modify(config, "TLS", tls.c_str());
+    for (const auto& [name, value] :
+         {std::pair<const char*, std::string>{"TLS", tls},
+          std::pair<const char*, std::string>{"NET_DEVICES", devices}}) {
+      if (value.empty()) continue;
+      ucs_status_t m = ucp_config_modify(config, name, value.c_str());
       if (m != UCS_OK) {
         ucp_config_release(config);
-        return absl::InvalidArgumentError(absl::StrCat("UcxOptions.transports: UCX rejected '", tls,
-                                                       "': ", ucs_status_string(m)));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": UCX rejected ", name, "='", value, "': ", ucs_status_string(m)));
       }
     }
-    ucs_status_t s = ucp_init(&params, config, &context_);
+    Lane& lane = lanes_[kind];
+    ucs_status_t s = ucp_init(&params, config, &lane.context);
     ucp_config_release(config);
     UCX_RETURN_IF_ERROR(s);
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // the engine's exec lock serializes use
-    UCX_RETURN_IF_ERROR(ucp_worker_create(context_, &wp, &worker_));
-    peer_errors_ = peer_errors;
+    UCX_RETURN_IF_ERROR(ucp_worker_create(lane.context, &wp, &lane.worker));
+    return absl::OkStatus();
+  }
+
+  absl::Status Init(const UcxOptions& o) {
+    peer_errors_ = o.ucx_peer_error_handling;
+    std::string tls = o.transports;
+    if (tls.empty() && std::getenv("UCX_TLS") == nullptr) tls = kDefaultUcxTransports;
+    if (auto st = Open(kLocal, tls, ""); !st.ok()) return st;
     cpu_set_t cpus;  // the vCPUs this process may run on (taskset, cgroups), not all online
     const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     usable_cpus_ = usable;
@@ -127,24 +145,32 @@ class UcxTransport : public Transport {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::string> Address() {
+  absl::StatusOr<std::string> Address(LaneKind kind) {
     ucp_address_t* addr = nullptr;
     size_t len = 0;
-    UCX_RETURN_IF_ERROR(ucp_worker_get_address(worker_, &addr, &len));
+    UCX_RETURN_IF_ERROR(ucp_worker_get_address(lanes_[kind].worker, &addr, &len));
     std::string blob(reinterpret_cast<const char*>(addr), len);
-    ucp_worker_release_address(worker_, addr);
+    ucp_worker_release_address(lanes_[kind].worker, addr);
     return blob;
   }
 
-  absl::Status Connect(const std::vector<std::string>& addrs) {
+  // addrs[j]: peer j's worker address on lane lanes[j].
+  absl::Status Connect(const std::vector<std::string>& addrs, const std::vector<LaneKind>& lanes) {
     eps_.assign(size_, nullptr);
+    lane_of_ = lanes;
     for (int j = 0; j < size_; ++j) {
       if (j == rank_) continue;
+      lanes_[lanes[j]].used = true;
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
       ep.address = reinterpret_cast<const ucp_address_t*>(addrs[j].data());
       ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-      UCX_RETURN_IF_ERROR(ucp_ep_create(worker_, &ep, &eps_[j]));
+      ucs_status_t s = ucp_ep_create(lanes_[lanes[j]].worker, &ep, &eps_[j]);
+      if (s != UCS_OK) {
+        return absl::UnavailableError(absl::StrCat(
+            "collectives: rank ", rank_, " cannot reach rank ", j,
+            lanes[j] == kLocal ? " on this host" : "", " through UCX: ", ucs_status_string(s)));
+      }
     }
     return absl::OkStatus();
   }
@@ -160,7 +186,9 @@ class UcxTransport : public Transport {
       FILE* f = open_memstream(&buf, &len);
       ucp_ep_print_info(eps_[j], f);
       fclose(f);
-      absl::StrAppend(&out, "rank ", rank_, " -> ", j, ":\n", std::string(buf, len));
+      absl::StrAppend(&out, "rank ", rank_, " -> ", j,
+                      lane_of_[j] == kLocal ? " (this host)" : " (another host)", ":\n",
+                      std::string(buf, len));
       free(buf);
     }
     return out;
@@ -195,7 +223,8 @@ class UcxTransport : public Transport {
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = OnRecv;
     p.user_data = req.get();
-    void* r = ucp_tag_recv_nbx(worker_, buf, bytes, WireTag(peer, tag), ~uint64_t{0}, &p);
+    void* r = ucp_tag_recv_nbx(lanes_[lane_of_[peer]].worker, buf, bytes, WireTag(peer, tag),
+                               ~uint64_t{0}, &p);
     return Track(std::move(req), r, "recv", peer);
   }
 
@@ -219,7 +248,7 @@ class UcxTransport : public Transport {
             iter, " polls, ", spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
             " (", size_, " ranks, ", usable_cpus_, " usable vCPUs)")));
       }
-      if (ucp_worker_progress(worker_) != 0) {
+      if (Progress() != 0) {
         idle = 0;
       } else if (++idle > spins_before_yield_) {
         sched_yield();
@@ -231,7 +260,7 @@ class UcxTransport : public Transport {
 
   absl::StatusOr<bool> Test(ReqId id) override {
     if (auto st = failure(); !st.ok()) return st;
-    ucp_worker_progress(worker_);
+    Progress();
     Req* r = reqs_[id].get();
     if (!r->done) return false;
     if (r->status != UCS_OK) return FailWith(PeerError(r));
@@ -244,7 +273,9 @@ class UcxTransport : public Transport {
     // Receives are cancelled; sends to a dead or departed peer cannot be, so they are
     // abandoned (kept alive until the worker goes away; nothing will read them after this).
     for (auto& [id, r] : reqs_) {
-      if (!r->done && r->recv && r->ucx != nullptr) ucp_request_cancel(worker_, r->ucx);
+      if (!r->done && r->recv && r->ucx != nullptr) {
+        ucp_request_cancel(lanes_[lane_of_[r->peer]].worker, r->ucx);
+      }
     }
     // A receive already matched to a multi-fragment message cannot be cancelled; after a short
     // grace it is abandoned (the contract in communicator.h keeps its buffer valid until the
@@ -254,7 +285,7 @@ class UcxTransport : public Transport {
       bool pending = false;
       for (auto& [id, r] : reqs_) pending |= r->recv && !r->done;
       if (!pending || absl::Now() > until) break;
-      ucp_worker_progress(worker_);
+      Progress();
     }
     for (auto& [id, r] : reqs_) {
       if (r->done) {
@@ -329,13 +360,13 @@ class UcxTransport : public Transport {
     if (scratch_.size() <= static_cast<size_t>(slot)) scratch_.resize(slot + 1);
     Region& s = scratch_[slot];
     if (s.size >= bytes) return s.ptr;
-    if (s.memh != nullptr) ucp_mem_unmap(context_, s.memh);
+    if (s.memh != nullptr) ucp_mem_unmap(lanes_[kLocal].context, s.memh);
     s = Region{};
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
     mp.length = std::max<size_t>(bytes, size_t{1} << 20);
     mp.flags = UCP_MEM_MAP_ALLOCATE;
-    if (ucp_mem_map(context_, &mp, &s.memh) != UCS_OK) {
+    if (ucp_mem_map(lanes_[kLocal].context, &mp, &s.memh) != UCS_OK) {
       s.heap.resize(bytes);  // registration failed: plain memory still works
       s.ptr = s.heap.data();
       s.size = bytes;
@@ -457,11 +488,26 @@ class UcxTransport : public Transport {
     reqs_.erase(it);
   }
 
+  struct Lane {
+    ucp_context_h context = nullptr;
+    ucp_worker_h worker = nullptr;
+    bool used = false;  // some peer is reached through it
+  };
+
+  // Progresses the lanes in use; the number of events.
+  unsigned Progress() {
+    unsigned n = 0;
+    for (Lane& lane : lanes_) {
+      if (lane.used) n += ucp_worker_progress(lane.worker);
+    }
+    return n;
+  }
+
   const int rank_, size_;
   bool peer_errors_ = false;
   bool dirty_ = false;  // an operation failed with requests in flight
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
+  Lane lanes_[2];
+  std::vector<LaneKind> lane_of_;  // by peer rank
   std::vector<ucp_ep_h> eps_;
   std::unordered_map<ReqId, std::unique_ptr<Req>> reqs_;
   std::list<std::unique_ptr<Req>> abandoned_;
@@ -501,6 +547,41 @@ class UcxEngine : public Engine {
 
 }  // namespace
 
+namespace {
+
+// Where shared memory reaches: ranks with the same boot id and IPC and mount namespaces share
+// System V and POSIX shared memory (UCX's own reachability test compares the same). Two node
+// agents of one machine are one host here; two containers or lab hosts are not.
+std::string HostKey() {
+  std::string key;
+  {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    in >> key;
+  }
+  for (const char* ns : {"/proc/self/ns/ipc", "/proc/self/ns/mnt"}) {
+    char link[64] = {};
+    const ssize_t n = readlink(ns, link, sizeof(link) - 1);
+    absl::StrAppend(&key, "/", n > 0 ? std::string(link, static_cast<size_t>(n)) : "?");
+  }
+  return key;
+}
+
+// The address this rank's listeners bind to and peers on other hosts connect to.
+absl::StatusOr<std::string> ListenAddress(const UcxOptions& o, bool multi_host) {
+  if (!o.address.empty()) return o.address;
+  if (!multi_host) return std::string("127.0.0.1");
+  auto a = net::FirstExternalAddress();
+  if (!a.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "UcxOptions.address: the ranks are on several hosts and this one has no address to "
+        "offer them: ",
+        a.status().message()));
+  }
+  return *a;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* boot,
                                                                     const UcxOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size || o.size > 65535) {
@@ -512,17 +593,63 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   const std::string prefix = absl::StrCat(o.key_prefix, "/g", o.generation);
   auto t = std::make_unique<UcxTransport>(o.rank, o.size);
   if (auto st = t->Init(o); !st.ok()) return st;
-  auto addr = t->Address();
-  if (!addr.ok()) return addr.status();
-  if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), *addr); !st.ok()) return st;
+  // Round 1: every rank's host key and shared-memory worker address.
+  auto local = t->Address(UcxTransport::kLocal);
+  if (!local.ok()) return local.status();
+  const std::string host = HostKey();
+  if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), host + "\n" + *local);
+      !st.ok()) {
+    return st;
+  }
   std::vector<std::string> addrs(o.size);
+  std::vector<UcxTransport::LaneKind> lanes(o.size, UcxTransport::kLocal);
+  bool multi_host = false;
   for (int j = 0; j < o.size; ++j) {
     auto a = boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline);
     if (!a.ok()) return a.status();
-    addrs[j] = *a;
+    const size_t nl = a->find('\n');
+    if (nl == std::string::npos) {
+      return absl::DataLossError(absl::StrCat("bootstrap: rank ", j, "'s UCX record has no host"));
+    }
+    if (a->compare(0, nl, host) != 0) {
+      lanes[j] = UcxTransport::kRemote;
+      multi_host = true;
+    }
+    addrs[j] = a->substr(nl + 1);
   }
-  if (auto st = t->Connect(addrs); !st.ok()) return st;
-  if (o.single_copy) {
+  auto address = ListenAddress(o, multi_host);
+  if (!address.ok()) return address.status();
+  // Round 2, between ranks of different hosts only: the network worker's address.
+  if (multi_host) {
+    std::string devices = o.remote_devices;
+    if (devices.empty()) {
+      auto dev = net::InterfaceOf(*address);
+      if (!dev.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("UcxOptions.address: ", *address,
+                         " is not an address of this host: ", dev.status().message()));
+      }
+      devices = *dev;
+    }
+    const std::string tls =
+        o.remote_transports.empty() ? kDefaultRemoteUcxTransports : o.remote_transports;
+    if (auto st = t->Open(UcxTransport::kRemote, tls, devices); !st.ok()) return st;
+    auto remote = t->Address(UcxTransport::kRemote);
+    if (!remote.ok()) return remote.status();
+    if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), *remote); !st.ok()) {
+      return st;
+    }
+    for (int j = 0; j < o.size; ++j) {
+      if (lanes[j] != UcxTransport::kRemote) continue;
+      auto a = boot->Lookup(absl::StrCat(prefix, "/ucx-net/", j), deadline);
+      if (!a.ok()) return a.status();
+      addrs[j] = *a;
+    }
+  }
+  if (auto st = t->Connect(addrs, lanes); !st.ok()) return st;
+  // Single copy needs every rank on this host (every rank agrees: a world on several hosts has a
+  // rank of another host for every rank).
+  if (o.single_copy && !multi_host) {
     if (auto st = t->ProbeSingleCopy(boot, prefix, deadline); !st.ok()) return st;
   }
   auto engine = std::make_unique<UcxEngine>(std::move(t), o.generation);
@@ -531,7 +658,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   lo.timeout = o.liveness_timeout;
   UcxEngine* raw = engine.get();
   auto live = Liveness::Start(
-      boot, prefix, o.rank, o.size, lo,
+      boot, prefix, o.rank, o.size, *address, lo,
       [raw](int /*rank*/, const std::string& why) {
         raw->Abort(absl::UnavailableError(absl::StrCat("collectives: ", why)));
       },

@@ -1,5 +1,7 @@
 // A rank of a multi-process UCX test: the test driver fork/execs one per rank.
-//   ucx_helper <bootstrap_port> <rank> <size> <scenario> [args...]
+//   ucx_helper <bootstrap> <rank> <size> <scenario> [args...]
+// <bootstrap>: PORT (a bootstrap server on 127.0.0.1), HOST:PORT, or listen:HOST:PORT (this rank
+// also serves the bootstrap there: for ranks on several hosts).
 // Prints result lines on stdout ("OK ...", "FAIL ...", "PROGRESS", "ERROR <mono_ns> ...") and
 // exits 0 only if the scenario passed.
 #include <time.h>
@@ -15,6 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "test_util.h"
 #include "troupe/collectives/ucx_communicator.h"
 
@@ -137,6 +141,9 @@ int Matrix(Ctx& c, size_t max_count) {
   }
   if (ok) Say(absl::StrCat("OK rank ", r));
   const std::string transports = DescribeUcxTransports(comm.get());
+  for (absl::string_view line : absl::StrSplit(transports, '\n')) {
+    if (!line.empty()) Say(absl::StrCat("DESCRIBE ", line));
+  }
   if (absl::StrContains(transports, "single copy (cross-memory attach, ")) {
     Say(absl::StrContains(transports, "): on") ? "SINGLE_COPY on" : "SINGLE_COPY off");
   }
@@ -256,11 +263,27 @@ int main(int argc, char** argv) {
   result_fd = dup(1);
   dup2(2, 1);
   Ctx c;
-  c.port = std::atoi(argv[1]);
+  std::string host = "127.0.0.1";
+  absl::string_view where = argv[1];
+  const bool serve = absl::ConsumePrefix(&where, "listen:");
+  if (const size_t colon = where.rfind(':'); colon != std::string::npos) {
+    host = std::string(where.substr(0, colon));
+    where = where.substr(colon + 1);
+  }
+  c.port = std::atoi(std::string(where).c_str());
   c.rank = std::atoi(argv[2]);
   c.size = std::atoi(argv[3]);
   const std::string scenario = argv[4];
-  auto boot = TcpBootstrapClient::Connect("127.0.0.1", c.port);
+  std::unique_ptr<TcpBootstrapServer> server;
+  if (serve) {
+    auto s = TcpBootstrapServer::Start(c.port, host);
+    if (!s.ok()) {
+      Say(absl::StrCat("FAIL bootstrap server: ", s.status().ToString()));
+      return 2;
+    }
+    server = std::move(*s);
+  }
+  auto boot = TcpBootstrapClient::Connect(host, c.port);
   if (!boot.ok()) {
     Say(absl::StrCat("FAIL bootstrap: ", boot.status().ToString()));
     return 2;

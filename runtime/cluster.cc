@@ -24,6 +24,9 @@ void ClusterOptions::Register(ConfigRegistry& registry) {
   registry.AddDuration("hung_timeout", &hung_timeout,
                        "an actor whose handler runs this long is reported hung", Positive());
   registry.AddDuration("spawn_timeout", &spawn_timeout, "remote spawn deadline", Positive());
+  registry.AddDuration("join_timeout", &join_timeout,
+                       "how long a node or worker keeps trying to reach a head not yet listening",
+                       Positive());
   registry.AddString("log_dir", &log_dir, "where worker processes write stdout/stderr");
   registry.AddString("build_id", &build_id, "override this binary's build id (tests)");
 }
@@ -91,12 +94,13 @@ std::string BuildId() {
 }
 
 absl::StatusOr<ClusterClient> ClusterClient::Connect(Runtime& runtime, const std::string& host,
-                                                     uint16_t port, Duration timeout) {
+                                                     uint16_t port, Duration timeout,
+                                                     Duration retry_for) {
   if (!runtime.options().network) {
     return absl::FailedPreconditionError(
         "ClusterClient::Connect: the runtime was created without RuntimeOptions::network");
   }
-  auto head = internal::Connect(runtime, host, port);
+  auto head = internal::Connect(runtime, host, port, retry_for);
   if (!head.ok()) return head.status();
   runtime.internal_context()->SetHead(*head);
   return ClusterClient(&runtime, *head, timeout);

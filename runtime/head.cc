@@ -73,8 +73,9 @@ class HeadActor final : public caf::event_based_actor {
           return HandleHello(version, build_id, kind, name);
         },
         [this](reg_node_atom, const std::string& name, const std::string& resources,
-               const std::string& labels, const caf::actor& agent) -> caf::result<uint64_t> {
-          return HandleRegisterNode(name, resources, labels, agent);
+               const std::string& labels, const std::string& address, const std::string& host,
+               const caf::actor& agent) -> caf::result<uint64_t> {
+          return HandleRegisterNode(name, resources, labels, address, host, agent);
         },
         [this](reg_worker_atom, const std::string& id, const std::string& node, int64_t pid,
                const caf::actor& worker) -> caf::result<uint64_t> {
@@ -194,7 +195,8 @@ class HeadActor final : public caf::event_based_actor {
   }
 
   caf::result<uint64_t> HandleRegisterNode(const std::string& name, const std::string& resources,
-                                           const std::string& labels, const caf::actor& agent) {
+                                           const std::string& labels, const std::string& address,
+                                           const std::string& host, const caf::actor& agent) {
     auto it = members_.find(name);
     if (it != members_.end() && it->second.info.state != MemberState::kDead) {
       return StatusToError(
@@ -210,20 +212,30 @@ class HeadActor final : public caf::event_based_actor {
           absl::Status(s.code(), absl::StrCat("node '", name, "' refused: ", s.message())));
     }
     Member m;
-    m.info = MemberInfo{name, MemberKind::kNode, name, MemberState::kAlive, 0, resources, labels};
+    m.info = MemberInfo{name,   MemberKind::kNode, name, MemberState::kAlive, 0, resources,
+                        labels, address,           host};
     m.handle = agent;
     m.last_seen = Clock::now();
     monitor(agent);
     members_[name] = std::move(m);
     Publish(MembershipKind::kNodeAlive, name, name, 0,
-            "resources " + resources + " labels " + labels);
+            absl::StrCat("resources ", resources, " labels ", labels, " address ", address,
+                         " host ", host));
     return generation_;
   }
 
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
                                              int64_t pid, const caf::actor& worker) {
     Member m;
-    m.info = MemberInfo{id, MemberKind::kWorker, node, MemberState::kAlive, pid, "", ""};
+    m.info.id = id;
+    m.info.kind = MemberKind::kWorker;
+    m.info.node = node;
+    m.info.state = MemberState::kAlive;
+    m.info.pid = pid;
+    if (auto n = members_.find(node); n != members_.end()) {
+      m.info.address = n->second.info.address;
+      m.info.host = n->second.info.host;
+    }
     m.handle = worker;
     m.last_seen = Clock::now();
     monitor(worker);

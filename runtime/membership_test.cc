@@ -119,7 +119,8 @@ TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   ASSERT_FALSE(source(back));
   EXPECT_EQ(back.DebugString(), e.DebugString());
 
-  MemberInfo m{"n1/w0", MemberKind::kWorker, "n1", MemberState::kDraining, 7, "", ""};
+  MemberInfo m{"n1/w0", MemberKind::kWorker, "n1",       MemberState::kDraining, 7, "",
+               "",      "10.0.0.7",          "machine-7"};
   buf.clear();
   caf::binary_serializer sink2{nullptr, buf};
   ASSERT_FALSE(sink2(m));
@@ -128,6 +129,8 @@ TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   ASSERT_FALSE(source2(m2));
   EXPECT_EQ(m2.kind, MemberKind::kWorker);
   EXPECT_EQ(m2.state, MemberState::kDraining);
+  EXPECT_EQ(m2.address, "10.0.0.7");
+  EXPECT_EQ(m2.host, "machine-7");
 
   const std::string text = caf::deep_to_string(e);
   EXPECT_NE(text.find("worker_down"), std::string::npos) << text;

@@ -122,7 +122,7 @@ void StopWorkers(Workers& w, const caf::actor& head, Context& ctx, const std::st
 struct NodeConfig {
   RuntimeOptions ro;
   ClusterOptions co;
-  std::string head_addr, name, resources = "cpu=1", labels;
+  std::string head_addr, name, resources = "cpu=1", labels, advertise;
   int64_t workers = 1;
   Duration grace = std::chrono::seconds(30);
 };
@@ -136,6 +136,9 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
   config.AddString("name", &c.name, "this node's name (default: the host name)");
   config.AddString("resources", &c.resources, "resources, e.g. cpu=2,gpu=0,memory=8G");
   config.AddString("labels", &c.labels, "labels, e.g. spot=true,zone=a");
+  config.AddString("advertise", &c.advertise,
+                   "the IPv4 address other hosts reach this node's workers by (default: this "
+                   "host's address on the route to the head)");
   config.AddInt("workers", &c.workers, "worker processes to start", InRange(0, 256));
   config.AddDuration("grace", &c.grace, "on SIGTERM: drain, then leave after this long");
   if (int rc = ParseCommandLine(
@@ -143,11 +146,7 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
           config);
       rc >= 0)
     return rc;
-  if (c.name.empty()) {
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    c.name = host;
-  }
+  if (c.name.empty()) c.name = HostName();
   return -1;
 }
 
@@ -240,17 +239,22 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   NodeConfig c;
   if (int rc = ParseNodeConfig(args, c); rc >= 0) return rc;
   BlockRoleSignals();
-  auto m = StartMember(c.head_addr, c.ro, std::move(registry));
+  auto m = StartMember(c.head_addr, c.ro, std::move(registry), c.co.join_timeout);
   if (!m.ok()) ExitRole("node", c.name, m.status());
   auto& sys = m->runtime->system();
+  if (c.advertise.empty()) {
+    auto address = AddressTowards(c.head_addr);
+    if (!address.ok()) ExitRole("node", c.name, address.status());
+    c.advertise = *address;
+  }
   auto w = std::make_shared<Workers>();
   caf::actor agent = sys.spawn(AgentBehavior, w, m->head);
-  auto joined =
-      JoinCluster(sys, m->head, c.co, "node", c.name,
-                  caf::make_message(reg_node_atom::value, c.name, c.resources, c.labels, agent));
+  auto joined = JoinCluster(sys, m->head, c.co, "node", c.name,
+                            caf::make_message(reg_node_atom::value, c.name, c.resources, c.labels,
+                                              c.advertise, HostName(), agent));
   if (!joined.ok()) ExitRole("node", c.name, joined.status());
   std::cout << "troupe node " << c.name << ": joined " << c.head_addr << " with " << c.resources
-            << ", starting " << c.workers << " workers" << std::endl;
+            << " as " << c.advertise << ", starting " << c.workers << " workers" << std::endl;
   StartWorkers(c, *w);
   HeartbeatSender heartbeats(*m->runtime, m->head, c.name, c.co.heartbeat_interval);
   ServeUntilGone(c, *w, m->head, *m->runtime->internal_context(), sys);

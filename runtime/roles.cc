@@ -1,12 +1,18 @@
 // The head, worker and up roles, and what all roles share. The node agent is in node.cc.
 #include "internal/roles.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -39,6 +45,45 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(const std::string
 
 namespace internal {
 
+std::string HostName() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+absl::StatusOr<std::string> AddressTowards(const std::string& head_addr) {
+  auto hp = ParseHostPort(head_addr);
+  if (!hp.ok()) return hp.status();
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(hp->first.c_str(), std::to_string(hp->second).c_str(), &hints, &found);
+      rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--head: cannot resolve '", hp->first, "': ", gai_strerror(rc)));
+  }
+  // A UDP socket's connect sends nothing; it only picks the route and the source address.
+  std::string address;
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof(local);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+    address = text;
+  }
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  if (address.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("no route to the head at ", head_addr, ": ", std::strerror(err)));
+  }
+  return address;
+}
+
 void BlockRoleSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -67,12 +112,12 @@ HeartbeatSender::HeartbeatSender(Runtime& runtime, caf::actor head, std::string 
 }
 
 absl::StatusOr<ClusterMember> StartMember(const std::string& head_addr, RuntimeOptions options,
-                                          ActorRegistry registry) {
+                                          ActorRegistry registry, Duration join_timeout) {
   TROUPE_ASSIGN_OR_RETURN(auto hp, ParseHostPort(head_addr));
   options.network = true;
   ClusterMember m;
   TROUPE_ASSIGN_OR_RETURN(m.runtime, Runtime::Create(std::move(registry), options));
-  absl::StatusOr<caf::actor> head = Connect(*m.runtime, hp.first, hp.second);
+  absl::StatusOr<caf::actor> head = Connect(*m.runtime, hp.first, hp.second, join_timeout);
   if (!head.ok()) return absl::UnavailableError(head.status().message());
   m.head = *head;
   m.runtime->internal_context()->SetHead(m.head);
@@ -202,7 +247,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
                                 config);
       rc >= 0)
     return rc;
-  auto m = StartMember(head_addr, ro, std::move(registry));
+  auto m = StartMember(head_addr, ro, std::move(registry), co.join_timeout);
   if (!m.ok()) ExitRole("worker", id, m.status());
   auto& sys = m->runtime->system();
   caf::actor worker = sys.spawn(WorkerBehavior, m->runtime->internal_context());
@@ -253,6 +298,71 @@ int UpMain(const std::vector<std::string>& args) {
   return 0;
 }
 
+int StatusMain(const std::vector<std::string>& args) {
+  RuntimeOptions ro;
+  std::string head_addr;
+  int64_t wait_workers = 0;
+  Duration timeout = std::chrono::seconds(60);
+  ConfigRegistry config;
+  ro.Register(config);
+  config.AddString("head", &head_addr, "head address HOST:PORT");
+  config.AddInt("wait_workers", &wait_workers, "first wait until this many workers are alive",
+                InRange(0, 1 << 20));
+  config.AddDuration("timeout", &timeout, "how long --wait_workers waits", Positive());
+  if (int rc = ParseCommandLine("status",
+                                "usage: troupe status --head HOST:P [--wait_workers N]\n"
+                                "Prints the cluster's members, one per line: id kind state node "
+                                "address host resources labels.",
+                                args, config);
+      rc >= 0)
+    return rc;
+  auto hp = ParseHostPort(head_addr);
+  if (!hp.ok()) {
+    LogError("status", std::string(hp.status().message()));
+    return 2;
+  }
+  ro.network = true;
+  auto rt = Runtime::Create(ActorRegistry{}, ro);
+  if (!rt.ok()) {
+    LogError("status", std::string(rt.status().message()));
+    return 2;
+  }
+  auto client = ClusterClient::Connect(**rt, hp->first, hp->second, std::chrono::seconds(10),
+                                       wait_workers > 0 ? timeout : Duration{});
+  if (!client.ok()) {
+    LogError("status", std::string(client.status().message()));
+    return 1;
+  }
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto members = client->Members();
+    if (!members.ok()) {
+      LogError("status", std::string(members.status().message()));
+      return 1;
+    }
+    int64_t alive = 0;
+    for (const MemberInfo& m : *members) {
+      alive += m.kind == MemberKind::kWorker && m.state == MemberState::kAlive;
+    }
+    if (alive >= wait_workers) {
+      for (const MemberInfo& m : *members) {
+        std::cout << m.id << " " << Name(m.kind) << " " << Name(m.state) << " " << m.node << " "
+                  << (m.address.empty() ? "-" : m.address) << " " << (m.host.empty() ? "-" : m.host)
+                  << " " << (m.resources.empty() ? "-" : m.resources) << " "
+                  << (m.labels.empty() ? "-" : m.labels) << "\n";
+      }
+      std::cout << std::flush;
+      return 0;
+    }
+    if (std::chrono::steady_clock::now() > until) {
+      LogError("status", absl::StrCat(alive, " of ", wait_workers, " workers alive after ",
+                                      FormatDuration(timeout)));
+      return 1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 int CertsMain(const std::vector<std::string>& args) {
   std::string dir, members = "head,node";
   ConfigRegistry config;
@@ -290,6 +400,7 @@ int RunMain(int argc, char** argv, ActorRegistry registry) {
   if (role == "worker") return internal::WorkerMain(args, std::move(registry));
   if (role == "up") return internal::UpMain(args);
   if (role == "certs") return internal::CertsMain(args);
+  if (role == "status") return internal::StatusMain(args);
   return -1;
 }
 

@@ -311,8 +311,10 @@ absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle, uin
   return bound;
 }
 
-absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, uint16_t port) {
+absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, uint16_t port,
+                                   Duration retry_for) {
   auto& sys = runtime.system();
+  const auto until = std::chrono::steady_clock::now() + retry_for;
   const RuntimeOptions& o = runtime.options();
   std::string via_host = host;
   uint16_t via_port = port;
@@ -324,8 +326,12 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
     int fd = Listen("127.0.0.1", 0, &local);
     if (fd < 0) return absl::UnavailableError("cannot open a local TLS dialer port");
     SslCtx shared = *ctx;
-    auto relay = std::make_shared<Relay>(fd, [shared, host, port](int plain) {
+    auto relay = std::make_shared<Relay>(fd, [shared, host, port, until](int plain) {
       int remote = Dial(host, port);
+      while (remote < 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        remote = Dial(host, port);
+      }
       if (remote < 0) {
         close(plain);
         return;
@@ -346,6 +352,12 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
     via_port = local;
   }
   auto h = sys.middleman().remote_actor(via_host, via_port);
+  // Nothing listens there yet (a head still starting): try again until `retry_for` has passed.
+  while (!h && h.error() == caf::sec::cannot_connect_to_node &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    h = sys.middleman().remote_actor(via_host, via_port);
+  }
   if (!h) {
     // A TLS front door cuts a plain peer off during CAF's handshake, and our dialer drops a
     // connection whose TLS handshake failed: both look the same here, so say what to check.

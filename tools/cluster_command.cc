@@ -1,5 +1,5 @@
-// troupe head | node | worker | up | certs: the cluster roles, run by the stock binary with
-// troupe's built-in actor types (user programs call troupe::runtime::RunMain themselves).
+// troupe head | node | worker | up | certs | status: the cluster roles, run by the stock binary
+// with troupe's built-in actor types (user programs call troupe::runtime::RunMain themselves).
 #include <cstdio>
 #include <string>
 #include <vector>

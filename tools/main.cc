@@ -19,6 +19,7 @@ int Node(const Args& a) { return RunClusterRole("node", a); }
 int Worker(const Args& a) { return RunClusterRole("worker", a); }
 int Up(const Args& a) { return RunClusterRole("up", a); }
 int Certs(const Args& a) { return RunClusterRole("certs", a); }
+int Status(const Args& a) { return RunClusterRole("status", a); }
 
 constexpr Command kCommands[] = {
     {"train",
@@ -36,6 +37,10 @@ constexpr Command kCommands[] = {
      "on this machine)",
      Up},
     {"certs", "certs --dir DIR [--members head,node-a,driver,...]", Certs},
+    {"status",
+     "status --head HOST:P [--wait_workers N] [--timeout 60s]   (the cluster's members, one per "
+     "line)",
+     Status},
     {"worker", "worker ...   (started by a node agent)", Worker},
 };
 

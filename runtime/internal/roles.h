@@ -20,6 +20,7 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry);
 int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry);
 int UpMain(const std::vector<std::string>& args);
 int CertsMain(const std::vector<std::string>& args);
+int StatusMain(const std::vector<std::string>& args);
 
 // Sends heartbeats (this process's tracked actors) to the head until stopped.
 class HeartbeatSender {
@@ -41,11 +42,14 @@ struct ClusterMember {
   std::unique_ptr<Runtime> runtime;
   caf::actor head;
 };
-// A networked runtime connected to the head at `head_addr` (HOST:PORT). InvalidArgument for a bad
-// address or option, Unavailable when the head cannot be reached.
+// A networked runtime connected to the head at `head_addr` (HOST:PORT), trying for up to
+// `join_timeout` while nothing listens there (a head still starting, as when every pod of a job
+// starts at once). InvalidArgument for a bad address or option, Unavailable when the head cannot be
+// reached.
 [[nodiscard]] absl::StatusOr<ClusterMember> StartMember(const std::string& head_addr,
                                                         RuntimeOptions options,
-                                                        ActorRegistry registry);
+                                                        ActorRegistry registry,
+                                                        Duration join_timeout);
 // The join handshake: (cluster_hello_atom, kClusterProtocolVersion, build id, kind, name) — the
 // head refuses another protocol version or build with FailedPrecondition — then `registration`
 // (reg_node_atom or reg_worker_atom, internal/cluster_protocol.h). Returns the cluster generation.
@@ -58,6 +62,13 @@ struct ClusterMember {
 // protocol version or build, a duplicate name), 1 otherwise (the head unreachable or lost).
 [[noreturn]] void ExitRole(const std::string& role, const std::string& name,
                            const absl::Status& status);
+
+// This host's name (gethostname).
+std::string HostName();
+// The IPv4 address of this host on the route to `head_addr` (HOST:PORT): the address a node
+// advertises by default (127.0.0.1 for a head on loopback). InvalidArgument for a bad address,
+// Unavailable when no route leads there.
+[[nodiscard]] absl::StatusOr<std::string> AddressTowards(const std::string& head_addr);
 
 // Blocks SIGTERM, SIGINT and SIGCHLD in this thread (and in threads created afterwards), so a
 // role's main thread can wait for them with sigtimedwait.

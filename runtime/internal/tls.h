@@ -32,9 +32,10 @@ namespace troupe::runtime::internal {
 // Publishes `handle` on host:port, through TLS when the runtime has TLS configured.
 [[nodiscard]] absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle,
                                                uint16_t port, const std::string& host);
-// Connects to the actor published on host:port, through TLS when configured.
+// Connects to the actor published on host:port, through TLS when configured; while nothing
+// listens there, tries again for up to `retry_for`.
 [[nodiscard]] absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host,
-                                                 uint16_t port);
+                                                 uint16_t port, Duration retry_for = {});
 
 }  // namespace troupe::runtime::internal
 

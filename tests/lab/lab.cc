@@ -228,6 +228,26 @@ const LabHost* Lab::Find(const std::string& host) const {
   return nullptr;
 }
 
+absl::Status Lab::PullPlug(const std::string& host) {
+  const LabHost* h = Find(host);
+  if (!h) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
+  if (kill(h->init_pid, SIGKILL) != 0) {
+    return absl::InternalError(
+        absl::StrCat("kill of ", host, "'s init ", h->init_pid, ": ", std::strerror(errno)));
+  }
+  // The init is not our child: wait until it is gone or a zombie (its host is empty then).
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream stat(absl::StrCat("/proc/", h->init_pid, "/stat"));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos || text.compare(paren + 1, 3, " Z ") == 0) {
+      return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(host, "'s init outlived SIGKILL for 5 s"));
+}
+
 std::string Lab::Address(const std::string& host) const {
   const LabHost* h = Find(host);
   return h ? h->address : std::string();

@@ -60,6 +60,11 @@ class Lab {
   [[nodiscard]] absl::StatusOr<pid_t> Spawn(const std::string& host,
                                             const std::vector<std::string>& argv);
 
+  // Kills every process of `host` at once (SIGKILL to its PID namespace's init), as pulling a
+  // machine's plug would; its network namespace and link stay (Down() removes them). Returns when
+  // the init is gone.
+  [[nodiscard]] absl::Status PullPlug(const std::string& host);
+
   const std::string& name() const { return name_; }
   const std::vector<LabHost>& hosts() const { return hosts_; }
   // Address of `host`; empty if there is no such host.

@@ -172,6 +172,72 @@ void ExpectSharedDir(Lab& lab) {
   EXPECT_EQ(Slurp(absl::StrCat(dir, "/from-", kH2)), absl::StrCat(kH2, "\n"));
 }
 
+// The lines of a helper's DESCRIBE output for `from` -> `to`: from its "rank F -> T (...)" line
+// to the next "rank" line.
+std::string Lanes(const std::string& out, int from, int to) {
+  const std::string head = absl::StrCat("DESCRIBE rank ", from, " -> ", to, " ");
+  size_t at = out.find(head);
+  if (at == std::string::npos) return "";
+  size_t end = out.find("DESCRIBE rank ", at + head.size());
+  return out.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+// Waits up to `limit` for a Spawn()ed pid; its wait status, or -1 if it is still running.
+int WaitFor(pid_t pid, std::chrono::seconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    usleep(20000);
+  }
+  return -1;
+}
+
+// Collectives choose their lanes per peer with no UCX_* variable anywhere: shared memory between
+// the two ranks of h1, tcp over the host's link between h1 and h2; and the sums come out right
+// on both (the matrix scenario checks every algorithm).
+void ExpectUcxLanesPerPeer(Lab& lab) {
+  for (char** e = environ; *e != nullptr; ++e) {
+    ASSERT_FALSE(absl::StartsWith(*e, "UCX_")) << "the lab's processes would inherit " << *e;
+  }
+  const std::string dir = lab.shared_dir();
+  const std::string boot = absl::StrCat(lab.Address(kH1), ":29517");
+  const std::vector<std::pair<std::string, std::string>> ranks = {
+      {kH1, "listen:" + boot}, {kH1, boot}, {kH2, boot}};
+  std::vector<pid_t> pids;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    auto pid =
+        lab.Spawn(ranks[r].first,
+                  {"sh", "-c",
+                   absl::StrCat("exec ", COLLECTIVES_UCX_HELPER, " ", ranks[r].second, " ", r, " ",
+                                ranks.size(), " matrix 65537 >", dir, "/rank", r, ".txt 2>&1")});
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    pids.push_back(*pid);
+  }
+  std::vector<std::string> out;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const int status = WaitFor(pids[r], std::chrono::seconds(90));
+    out.push_back(Slurp(absl::StrCat(dir, "/rank", r, ".txt")));
+    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << r << " (status " << status << "):\n"
+        << out[r];
+    EXPECT_TRUE(absl::StrContains(out[r], absl::StrCat("OK rank ", r))) << out[r];
+  }
+  const std::string same = Lanes(out[0], 0, 1), other = Lanes(out[0], 0, 2),
+                    back = Lanes(out[2], 2, 1);
+  printf("lab: lanes of rank 0:\n%s%s", same.c_str(), other.c_str());
+  EXPECT_TRUE(absl::StrContains(same, "(this host)")) << out[0];
+  EXPECT_TRUE(absl::StrContains(same, "posix/memory") || absl::StrContains(same, "sysv/memory"))
+      << same;
+  EXPECT_FALSE(absl::StrContains(same, "tcp/")) << same;
+  EXPECT_TRUE(absl::StrContains(other, "(another host)")) << out[0];
+  EXPECT_TRUE(absl::StrContains(other, "tcp/eth0")) << other;
+  EXPECT_FALSE(absl::StrContains(other, "posix/memory") || absl::StrContains(other, "sysv/memory"))
+      << other;
+  EXPECT_TRUE(absl::StrContains(back, "(another host)") && absl::StrContains(back, "tcp/eth0"))
+      << out[2];
+}
+
 // Holds the lab's network and PID namespaces open (by fd) across Down(), so that their inode
 // numbers cannot be reused by namespaces made meanwhile by someone else: a process found in
 // one of them after Down() is truly the lab's.
@@ -243,6 +309,7 @@ TEST(LabTest, HostsShareOnlyTheNetwork) {
   ExpectPrivatePids(lab);
   ExpectRoutedPings(lab);
   ExpectSharedDir(lab);
+  ExpectUcxLanesPerPeer(lab);
   DownAndExpectNothingLeft(lab);
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "caf/all.hpp"
+#include "job_harness.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/events.h"
 
@@ -32,58 +33,13 @@ using std::chrono::milliseconds;
 constexpr int kSteps = 24;
 constexpr int kMicrobatches = 8;
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// ---- the job's event log (<work_dir>/logs/events.log, actors/job_events.h) -------------------
-// Tests assert the fields of the events a job wrote, never the wording of its progress lines.
-
 using troupe::runtime::SupervisionEvent;
-using Fields = std::map<std::string, std::string>;
-
-std::vector<SupervisionEvent> ReadEvents(const std::string& path) {
-  std::vector<SupervisionEvent> out;
-  std::istringstream in(Slurp(path));
-  std::string line;
-  while (std::getline(in, line)) {
-    SupervisionEvent e;
-    if (troupe::runtime::ParseEvent(line, &e)) out.push_back(e);
-  }
-  return out;
-}
-
-// A field of `e` by its name in the log line (its own members or its further fields).
-std::string FieldOf(const SupervisionEvent& e, const std::string& key) {
-  if (key == "child") return e.child;
-  if (key == "supervisor") return e.supervisor;
-  if (key == "gen") return std::to_string(e.generation);
-  if (key == "pid") return std::to_string(e.pid);
-  if (key == "signal") return std::to_string(e.signal);
-  if (key == "cause") return troupe::runtime::ExitCauseName(e.cause);
-  return e.Field(key);
-}
-
-// The events named `name` with every field of `fields`.
-std::vector<SupervisionEvent> FindEvents(const std::vector<SupervisionEvent>& events,
-                                         const std::string& name, const Fields& fields = {}) {
-  std::vector<SupervisionEvent> out;
-  for (const SupervisionEvent& e : events) {
-    bool match = e.event == name;
-    for (const auto& [k, v] : fields) match = match && FieldOf(e, k) == v;
-    if (match) out.push_back(e);
-  }
-  return out;
-}
-
-struct Report {
-  double recovery_s = -1;
-  int steps_lost = -1, steps = -1, world = -1, generations = -1;
-  std::string crc;
-};
+using troupe::testing::Fields;
+using troupe::testing::FindEvents;
+using troupe::testing::ReadEvents;
+using troupe::testing::ReadReport;
+using troupe::testing::Report;
+using troupe::testing::Slurp;
 
 struct JobRun {
   int exit_code = -1;
@@ -170,24 +126,6 @@ class TrainingTest : public ::testing::Test {
     return r;
   }
 
-  static Report ReadReport(const std::string& path) {
-    Report r;
-    std::istringstream rep(Slurp(path));
-    std::string field;
-    while (rep >> field) {
-      auto eq = field.find('=');
-      if (eq == std::string::npos) continue;
-      std::string k = field.substr(0, eq), v = field.substr(eq + 1);
-      if (k == "recovery_s") r.recovery_s = std::stod(v);
-      if (k == "steps_lost") r.steps_lost = std::stoi(v);
-      if (k == "steps") r.steps = std::stoi(v);
-      if (k == "world") r.world = std::stoi(v);
-      if (k == "crc32c") r.crc = v;
-      if (k == "generations") r.generations = std::stoi(v);
-    }
-    return r;
-  }
-
   // The fault-free 4-worker run's final weights, computed once per test binary.
   const std::string& Reference() {
     static std::string crc;
@@ -202,28 +140,7 @@ class TrainingTest : public ::testing::Test {
   // Every committed (step, generation) was served exactly once per microbatch, and every step
   // 0..kSteps-1 was committed exactly once.
   void ExpectExactlyOnce(const std::string& name) {
-    const std::string dir = base_ + "/" + name;
-    std::map<std::pair<int64_t, int64_t>, std::multiset<int>> served;  // (step, gen) → k
-    for (const auto& e : fs::directory_iterator(dir + "/serve")) {
-      std::istringstream in(Slurp(e.path()));
-      int64_t s, k, g;
-      while (in >> s >> k >> g) served[{s, g}].insert(static_cast<int>(k));
-    }
-    std::istringstream commits(Slurp(dir + "/commits.log"));
-    std::map<int64_t, int> committed;
-    int64_t s, g;
-    while (commits >> s >> g) {
-      ++committed[s];
-      std::multiset<int> want;
-      for (int k = 0; k < kMicrobatches; ++k) want.insert(k);
-      EXPECT_EQ(served[std::make_pair(s, g)], want)
-          << "step " << s << " generation " << g << ": microbatches served for the committed run";
-    }
-    for (int64_t step = 0; step < kSteps; ++step) {
-      EXPECT_EQ(committed[step], 1)
-          << "step " << step << " committed " << committed[step] << " times";
-    }
-    EXPECT_EQ(committed.size(), static_cast<size_t>(kSteps));
+    EXPECT_EQ(troupe::testing::ExactlyOnceDefects(base_ + "/" + name, kSteps, kMicrobatches), "");
   }
 
   // The events of run `name`'s log.

@@ -34,13 +34,15 @@ class Bootstrap {
                                                            absl::Time deadline) = 0;
 };
 
-// A key-value server on 127.0.0.1 (one thread per client). Limits: keys up to 4 KiB, values
-// up to 16 MiB; a client that exceeds them is disconnected.
+// A key-value server on `address` (one thread per client): 127.0.0.1 for ranks on this host, an
+// address the other hosts reach for ranks on several. Limits: keys up to 4 KiB, values up to
+// 16 MiB; a client that exceeds them is disconnected.
 class TcpBootstrapServer {
  public:
   virtual ~TcpBootstrapServer() = default;
   // port 0 picks a free port.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> Start(int port = 0);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> Start(
+      int port = 0, const std::string& address = "127.0.0.1");
   virtual int port() const = 0;
 };
 

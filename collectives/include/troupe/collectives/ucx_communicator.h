@@ -1,22 +1,27 @@
 // troupe/collectives/ucx_communicator.h — the UCX backend for host buffers across processes.
 //
-// One UCP worker per rank; worker addresses are exchanged through a Bootstrap (no listener, so
-// shared-memory transports work and UCX_TLS needs no tcp). Messages use UCX tag matching; the
-// algorithms' scratch buffers are allocated once with ucp_mem_map and reused across calls.
+// Ranks on one host talk through shared memory, ranks on different hosts through UCX's network
+// transports (tcp by default; verbs where `remote_transports` names them): each rank has one UCP
+// worker for its own host and, when the world spans hosts, a second over the network. Which
+// peers share a host is found at creation (boot id and IPC / mount namespaces, the properties
+// shared memory depends on); worker addresses are exchanged through a Bootstrap, so no UCX
+// listener is needed. Messages use UCX tag matching; the algorithms' scratch buffers are allocated
+// once with ucp_mem_map and reused across calls.
 //
-// Large all-reduces between ranks on one host read the peers' buffers directly (Linux
-// cross-memory attach): one copy per byte instead of two through shared-memory queues.
+// Large all-reduces between ranks that are all on one host read the peers' buffers directly
+// (Linux cross-memory attach): one copy per byte instead of two through shared-memory queues.
 //
 // Failure detection does not rely on UCX: UCP_ERR_HANDLING_MODE_PEER would drop the
-// shared-memory transports (STACK.md). Instead every pair of ranks keeps a loopback TCP
-// liveness connection with heartbeats: EOF (a process that exited or was killed -9) fails every
-// pending operation at once with Unavailable naming the rank; silence beyond
-// `liveness_timeout` (SIGSTOP, a hung host) does the same. Pending UCX requests are cancelled
-// by the communicator itself.
+// shared-memory transports (STACK.md). Instead every pair of ranks keeps a TCP liveness
+// connection with heartbeats (to `address`: loopback when the world is on one host): EOF (a
+// process that exited or was killed -9) fails every pending operation at once with Unavailable
+// naming the rank; silence beyond `liveness_timeout` (SIGSTOP, a hung or cut-off host) does the
+// same. Pending UCX requests are cancelled by the communicator itself.
 //
 // Example:
-//   auto boot = TcpBootstrapClient::Connect("127.0.0.1", port);
+//   auto boot = TcpBootstrapClient::Connect(launcher_address, port);
 //   UcxOptions o;  o.rank = r;  o.size = n;  o.generation = g;  o.key_prefix = "job7";
+//   o.address = "10.0.0.7";  // this host's address on the network the others reach it by
 //   absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateUcxCommunicator(boot->get(), o);
 //   (*comm)->AllReduce(Buffer::F32(grad), Buffer::F32(grad), ReduceOp::kAvg, {}).Wait();
 #ifndef TROUPE_COLLECTIVES_UCX_COMMUNICATOR_H_
@@ -36,7 +41,7 @@ struct UcxOptions {
   int rank = 0;
   int size = 1;
   uint64_t generation = 0;
-  // Bootstrap keys are "<key_prefix>/g<generation>/{ucx,live}/<rank>".
+  // Bootstrap keys are "<key_prefix>/g<generation>/{ucx,ucx-net,live}/<rank>".
   std::string key_prefix = "troupe";
   absl::Duration connect_timeout = absl::Seconds(60);
   // Heartbeats on the liveness channel; a peer silent for `liveness_timeout` is declared dead.
@@ -45,10 +50,20 @@ struct UcxOptions {
   // Also ask UCX for peer error handling (UCP_ERR_HANDLING_MODE_PEER). Off by default: it
   // disables the shared-memory transports, and the liveness channel already detects deaths.
   bool ucx_peer_error_handling = false;
-  // UCX transports (UCX_TLS syntax). Empty: the UCX_TLS environment variable if set, else
-  // kDefaultUcxTransports. Without peer error handling a transport error is fatal inside UCX
-  // 1.13, and cma (process_vm_readv from a peer that was just killed) raises one: the default
-  // therefore leaves cma out and keeps the copy-through-shared-memory transports.
+  // The IPv4 address this rank listens on (liveness) and its network lane uses: the address its
+  // node advertises. Empty: 127.0.0.1 when every rank is on this host, else the first interface
+  // that is up and not loopback.
+  std::string address;
+  // Transports to the ranks of other hosts (UCX_TLS syntax), on `remote_devices` (UCX_NET_DEVICES
+  // syntax; empty: the interface that holds `address`). With InfiniBand or RoCE, e.g.
+  // remote_transports = "rc,ud,tcp" and remote_devices = "mlx5_0:1,eth0".
+  std::string remote_transports;
+  std::string remote_devices;
+  // UCX transports between the ranks of this host (UCX_TLS syntax). Empty: the UCX_TLS
+  // environment variable if set, else kDefaultUcxTransports. Without peer error handling a
+  // transport error is fatal inside UCX 1.13, and cma (process_vm_readv from a peer that was just
+  // killed) raises one: the default therefore leaves cma out and keeps the
+  // copy-through-shared-memory transports.
   std::string transports;
   // Single-copy all-reduce / reduce-scatter (Algorithm::kSingleCopy) between ranks on this host
   // whose memory this process may read (process_vm_readv; probed at creation, off where the
@@ -56,15 +71,18 @@ struct UcxOptions {
   bool single_copy = true;
 };
 
-// Same-host shared memory only: with tcp present UCX 1.13 picks tcp/lo for the rendezvous lane
-// (~1 GB/s). For ranks on several hosts set `transports` (e.g. "self,sysv,posix,tcp").
+// Within a host: shared memory only (with tcp in the same context UCX 1.13 picks tcp/lo for the
+// rendezvous lane, ~1 GB/s).
 inline constexpr char kDefaultUcxTransports[] = "self,sysv,posix";
+// Between hosts.
+inline constexpr char kDefaultRemoteUcxTransports[] = "tcp";
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(
     Bootstrap* bootstrap, const UcxOptions& options);
 
 // The UCX transports the endpoints of a UCX communicator selected (ucp_ep_print_info lanes),
-// e.g. "rank 0 -> 1: posix/memory cma/memory". Empty for other communicators.
+// e.g. "rank 0 -> 1 (this host): ... posix/memory ..." or "rank 0 -> 2 (another host): ...
+// tcp/eth0 ...". Empty for other communicators.
 std::string DescribeUcxTransports(Communicator* comm);
 
 }  // namespace troupe::collectives

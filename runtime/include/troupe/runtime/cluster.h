@@ -51,6 +51,8 @@ struct ClusterOptions {
   Duration heartbeat_timeout = std::chrono::seconds(1);
   Duration hung_timeout = std::chrono::seconds(10);
   Duration spawn_timeout = std::chrono::seconds(10);
+  // How long a node agent or worker keeps trying to reach a head that does not answer yet.
+  Duration join_timeout = std::chrono::seconds(30);
   std::string log_dir = "/tmp/troupe";  // worker logs: <log_dir>/<worker id>.{out,err}
   std::string build_id;                 // "" = this binary's ELF build id
 
@@ -114,12 +116,17 @@ struct MemberInfo {
   int64_t pid = 0;
   std::string resources;  // "cpu=2,gpu=0,memory=8G"
   std::string labels;     // "spot=true,zone=a"
+  // The node's advertised IPv4 address (what its workers listen on and the other hosts reach
+  // them by) and its host name (a failure domain: two nodes with one host name share a machine).
+  // A worker carries its node's.
+  std::string address;
+  std::string host;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MemberInfo& x) {
   return f(caf::meta::type_name("troupe.MemberInfo"), x.id, x.kind, x.node, x.state, x.pid,
-           x.resources, x.labels);
+           x.resources, x.labels, x.address, x.host);
 }
 
 // What subscribers receive, as (membership_atom, MembershipEvent).
@@ -177,7 +184,7 @@ using preempt_node_atom = caf::atom_constant<caf::atom("tr_preempt")>;
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 2;
+inline constexpr uint32_t kClusterProtocolVersion = 3;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -199,9 +206,11 @@ std::string BuildId();
 
 class ClusterClient {
  public:
+  // `timeout`: of each request to the head; `retry_for`: how long to keep trying while nothing
+  // listens at host:port yet.
   [[nodiscard]] static absl::StatusOr<ClusterClient> Connect(
       Runtime& runtime, const std::string& host, uint16_t port,
-      Duration timeout = std::chrono::seconds(10));
+      Duration timeout = std::chrono::seconds(10), Duration retry_for = {});
   // Spawns a registered type on a worker chosen by `where`: "" (least loaded worker),
   // "node=<name>" or "worker=<id>". The actor is registered cluster-wide under `name`.
   [[nodiscard]] absl::StatusOr<ActorRef> Spawn(const std::string& type, const caf::message& args,
