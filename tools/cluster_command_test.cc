@@ -21,10 +21,13 @@ int Shell(const std::string& cmd, std::string* out) {
 
 TEST(ClusterCommandTest, HelpListsEachRolesOptions) {
   std::string out;
-  for (const char* role : {"head", "node", "up", "certs"}) {
+  for (const char* role : {"head", "node", "up", "certs", "status"}) {
     EXPECT_EQ(Shell(std::string(TROUPE_BINARY) + " " + role + " --help", &out), 0) << role;
     EXPECT_NE(out.find("usage: troupe " + std::string(role)), std::string::npos) << out;
-    const char* option = std::string(role) == "certs" ? "--members" : "--heartbeat_interval";
+    const std::string r = role;
+    const char* option = r == "certs"    ? "--members"
+                         : r == "status" ? "--wait_workers"
+                                         : "--heartbeat_interval";
     EXPECT_NE(out.find(option), std::string::npos) << role << ": " << out;
   }
   EXPECT_EQ(Shell(std::string(TROUPE_BINARY) + " --help", &out), 0);
@@ -57,15 +60,22 @@ TEST(ClusterCommandTest, UpStartsAClusterAndTearsItDownOnSigterm) {
     Shell("cat " + log, &out);
   }
   ASSERT_NE(out.find("node 'local' with 2 workers"), std::string::npos) << out;
-  // Both workers join (the node agent logs each worker's stderr to --log_dir).
-  for (int i = 0; i < 500; ++i) {
-    Shell("cat /tmp/troupe-up-test-logs/local-w0.err /tmp/troupe-up-test-logs/local-w1.err", &out);
-    if (out.find("local/w0: joined") != std::string::npos &&
-        out.find("local/w1: joined") != std::string::npos)
-      break;
-    usleep(20000);
-  }
-  EXPECT_NE(out.find("local/w1: joined"), std::string::npos) << out;
+  // Both workers join: `troupe status --wait_workers 2` waits for them, then lists every member
+  // with its node's advertised address (loopback here: the head is on 127.0.0.1).
+  const size_t at = out.find("head at ") + 8;
+  const std::string head = out.substr(at, out.find(' ', at) - at);
+  ASSERT_EQ(
+      Shell(std::string(TROUPE_BINARY) + " status --head " + head + " --wait_workers 2", &out), 0)
+      << out;
+  EXPECT_NE(out.find("local node alive local 127.0.0.1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("local/w0 worker alive local 127.0.0.1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("local/w1 worker alive local 127.0.0.1 "), std::string::npos) << out;
+  // A third never comes: it says so and fails.
+  EXPECT_EQ(Shell(std::string(TROUPE_BINARY) + " status --head " + head +
+                      " --wait_workers 3 --timeout 300ms",
+                  &out),
+            1);
+  EXPECT_NE(out.find("2 of 3 workers alive after 300ms"), std::string::npos) << out;
   kill(pid, SIGTERM);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);

@@ -90,20 +90,20 @@ class MultihostTest : public ::testing::Test {
         dir_ + "/logs/head.txt");
     for (int i = 1; i <= kHosts; ++i) {
       Run(Host(i),
-          {TROUPE_BINARY, "node", "--head", head_, "--name", Host(i), "--workers", "1",
-           "--log_dir", dir_ + "/logs", "--grace", "5s"},
+          {TROUPE_BINARY, "node", "--head", head_, "--name", Host(i), "--workers", "1", "--log_dir",
+           dir_ + "/logs", "--grace", "5s"},
           absl::StrCat(dir_, "/logs/node-", Host(i), ".txt"));
     }
     // The node agents keep trying until the head listens; every worker carries the address its
     // node advertises (the interface on the route to the head).
     auto status = lab_.Exec(Host(1), Quote({TROUPE_BINARY, "status", "--head", head_,
-                                             "--wait_workers", std::to_string(kHosts)}));
+                                            "--wait_workers", std::to_string(kHosts)}));
     ASSERT_TRUE(status.ok()) << status.status();
     ASSERT_EQ(status->exit_code, 0) << status->output << Logs();
     for (int i = 1; i <= kHosts; ++i) {
-      EXPECT_TRUE(absl::StrContains(
-          status->output, absl::StrCat(Host(i), "/w0 worker alive ", Host(i), " ",
-                                       lab_.Address(Host(i)), " ", Host(i), " ")))
+      EXPECT_TRUE(
+          absl::StrContains(status->output, absl::StrCat(Host(i), "/w0 worker alive ", Host(i), " ",
+                                                         lab_.Address(Host(i)), " ", Host(i), " ")))
           << status->output;
     }
   }
@@ -115,7 +115,8 @@ class MultihostTest : public ::testing::Test {
 
   // Starts argv on `host`, output to `log`.
   pid_t Run(const std::string& host, const std::vector<std::string>& argv, const std::string& log) {
-    auto pid = lab_.Spawn(host, {"sh", "-c", absl::StrCat("exec ", Quote(argv), " >", log, " 2>&1")});
+    auto pid =
+        lab_.Spawn(host, {"sh", "-c", absl::StrCat("exec ", Quote(argv), " >", log, " 2>&1")});
     EXPECT_TRUE(pid.ok()) << pid.status();
     return pid.ok() ? *pid : -1;
   }
@@ -124,8 +125,9 @@ class MultihostTest : public ::testing::Test {
   pid_t StartJob(const std::string& name, const std::vector<std::string>& extra) {
     const std::string work = dir_ + "/" + name;
     fs::create_directories(work);
-    std::vector<std::string> args = {TROUPE_BINARY, "train",  "--spec",   spec_,  "--head",
-                                     head_,         "--work_dir", work, "--report", work + "/report"};
+    std::vector<std::string> args = {TROUPE_BINARY, "train",         "--spec",     spec_,
+                                     "--head",      head_,           "--work_dir", work,
+                                     "--report",    work + "/report"};
     args.insert(args.end(), extra.begin(), extra.end());
     return Run(Host(1), args, work + "/out.txt");
   }
@@ -188,60 +190,102 @@ class MultihostTest : public ::testing::Test {
   std::vector<SupervisionEvent> Events(const std::string& name) {
     return ReadEvents(dir_ + "/" + name + "/logs/events.log");
   }
+  bool HasEvent(const std::string& name, const std::string& event, const Fields& fields) {
+    return !FindEvents(Events(name), event, fields).empty();
+  }
+
+  JobRun RunWithChaos(const std::string& name, const std::string& chaos) {
+    return Finish(name, StartJob(name, {"--chaos", chaos}));
+  }
+
+  // Starts job `name`, and once 3 steps are committed kills every process of `hosts` at once.
+  JobRun PullPlugsMidRun(const std::string& name, const std::vector<int>& hosts) {
+    pid_t job = StartJob(name, {});
+    const auto until = std::chrono::steady_clock::now() + seconds(120);
+    while (Commits(name) < 3 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_GE(Commits(name), 3) << Slurp(dir_ + "/" + name + "/out.txt") << Logs();
+    for (int h : hosts) {
+      absl::Status pulled = lab_.PullPlug(Host(h));
+      EXPECT_TRUE(pulled.ok()) << pulled;
+    }
+    return Finish(name, job);
+  }
+
+  // The job ended well: exit 0, every step, the one-host weights, on `world` workers and with
+  // `steps_lost` (each unchecked when < 0), and every step committed and served exactly once.
+  void ExpectFinished(const std::string& name, const JobRun& r, int world, int steps_lost,
+                      bool exactly_once = true) {
+    ASSERT_EQ(r.exit_code, 0) << r.output << Logs();
+    EXPECT_EQ(r.report.steps, kSteps) << r.output;
+    if (world >= 0) {
+      EXPECT_EQ(r.report.world, world) << r.output;
+    }
+    if (steps_lost >= 0) {
+      EXPECT_EQ(r.report.steps_lost, steps_lost) << r.output;
+    }
+    EXPECT_EQ(r.report.crc, OneHostCrc()) << "final weights differ from one host's\n" << r.output;
+    if (exactly_once) ExpectExactlyOnce(name);
+  }
 
   lab::Lab lab_{LabName()};
   std::string dir_, spec_, head_;
 };
 
 TEST_F(MultihostTest, FourHostsTrainToTheWeightsOfOneHost) {
-  JobRun r = Finish("plain", StartJob("plain", {}));
-  ASSERT_EQ(r.exit_code, 0) << r.output << Logs();
-  EXPECT_EQ(r.report.world, kHosts) << r.output;
-  EXPECT_EQ(r.report.steps, kSteps) << r.output;
-  EXPECT_EQ(r.report.crc, OneHostCrc()) << "4 hosts vs one host\n" << r.output;
-  ExpectExactlyOnce("plain");
+  ExpectFinished("plain", Finish("plain", StartJob("plain", {})), kHosts, 0);
 }
 
 TEST_F(MultihostTest, KillDashNineOfOneHostsWorkerFinishesOnThree) {
-  JobRun r = Finish("kill", StartJob("kill", {"--chaos", "kill-worker@7"}));
-  ASSERT_EQ(r.exit_code, 0) << r.output << Logs();
+  ExpectFinished("kill", RunWithChaos("kill", "kill-worker@7"), kHosts - 1, 0);
   const std::vector<SupervisionEvent> fired =
       FindEvents(Events("kill"), "fault_fired", {{"kind", "kill-worker"}, {"step", "7"}});
-  ASSERT_EQ(fired.size(), 1u) << Slurp(dir_ + "/kill/logs/events.log");
+  ASSERT_EQ(fired.size(), 1u) << Logs();
   // The next generation restored step 7 on the three others (the killed rank may have hosted
   // the coordinator too: then its restart formed that generation).
   const std::vector<SupervisionEvent> next =
       FindEvents(Events("kill"), "generation", {{"world", "3"}, {"step", "7"}});
-  ASSERT_EQ(next.size(), 1u) << Slurp(dir_ + "/kill/logs/events.log");
-  EXPECT_FALSE(absl::StrContains(next[0].Field("workers"), fired[0].child))
-      << Slurp(dir_ + "/kill/logs/events.log");
-  EXPECT_EQ(r.report.world, kHosts - 1) << r.output;
-  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
-  EXPECT_EQ(r.report.crc, OneHostCrc()) << r.output;
-  ExpectExactlyOnce("kill");
+  ASSERT_EQ(next.size(), 1u) << Logs();
+  EXPECT_FALSE(absl::StrContains(next[0].Field("workers"), fired[0].child)) << Logs();
 }
 
 TEST_F(MultihostTest, AHostThatLosesPowerIsLeftBehind) {
-  pid_t job = StartJob("plug", {});
-  const auto until = std::chrono::steady_clock::now() + seconds(120);
-  while (Commits("plug") < 3 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_GE(Commits("plug"), 3) << Slurp(dir_ + "/plug/out.txt") << Logs();
-  // Every process of h3 (its node agent and worker) dies at once.
-  absl::Status pulled = lab_.PullPlug(Host(3));
-  ASSERT_TRUE(pulled.ok()) << pulled;
-  JobRun r = Finish("plug", job);
-  ASSERT_EQ(r.exit_code, 0) << r.output << Logs();
-  EXPECT_EQ(r.report.world, kHosts - 1) << r.output;
-  EXPECT_EQ(r.report.crc, OneHostCrc()) << r.output;
-  ExpectExactlyOnce("plug");
+  ExpectFinished("plug", PullPlugsMidRun("plug", {3}), kHosts - 1, -1);
   // The head saw the node go.
-  bool node_dead = false;
-  for (const SupervisionEvent& e : FindEvents(Events("plug"), "process_exit")) {
-    node_dead |= e.child == Host(3);
-  }
-  EXPECT_TRUE(node_dead) << Slurp(dir_ + "/plug/logs/events.log");
+  EXPECT_TRUE(HasEvent("plug", "process_exit", {{"child", Host(3)}})) << Logs();
+}
+
+TEST_F(MultihostTest, TwoHostsThatLosePowerAtOnceAreLeftBehind) {
+  ExpectFinished("plug2", PullPlugsMidRun("plug2", {2, 4}), kHosts - 2, -1);
+}
+
+TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {
+  ExpectFinished("stop", RunWithChaos("stop", "stop-worker@7"), kHosts - 1, 0);
+  EXPECT_TRUE(HasEvent("stop", "fault_fired", {{"kind", "stop-worker"}})) << Logs();
+}
+
+TEST_F(MultihostTest, SigtermDrainsOneHostAtAStepBoundary) {
+  ExpectFinished("drain", RunWithChaos("drain", "sigterm-node@6"), kHosts - 1, 0);
+  EXPECT_TRUE(HasEvent("drain", "generation", {{"trigger", "drain"}, {"world", "3"}})) << Logs();
+}
+
+TEST_F(MultihostTest, KilledCoordinatorIsRestartedOnAnotherHost) {
+  // On a running cluster the coordinator shares a worker with a rank: that rank goes with it.
+  ExpectFinished("coord", RunWithChaos("coord", "kill-coordinator@6"), kHosts - 1, 0);
+  EXPECT_TRUE(HasEvent("coord", "coordinator_restarted", {{"step", "6"}})) << Logs();
+}
+
+TEST_F(MultihostTest, CrashInACheckpointWriteOnSharedStorageLeavesLatestComplete) {
+  ExpectFinished("ckpt", RunWithChaos("ckpt", "crash-in-checkpoint@10"), -1, -1);
+  EXPECT_TRUE(HasEvent("ckpt", "coordinator_restarted", {{"checkpoint_step", "5"}})) << Logs();
+}
+
+TEST_F(MultihostTest, ShardOwnerAndBuddyOnTwoHostsKilledTogetherRestoreFromDisk) {
+  // Step 10's checkpoint, killed in step 12: two steps are trained again (and served again).
+  ExpectFinished("both", RunWithChaos("both", "kill-shard-and-buddy@12"), -1, 2,
+                 /*exactly_once=*/false);
+  EXPECT_TRUE(HasEvent("both", "generation", {{"source", "checkpoint"}, {"step", "10"}})) << Logs();
 }
 
 }  // namespace
