@@ -12,6 +12,12 @@
 
 namespace troupe::collectives {
 
+namespace {
+std::string Key(const std::string& prefix, int rank) {
+  return absl::StrCat(prefix, "/live/", rank);
+}
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
                                                           const std::string& prefix, int rank,
                                                           int size, const std::string& address,
@@ -25,61 +31,11 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   int port = 0;
   auto lfd = net::Listen(address, 0, &port);
   if (!lfd.ok()) return lfd.status();
-  auto key = [&](int r) { return absl::StrCat(prefix, "/live/", r); };
-  absl::Status st = boot->Publish(key(rank), absl::StrCat(address, " ", port, " ", getpid()));
+  absl::Status st =
+      boot->Publish(Key(prefix, rank), absl::StrCat(address, " ", port, " ", getpid()));
   // Connect to lower ranks, accept from higher ones; the first 8 bytes name (rank, pid).
-  for (int j = 0; st.ok() && j < rank; ++j) {
-    auto v = boot->Lookup(key(j), deadline);
-    if (!v.ok()) {
-      st = v.status();
-      break;
-    }
-    char peer_address[64] = {};
-    int peer_port = 0, peer_pid = 0;
-    if (std::sscanf(v->c_str(), "%63s %d %d", peer_address, &peer_port, &peer_pid) != 3) {
-      st = absl::DataLossError(
-          absl::StrCat("liveness: rank ", j, " published '", *v, "', expected 'ADDRESS PORT PID'"));
-      break;
-    }
-    auto fd = net::Connect(peer_address, peer_port, deadline);
-    if (!fd.ok()) {
-      st = absl::Status(fd.status().code(),
-                        absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
-                                     ") unreachable: ", fd.status().message()));
-      break;
-    }
-    int32_t hello[2] = {rank, static_cast<int32_t>(getpid())};
-    st = net::WriteFull(*fd, hello, sizeof(hello));
-    l->peers_[j].fd = *fd;
-    l->peers_[j].pid = peer_pid;
-  }
-  for (int k = rank + 1; st.ok() && k < size; ++k) {
-    auto fd = net::Accept(*lfd, deadline);
-    if (!fd.ok()) {
-      // Name the peers that never connected, with the addresses they published (if any).
-      std::string missing;
-      for (int m = rank + 1; m < size; ++m) {
-        if (l->peers_[m].fd >= 0) continue;
-        auto v = boot->Lookup(key(m), absl::Now() + absl::Milliseconds(100));
-        absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", m, " (",
-                        v.ok() ? *v : "published nothing", ")");
-      }
-      st = absl::Status(fd.status().code(),
-                        absl::StrCat(fd.status().message(), "; never connected: ", missing));
-      break;
-    }
-    int32_t hello[2];
-    st = net::ReadFull(*fd, hello, sizeof(hello), deadline);
-    if (st.ok() && (hello[0] <= rank || hello[0] >= size || l->peers_[hello[0]].fd >= 0)) {
-      st = absl::DataLossError(absl::StrCat("liveness: unexpected hello from rank ", hello[0]));
-    }
-    if (!st.ok()) {
-      close(*fd);
-      break;
-    }
-    l->peers_[hello[0]].fd = *fd;
-    l->peers_[hello[0]].pid = hello[1];
-  }
+  if (st.ok()) st = l->ConnectToLower(boot, prefix, deadline);
+  if (st.ok()) st = l->AcceptFromHigher(*lfd, boot, prefix, deadline);
   close(*lfd);
   if (!st.ok()) {
     for (auto& p : l->peers_) {
@@ -93,6 +49,63 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   for (auto& p : l->peers_) p.last_heard = now;
   l->thread_ = std::thread([raw = l.get()] { raw->Loop(); });
   return l;
+}
+
+absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix,
+                                      absl::Time deadline) {
+  for (int j = 0; j < rank_; ++j) {
+    auto v = boot->Lookup(Key(prefix, j), deadline);
+    if (!v.ok()) return v.status();
+    char peer_address[64] = {};
+    int peer_port = 0, peer_pid = 0;
+    if (std::sscanf(v->c_str(), "%63s %d %d", peer_address, &peer_port, &peer_pid) != 3) {
+      return absl::DataLossError(
+          absl::StrCat("liveness: rank ", j, " published '", *v, "', expected 'ADDRESS PORT PID'"));
+    }
+    auto fd = net::Connect(peer_address, peer_port, deadline);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(),
+                          absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
+                                       ") unreachable: ", fd.status().message()));
+    }
+    peers_[j].fd = *fd;
+    peers_[j].pid = peer_pid;
+    int32_t hello[2] = {rank_, static_cast<int32_t>(getpid())};
+    if (absl::Status st = net::WriteFull(*fd, hello, sizeof(hello)); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Liveness::AcceptFromHigher(int listen_fd, Bootstrap* boot, const std::string& prefix,
+                                        absl::Time deadline) {
+  const int size = static_cast<int>(peers_.size());
+  for (int k = rank_ + 1; k < size; ++k) {
+    auto fd = net::Accept(listen_fd, deadline);
+    if (!fd.ok()) {
+      // Name the peers that never connected, with the addresses they published (if any).
+      std::string missing;
+      for (int m = rank_ + 1; m < size; ++m) {
+        if (peers_[m].fd >= 0) continue;
+        auto v = boot->Lookup(Key(prefix, m), absl::Now() + absl::Milliseconds(100));
+        absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", m, " (",
+                        v.ok() ? *v : "published nothing", ")");
+      }
+      return absl::Status(fd.status().code(),
+                          absl::StrCat(fd.status().message(), "; never connected: ", missing));
+    }
+    int32_t hello[2];
+    absl::Status st = net::ReadFull(*fd, hello, sizeof(hello), deadline);
+    if (st.ok() && (hello[0] <= rank_ || hello[0] >= size || peers_[hello[0]].fd >= 0)) {
+      st = absl::DataLossError(absl::StrCat("liveness: unexpected hello from rank ", hello[0]));
+    }
+    if (!st.ok()) {
+      close(*fd);
+      return st;
+    }
+    peers_[hello[0]].fd = *fd;
+    peers_[hello[0]].pid = hello[1];
+  }
+  return absl::OkStatus();
 }
 
 Liveness::~Liveness() {

@@ -35,6 +35,11 @@ class Liveness {
  private:
   Liveness() = default;
   void Loop();
+  // Setup: a connection to every lower rank (dialing the address it published), then one from
+  // every higher rank; peers_ holds each fd as soon as it is open.
+  absl::Status ConnectToLower(Bootstrap* boot, const std::string& prefix, absl::Time deadline);
+  absl::Status AcceptFromHigher(int listen_fd, Bootstrap* boot, const std::string& prefix,
+                                absl::Time deadline);
 
   struct Peer {
     int fd = -1;

@@ -582,6 +582,76 @@ absl::StatusOr<std::string> ListenAddress(const UcxOptions& o, bool multi_host) 
 
 }  // namespace
 
+namespace {
+
+// The peers' worker addresses and which lane reaches each.
+struct Peers {
+  std::vector<std::string> addrs;
+  std::vector<UcxTransport::LaneKind> lanes;
+  bool multi_host = false;  // some rank is on another host (then every rank has one)
+};
+
+// Round 1: every rank's host key and shared-memory worker address.
+absl::StatusOr<Peers> ExchangeHostAddresses(UcxTransport& t, Bootstrap* boot, const UcxOptions& o,
+                                            const std::string& prefix, absl::Time deadline) {
+  auto local = t.Address(UcxTransport::kLocal);
+  if (!local.ok()) return local.status();
+  const std::string host = HostKey();
+  if (absl::Status st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), host + "\n" + *local);
+      !st.ok())
+    return st;
+  Peers p;
+  p.addrs.resize(o.size);
+  p.lanes.assign(o.size, UcxTransport::kLocal);
+  for (int j = 0; j < o.size; ++j) {
+    auto a = boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline);
+    if (!a.ok()) return a.status();
+    const size_t nl = a->find('\n');
+    if (nl == std::string::npos) {
+      return absl::DataLossError(absl::StrCat("bootstrap: rank ", j, "'s UCX record has no host"));
+    }
+    if (a->compare(0, nl, host) != 0) {
+      p.lanes[j] = UcxTransport::kRemote;
+      p.multi_host = true;
+    }
+    p.addrs[j] = a->substr(nl + 1);
+  }
+  return p;
+}
+
+// Round 2, between ranks of different hosts only: the network worker, on the interface of
+// `address` unless remote_devices says otherwise, and its address.
+absl::Status ExchangeNetworkAddresses(UcxTransport& t, Bootstrap* boot, const UcxOptions& o,
+                                      const std::string& prefix, const std::string& address,
+                                      absl::Time deadline, Peers& p) {
+  std::string devices = o.remote_devices;
+  if (devices.empty()) {
+    auto dev = net::InterfaceOf(address);
+    if (!dev.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("UcxOptions.address: ", address,
+                       " is not an address of this host: ", dev.status().message()));
+    }
+    devices = *dev;
+  }
+  const std::string tls =
+      o.remote_transports.empty() ? kDefaultRemoteUcxTransports : o.remote_transports;
+  if (absl::Status st = t.Open(UcxTransport::kRemote, tls, devices); !st.ok()) return st;
+  auto remote = t.Address(UcxTransport::kRemote);
+  if (!remote.ok()) return remote.status();
+  if (absl::Status st = boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), *remote); !st.ok())
+    return st;
+  for (int j = 0; j < o.size; ++j) {
+    if (p.lanes[j] != UcxTransport::kRemote) continue;
+    auto a = boot->Lookup(absl::StrCat(prefix, "/ucx-net/", j), deadline);
+    if (!a.ok()) return a.status();
+    p.addrs[j] = *a;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* boot,
                                                                     const UcxOptions& o) {
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size || o.size > 65535) {
@@ -592,65 +662,20 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   const absl::Time deadline = absl::Now() + o.connect_timeout;
   const std::string prefix = absl::StrCat(o.key_prefix, "/g", o.generation);
   auto t = std::make_unique<UcxTransport>(o.rank, o.size);
-  if (auto st = t->Init(o); !st.ok()) return st;
-  // Round 1: every rank's host key and shared-memory worker address.
-  auto local = t->Address(UcxTransport::kLocal);
-  if (!local.ok()) return local.status();
-  const std::string host = HostKey();
-  if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), host + "\n" + *local);
-      !st.ok()) {
-    return st;
-  }
-  std::vector<std::string> addrs(o.size);
-  std::vector<UcxTransport::LaneKind> lanes(o.size, UcxTransport::kLocal);
-  bool multi_host = false;
-  for (int j = 0; j < o.size; ++j) {
-    auto a = boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline);
-    if (!a.ok()) return a.status();
-    const size_t nl = a->find('\n');
-    if (nl == std::string::npos) {
-      return absl::DataLossError(absl::StrCat("bootstrap: rank ", j, "'s UCX record has no host"));
-    }
-    if (a->compare(0, nl, host) != 0) {
-      lanes[j] = UcxTransport::kRemote;
-      multi_host = true;
-    }
-    addrs[j] = a->substr(nl + 1);
-  }
-  auto address = ListenAddress(o, multi_host);
+  if (absl::Status st = t->Init(o); !st.ok()) return st;
+  absl::StatusOr<Peers> peers = ExchangeHostAddresses(*t, boot, o, prefix, deadline);
+  if (!peers.ok()) return peers.status();
+  auto address = ListenAddress(o, peers->multi_host);
   if (!address.ok()) return address.status();
-  // Round 2, between ranks of different hosts only: the network worker's address.
-  if (multi_host) {
-    std::string devices = o.remote_devices;
-    if (devices.empty()) {
-      auto dev = net::InterfaceOf(*address);
-      if (!dev.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("UcxOptions.address: ", *address,
-                         " is not an address of this host: ", dev.status().message()));
-      }
-      devices = *dev;
-    }
-    const std::string tls =
-        o.remote_transports.empty() ? kDefaultRemoteUcxTransports : o.remote_transports;
-    if (auto st = t->Open(UcxTransport::kRemote, tls, devices); !st.ok()) return st;
-    auto remote = t->Address(UcxTransport::kRemote);
-    if (!remote.ok()) return remote.status();
-    if (auto st = boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), *remote); !st.ok()) {
+  if (peers->multi_host) {
+    if (absl::Status st = ExchangeNetworkAddresses(*t, boot, o, prefix, *address, deadline, *peers);
+        !st.ok())
       return st;
-    }
-    for (int j = 0; j < o.size; ++j) {
-      if (lanes[j] != UcxTransport::kRemote) continue;
-      auto a = boot->Lookup(absl::StrCat(prefix, "/ucx-net/", j), deadline);
-      if (!a.ok()) return a.status();
-      addrs[j] = *a;
-    }
   }
-  if (auto st = t->Connect(addrs, lanes); !st.ok()) return st;
-  // Single copy needs every rank on this host (every rank agrees: a world on several hosts has a
-  // rank of another host for every rank).
-  if (o.single_copy && !multi_host) {
-    if (auto st = t->ProbeSingleCopy(boot, prefix, deadline); !st.ok()) return st;
+  if (absl::Status st = t->Connect(peers->addrs, peers->lanes); !st.ok()) return st;
+  // Single copy needs every rank on this host.
+  if (o.single_copy && !peers->multi_host) {
+    if (absl::Status st = t->ProbeSingleCopy(boot, prefix, deadline); !st.ok()) return st;
   }
   auto engine = std::make_unique<UcxEngine>(std::move(t), o.generation);
   Liveness::Options lo;

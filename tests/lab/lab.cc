@@ -248,6 +248,32 @@ absl::Status Lab::PullPlug(const std::string& host) {
   return absl::DeadlineExceededError(absl::StrCat(host, "'s init outlived SIGKILL for 5 s"));
 }
 
+namespace {
+
+absl::Status RunLabScript(const std::vector<std::string>& argv) {
+  std::vector<std::string> full = {TROUPE_LAB_SCRIPT};
+  full.insert(full.end(), argv.begin(), argv.end());
+  auto r = RunHere(full);
+  if (!r.ok()) return r.status();
+  if (r->exit_code != 0) {
+    return absl::InternalError(
+        absl::StrCat("scripts/lab ", absl::StrJoin(argv, " "), ": ", r->output));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Lab::Cut(const std::string& host, const std::string& direction) {
+  if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
+  return RunLabScript({"cut", host, direction});
+}
+
+absl::Status Lab::Heal(const std::string& host) {
+  if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
+  return RunLabScript({"heal", host});
+}
+
 std::string Lab::Address(const std::string& host) const {
   const LabHost* h = Find(host);
   return h ? h->address : std::string();

@@ -65,6 +65,11 @@ class Lab {
   // the init is gone.
   [[nodiscard]] absl::Status PullPlug(const std::string& host);
 
+  // Partitions `host` on the router: drops what reaches it ("in"), what it sends ("out"), or
+  // both; Heal removes the cut. Down() removes any cut with the router.
+  [[nodiscard]] absl::Status Cut(const std::string& host, const std::string& direction = "both");
+  [[nodiscard]] absl::Status Heal(const std::string& host);
+
   const std::string& name() const { return name_; }
   const std::vector<LabHost>& hosts() const { return hosts_; }
   // Address of `host`; empty if there is no such host.

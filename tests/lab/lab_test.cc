@@ -160,6 +160,28 @@ void ExpectRoutedPings(Lab& lab) {
   }
 }
 
+// A cut host is unreachable both ways until healed; a one-way cut drops only one direction
+// (seen in the router's counters); the cut leaves every other pair alone.
+void ExpectCutAndHeal(Lab& lab) {
+  const std::string ping = "ping -n -c 3 -i 0.05 -W 1 ";
+  ASSERT_TRUE(lab.Cut(kH2).ok());
+  EXPECT_NE(ExitCode(lab, kH1, ping + lab.Address(kH2)), 0) << "h1 still reaches a cut h2";
+  EXPECT_NE(ExitCode(lab, kH2, ping + lab.Address(kH3)), 0) << "a cut h2 still reaches h3";
+  EXPECT_EQ(ExitCode(lab, kH1, ping + lab.Address(kH3)), 0) << "h1-h3 suffers from h2's cut";
+  ASSERT_TRUE(lab.Heal(kH2).ok());
+  EXPECT_EQ(ExitCode(lab, kH1, ping + lab.Address(kH2)), 0) << "h2 still cut after heal";
+  // One way: requests reach h3, its replies do not.
+  ASSERT_TRUE(lab.Cut(kH3, "out").ok());
+  EXPECT_NE(ExitCode(lab, kH1, ping + lab.Address(kH3)), 0);
+  auto rules = RunHere({"ip", "netns", "exec", absl::StrCat(kLab, "-router"), "iptables", "-w",
+                        "-L", "FORWARD", "-v", "-n", "-x"});
+  ASSERT_TRUE(rules.ok());
+  EXPECT_TRUE(absl::StrContains(rules->output, absl::StrCat(kH3, " "))) << rules->output;
+  ASSERT_TRUE(lab.Heal(kH3).ok());
+  EXPECT_EQ(ExitCode(lab, kH1, ping + lab.Address(kH3)), 0);
+  EXPECT_FALSE(lab.Cut(kH1, "sideways").ok()) << "a bad direction is refused";
+}
+
 // The shared directory is the same, and writable, on every host and on the machine.
 void ExpectSharedDir(Lab& lab) {
   const std::string& dir = lab.shared_dir();
@@ -308,6 +330,7 @@ TEST(LabTest, HostsShareOnlyTheNetwork) {
   ExpectPrivateSysV(lab);
   ExpectPrivatePids(lab);
   ExpectRoutedPings(lab);
+  ExpectCutAndHeal(lab);
   ExpectSharedDir(lab);
   ExpectUcxLanesPerPeer(lab);
   DownAndExpectNothingLeft(lab);

@@ -198,19 +198,36 @@ class MultihostTest : public ::testing::Test {
     return Finish(name, StartJob(name, {"--chaos", chaos}));
   }
 
-  // Starts job `name`, and once 3 steps are committed kills every process of `hosts` at once.
-  JobRun PullPlugsMidRun(const std::string& name, const std::vector<int>& hosts) {
+  // Starts job `name` and returns once 3 steps are committed.
+  pid_t StartAndWaitForCommits(const std::string& name) {
     pid_t job = StartJob(name, {});
     const auto until = std::chrono::steady_clock::now() + seconds(120);
     while (Commits(name) < 3 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     EXPECT_GE(Commits(name), 3) << Slurp(dir_ + "/" + name + "/out.txt") << Logs();
+    return job;
+  }
+
+  // Starts job `name`, and once 3 steps are committed kills every process of `hosts` at once.
+  JobRun PullPlugsMidRun(const std::string& name, const std::vector<int>& hosts) {
+    pid_t job = StartAndWaitForCommits(name);
     for (int h : hosts) {
       absl::Status pulled = lab_.PullPlug(Host(h));
       EXPECT_TRUE(pulled.ok()) << pulled;
     }
     return Finish(name, job);
+  }
+
+  // The host (1..kHosts) whose worker runs job `name`'s first coordinator (its job supervisor's
+  // first start event says where).
+  int CoordinatorHost(const std::string& name) {
+    for (const SupervisionEvent& e : FindEvents(Events(name), "start")) {
+      for (int i = 1; i <= kHosts; ++i) {
+        if (absl::StrContains(e.decision, Host(i) + "/")) return i;
+      }
+    }
+    return 0;
   }
 
   // The job ended well: exit 0, every step, the one-host weights, on `world` workers and with
@@ -258,6 +275,26 @@ TEST_F(MultihostTest, AHostThatLosesPowerIsLeftBehind) {
 
 TEST_F(MultihostTest, TwoHostsThatLosePowerAtOnceAreLeftBehind) {
   ExpectFinished("plug2", PullPlugsMidRun("plug2", {2, 4}), kHosts - 2, -1);
+}
+
+// A host cut off both ways (no FIN, no RST: its packets vanish) is a silent one: its worker is
+// declared dead for missed heartbeats and the job goes on without it, with the same weights.
+TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehind) {
+  pid_t job = StartAndWaitForCommits("cut");
+  const int coordinator = CoordinatorHost("cut");
+  ASSERT_GT(coordinator, 0) << Logs();
+  // Not the head's host (h1), not the coordinator's.
+  const int victim = coordinator == kHosts ? kHosts - 1 : kHosts;
+  ASSERT_TRUE(lab_.Cut(Host(victim)).ok());
+  JobRun r = Finish("cut", job);
+  ExpectFinished("cut", r, kHosts - 1, -1);
+  // Its worker was declared dead for its (or its node's) missed heartbeats.
+  bool silent = false;
+  for (const SupervisionEvent& e :
+       FindEvents(Events("cut"), "process_exit", {{"child", Host(victim) + "/w0"}})) {
+    silent |= absl::StrContains(e.reason, "no heartbeat");
+  }
+  EXPECT_TRUE(silent) << Logs();
 }
 
 TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {
