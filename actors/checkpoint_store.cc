@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +17,7 @@ namespace {
 
 constexpr char kManifestName[] = "manifest.bin";
 constexpr char kLatestName[] = "LATEST";
+constexpr char kFenceName[] = "FENCE";
 constexpr char kStepPrefix[] = "step-";
 constexpr size_t kIoChunk = size_t{4} << 20;
 
@@ -119,6 +121,9 @@ absl::StatusOr<ShardFileInfo> CheckpointStore::WriteShard(int64_t step, int inde
                      "neither moments, got [",
                      shard.begin, ", ", shard.end, ")"));
   }
+  if (absl::Status s = CheckFence(absl::StrCat("shard ", index, " of step ", step)); !s.ok()) {
+    return s;
+  }
   const std::string dir = StepDir(step);
   if (absl::Status s = fs_->CreateDir(dir); !s.ok()) return s;
   ShardFileInfo info;
@@ -155,6 +160,9 @@ absl::Status CheckpointStore::Commit(const CheckpointManifest& manifest) {
   const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
   if (absl::Status s = ValidateManifest(manifest, manifest_path); !s.ok()) {
     return absl::InvalidArgumentError(s.message());
+  }
+  if (absl::Status s = CheckFence(absl::StrCat("the commit of step ", manifest.step)); !s.ok()) {
+    return s;
   }
   if (absl::Status s = WriteFileAtomically(fs_, manifest_path, EncodeManifest(manifest)); !s.ok())
     return s;
@@ -290,6 +298,49 @@ absl::StatusOr<Checkpoint> CheckpointStore::Load(int64_t step) {
     }
   }
   return Checkpoint(fs_, dir, *std::move(manifest));
+}
+
+absl::StatusOr<uint64_t> CheckpointStore::ReadFence() {
+  const std::string path = absl::StrCat(options_.dir, "/", kFenceName);
+  if (!fs_->FileExists(path)) return 0;
+  absl::StatusOr<std::string> text = ReadSmallFile(fs_, path, 64);
+  if (!text.ok()) return text.status();
+  uint64_t epoch;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &epoch)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": expected a lease epoch (a decimal number), got \"",
+                     absl::CHexEscape(absl::StripAsciiWhitespace(*text)), "\""));
+  }
+  return epoch;
+}
+
+absl::Status CheckpointStore::CheckFence(const std::string& what) {
+  if (epoch_ == 0) return absl::OkStatus();
+  absl::StatusOr<uint64_t> fence = ReadFence();
+  if (!fence.ok()) return fence.status();
+  if (*fence <= epoch_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint store ", options_.dir, " refuses ", what, " from lease epoch ",
+                   epoch_, ": epoch ", *fence, " has claimed it since (", kFenceName, ")"));
+}
+
+absl::Status CheckpointStore::Claim(uint64_t epoch) {
+  if (epoch == 0) return absl::InvalidArgumentError("Claim: expected a lease epoch > 0, got 0");
+  absl::StatusOr<uint64_t> fence = ReadFence();
+  if (!fence.ok()) return fence.status();
+  if (*fence > epoch) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint store ", options_.dir, " refuses lease epoch ", epoch, ": epoch ",
+                     *fence, " has claimed it (", kFenceName, ")"));
+  }
+  if (*fence < epoch) {
+    const std::string path = absl::StrCat(options_.dir, "/", kFenceName);
+    if (absl::Status s = WriteFileAtomically(fs_, path, absl::StrCat(epoch, "\n")); !s.ok())
+      return s;
+    if (absl::Status s = fs_->SyncDir(options_.dir); !s.ok()) return s;
+  }
+  epoch_ = epoch;
+  return absl::OkStatus();
 }
 
 int64_t CheckpointStore::ReadLatestStep() {

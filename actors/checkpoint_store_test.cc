@@ -258,5 +258,51 @@ TEST(CheckpointStoreTest, RejectsBadInput) {
   EXPECT_EQ(f.store->LoadLatestValid().status().code(), absl::StatusCode::kNotFound);
 }
 
+// Split brain: two coordinators' store handles on one directory, the second under a later lease
+// epoch. Once it has claimed the store, the first can neither write a shard nor move LATEST.
+TEST(CheckpointStoreTest, AStaleLeaseEpochCanNeitherWriteNorCommit) {
+  Fixture old_side;
+  ASSERT_TRUE(old_side.store->Claim(5).ok());
+  const State state = MakeState(kN, 1);
+  ASSERT_TRUE(old_side.store->Write(Meta(kN, 10, 1), SplitEven(state, 1)).ok());
+  CheckpointStoreOptions options;
+  options.dir = "ckpt";
+  options.fs = &old_side.fs;
+  absl::StatusOr<std::unique_ptr<CheckpointStore>> new_side = CheckpointStore::Open(options);
+  ASSERT_TRUE(new_side.ok()) << new_side.status();
+  ASSERT_TRUE((*new_side)->Claim(7).ok());
+  EXPECT_EQ(*ReadSmallFile(&old_side.fs, "ckpt/FENCE", 64), "7\n");
+
+  const absl::Status commit = old_side.store->Write(Meta(kN, 20, 1), SplitEven(state, 1));
+  EXPECT_EQ(commit.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(commit.message(),
+            "checkpoint store ckpt refuses shard 0 of step 20 from lease epoch 5: epoch 7 has "
+            "claimed it since (FENCE)");
+  absl::StatusOr<ShardFileInfo> shard = (*new_side)->WriteShard(20, 0, SplitEven(state, 1)[0]);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  CheckpointManifest m = Meta(kN, 20, 1);
+  m.shards = {*shard};
+  const absl::Status publish = old_side.store->Commit(m);
+  EXPECT_EQ(publish.code(), absl::StatusCode::kFailedPrecondition) << publish;
+  EXPECT_NE(publish.message().find("the commit of step 20 from lease epoch 5"), std::string::npos)
+      << publish;
+  EXPECT_EQ(old_side.store->LoadLatestValid()->step(), 10);  // LATEST did not move
+  // The stale side cannot claim back, and a claim never lowers FENCE.
+  EXPECT_EQ(old_side.store->Claim(6).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*ReadSmallFile(&old_side.fs, "ckpt/FENCE", 64), "7\n");
+  // The current epoch commits.
+  ASSERT_TRUE((*new_side)->Commit(m).ok());
+  EXPECT_EQ((*new_side)->LoadLatestValid()->step(), 20);
+  // A handle that never claimed (no cluster, no lease) does not check.
+  old_side.Reopen();
+  EXPECT_TRUE(old_side.store->Write(Meta(kN, 30, 1), SplitEven(state, 1)).ok());
+  // An unreadable FENCE is reported, naming the file, not read as "no fence".
+  ASSERT_TRUE(old_side.fs.PutFile("ckpt/FENCE", "seven").ok());
+  const absl::Status bad = (*new_side)->Claim(8);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(bad.message(), "ckpt/FENCE: expected a lease epoch (a decimal number), got \"seven\"");
+  EXPECT_EQ(old_side.store->Claim(0).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace troupe::actors

@@ -5,9 +5,18 @@
 // checkpoint manifests, chaos, and the job's event log (job_events.h): every decision is an event
 // there and, as a line made from that event, on the driver's terminal. It runs in a worker process
 // under the driver's job supervisor; a restarted one resumes from the record.
+//
+// No split brain: what outlives this incarnation (the record, a rank's configure and commit, a
+// checkpoint named in LATEST, the step log, the report) is done only under the head's lease on
+// this actor's name (lease_atom in troupe/runtime/cluster.h). Such an action waits, with every
+// action after it, until the lease is held; a coordinator that the head refuses, or cannot renew
+// in kLeaseWait, logs lease_lost and quits having done none of them. The lease's epoch claims the
+// checkpoint store (CheckpointStore::Claim) and travels in each plan, so the store refuses a
+// write of an incarnation that an epoch after it has replaced.
 #include <signal.h>
 #include <unistd.h>
 
+#include <deque>
 #include <fstream>
 #include <map>
 
@@ -33,6 +42,25 @@ namespace {
 
 using Kind = CoordinatorAction::Kind;
 using timer_atom = caf::atom_constant<caf::atom("tr_timer")>;
+using lease_tick_atom = caf::atom_constant<caf::atom("tr_leasetk")>;
+
+// How long actions may wait for the lease before this incarnation gives up on it.
+constexpr std::chrono::seconds kLeaseWait{3};
+
+// Actions whose effects outlive this incarnation: carried out only under the lease.
+bool NeedsLease(CoordinatorAction::Kind k) {
+  switch (k) {
+    case CoordinatorAction::Kind::kSaveRecord:
+    case CoordinatorAction::Kind::kConfigure:
+    case CoordinatorAction::Kind::kCommit:
+    case CoordinatorAction::Kind::kCheckpoint:
+    case CoordinatorAction::Kind::kCommitted:
+    case CoordinatorAction::Kind::kFinish:
+      return true;
+    default:
+      return false;
+  }
+}
 
 struct Rank {
   caf::actor handle;
@@ -41,7 +69,8 @@ struct Rank {
 
 class Coordinator {
  public:
-  Coordinator(caf::event_based_actor* self, caf::actor driver) : self_(self), driver_(driver) {}
+  Coordinator(caf::event_based_actor* self, std::string name, caf::actor driver)
+      : self_(self), name_(std::move(name)), driver_(driver) {}
 
   // Parses the job, opens the store, builds the core and loads the record.
   absl::Status Init(const std::string& spec_text);
@@ -74,8 +103,16 @@ class Coordinator {
     if (it != ranks_.end()) self_->send(it->second.handle, std::move(m));
   }
 
+  // Queues the core's actions (ahead of the rest when called from inside an action) and carries
+  // out as many as the lease allows.
   void Execute(std::vector<CoordinatorAction> actions);
+  void RunQueued();
   void Do(const CoordinatorAction& a);
+  bool LeaseHeld() const { return epoch_ != 0 && Now() < lease_until_; }
+  void RenewLease();
+  void OnLease(uint64_t epoch, std::chrono::milliseconds length, CoreTime sent);
+  void LeaseTick();
+  void LoseLease(const std::string& why);
   void CommitCheckpoint(const CoordinatorAction& a);
   void PreemptNode(const std::string& worker);
   void Committed(const CoordinatorAction& a);
@@ -86,8 +123,9 @@ class Coordinator {
   void HandleMembership(const runtime::MembershipEvent& e);
 
   caf::event_based_actor* self_;
-  caf::actor driver_;  // prints our lines, receives the report, relays joins and membership
-  caf::actor head_;    // rank handles are looked up here (see runtime::directory_lookup_atom)
+  const std::string name_;  // in the head's directory: what the lease is on
+  caf::actor driver_;       // prints our lines, receives the report, relays joins and membership
+  caf::actor head_;         // rank handles are looked up here (see runtime::directory_lookup_atom)
   JobSpec spec_;
   int64_t num_params_ = 0;
   int64_t tokens_per_microbatch_ = 0;
@@ -104,6 +142,13 @@ class Coordinator {
   JobReport report_;
   std::map<std::string, std::string> kv_;  // the collectives bootstrap of this generation
   bool stopped_ = false;
+  std::deque<CoordinatorAction> queue_;  // the core's actions not yet carried out, in order
+  int depth_ = 0;                        // > 0 while an action is being carried out
+  uint64_t epoch_ = 0;                   // the lease's; 0 until the first grant
+  CoreTime lease_until_{};               // from when the granting request was sent
+  std::chrono::milliseconds lease_length_{0};
+  bool lease_asked_ = false;
+  std::optional<CoreTime> waiting_since_;  // queue_'s head has waited for the lease since
 };
 
 absl::Status Coordinator::Init(const std::string& spec_text) {
@@ -161,10 +206,88 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
 }
 
 void Coordinator::Execute(std::vector<CoordinatorAction> actions) {
-  for (const CoordinatorAction& a : actions) {
-    if (stopped_) return;
+  // From inside an action (a checkpoint's outcome), its consequences come before what followed it.
+  queue_.insert(depth_ > 0 ? queue_.begin() : queue_.end(),
+                std::make_move_iterator(actions.begin()), std::make_move_iterator(actions.end()));
+  RunQueued();
+}
+
+void Coordinator::RunQueued() {
+  while (!queue_.empty() && !stopped_) {
+    if (NeedsLease(queue_.front().kind) && !LeaseHeld()) {
+      if (!waiting_since_) waiting_since_ = Now();
+      return RenewLease();
+    }
+    waiting_since_.reset();
+    CoordinatorAction a = std::move(queue_.front());
+    queue_.pop_front();
+    ++depth_;
     Do(a);
+    --depth_;
   }
+}
+
+void Coordinator::RenewLease() {
+  if (lease_asked_ || stopped_ || !head_) return;
+  lease_asked_ = true;
+  const CoreTime sent = Now();
+  self_->request(head_, Rpc(), runtime::lease_atom::value, name_)
+      .then(
+          [this, sent](uint64_t epoch, int64_t ms) {
+            lease_asked_ = false;
+            OnLease(epoch, std::chrono::milliseconds(ms), sent);
+          },
+          [this](caf::error& e) {
+            lease_asked_ = false;
+            const absl::Status s = runtime::ErrorToStatus(e, "head");
+            // Another incarnation's lease still runs (Unavailable) or no answer: the tick asks
+            // again. Refused for good: this incarnation has been replaced.
+            if (s.code() == absl::StatusCode::kFailedPrecondition) LoseLease(s.ToString());
+          });
+}
+
+void Coordinator::OnLease(uint64_t epoch, std::chrono::milliseconds length, CoreTime sent) {
+  if (stopped_) return;
+  if (epoch != epoch_) {
+    if (absl::Status s = store_->Claim(epoch); !s.ok()) return LoseLease(s.ToString());
+    epoch_ = epoch;
+  }
+  lease_length_ = length;
+  lease_until_ = sent + length;
+  RunQueued();
+}
+
+// Renews the lease a few times per length, so actions rarely wait for it. Without it for longer
+// than kLeaseWait (actions waiting for a first grant, or a lease run out unrenewed: the head is
+// out of reach), this incarnation stops: whoever can still reach the head takes over.
+void Coordinator::LeaseTick() {
+  if (stopped_) return;
+  std::optional<CoreTime> without = waiting_since_;
+  if (epoch_ != 0 && !LeaseHeld()) {
+    without = without ? std::min(*without, lease_until_) : lease_until_;
+  }
+  if (without && Now() - *without > kLeaseWait) {
+    return LoseLease(absl::StrCat("the head did not grant or renew it within ",
+                                  absl::FormatDuration(absl::FromChrono(kLeaseWait))));
+  }
+  RenewLease();
+  const auto every = std::max(lease_length_ / 4, std::chrono::milliseconds(20));
+  self_->delayed_send(self_, lease_length_.count() > 0 ? every : std::chrono::milliseconds(50),
+                      lease_tick_atom::value);
+}
+
+void Coordinator::LoseLease(const std::string& why) {
+  if (stopped_) return;
+  runtime::SupervisionEvent e = JobEvent("lease_lost", "coordinator");
+  e.generation = core_->generation();
+  e.pid = getpid();
+  e.Set("epoch", static_cast<int64_t>(epoch_)).Set("held", static_cast<int64_t>(queue_.size()));
+  e.reason = why;
+  LogEvent(std::move(e));
+  stopped_ = true;
+  queue_.clear();
+  // An error exit: a supervisor that can still see this incarnation starts another.
+  self_->quit(runtime::StatusToError(absl::AbortedError("coordinator lost its lease: " + why)));
 }
 
 void Coordinator::Do(const CoordinatorAction& a) {
@@ -177,11 +300,14 @@ void Coordinator::Do(const CoordinatorAction& a) {
       return;
     case Kind::kAbort:
       return Send(a.worker, caf::make_message(AbortBelow{a.generation}));
-    case Kind::kConfigure:
+    case Kind::kConfigure: {
       stepping_ = false;
       if (a.plan.rank == 0) kv_.clear();  // keys name their generation; older ones are dead
-      return Send(a.worker, caf::make_message(ConfigureRank{a.generation, a.plan,
+      GenerationPlan plan = a.plan;
+      plan.epoch = epoch_;
+      return Send(a.worker, caf::make_message(ConfigureRank{a.generation, plan,
                                                             caf::actor_cast<caf::actor>(self_)}));
+    }
     case Kind::kStep:
       if (!stepping_) step_start_ = absl::Now();
       stepping_ = true;
@@ -370,6 +496,9 @@ void Coordinator::HandleMembership(const runtime::MembershipEvent& e) {
     case runtime::MembershipKind::kNodeDead:
       Execute(core_->OnNodeDead(e.subject, Now()));
       break;
+    case runtime::MembershipKind::kNodeAlive:
+      Execute(core_->OnNodeAlive(e.subject, Now()));
+      break;
     case runtime::MembershipKind::kActorHung:
       for (const auto& [w, r] : ranks_) {
         if (e.detail.find(w) != std::string::npos) {
@@ -384,6 +513,7 @@ void Coordinator::HandleMembership(const runtime::MembershipEvent& e) {
 
 caf::behavior Coordinator::Behavior() {
   self_->send(driver_, CoordinatorHello{caf::actor_cast<caf::actor>(self_)});
+  LeaseTick();  // asks the head for the lease once the driver has named it (KnownRanks)
   self_->set_down_handler([this](caf::down_msg& m) {
     for (const auto& [w, r] : ranks_) {
       if (r.handle.address() == m.source) {
@@ -396,6 +526,7 @@ caf::behavior Coordinator::Behavior() {
   return {
       [this](const KnownRanks& k) {
         head_ = k.head;
+        RenewLease();
         // Subscribe, then read the table, both from this actor: CAF keeps their order, so no
         // membership event falls between the two (a restarted coordinator misses no death).
         self_->send(head_, runtime::membership_subscribe_atom::value,
@@ -439,6 +570,7 @@ caf::behavior Coordinator::Behavior() {
         Execute(core_->OnFinal(m.generation, m.crc, m.num_params, m.steps, Now()));
       },
       [this](timer_atom, uint64_t timer) { Execute(core_->OnTimer(timer, Now())); },
+      [this](lease_tick_atom) { LeaseTick(); },
       [this](put_atom, const std::string& key, const std::string& value) {
         kv_[key] = value;
         return true;
@@ -453,7 +585,7 @@ caf::behavior Coordinator::Behavior() {
 
 caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_text,
                                const caf::actor& driver) {
-  auto c = std::make_shared<Coordinator>(self, driver);
+  auto c = std::make_shared<Coordinator>(self, self->actor_name(), driver);
   if (absl::Status init = c->Init(spec_text); !init.ok()) {
     self->send(driver, JobFailed{WireStatus::From(init)});
     self->quit(runtime::StatusToError(init));

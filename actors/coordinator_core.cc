@@ -234,6 +234,11 @@ std::vector<CoordinatorAction> CoordinatorCore::OnNodeDead(const std::string& no
   return out;
 }
 
+std::vector<CoordinatorAction> CoordinatorCore::OnNodeAlive(const std::string& node, CoreTime) {
+  dead_nodes_.erase(node);
+  return {};
+}
+
 // Every worker of `workers` is down: remembered as dead (never planned again), and one new
 // generation if any was in the group.
 void CoordinatorCore::MarkDown(Actions* out, const std::vector<std::string>& workers,

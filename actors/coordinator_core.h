@@ -158,6 +158,9 @@ class CoordinatorCore {
   std::vector<CoordinatorAction> OnNodeDraining(const std::string& node, const std::string& why,
                                                 CoreTime now);
   std::vector<CoordinatorAction> OnNodeDead(const std::string& node, CoreTime now);
+  // A node joined (again, after it was declared dead: a healed partition): workers of it that
+  // join from now on are new members (its old ones stay dead).
+  std::vector<CoordinatorAction> OnNodeAlive(const std::string& node, CoreTime now);
   // The head's table was read after kReadTable (dead: workers it calls dead; empty if unread).
   std::vector<CoordinatorAction> OnTable(uint64_t generation, const std::vector<std::string>& dead,
                                          CoreTime now);

@@ -298,6 +298,29 @@ TEST_F(CoordinatorCoreTest, ANodeThatDiesTakesEveryWorkerOnIt) {
   EXPECT_EQ(core_->record().dead, (std::set<std::string>{"b", "c"}));
 }
 
+TEST_F(CoordinatorCoreTest, ANodeThatJoinsAgainAfterItsDeathBringsNewWorkersNotItsOldOnes) {
+  Make();
+  core_->OnMembershipKnown(2, {}, kT0);
+  core_->OnJoin("a", "n1", kT0);
+  core_->OnJoin("b", "n2", kT0);
+  ConfigureAll();
+  EXPECT_EQ(Str(core_->OnNodeDead("n2", kT0)),
+            "abort(a,g2) event save configure(a,g2,r0/1,s0,memory)");
+  ConfigureAll();
+  // Before the node is back, a join of one of its workers is a join that was under way: dead.
+  EXPECT_EQ(Str(core_->OnJoin("b2", "n2", kT0)), "");
+  EXPECT_EQ(core_->record().dead, (std::set<std::string>{"b", "b2"}));
+  // The partition healed: the node joined again with new workers, folded in at a step boundary.
+  EXPECT_EQ(Str(core_->OnNodeAlive("n2", kT0)), "");
+  EXPECT_EQ(Str(core_->OnJoin("b3", "n2", kT0)), "event");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g2,ck-1) committed(s1,g2,w1) abort(a,g3) abort(b3,g3) event save "
+            "configure(a,g3,r0/2,s1,memory) configure(b3,g3,r1/2,s1,memory)");
+  // Its old workers stay dead, whatever arrives late.
+  EXPECT_EQ(Str(core_->OnJoin("b", "n2", kT0)), "");
+  EXPECT_EQ(core_->record().dead, (std::set<std::string>{"b", "b2"}));
+}
+
 // ---- failures seen by ranks -----------------------------------------------------------------
 
 TEST_F(CoordinatorCoreTest, ARankReportedFailureRegeneratesAfterReadingTheTable) {

@@ -139,6 +139,11 @@ std::string DescribeEvent(const SupervisionEvent& e) {
                         ", generation ", e.generation,
                         "); newest valid checkpoint: ", ckpt.empty() ? e.reason : ckpt);
   }
+  if (n == "lease_lost") {
+    return absl::StrCat("coordinator (pid ", e.pid, ") lost its lease (epoch ", e.Field("epoch"),
+                        "): ", e.reason, "; it stops, ", e.Field("held"),
+                        " actions undone (no record, commit or checkpoint from it)");
+  }
   if (n == "recovered") {
     return absl::StrCat("recovered: ", e.Field("seconds"), " s from the fault (", e.Field("fault"),
                         ") to the commit of step ", e.Field("step"));

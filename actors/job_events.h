@@ -36,6 +36,9 @@
 //   job_failed             the job cannot go on: code (the Status's), reason (its message)
 //   coordinator_restarted  a new coordinator incarnation resumes: pid, step, checkpoint,
 //                          checkpoint_step (the newest valid one; -1 if none)
+//   lease_lost             the coordinator (pid) lost its lease (the head refused it or did not
+//                          renew it in time): epoch, held (actions left undone: nothing more is
+//                          recorded, committed or checkpointed by that incarnation)
 //   recovered              the first commit after a fault: step, seconds (from the newest
 //                          fault_fired's at_ns to the commit), fault (its kind)
 //   process_exit           (runtime/events.h) a process died, as the head saw it

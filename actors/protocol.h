@@ -116,7 +116,7 @@ struct JobFailed {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
   return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.committed_steps,
-           x.source, x.old_to_new, x.checkpoint_step);
+           x.source, x.old_to_new, x.checkpoint_step, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {

@@ -178,8 +178,9 @@ class RankState {
   void Configure(uint64_t gen, const GenerationPlan& plan_in, caf::actor coordinator) {
     coordinator_ = coordinator;
     const GenerationPlan* plan = &plan_in;
-    absl::Status st;
-    {
+    // A stale coordinator's plan (a later lease epoch has claimed the store) is refused here.
+    absl::Status st = plan->epoch != 0 ? store_->Claim(plan->epoch) : absl::OkStatus();
+    if (st.ok()) {
       {
         std::lock_guard<std::mutex> l(comm_mu_);
         comm_.reset();  // the old generation's buffers are no longer written to after this

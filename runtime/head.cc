@@ -6,8 +6,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "caf/all.hpp"
 #include "internal/cluster_protocol.h"
+#include "internal/lease.h"
 #include "internal/resources.h"
 #include "troupe/runtime/status.h"
 #include "troupe/scheduler/scheduler.h"
@@ -34,7 +36,8 @@ struct Member {
   std::map<std::string, ActorStat> actors;  // by actor name, from heartbeats
   std::set<std::string> hung;               // actors already reported hung
   bool down_reported = false;
-  bool exit_known = false;               // the node agent's waitpid status has arrived
+  bool rejoin_asked = false;  // node only: declared dead, heard from again, told to join again
+  bool exit_known = false;    // the node agent's waitpid status has arrived
   std::string exit_detail, stderr_tail;  // from the node agent's waitpid
   ExitCause cause = ExitCause::kNone;    // how it died, as far as the head knows
   int exit_code = -1, signal = 0;
@@ -127,6 +130,9 @@ class HeadActor final : public caf::event_based_actor {
           subscribers_.push_back(who);
           monitor(who);
         },
+        [this](lease_atom, const std::string& name) -> caf::result<uint64_t, int64_t> {
+          return HandleLease(name);
+        },
         [this](preempt_node_atom, const std::string& node) -> caf::result<bool> {
           return HandlePreempt(node);
         },
@@ -158,6 +164,32 @@ class HeadActor final : public caf::event_based_actor {
       w->second.hosted--;
     }
     return directory_.erase(it);
+  }
+
+  // A lease on `name` for the actor registered under it (see lease_atom in cluster.h).
+  caf::result<uint64_t, int64_t> HandleLease(const std::string& name) {
+    auto it = directory_.find(name);
+    const caf::strong_actor_ptr& sender = current_sender();
+    if (it == directory_.end() || !sender || sender->node() != it->second.handle.node() ||
+        sender->id() != it->second.handle.id()) {
+      return StatusToError(absl::FailedPreconditionError(absl::StrCat(
+          "no lease on '", name, "': the asker is not the actor registered under that name",
+          it == directory_.end() ? " (none is)"
+                                 : absl::StrCat(" (generation ", it->second.generation, " on ",
+                                                it->second.worker, " is)"))));
+    }
+    auto w = members_.find(it->second.worker);
+    if (w == members_.end() || w->second.info.state != MemberState::kAlive) {
+      return StatusToError(absl::FailedPreconditionError(absl::StrCat(
+          "no lease on '", name, "': its worker ", it->second.worker, " is not alive")));
+    }
+    const Clock::duration length = options_.heartbeat_timeout / 2;
+    auto grant = leases_.Acquire(
+        name, absl::StrCat(it->second.worker, " generation ", it->second.generation),
+        it->second.worker, Clock::now(), length,
+        static_cast<uint64_t>(absl::ToUnixMicros(absl::Now())));
+    if (!grant.ok()) return StatusToError(grant.status());
+    return {grant->epoch, std::chrono::duration_cast<std::chrono::milliseconds>(length).count()};
   }
 
   // The first message of every join: a member of another protocol version or build is refused
@@ -226,16 +258,22 @@ class HeadActor final : public caf::event_based_actor {
 
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
                                              int64_t pid, const caf::actor& worker) {
+    // A worker of a node declared dead would get nothing placed on it (the scheduler dropped its
+    // node); the node joins again with new workers instead.
+    auto n = members_.find(node);
+    if (n == members_.end() || n->second.info.state != MemberState::kAlive) {
+      return StatusToError(absl::FailedPreconditionError(
+          absl::StrCat("worker '", id, "' refused: its node '", node, "' is ",
+                       n == members_.end() ? "unknown" : Name(n->second.info.state))));
+    }
     Member m;
     m.info.id = id;
     m.info.kind = MemberKind::kWorker;
     m.info.node = node;
     m.info.state = MemberState::kAlive;
     m.info.pid = pid;
-    if (auto n = members_.find(node); n != members_.end()) {
-      m.info.address = n->second.info.address;
-      m.info.host = n->second.info.host;
-    }
+    m.info.address = n->second.info.address;
+    m.info.host = n->second.info.host;
     m.handle = worker;
     m.last_seen = Clock::now();
     monitor(worker);
@@ -248,8 +286,17 @@ class HeadActor final : public caf::event_based_actor {
   // than hung_timeout is reported once as actor_hung.
   void HandleHeartbeat(const std::string& id, const std::vector<ActorStat>& stats) {
     auto it = members_.find(id);
-    if (it == members_.end() || it->second.info.state == MemberState::kDead) return;
+    if (it == members_.end()) return;
     Member& m = it->second;
+    if (m.info.state == MemberState::kDead) {
+      // A node declared dead (cut off) is heard from again: it joins again as a new member, its
+      // workers (fenced, their state stale) replaced by new ones.
+      if (m.info.kind == MemberKind::kNode && !m.rejoin_asked) {
+        m.rejoin_asked = true;
+        send(m.handle, rejoin_atom::value);
+      }
+      return;
+    }
     m.last_seen = Clock::now();
     m.actors.clear();
     for (const auto& s : stats) m.actors[s.name] = s;
@@ -287,6 +334,7 @@ class HeadActor final : public caf::event_based_actor {
                         bool fenced) {
     auto it = members_.find(id);
     if (it == members_.end() || it->second.exit_known) return;
+    leases_.ReleaseWorker(id);  // the process is gone: nothing of it can act under a lease
     Member& m = it->second;
     SupervisionEvent e = ProcessExitEvent("", id, m.info.pid, wait_status, fenced);
     m.exit_known = true;
@@ -588,6 +636,7 @@ class HeadActor final : public caf::event_based_actor {
   uint64_t anonymous_ = 0;
   std::vector<caf::actor> subscribers_;
   Clock::time_point last_tick_;  // when CheckHeartbeats last ran
+  LeaseTable leases_;
 };
 
 }  // namespace

@@ -35,6 +35,8 @@ struct Workers {
   std::set<std::string> fenced;  // workers this agent killed because the head fenced them
   std::atomic<bool> release{false};
   std::atomic<bool> head_lost{false};
+  std::atomic<bool> rejoin{false};  // the head declared this node dead; join again
+  int64_t incarnation = 0;          // joins so far - 1: worker ids start at incarnation * workers
 
   pid_t PidOf(const std::string& id) {
     std::lock_guard<std::mutex> l(mu);
@@ -61,6 +63,7 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
         }
       },
       [w](release_atom) { w->release = true; },
+      [w](rejoin_atom) { w->rejoin = true; },
       // Chaos: a preemption notice, delivered as the cloud's would be (SIGTERM to this agent).
       [](preempt_node_atom) { kill(getpid(), SIGTERM); },
   };
@@ -97,20 +100,27 @@ void Reap(Workers& w, const caf::actor& head, Context& ctx, const std::string& n
   }
 }
 
+// Reaps workers for up to `limit`; true once none is left.
+bool ReapAll(Workers& w, const caf::actor& head, Context& ctx, const std::string& node,
+             Duration limit) {
+  const auto deadline = Clock::now() + limit;
+  while (true) {
+    Reap(w, head, ctx, node);
+    {
+      std::lock_guard<std::mutex> l(w.mu);
+      if (w.ids.empty()) return true;
+    }
+    if (Clock::now() >= deadline) return false;
+    usleep(10000);
+  }
+}
+
 void StopWorkers(Workers& w, const caf::actor& head, Context& ctx, const std::string& node) {
   {
     std::lock_guard<std::mutex> l(w.mu);
     for (const auto& [pid, id] : w.ids) kill(pid, SIGTERM);
   }
-  auto deadline = Clock::now() + std::chrono::seconds(1);
-  while (Clock::now() < deadline) {
-    Reap(w, head, ctx, node);
-    {
-      std::lock_guard<std::mutex> l(w.mu);
-      if (w.ids.empty()) return;
-    }
-    usleep(10000);
-  }
+  if (ReapAll(w, head, ctx, node, std::chrono::seconds(1))) return;
   {
     std::lock_guard<std::mutex> l(w.mu);
     for (const auto& [pid, id] : w.ids) kill(pid, SIGKILL);
@@ -156,8 +166,9 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
   const int gpus = GpuCount(c.resources);
   const int per_worker = c.workers > 0 ? gpus / static_cast<int>(c.workers) : 0;
   for (int64_t i = 0; i < c.workers; ++i) {
-    std::string id = absl::StrCat(c.name, "/w", i);
-    std::string file = absl::StrCat(c.co.log_dir, "/", c.name, "-w", i);
+    const int64_t index = w.incarnation * c.workers + i;
+    std::string id = absl::StrCat(c.name, "/w", index);
+    std::string file = absl::StrCat(c.co.log_dir, "/", c.name, "-w", index);
     ProcessSpec spec;
     spec.args = {"worker",
                  "--head",
@@ -191,10 +202,42 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
   }
 }
 
+// The registration a node agent sends after its hello (see JoinCluster).
+caf::message Registration(const NodeConfig& c, const caf::actor& agent) {
+  return caf::make_message(reg_node_atom::value, c.name, c.resources, c.labels, c.advertise,
+                           HostName(), agent);
+}
+
+// The head declared this node dead while it was cut off and now hears from it again: its workers
+// were fenced (a new generation went on without them), so they are killed, and the node joins
+// again as a new member with new workers under new ids (a worker once dead is never planned again).
+void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::actor& agent,
+            Context& ctx, caf::actor_system& sys) {
+  LogWarn(absl::StrCat("node ", c.name),
+          "the head declared this node dead; fencing its workers and joining again");
+  {
+    std::lock_guard<std::mutex> l(w.mu);
+    for (const auto& [pid, id] : w.ids) {
+      if (AlreadyDying(pid)) continue;
+      w.fenced.insert(id);
+      kill(pid, SIGKILL);
+    }
+  }
+  if (!ReapAll(w, head, ctx, c.name, std::chrono::seconds(5))) {
+    LogWarn(absl::StrCat("node ", c.name), "a fenced worker outlived 5s after SIGKILL");
+  }
+  auto joined = JoinCluster(sys, head, c.co, "node", c.name, Registration(c, agent));
+  if (!joined.ok()) ExitRole("node", c.name, joined.status());
+  ++w.incarnation;
+  std::cout << "troupe node " << c.name << ": joined again, starting " << c.workers
+            << " new workers" << std::endl;
+  StartWorkers(c, w);
+}
+
 // Reaps workers until SIGTERM/SIGINT (a drain of `grace`, or until the head releases the node)
 // or the head is lost; then stops the workers and exits the process.
 [[noreturn]] void ServeUntilGone(const NodeConfig& c, Workers& w, const caf::actor& head,
-                                 Context& ctx, caf::actor_system& sys) {
+                                 const caf::actor& agent, Context& ctx, caf::actor_system& sys) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -206,6 +249,7 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
     timespec ts{0, 20 * 1000 * 1000};
     int sig = sigtimedwait(&set, nullptr, &ts);
     if (sig == SIGCHLD) Reap(w, head, ctx, c.name);
+    if (w.rejoin.exchange(false) && !draining) Rejoin(c, w, head, agent, ctx, sys);
     if ((sig == SIGTERM || sig == SIGINT) && !draining) {
       draining = true;
       deadline = Clock::now() + c.grace;
@@ -249,15 +293,15 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   }
   auto w = std::make_shared<Workers>();
   caf::actor agent = sys.spawn(AgentBehavior, w, m->head);
-  auto joined = JoinCluster(sys, m->head, c.co, "node", c.name,
-                            caf::make_message(reg_node_atom::value, c.name, c.resources, c.labels,
-                                              c.advertise, HostName(), agent));
+  auto joined = JoinCluster(sys, m->head, c.co, "node", c.name, Registration(c, agent));
   if (!joined.ok()) ExitRole("node", c.name, joined.status());
   std::cout << "troupe node " << c.name << ": joined " << c.head_addr << " with " << c.resources
             << " as " << c.advertise << ", starting " << c.workers << " workers" << std::endl;
-  StartWorkers(c, *w);
+  // Heartbeats first: starting the workers can take longer than the head's heartbeat timeout on a
+  // loaded machine (a node was once declared dead a second after it joined).
   HeartbeatSender heartbeats(*m->runtime, m->head, c.name, c.co.heartbeat_interval);
-  ServeUntilGone(c, *w, m->head, *m->runtime->internal_context(), sys);
+  StartWorkers(c, *w);
+  ServeUntilGone(c, *w, m->head, agent, *m->runtime->internal_context(), sys);
 }
 
 }  // namespace troupe::runtime::internal

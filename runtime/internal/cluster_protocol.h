@@ -20,6 +20,9 @@
 //   (subscribe_atom, actor)
 // to a node agent:   (fence_atom, worker id)   kill a worker the head declared dead
 //                    (release_atom)            a draining node may leave now
+//                    (rejoin_atom)             this node was declared dead and is heard from
+//                                              again (a healed partition): kill its workers,
+//                                              join again, start workers under new ids
 // to a worker:       (spawn_atom, type, args, name, uint64 gen)   -> actor | error
 #ifndef TROUPE_RUNTIME_INTERNAL_CLUSTER_PROTOCOL_H_
 #define TROUPE_RUNTIME_INTERNAL_CLUSTER_PROTOCOL_H_
@@ -47,6 +50,7 @@ using generation_atom = caf::atom_constant<caf::atom("tr_gen")>;
 using subscribe_atom = membership_subscribe_atom;
 using fence_atom = caf::atom_constant<caf::atom("tr_fence")>;
 using release_atom = caf::atom_constant<caf::atom("tr_release")>;
+using rejoin_atom = caf::atom_constant<caf::atom("tr_rejoin")>;
 using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
 using pg_atom = caf::atom_constant<caf::atom("tr_pg")>;
 using flush_atom = caf::atom_constant<caf::atom("tr_flush")>;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
@@ -264,9 +265,65 @@ absl::Status RunLabScript(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-absl::Status Lab::Cut(const std::string& host, const std::string& direction) {
+absl::Status Lab::Cut(const std::string& host, const std::string& direction,
+                      const std::string& peer) {
+  for (const std::string& h : {host, peer}) {
+    if (!h.empty() && !Find(h)) {
+      return absl::NotFoundError(absl::StrCat("no host ", h, " in lab ", name_));
+    }
+  }
+  std::vector<std::string> argv = {"cut", host, direction};
+  if (!peer.empty()) argv.insert(argv.end(), {"--peer", peer});
+  return RunLabScript(argv);
+}
+
+absl::Status Lab::Shape(const std::string& host, double loss_percent, int rate_mbit) {
   if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
-  return RunLabScript({"cut", host, direction});
+  if (loss_percent < 0 || loss_percent > 100 || rate_mbit < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shape %s: want loss in [0, 100] %% and rate >= 0 Mbit/s, got %g %% and %d",
+                        host, loss_percent, rate_mbit));
+  }
+  std::vector<std::string> argv = {"shape", host};
+  if (loss_percent > 0) argv.insert(argv.end(), {"--loss", absl::StrFormat("%g", loss_percent)});
+  if (rate_mbit > 0) argv.insert(argv.end(), {"--rate", absl::StrCat(rate_mbit)});
+  return RunLabScript(argv);
+}
+
+absl::Status Lab::Unshape(const std::string& host) {
+  if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
+  return RunLabScript({"unshape", host});
+}
+
+absl::StatusOr<ProbeResult> Lab::Probe(const std::string& from, const std::string& to, int count,
+                                       int payload) {
+  const std::string address = Address(to);
+  if (address.empty()) return absl::NotFoundError(absl::StrCat("no host ", to, " in lab ", name_));
+  absl::StatusOr<ExecResult> r =
+      Exec(from, absl::StrCat("ping -q -n -c ", count, " -i 0.01 -W 1 -s ", payload, " ", address));
+  if (!r.ok()) return r.status();
+  // "200 packets transmitted, 198 received, 1% packet loss, ..." and
+  // "rtt min/avg/max/mdev = 0.018/0.031/0.629/0.046 ms" (absent when nothing came back).
+  ProbeResult p;
+  const size_t counts = r->output.find(" packets transmitted, ");
+  if (counts == std::string::npos ||
+      std::sscanf(r->output.c_str() + r->output.rfind('\n', counts) + 1,
+                  "%d packets transmitted, %d received", &p.sent, &p.received) != 2 ||
+      p.sent <= 0) {
+    return absl::InternalError(absl::StrCat("ping from ", from, " to ", to, ": ", r->output));
+  }
+  p.loss = 1.0 - static_cast<double>(p.received) / p.sent;
+  const size_t rtt = r->output.find("rtt min/avg/max/mdev = ");
+  double min = 0;
+  if (rtt != std::string::npos) {
+    std::sscanf(r->output.c_str() + rtt, "rtt min/avg/max/mdev = %lf/%lf", &min, &p.rtt_ms);
+  }
+  return p;
+}
+
+std::string ProbeResult::Describe() const {
+  return absl::StrFormat("rtt %.3f ms, loss %.1f%% (%d of %d)", rtt_ms, 100 * loss, sent - received,
+                         sent);
 }
 
 absl::Status Lab::Heal(const std::string& host) {

@@ -32,6 +32,14 @@ struct LabHost {
   pid_t init_pid = 0;   // PID 1 of the host's PID namespace, seen from the machine
 };
 
+// What Probe measured: ICMP echoes from one host to another.
+struct ProbeResult {
+  int sent = 0, received = 0;
+  double loss = 0;               // lost fraction, [0, 1]
+  double rtt_ms = 0;             // mean round trip of the echoes that came back
+  std::string Describe() const;  // "rtt 0.031 ms, loss 1.0% (2 of 200)"
+};
+
 struct ExecResult {
   int exit_code = -1;  // the shell's exit status; 128+N when killed by signal N
   std::string output;  // stdout and stderr together
@@ -66,9 +74,18 @@ class Lab {
   [[nodiscard]] absl::Status PullPlug(const std::string& host);
 
   // Partitions `host` on the router: drops what reaches it ("in"), what it sends ("out"), or
-  // both; Heal removes the cut. Down() removes any cut with the router.
-  [[nodiscard]] absl::Status Cut(const std::string& host, const std::string& direction = "both");
+  // both; with `peer`, only its traffic with that host. Heal removes its cuts. Down() removes any
+  // cut with the router.
+  [[nodiscard]] absl::Status Cut(const std::string& host, const std::string& direction = "both",
+                                 const std::string& peer = "");
   [[nodiscard]] absl::Status Heal(const std::string& host);
+  // `host`'s link, each way: drops `loss_percent` of packets at random, caps the rate at
+  // `rate_mbit` Mbit/s (0: no cap). Unshape removes both; so does Down().
+  [[nodiscard]] absl::Status Shape(const std::string& host, double loss_percent, int rate_mbit);
+  [[nodiscard]] absl::Status Unshape(const std::string& host);
+  // `count` echoes of `payload` bytes from `from` to `to`, 10 ms apart: what the network achieves.
+  [[nodiscard]] absl::StatusOr<ProbeResult> Probe(const std::string& from, const std::string& to,
+                                                  int count = 200, int payload = 56);
 
   const std::string& name() const { return name_; }
   const std::vector<LabHost>& hosts() const { return hosts_; }

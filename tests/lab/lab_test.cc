@@ -336,5 +336,45 @@ TEST(LabTest, HostsShareOnlyTheNetwork) {
   DownAndExpectNothingLeft(lab);
 }
 
+// Loss, a rate cap and a cut between two hosts only: each does what it claims, measured, and is
+// gone after Unshape / Heal (and with the router, after Down).
+TEST(LabTest, ShapedAndCutLinksLoseSlowAndDropWhatTheyClaim) {
+  Lab lab("trlabs");
+  ASSERT_TRUE(lab.Up(3).ok());
+  const std::string h1 = "trlabs-h1", h2 = "trlabs-h2", h3 = "trlabs-h3";
+  // 10% each way: about 19% of round trips lost (200 echoes: 5 standard deviations is ±14%).
+  ASSERT_TRUE(lab.Shape(h2, 10, 0).ok());
+  absl::StatusOr<ProbeResult> lossy = lab.Probe(h1, h2);
+  ASSERT_TRUE(lossy.ok()) << lossy.status();
+  printf("lab: h1 -> h2 with 10%% loss each way: %s\n", lossy->Describe().c_str());
+  EXPECT_GT(lossy->loss, 0.05);
+  EXPECT_LT(lossy->loss, 0.35);
+  // 50 Mbit/s each way: a 60000-byte echo takes ~19 ms there and back on the wire.
+  ASSERT_TRUE(lab.Shape(h2, 0, 50).ok());
+  absl::StatusOr<ProbeResult> capped = lab.Probe(h1, h2, 20, 60000);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  const double mbit = 2 * 60000 * 8 / (capped->rtt_ms * 1000);
+  printf("lab: h1 -> h2 capped at 50 Mbit/s: %s, %.1f Mbit/s\n", capped->Describe().c_str(), mbit);
+  EXPECT_EQ(capped->loss, 0);
+  EXPECT_GT(mbit, 30);
+  EXPECT_LT(mbit, 60);
+  ASSERT_TRUE(lab.Unshape(h2).ok());
+  absl::StatusOr<ProbeResult> clear = lab.Probe(h1, h2, 20, 60000);
+  ASSERT_TRUE(clear.ok()) << clear.status();
+  EXPECT_EQ(clear->loss, 0);
+  EXPECT_LT(clear->rtt_ms, 5) << clear->Describe();
+  // h2 cut off from h1 only: h3 still reaches both.
+  ASSERT_TRUE(lab.Cut(h2, "both", h1).ok());
+  EXPECT_EQ(lab.Probe(h1, h2, 10)->received, 0);
+  EXPECT_EQ(lab.Probe(h2, h3, 10)->loss, 0);
+  EXPECT_EQ(lab.Probe(h3, h1, 10)->loss, 0);
+  ASSERT_TRUE(lab.Heal(h2).ok());
+  EXPECT_EQ(lab.Probe(h1, h2, 10)->loss, 0);
+  EXPECT_FALSE(lab.Shape(h2, -1, 0).ok()) << "a negative loss is refused";
+  EXPECT_FALSE(lab.Cut(h2, "both", "trlabs-h9").ok()) << "an unknown peer is refused";
+  absl::Status down = lab.Down();
+  EXPECT_TRUE(down.ok()) << down;
+}
+
 }  // namespace
 }  // namespace troupe::lab

@@ -1,6 +1,6 @@
 // MultihostTest: elastic training across hosts that behave like separate machines (tests/lab:
-// own network, IPC, mount, PID and UTS namespaces, linked through a router). A head on h1, a node
-// agent with one worker on each of 4 hosts, `troupe train --head` from h1; the job's directory
+// own network, IPC, mount, PID and UTS namespaces, linked through a router). A head on h5, a node
+// agent with one worker on each of h1..h4, `troupe train --head` from h5; the job's directory
 // and data on the lab's shared directory (the stand-in for NFS). Every run must end with the
 // final weights of the same job trained on one host, every step committed once and every
 // microbatch served once; the lab must leave nothing behind.
@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -33,6 +34,7 @@ constexpr char kPort[] = "17100";
 
 struct JobRun {
   int exit_code = -1;
+  double seconds = 0;  // from its start to its exit
   std::string output;
   Report report;
 };
@@ -74,20 +76,26 @@ std::string LabName() {
 class MultihostTest : public ::testing::Test {
  protected:
   std::string Host(int i) const { return absl::StrCat(lab_.name(), "-h", i); }
+  // The head's host: no node agent, no worker; the driver runs here too.
+  std::string HeadHost() const { return Host(kHosts + 1); }
 
   void SetUp() override {
-    absl::Status up = lab_.Up(kHosts);
+    absl::Status up = lab_.Up(kHosts + 1);
     ASSERT_TRUE(up.ok()) << up;
     dir_ = lab_.shared_dir() + "/t";
     fs::create_directories(dir_ + "/logs");
-    spec_ = dir_ + "/job.toml";
-    std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << kSteps
-                         << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
-                         << dir_ << "/data\"\n[elastic]\nmin_workers = 2\nmax_workers = 6\n"
-                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
-    head_ = absl::StrCat(lab_.Address(Host(1)), ":", kPort);
-    Run(Host(1), {TROUPE_BINARY, "head", "--host", lab_.Address(Host(1)), "--port", kPort},
-        dir_ + "/logs/head.txt");
+    SetSteps(kSteps);
+    head_ = absl::StrCat(lab_.Address(HeadHost()), ":", kPort);
+    std::vector<std::string> head = {TROUPE_BINARY, "head", "--host", lab_.Address(HeadHost()),
+                                     "--port",      kPort};
+    // The grace tests give the head a longer heartbeat timeout: the window in which a host the
+    // head cannot hear from is not yet declared dead. (TCP's retransmission backoff stretches a
+    // 1 s cut into up to ~1.5 s of silence: the 200, 400, 800 ms retries.)
+    const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    if (absl::StartsWith(test, "TheHeadUnreachable")) {
+      head.insert(head.end(), {"--heartbeat_timeout", "5s"});
+    }
+    Run(HeadHost(), head, dir_ + "/logs/head.txt");
     for (int i = 1; i <= kHosts; ++i) {
       Run(Host(i),
           {TROUPE_BINARY, "node", "--head", head_, "--name", Host(i), "--workers", "1", "--log_dir",
@@ -96,8 +104,8 @@ class MultihostTest : public ::testing::Test {
     }
     // The node agents keep trying until the head listens; every worker carries the address its
     // node advertises (the interface on the route to the head).
-    auto status = lab_.Exec(Host(1), Quote({TROUPE_BINARY, "status", "--head", head_,
-                                            "--wait_workers", std::to_string(kHosts)}));
+    auto status = lab_.Exec(HeadHost(), Quote({TROUPE_BINARY, "status", "--head", head_,
+                                               "--wait_workers", std::to_string(kHosts)}));
     ASSERT_TRUE(status.ok()) << status.status();
     ASSERT_EQ(status->exit_code, 0) << status->output << Logs();
     for (int i = 1; i <= kHosts; ++i) {
@@ -106,6 +114,16 @@ class MultihostTest : public ::testing::Test {
                                                          lab_.Address(Host(i)), " ", Host(i), " ")))
           << status->output;
     }
+  }
+
+  // The job (and the one-host run it is compared with) trains `steps` steps.
+  void SetSteps(int steps) {
+    steps_ = steps;
+    spec_ = absl::StrCat(dir_, "/job-", steps, ".toml");
+    std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << steps
+                         << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
+                         << dir_ << "/data\"\n[elastic]\nmin_workers = 2\nmax_workers = 6\n"
+                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
   }
 
   void TearDown() override {
@@ -121,7 +139,7 @@ class MultihostTest : public ::testing::Test {
     return pid.ok() ? *pid : -1;
   }
 
-  // `troupe train --head` from h1 on the lab's cluster, in <shared>/t/<name>.
+  // `troupe train --head` from the head's host on the lab's cluster, in <shared>/t/<name>.
   pid_t StartJob(const std::string& name, const std::vector<std::string>& extra) {
     const std::string work = dir_ + "/" + name;
     fs::create_directories(work);
@@ -129,23 +147,27 @@ class MultihostTest : public ::testing::Test {
                                      "--head",      head_,           "--work_dir", work,
                                      "--report",    work + "/report"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return Run(Host(1), args, work + "/out.txt");
+    started_[name] = std::chrono::steady_clock::now();
+    return Run(HeadHost(), args, work + "/out.txt");
   }
 
   JobRun Finish(const std::string& name, pid_t pid) {
     JobRun r;
     r.exit_code = WaitFor(pid, seconds(240));
+    r.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_[name]).count();
     r.output = Slurp(dir_ + "/" + name + "/out.txt");
     r.report = ReadReport(dir_ + "/" + name + "/report");
     return r;
   }
 
   // The same job on one host (the embedded cluster, 4 workers), run here: its final weights
-  // (computed once per test binary).
+  // (computed once per test binary and job length).
   std::string OneHostCrc() {
-    static std::string crc;
+    static std::map<int, std::string> crcs;
+    std::string& crc = crcs[steps_];
     if (!crc.empty()) return crc;
-    const std::string work = dir_ + "/onehost";
+    const std::string work = absl::StrCat(dir_, "/onehost-", steps_);
     fs::create_directories(work);
     pid_t pid = fork();
     if (pid == 0) {
@@ -184,7 +206,7 @@ class MultihostTest : public ::testing::Test {
   }
 
   void ExpectExactlyOnce(const std::string& name) {
-    EXPECT_EQ(ExactlyOnceDefects(dir_ + "/" + name, kSteps, kMicrobatches), "");
+    EXPECT_EQ(ExactlyOnceDefects(dir_ + "/" + name, steps_, kMicrobatches), "");
   }
 
   std::vector<SupervisionEvent> Events(const std::string& name) {
@@ -235,7 +257,7 @@ class MultihostTest : public ::testing::Test {
   void ExpectFinished(const std::string& name, const JobRun& r, int world, int steps_lost,
                       bool exactly_once = true) {
     ASSERT_EQ(r.exit_code, 0) << r.output << Logs();
-    EXPECT_EQ(r.report.steps, kSteps) << r.output;
+    EXPECT_EQ(r.report.steps, steps_) << r.output;
     if (world >= 0) {
       EXPECT_EQ(r.report.world, world) << r.output;
     }
@@ -248,6 +270,8 @@ class MultihostTest : public ::testing::Test {
 
   lab::Lab lab_{LabName()};
   std::string dir_, spec_, head_;
+  int steps_ = kSteps;
+  std::map<std::string, std::chrono::steady_clock::time_point> started_;
 };
 
 TEST_F(MultihostTest, FourHostsTrainToTheWeightsOfOneHost) {
@@ -279,22 +303,135 @@ TEST_F(MultihostTest, TwoHostsThatLosePowerAtOnceAreLeftBehind) {
 
 // A host cut off both ways (no FIN, no RST: its packets vanish) is a silent one: its worker is
 // declared dead for missed heartbeats and the job goes on without it, with the same weights.
-TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehind) {
+// After the heal the host is heard from again: the head tells its node agent to join again, which
+// kills its fenced worker and starts a new one (a new member, h<k>/w1), folded in at a step
+// boundary; the job ends on all four hosts.
+TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) {
+  SetSteps(120);  // long enough to fold the host back in
   pid_t job = StartAndWaitForCommits("cut");
   const int coordinator = CoordinatorHost("cut");
   ASSERT_GT(coordinator, 0) << Logs();
-  // Not the head's host (h1), not the coordinator's.
+  // Not the coordinator's host.
   const int victim = coordinator == kHosts ? kHosts - 1 : kHosts;
   ASSERT_TRUE(lab_.Cut(Host(victim)).ok());
-  JobRun r = Finish("cut", job);
-  ExpectFinished("cut", r, kHosts - 1, -1);
-  // Its worker was declared dead for its (or its node's) missed heartbeats.
+  // Its worker is declared dead for its (or its node's) missed heartbeats.
+  const Fields old_worker = {{"child", Host(victim) + "/w0"}};
+  const auto until = std::chrono::steady_clock::now() + seconds(30);
+  while (FindEvents(Events("cut"), "generation", {{"world", "3"}}).empty() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   bool silent = false;
-  for (const SupervisionEvent& e :
-       FindEvents(Events("cut"), "process_exit", {{"child", Host(victim) + "/w0"}})) {
+  for (const SupervisionEvent& e : FindEvents(Events("cut"), "process_exit", old_worker)) {
     silent |= absl::StrContains(e.reason, "no heartbeat");
   }
   EXPECT_TRUE(silent) << Logs();
+  ASSERT_TRUE(lab_.Heal(Host(victim)).ok());
+  JobRun r = Finish("cut", job);
+  ExpectFinished("cut", r, kHosts, -1);
+  EXPECT_TRUE(HasEvent("cut", "join_folded", {{"child", Host(victim) + "/w1"}})) << Logs();
+}
+
+// The coordinator's host cut off both ways: no split brain. The head stops renewing the cut-off
+// coordinator's lease, so it records, commits and checkpoints nothing more and stops (lease_lost);
+// the head declares its worker dead and the job supervisor starts another coordinator, whose
+// lease's later epoch claims the checkpoint store. After the heal the host joins again with a new
+// worker. Every step is committed once, and the job ends with the one-host weights.
+TEST_F(MultihostTest, ACoordinatorCutOffFromTheHeadStopsAndAnotherFinishesTheJob) {
+  SetSteps(150);  // long enough to fold the host back in
+  pid_t job = StartAndWaitForCommits("cutc");
+  const int coordinator = CoordinatorHost("cutc");
+  ASSERT_GT(coordinator, 0) << Logs();
+  ASSERT_TRUE(lab_.Cut(Host(coordinator)).ok());
+  // The cut-off incarnation gives up its lease within seconds of the cut.
+  std::vector<SupervisionEvent> lost;
+  const auto until = std::chrono::steady_clock::now() + seconds(30);
+  while ((lost = FindEvents(Events("cutc"), "lease_lost")).empty() &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(lost.size(), 1u) << Logs();
+  printf("the cut-off side: %s\n", runtime::FormatEvent(lost[0]).c_str());
+  EXPECT_TRUE(absl::StrContains(lost[0].reason, "the head did not grant or renew it")) << Logs();
+  ASSERT_TRUE(lab_.Heal(Host(coordinator)).ok());
+  JobRun r = Finish("cutc", job);
+  ExpectFinished("cutc", r, kHosts, -1);
+  EXPECT_TRUE(HasEvent("cutc", "coordinator_restarted", {})) << Logs();
+  EXPECT_TRUE(HasEvent("cutc", "join_folded", {{"child", Host(coordinator) + "/w1"}})) << Logs();
+  // Its epoch is below the one that holds the store now.
+  const std::string fence = Slurp(dir_ + "/cutc/ckpt/FENCE");
+  EXPECT_LT(std::stoull(lost[0].Field("epoch")), std::stoull(fence)) << fence << Logs();
+}
+
+// 1% loss each way on every host's link and a 100 Mbit/s cap: TCP and UCX retransmit, heartbeats
+// arrive late, and the job still ends on four hosts with the one-host weights. Prints what the
+// network achieved and the slowdown against the same job on the clear network.
+TEST_F(MultihostTest, OnePercentLossAndA100MbitCapOnEveryLinkChangeNoWeight) {
+  const JobRun clear = Finish("clear", StartJob("clear", {}));
+  ExpectFinished("clear", clear, kHosts, 0);
+  for (int i = 1; i <= kHosts; ++i) ASSERT_TRUE(lab_.Shape(Host(i), 1, 100).ok());
+  absl::StatusOr<lab::ProbeResult> probe = lab_.Probe(Host(2), Host(3), 500);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  printf("lab: h2 -> h3 across two links with 1%% loss each way: %s\n", probe->Describe().c_str());
+  EXPECT_GT(probe->loss, 0) << "no loss achieved";
+  const JobRun shaped = Finish("shaped", StartJob("shaped", {}));
+  ExpectFinished("shaped", shaped, kHosts, 0);
+  printf("job: %.2f s on the clear network, %.2f s with loss and the cap (%.2fx)\n", clear.seconds,
+         shaped.seconds, shaped.seconds / clear.seconds);
+}
+
+// The head (h5) unreachable from the coordinator's host, and only from it, for a second, within
+// the head's grace window (its 5 s heartbeat timeout): the host's worker trains on with the others,
+// the coordinator's actions that need its lease wait for the renewal and go on. Nothing is
+// regenerated.
+TEST_F(MultihostTest, TheHeadUnreachableFromOneHostWithinTheGraceWindowChangesNothing) {
+  SetSteps(60);
+  pid_t job = StartAndWaitForCommits("grace");
+  const int coordinator = CoordinatorHost("grace");
+  ASSERT_GT(coordinator, 1) << Logs();
+  ASSERT_TRUE(lab_.Cut(Host(coordinator), "both", HeadHost()).ok());
+  std::this_thread::sleep_for(seconds(1));
+  ASSERT_TRUE(lab_.Heal(Host(coordinator)).ok());
+  JobRun r = Finish("grace", job);
+  ExpectFinished("grace", r, kHosts, 0);
+  EXPECT_EQ(r.report.generations, 1) << r.output << Logs();
+  EXPECT_FALSE(HasEvent("grace", "lease_lost", {})) << Logs();
+}
+
+// The head unreachable from one worker host (the others reach both) for longer than its grace
+// window: that host's worker is fenced like a partitioned host's, and the job ends on the others.
+TEST_F(MultihostTest, TheHeadUnreachableFromOneHostBeyondTheGraceWindowFencesIt) {
+  pid_t job = StartAndWaitForCommits("nohead");
+  const int coordinator = CoordinatorHost("nohead");
+  const int victim = coordinator == kHosts ? kHosts - 1 : kHosts;
+  ASSERT_TRUE(lab_.Cut(Host(victim), "both", HeadHost()).ok());
+  JobRun r = Finish("nohead", job);
+  ExpectFinished("nohead", r, kHosts - 1, -1);
+  bool silent = false;
+  for (const SupervisionEvent& e :
+       FindEvents(Events("nohead"), "process_exit", {{"child", Host(victim) + "/w0"}})) {
+    silent |= absl::StrContains(e.reason, "no heartbeat");
+  }
+  EXPECT_TRUE(silent) << Logs();
+}
+
+// A flapping link: one worker host's link down and up every 1.5 s, four times, mid-run. Each cut
+// may get its worker declared dead and the host joining again with a new one; the job ends with
+// the one-host weights and every step committed and served once.
+TEST_F(MultihostTest, AFlappingLinkEndsWithTheOneHostWeights) {
+  SetSteps(150);
+  pid_t job = StartAndWaitForCommits("flap");
+  const int coordinator = CoordinatorHost("flap");
+  const int victim = coordinator == kHosts ? kHosts - 1 : kHosts;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(lab_.Cut(Host(victim)).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    ASSERT_TRUE(lab_.Heal(Host(victim)).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
+  JobRun r = Finish("flap", job);
+  ExpectFinished("flap", r, -1, -1);
+  printf("flapping: %d generations, final world %d\n", r.report.generations, r.report.world);
 }
 
 TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {

@@ -5,6 +5,7 @@
 //   step-<n>/manifest.bin       Cap'n Proto manifest (manifest.h): config, step, seed, layout,
 //                               ranges, byte size and CRC32C of every shard file, format version
 //   LATEST                      "step-<n>\n": the newest complete checkpoint
+//   FENCE                       "<epoch>\n": the highest lease epoch that has claimed the store
 //
 // Write order (a crash at any point leaves LATEST naming a complete checkpoint):
 //   1. each shard file and then the manifest: temp name, write, fsync, close, rename;
@@ -104,6 +105,16 @@ class CheckpointStore {
                                                          const ShardView& shard);
   [[nodiscard]] absl::Status Commit(const CheckpointManifest& manifest);
 
+  // Fencing (the coordinator's lease: lease_atom in troupe/runtime/cluster.h). FENCE in the
+  // directory holds the highest epoch that has claimed the store. Claim(epoch) makes this handle
+  // write under `epoch`: FailedPrecondition if a higher one has claimed the store, else FENCE is
+  // raised to `epoch` (atomically, durably). From then on WriteShard and Commit re-read FENCE and
+  // refuse (FailedPrecondition naming both epochs, nothing written) once a later epoch has claimed
+  // the store: a coordinator cut off from the head, or one of its ranks, cannot name a checkpoint
+  // in LATEST, or overwrite a shard, after another incarnation took over. Unclaimed handles do not
+  // check (a store used without a cluster).
+  [[nodiscard]] absl::Status Claim(uint64_t epoch);
+
   // The newest checkpoint that verifies, at or before LATEST; NotFound if there is none.
   [[nodiscard]] absl::StatusOr<Checkpoint> LoadLatestValid();
   // Verifies and returns checkpoint `step` (DataLoss naming the file if it is corrupt/partial).
@@ -117,12 +128,16 @@ class CheckpointStore {
  private:
   explicit CheckpointStore(CheckpointStoreOptions options);
   void Warn(const std::string& line) const;
-  int64_t ReadLatestStep();  // -1 when LATEST is missing or unreadable
+  int64_t ReadLatestStep();              // -1 when LATEST is missing or unreadable
+  absl::StatusOr<uint64_t> ReadFence();  // 0 when FENCE is missing
+  // OK unless this handle has claimed the store and a later epoch has claimed it since.
+  [[nodiscard]] absl::Status CheckFence(const std::string& what);
   [[nodiscard]] absl::Status Prune(int64_t latest_step);
   [[nodiscard]] absl::Status DeleteStepDir(int64_t step);
 
   CheckpointStoreOptions options_;
   FileSystem* fs_;
+  uint64_t epoch_ = 0;  // claimed; 0: none
 };
 
 }  // namespace troupe::actors

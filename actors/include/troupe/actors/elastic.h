@@ -73,6 +73,9 @@ struct GenerationPlan {
   // so new rank 0 always holds the committed parameters).
   std::vector<int> old_to_new;
   int64_t checkpoint_step = -1;  // kCheckpoint: which checkpoint
+  // The coordinator's lease epoch (CheckpointStore::Claim): this rank's checkpoint writes are
+  // refused once a later epoch has claimed the store. 0: no lease (a store without fencing).
+  uint64_t epoch = 0;
 };
 
 struct StepOutcome {

@@ -178,13 +178,24 @@ using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 // cloud would) on its own host; no pid crosses a machine.
 using preempt_node_atom = caf::atom_constant<caf::atom("tr_preempt")>;
 
+// A lease on a named actor's role, for an actor that must act alone under its name even when its
+// host is cut off from the rest (the training coordinator: it commits and writes checkpoints only
+// while it holds one). (lease_atom, name), sent by that actor itself to ClusterClient::head(), is
+// answered with (uint64 epoch, int64 lease_ms): valid for lease_ms from when the request was sent,
+// shorter than the head's heartbeat timeout, so the holder's lease has run out before the head can
+// declare its worker dead and a new incarnation be started. Renewing keeps the epoch; a new holder
+// gets a higher one (a fencing token for storage). Errors: Unavailable while another incarnation's
+// lease runs (ask again later); FailedPrecondition when the sender is not the actor registered
+// under `name`, or its worker is not alive (it never will be again: stop acting).
+using lease_atom = caf::atom_constant<caf::atom("tr_lease")>;
+
 // The version of the messages between head, node agents and workers. Every member's join starts
 // with (cluster_hello_atom, uint32 protocol version, build id, kind "node"|"worker", name), a
 // message whose shape never changes: the head answers with its own version (uint32), or refuses a
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 3;
+inline constexpr uint32_t kClusterProtocolVersion = 4;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
