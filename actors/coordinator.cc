@@ -552,15 +552,15 @@ caf::behavior Coordinator::Behavior() {
       [this](const RankJoined& j) { HandleJoin(j); },
       [this](runtime::membership_atom, const runtime::MembershipEvent& e) { HandleMembership(e); },
       [this](const RankConfigured& m) {
-        Execute(core_->OnConfigured(m.generation, m.worker, m.status.ToStatus(), Now()));
+        Execute(core_->OnConfigured(m.generation, m.worker, m.status.ToStatus(), Now(), m.blamed));
       },
       [this](const StepDone& m) {
         std::map<int32_t, double> losses;
         for (size_t i = 0; i < m.microbatches.size() && i < m.losses.size(); ++i) {
           losses[m.microbatches[i]] = m.losses[i];
         }
-        Execute(
-            core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(), losses, Now()));
+        Execute(core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(), losses, Now(),
+                                 m.blamed));
       },
       [this](const ShardWritten& m) {
         Execute(core_->OnShardWritten(m.generation, m.step, m.index, m.info, m.status.ToStatus(),

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -400,21 +401,58 @@ void CoordinatorCore::Recover(Actions* out, runtime::SupervisionEvent event,
   ArmTimer(out, TimerKind::kRetry, options_.retry_delay);
 }
 
+void CoordinatorCore::Blame(const std::string& reporter, int32_t blamed) {
+  if (blamed < 0 || blamed >= static_cast<int32_t>(group_.size()) || group_[blamed] == reporter) {
+    return;
+  }
+  const std::set<std::string> pair = {reporter, group_[blamed]};
+  if (blamed_generation_ != record_.generation) {  // the first blame of this generation
+    blamed_generation_ = record_.generation;
+    if (blamed_failures_++ == 0) {
+      suspects_ = pair;
+      return;
+    }
+  }
+  std::set<std::string> both;
+  std::set_intersection(suspects_.begin(), suspects_.end(), pair.begin(), pair.end(),
+                        std::inserter(both, both.end()));
+  suspects_ = std::move(both);
+}
+
 std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
                                                         const std::vector<std::string>& dead,
                                                         CoreTime) {
   Actions out;
   MarkDown(&out, dead, "dead in the head's table");
-  if (generation == record_.generation && phase_ == CoordinatorPhase::kRecovering) {
-    NewGeneration(&out, "failure", recover_why_);
+  if (generation != record_.generation || phase_ != CoordinatorPhase::kRecovering) return out;
+  // One worker in common, or still the same two after three failures (a link between two hosts
+  // that are each fine otherwise: either may go; the later rank does, so rank 0 keeps its state).
+  if ((blamed_failures_ >= 2 && suspects_.size() == 1) ||
+      (blamed_failures_ >= 3 && suspects_.size() == 2)) {
+    std::string unreachable = *suspects_.begin();
+    for (const std::string& w : group_) {
+      if (suspects_.count(w)) unreachable = w;
+    }
+    const int n = blamed_failures_;
+    suspects_.clear();
+    blamed_failures_ = 0;
+    blamed_generation_ = 0;
+    MarkDown(&out, {unreachable},
+             absl::StrCat("unreachable: its peers' collectives failed on it in ", n,
+                          " generations in a row, while the head still hears from it"));
+    if (generation != record_.generation) return out;  // MarkDown planned the next generation
   }
+  NewGeneration(&out, "failure", recover_why_);
   return out;
 }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation,
                                                              const std::string& worker,
-                                                             const absl::Status& status, CoreTime) {
+                                                             const absl::Status& status, CoreTime,
+                                                             int32_t blamed) {
   Actions out;
+  // Every failure of this generation counts for the blame, also those after the first.
+  if (generation == record_.generation && !status.ok()) Blame(worker, blamed);
   if (generation != record_.generation || phase_ != CoordinatorPhase::kConfiguring) return out;
   if (!status.ok()) {
     runtime::SupervisionEvent e = JobEvent("recovering", worker);
@@ -550,8 +588,9 @@ std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, i
                                                           const std::string& worker,
                                                           const absl::Status& status,
                                                           const std::map<int32_t, double>& losses,
-                                                          CoreTime) {
+                                                          CoreTime, int32_t blamed) {
   Actions out;
+  if (generation == record_.generation && !status.ok()) Blame(worker, blamed);
   if (generation != record_.generation || step != record_.committed ||
       phase_ != CoordinatorPhase::kStepping || !pending_.count(worker)) {
     return out;
@@ -572,6 +611,9 @@ std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, i
 void CoordinatorCore::CommitStep(Actions* out) {
   ++record_.committed;
   failed_generations_ = 0;
+  suspects_.clear();
+  blamed_failures_ = 0;
+  blamed_generation_ = 0;
   const int64_t ckpt = CheckpointAt(record_.committed);
   if (ckpt >= 0) ExpectCheckpoint(ckpt);
   CoordinatorAction done{Kind::kCommitted};

@@ -164,12 +164,18 @@ class CoordinatorCore {
   // The head's table was read after kReadTable (dead: workers it calls dead; empty if unread).
   std::vector<CoordinatorAction> OnTable(uint64_t generation, const std::vector<std::string>& dead,
                                          CoreTime now);
-  // Rank replies.
+  // Rank replies. `blamed`: on a failure, the rank (in this generation) that the reporting rank's
+  // collectives blamed — dead, or unreachable from it — or -1. A worker that every such failure
+  // since the last commit has in common, over two failed generations or more, is left out as
+  // unreachable (the head may still hear from it: a partial partition); if the same two remain
+  // after three, the later-ranked of them is.
   std::vector<CoordinatorAction> OnConfigured(uint64_t generation, const std::string& worker,
-                                              const absl::Status& status, CoreTime now);
+                                              const absl::Status& status, CoreTime now,
+                                              int32_t blamed = -1);
   std::vector<CoordinatorAction> OnStepped(uint64_t generation, int64_t step,
                                            const std::string& worker, const absl::Status& status,
-                                           const std::map<int32_t, double>& losses, CoreTime now);
+                                           const std::map<int32_t, double>& losses, CoreTime now,
+                                           int32_t blamed = -1);
   std::vector<CoordinatorAction> OnShardWritten(uint64_t generation, int64_t step, int32_t index,
                                                 const ShardFileInfo& info,
                                                 const absl::Status& status, CoreTime now);
@@ -227,6 +233,8 @@ class CoordinatorCore {
   // A rank's failure: `event` (recovering) is logged; `why` becomes the next generation's reason.
   void Recover(Actions* out, runtime::SupervisionEvent event, const std::string& why);
   void MarkDown(Actions* out, const std::vector<std::string>& workers, const std::string& why);
+  // A failed generation's reporter and the rank it blamed narrow down the suspects.
+  void Blame(const std::string& reporter, int32_t blamed);
   void StartStep(Actions* out);
   bool FireFaults(Actions* out);
   void CommitStep(Actions* out);
@@ -254,6 +262,11 @@ class CoordinatorCore {
   int64_t last_checkpoint_ = -1;         // newest checkpoint this incarnation committed
   uint64_t final_asked_generation_ = 0;  // the final checkpoint was asked again in this one
   int failed_generations_ = 0;
+  // Since the last commit: the workers every blamed failure had in common (reporter or blamed),
+  // and how many failed generations named one.
+  std::set<std::string> suspects_;
+  int blamed_failures_ = 0;
+  uint64_t blamed_generation_ = 0;  // the last generation a failure of which blamed someone
   int64_t watchdog_seen_ = -1;
 };
 

@@ -334,6 +334,76 @@ TEST_F(CoordinatorCoreTest, ARankReportedFailureRegeneratesAfterReadingTheTable)
             "configure(c,g2,r1/2,s0,memory)");
 }
 
+// A one-way partition: the head hears from c, its peers' collectives do not (or c does not hear
+// them). Failures in a row whose reporter/blamed pairs share only c leave c out.
+TEST_F(CoordinatorCoreTest, AWorkerThatFailedGenerationsInARowHaveInCommonIsLeftOut) {
+  Make();
+  Running({"a", "b", "c"});
+  // g1: a blames rank 2 (c); the head calls nobody dead, so the same three go on.
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "a", absl::UnavailableError("rank 2 dead"), {}, kT0, 2)),
+            "event timer(t2,300ms)");
+  core_->OnTimer(2, kT0);
+  EXPECT_EQ(Str(core_->OnTable(1, {}, kT0)),
+            "abort(a,g2) abort(b,g2) abort(c,g2) event save configure(a,g2,r0/3,s0,memory) "
+            "configure(b,g2,r1/3,s0,memory) configure(c,g2,r2/3,s0,memory)");
+  // g2: c blames rank 1 (b) while configuring: {a, c} and {c, b} share only c.
+  EXPECT_EQ(
+      Str(core_->OnConfigured(2, "c", absl::DeadlineExceededError("rank 1 unreachable"), kT0, 1)),
+      "event timer(t3,300ms)");
+  core_->OnTimer(3, kT0);
+  EXPECT_EQ(Str(core_->OnTable(2, {}, kT0)),
+            "abort(a,g3) abort(b,g3) event save configure(a,g3,r0/2,s0,memory) "
+            "configure(b,g3,r1/2,s0,memory)");
+  EXPECT_EQ(core_->record().dead, (std::set<std::string>{"c"}));
+}
+
+// The same pair twice cannot tell which of the two is cut off; a third failure that names one of
+// them with someone else does. A failure that blames nobody narrows nothing.
+TEST_F(CoordinatorCoreTest, BlamesThatDoNotSingleOutOneWorkerLeaveNobodyOut) {
+  Make();
+  Running({"a", "b", "c"});
+  auto fail = [&](uint64_t g, const std::string& who, int32_t blamed) {
+    core_->OnStepped(g, 0, who, absl::UnavailableError("x"), {}, kT0, blamed);
+    core_->OnTimer(g + 1, kT0);
+    return Str(core_->OnTable(g, {}, kT0));
+  };
+  auto configured = [&](uint64_t g) {
+    for (const std::string w : {"a", "b", "c"}) core_->OnConfigured(g, w, absl::OkStatus(), kT0);
+  };
+  EXPECT_NE(fail(1, "b", 2).find("configure(c,g2,r2/3"), std::string::npos);  // {b, c}
+  configured(2);
+  EXPECT_NE(fail(2, "c", 1).find("configure(c,g3,r2/3"), std::string::npos);  // {b, c} again
+  configured(3);
+  EXPECT_NE(fail(3, "a", -1).find("configure(c,g4,r2/3"), std::string::npos);  // nobody blamed
+  configured(4);
+  EXPECT_EQ(fail(4, "a", 2),  // {a, c}: c
+            "abort(a,g5) abort(b,g5) event save configure(a,g5,r0/2,s0,memory) "
+            "configure(b,g5,r1/2,s0,memory)");
+  EXPECT_EQ(core_->record().dead, (std::set<std::string>{"c"}));
+}
+
+// Only the link between b and c is down: every failure names the pair. After three, the later
+// rank of the two (c) is left out.
+TEST_F(CoordinatorCoreTest, ThePairOfACutLinkLosesItsLaterRankAfterThreeFailures) {
+  Make();
+  Running({"a", "b", "c"});
+  std::string last;
+  for (uint64_t g = 1; g <= 3; ++g) {
+    core_->OnStepped(g, 0, g % 2 ? "b" : "c", absl::UnavailableError("x"), {}, kT0, g % 2 ? 2 : 1);
+    core_->OnTimer(g + 1, kT0);
+    last = Str(core_->OnTable(g, {}, kT0));
+    if (g < 3) {
+      EXPECT_NE(last.find("configure(c,"), std::string::npos) << "after " << g << ": " << last;
+      for (const std::string w : {"a", "b", "c"})
+        core_->OnConfigured(g + 1, w, absl::OkStatus(), kT0);
+    }
+  }
+  EXPECT_EQ(last,
+            "abort(a,g4) abort(b,g4) event save configure(a,g4,r0/2,s0,memory) "
+            "configure(b,g4,r1/2,s0,memory)");
+  EXPECT_EQ(core_->record().dead, (std::set<std::string>{"c"}));
+}
+
 TEST_F(CoordinatorCoreTest, AConfigureFailureWithNobodyDeadRetriesTheSameWorkers) {
   Make();
   Join({"a", "b"});

@@ -26,9 +26,13 @@ int32_t SplitSize(int32_t n) {
   return p;
 }
 
-// The same status, its message prefixed with the step phase it failed in.
+// The same status (code and payloads: a blamed peer), its message prefixed with the step phase
+// it failed in.
 absl::Status Phase(const char* phase, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat(phase, ": ", s.message()));
+  absl::Status out(s.code(), absl::StrCat(phase, ": ", s.message()));
+  s.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
 }
 
 absl::Status WaitAll(const std::vector<Work>& works) {

@@ -45,10 +45,13 @@ struct ConfigureRank {
   GenerationPlan plan;
   caf::actor coordinator;
 };
+// A failed configure or step names the peer rank the collectives blamed (collectives::BlamedPeer:
+// dead, or unreachable from this rank), -1 when none.
 struct RankConfigured {
   uint64_t generation = 0;
   std::string worker;
   WireStatus status;
+  int32_t blamed = -1;
 };
 struct RunStep {
   uint64_t generation = 0;
@@ -62,6 +65,7 @@ struct StepDone {
   std::vector<int32_t> microbatches;  // with their mean losses, index by index
   std::vector<double> losses;
   double grad_norm = 0;
+  int32_t blamed = -1;
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -135,7 +139,8 @@ typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankConfigured& x) {
-  return f(caf::meta::type_name("troupe.RankConfigured"), x.generation, x.worker, x.status);
+  return f(caf::meta::type_name("troupe.RankConfigured"), x.generation, x.worker, x.status,
+           x.blamed);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RunStep& x) {
@@ -144,7 +149,7 @@ typename Inspector::result_type inspect(Inspector& f, RunStep& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
-           x.microbatches, x.losses, x.grad_norm);
+           x.microbatches, x.losses, x.grad_norm, x.blamed);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {

@@ -208,7 +208,8 @@ class RankState {
         st = rank_->Configure(comm_.get(), *plan, store_.get());
       }
     }
-    caf::anon_send(coordinator, RankConfigured{gen, worker_, WireStatus::From(st)});
+    caf::anon_send(coordinator, RankConfigured{gen, worker_, WireStatus::From(st),
+                                               collectives::BlamedPeer(st).value_or(-1)});
   }
 
   void Step(uint64_t gen, int64_t step) {
@@ -217,11 +218,12 @@ class RankState {
             ? rank_->RunStep()
             : absl::StatusOr<StepOutcome>(absl::FailedPreconditionError(absl::StrCat(
                   "step ", step, " asked, this rank is at step ", rank_->committed_steps())));
+    const int32_t blamed = collectives::BlamedPeer(out.status()).value_or(-1);
     if (!out.ok() && comm_ != nullptr) {
       out = absl::Status(out.status().code(),
                          absl::StrCat(out.status().message(), " [", comm_->DebugString(), "]"));
     }
-    StepDone done{gen, step, worker_, WireStatus::From(out.status()), {}, {}, 0};
+    StepDone done{gen, step, worker_, WireStatus::From(out.status()), {}, {}, 0, blamed};
     if (out.ok()) {
       for (const auto& [k, loss] : out->losses) {
         done.microbatches.push_back(k);

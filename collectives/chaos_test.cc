@@ -1,5 +1,6 @@
 // Chaos: a rank dies (kill -9) or stops (SIGSTOP) in the middle of a 64 MiB all-reduce on 4 real
-// processes. Every survivor must return Unavailable naming it — within 500 ms of the kill, and
+// processes. Every survivor must return Unavailable naming it (in the message, and as the blamed
+// peer: BlamedPeer) — within 500 ms of the kill, and
 // within the liveness timeout (+500 ms of scheduling slack) of the stop — although the
 // operation's deadline is 60 s; then a communicator over the 3 survivors must all-reduce
 // correctly.
@@ -30,14 +31,17 @@ void RunChaos(int signal, int64_t limit_ms) {
     if (r == kVictim) continue;
     int64_t t_error = 0;
     char code[64] = {0};
+    int blamed = -1;
     for (;;) {
       ASSERT_TRUE(ranks[r].ReadLine(&line)) << "rank " << r << ":\n" << ranks[r].Output();
-      if (std::sscanf(line.c_str(), "ERROR %ld %63s", &t_error, code) == 2) break;
+      if (std::sscanf(line.c_str(), "ERROR %ld %63s blamed=%d", &t_error, code, &blamed) == 3)
+        break;
     }
     const double ms = static_cast<double>(t_error - t_signal) / 1e6;
     std::printf("rank %d: %s %.1f ms after signal %d: %s\n", r, code, ms, signal, line.c_str());
     EXPECT_STREQ(code, "UNAVAILABLE") << line;
     EXPECT_TRUE(absl::StrContains(line, "rank 2")) << line;
+    EXPECT_EQ(blamed, kVictim) << "the status names the dead peer as a payload too: " << line;
     EXPECT_LT(ms, static_cast<double>(limit_ms)) << line;
     int st = ranks[r].Wait();
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << "\n"

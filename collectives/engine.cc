@@ -2,10 +2,28 @@
 
 #include <cstring>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "reduce.h"
 
 namespace troupe::collectives {
+
+namespace {
+constexpr char kBlamedPeerUrl[] = "troupe.collectives/blamed_peer";
+}  // namespace
+
+absl::Status BlamePeer(absl::Status status, int rank) {
+  if (!status.ok()) status.SetPayload(kBlamedPeerUrl, absl::Cord(absl::StrCat(rank)));
+  return status;
+}
+
+std::optional<int> BlamedPeer(const absl::Status& status) {
+  auto payload = status.GetPayload(kBlamedPeerUrl);  // absl::optional in Debian's Abseil
+  int rank;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &rank)) return std::nullopt;
+  return rank;
+}
 
 absl::Status Work::Wait() const {
   if (state_ == nullptr) return absl::OkStatus();

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "net.h"
+#include "troupe/collectives/communicator.h"
 
 namespace troupe::collectives {
 
@@ -64,9 +65,10 @@ absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix
     }
     auto fd = net::Connect(peer_address, peer_port, deadline);
     if (!fd.ok()) {
-      return absl::Status(fd.status().code(),
-                          absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
-                                       ") unreachable: ", fd.status().message()));
+      return BlamePeer(absl::Status(fd.status().code(),
+                                    absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
+                                                 ") unreachable: ", fd.status().message())),
+                       j);
     }
     peers_[j].fd = *fd;
     peers_[j].pid = peer_pid;
@@ -90,6 +92,7 @@ absl::Status Liveness::AcceptFromHigher(int listen_fd, Bootstrap* boot, const st
         absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", m, " (",
                         v.ok() ? *v : "published nothing", ")");
       }
+      // Not blamed on them: a rank that never connected may be stuck on a third one.
       return absl::Status(fd.status().code(),
                           absl::StrCat(fd.status().message(), "; never connected: ", missing));
     }

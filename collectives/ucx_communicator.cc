@@ -167,9 +167,11 @@ class UcxTransport : public Transport {
       ep.err_mode = peer_errors_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ucs_status_t s = ucp_ep_create(lanes_[lanes[j]].worker, &ep, &eps_[j]);
       if (s != UCS_OK) {
-        return absl::UnavailableError(absl::StrCat(
-            "collectives: rank ", rank_, " cannot reach rank ", j,
-            lanes[j] == kLocal ? " on this host" : "", " through UCX: ", ucs_status_string(s)));
+        return BlamePeer(
+            absl::UnavailableError(absl::StrCat("collectives: rank ", rank_, " cannot reach rank ",
+                                                j, lanes[j] == kLocal ? " on this host" : "",
+                                                " through UCX: ", ucs_status_string(s))),
+            j);
       }
     }
     return absl::OkStatus();
@@ -348,9 +350,10 @@ class UcxTransport : public Transport {
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
     if (!ReadFrom(pids_[peer], remote, local, bytes)) {
-      return FailWith(absl::UnavailableError(absl::StrCat("collectives: reading peer rank ", peer,
-                                                          "'s memory (pid ", pids_[peer],
-                                                          ") failed: ", std::strerror(errno))));
+      return FailWith(BlamePeer(absl::UnavailableError(absl::StrCat(
+                                    "collectives: reading peer rank ", peer, "'s memory (pid ",
+                                    pids_[peer], ") failed: ", std::strerror(errno))),
+                                peer));
     }
     CountRecv(bytes);
     return absl::OkStatus();
@@ -450,9 +453,10 @@ class UcxTransport : public Transport {
   }
 
   absl::Status PeerError(const Req* r) {
-    return absl::UnavailableError(
-        absl::StrCat("collectives: ", r->recv ? "receive from" : "send to", " peer rank ", r->peer,
-                     " failed: ", ucs_status_string(r->status)));
+    return BlamePeer(absl::UnavailableError(absl::StrCat(
+                         "collectives: ", r->recv ? "receive from" : "send to", " peer rank ",
+                         r->peer, " failed: ", ucs_status_string(r->status))),
+                     r->peer);
   }
 
   std::unique_ptr<Req> NewReq() {
@@ -465,9 +469,10 @@ class UcxTransport : public Transport {
 
   absl::StatusOr<ReqId> Track(std::unique_ptr<Req> req, void* r, const char* what, int peer) {
     if (UCS_PTR_IS_ERR(r)) {
-      return FailWith(
+      return FailWith(BlamePeer(
           absl::UnavailableError(absl::StrCat("collectives: ", what, " with peer rank ", peer,
-                                              " failed: ", ucs_status_string(UCS_PTR_STATUS(r)))));
+                                              " failed: ", ucs_status_string(UCS_PTR_STATUS(r)))),
+          peer));
     }
     if (r == nullptr) {
       req->done = true;
@@ -650,6 +655,30 @@ absl::Status ExchangeNetworkAddresses(UcxTransport& t, Bootstrap* boot, const Uc
   return absl::OkStatus();
 }
 
+// Where the liveness monitor reports a dead peer: the engine once it exists; until then the first
+// report is kept and handed over when it does (a peer that dies while endpoints are created).
+class DeadPeerSink {
+ public:
+  void Report(absl::Status status) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (engine_ != nullptr) {
+      engine_->Abort(std::move(status));
+    } else if (pending_.ok()) {
+      pending_ = std::move(status);
+    }
+  }
+  void Attach(UcxEngine* engine) {
+    std::lock_guard<std::mutex> l(mu_);
+    engine_ = engine;
+    if (!pending_.ok()) engine_->Abort(pending_);
+  }
+
+ private:
+  std::mutex mu_;
+  UcxEngine* engine_ = nullptr;
+  absl::Status pending_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* boot,
@@ -672,24 +701,28 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
         !st.ok())
       return st;
   }
+  // The liveness channel first: its connects are bounded by the deadline and blame the peer they
+  // fail on, where UCX 1.13's tcp endpoint creation blocks in connect(2) for the kernel's SYN
+  // retries (about two minutes) on a peer that cannot be reached.
+  Liveness::Options lo;
+  lo.interval = o.heartbeat_interval;
+  lo.timeout = o.liveness_timeout;
+  auto sink = std::make_shared<DeadPeerSink>();
+  auto live = Liveness::Start(
+      boot, prefix, o.rank, o.size, *address, lo,
+      [sink](int rank, const std::string& why) {
+        sink->Report(BlamePeer(absl::UnavailableError(absl::StrCat("collectives: ", why)), rank));
+      },
+      deadline);
+  if (!live.ok()) return live.status();
   if (absl::Status st = t->Connect(peers->addrs, peers->lanes); !st.ok()) return st;
   // Single copy needs every rank on this host.
   if (o.single_copy && !peers->multi_host) {
     if (absl::Status st = t->ProbeSingleCopy(boot, prefix, deadline); !st.ok()) return st;
   }
   auto engine = std::make_unique<UcxEngine>(std::move(t), o.generation);
-  Liveness::Options lo;
-  lo.interval = o.heartbeat_interval;
-  lo.timeout = o.liveness_timeout;
-  UcxEngine* raw = engine.get();
-  auto live = Liveness::Start(
-      boot, prefix, o.rank, o.size, *address, lo,
-      [raw](int /*rank*/, const std::string& why) {
-        raw->Abort(absl::UnavailableError(absl::StrCat("collectives: ", why)));
-      },
-      deadline);
-  if (!live.ok()) return live.status();
   engine->SetLiveness(std::move(*live));
+  sink->Attach(engine.get());
   return std::unique_ptr<Communicator>(std::move(engine));
 }
 

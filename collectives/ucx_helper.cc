@@ -171,8 +171,8 @@ int Chaos(Ctx& c, int victim, absl::Duration liveness) {
   const int64_t t = MonoNs();
   stop = true;
   watch.join();
-  Say(absl::StrCat("ERROR ", t, " ", absl::StatusCodeToString(st.code()), " ",
-                   std::string(st.message())));
+  Say(absl::StrCat("ERROR ", t, " ", absl::StatusCodeToString(st.code()),
+                   " blamed=", BlamedPeer(st).value_or(-1), " ", std::string(st.message())));
   comm.reset();
   const int new_rank = c.rank - (c.rank > victim ? 1 : 0);
   auto next = Make(c, new_rank, c.size - 1, 1, liveness);

@@ -434,6 +434,28 @@ TEST_F(MultihostTest, AFlappingLinkEndsWithTheOneHostWeights) {
   printf("flapping: %d generations, final world %d\n", r.report.generations, r.report.world);
 }
 
+// The link between two worker hosts cut, both ways; each still reaches the head and the
+// coordinator. Only the collectives notice: the failed generations all name the pair, and after
+// three the later-ranked of the two is left out. The job ends on three hosts.
+TEST_F(MultihostTest, ACutLinkBetweenTwoWorkerHostsLeavesOneOfThemOut) {
+  pid_t job = StartAndWaitForCommits("link");
+  const int coordinator = CoordinatorHost("link");
+  ASSERT_GT(coordinator, 0) << Logs();
+  std::vector<int> others;
+  for (int i = 1; i <= kHosts; ++i) {
+    if (i != coordinator) others.push_back(i);
+  }
+  ASSERT_TRUE(lab_.Cut(Host(others[0]), "both", Host(others[1])).ok());
+  JobRun r = Finish("link", job);
+  ExpectFinished("link", r, kHosts - 1, -1);
+  bool left_out = false;
+  for (const SupervisionEvent& e :
+       FindEvents(Events("link"), "generation", {{"trigger", "worker_down"}})) {
+    left_out |= absl::StrContains(e.reason, "unreachable: its peers' collectives failed on it");
+  }
+  EXPECT_TRUE(left_out) << Logs();
+}
+
 TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {
   ExpectFinished("stop", RunWithChaos("stop", "stop-worker@7"), kHosts - 1, 0);
   EXPECT_TRUE(HasEvent("stop", "fault_fired", {{"kind", "stop-worker"}})) << Logs();

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -183,6 +184,15 @@ class Communicator {
   virtual CommStats stats() const = 0;
   virtual std::string DebugString() const = 0;
 };
+
+// A failure that one peer is to blame for, as this rank saw it first hand (its liveness heartbeats
+// stopped, a connection to it failed, a transfer with it failed) carries that peer's rank as a
+// payload of its Status — not a bootstrap key it never published, which a rank stuck on a third
+// one would leave unpublished too: whoever sees the failure (the elastic
+// coordinator) learns which peer without parsing the message. Payloads survive copies; a caller
+// that rewrites the message must carry them over.
+[[nodiscard]] absl::Status BlamePeer(absl::Status status, int rank);
+std::optional<int> BlamedPeer(const absl::Status& status);
 
 }  // namespace troupe::collectives
 
