@@ -252,6 +252,7 @@ absl::Status Lab::PullPlug(const std::string& host) {
 namespace {
 
 absl::Status RunLabScript(const std::vector<std::string>& argv) {
+  setenv("TROUPE_LAB_RELAY", TROUPE_LAB_RELAY, /*overwrite=*/0);
   std::vector<std::string> full = {TROUPE_LAB_SCRIPT};
   full.insert(full.end(), argv.begin(), argv.end());
   auto r = RunHere(full);
@@ -288,6 +289,22 @@ absl::Status Lab::Shape(const std::string& host, double loss_percent, int rate_m
   if (loss_percent > 0) argv.insert(argv.end(), {"--loss", absl::StrFormat("%g", loss_percent)});
   if (rate_mbit > 0) argv.insert(argv.end(), {"--rate", absl::StrCat(rate_mbit)});
   return RunLabScript(argv);
+}
+
+absl::Status Lab::Delay(const std::string& host, double ms, double jitter_ms) {
+  if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
+  if (ms < 0 || jitter_ms < 0 || jitter_ms > ms) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("delay %s: want 0 <= jitter <= delay, got delay %g ms and jitter %g ms",
+                        host, ms, jitter_ms));
+  }
+  return RunLabScript(
+      {"delay", host, absl::StrFormat("%g", ms), "--jitter", absl::StrFormat("%g", jitter_ms)});
+}
+
+absl::Status Lab::Undelay(const std::string& host) {
+  if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
+  return RunLabScript({"undelay", host});
 }
 
 absl::Status Lab::Unshape(const std::string& host) {

@@ -83,6 +83,11 @@ class Lab {
   // `rate_mbit` Mbit/s (0: no cap). Unshape removes both; so does Down().
   [[nodiscard]] absl::Status Shape(const std::string& host, double loss_percent, int rate_mbit);
   [[nodiscard]] absl::Status Unshape(const std::string& host);
+  // Holds every packet to or from `host` for `ms` (± `jitter_ms`, uniform) on the router, once (a
+  // packet between two delayed hosts is held by the first one's rule): with the same delay on
+  // every host, every round trip grows by 2*ms. Undelay removes it; so does Down().
+  [[nodiscard]] absl::Status Delay(const std::string& host, double ms, double jitter_ms = 0);
+  [[nodiscard]] absl::Status Undelay(const std::string& host);
   // `count` echoes of `payload` bytes from `from` to `to`, 10 ms apart: what the network achieves.
   [[nodiscard]] absl::StatusOr<ProbeResult> Probe(const std::string& from, const std::string& to,
                                                   int count = 200, int payload = 56);

@@ -363,6 +363,22 @@ TEST(LabTest, ShapedAndCutLinksLoseSlowAndDropWhatTheyClaim) {
   ASSERT_TRUE(clear.ok()) << clear.status();
   EXPECT_EQ(clear->loss, 0);
   EXPECT_LT(clear->rtt_ms, 5) << clear->Describe();
+  // 5 ms ± 1 ms each way on h2's link: round trips of 8 to 12 ms (plus scheduling), and a cut
+  // still cuts while the delay is on (it comes first in the router's chain).
+  ASSERT_TRUE(lab.Delay(h2, 5, 1).ok());
+  absl::StatusOr<ProbeResult> slow = lab.Probe(h1, h2, 100);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  printf("lab: h1 -> h2 delayed 5 ms ± 1 ms each way: %s\n", slow->Describe().c_str());
+  EXPECT_EQ(slow->loss, 0);
+  EXPECT_GT(slow->rtt_ms, 8);
+  EXPECT_LT(slow->rtt_ms, 14);
+  ASSERT_TRUE(lab.Cut(h2).ok());
+  EXPECT_EQ(lab.Probe(h1, h2, 10)->received, 0);
+  ASSERT_TRUE(lab.Heal(h2).ok());
+  EXPECT_GT(lab.Probe(h1, h2, 10)->rtt_ms, 8);
+  ASSERT_TRUE(lab.Undelay(h2).ok());
+  EXPECT_LT(lab.Probe(h1, h2, 10)->rtt_ms, 2);
+  EXPECT_FALSE(lab.Delay(h2, 1, 2).ok()) << "a jitter above the delay is refused";
   // h2 cut off from h1 only: h3 still reaches both.
   ASSERT_TRUE(lab.Cut(h2, "both", h1).ok());
   EXPECT_EQ(lab.Probe(h1, h2, 10)->received, 0);

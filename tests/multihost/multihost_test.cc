@@ -456,6 +456,50 @@ TEST_F(MultihostTest, ACutLinkBetweenTwoWorkerHostsLeavesOneOfThemOut) {
   EXPECT_TRUE(left_out) << Logs();
 }
 
+// 5 ms ± 1 ms of round trip and about 1% loss each way between any two worker hosts (a packet is
+// held 2.5 ms ± 0.5 ms once, and each of the two links it crosses drops 0.5%): the job ends with
+// the one-host weights; prints what the network achieved and the slowdown.
+TEST_F(MultihostTest, LatencyJitterAndLossBetweenHostsChangeNoWeight) {
+  const JobRun clear = Finish("clear", StartJob("clear", {}));
+  ExpectFinished("clear", clear, kHosts, 0);
+  for (int i = 1; i <= kHosts; ++i) {
+    ASSERT_TRUE(lab_.Delay(Host(i), 2.5, 0.5).ok());
+    ASSERT_TRUE(lab_.Shape(Host(i), 0.5, 0).ok());
+  }
+  absl::StatusOr<lab::ProbeResult> probe = lab_.Probe(Host(2), Host(3), 300);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  printf("lab: h2 -> h3, held 2.5 ms ± 0.5 ms, 0.5%% loss on each link, each way: %s\n",
+         probe->Describe().c_str());
+  EXPECT_GT(probe->rtt_ms, 4);
+  EXPECT_LT(probe->rtt_ms, 7);
+  const JobRun slow = Finish("slow", StartJob("slow", {}));
+  ExpectFinished("slow", slow, kHosts, 0);
+  printf("job: %.2f s on the clear network, %.2f s with latency, jitter and loss (%.2fx)\n",
+         clear.seconds, slow.seconds, slow.seconds / clear.seconds);
+}
+
+// A one-way partition: what one worker host sends is dropped, what is sent to it arrives. The
+// head stops hearing from it and fences it (the fence gets there: its worker is killed, not left
+// running on stale state); the job ends on the other three.
+TEST_F(MultihostTest, AOneWayPartitionIsFencedLikeAFullOne) {
+  pid_t job = StartAndWaitForCommits("oneway");
+  const int coordinator = CoordinatorHost("oneway");
+  const int victim = coordinator == kHosts ? kHosts - 1 : kHosts;
+  ASSERT_TRUE(lab_.Cut(Host(victim), "out").ok());
+  JobRun r = Finish("oneway", job);
+  ExpectFinished("oneway", r, kHosts - 1, -1);
+  // Its node agent got the fence and killed the worker.
+  const auto until = std::chrono::steady_clock::now() + seconds(10);
+  bool fenced = false;
+  while (!fenced && std::chrono::steady_clock::now() < until) {
+    for (const SupervisionEvent& e : FindEvents(Events("oneway"), "process_exit")) {
+      fenced |= e.child == Host(victim) + "/w0" && e.cause == runtime::ExitCause::kFenced;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(fenced) << Logs();
+}
+
 TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {
   ExpectFinished("stop", RunWithChaos("stop", "stop-worker@7"), kHosts - 1, 0);
   EXPECT_TRUE(HasEvent("stop", "fault_fired", {{"kind", "stop-worker"}})) << Logs();
