@@ -108,7 +108,10 @@ class Coordinator {
   void Execute(std::vector<CoordinatorAction> actions);
   void RunQueued();
   void Do(const CoordinatorAction& a);
-  bool LeaseHeld() const { return epoch_ != 0 && Now() < lease_until_; }
+  // Held for at least `margin` more.
+  bool LeaseHeld(CoreDuration margin = CoreDuration::zero()) const {
+    return epoch_ != 0 && Now() + margin < lease_until_;
+  }
   void RenewLease();
   void OnLease(uint64_t epoch, std::chrono::milliseconds length, CoreTime sent);
   void LeaseTick();
@@ -142,10 +145,14 @@ class Coordinator {
   JobReport report_;
   std::map<std::string, std::string> kv_;  // the collectives bootstrap of this generation
   bool stopped_ = false;
-  std::deque<CoordinatorAction> queue_;  // the core's actions not yet carried out, in order
-  int depth_ = 0;                        // > 0 while an action is being carried out
-  uint64_t epoch_ = 0;                   // the lease's; 0 until the first grant
-  CoreTime lease_until_{};               // from when the granting request was sent
+  // The core's actions not yet carried out, in order, each with the batch (the one core call)
+  // it came from: a batch whose first action needing the lease found it held runs to its end.
+  std::deque<std::pair<uint64_t, CoordinatorAction>> queue_;
+  uint64_t next_batch_ = 1;
+  uint64_t leased_batch_ = 0;
+  int depth_ = 0;           // > 0 while an action is being carried out
+  uint64_t epoch_ = 0;      // the lease's; 0 until the first grant
+  CoreTime lease_until_{};  // from when the granting request was sent
   std::chrono::milliseconds lease_length_{0};
   bool lease_asked_ = false;
   std::optional<CoreTime> waiting_since_;  // queue_'s head has waited for the lease since
@@ -206,20 +213,31 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
 }
 
 void Coordinator::Execute(std::vector<CoordinatorAction> actions) {
+  const uint64_t batch = next_batch_++;
+  std::vector<std::pair<uint64_t, CoordinatorAction>> tagged;
+  for (CoordinatorAction& a : actions) tagged.emplace_back(batch, std::move(a));
   // From inside an action (a checkpoint's outcome), its consequences come before what followed it.
-  queue_.insert(depth_ > 0 ? queue_.begin() : queue_.end(),
-                std::make_move_iterator(actions.begin()), std::make_move_iterator(actions.end()));
+  queue_.insert(depth_ > 0 ? queue_.begin() : queue_.end(), std::make_move_iterator(tagged.begin()),
+                std::make_move_iterator(tagged.end()));
   RunQueued();
 }
 
+// A batch is all or nothing under the lease: a step's record save, its commits and its line in
+// the step log must not be split by a lease lost in between (the record would count a step the
+// log never names). So the lease is checked once per batch, with a margin of a quarter lease for
+// the batch to run in.
 void Coordinator::RunQueued() {
   while (!queue_.empty() && !stopped_) {
-    if (NeedsLease(queue_.front().kind) && !LeaseHeld()) {
-      if (!waiting_since_) waiting_since_ = Now();
-      return RenewLease();
+    const uint64_t batch = queue_.front().first;
+    if (NeedsLease(queue_.front().second.kind) && batch != leased_batch_) {
+      if (!LeaseHeld(lease_length_ / 4)) {
+        if (!waiting_since_) waiting_since_ = Now();
+        return RenewLease();
+      }
+      leased_batch_ = batch;
     }
     waiting_since_.reset();
-    CoordinatorAction a = std::move(queue_.front());
+    CoordinatorAction a = std::move(queue_.front().second);
     queue_.pop_front();
     ++depth_;
     Do(a);

@@ -183,7 +183,7 @@ class HeadActor final : public caf::event_based_actor {
       return StatusToError(absl::FailedPreconditionError(absl::StrCat(
           "no lease on '", name, "': its worker ", it->second.worker, " is not alive")));
     }
-    const Clock::duration length = options_.heartbeat_timeout / 2;
+    const Clock::duration length = options_.heartbeat_timeout;
     auto grant = leases_.Acquire(
         name, absl::StrCat(it->second.worker, " generation ", it->second.generation),
         it->second.worker, Clock::now(), length,
@@ -471,6 +471,14 @@ class HeadActor final : public caf::event_based_actor {
           send(node->second.handle, fence_atom::value, id);
         }
       } else {
+        // A silent node may still hear us (a one-way partition): its agent kills the workers,
+        // which must not act on stale state either; when it is heard from again it rejoins.
+        for (const auto& [wid, w] : members_) {
+          if (w.info.kind == MemberKind::kWorker && w.info.node == id &&
+              w.info.state != MemberState::kDead) {
+            send(m.handle, fence_atom::value, wid);
+          }
+        }
         MarkNodeDead(id, why);
       }
     }

@@ -1,10 +1,10 @@
 // internal/lease.h — the head's leases: at most one holder of a named role at a time.
 //
 // The training coordinator commits steps, names checkpoints in LATEST and saves its record only
-// while it holds the lease on its name. A lease lasts `length` (the head grants half its heartbeat
-// timeout), so a holder cut off from the head stops acting before the head declares its worker
-// dead and a new incarnation is started. The same holder renews its lease and keeps its epoch; a
-// new holder is granted a new, higher epoch only once the previous lease ran out. The epoch is the
+// while it holds the lease on its name. A lease lasts `length` (the head grants its heartbeat
+// timeout). The same holder renews its lease and keeps its epoch; a new holder is granted a new,
+// higher epoch only once the previous lease ran out, so a holder cut off from the head has
+// stopped acting before anyone else may start. The epoch is the
 // fencing token the checkpoint store keeps (CheckpointStore::Claim): it is at least the grant's
 // wall-clock time in microseconds, so a head started later (a new cluster on an old work_dir)
 // grants higher epochs than an earlier head did. A lease whose holder's process is known to have

@@ -206,7 +206,8 @@ class MultihostTest : public ::testing::Test {
   }
 
   void ExpectExactlyOnce(const std::string& name) {
-    EXPECT_EQ(ExactlyOnceDefects(dir_ + "/" + name, steps_, kMicrobatches), "");
+    EXPECT_EQ(ExactlyOnceDefects(dir_ + "/" + name, steps_, kMicrobatches), "")
+        << Slurp(dir_ + "/" + name + "/out.txt") << Logs();
   }
 
   std::vector<SupervisionEvent> Events(const std::string& name) {
@@ -388,7 +389,7 @@ TEST_F(MultihostTest, TheHeadUnreachableFromOneHostWithinTheGraceWindowChangesNo
   SetSteps(60);
   pid_t job = StartAndWaitForCommits("grace");
   const int coordinator = CoordinatorHost("grace");
-  ASSERT_GT(coordinator, 1) << Logs();
+  ASSERT_GT(coordinator, 0) << Logs();
   ASSERT_TRUE(lab_.Cut(Host(coordinator), "both", HeadHost()).ok());
   std::this_thread::sleep_for(seconds(1));
   ASSERT_TRUE(lab_.Heal(Host(coordinator)).ok());
@@ -479,8 +480,9 @@ TEST_F(MultihostTest, LatencyJitterAndLossBetweenHostsChangeNoWeight) {
 }
 
 // A one-way partition: what one worker host sends is dropped, what is sent to it arrives. The
-// head stops hearing from it and fences it (the fence gets there: its worker is killed, not left
-// running on stale state); the job ends on the other three.
+// head stops hearing from the host and declares its worker (or its whole node) dead; its fence
+// gets there, so the worker is killed rather than left running on stale state. The job ends on
+// the other three.
 TEST_F(MultihostTest, AOneWayPartitionIsFencedLikeAFullOne) {
   pid_t job = StartAndWaitForCommits("oneway");
   const int coordinator = CoordinatorHost("oneway");
@@ -488,16 +490,20 @@ TEST_F(MultihostTest, AOneWayPartitionIsFencedLikeAFullOne) {
   ASSERT_TRUE(lab_.Cut(Host(victim), "out").ok());
   JobRun r = Finish("oneway", job);
   ExpectFinished("oneway", r, kHosts - 1, -1);
-  // Its node agent got the fence and killed the worker.
+  bool silent = false;
+  for (const SupervisionEvent& e :
+       FindEvents(Events("oneway"), "process_exit", {{"child", Host(victim) + "/w0"}})) {
+    silent |= absl::StrContains(e.reason, "no heartbeat");
+  }
+  EXPECT_TRUE(silent) << Logs();
+  // The node agent, which still hears the head, killed it as fenced (its own log says so).
+  const std::string agent_log = lab_.shared_dir() + "/t/logs/node-" + Host(victim) + ".txt";
   const auto until = std::chrono::steady_clock::now() + seconds(10);
-  bool fenced = false;
-  while (!fenced && std::chrono::steady_clock::now() < until) {
-    for (const SupervisionEvent& e : FindEvents(Events("oneway"), "process_exit")) {
-      fenced |= e.child == Host(victim) + "/w0" && e.cause == runtime::ExitCause::kFenced;
-    }
+  while (!absl::StrContains(Slurp(agent_log), "cause=fenced") &&
+         std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  EXPECT_TRUE(fenced) << Logs();
+  EXPECT_TRUE(absl::StrContains(Slurp(agent_log), "cause=fenced")) << Slurp(agent_log);
 }
 
 TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {

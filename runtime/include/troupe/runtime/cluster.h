@@ -181,12 +181,13 @@ using preempt_node_atom = caf::atom_constant<caf::atom("tr_preempt")>;
 // A lease on a named actor's role, for an actor that must act alone under its name even when its
 // host is cut off from the rest (the training coordinator: it commits and writes checkpoints only
 // while it holds one). (lease_atom, name), sent by that actor itself to ClusterClient::head(), is
-// answered with (uint64 epoch, int64 lease_ms): valid for lease_ms from when the request was sent,
-// shorter than the head's heartbeat timeout, so the holder's lease has run out before the head can
-// declare its worker dead and a new incarnation be started. Renewing keeps the epoch; a new holder
-// gets a higher one (a fencing token for storage). Errors: Unavailable while another incarnation's
-// lease runs (ask again later); FailedPrecondition when the sender is not the actor registered
-// under `name`, or its worker is not alive (it never will be again: stop acting).
+// answered with (uint64 epoch, int64 lease_ms): valid for lease_ms (the head's heartbeat timeout)
+// from when the request was sent. Another incarnation is granted the lease only once it ran out
+// (or the holder's process exit was confirmed by its node agent), so two never hold it at once.
+// Renewing keeps the epoch; a new holder gets a higher one (a fencing token for storage). Errors:
+// Unavailable while another incarnation's lease runs (ask again later); FailedPrecondition when the
+// sender is not the actor registered under `name`, or its worker is not alive (it never will be
+// again: stop acting).
 using lease_atom = caf::atom_constant<caf::atom("tr_lease")>;
 
 // The version of the messages between head, node agents and workers. Every member's join starts
