@@ -117,7 +117,7 @@ class Coordinator {
   void LeaseTick();
   void LoseLease(const std::string& why);
   void CommitCheckpoint(const CoordinatorAction& a);
-  void PreemptNode(const std::string& worker);
+  void InjectNodeFault(const std::string& worker, FaultKind kind);
   void Committed(const CoordinatorAction& a);
   void Finish(const CoordinatorAction& a);
   void Stop(caf::message to_driver);
@@ -345,8 +345,8 @@ void Coordinator::Do(const CoordinatorAction& a) {
     case Kind::kKillWorker:
       return Send(a.worker,
                   caf::make_message(ArmKill{a.step, a.signal, static_cast<int32_t>(a.fault)}));
-    case Kind::kDrainNode:
-      return PreemptNode(a.worker);
+    case Kind::kNodeFault:
+      return InjectNodeFault(a.worker, a.fault);
     case Kind::kAddNode:
       FaultFired(FaultKind::kJoinWorker, core_->committed(), a.text);
       return self_->send(driver_, AddNode{a.text});
@@ -379,18 +379,24 @@ void Coordinator::Do(const CoordinatorAction& a) {
   }
 }
 
-// Chaos by name, through the head: the node agent gives itself the notice on its own host.
-void Coordinator::PreemptNode(const std::string& worker) {
+// Chaos by name, through the head: the node agent carries it out on its own host (a preemption
+// notice to itself, or a network fault on its host's links).
+void Coordinator::InjectNodeFault(const std::string& worker, FaultKind kind) {
   auto it = ranks_.find(worker);
   if (it == ranks_.end() || !head_) return;
-  FaultFired(FaultKind::kSigtermNode, core_->committed(), it->second.node);
-  self_->request(head_, Rpc(), runtime::preempt_node_atom::value, it->second.node)
+  runtime::NodeFault f;
+  f.kind = kind == FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
+           : kind == FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
+                                               : runtime::NodeFaultKind::kDrop;
+  f.duration_ms = absl::ToInt64Milliseconds(spec_.network_fault);
+  f.drop_percent = spec_.drop_percent;
+  FaultFired(kind, core_->committed(), it->second.node);
+  self_->request(head_, Rpc(), runtime::node_fault_atom::value, it->second.node, f)
       .then([](bool) {},
-            [this](caf::error& e) {
+            [this, kind](caf::error& e) {
               runtime::SupervisionEvent failed = JobEvent("fault_failed", "coordinator");
               failed.generation = core_->generation();
-              failed.Set("kind", FaultKindName(FaultKind::kSigtermNode)).reason =
-                  self_->system().render(e);
+              failed.Set("kind", FaultKindName(kind)).reason = self_->system().render(e);
               LogEvent(std::move(failed));
             });
 }

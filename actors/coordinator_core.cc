@@ -73,8 +73,10 @@ std::string DebugString(const CoordinatorAction& a) {
                           "ms)");
     case Kind::kKillWorker:
       return absl::StrCat(a.signal == SIGSTOP ? "stop(" : "kill(", a.worker, ",s", a.step, ")");
-    case Kind::kDrainNode:
-      return absl::StrCat("drain_node(", a.worker, ")");
+    case Kind::kNodeFault:
+      return a.fault == FaultKind::kSigtermNode
+                 ? absl::StrCat("drain_node(", a.worker, ")")
+                 : absl::StrCat(FaultKindName(a.fault), "(", a.worker, ")");
     case Kind::kAddNode:
       return absl::StrCat("add_node(", a.text, ")");
     case Kind::kCrashSelf:
@@ -554,11 +556,14 @@ bool CoordinatorCore::FireFaults(Actions* out) {
         kill(buddy, SIGKILL);
         break;
       }
-      case FaultKind::kSigtermNode: {
+      case FaultKind::kSigtermNode:
+      case FaultKind::kPartitionNode:
+      case FaultKind::kDropNode: {
         const std::string& w = group_[ArmRank(f.arg)];
         Event(out, armed.Set("worker", w).Set("node", members_[w].node));
-        CoordinatorAction a{Kind::kDrainNode};
+        CoordinatorAction a{Kind::kNodeFault};
         a.worker = w;
+        a.fault = f.kind;
         Emit(out, std::move(a));
         break;
       }

@@ -84,7 +84,7 @@ struct CoordinatorAction {
     kReadTable,   // read the head's membership table, then call OnTable
     kTimer,       // call OnTimer(`timer`) after `delay`
     kKillWorker,  // chaos: `worker` kills itself with `signal` in step `step`'s exchange (`fault`)
-    kDrainNode,   // chaos: the node agent of `worker`'s node gets SIGTERM
+    kNodeFault,   // chaos: `fault` (sigterm-node, partition-node, drop-node) on `worker`'s node
     kAddNode,     // chaos: a node named `text` with one worker joins
     kCrashSelf,   // chaos: this process dies now (kill-coordinator)
     kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)

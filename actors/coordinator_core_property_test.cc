@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <random>
 #include <set>
@@ -73,14 +74,14 @@ class Sim {
     checkpoint_every_ = Pick(0, 3);
     const int workers = Pick(min_workers_, 5);
     for (int i = 0; i < workers; ++i) AddWorker();
-    const FaultKind kinds[] = {FaultKind::kKillWorker,        FaultKind::kStopWorker,
-                               FaultKind::kKillShardAndBuddy, FaultKind::kSigtermNode,
-                               FaultKind::kJoinWorker,        FaultKind::kKillCoordinator,
-                               FaultKind::kCrashInCheckpoint};
+    const FaultKind kinds[] = {
+        FaultKind::kKillWorker,        FaultKind::kStopWorker,    FaultKind::kKillShardAndBuddy,
+        FaultKind::kSigtermNode,       FaultKind::kJoinWorker,    FaultKind::kKillCoordinator,
+        FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode, FaultKind::kDropNode};
     std::set<int64_t> steps_used;
     for (int n = Pick(0, 3); n > 0; --n) {
       Fault f;
-      f.kind = kinds[Pick(0, 6)];
+      f.kind = kinds[Pick(0, static_cast<int>(std::size(kinds)) - 1)];
       f.step = Pick(0, static_cast<int>(steps_) - 1);
       if (!steps_used.insert(f.step).second) continue;  // one fault per step
       faults_.push_back(f);
@@ -290,13 +291,21 @@ class Sim {
         Kill(a.worker);
         break;
       }
-      case Kind::kDrainNode: {
-        CountFault(absl::StrCat("drain@", core_->committed()), 1);
+      case Kind::kNodeFault: {
         const std::string node = workers_[a.worker].node;
-        queue_.push_back({kEvNodeDraining,
-                          [this, node] { return core_->OnNodeDraining(node, "SIGTERM", now_); }});
+        if (a.fault == FaultKind::kDropNode) {  // lost packets: TCP retransmits, nothing fails
+          CountFault(absl::StrCat("drop@", core_->committed()), 1);
+          break;
+        }
+        if (a.fault == FaultKind::kSigtermNode) {
+          CountFault(absl::StrCat("drain@", core_->committed()), 1);
+          queue_.push_back({kEvNodeDraining,
+                            [this, node] { return core_->OnNodeDraining(node, "SIGTERM", now_); }});
+        } else {  // a partition: the head fences the node's workers for missed heartbeats
+          CountFault(absl::StrCat("partition@", core_->committed()), 1);
+        }
         for (auto& [w, s] : workers_) {
-          if (s.node == node && s.alive) Kill(w);  // it leaves after its grace period
+          if (s.node == node && s.alive) Kill(w);  // a drained one leaves after its grace period
         }
         break;
       }

@@ -592,6 +592,24 @@ TEST_F(CoordinatorCoreTest, SigtermNodeDrainsAtTheNextStepBoundary) {
             "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)");
 }
 
+// A network fault is the node agent's to carry out; the core only names the node (by its worker)
+// and, being no failure in itself, marks no recovery: a partition shows up as deaths later.
+TEST_F(CoordinatorCoreTest, PartitionNodeIsSentToTheNodeAndAwaitsNoRecovery) {
+  auto o = Opts();
+  o.faults = {F(FaultKind::kPartitionNode, 1, 2)};
+  Make(o);
+  Running({"a", "b", "c"});
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
+            "committed(s1,g1,w3) save event partition-node(c) step(a,g1,s1) "
+            "step(b,g1,s1) step(c,g1,s1)");
+  EXPECT_FALSE(core_->record().awaiting_recovery);
+  EXPECT_EQ(core_->record().fired, (std::set<int32_t>{0}));
+  EXPECT_EQ(Str(core_->OnWorkerDown("c", "no heartbeat", kT0)),
+            "abort(a,g2) abort(b,g2) event save configure(a,g2,r0/2,s1,memory) "
+            "configure(b,g2,r1/2,s1,memory)");
+}
+
 TEST_F(CoordinatorCoreTest, JoinWorkerHoldsItsStepUntilTheJoinerIsFoldedIn) {
   auto o = Opts();
   o.faults = {F(FaultKind::kJoinWorker, 1)};

@@ -22,15 +22,18 @@ SupervisionEvent JobEvent(const std::string& name, const std::string& child,
 }
 
 bool FaultAwaitsRecovery(FaultKind kind) {
-  return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker;
+  // A drain and a join are planned; a network fault may heal before anyone notices it.
+  return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker &&
+         kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode;
 }
 
 namespace {
 
 bool FaultAwaitsRecovery(const std::string& kind_name) {
-  for (FaultKind k : {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
-                      FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
-                      FaultKind::kCrashInCheckpoint}) {
+  for (FaultKind k :
+       {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
+        FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
+        FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode, FaultKind::kDropNode}) {
     if (kind_name == FaultKindName(k)) return FaultAwaitsRecovery(k);
   }
   return false;
@@ -62,6 +65,12 @@ std::string DescribeFaultArmed(const SupervisionEvent& e) {
   }
   if (kind == "sigterm-node") {
     return absl::StrCat("chaos: SIGTERM to node ", e.Field("node"), " before step ", step);
+  }
+  if (kind == "partition-node" || kind == "drop-node") {
+    return absl::StrCat("chaos: node ", e.Field("node"), "'s host ",
+                        kind == "partition-node" ? "cut off from the other hosts"
+                                                 : "dropping packets to and from the others",
+                        " for a while ([chaos] network_fault), before step ", step);
   }
   if (kind == "join-worker") {
     return absl::StrCat("chaos: a node with one worker joins before step ", step,

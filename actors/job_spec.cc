@@ -146,6 +146,8 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kJoinWorker, "join-worker"},
     {FaultKind::kKillCoordinator, "kill-coordinator"},
     {FaultKind::kCrashInCheckpoint, "crash-in-checkpoint"},
+    {FaultKind::kPartitionNode, "partition-node"},
+    {FaultKind::kDropNode, "drop-node"},
 };
 }  // namespace
 
@@ -274,6 +276,8 @@ void ReadChaos(Section& s, JobSpec& spec) {
       }
     }
   }
+  s.Duration("network_fault", &spec.network_fault);
+  s.Int32("drop_percent", &spec.drop_percent, 1, 100);
 }
 
 void ReadTimeouts(Section& s, JobSpec& spec) {
@@ -418,8 +422,10 @@ std::string JobSpec::ToToml() const {
       "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
-      "]\n\n[timeouts]\nliveness = \"", absl::FormatDuration(timeouts.liveness),
-      "\"\ncollective = \"", absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
+      "\"\ndrop_percent = ", drop_percent, "\n\n[timeouts]\nliveness = \"",
+      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
+      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
       absl::FormatDuration(timeouts.join_wait), "\"\nwatchdog = \"",

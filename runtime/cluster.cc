@@ -35,6 +35,7 @@ void RegisterClusterTypes(caf::actor_system_config& cfg) {
   cfg.add_message_type<MemberInfo>("troupe.MemberInfo");
   cfg.add_message_type<std::vector<MemberInfo>>("troupe.MemberInfos");
   cfg.add_message_type<MembershipEvent>("troupe.MembershipEvent");
+  cfg.add_message_type<NodeFault>("troupe.NodeFault");
   cfg.add_message_type<Placement>("troupe.Placement");
   cfg.add_message_type<GroupStrategy>("troupe.GroupStrategy");
   cfg.add_message_type<internal::ActorStat>("troupe.ActorStat");

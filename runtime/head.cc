@@ -133,8 +133,8 @@ class HeadActor final : public caf::event_based_actor {
         [this](lease_atom, const std::string& name) -> caf::result<uint64_t, int64_t> {
           return HandleLease(name);
         },
-        [this](preempt_node_atom, const std::string& node) -> caf::result<bool> {
-          return HandlePreempt(node);
+        [this](node_fault_atom, const std::string& node, const NodeFault& f) -> caf::result<bool> {
+          return HandleNodeFault(node, f);
         },
         [this](tick_atom) {
           CheckHeartbeats();
@@ -316,14 +316,15 @@ class HeadActor final : public caf::event_based_actor {
     }
   }
 
-  // Chaos by name: the node's agent gives itself a preemption notice on its own host.
-  caf::result<bool> HandlePreempt(const std::string& node) {
+  // Chaos by name: the node's agent carries it out on its own host.
+  caf::result<bool> HandleNodeFault(const std::string& node, const NodeFault& f) {
     auto it = members_.find(node);
     if (it == members_.end() || it->second.info.kind != MemberKind::kNode ||
         it->second.info.state == MemberState::kDead) {
-      return StatusToError(absl::NotFoundError(absl::StrCat("preempt: no live node '", node, "'")));
+      return StatusToError(
+          absl::NotFoundError(absl::StrCat(to_string(f.kind), ": no live node '", node, "'")));
     }
-    send(it->second.handle, preempt_node_atom::value);
+    send(it->second.handle, node_fault_atom::value, f);
     return true;
   }
 

@@ -136,6 +136,18 @@ TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   EXPECT_NE(text.find("worker_down"), std::string::npos) << text;
   EXPECT_NE(text.find("signaled"), std::string::npos) << text;
   EXPECT_NE(caf::deep_to_string(m).find("draining"), std::string::npos);
+
+  NodeFault f{NodeFaultKind::kDrop, 3000, 5};
+  buf.clear();
+  caf::binary_serializer sink3{nullptr, buf};
+  ASSERT_FALSE(sink3(f));
+  NodeFault f2;
+  caf::binary_deserializer source3{nullptr, buf};
+  ASSERT_FALSE(source3(f2));
+  EXPECT_EQ(f2.kind, NodeFaultKind::kDrop);
+  EXPECT_EQ(f2.duration_ms, 3000);
+  EXPECT_EQ(f2.drop_percent, 5);
+  EXPECT_NE(caf::deep_to_string(f).find("drop"), std::string::npos) << caf::deep_to_string(f);
 }
 
 }  // namespace

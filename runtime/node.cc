@@ -64,8 +64,22 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
       },
       [w](release_atom) { w->release = true; },
       [w](rejoin_atom) { w->rejoin = true; },
-      // Chaos: a preemption notice, delivered as the cloud's would be (SIGTERM to this agent).
-      [](preempt_node_atom) { kill(getpid(), SIGTERM); },
+      // Chaos on this host: a preemption notice, delivered as the cloud's would be (SIGTERM to
+      // this agent), or a network fault on its links.
+      [](node_fault_atom, const NodeFault& f) {
+        if (f.kind == NodeFaultKind::kPreempt) {
+          kill(getpid(), SIGTERM);
+          return;
+        }
+        absl::Status s =
+            StartNetworkFault(f.kind == NodeFaultKind::kPartition, f.drop_percent, f.duration_ms);
+        if (s.ok()) {
+          LogWarn("node", absl::StrCat("chaos: ", to_string(f.kind), " of this host's links for ",
+                                       f.duration_ms, " ms"));
+        } else {
+          LogError("node", std::string(s.message()));
+        }
+      },
   };
 }
 

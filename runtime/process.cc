@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -10,11 +11,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 extern char** environ;
 
@@ -148,6 +151,107 @@ bool AlreadyDying(pid_t pid) {
   }
   closedir(dir);
   return kill_pending || (any && all_exiting);
+}
+
+namespace {
+
+// Runs argv[0] with argv and waits for it; its exit code, 128 + N for signal N, -1 if it could not
+// start. Only async-signal-safe calls: it runs in a child forked from a threaded process.
+int RunAndWait(char* const argv[]) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  if (pid < 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// argv for execv: pointers into `args`, which must outlive it.
+std::vector<char*> Argv(std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return argv;
+}
+
+// The network fault's helper, in a grandchild of the agent (after fork, setsid, fork): adds the
+// rules, writes the first failure's index (or -1) to `report`, sleeps, removes them.
+[[noreturn]] void NetworkFaultHelper(std::vector<std::vector<char*>>& add,
+                                     std::vector<std::vector<char*>>& remove, int report,
+                                     int64_t duration_ms) {
+  dup2(report, 3);  // the report pipe on fd 3; every other descriptor of the agent closed
+  close_range(4, ~0U, 0);
+  int failed = -1;
+  for (size_t i = 0; i < add.size() && failed < 0; ++i) {
+    if (RunAndWait(add[i].data()) != 0) failed = static_cast<int>(i);
+  }
+  [[maybe_unused]] ssize_t n = write(3, &failed, sizeof failed);
+  close(3);
+  if (failed < 0) {
+    timespec left{duration_ms / 1000, (duration_ms % 1000) * 1000000};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+    }
+  }
+  for (size_t i = 0; i < remove.size(); ++i) RunAndWait(remove[i].data());
+  _exit(failed < 0 ? 0 : 1);
+}
+
+}  // namespace
+
+absl::Status StartNetworkFault(bool partition, int32_t drop_percent, int64_t duration_ms) {
+  std::string iptables;
+  for (const char* p : {"/usr/sbin/iptables", "/sbin/iptables", "/usr/bin/iptables"}) {
+    if (access(p, X_OK) == 0) iptables = p;
+  }
+  if (iptables.empty()) {
+    return absl::FailedPreconditionError("network fault: iptables not found (Debian's iptables)");
+  }
+  // Everything the helper needs is built here: after fork it may only make system calls.
+  std::vector<std::vector<std::string>> add_args, remove_args;
+  for (const char* chain : {"INPUT", "OUTPUT"}) {
+    std::vector<std::string> rule = {"!", chain[0] == 'I' ? "-i" : "-o", "lo"};
+    if (!partition) {
+      rule.insert(rule.end(), {"-m", "statistic", "--mode", "random", "--probability",
+                               absl::StrCat(drop_percent / 100.0)});
+    }
+    rule.insert(rule.end(), {"-m", "comment", "--comment", "troupe-chaos", "-j", "DROP"});
+    add_args.push_back({iptables, "-w", "-I", chain, "1"});
+    add_args.back().insert(add_args.back().end(), rule.begin(), rule.end());
+    remove_args.push_back({iptables, "-w", "-D", chain});
+    remove_args.back().insert(remove_args.back().end(), rule.begin(), rule.end());
+  }
+  std::vector<std::vector<char*>> add, remove;
+  for (auto& a : add_args) add.push_back(Argv(a));
+  for (auto& a : remove_args) remove.push_back(Argv(a));
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("network fault: pipe: ", std::strerror(errno)));
+  }
+  const pid_t child = fork();
+  if (child == 0) {
+    setsid();
+    if (fork() == 0) NetworkFaultHelper(add, remove, report[1], duration_ms);
+    _exit(0);
+  }
+  close(report[1]);
+  if (child > 0) waitpid(child, nullptr, 0);  // may have been reaped by the agent's reaper: fine
+  int failed = -2;
+  pollfd pfd{report[0], POLLIN, 0};
+  if (child > 0 && poll(&pfd, 1, 30000) == 1 && read(report[0], &failed, sizeof failed) != 4) {
+    failed = -2;
+  }
+  close(report[0]);
+  if (failed == -1) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("network fault: ",
+                   failed >= 0 ? absl::StrCat("`", absl::StrJoin(add_args[failed], " "), "` failed")
+                               : std::string("its helper process did not start"),
+                   " (it needs CAP_NET_ADMIN in this host's network namespace)"));
 }
 
 }  // namespace troupe::runtime::internal

@@ -367,12 +367,15 @@ int CertsMain(const std::vector<std::string>& args) {
   std::string dir, members = "head,node";
   ConfigRegistry config;
   config.AddString("dir", &dir, "where to write ca.pem, ca.key and <member>.{pem,key}");
-  config.AddString("members", &members, "comma-separated member names to issue certificates for");
-  if (int rc = ParseCommandLine("certs",
-                                "usage: troupe certs --dir DIR [--members head,node-a,...]\n"
-                                "Creates a cluster CA and a certificate per member, for "
-                                "--tls_ca/--tls_cert/--tls_key.",
-                                args, config);
+  config.AddString("members", &members,
+                   "comma-separated members, NAME or NAME=ADDR[+ADDR...] (the addresses others "
+                   "dial it at; none: loopback)");
+  if (int rc = ParseCommandLine(
+          "certs",
+          "usage: troupe certs --dir DIR [--members head=10.0.0.1,node-a=10.0.0.2,...]\n"
+          "Creates a cluster CA and a certificate per member, for "
+          "--tls_ca/--tls_cert/--tls_key.",
+          args, config);
       rc >= 0)
     return rc;
   if (dir.empty()) {

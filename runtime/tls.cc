@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -22,9 +24,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "caf/io/all.hpp"
 #include "internal/context.h"
 #include "troupe/runtime/cluster.h"
+#include "troupe/runtime/log.h"
 
 namespace troupe::runtime {
 namespace {
@@ -82,8 +86,9 @@ absl::Status WritePem(const std::string& path, EVP_PKEY* key, X509* cert) {
   return absl::OkStatus();
 }
 
-Cert MakeCert(const std::string& cn, EVP_PKEY* key, X509* issuer, EVP_PKEY* issuer_key, bool is_ca,
-              long serial) {
+// `san`: the subjectAltName ("DNS:a,IP:10.0.0.1"); "" for none (the CA).
+Cert MakeCert(const std::string& cn, const std::string& san, EVP_PKEY* key, X509* issuer,
+              EVP_PKEY* issuer_key, long serial) {
   Cert c(X509_new(), X509_free);
   X509_set_version(c.get(), 2);
   ASN1_INTEGER_set(X509_get_serialNumber(c.get()), serial);
@@ -99,13 +104,51 @@ Cert MakeCert(const std::string& cn, EVP_PKEY* key, X509* issuer, EVP_PKEY* issu
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, issuer ? issuer : c.get(), c.get(), nullptr, nullptr, 0);
-  const char* bc = is_ca ? "critical,CA:TRUE" : "critical,CA:FALSE";
-  if (X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, NID_basic_constraints, bc)) {
-    X509_add_ext(c.get(), ext, -1);
-    X509_EXTENSION_free(ext);
+  const bool is_ca = issuer == nullptr;
+  for (const auto& [nid, value] :
+       {std::pair<int, std::string>{NID_basic_constraints,
+                                    is_ca ? "critical,CA:TRUE" : "critical,CA:FALSE"},
+        {NID_subject_alt_name, san}}) {
+    if (value.empty()) continue;
+    if (X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str())) {
+      X509_add_ext(c.get(), ext, -1);
+      X509_EXTENSION_free(ext);
+    }
   }
   X509_sign(c.get(), issuer_key ? issuer_key : key, EVP_sha256());
   return c;
+}
+
+bool IsIpAddress(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// A member of `troupe certs --members`: "NAME" or "NAME=ADDR[+ADDR...]". Its certificate names
+// NAME and the addresses peers dial it at (host names or IPs); with none, loopback (one machine).
+absl::StatusOr<std::pair<std::string, std::string>> ParseMember(const std::string& text) {
+  auto plain = [](const std::string& x) {  // a file name, a DNS name
+    return !x.empty() && std::all_of(x.begin(), x.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+    });
+  };
+  const size_t eq = text.find('=');
+  const std::string name = text.substr(0, eq);
+  if (!plain(name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--members: expected NAME[=ADDR[+ADDR...]] with NAME of [A-Za-z0-9._-], got '", text, "'"));
+  }
+  std::string san = absl::StrCat("DNS:", name);
+  std::vector<std::string> addrs = {"127.0.0.1", "localhost"};
+  if (eq != std::string::npos) addrs = absl::StrSplit(text.substr(eq + 1), '+');
+  for (const std::string& a : addrs) {
+    if (!IsIpAddress(a) && !plain(a)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--members: member '", name, "': expected a host name or an IP address, got '", a, "'"));
+    }
+    absl::StrAppend(&san, IsIpAddress(a) ? ",IP:" : ",DNS:", a);
+  }
+  return std::make_pair(name, san);
 }
 
 }  // namespace
@@ -123,13 +166,19 @@ absl::Status GenerateClusterCertificates(const std::string& dir,
   }
   Key ca_key = NewKey();
   if (!ca_key) return absl::InternalError("cannot generate a key (OpenSSL)");
-  Cert ca = MakeCert("troupe cluster CA", ca_key.get(), nullptr, nullptr, true, 1);
+  std::vector<std::pair<std::string, std::string>> parsed;  // name, subjectAltName
+  for (const std::string& m : members) {
+    absl::StatusOr<std::pair<std::string, std::string>> p = ParseMember(m);
+    if (!p.ok()) return p.status();
+    parsed.push_back(*p);
+  }
+  Cert ca = MakeCert("troupe cluster CA", "", ca_key.get(), nullptr, nullptr, 1);
   if (auto s = WritePem(dir + "/ca.pem", nullptr, ca.get()); !s.ok()) return s;
   if (auto s = WritePem(dir + "/ca.key", ca_key.get(), nullptr); !s.ok()) return s;
   long serial = 2;
-  for (const auto& m : members) {
+  for (const auto& [m, san] : parsed) {
     Key key = NewKey();
-    Cert cert = MakeCert(m, key.get(), ca.get(), ca_key.get(), false, serial++);
+    Cert cert = MakeCert(m, san, key.get(), ca.get(), ca_key.get(), serial++);
     if (auto s = WritePem(dir + "/" + m + ".pem", nullptr, cert.get()); !s.ok()) return s;
     if (auto s = WritePem(dir + "/" + m + ".key", key.get(), nullptr); !s.ok()) return s;
   }
@@ -339,10 +388,22 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
       Ssl ssl(SSL_new(shared.get()), SSL_free);
       SSL_set_fd(ssl.get(), remote);
       SetTimeout(remote, 5000);
+      // The peer's certificate must name the address dialed, not only come from the cluster CA.
+      X509_VERIFY_PARAM* param = SSL_get0_param(ssl.get());
+      if (IsIpAddress(host)) {
+        X509_VERIFY_PARAM_set1_ip_asc(param, host.c_str());
+      } else {
+        X509_VERIFY_PARAM_set1_host(param, host.c_str(), 0);
+      }
       if (SSL_connect(ssl.get()) == 1) {
         SetTimeout(remote, 0);
         Pump(ssl.get(), remote, plain);
         SSL_shutdown(ssl.get());
+      } else if (long v = SSL_get_verify_result(ssl.get()); v != X509_V_OK) {
+        LogError("tls",
+                 absl::StrCat("refused ", host, ":", port, ": ", X509_verify_cert_error_string(v),
+                              " (its certificate must name ", host,
+                              ": troupe certs --members NAME=", host, ")"));
       }
       close(remote);
       close(plain);

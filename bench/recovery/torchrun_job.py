@@ -11,7 +11,12 @@ Data is synthetic and deterministic: the batch of step n on rank r depends only 
 so a resumed run sees exactly the batches an uninterrupted run would. The global batch is fixed
 (--global-batch sequences, split evenly over the ranks).
 
+--size picks troupe's GPT sizes (model/config.cc: tiny, small20m) with vocab 512, the vocabulary
+of the corpus `troupe train` prepares; --ckpt-every N checkpoints (and commits) every N steps only
+(a step in between is logged as `commit` too, with ckpt=0: training throughput, not recovery).
+
 Usage (under torchrun): torchrun_job.py --steps 40 --ckpt-dir DIR --commit-log FILE
+       [--size tiny|small20m] [--seq S] [--global-batch B] [--ckpt-every N]
 The commit log may also come from $COMMIT_LOG.
 """
 import argparse
@@ -25,23 +30,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-VOCAB, SEQ, WIDTH, LAYERS, HEADS = 512, 64, 64, 2, 4
+VOCAB = 512
+# name -> (context, layers, heads, width), as troupe's GptConfig::Tiny / Small20M.
+SIZES = {"tiny": (64, 2, 4, 64), "small20m": (256, 6, 8, 512)}
 
 
 class TinyGPT(nn.Module):
     """Pre-norm causal transformer: token + position embeddings, LAYERS blocks, LM head."""
 
-    def __init__(self):
+    def __init__(self, size="tiny"):
         super().__init__()
-        self.tok = nn.Embedding(VOCAB, WIDTH)
-        self.pos = nn.Embedding(SEQ, WIDTH)
+        context, layers, heads, width = SIZES[size]
+        self.tok = nn.Embedding(VOCAB, width)
+        self.pos = nn.Embedding(context, width)
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0, batch_first=True,
+            nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True,
                                        norm_first=True)
-            for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
-        causal = torch.triu(torch.full((SEQ, SEQ), float("-inf")), diagonal=1)
+            for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, VOCAB, bias=False)
+        causal = torch.triu(torch.full((context, context), float("-inf")), diagonal=1)
         self.register_buffer("causal", causal, persistent=False)
 
     def forward(self, idx):
@@ -51,20 +59,21 @@ class TinyGPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def batch(seed, step, rank, rows):
+def batch(seed, step, rank, rows, seq_len):
     """Arithmetic sequences mod VOCAB with a random start and stride: learnable, deterministic."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
     start = torch.randint(0, VOCAB, (rows, 1), generator=g)
     stride = torch.randint(1, 9, (rows, 1), generator=g)
-    seq = (start + stride * torch.arange(SEQ + 1)) % VOCAB
+    seq = (start + stride * torch.arange(seq_len + 1)) % VOCAB
     return seq[:, :-1], seq[:, 1:]
 
 
-def fsync_append(path, line):
+def fsync_append(path, line, sync=True):
     with open(path, "a") as f:
         f.write(line + "\n")
         f.flush()
-        os.fsync(f.fileno())
+        if sync:  # a line that a checkpoint backs is durable; one between them need not be
+            os.fsync(f.fileno())
 
 
 def save_atomically(path, state):
@@ -97,7 +106,11 @@ def main():
     p.add_argument("--commit-log", default=os.environ.get("COMMIT_LOG"))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    p.add_argument("--seq", type=int, default=0, help="sequence length; 0: the size's context")
+    p.add_argument("--ckpt-every", type=int, default=1)
     args = p.parse_args()
+    seq_len = args.seq or SIZES[args.size][0]
     if not args.commit_log:
         p.error("--commit-log or $COMMIT_LOG is required")
 
@@ -109,7 +122,7 @@ def main():
     rows = args.global_batch // world
 
     torch.manual_seed(args.seed)  # same initial weights on every rank
-    model = TinyGPT()
+    model = TinyGPT(args.size)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     ckpt = os.path.join(args.ckpt_dir, "ckpt.pt")
     done = 0
@@ -129,17 +142,19 @@ def main():
         fsync_append(args.commit_log, f"start restart={restart} resume_step={done} t={time.time():.6f}")
 
     for step in range(done + 1, args.steps + 1):
-        x, y = batch(args.seed, step, rank, rows)
+        x, y = batch(args.seed, step, rank, rows, seq_len)
         loss = F.cross_entropy(ddp(x).reshape(-1, VOCAB), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces the gradients here
         opt.step()
         if rank == 0:
-            save_atomically(ckpt, {"step": step, "model": model.state_dict(),
-                                   "optim": opt.state_dict()})
+            saved = step % args.ckpt_every == 0 or step == args.steps
+            if saved:
+                save_atomically(ckpt, {"step": step, "model": model.state_dict(),
+                                       "optim": opt.state_dict()})
             fsync_append(args.commit_log,
                          f"commit step={step} t={time.time():.6f} restart={restart} "
-                         f"loss={loss.item():.4f}")
+                         f"loss={loss.item():.4f} ckpt={int(saved)}", sync=saved)
 
     dist.barrier()
     dist.destroy_process_group()

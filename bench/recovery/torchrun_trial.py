@@ -54,6 +54,24 @@ def torch_env():
     return env
 
 
+def check_torch(caller):
+    """Exits 2 unless Debian's python3-torch imports; prints the version and the BLAS it loads."""
+    probe = ("import os, re, torch; torch.ones(8, 8) @ torch.ones(8, 8)\n"
+             "libs = {os.path.realpath(l.split()[-1]) for l in open('/proc/self/maps') if '/' in l}\n"
+             "blas = sorted(p for p in libs if re.search(r'blas|lapack|mkl', os.path.basename(p)))\n"
+             "print(torch.__version__, ', '.join(blas) or 'no BLAS library found')")
+    r = subprocess.run([PYTHON, "-c", probe], env=torch_env(),
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"{caller}: `{PYTHON} -c 'import torch'` failed:\n"
+              f"{r.stderr.strip()[-500:]}\n"
+              "The torchrun peer needs Debian's PyTorch for the system Python: "
+              "apt-get install -y python3-torch", file=sys.stderr)
+        sys.exit(2)
+    version, blas = r.stdout.strip().split(" ", 1)
+    return version, blas
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

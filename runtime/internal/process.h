@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +34,15 @@ std::string SelfExe();
 // its threads, a thread exiting, or a zombie. A SIGKILLed process is reaped only once every thread
 // has left the kernel, which can take over a second on a loaded machine.
 bool AlreadyDying(pid_t pid);
+
+// A network fault on this host, for the node agent's chaos (NodeFault kPartition or kDrop, in
+// troupe/runtime/cluster.h): iptables rules on INPUT and OUTPUT that drop every packet (or
+// `drop_percent` % at random) not on loopback, removed after `duration_ms` by a detached process
+// of its own (not this one's child; no descriptor of this process kept open), so the heal happens
+// even if this process dies meanwhile. Returns once the rules are in place: FailedPrecondition when
+// iptables is missing or refuses (no CAP_NET_ADMIN), naming the command.
+[[nodiscard]] absl::Status StartNetworkFault(bool partition, int32_t drop_percent,
+                                             int64_t duration_ms);
 
 }  // namespace troupe::runtime::internal
 

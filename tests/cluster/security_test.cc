@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -65,7 +66,8 @@ class SecurityTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = "/tmp/troupe-security-" + std::to_string(getpid());
-    absl::Status a = GenerateClusterCertificates(dir_ + "/a", {"head", "node", "driver"});
+    absl::Status a =
+        GenerateClusterCertificates(dir_ + "/a", {"head", "node", "driver", "elsewhere=10.1.2.3"});
     ASSERT_TRUE(a.ok()) << a;
     absl::Status b = GenerateClusterCertificates(dir_ + "/b", {"node"});
     ASSERT_TRUE(b.ok()) << b;
@@ -156,6 +158,31 @@ TEST_F(SecurityTest, NodeWithoutCertificateIsRefused) {
   ASSERT_EQ(waitpid(*pid, &status, 0), *pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
   EXPECT_FALSE(IsMember("node-plain"));
+}
+
+// A certificate from the cluster's CA is not enough: it must name the address it is dialed at.
+TEST_F(SecurityTest, AHeadWhoseCertificateNamesAnotherAddressIsRefused) {
+  LocalCluster::Options o;
+  o.binary = TROUPE_CLUSTER_APP;
+  o.workers = 0;
+  o.head_args = Tls(dir_ + "/a", "elsewhere");  // names 10.1.2.3, listens on 127.0.0.1
+  auto other = LocalCluster::Start(o);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto client = ClusterClient::Connect(*rt_, "127.0.0.1", (*other)->port());
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+  ExpectHeadServes();  // the head whose certificate names 127.0.0.1 still serves
+}
+
+TEST(CertificatesTest, MembersAreNamesWithOptionalAddresses) {
+  const std::string dir = "/tmp/troupe-certs-" + std::to_string(getpid());
+  EXPECT_TRUE(GenerateClusterCertificates(dir, {"n1=10.0.0.1+n1.example.org", "n2"}).ok());
+  for (const char* bad : {"", "a b", "n=", "n=10.0.0.1+", "n=x,y"}) {
+    absl::Status s = GenerateClusterCertificates(dir, {bad});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--members"), std::string::npos) << s;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(SecurityTest, GarbageAndHugeLengthClaimsAreCutOffCheaply) {

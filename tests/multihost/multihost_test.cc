@@ -95,17 +95,20 @@ class MultihostTest : public ::testing::Test {
     if (absl::StartsWith(test, "TheHeadUnreachable")) {
       head.insert(head.end(), {"--heartbeat_timeout", "5s"});
     }
+    if (absl::StartsWith(test, "MutualTls")) MakeCertificates();
+    Append(head, Tls("head"));
     Run(HeadHost(), head, dir_ + "/logs/head.txt");
     for (int i = 1; i <= kHosts; ++i) {
-      Run(Host(i),
-          {TROUPE_BINARY, "node", "--head", head_, "--name", Host(i), "--workers", "1", "--log_dir",
-           dir_ + "/logs", "--grace", "5s"},
-          absl::StrCat(dir_, "/logs/node-", Host(i), ".txt"));
+      std::vector<std::string> node = {TROUPE_BINARY, "node",         "--head",    head_,
+                                       "--name",      Host(i),        "--workers", "1",
+                                       "--log_dir",   dir_ + "/logs", "--grace",   "5s"};
+      Run(Host(i), Append(node, Tls(Host(i))), absl::StrCat(dir_, "/logs/node-", Host(i), ".txt"));
     }
     // The node agents keep trying until the head listens; every worker carries the address its
     // node advertises (the interface on the route to the head).
-    auto status = lab_.Exec(HeadHost(), Quote({TROUPE_BINARY, "status", "--head", head_,
-                                               "--wait_workers", std::to_string(kHosts)}));
+    std::vector<std::string> wait = {TROUPE_BINARY, "status",         "--head",
+                                     head_,         "--wait_workers", std::to_string(kHosts)};
+    auto status = lab_.Exec(HeadHost(), Quote(Append(wait, Tls("driver"))));
     ASSERT_TRUE(status.ok()) << status.status();
     ASSERT_EQ(status->exit_code, 0) << status->output << Logs();
     for (int i = 1; i <= kHosts; ++i) {
@@ -114,6 +117,31 @@ class MultihostTest : public ::testing::Test {
                                                          lab_.Address(Host(i)), " ", Host(i), " ")))
           << status->output;
     }
+  }
+
+  // `troupe certs` for the head, each host's node agent and the driver, each naming the address
+  // of its host; every process of the test then runs with mutual TLS (Tls()).
+  void MakeCertificates() {
+    certs_ = dir_ + "/certs";
+    std::string members =
+        absl::StrCat("head=", lab_.Address(HeadHost()), ",driver=", lab_.Address(HeadHost()));
+    for (int i = 1; i <= kHosts; ++i)
+      absl::StrAppend(&members, ",", Host(i), "=", lab_.Address(Host(i)));
+    auto made = lab_.Exec(HeadHost(),
+                          Quote({TROUPE_BINARY, "certs", "--dir", certs_, "--members", members}));
+    ASSERT_TRUE(made.ok() && made->exit_code == 0)
+        << (made.ok() ? made->output : made.status().ToString());
+  }
+  // `who`'s TLS options, or none when the test runs without TLS.
+  std::vector<std::string> Tls(const std::string& who) const {
+    if (certs_.empty()) return {};
+    return {"--tls_ca",  certs_ + "/ca.pem",         "--tls_cert", certs_ + "/" + who + ".pem",
+            "--tls_key", certs_ + "/" + who + ".key"};
+  }
+  static std::vector<std::string>& Append(std::vector<std::string>& to,
+                                          const std::vector<std::string>& more) {
+    to.insert(to.end(), more.begin(), more.end());
+    return to;
   }
 
   // The job (and the one-host run it is compared with) trains `steps` steps.
@@ -146,7 +174,7 @@ class MultihostTest : public ::testing::Test {
     std::vector<std::string> args = {TROUPE_BINARY, "train",         "--spec",     spec_,
                                      "--head",      head_,           "--work_dir", work,
                                      "--report",    work + "/report"};
-    args.insert(args.end(), extra.begin(), extra.end());
+    Append(Append(args, extra), Tls("driver"));
     started_[name] = std::chrono::steady_clock::now();
     return Run(HeadHost(), args, work + "/out.txt");
   }
@@ -279,7 +307,7 @@ class MultihostTest : public ::testing::Test {
   }
 
   lab::Lab lab_{LabName()};
-  std::string dir_, spec_, head_;
+  std::string dir_, spec_, head_, certs_;
   int steps_ = kSteps;
   std::map<std::string, std::chrono::steady_clock::time_point> started_;
 };
@@ -335,6 +363,38 @@ TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) 
   JobRun r = Finish("cut", job);
   ExpectFinished("cut", r, kHosts, -1);
   EXPECT_TRUE(HasEvent("cut", "join_folded", {{"child", Host(victim) + "/w1"}})) << Logs();
+}
+
+// The job spec's network faults, carried out by the node agents on their own hosts (iptables in
+// each host's network namespace, not the lab's router): rank 1's host loses 5% of its packets
+// each way for 3 s from step 4; rank 2's host is cut off from step 10 for 3 s — its worker is
+// declared dead, the job goes on, and after the heal its node joins again with a new worker,
+// folded in at a step boundary. No rule is left behind.
+TEST_F(MultihostTest, NetworkFaultsOfTheJobSpecAreCarriedOutByTheNodeAgents) {
+  SetSteps(120);  // long enough to fold the host back in
+  JobRun r = Finish(
+      "net", StartJob("net", {"--chaos", "drop-node@4:1", "--chaos", "partition-node@10:2"}));
+  ExpectFinished("net", r, kHosts, -1);
+  std::map<std::string, std::string> node_of;  // fault kind -> node
+  for (const SupervisionEvent& e : FindEvents(Events("net"), "fault_armed")) {
+    node_of[e.Field("kind")] = e.Field("node");
+  }
+  ASSERT_TRUE(node_of.count("drop-node") && node_of.count("partition-node")) << Logs();
+  const std::string cut = node_of["partition-node"];
+  EXPECT_TRUE(DeclaredSilent("net", cut.back() - '0')) << Logs();
+  EXPECT_TRUE(HasEvent("net", "join_folded", {{"child", cut + "/w1"}})) << Logs();
+  for (const auto& [kind, node] : node_of) {
+    const std::string said = absl::StrCat("chaos: ", kind == "drop-node" ? "drop" : "partition",
+                                          " of this host's links for 3000 ms");
+    EXPECT_TRUE(absl::StrContains(Slurp(absl::StrCat(dir_, "/logs/node-", node, ".txt")), said))
+        << kind << " on " << node << "\n"
+        << Logs();
+  }
+  for (int i = 1; i <= kHosts; ++i) {
+    auto rules = lab_.Exec(Host(i), "iptables -S");
+    ASSERT_TRUE(rules.ok()) << rules.status();
+    EXPECT_FALSE(absl::StrContains(rules->output, "troupe-chaos")) << Host(i) << rules->output;
+  }
 }
 
 // The coordinator's host cut off both ways: no split brain. The head stops renewing the cut-off
@@ -498,6 +558,16 @@ TEST_F(MultihostTest, AOneWayPartitionIsFencedLikeAFullOne) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_TRUE(absl::StrContains(Slurp(agent_log), "cause=fenced")) << Slurp(agent_log);
+}
+
+// Every process with a certificate that names its host's address (`troupe certs --members
+// NAME=ADDR`): the cluster forms across hosts over mutual TLS and a job loses a worker to kill -9.
+TEST_F(MultihostTest, MutualTlsAcrossHostsTrainsThroughAKill) {
+  ASSERT_FALSE(certs_.empty());
+  const std::string head_log = Slurp(dir_ + "/logs/head.txt");
+  EXPECT_TRUE(absl::StrContains(head_log, "mutual TLS")) << head_log;
+  JobRun r = RunWithChaos("tls", "kill-worker@6");
+  ExpectFinished("tls", r, kHosts - 1, -1);
 }
 
 TEST_F(MultihostTest, StoppedWorkerOnOneHostIsFencedAndLeftBehind) {

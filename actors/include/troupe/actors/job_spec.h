@@ -7,7 +7,8 @@
 //   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers
 //   [checkpoint] dir, every (steps), keep_last
-//   [chaos]      faults = ["kill-worker@10", ...]  (see Fault)
+//   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
+//                drop_percent
 //   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
 //                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
 //
@@ -44,6 +45,14 @@ namespace troupe::actors {
 //   crash-in-checkpoint@S    the coordinator's process is killed in the middle of committing
 //                            the first checkpoint at or after step S (manifest written, LATEST
 //                            not yet moved)
+//   partition-node@S[:R]     the host of rank R's node is cut off from every other host, both
+//                            ways, before step S, for [chaos] network_fault (then healed)
+//   drop-node@S[:R]          the host of rank R's node loses [chaos] drop_percent % of its
+//                            packets each way before step S, for [chaos] network_fault
+// The network faults are carried out by the node's agent on its own host (iptables in its network
+// namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
+// even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
+// change nothing.
 enum class FaultKind {
   kKillWorker,
   kStopWorker,
@@ -52,6 +61,8 @@ enum class FaultKind {
   kJoinWorker,
   kKillCoordinator,
   kCrashInCheckpoint,
+  kPartitionNode,
+  kDropNode,
 };
 // "kill-worker", ... as written in job specs and on the command line.
 const char* FaultKindName(FaultKind kind);
@@ -109,6 +120,8 @@ struct JobSpec {
   int32_t keep_last = 3;
 
   std::vector<Fault> faults;
+  absl::Duration network_fault = absl::Seconds(3);  // partition-node, drop-node: how long
+  int32_t drop_percent = 5;                         // drop-node: of the packets each way
   Timeouts timeouts;
 
   std::string ToToml() const;

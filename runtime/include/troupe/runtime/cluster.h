@@ -173,10 +173,30 @@ using members_table_atom = caf::atom_constant<caf::atom("tr_members")>;
 // event from then on. Sent before a members_table_atom request by the same actor, it guarantees
 // that no event falls between the table and the subscription.
 using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
-// (preempt_node_atom, node name) to the head → bool: chaos by name. The head forwards
-// (preempt_node_atom) to that node's agent, which gives itself a preemption notice (SIGTERM, as a
-// cloud would) on its own host; no pid crosses a machine.
-using preempt_node_atom = caf::atom_constant<caf::atom("tr_preempt")>;
+// Chaos on one node, carried out by its agent on its own host: no pid or firewall rule crosses a
+// machine. kPreempt: a preemption notice (SIGTERM to the agent, as a cloud gives it). kPartition:
+// the host cut off from every other host, both ways; kDrop: `drop_percent` % of the host's
+// packets lost each way — both healed after `duration_ms` by a process of their own (the heal
+// happens even if the agent dies meanwhile); iptables rules in the host's network namespace,
+// loopback untouched, so they need CAP_NET_ADMIN there (root on a host of its own).
+enum class NodeFaultKind { kPreempt, kPartition, kDrop };
+struct NodeFault {
+  NodeFaultKind kind = NodeFaultKind::kPreempt;
+  int64_t duration_ms = 0;
+  int32_t drop_percent = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, NodeFault& x) {
+  return f(caf::meta::type_name("troupe.NodeFault"), x.kind, x.duration_ms, x.drop_percent);
+}
+inline std::string to_string(NodeFaultKind x) {
+  return x == NodeFaultKind::kPreempt     ? "preempt"
+         : x == NodeFaultKind::kPartition ? "partition"
+                                          : "drop";
+}
+// (node_fault_atom, node name, NodeFault) to the head → bool (NotFound: no live node of that
+// name): chaos by name. The head forwards (node_fault_atom, NodeFault) to that node's agent.
+using node_fault_atom = caf::atom_constant<caf::atom("tr_nfault")>;
 
 // A lease on a named actor's role, for an actor that must act alone under its name even when its
 // host is cut off from the rest (the training coordinator: it commits and writes checkpoints only
@@ -196,7 +216,7 @@ using lease_atom = caf::atom_constant<caf::atom("tr_lease")>;
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 4;
+inline constexpr uint32_t kClusterProtocolVersion = 5;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -204,7 +224,11 @@ using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 void RegisterClusterTypes(caf::actor_system_config& cfg);
 
 // Writes a new cluster CA (ca.pem, ca.key) and one certificate + key per member
-// (<member>.pem, <member>.key) into `dir`: what --tls_ca/--tls_cert/--tls_key take.
+// (<member>.pem, <member>.key) into `dir`: what --tls_ca/--tls_cert/--tls_key take. A member is
+// "NAME" or "NAME=ADDR[+ADDR...]": its certificate names NAME and the addresses (IPs or host
+// names) others dial it at — loopback when none are given. A process dialing a peer over TLS
+// refuses a certificate that does not name the address it dialed. InvalidArgument naming
+// --members for a malformed member.
 [[nodiscard]] absl::Status GenerateClusterCertificates(const std::string& dir,
                                                        const std::vector<std::string>& members);
 
