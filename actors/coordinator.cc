@@ -156,6 +156,7 @@ class Coordinator {
   std::chrono::milliseconds lease_length_{0};
   bool lease_asked_ = false;
   std::optional<CoreTime> waiting_since_;  // queue_'s head has waited for the lease since
+  std::optional<CoreTime> asking_since_;   // the lease is needed and asked for, unanswered, since
 };
 
 absl::Status Coordinator::Init(const std::string& spec_text) {
@@ -272,19 +273,25 @@ void Coordinator::OnLease(uint64_t epoch, std::chrono::milliseconds length, Core
   }
   lease_length_ = length;
   lease_until_ = sent + length;
+  asking_since_.reset();
   RunQueued();
 }
 
-// Renews the lease a few times per length, so actions rarely wait for it. Without it for longer
-// than kLeaseWait (actions waiting for a first grant, or a lease run out unrenewed: the head is
-// out of reach), this incarnation stops: whoever can still reach the head takes over.
+// Renews the lease a few times per length, so actions rarely wait for it. When the lease is
+// needed (actions wait for a first grant, or it ran out) and the head has not answered for
+// kLeaseWait since this incarnation began asking, the head is out of reach: this incarnation
+// stops, and whoever can still reach the head takes over. The wait counts from the first request
+// after the need arose, not from when the lease ran out: a process stalled meanwhile (a handler
+// blocked in a slow fsync on shared storage) asks once it runs again, and goes on if the head
+// renews it (no other incarnation was granted it in between).
 void Coordinator::LeaseTick() {
   if (stopped_) return;
-  std::optional<CoreTime> without = waiting_since_;
-  if (epoch_ != 0 && !LeaseHeld()) {
-    without = without ? std::min(*without, lease_until_) : lease_until_;
+  if (!waiting_since_ && (epoch_ == 0 || LeaseHeld())) {
+    asking_since_.reset();
+  } else if (!asking_since_) {
+    asking_since_ = Now();
   }
-  if (without && Now() - *without > kLeaseWait) {
+  if (asking_since_ && Now() - *asking_since_ > kLeaseWait) {
     return LoseLease(absl::StrCat("the head did not grant or renew it within ",
                                   absl::FormatDuration(absl::FromChrono(kLeaseWait))));
   }

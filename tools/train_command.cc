@@ -25,7 +25,8 @@ constexpr char kUsage[] =
     "             embedded cluster runs with mutual TLS using these files\n"
     "  --chaos    inject a fault: kill-worker@S[:R], stop-worker@S[:R], kill-shard-and-buddy@S,\n"
     "             sigterm-node@S[:R], join-worker@S, kill-coordinator@S, crash-in-checkpoint@S,\n"
-    "             partition-node@S[:R], drop-node@S[:R] (the node's host, for [chaos] network_fault)\n"
+    "             partition-node@S[:R], drop-node@S[:R] (the node's host, for [chaos] "
+    "network_fault)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
     "             generations=<n>' when done";
 
