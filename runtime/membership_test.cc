@@ -108,25 +108,26 @@ TEST(MembershipEventTest, ProcessExitCarriesTheCauseAndTheKindsName) {
   EXPECT_EQ(dead.ToProcessExit("head").cause, ExitCause::kLost) << "no status seen: lost";
 }
 
+// x written by CAF's binary serializer and read back.
+template <class T>
+T ThroughCaf(T x) {
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  EXPECT_FALSE(sink(x));
+  T back{};
+  caf::binary_deserializer source{nullptr, buf};
+  EXPECT_FALSE(source(back));
+  return back;
+}
+
 // CAF 0.17 carries the enums as their underlying integers; CAF's own printing shows the names.
 TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   MembershipEvent e = WorkerDown();
-  std::vector<char> buf;
-  caf::binary_serializer sink{nullptr, buf};
-  ASSERT_FALSE(sink(e));
-  MembershipEvent back;
-  caf::binary_deserializer source{nullptr, buf};
-  ASSERT_FALSE(source(back));
-  EXPECT_EQ(back.DebugString(), e.DebugString());
+  EXPECT_EQ(ThroughCaf(e).DebugString(), e.DebugString());
 
   MemberInfo m{"n1/w0", MemberKind::kWorker, "n1",       MemberState::kDraining, 7, "",
                "",      "10.0.0.7",          "machine-7"};
-  buf.clear();
-  caf::binary_serializer sink2{nullptr, buf};
-  ASSERT_FALSE(sink2(m));
-  MemberInfo m2;
-  caf::binary_deserializer source2{nullptr, buf};
-  ASSERT_FALSE(source2(m2));
+  MemberInfo m2 = ThroughCaf(m);
   EXPECT_EQ(m2.kind, MemberKind::kWorker);
   EXPECT_EQ(m2.state, MemberState::kDraining);
   EXPECT_EQ(m2.address, "10.0.0.7");
@@ -138,12 +139,7 @@ TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   EXPECT_NE(caf::deep_to_string(m).find("draining"), std::string::npos);
 
   NodeFault f{NodeFaultKind::kDrop, 3000, 5};
-  buf.clear();
-  caf::binary_serializer sink3{nullptr, buf};
-  ASSERT_FALSE(sink3(f));
-  NodeFault f2;
-  caf::binary_deserializer source3{nullptr, buf};
-  ASSERT_FALSE(source3(f2));
+  NodeFault f2 = ThroughCaf(f);
   EXPECT_EQ(f2.kind, NodeFaultKind::kDrop);
   EXPECT_EQ(f2.duration_ms, 3000);
   EXPECT_EQ(f2.drop_percent, 5);
