@@ -10,6 +10,7 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -281,6 +282,13 @@ class Relay {
   Relay(int listen_fd, std::function<void(int)> serve)
       : listen_fd_(listen_fd), serve_(std::move(serve)) {
     thread_ = std::thread([this] {
+      // SSL_write to a peer that is gone raises SIGPIPE, which would kill the whole process (a
+      // head that loses one worker would take the cluster down with it): blocked here, and in
+      // the connection threads, which inherit this mask, the write fails with EPIPE instead.
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
       while (true) {
         int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) {
