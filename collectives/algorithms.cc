@@ -149,6 +149,48 @@ absl::Status RingAllGather(const OpContext& c, uint8_t* w, const std::vector<siz
   return absl::OkStatus();
 }
 
+// Posts DirectAllGather's sends and receives into *reqs. A request that cannot be posted ends
+// those already posted at once.
+absl::Status PostDirectAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off,
+                                 uint32_t phase, std::vector<ReqId>* reqs) {
+  const int n = c.t->size(), r = c.t->rank();
+  auto post = [&](absl::StatusOr<ReqId> id) {
+    if (id.ok()) {
+      reqs->push_back(*id);
+    } else if (!reqs->empty()) {
+      (void)c.t->WaitAll(*reqs, absl::Now());
+    }
+    return id.status();
+  };
+  for (int q = 0; q < n; ++q) {
+    if (q == r) continue;
+    if (off[q + 1] > off[q]) {
+      if (auto st = post(c.t->PostRecv(q, c.Tag(phase, 0, 0), w + off[q], off[q + 1] - off[q]));
+          !st.ok())
+        return st;
+    }
+    if (off[r + 1] > off[r]) {
+      if (auto st = post(c.t->PostSend(q, c.Tag(phase, 0, 0), w + off[r], off[r + 1] - off[r]));
+          !st.ok())
+        return st;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DirectAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off,
+                             uint32_t phase) {
+  std::vector<ReqId> reqs;
+  if (auto st = PostDirectAllGather(c, w, off, phase, &reqs); !st.ok()) return st;
+  return c.t->WaitAll(reqs, c.deadline);
+}
+
+absl::Status AllGatherSegments(const OpContext& c, uint8_t* w, const std::vector<size_t>& off,
+                               uint32_t phase) {
+  return c.t->size() <= kDirectAllGatherRanks ? DirectAllGather(c, w, off, phase)
+                                              : RingAllGather(c, w, off, phase);
+}
+
 absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count, ReduceOp op,
                                         uint32_t phase) {
   const int n = c.t->size(), r = c.t->rank();
@@ -200,21 +242,23 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
                                   ReduceOp op, float* out, uint64_t* contributions,
                                   uint32_t phase) {
   const int n = c.t->size(), r = c.t->rank();
-  // 1. Everyone learns everyone's interval.
+  // 1. Everyone learns everyone's interval: in a small group at the same time as step 2 (one
+  // message latency for both), else by the ring before it.
   std::vector<uint64_t> iv(2 * n);
   iv[2 * r] = lo;
   iv[2 * r + 1] = hi;
   std::vector<size_t> ioff(n + 1);
   for (int i = 0; i <= n; ++i) ioff[i] = i * 2 * sizeof(uint64_t);
-  if (auto st = RingAllGather(c, reinterpret_cast<uint8_t*>(iv.data()), ioff, phase); !st.ok())
+  uint8_t* ivb = reinterpret_cast<uint8_t*>(iv.data());
+  std::vector<ReqId> reqs;
+  if (auto st = n <= kDirectAllGatherRanks ? PostDirectAllGather(c, ivb, ioff, phase, &reqs)
+                                           : RingAllGather(c, ivb, ioff, phase);
+      !st.ok()) {
     return st;
-  uint64_t total = 0;
-  for (int i = 0; i < n; ++i) total = std::max(total, iv[2 * i + 1]);
-  *contributions = total;
+  }
   // 2. Every rank sends its partial of block b to owner b.
   const size_t blen = off[r + 1] - off[r];
   float* recv = static_cast<float*>(c.t->Scratch(1, std::max<size_t>(1, n * blen) * 4));
-  std::vector<ReqId> reqs;
   for (int q = 0; q < n; ++q) {
     if (q == r) continue;
     if (blen > 0) {
@@ -230,6 +274,9 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
     }
   }
   if (auto st = c.t->WaitAll(reqs, c.deadline); !st.ok()) return st;
+  uint64_t total = 0;
+  for (int i = 0; i < n; ++i) total = std::max(total, iv[2 * i + 1]);
+  *contributions = total;
   // 3. Combine the partials in canonical tree order.
   std::deque<std::vector<float>> store;
   absl::Status bad;

@@ -44,6 +44,14 @@ std::vector<size_t> EvenSegments(size_t count, int n);
 // In place on bytes; before, segment `rank` is local; afterwards all segments are.
 [[nodiscard]] absl::Status RingAllGather(const OpContext& c, uint8_t* w,
                                          const std::vector<size_t>& off_bytes, uint32_t phase);
+// The same, every rank sending its segment to every other at once: one message latency instead
+// of n - 1 (the same bytes on each rank's link), for groups up to kDirectAllGatherRanks.
+inline constexpr int kDirectAllGatherRanks = 8;
+[[nodiscard]] absl::Status DirectAllGather(const OpContext& c, uint8_t* w,
+                                           const std::vector<size_t>& off_bytes, uint32_t phase);
+// DirectAllGather for groups up to kDirectAllGatherRanks, else RingAllGather.
+[[nodiscard]] absl::Status AllGatherSegments(const OpContext& c, uint8_t* w,
+                                             const std::vector<size_t>& off_bytes, uint32_t phase);
 // In place on w (count = off.back()); needs c.t->CanReadPeers(). Afterwards segment `rank` of w
 // holds the reduction (peers combined in rank order) and, with `gather`, so do all segments.
 // Uses tag phases `phase` to `phase` + 2.

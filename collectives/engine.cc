@@ -334,7 +334,7 @@ absl::Status Engine::RunAllReduce(const OpContext& c, Buffer in, Buffer out, Red
     divisor = static_cast<float>(total);
     if (st.ok()) {
       for (auto& x : off) x *= sizeof(float);
-      st = RingAllGather(c, reinterpret_cast<uint8_t*>(w), off, 2);
+      st = AllGatherSegments(c, reinterpret_cast<uint8_t*>(w), off, 2);
     }
   }
   if (!st.ok()) return st;
@@ -413,7 +413,7 @@ Work Engine::AllGather(Buffer in, Buffer out, const CollectiveOptions& o) {
     if (in.data != w + r * bytes) std::memmove(w + r * bytes, in.data, bytes);
     std::vector<size_t> off(n + 1);
     for (int i = 0; i <= n; ++i) off[i] = bytes * i;
-    return RingAllGather(c, w, off, 0);
+    return AllGatherSegments(c, w, off, 0);
   });
 }
 

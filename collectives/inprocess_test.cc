@@ -227,6 +227,24 @@ TEST_P(Matrix, BarrierAndSendRecvRing) {
 INSTANTIATE_TEST_SUITE_P(Ranks, Matrix, ::testing::Range(1, 9),
                          [](const auto& info) { return absl::StrCat("n", info.param); });
 
+// The matrix stays at or below the direct all-gather's limit; beyond it the ring gathers.
+TEST(AllGatherBeyondTheDirectLimit, RingGathersEveryBlock) {
+  for (int n : {kDirectAllGatherRanks + 1, 13}) {
+    std::vector<std::unique_ptr<Communicator>> comms;
+    auto group = InProcessGroup::Create(n, 0, &comms);
+    ForEachRank(n, [&](int r) {
+      HostBuf in(DType::kF32, Input(r, 1000, DType::kF32, 7)), out(DType::kF32, 1000 * n);
+      ASSERT_TRUE(comms[r]->AllGather(in.buf(), out.buf(), {}).Wait().ok());
+      auto v = out.values();
+      for (int q = 0; q < n; ++q) {
+        auto exp = Input(q, 1000, DType::kF32, 7);
+        ASSERT_TRUE(std::equal(exp.begin(), exp.end(), v.begin() + q * 1000))
+            << "n=" << n << " block " << q << " on rank " << r;
+      }
+    });
+  }
+}
+
 // 64 MiB buffers on the ring path, out of place, f32 sum.
 TEST(Large, AllReduce64MiB) {
   for (int n : {2, 8}) {
