@@ -15,4 +15,5 @@ struct CoordinatorRecord {
   fired @5 :List(Int32);        # indices into the job's faults that have fired
   active @6 :List(Text);        # the committed configuration: worker of each rank
   dead @7 :List(Text);          # workers known dead
+  buddy @8 :Int32 = 1;          # the committed configuration's buddy offset
 }

@@ -19,6 +19,7 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,7 @@ bool NeedsLease(CoordinatorAction::Kind k) {
 struct Rank {
   caf::actor handle;
   std::string node;
+  std::string name;  // the rank actor's cluster-wide name
 };
 
 class Coordinator {
@@ -361,6 +363,10 @@ void Coordinator::Do(const CoordinatorAction& a) {
       FaultFired(FaultKind::kKillCoordinator, core_->committed());
       raise(SIGKILL);
       return;
+    case Kind::kStallSelf:
+      FaultFired(FaultKind::kStallCoordinator, core_->committed());
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(spec_.stall));
+      return;
     case Kind::kArmCrash:
       FaultFired(FaultKind::kCrashInCheckpoint, a.step);
       runtime::ArmCrashPoint(a.text);
@@ -505,9 +511,9 @@ void Coordinator::HandleJoin(const RankJoined& j) {
       .then(
           [this, j](const caf::actor& rank, uint64_t, const std::string&) {
             if (ranks_.count(j.worker)) return;
-            ranks_[j.worker] = Rank{rank, j.node};
+            ranks_[j.worker] = Rank{rank, j.node, j.rank_name};
             self_->monitor(rank);
-            Execute(core_->OnJoin(j.worker, j.node, Now()));
+            Execute(core_->OnJoin(j.worker, j.node, Now(), j.domain));
           },
           [this, j](caf::error& e) {
             Execute(core_->OnJoinFailed(
@@ -531,8 +537,10 @@ void Coordinator::HandleMembership(const runtime::MembershipEvent& e) {
       Execute(core_->OnNodeAlive(e.subject, Now()));
       break;
     case runtime::MembershipKind::kActorHung:
+      // Only a hung rank actor takes its worker out; another actor of the worker's process (this
+      // coordinator, stalled on a slow disk) says nothing about the rank.
       for (const auto& [w, r] : ranks_) {
-        if (e.detail.find(w) != std::string::npos) {
+        if (e.subject == r.name) {
           Execute(core_->OnWorkerDown(w, absl::StrCat("hung: ", e.detail), Now()));
         }
       }

@@ -37,7 +37,7 @@ const char* PhaseName(CoordinatorPhase p) {
 bool CoordinatorRecord::operator==(const CoordinatorRecord& o) const {
   return committed == o.committed && generation == o.generation && steps_lost == o.steps_lost &&
          awaiting_recovery == o.awaiting_recovery && fired == o.fired && active == o.active &&
-         dead == o.dead;
+         buddy == o.buddy && dead == o.dead;
 }
 
 std::string DebugString(const CoordinatorAction& a) {
@@ -53,8 +53,10 @@ std::string DebugString(const CoordinatorAction& a) {
       if (a.plan.source == RestoreSource::kCheckpoint) {
         absl::StrAppend(&source, a.plan.checkpoint_step);
       }
+      // The buddy offset only where it is not 1.
+      const std::string buddy = a.plan.buddy == 1 ? "" : absl::StrCat(",b", a.plan.buddy);
       return absl::StrCat("configure(", a.worker, ",", g, ",r", a.plan.rank, "/", a.plan.world,
-                          ",s", a.plan.committed_steps, ",", source, ")");
+                          buddy, ",s", a.plan.committed_steps, ",", source, ")");
     }
     case Kind::kStep:
       return absl::StrCat("step(", a.worker, ",", g, ",s", a.step, ")");
@@ -81,6 +83,8 @@ std::string DebugString(const CoordinatorAction& a) {
       return absl::StrCat("add_node(", a.text, ")");
     case Kind::kCrashSelf:
       return "crash_self";
+    case Kind::kStallSelf:
+      return "stall_self";
     case Kind::kArmCrash:
       return absl::StrCat("arm_crash(", a.text, ")");
     case Kind::kCommitted:
@@ -171,7 +175,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnMembershipKnown(
 }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker,
-                                                       const std::string& node, CoreTime) {
+                                                       const std::string& node, CoreTime,
+                                                       const std::string& domain) {
   Actions out;
   if (members_.count(worker) || phase_ == CoordinatorPhase::kDone) return out;
   if (dead_nodes_.count(node)) record_.dead.insert(worker);  // its join was under way
@@ -180,7 +185,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker
     MaybeStart(&out);
     return out;
   }
-  members_[worker] = Member{node};
+  members_[worker] = Member{node, domain.empty() ? node : domain};
   if (phase_ != CoordinatorPhase::kWaiting) {
     Event(&out, JobEvent("join_folded", worker).Set("node", node));
   }
@@ -308,9 +313,10 @@ std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
     auto it = std::find(next.begin(), next.end(), w);
     old_to_new.push_back(it == next.end() ? -1 : static_cast<int>(it - next.begin()));
   }
-  if (!record_.active.empty() && MemoryRestorePossible(old_to_new)) {
+  if (!record_.active.empty() && MemoryRestorePossible(old_to_new, record_.buddy)) {
     plan->source = RestoreSource::kMemory;
     plan->old_to_new = old_to_new;
+    plan->old_buddy = record_.buddy;
     const bool owners = std::find(old_to_new.begin(), old_to_new.end(), -1) == old_to_new.end();
     return owners ? "owners" : "mirrors";
   }
@@ -330,6 +336,7 @@ std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
     record_.committed = 0;
   }
   record_.active.clear();
+  record_.buddy = 1;
   return ckpt ? "checkpoint" : "seed";
 }
 
@@ -369,10 +376,18 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   plan.world = static_cast<int>(next.size());
   const std::string source = PlanSource(next, &plan);
   plan.committed_steps = record_.committed;
+  std::vector<std::string> domains;
+  for (const std::string& w : next) domains.push_back(members_.at(w).domain);
+  plan.buddy = BuddyOffset(domains);
   group_ = next;
+  group_buddy_ = plan.buddy;
   runtime::SupervisionEvent e = JobEvent("generation");
   e.fields = extra;
   e.Set("world", plan.world).Set("workers", absl::StrJoin(group_, " "));
+  // Where a mirror shares its owner's failure domain (one host, or too few domains), a loss of
+  // that domain restores from a checkpoint.
+  e.Set("buddy", plan.buddy)
+      .Set("buddies_in_owner_domain", BuddiesSharingADomain(domains, plan.buddy));
   e.Set("step", record_.committed).Set("source", source).Set("steps_lost", record_.steps_lost);
   e.Set("trigger", trigger).reason = why;
   Event(out, std::move(e));
@@ -466,6 +481,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
   pending_.erase(worker);
   if (!pending_.empty()) return out;
   record_.active = group_;
+  record_.buddy = group_buddy_;
   Save(&out);
   CommitGroup(&out, -1);
   StartStep(&out);
@@ -549,7 +565,7 @@ bool CoordinatorCore::FireFaults(Actions* out) {
       }
       case FaultKind::kKillShardAndBuddy: {
         const int r = ArmRank(f.arg);
-        const int buddy = (r + 1) % static_cast<int>(group_.size());
+        const int buddy = (r + group_buddy_) % static_cast<int>(group_.size());
         armed.Set("rank", r).Set("worker", group_[r]);
         Event(out, armed.Set("buddy_rank", buddy).Set("buddy", group_[buddy]));
         kill(r, SIGKILL);
@@ -581,6 +597,10 @@ bool CoordinatorCore::FireFaults(Actions* out) {
         Event(out, armed);
         Emit(out, CoordinatorAction{Kind::kCrashSelf});
         hold = true;
+        break;
+      case FaultKind::kStallCoordinator:
+        Event(out, armed);
+        Emit(out, CoordinatorAction{Kind::kStallSelf});
         break;
       case FaultKind::kCrashInCheckpoint:
         break;

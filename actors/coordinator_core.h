@@ -68,6 +68,7 @@ struct CoordinatorRecord {
   bool awaiting_recovery = false;   // a fault fired; the next commit measures recovery
   std::set<int32_t> fired;          // indices into the job's faults
   std::vector<std::string> active;  // the committed configuration: worker of each rank
+  int32_t buddy = 1;                // ... and its buddy offset (GenerationPlan::buddy)
   std::set<std::string> dead;       // workers known dead: never planned again
   bool operator==(const CoordinatorRecord& o) const;
 };
@@ -87,6 +88,7 @@ struct CoordinatorAction {
     kNodeFault,   // chaos: `fault` (sigterm-node, partition-node, drop-node) on `worker`'s node
     kAddNode,     // chaos: a node named `text` with one worker joins
     kCrashSelf,   // chaos: this process dies now (kill-coordinator)
+    kStallSelf,   // chaos: this actor blocks for a while (stall-coordinator)
     kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
     kCommitted,   // step `step` committed in `generation` (world `world`, mean `loss`)
     kEvent,       // a decision, for the job's event log and the operator: `event`
@@ -147,9 +149,11 @@ class CoordinatorCore {
   std::vector<CoordinatorAction> OnMembershipKnown(size_t expected_joins,
                                                    const std::vector<std::string>& dead,
                                                    CoreTime now);
-  // A rank actor joined (its handle resolved), or could not be found.
+  // A rank actor joined (its handle resolved), or could not be found. `domain`: its failure
+  // domain (zone or host; empty: its node) — a generation mirrors each rank's moments on a buddy
+  // in another domain where its group allows.
   std::vector<CoordinatorAction> OnJoin(const std::string& worker, const std::string& node,
-                                        CoreTime now);
+                                        CoreTime now, const std::string& domain = "");
   std::vector<CoordinatorAction> OnJoinFailed(const std::string& worker, const std::string& why,
                                               CoreTime now);
   // Membership: a worker's process or actor is gone (killed, fenced, hung) with `why`.
@@ -196,6 +200,7 @@ class CoordinatorCore {
  private:
   struct Member {
     std::string node;
+    std::string domain;
     bool alive = true;
     bool draining = false;
   };
@@ -251,6 +256,7 @@ class CoordinatorCore {
   std::map<std::string, Member> members_;
   std::set<std::string> dead_nodes_;  // a worker of one of these is dead when it joins
   std::vector<std::string> group_;    // this generation's workers, by rank
+  int32_t group_buddy_ = 1;           // ... and its buddy offset
   std::set<std::string> pending_;     // ranks whose reply this phase still needs
   std::map<int32_t, double> losses_;
   std::map<int64_t, PendingCheckpoint> checkpoints_;

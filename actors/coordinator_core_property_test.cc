@@ -4,7 +4,8 @@
 // protocol's invariants after every event:
 //   safety   — each step committed once (between rollbacks to a checkpoint); no generation plan
 //              holds a worker the core was told is dead; generations only grow; a fault fires at
-//              most once, across coordinator restarts;
+//              most once, across coordinator restarts; every saved record reads back from its
+//              file encoding unchanged;
 //   liveness — with no further injected faults and survivors >= min_workers, the job finishes
 //              (every remaining step commits) within bounded fake time.
 // It counts every (phase, event) pair and asserts each was hit at least 10 times.
@@ -21,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator_core.h"
+#include "coordinator_record.h"
 
 namespace troupe::actors {
 namespace {
@@ -74,10 +76,11 @@ class Sim {
     checkpoint_every_ = Pick(0, 3);
     const int workers = Pick(min_workers_, 5);
     for (int i = 0; i < workers; ++i) AddWorker();
-    const FaultKind kinds[] = {
-        FaultKind::kKillWorker,        FaultKind::kStopWorker,    FaultKind::kKillShardAndBuddy,
-        FaultKind::kSigtermNode,       FaultKind::kJoinWorker,    FaultKind::kKillCoordinator,
-        FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode, FaultKind::kDropNode};
+    const FaultKind kinds[] = {FaultKind::kKillWorker,        FaultKind::kStopWorker,
+                               FaultKind::kKillShardAndBuddy, FaultKind::kSigtermNode,
+                               FaultKind::kJoinWorker,        FaultKind::kKillCoordinator,
+                               FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode,
+                               FaultKind::kDropNode,          FaultKind::kStallCoordinator};
     std::set<int64_t> steps_used;
     for (int n = Pick(0, 3); n > 0; --n) {
       Fault f;
@@ -221,9 +224,17 @@ class Sim {
 
   void Do(const CoordinatorAction& a) {
     switch (a.kind) {
-      case Kind::kSaveRecord:
+      case Kind::kSaveRecord: {
+        // What is saved is what a restart reads back (the file's encoding and its checks).
+        absl::StatusOr<CoordinatorRecord> back =
+            DecodeCoordinatorRecord(EncodeCoordinatorRecord(a.record), "coordinator.state");
+        if (!back.ok() || !(*back == a.record)) {
+          Fail(absl::StrCat("a saved record does not read back: ",
+                            back.ok() ? "different fields" : back.status().ToString()));
+        }
         saved_ = a.record;
         break;
+      }
       case Kind::kAbort:
         break;
       case Kind::kConfigure: {
@@ -232,6 +243,19 @@ class Sim {
                             ", which the core was told is dead"));
         }
         if (a.generation < max_planned_) Fail("a plan for an older generation");
+        // A memory restore reads the committed configuration the record names: this worker's
+        // old rank (if any) maps to its new one, and the mirrors sit where its offset says.
+        if (a.plan.source == RestoreSource::kMemory) {
+          const std::vector<std::string>& old = saved_.active;
+          bool consistent = a.plan.old_to_new.size() == old.size() &&
+                            a.plan.old_buddy == saved_.buddy &&
+                            MemoryRestorePossible(a.plan.old_to_new, a.plan.old_buddy);
+          for (size_t o = 0; consistent && o < old.size(); ++o) {
+            consistent = (old[o] == a.worker) == (a.plan.old_to_new[o] == a.plan.rank);
+          }
+          if (!consistent)
+            Fail(absl::StrCat("memory plan of ", a.worker, " does not match the record"));
+        }
         max_planned_ = a.generation;
         rank_[a.worker] = {a.plan.rank, a.plan.world};
         // Rollback: steps after the restored one may be committed again.
@@ -321,6 +345,12 @@ class Sim {
         if (!f || f->kind != FaultKind::kKillCoordinator) Fail("crash_self without its fault");
         CountFault(absl::StrCat("crash@", core_->committed()), 1);
         crashed_ = true;
+        break;
+      }
+      case Kind::kStallSelf: {
+        const Fault* f = FaultAt(core_->committed());
+        if (!f || f->kind != FaultKind::kStallCoordinator) Fail("stall_self without its fault");
+        CountFault(absl::StrCat("stall@", core_->committed()), 1);
         break;
       }
       case Kind::kArmCrash:

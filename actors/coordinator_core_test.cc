@@ -722,6 +722,47 @@ TEST_F(CoordinatorCoreTest, GenerationEventsSayWhereTheStateComesFrom) {
   EXPECT_EQ(ev[0].IntField("world"), 1);
 }
 
+TEST_F(CoordinatorCoreTest, BuddiesSitOnAnotherHostSoAHostLossRestoresFromMirrors) {
+  Make();
+  core_->OnMembershipKnown(4, {}, kT0);
+  // Two hosts of two workers each, in rank order: a buddy two ranks on is on the other host.
+  for (const char* w : {"a", "b"}) core_->OnJoin(w, "n1", kT0, "host:h1");
+  core_->OnJoin("c", "n2", kT0, "host:h2");
+  std::vector<CoordinatorAction> start = core_->OnJoin("d", "n2", kT0, "host:h2");
+  EXPECT_NE(Str(start).find("configure(a,g1,r0/4,b2,s0,init) configure(b,g1,r1/4,b2,s0,init)"),
+            std::string::npos)
+      << Str(start);
+  std::vector<runtime::SupervisionEvent> ev = Events(start);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].IntField("buddy"), 2);
+  EXPECT_EQ(ev[0].IntField("buddies_in_owner_domain"), 0);
+  ConfigureAll();
+  EXPECT_EQ(core_->record().buddy, 2);
+  StepAll();
+  StepAll();  // committed 2
+
+  // Host h2 (both of its workers) is lost: their ranges come from the mirrors on h1.
+  std::vector<CoordinatorAction> out = core_->OnNodeDead("n2", kT0);
+  ev = Events(out);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].Field("source"), "mirrors");
+  EXPECT_EQ(ev[0].IntField("step"), 2);
+  EXPECT_EQ(ev[0].IntField("buddy"), 1);
+  EXPECT_EQ(ev[0].IntField("buddies_in_owner_domain"), 2);  // one host left: no other domain
+  int configures = 0;
+  for (const CoordinatorAction& a : out) {
+    if (a.kind != CoordinatorAction::Kind::kConfigure) continue;
+    ++configures;
+    EXPECT_EQ(a.plan.source, RestoreSource::kMemory);
+    EXPECT_EQ(a.plan.old_to_new, (std::vector<int>{0, 1, -1, -1}));
+    EXPECT_EQ(a.plan.old_buddy, 2);
+    EXPECT_EQ(a.plan.buddy, 1);
+  }
+  EXPECT_EQ(configures, 2);
+  ConfigureAll();
+  EXPECT_EQ(core_->record().buddy, 1);
+}
+
 TEST_F(CoordinatorCoreTest, FaultAndCheckpointEventsCarryTheirFacts) {
   auto o = Opts();
   o.faults = {F(FaultKind::kStopWorker, 1, 2)};

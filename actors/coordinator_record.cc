@@ -4,6 +4,8 @@
 #include <capnp/serialize.h>
 #include <kj/exception.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator.capnp.h"
 #include "envelope.h"
@@ -32,6 +34,7 @@ std::string EncodeCoordinatorRecord(const CoordinatorRecord& r) {
   for (int32_t f : r.fired) fired.set(i++, f);
   auto active = root.initActive(static_cast<unsigned>(r.active.size()));
   for (unsigned k = 0; k < r.active.size(); ++k) active.set(k, r.active[k]);
+  root.setBuddy(r.buddy);
   auto dead = root.initDead(static_cast<unsigned>(r.dead.size()));
   i = 0;
   for (const std::string& d : r.dead) dead.set(i++, d);
@@ -68,6 +71,7 @@ absl::StatusOr<CoordinatorRecord> DecodeCoordinatorRecord(absl::string_view byte
     r.awaiting_recovery = root.getAwaitingRecovery();
     for (int32_t f : root.getFired()) r.fired.insert(f);
     for (auto t : root.getActive()) r.active.emplace_back(t.cStr(), t.size());
+    r.buddy = root.getBuddy();
     for (auto t : root.getDead()) r.dead.emplace(t.cStr(), t.size());
   });
   KJ_IF_MAYBE (e, exception) {
@@ -78,6 +82,11 @@ absl::StatusOr<CoordinatorRecord> DecodeCoordinatorRecord(absl::string_view byte
   if (r.committed < 0 || r.steps_lost < 0) {
     return absl::DataLossError(absl::StrCat(what, ": committed ", r.committed, ", steps_lost ",
                                             r.steps_lost, ", expected both >= 0"));
+  }
+  const int world = static_cast<int>(r.active.size());
+  if (r.buddy < 1 || r.buddy >= std::max(2, world)) {
+    return absl::DataLossError(absl::StrCat(what, ": buddy: expected 1 to ", std::max(1, world - 1),
+                                            " for ", world, " active workers, got ", r.buddy));
   }
   return r;
 }

@@ -17,6 +17,7 @@ CoordinatorRecord Sample() {
   r.awaiting_recovery = true;
   r.fired = {0, 3};
   r.active = {"n0/w0", "n2/w0", "n1/w0"};
+  r.buddy = 2;
   r.dead = {"n3/w0"};
   return r;
 }
@@ -66,6 +67,20 @@ TEST(CoordinatorRecordTest, EveryDamagedByteIsDataLossNamingTheFile) {
   for (size_t n : {size_t{0}, size_t{5}, good.size() - 1}) {
     absl::StatusOr<CoordinatorRecord> r = DecodeCoordinatorRecord(good.substr(0, n), "f");
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << "truncated to " << n;
+  }
+}
+
+TEST(CoordinatorRecordTest, ABuddyOffsetOutsideTheActiveWorldIsDataLoss) {
+  for (int32_t buddy : {0, 3, -1}) {
+    CoordinatorRecord r = Sample();
+    r.buddy = buddy;
+    absl::StatusOr<CoordinatorRecord> back =
+        DecodeCoordinatorRecord(EncodeCoordinatorRecord(r), "f");
+    ASSERT_FALSE(back.ok()) << "buddy " << buddy;
+    EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(back.status().message().find("buddy: expected 1 to 2 for 3 active workers"),
+              std::string::npos)
+        << back.status();
   }
 }
 

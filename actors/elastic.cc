@@ -35,6 +35,8 @@ absl::Status Phase(const char* phase, const absl::Status& s) {
   return out;
 }
 
+bool ValidBuddy(int buddy, int world) { return buddy >= 1 && buddy < std::max(2, world); }
+
 absl::Status WaitAll(const std::vector<Work>& works) {
   absl::Status first;
   for (const Work& w : works) {
@@ -78,14 +80,29 @@ absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(int32_
   return blocks;
 }
 
-bool MemoryRestorePossible(const std::vector<int>& old_to_new) {
+bool MemoryRestorePossible(const std::vector<int>& old_to_new, int buddy) {
   const int w = static_cast<int>(old_to_new.size());
   if (w == 0) return false;
   for (int o = 0; o < w; ++o) {
     if (old_to_new[o] >= 0) continue;
-    if (w == 1 || old_to_new[(o + 1) % w] < 0) return false;
+    if (w == 1 || old_to_new[(o + buddy) % w] < 0) return false;
   }
   return true;
+}
+
+int BuddiesSharingADomain(const std::vector<std::string>& domains, int buddy) {
+  const int w = static_cast<int>(domains.size());
+  int shared = 0;
+  for (int r = 0; r < w && w > 1; ++r) shared += domains[r] == domains[(r + buddy) % w];
+  return shared;
+}
+
+int BuddyOffset(const std::vector<std::string>& domains) {
+  int best = 1;
+  for (int k = 2; k < static_cast<int>(domains.size()); ++k) {
+    if (BuddiesSharingADomain(domains, k) < BuddiesSharingADomain(domains, best)) best = k;
+  }
+  return best;
 }
 
 ElasticRank::ElasticRank(Trainable* model, Options options)
@@ -96,14 +113,15 @@ ShardView ElasticRank::committed_shard() const {
           m_.data(), v_.data()};
 }
 
-absl::Status ElasticRank::MirrorToBuddy(const ShardLayout& layout, int rank,
+absl::Status ElasticRank::MirrorToBuddy(const ShardLayout& layout, int rank, int buddy,
                                         const std::vector<float>& m, const std::vector<float>& v,
                                         std::vector<float>* replica_m,
                                         std::vector<float>* replica_v) {
   replica_m->assign(layout.per_rank, 0.0f);
   replica_v->assign(layout.per_rank, 0.0f);
   if (layout.world == 1) return absl::OkStatus();
-  const int next = (rank + 1) % layout.world, prev = (rank + layout.world - 1) % layout.world;
+  const int next = (rank + buddy) % layout.world;
+  const int prev = (rank + layout.world - buddy % layout.world) % layout.world;
   auto send = [&](const std::vector<float>& b, uint32_t tag) {
     return comm_->Send(Buffer::F32(const_cast<float*>(b.data()), b.size()), next, tag,
                        options_.collective);
@@ -134,6 +152,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   staged_ = Staged::kStep;
   staged_layout_ = layout_;
   staged_rank_ = rank_;
+  staged_buddy_ = buddy_;
   staged_committed_ = step + 1;
   return out;
 }
@@ -215,8 +234,8 @@ void ElasticRank::StageAdamW(int64_t step, double grad_norm) {
 
 // The staged moments mirrored to the buddy; every rank's staged parameters into staged_full_.
 absl::Status ElasticRank::ShareStagedState() {
-  if (absl::Status s = MirrorToBuddy(layout_, rank_, staged_m_, staged_v_, &staged_replica_m_,
-                                     &staged_replica_v_);
+  if (absl::Status s = MirrorToBuddy(layout_, rank_, buddy_, staged_m_, staged_v_,
+                                     &staged_replica_m_, &staged_replica_v_);
       !s.ok()) {
     return Phase("buddy mirror", s);
   }
@@ -234,13 +253,18 @@ absl::Status ElasticRank::ShareStagedState() {
 absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to) {
   const int64_t n = model_->num_params();
   const int old_world = static_cast<int>(plan.old_to_new.size());
-  if (!MemoryRestorePossible(plan.old_to_new)) {
+  if (!MemoryRestorePossible(plan.old_to_new, plan.old_buddy)) {
     return absl::FailedPreconditionError(
         "memory restore: an old range has neither owner nor buddy");
   }
-  // Survivors must hold exactly the committed step the coordinator recorded.
+  // Survivors must hold exactly the committed step (and mirror) the coordinator recorded.
   const bool survivor = has_state_ && layout_.world == old_world && rank_ < old_world &&
                         plan.old_to_new[rank_] == plan.rank;
+  if (survivor && buddy_ != plan.old_buddy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("memory restore: rank mirrors with buddy offset ", buddy_,
+                     ", the plan expects ", plan.old_buddy));
+  }
   for (int o = 0; o < old_world && !survivor; ++o) {
     if (plan.old_to_new[o] == plan.rank) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -272,7 +296,8 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
       const int64_t hi = std::min(to.end(d), from.end(o));
       if (lo >= hi) continue;
       const bool from_owner = plan.old_to_new[o] >= 0;
-      const int src = from_owner ? plan.old_to_new[o] : plan.old_to_new[(o + 1) % old_world];
+      const int src =
+          from_owner ? plan.old_to_new[o] : plan.old_to_new[(o + plan.old_buddy) % old_world];
       const uint32_t tag = kTagMoveBase + 2 * piece++;
       const size_t count = static_cast<size_t>(hi - lo);
       float* dst_m = staged_m_.data() + (lo - to.begin(d));
@@ -317,6 +342,14 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
                                                    plan.world, ", communicator rank ", comm->rank(),
                                                    " of ", comm->size()));
   }
+  const int old_world = static_cast<int>(plan.old_to_new.size());
+  if (!ValidBuddy(plan.buddy, plan.world) ||
+      (plan.source == RestoreSource::kMemory && !ValidBuddy(plan.old_buddy, old_world))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: buddy offsets: expected 1 <= buddy < world (1 for a world of one), got ",
+        plan.buddy, " of ", plan.world, " (previous generation: ", plan.old_buddy, " of ",
+        old_world, ")"));
+  }
   switch (plan.source) {
     case RestoreSource::kInit: {
       // InitParams writes the model's buffer: whatever this rank held is gone from here on.
@@ -355,14 +388,15 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       if (absl::Status s = RestoreFromMemory(plan, to); !s.ok()) return s;
       break;
   }
-  if (absl::Status s = MirrorToBuddy(to, plan.rank, staged_m_, staged_v_, &staged_replica_m_,
-                                     &staged_replica_v_);
+  if (absl::Status s = MirrorToBuddy(to, plan.rank, plan.buddy, staged_m_, staged_v_,
+                                     &staged_replica_m_, &staged_replica_v_);
       !s.ok()) {
     return s;
   }
   staged_ = Staged::kConfig;
   staged_layout_ = to;
   staged_rank_ = plan.rank;
+  staged_buddy_ = plan.buddy;
   staged_committed_ = plan.committed_steps;
   return absl::OkStatus();
 }
@@ -376,6 +410,7 @@ void ElasticRank::Commit() {
   replica_v_.swap(staged_replica_v_);
   layout_ = staged_layout_;
   rank_ = staged_rank_;
+  buddy_ = staged_buddy_;
   committed_ = staged_committed_;
   has_state_ = true;
   staged_ = Staged::kNone;

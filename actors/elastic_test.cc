@@ -238,6 +238,75 @@ TEST_F(ElasticTest, RankDiesMidStepSurvivorsRestoreFromMemoryAndMatch) {
   for (Rank* r : survivors) ExpectBitIdentical(*r, want);
 }
 
+TEST(MemoryRestoreTest, TheBuddyOffsetSaysWhereEachMirrorIs) {
+  // Two ranks in a row gone (one host of two): with offset 2 their mirrors are on the others.
+  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, -1}, 2));
+  EXPECT_FALSE(MemoryRestorePossible({0, 1, -1, -1}, 1));
+  EXPECT_FALSE(MemoryRestorePossible({0, -1, 1, -1}, 2));  // 1 and 3 mirror each other
+}
+
+TEST(BuddyOffsetTest, PutsEveryBuddyInAnotherDomainWhereTheGroupAllows) {
+  using D = std::vector<std::string>;
+  EXPECT_EQ(BuddyOffset(D{}), 1);
+  EXPECT_EQ(BuddyOffset(D{"h1"}), 1);
+  EXPECT_EQ(BuddyOffset(D{"h1", "h2", "h3", "h4"}), 1);
+  EXPECT_EQ(BuddyOffset(D{"h1", "h1", "h2", "h2"}), 2);
+  EXPECT_EQ(BuddyOffset(D{"h1", "h1", "h1", "h2", "h2", "h2"}), 3);
+  EXPECT_EQ(BuddiesSharingADomain(D{"h1", "h1", "h1", "h2", "h2", "h2"}, 3), 0);
+  // Survivors first, then a new host: h2 was lost, h4 joined.
+  const D after = {"h1", "h1", "h3", "h3", "h4", "h4"};
+  EXPECT_EQ(BuddiesSharingADomain(after, BuddyOffset(after)), 0);
+  // One domain holds most ranks: no offset avoids it, the fewest sharing is chosen.
+  const D most = {"a", "a", "a", "b"};
+  EXPECT_EQ(BuddiesSharingADomain(most, BuddyOffset(most)), 2);
+  EXPECT_EQ(BuddyOffset(D{"a", "a", "a"}), 1);  // one machine: every buddy shares it
+}
+
+TEST_F(ElasticTest, AHostOfTwoRanksLostRestoresFromMirrorsOnTheOtherHost) {
+  std::vector<float> want, want_m;
+  Reference(4, &want, &want_m);
+  std::vector<Rank> ranks(4);
+  std::vector<Rank*> ptrs;
+  for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+  // Ranks 0, 1 on one host, 2, 3 on another: buddies two ranks on.
+  Configure(ptrs, {.buddy = 2, .source = RestoreSource::kInit, .old_to_new = {}}, 0);
+  Steps(ptrs, 2);
+  groups_.back()->KillRank(2);
+  groups_.back()->KillRank(3);
+  auto st = Parallel(2, [&](int i) { return ranks[i].rank->RunStep().status(); });
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(st[i].ok()) << "rank " << i;
+  for (auto& r : ranks) r.rank->Abandon();
+  std::vector<Rank*> survivors = {&ranks[0], &ranks[1]};
+  Configure(survivors,
+            {.committed_steps = 2,
+             .source = RestoreSource::kMemory,
+             .old_to_new = {0, 1, -1, -1},
+             .old_buddy = 2},
+            1);
+  Steps(survivors, 4);
+  for (Rank* r : survivors) ExpectBitIdentical(*r, want);
+}
+
+TEST_F(ElasticTest, APlanWithABuddyOffsetOutsideItsWorldIsRefused) {
+  std::vector<Rank> ranks(2);
+  for (auto& r : ranks) r = NewRank();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  for (int bad : {0, 2}) {
+    auto st = Parallel(2, [&](int i) {
+      GenerationPlan p{
+          .world = 2, .rank = i, .buddy = bad, .source = RestoreSource::kInit, .old_to_new = {}};
+      return ranks[i].rank->Configure(comms[i].get(), p, nullptr);
+    });
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[i])) << st[i];
+      EXPECT_NE(st[i].message().find("buddy offsets: expected 1 <= buddy < world"),
+                std::string::npos)
+          << st[i];
+    }
+  }
+}
+
 TEST_F(ElasticTest, JoinersAreFoldedInAndMatch) {
   std::vector<float> want, want_m;
   Reference(4, &want, &want_m);

@@ -24,16 +24,17 @@ SupervisionEvent JobEvent(const std::string& name, const std::string& child,
 bool FaultAwaitsRecovery(FaultKind kind) {
   // A drain and a join are planned; a network fault may heal before anyone notices it.
   return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker &&
-         kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode;
+         kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode &&
+         kind != FaultKind::kStallCoordinator;
 }
 
 namespace {
 
 bool FaultAwaitsRecovery(const std::string& kind_name) {
-  for (FaultKind k :
-       {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
-        FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
-        FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode, FaultKind::kDropNode}) {
+  for (FaultKind k : {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
+                      FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
+                      FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode,
+                      FaultKind::kDropNode, FaultKind::kStallCoordinator}) {
     if (kind_name == FaultKindName(k)) return FaultAwaitsRecovery(k);
   }
   return false;
@@ -75,6 +76,10 @@ std::string DescribeFaultArmed(const SupervisionEvent& e) {
   if (kind == "join-worker") {
     return absl::StrCat("chaos: a node with one worker joins before step ", step,
                         "; the step waits for it");
+  }
+  if (kind == "stall-coordinator") {
+    return absl::StrCat("chaos: the coordinator stalls for a while ([chaos] stall) before step ",
+                        step);
   }
   if (kind == "kill-coordinator") {
     return absl::StrCat("chaos: kill -9 of the coordinator's process before step ", step);

@@ -148,6 +148,7 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kCrashInCheckpoint, "crash-in-checkpoint"},
     {FaultKind::kPartitionNode, "partition-node"},
     {FaultKind::kDropNode, "drop-node"},
+    {FaultKind::kStallCoordinator, "stall-coordinator"},
 };
 }  // namespace
 
@@ -278,6 +279,7 @@ void ReadChaos(Section& s, JobSpec& spec) {
   }
   s.Duration("network_fault", &spec.network_fault);
   s.Int32("drop_percent", &spec.drop_percent, 1, 100);
+  s.Duration("stall", &spec.stall);
 }
 
 void ReadTimeouts(Section& s, JobSpec& spec) {
@@ -423,9 +425,9 @@ std::string JobSpec::ToToml() const {
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
       "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
-      "\"\ndrop_percent = ", drop_percent, "\n\n[timeouts]\nliveness = \"",
-      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
-      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
+      "\"\n\n[timeouts]\nliveness = \"", absl::FormatDuration(timeouts.liveness),
+      "\"\ncollective = \"", absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
       absl::FormatDuration(timeouts.join_wait), "\"\nwatchdog = \"",

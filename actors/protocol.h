@@ -105,6 +105,7 @@ struct KnownRanks {
 struct RankJoined {
   std::string worker;
   std::string node;
+  std::string domain;     // its failure domain: "zone:<label>" where labelled, else "host:<name>"
   std::string rank_name;  // the rank actor's cluster-wide name (looked up at the head)
 };
 struct ProgressLine {
@@ -119,8 +120,8 @@ struct JobFailed {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
-  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.committed_steps,
-           x.source, x.old_to_new, x.checkpoint_step, x.epoch);
+  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.buddy,
+           x.committed_steps, x.source, x.old_to_new, x.old_buddy, x.checkpoint_step, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {
@@ -186,7 +187,7 @@ typename Inspector::result_type inspect(Inspector& f, KnownRanks& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankJoined& x) {
-  return f(caf::meta::type_name("troupe.RankJoined"), x.worker, x.node, x.rank_name);
+  return f(caf::meta::type_name("troupe.RankJoined"), x.worker, x.node, x.domain, x.rank_name);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ProgressLine& x) {

@@ -49,9 +49,11 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   GenerationPlan plan;
   plan.world = 3;
   plan.rank = 2;
+  plan.buddy = 2;
   plan.committed_steps = 41;
   plan.source = RestoreSource::kMemory;
   plan.old_to_new = {0, -1, 1, 2};
+  plan.old_buddy = 3;
   plan.checkpoint_step = 40;
   const WireStatus err = WireStatus::From(absl::UnavailableError("peer 2 gone"));
   const ShardFileInfo info{"shard-00002.bin", 131072, 196608, 786432, 0xdeadbeef};
@@ -79,7 +81,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   RoundTrip(FinalParams{7, 0x12345678, 262144, 60}, "troupe.FinalParams");
   RoundTrip(CoordinatorHello{}, "troupe.CoordinatorHello");
   RoundTrip(KnownRanks{4, {}}, "troupe.KnownRanks");
-  RoundTrip(RankJoined{"n1/w0", "n1", "t.99.rank.n1.w0"}, "troupe.RankJoined");
+  RoundTrip(RankJoined{"n1/w0", "n1", "zone:a", "t.99.rank.n1.w0"}, "troupe.RankJoined");
   RoundTrip(ProgressLine{"step    1/60"}, "troupe.ProgressLine");
   RoundTrip(AddNode{"join20"}, "troupe.AddNode");
   RoundTrip(JobFailed{err}, "troupe.JobFailed");

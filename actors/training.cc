@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
 #include "job_events.h"
@@ -60,8 +61,18 @@ class DriverQueue {
 
 struct JoinInfo {
   std::string node;
+  std::string domain;
   std::string rank;  // the rank actor's cluster-wide name
 };
+
+// A worker's failure domain: its node's zone label where it has one, else its host (two nodes
+// on one machine share it), else the node.
+std::string FailureDomain(const runtime::MemberInfo& m) {
+  for (absl::string_view kv : absl::StrSplit(m.labels, ',', absl::SkipEmpty())) {
+    if (absl::ConsumePrefix(&kv, "zone=")) return absl::StrCat("zone:", kv);
+  }
+  return m.host.empty() ? absl::StrCat("node:", m.node) : absl::StrCat("host:", m.host);
+}
 
 // What the driver actor shares with the driver thread.
 struct DriverState {
@@ -84,7 +95,7 @@ struct DriverState {
 caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverState> st) {
   auto heard = [st] { st->last_heard_ns.store(absl::ToUnixNanos(absl::Now())); };
   auto forward = [self, st](const std::string& w, const JoinInfo& j) {
-    self->send(st->coordinator, RankJoined{w, j.node, j.rank});
+    self->send(st->coordinator, RankJoined{w, j.node, j.domain, j.rank});
   };
   // Without the head nothing can be placed, restarted or reported: fail at once rather than wait
   // out the silence limit.
@@ -105,7 +116,7 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
       [st, forward](const RankJoined& j) {
-        st->ranks[j.worker] = JoinInfo{j.node, j.rank_name};
+        st->ranks[j.worker] = JoinInfo{j.node, j.domain, j.rank_name};
         if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
       },
       [st](runtime::membership_atom, const runtime::MembershipEvent& e) {
@@ -315,7 +326,7 @@ class RankSpawner {
         out_ << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
         continue;
       }
-      caf::anon_send(driver_, RankJoined{m.id, m.node, name});
+      caf::anon_send(driver_, RankJoined{m.id, m.node, FailureDomain(m), name});
     }
   }
   static int RunId() { return static_cast<int>(getpid()); }

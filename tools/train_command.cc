@@ -26,7 +26,8 @@ constexpr char kUsage[] =
     "  --chaos    inject a fault: kill-worker@S[:R], stop-worker@S[:R], kill-shard-and-buddy@S,\n"
     "             sigterm-node@S[:R], join-worker@S, kill-coordinator@S, crash-in-checkpoint@S,\n"
     "             partition-node@S[:R], drop-node@S[:R] (the node's host, for [chaos] "
-    "network_fault)\n"
+    "network_fault),\n"
+    "             stall-coordinator@S (its actor blocks for [chaos] stall)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
     "             generations=<n>' when done";
 

@@ -95,27 +95,43 @@ class MultihostTest : public ::testing::Test {
     if (absl::StartsWith(test, "TheHeadUnreachable")) {
       head.insert(head.end(), {"--heartbeat_timeout", "5s"});
     }
+    // The stall test: a handler running 1 s is reported hung (the stall lasts 3 s).
+    if (absl::StartsWith(test, "AStalledCoordinator")) {
+      head.insert(head.end(), {"--hung_timeout", "1s"});
+    }
     if (absl::StartsWith(test, "MutualTls")) MakeCertificates();
+    // The failure-domain tests: two workers on each of h1 and h2, nothing on h3 and h4.
+    if (absl::StartsWith(test, "TwoWorkersPerHost")) workers_ = {2, 2, 0, 0};
     Append(head, Tls("head"));
     Run(HeadHost(), head, dir_ + "/logs/head.txt");
+    int total = 0;
     for (int i = 1; i <= kHosts; ++i) {
-      std::vector<std::string> node = {TROUPE_BINARY, "node",         "--head",    head_,
-                                       "--name",      Host(i),        "--workers", "1",
-                                       "--log_dir",   dir_ + "/logs", "--grace",   "5s"};
+      const int n = workers_[i - 1];
+      total += n;
+      if (n == 0) continue;
+      std::vector<std::string> node = {TROUPE_BINARY, "node",
+                                       "--head",      head_,
+                                       "--name",      Host(i),
+                                       "--workers",   std::to_string(n),
+                                       "--log_dir",   dir_ + "/logs",
+                                       "--grace",     "5s",
+                                       "--resources", absl::StrCat("cpu=", n)};
       Run(Host(i), Append(node, Tls(Host(i))), absl::StrCat(dir_, "/logs/node-", Host(i), ".txt"));
     }
     // The node agents keep trying until the head listens; every worker carries the address its
-    // node advertises (the interface on the route to the head).
+    // node advertises (the interface on the route to the head) and its host's name.
     std::vector<std::string> wait = {TROUPE_BINARY, "status",         "--head",
-                                     head_,         "--wait_workers", std::to_string(kHosts)};
+                                     head_,         "--wait_workers", std::to_string(total)};
     auto status = lab_.Exec(HeadHost(), Quote(Append(wait, Tls("driver"))));
     ASSERT_TRUE(status.ok()) << status.status();
     ASSERT_EQ(status->exit_code, 0) << status->output << Logs();
     for (int i = 1; i <= kHosts; ++i) {
-      EXPECT_TRUE(
-          absl::StrContains(status->output, absl::StrCat(Host(i), "/w0 worker alive ", Host(i), " ",
-                                                         lab_.Address(Host(i)), " ", Host(i), " ")))
-          << status->output;
+      for (int w = 0; w < workers_[i - 1]; ++w) {
+        EXPECT_TRUE(absl::StrContains(status->output,
+                                      absl::StrCat(Host(i), "/w", w, " worker alive ", Host(i), " ",
+                                                   lab_.Address(Host(i)), " ", Host(i), " ")))
+            << status->output;
+      }
     }
   }
 
@@ -151,7 +167,7 @@ class MultihostTest : public ::testing::Test {
     std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << steps
                          << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
                          << dir_ << "/data\"\n[elastic]\nmin_workers = 2\nmax_workers = 6\n"
-                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
+                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n[chaos]\nstall = \"3s\"\n";
   }
 
   void TearDown() override {
@@ -308,6 +324,7 @@ class MultihostTest : public ::testing::Test {
 
   lab::Lab lab_{LabName()};
   std::string dir_, spec_, head_, certs_;
+  std::vector<int> workers_ = std::vector<int>(kHosts, 1);  // node agent h<i>'s workers
   int steps_ = kSteps;
   std::map<std::string, std::chrono::steady_clock::time_point> started_;
 };
@@ -589,6 +606,31 @@ TEST_F(MultihostTest, KilledCoordinatorIsRestartedOnAnotherHost) {
 TEST_F(MultihostTest, CrashInACheckpointWriteOnSharedStorageLeavesLatestComplete) {
   ExpectFinished("ckpt", RunWithChaos("ckpt", "crash-in-checkpoint@10"), -1, -1);
   EXPECT_TRUE(HasEvent("ckpt", "coordinator_restarted", {{"checkpoint_step", "5"}})) << Logs();
+}
+
+TEST_F(MultihostTest, TwoWorkersPerHostMirrorOnTheOtherHostSoAHostLossLosesNoStep) {
+  // Ranks h1/w0 h1/w1 h2/w0 h2/w1: each rank's buddy is two ranks on, on the other host. Losing
+  // all of h2 at once (both owners of two ranges) restores from their mirrors on h1.
+  const JobRun r = PullPlugsMidRun("domain", {2});
+  ExpectFinished("domain", r, 2, 0);
+  EXPECT_TRUE(HasEvent("domain", "generation",
+                       {{"world", "4"}, {"buddy", "2"}, {"buddies_in_owner_domain", "0"}}))
+      << Logs();
+  EXPECT_TRUE(HasEvent("domain", "generation", {{"world", "2"}, {"source", "mirrors"}})) << Logs();
+}
+
+TEST_F(MultihostTest, AStalledCoordinatorIsReportedHungAndTakesNoRankOut) {
+  // Found by an until-fail run: the coordinator's actor, stalled 10 s on a loaded disk, was
+  // reported hung by the head, and the coordinator took that report for its host's rank.
+  ExpectFinished("stall", RunWithChaos("stall", "stall-coordinator@6"), kHosts, 0);
+  EXPECT_TRUE(HasEvent("stall", "fault_fired", {{"kind", "stall-coordinator"}})) << Logs();
+  const std::string head = Slurp(dir_ + "/logs/head.txt");
+  EXPECT_TRUE(absl::StrContains(head, "event=actor_hung subject=t.") &&
+              absl::StrContains(head, ".coordinator "))
+      << "the head did not report the stalled coordinator hung\n"
+      << head;
+  EXPECT_TRUE(FindEvents(Events("stall"), "generation", {{"trigger", "worker_down"}}).empty())
+      << Logs();
 }
 
 TEST_F(MultihostTest, ShardOwnerAndBuddyOnTwoHostsKilledTogetherRestoreFromDisk) {

@@ -10,7 +10,9 @@
 //   3. gradient norm from fixed 64 Ki chunks: each rank's chunk sums are all-gathered and summed
 //      in a fixed tree over the model's real chunks only (padding never enters);
 //   4. AdamW on the range into *staged* buffers; the staged moments are mirrored to the buddy
-//      rank (r + 1) mod W; staged parameter ranges are all-gathered;
+//      rank (r + k) mod W (k: the plan's buddy offset, chosen so that a buddy is in another
+//      failure domain than its owner where the group allows); staged parameter ranges are
+//      all-gathered;
 //   5. Commit() swaps the staged state in; Abandon() drops it, so a re-run step never applies an
 //      update twice.
 // A new generation is staged the same way: Configure() builds the new layout's state beside the
@@ -28,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -60,18 +63,28 @@ struct ShardLayout {
 // Where the committed state comes from when a generation starts.
 enum class RestoreSource : int32_t { kInit = 0, kMemory = 1, kCheckpoint = 2 };
 
-// True if every old range survives in memory: its owner or its buddy ((o + 1) mod W) is in the
-// new group. old_to_new[o] is old rank o's new rank, or -1 if it is gone.
-bool MemoryRestorePossible(const std::vector<int>& old_to_new);
+// True if every old range survives in memory: its owner or its buddy ((o + buddy) mod W) is in
+// the new group. old_to_new[o] is old rank o's new rank, or -1 if it is gone.
+bool MemoryRestorePossible(const std::vector<int>& old_to_new, int buddy = 1);
+
+// The buddy offset k for a group whose rank r is in failure domain domains[r] (a zone, else a
+// host): the smallest k in [1, W) that puts the fewest buddies (r + k) mod W in their owner's
+// domain — none whenever some offset allows it (equal-sized domains in rank order: k = the
+// domain size). 1 for a world of one.
+int BuddyOffset(const std::vector<std::string>& domains);
+// How many ranks r of `domains` share their domain with their buddy (r + buddy) mod W.
+int BuddiesSharingADomain(const std::vector<std::string>& domains, int buddy);
 
 struct GenerationPlan {
   int world = 1;
   int rank = 0;
+  int buddy = 1;                // rank r's moments are mirrored on rank (r + buddy) mod world
   int64_t committed_steps = 0;  // steps done; the next step to run
   RestoreSource source = RestoreSource::kInit;
   // kMemory: the previous generation's world and where each old rank went (survivors come first,
   // so new rank 0 always holds the committed parameters).
   std::vector<int> old_to_new;
+  int old_buddy = 1;             // kMemory: the previous generation's buddy offset
   int64_t checkpoint_step = -1;  // kCheckpoint: which checkpoint
   // The coordinator's lease epoch (CheckpointStore::Claim): this rank's checkpoint writes are
   // refused once a later epoch has claimed the store. 0: no lease (a store without fencing).
@@ -127,7 +140,7 @@ class ElasticRank {
 
  private:
   enum class Staged { kNone, kStep, kConfig };
-  [[nodiscard]] absl::Status MirrorToBuddy(const ShardLayout& layout, int rank,
+  [[nodiscard]] absl::Status MirrorToBuddy(const ShardLayout& layout, int rank, int buddy,
                                            const std::vector<float>& m, const std::vector<float>& v,
                                            std::vector<float>* replica_m,
                                            std::vector<float>* replica_v);
@@ -145,14 +158,16 @@ class ElasticRank {
   collectives::Communicator* comm_ = nullptr;
   ShardLayout layout_;
   int rank_ = 0;
+  int buddy_ = 1;
   bool has_state_ = false;
   int64_t committed_ = 0;
-  // Committed: moments of my range; the buddy mirror of rank (r - 1) mod W's range.
+  // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range.
   std::vector<float> m_, v_, replica_m_, replica_v_;
   // Staged by RunStep or Configure; staged_full_ holds all n parameters.
   Staged staged_ = Staged::kNone;
   ShardLayout staged_layout_;
   int staged_rank_ = 0;
+  int staged_buddy_ = 1;
   int64_t staged_committed_ = 0;
   std::vector<float> partial_, grad_shard_, staged_params_, staged_full_, staged_m_, staged_v_,
       staged_replica_m_, staged_replica_v_;

@@ -38,7 +38,8 @@ namespace troupe::actors {
 //                            middle of step S's gradient exchange
 //   stop-worker@S[:R]        the same with SIGSTOP: a hung process, found by missed heartbeats
 //                            and fenced (SIGKILL) by its node
-//   kill-shard-and-buddy@S   ranks 1 and 2 (an owner and its buddy) are killed together at step S
+//   kill-shard-and-buddy@S   rank 1 and its buddy (rank 1 + the generation's buddy offset) are
+//                            killed together at step S
 //   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
 //   join-worker@S            a node with one more worker joins before step S
 //   kill-coordinator@S       the coordinator's process is killed before step S
@@ -49,6 +50,8 @@ namespace troupe::actors {
 //                            ways, before step S, for [chaos] network_fault (then healed)
 //   drop-node@S[:R]          the host of rank R's node loses [chaos] drop_percent % of its
 //                            packets each way before step S, for [chaos] network_fault
+//   stall-coordinator@S      the coordinator's actor blocks for [chaos] stall before step S (a
+//                            stalled disk, a paused VM); the head reports it hung, the ranks wait
 // The network faults are carried out by the node's agent on its own host (iptables in its network
 // namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
 // even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
@@ -63,6 +66,7 @@ enum class FaultKind {
   kCrashInCheckpoint,
   kPartitionNode,
   kDropNode,
+  kStallCoordinator,
 };
 // "kill-worker", ... as written in job specs and on the command line.
 const char* FaultKindName(FaultKind kind);
@@ -122,6 +126,7 @@ struct JobSpec {
   std::vector<Fault> faults;
   absl::Duration network_fault = absl::Seconds(3);  // partition-node, drop-node: how long
   int32_t drop_percent = 5;                         // drop-node: of the packets each way
+  absl::Duration stall = absl::Seconds(12);         // stall-coordinator: how long
   Timeouts timeouts;
 
   std::string ToToml() const;
