@@ -362,7 +362,7 @@ TEST_F(MultihostTest, TwoHostsThatLosePowerAtOnceAreLeftBehind) {
 // kills its fenced worker and starts a new one (a new member, h<k>/w1), folded in at a step
 // boundary; the job ends on all four hosts.
 TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) {
-  SetSteps(120);  // long enough to fold the host back in
+  SetSteps(400);  // long enough to fold the host back in (at ~30 steps/s on 4 hosts)
   pid_t job = StartAndWaitForCommits("cut");
   const int coordinator = CoordinatorHost("cut");
   ASSERT_GT(coordinator, 0) << Logs();
@@ -388,7 +388,7 @@ TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) 
 // declared dead, the job goes on, and after the heal its node joins again with a new worker,
 // folded in at a step boundary. No rule is left behind.
 TEST_F(MultihostTest, NetworkFaultsOfTheJobSpecAreCarriedOutByTheNodeAgents) {
-  SetSteps(120);  // long enough to fold the host back in
+  SetSteps(400);  // long enough to fold the host back in (at ~30 steps/s on 4 hosts)
   JobRun r = Finish(
       "net", StartJob("net", {"--chaos", "drop-node@4:1", "--chaos", "partition-node@10:2"}));
   ExpectFinished("net", r, kHosts, -1);
@@ -420,7 +420,7 @@ TEST_F(MultihostTest, NetworkFaultsOfTheJobSpecAreCarriedOutByTheNodeAgents) {
 // lease's later epoch claims the checkpoint store. After the heal the host joins again with a new
 // worker. Every step is committed once, and the job ends with the one-host weights.
 TEST_F(MultihostTest, ACoordinatorCutOffFromTheHeadStopsAndAnotherFinishesTheJob) {
-  SetSteps(150);  // long enough to fold the host back in
+  SetSteps(400);  // long enough to fold the host back in (at ~30 steps/s on 4 hosts)
   pid_t job = StartAndWaitForCommits("cutc");
   const int coordinator = CoordinatorHost("cutc");
   ASSERT_GT(coordinator, 0) << Logs();
