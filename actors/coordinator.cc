@@ -400,9 +400,12 @@ void Coordinator::InjectNodeFault(const std::string& worker, FaultKind kind) {
   runtime::NodeFault f;
   f.kind = kind == FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
            : kind == FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
+           : kind == FaultKind::kDelayNode     ? runtime::NodeFaultKind::kDelay
                                                : runtime::NodeFaultKind::kDrop;
   f.duration_ms = absl::ToInt64Milliseconds(spec_.network_fault);
   f.drop_percent = spec_.drop_percent;
+  f.delay_us = absl::ToInt64Microseconds(spec_.delay);
+  f.jitter_us = absl::ToInt64Microseconds(spec_.jitter);
   FaultFired(kind, core_->committed(), it->second.node);
   self_->request(head_, Rpc(), runtime::node_fault_atom::value, it->second.node, f)
       .then([](bool) {},

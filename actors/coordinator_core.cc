@@ -574,7 +574,8 @@ bool CoordinatorCore::FireFaults(Actions* out) {
       }
       case FaultKind::kSigtermNode:
       case FaultKind::kPartitionNode:
-      case FaultKind::kDropNode: {
+      case FaultKind::kDropNode:
+      case FaultKind::kDelayNode: {
         const std::string& w = group_[ArmRank(f.arg)];
         Event(out, armed.Set("worker", w).Set("node", members_[w].node));
         CoordinatorAction a{Kind::kNodeFault};

@@ -25,7 +25,7 @@ bool FaultAwaitsRecovery(FaultKind kind) {
   // A drain and a join are planned; a network fault may heal before anyone notices it.
   return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker &&
          kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode &&
-         kind != FaultKind::kStallCoordinator;
+         kind != FaultKind::kStallCoordinator && kind != FaultKind::kDelayNode;
 }
 
 namespace {
@@ -34,7 +34,7 @@ bool FaultAwaitsRecovery(const std::string& kind_name) {
   for (FaultKind k : {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
                       FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
                       FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode,
-                      FaultKind::kDropNode, FaultKind::kStallCoordinator}) {
+                      FaultKind::kDropNode, FaultKind::kStallCoordinator, FaultKind::kDelayNode}) {
     if (kind_name == FaultKindName(k)) return FaultAwaitsRecovery(k);
   }
   return false;
@@ -72,6 +72,12 @@ std::string DescribeFaultArmed(const SupervisionEvent& e) {
                         kind == "partition-node" ? "cut off from the other hosts"
                                                  : "dropping packets to and from the others",
                         " for a while ([chaos] network_fault), before step ", step);
+  }
+  if (kind == "delay-node") {
+    return absl::StrCat("chaos: node ", e.Field("node"),
+                        "'s host holding every packet to and from the others ([chaos] delay) for a "
+                        "while ([chaos] network_fault), before step ",
+                        step);
   }
   if (kind == "join-worker") {
     return absl::StrCat("chaos: a node with one worker joins before step ", step,

@@ -83,16 +83,18 @@ class Section {
     if (!v) return Fail(key, "true or false", TypeName(n->type()));
     *out = *v;
   }
-  // A positive duration written as a string: "2s", "300ms", "1m30s".
-  void Duration(const char* key, absl::Duration* out) {
+  // A positive (or, with `zero_ok`, non-negative) duration written as a string: "2s", "300ms".
+  void Duration(const char* key, absl::Duration* out, bool zero_ok = false) {
     const toml::node* n = Find(key);
     if (n == nullptr) return;
     std::optional<std::string> v = n->value_exact<std::string>();
     if (!v) return Fail(key, "a duration string such as \"2s\" or \"300ms\"", TypeName(n->type()));
     absl::Duration d;
-    if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() ||
-        d == absl::InfiniteDuration()) {
-      return Fail(key, "a positive duration such as \"2s\" or \"300ms\"",
+    if (!absl::ParseDuration(*v, &d) || d < absl::ZeroDuration() ||
+        (d == absl::ZeroDuration() && !zero_ok) || d == absl::InfiniteDuration()) {
+      return Fail(key,
+                  zero_ok ? "a duration >= 0 such as \"0s\" or \"300ms\""
+                          : "a positive duration such as \"2s\" or \"300ms\"",
                   absl::StrCat("\"", *v, "\""));
     }
     *out = d;
@@ -149,6 +151,7 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kPartitionNode, "partition-node"},
     {FaultKind::kDropNode, "drop-node"},
     {FaultKind::kStallCoordinator, "stall-coordinator"},
+    {FaultKind::kDelayNode, "delay-node"},
 };
 }  // namespace
 
@@ -280,6 +283,12 @@ void ReadChaos(Section& s, JobSpec& spec) {
   s.Duration("network_fault", &spec.network_fault);
   s.Int32("drop_percent", &spec.drop_percent, 1, 100);
   s.Duration("stall", &spec.stall);
+  s.Duration("delay", &spec.delay);
+  s.Duration("jitter", &spec.jitter, /*zero_ok=*/true);
+  if (spec.jitter > spec.delay) {
+    s.Fail("jitter", absl::StrCat("at most [chaos] delay (", absl::FormatDuration(spec.delay), ")"),
+           absl::StrCat("\"", absl::FormatDuration(spec.jitter), "\""));
+  }
 }
 
 void ReadTimeouts(Section& s, JobSpec& spec) {
@@ -426,8 +435,10 @@ std::string JobSpec::ToToml() const {
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
       "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
-      "\"\n\n[timeouts]\nliveness = \"", absl::FormatDuration(timeouts.liveness),
-      "\"\ncollective = \"", absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
+      absl::FormatDuration(jitter), "\"\n\n[timeouts]\nliveness = \"",
+      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
+      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
       absl::FormatDuration(timeouts.join_wait), "\"\nwatchdog = \"",

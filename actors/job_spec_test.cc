@@ -38,7 +38,9 @@ max_workers = 5
 every = 4
 keep_last = 2
 [chaos]
-faults = ["kill-worker@5:2", "join-worker@7"]
+faults = ["kill-worker@5:2", "join-worker@7", "delay-node@3:1"]
+delay = "20ms"
+jitter = "0s"
 [timeouts]
 liveness = "500ms"
 watchdog = "90s"
@@ -46,7 +48,10 @@ watchdog = "90s"
                                            "job.toml");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->model.options.at("hidden"), "32");
-  ASSERT_EQ(s->faults.size(), 2u);
+  ASSERT_EQ(s->faults.size(), 3u);
+  EXPECT_EQ(s->faults[2].kind, FaultKind::kDelayNode);
+  EXPECT_EQ(s->delay, absl::Milliseconds(20));
+  EXPECT_EQ(s->jitter, absl::ZeroDuration());
   EXPECT_EQ(s->faults[0].kind, FaultKind::kKillWorker);
   EXPECT_EQ(s->faults[1].ToString(), "join-worker@7");
   EXPECT_EQ(s->faults[0].step, 5);
@@ -60,6 +65,8 @@ watchdog = "90s"
   EXPECT_EQ(back->timeouts.liveness, absl::Milliseconds(500));
   EXPECT_EQ(back->timeouts.watchdog, absl::Seconds(90));
   EXPECT_EQ(back->timeouts.collective, absl::Seconds(30)) << "the default";
+  EXPECT_EQ(back->delay, absl::Milliseconds(20));
+  EXPECT_EQ(back->jitter, absl::ZeroDuration());
 }
 
 struct BadCase {
@@ -103,6 +110,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "timeouts.collective: expected less than timeouts.watchdog (2m), got 3m"},
         BadCase{"[timeouts]\nwatchdog = \"5m\"\n",
                 "timeouts.watchdog: expected less than timeouts.driver_silence (3m), got 5m"},
+        BadCase{"[chaos]\ndelay = \"0s\"\n", "chaos.delay: expected a positive duration"},
+        BadCase{"[chaos]\njitter = \"-1ms\"\n", "chaos.jitter: expected a duration >= 0"},
+        BadCase{"[chaos]\ndelay = \"2ms\"\njitter = \"3ms\"\n",
+                "chaos.jitter: expected at most [chaos] delay (2ms), got \"3ms\""},
         BadCase{"model = 3\n", "model: expected a table, got integer"}));
 
 TEST(FaultTest, Parses) {

@@ -66,3 +66,17 @@ if(NOT TARGET troupe_deps::capnp)
   set_target_properties(troupe_deps::capnp PROPERTIES
     INTERFACE_LINK_LIBRARIES "${troupe_capnp_libs};Threads::Threads")
 endif()
+
+# libnetfilter_queue (Debian's libnetfilter-queue-dev), which troupe_runtime links privately for
+# `troupe relay` (latency on a host's links without netem). Located the same way as Cap'n Proto's.
+if(NOT TARGET troupe_deps::netfilter_queue)
+  find_library(TROUPE_NFQ_LIB netfilter_queue)
+  find_library(TROUPE_NFNETLINK_LIB nfnetlink)
+  set(troupe_nfq_libs ${TROUPE_NFQ_LIB} ${TROUPE_NFNETLINK_LIB})
+  if(NOT TROUPE_NFQ_LIB OR NOT TROUPE_NFNETLINK_LIB)
+    set(troupe_nfq_libs netfilter_queue nfnetlink)  # the linker then names what is missing
+  endif()
+  add_library(troupe_deps::netfilter_queue INTERFACE IMPORTED)
+  set_target_properties(troupe_deps::netfilter_queue PROPERTIES
+    INTERFACE_LINK_LIBRARIES "${troupe_nfq_libs}")
+endif()

@@ -144,6 +144,11 @@ TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   EXPECT_EQ(f2.duration_ms, 3000);
   EXPECT_EQ(f2.drop_percent, 5);
   EXPECT_NE(caf::deep_to_string(f).find("drop"), std::string::npos) << caf::deep_to_string(f);
+  NodeFault d{NodeFaultKind::kDelay, 2000, 0, 5000, 1000};
+  NodeFault d2 = ThroughCaf(d);
+  EXPECT_EQ(d2.kind, NodeFaultKind::kDelay);
+  EXPECT_EQ(d2.delay_us, 5000);
+  EXPECT_EQ(d2.jitter_us, 1000);
 }
 
 }  // namespace

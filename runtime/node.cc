@@ -71,11 +71,15 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
           kill(getpid(), SIGTERM);
           return;
         }
-        absl::Status s =
-            StartNetworkFault(f.kind == NodeFaultKind::kPartition, f.drop_percent, f.duration_ms);
+        absl::Status s = StartNetworkFault(f);
         if (s.ok()) {
-          LogWarn("node", absl::StrCat("chaos: ", to_string(f.kind), " of this host's links for ",
-                                       f.duration_ms, " ms"));
+          std::string what =
+              absl::StrCat(to_string(f.kind), " of this host's links for ", f.duration_ms, " ms");
+          if (f.kind == NodeFaultKind::kDelay) {
+            absl::StrAppend(&what, " (", f.delay_us / 1000.0, " ms ± ", f.jitter_us / 1000.0,
+                            " ms each way)");
+          }
+          LogWarn("node", "chaos: " + what);
         } else {
           LogError("node", std::string(s.message()));
         }

@@ -179,31 +179,84 @@ std::vector<char*> Argv(std::vector<std::string>& args) {
   return argv;
 }
 
-// The network fault's helper, in a grandchild of the agent (after fork, setsid, fork): adds the
-// rules, writes the first failure's index (or -1) to `report`, sleeps, removes them.
+// Starts `troupe relay` (argv `relay`) with a pipe on fd 4 it writes a byte to once its queue is
+// bound; its pid once that byte came (within 10 s), or -1 (it is killed then).
+pid_t StartRelay(std::vector<char*>& relay) {
+  int ready[2];
+  if (pipe(ready) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(ready[1], 4);
+    close_range(5, ~0U, 0);
+    close(3);
+    execv(relay[0], relay.data());
+    _exit(127);
+  }
+  close(ready[1]);
+  char byte = 0;
+  pollfd p{ready[0], POLLIN, 0};
+  const bool bound = pid > 0 && poll(&p, 1, 10000) == 1 && read(ready[0], &byte, 1) == 1;
+  close(ready[0]);
+  if (bound) return pid;
+  if (pid > 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  return -1;
+}
+
+// The network fault's helper, in a grandchild of the agent (after fork, setsid, fork): starts the
+// relay (a delay only), adds the rules, writes the first failure's index (add.size() for the
+// relay; -1 for none) to `report`, waits out the fault (the relay runs for it), removes them.
 [[noreturn]] void NetworkFaultHelper(std::vector<std::vector<char*>>& add,
-                                     std::vector<std::vector<char*>>& remove, int report,
-                                     int64_t duration_ms) {
+                                     std::vector<std::vector<char*>>& remove,
+                                     std::vector<char*>& relay, int report, int64_t duration_ms) {
   dup2(report, 3);  // the report pipe on fd 3; every other descriptor of the agent closed
   close_range(4, ~0U, 0);
   int failed = -1;
+  pid_t relay_pid = -1;
+  if (!relay.empty() && (relay_pid = StartRelay(relay)) < 0) failed = static_cast<int>(add.size());
   for (size_t i = 0; i < add.size() && failed < 0; ++i) {
     if (RunAndWait(add[i].data()) != 0) failed = static_cast<int>(i);
   }
   [[maybe_unused]] ssize_t n = write(3, &failed, sizeof failed);
   close(3);
-  if (failed < 0) {
+  if (failed < 0 && relay_pid > 0) {
+    while (waitpid(relay_pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  } else if (failed < 0) {
     timespec left{duration_ms / 1000, (duration_ms % 1000) * 1000000};
     while (nanosleep(&left, &left) != 0 && errno == EINTR) {
     }
+  } else if (relay_pid > 0) {
+    kill(relay_pid, SIGTERM);
+    waitpid(relay_pid, nullptr, 0);
   }
   for (size_t i = 0; i < remove.size(); ++i) RunAndWait(remove[i].data());
   _exit(failed < 0 ? 0 : 1);
 }
 
+// What the fault's iptables rules match beyond the interface, and do.
+std::vector<std::string> FaultRuleTail(const NodeFault& f) {
+  std::vector<std::string> tail;
+  if (f.kind == NodeFaultKind::kDrop) {
+    tail = {"-m",     "statistic",     "--mode",
+            "random", "--probability", absl::StrCat(f.drop_percent / 100.0)};
+  }
+  tail.insert(tail.end(), {"-m", "comment", "--comment", "troupe-chaos", "-j"});
+  if (f.kind == NodeFaultKind::kDelay) {
+    // A packet the relay is not there for passes (--queue-bypass): never a partition by accident.
+    tail.insert(tail.end(),
+                {"NFQUEUE", "--queue-num", std::to_string(kChaosDelayQueue), "--queue-bypass"});
+  } else {
+    tail.push_back("DROP");
+  }
+  return tail;
+}
+
 }  // namespace
 
-absl::Status StartNetworkFault(bool partition, int32_t drop_percent, int64_t duration_ms) {
+absl::Status StartNetworkFault(const NodeFault& f) {
   std::string iptables;
   for (const char* p : {"/usr/sbin/iptables", "/sbin/iptables", "/usr/bin/iptables"}) {
     if (access(p, X_OK) == 0) iptables = p;
@@ -215,19 +268,26 @@ absl::Status StartNetworkFault(bool partition, int32_t drop_percent, int64_t dur
   std::vector<std::vector<std::string>> add_args, remove_args;
   for (const char* chain : {"INPUT", "OUTPUT"}) {
     std::vector<std::string> rule = {"!", chain[0] == 'I' ? "-i" : "-o", "lo"};
-    if (!partition) {
-      rule.insert(rule.end(), {"-m", "statistic", "--mode", "random", "--probability",
-                               absl::StrCat(drop_percent / 100.0)});
-    }
-    rule.insert(rule.end(), {"-m", "comment", "--comment", "troupe-chaos", "-j", "DROP"});
+    for (std::string& word : FaultRuleTail(f)) rule.push_back(std::move(word));
     add_args.push_back({iptables, "-w", "-I", chain, "1"});
     add_args.back().insert(add_args.back().end(), rule.begin(), rule.end());
     remove_args.push_back({iptables, "-w", "-D", chain});
     remove_args.back().insert(remove_args.back().end(), rule.begin(), rule.end());
   }
+  std::vector<std::string> relay_args;
+  if (f.kind == NodeFaultKind::kDelay) {
+    relay_args = {SelfExe(),    "relay",
+                  "--queue",    std::to_string(kChaosDelayQueue),
+                  "--delay",    absl::StrCat(f.delay_us, "us"),
+                  "--jitter",   absl::StrCat(f.jitter_us, "us"),
+                  "--run_for",  absl::StrCat(f.duration_ms, "ms"),
+                  "--ready_fd", "4"};
+  }
   std::vector<std::vector<char*>> add, remove;
   for (auto& a : add_args) add.push_back(Argv(a));
   for (auto& a : remove_args) remove.push_back(Argv(a));
+  std::vector<char*> relay;
+  if (!relay_args.empty()) relay = Argv(relay_args);
   int report[2];
   if (pipe2(report, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("network fault: pipe: ", std::strerror(errno)));
@@ -235,7 +295,7 @@ absl::Status StartNetworkFault(bool partition, int32_t drop_percent, int64_t dur
   const pid_t child = fork();
   if (child == 0) {
     setsid();
-    if (fork() == 0) NetworkFaultHelper(add, remove, report[1], duration_ms);
+    if (fork() == 0) NetworkFaultHelper(add, remove, relay, report[1], f.duration_ms);
     _exit(0);
   }
   close(report[1]);
@@ -247,11 +307,14 @@ absl::Status StartNetworkFault(bool partition, int32_t drop_percent, int64_t dur
   }
   close(report[0]);
   if (failed == -1) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("network fault: ",
-                   failed >= 0 ? absl::StrCat("`", absl::StrJoin(add_args[failed], " "), "` failed")
-                               : std::string("its helper process did not start"),
-                   " (it needs CAP_NET_ADMIN in this host's network namespace)"));
+  std::string what = "its helper process did not start";
+  if (failed >= 0 && failed < static_cast<int>(add_args.size())) {
+    what = absl::StrCat("`", absl::StrJoin(add_args[failed], " "), "` failed");
+  } else if (failed >= 0) {
+    what = absl::StrCat("`", absl::StrJoin(relay_args, " "), "` did not bind its queue");
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "network fault: ", what, " (it needs CAP_NET_ADMIN in this host's network namespace)"));
 }
 
 }  // namespace troupe::runtime::internal

@@ -404,6 +404,7 @@ int RunMain(int argc, char** argv, ActorRegistry registry) {
   if (role == "up") return internal::UpMain(args);
   if (role == "certs") return internal::CertsMain(args);
   if (role == "status") return internal::StatusMain(args);
+  if (role == "relay") return internal::RelayMain(args);
   return -1;
 }
 

@@ -20,6 +20,7 @@ int Worker(const Args& a) { return RunClusterRole("worker", a); }
 int Up(const Args& a) { return RunClusterRole("up", a); }
 int Certs(const Args& a) { return RunClusterRole("certs", a); }
 int Status(const Args& a) { return RunClusterRole("status", a); }
+int Relay(const Args& a) { return RunClusterRole("relay", a); }
 
 constexpr Command kCommands[] = {
     {"train",
@@ -41,6 +42,10 @@ constexpr Command kCommands[] = {
      "status --head HOST:P [--wait_workers N] [--timeout 60s]   (the cluster's members, one per "
      "line)",
      Status},
+    {"relay",
+     "relay --queue N --delay 5ms [--jitter 1ms] [--run_for 3s]   (root: holds the packets of "
+     "an iptables NFQUEUE rule, for latency without netem)",
+     Relay},
     {"worker", "worker ...   (started by a node agent)", Worker},
 };
 

@@ -27,6 +27,7 @@ constexpr char kUsage[] =
     "             sigterm-node@S[:R], join-worker@S, kill-coordinator@S, crash-in-checkpoint@S,\n"
     "             partition-node@S[:R], drop-node@S[:R] (the node's host, for [chaos] "
     "network_fault),\n"
+    "             delay-node@S[:R] (packets held [chaos] delay ± jitter),\n"
     "             stall-coordinator@S (its actor blocks for [chaos] stall)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
     "             generations=<n>' when done";

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime::internal {
 
@@ -35,14 +36,17 @@ std::string SelfExe();
 // has left the kernel, which can take over a second on a loaded machine.
 bool AlreadyDying(pid_t pid);
 
-// A network fault on this host, for the node agent's chaos (NodeFault kPartition or kDrop, in
-// troupe/runtime/cluster.h): iptables rules on INPUT and OUTPUT that drop every packet (or
-// `drop_percent` % at random) not on loopback, removed after `duration_ms` by a detached process
-// of its own (not this one's child; no descriptor of this process kept open), so the heal happens
-// even if this process dies meanwhile. Returns once the rules are in place: FailedPrecondition when
-// iptables is missing or refuses (no CAP_NET_ADMIN), naming the command.
-[[nodiscard]] absl::Status StartNetworkFault(bool partition, int32_t drop_percent,
-                                             int64_t duration_ms);
+// A network fault on this host, for the node agent's chaos (NodeFault kPartition, kDrop or kDelay,
+// in troupe/runtime/cluster.h): iptables rules on INPUT and OUTPUT for every packet not on
+// loopback — DROP (all, or `drop_percent` % at random), or NFQUEUE kChaosDelayQueue served by a
+// `troupe relay` process (this binary's) — removed after `duration_ms` by a detached process of
+// their own (not this one's child; no descriptor of this process kept open), so the heal happens
+// even if this process dies meanwhile. Returns once the rules are in place: FailedPrecondition
+// when iptables is missing or refuses (no CAP_NET_ADMIN), or the relay cannot bind its queue,
+// naming the command.
+[[nodiscard]] absl::Status StartNetworkFault(const NodeFault& f);
+// The NFQUEUE number of a delay fault's rules (one delay at a time on a host).
+inline constexpr int kChaosDelayQueue = 7117;
 
 }  // namespace troupe::runtime::internal
 

@@ -21,6 +21,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry);
 int UpMain(const std::vector<std::string>& args);
 int CertsMain(const std::vector<std::string>& args);
 int StatusMain(const std::vector<std::string>& args);
+int RelayMain(const std::vector<std::string>& args);  // relay.cc
 
 // Sends heartbeats (this process's tracked actors) to the head until stopped.
 class HeartbeatSender {

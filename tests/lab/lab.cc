@@ -252,7 +252,7 @@ absl::Status Lab::PullPlug(const std::string& host) {
 namespace {
 
 absl::Status RunLabScript(const std::vector<std::string>& argv) {
-  setenv("TROUPE_LAB_RELAY", TROUPE_LAB_RELAY, /*overwrite=*/0);
+  if (*TROUPE_LAB_BINARY) setenv("TROUPE_BINARY", TROUPE_LAB_BINARY, /*overwrite=*/0);
   std::vector<std::string> full = {TROUPE_LAB_SCRIPT};
   full.insert(full.end(), argv.begin(), argv.end());
   auto r = RunHere(full);

@@ -167,7 +167,8 @@ class MultihostTest : public ::testing::Test {
     std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << steps
                          << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
                          << dir_ << "/data\"\n[elastic]\nmin_workers = 2\nmax_workers = 6\n"
-                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n[chaos]\nstall = \"3s\"\n";
+                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n[chaos]\nstall = \"3s\"\n"
+                         << "delay = \"20ms\"\njitter = \"2ms\"\n";
   }
 
   void TearDown() override {
@@ -412,6 +413,52 @@ TEST_F(MultihostTest, NetworkFaultsOfTheJobSpecAreCarriedOutByTheNodeAgents) {
     ASSERT_TRUE(rules.ok()) << rules.status();
     EXPECT_FALSE(absl::StrContains(rules->output, "troupe-chaos")) << Host(i) << rules->output;
   }
+}
+
+// A delay on one host's links from the job spec (`delay-node@4:2`, [chaos] delay 20 ms ± 2 ms each
+// way for network_fault, 3 s), carried out by that host's node agent with `troupe relay` on an
+// NFQUEUE rule (this kernel has no netem): meanwhile a ping from the head's host to it takes at
+// least twice the delay. Nobody is declared dead, the job ends on four hosts with the one-host
+// weights, and once the fault is over neither the rules nor the relay are left on the host.
+TEST_F(MultihostTest, ADelayOnOneHostsLinksFromTheJobSpecChangesNoWeight) {
+  pid_t job = StartJob("delay", {"--chaos", "delay-node@4:2"});
+  std::string node;  // the delayed host, once its agent says the delay is on
+  const auto until = std::chrono::steady_clock::now() + seconds(60);
+  while (node.empty() && std::chrono::steady_clock::now() < until) {
+    for (int i = 1; i <= kHosts && node.empty(); ++i) {
+      if (absl::StrContains(Slurp(absl::StrCat(dir_, "/logs/node-", Host(i), ".txt")),
+                            "chaos: delay of this host's links for 3000 ms (20 ms ± 2 ms")) {
+        node = Host(i);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(node.empty()) << Logs();
+  absl::StatusOr<lab::ProbeResult> probe = lab_.Probe(HeadHost(), node, 10);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  printf("lab: head -> %s with its links delayed 20 ms ± 2 ms: %s\n", node.c_str(),
+         probe->Describe().c_str());
+  EXPECT_GE(probe->rtt_ms, 36) << "the delay did not hold the packets";
+  const JobRun r = Finish("delay", job);
+  ExpectFinished("delay", r, kHosts, 0);
+  printf("the job with the delay: %.1f s\n", r.seconds);
+  ASSERT_EQ(
+      FindEvents(Events("delay"), "fault_armed", {{"kind", "delay-node"}, {"node", node}}).size(),
+      1u)
+      << Logs();
+  EXPECT_TRUE(absl::StrContains(Slurp(absl::StrCat(dir_, "/logs/node-", node, ".txt")),
+                                "troupe relay: queue 7117"))
+      << Logs();
+  // The heal: 3 s after the fault began, no rule and no relay are left.
+  std::string left;
+  const auto healed_by = std::chrono::steady_clock::now() + seconds(15);
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    auto seen = lab_.Exec(node, "iptables -S | grep troupe-chaos; pgrep -fa '[r]elay --queue'");
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    left = seen->output;
+  } while (!left.empty() && std::chrono::steady_clock::now() < healed_by);
+  EXPECT_EQ(left, "") << "left on " << node;
 }
 
 // The coordinator's host cut off both ways: no split brain. The head stops renewing the cut-off

@@ -8,7 +8,7 @@
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
-//                drop_percent
+//                drop_percent, delay and jitter (durations), stall
 //   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
 //                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
 //
@@ -52,6 +52,9 @@ namespace troupe::actors {
 //                            packets each way before step S, for [chaos] network_fault
 //   stall-coordinator@S      the coordinator's actor blocks for [chaos] stall before step S (a
 //                            stalled disk, a paused VM); the head reports it hung, the ranks wait
+//   delay-node@S[:R]         every packet in or out of the host of rank R's node is held [chaos]
+//                            delay ± jitter before step S, for [chaos] network_fault (a relay of
+//                            troupe's on that host: no netem needed)
 // The network faults are carried out by the node's agent on its own host (iptables in its network
 // namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
 // even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
@@ -67,6 +70,7 @@ enum class FaultKind {
   kPartitionNode,
   kDropNode,
   kStallCoordinator,
+  kDelayNode,
 };
 // "kill-worker", ... as written in job specs and on the command line.
 const char* FaultKindName(FaultKind kind);
@@ -127,6 +131,8 @@ struct JobSpec {
   absl::Duration network_fault = absl::Seconds(3);  // partition-node, drop-node: how long
   int32_t drop_percent = 5;                         // drop-node: of the packets each way
   absl::Duration stall = absl::Seconds(12);         // stall-coordinator: how long
+  absl::Duration delay = absl::Milliseconds(5);     // delay-node: each way, on the node's host
+  absl::Duration jitter = absl::Milliseconds(1);    // delay-node: ± (uniform), at most delay
   Timeouts timeouts;
 
   std::string ToToml() const;

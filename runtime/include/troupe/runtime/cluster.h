@@ -176,23 +176,28 @@ using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 // Chaos on one node, carried out by its agent on its own host: no pid or firewall rule crosses a
 // machine. kPreempt: a preemption notice (SIGTERM to the agent, as a cloud gives it). kPartition:
 // the host cut off from every other host, both ways; kDrop: `drop_percent` % of the host's
-// packets lost each way — both healed after `duration_ms` by a process of their own (the heal
-// happens even if the agent dies meanwhile); iptables rules in the host's network namespace,
-// loopback untouched, so they need CAP_NET_ADMIN there (root on a host of its own).
-enum class NodeFaultKind { kPreempt, kPartition, kDrop };
+// packets lost each way; kDelay: every packet in or out of the host held `delay_us` ± `jitter_us`
+// (uniform) by a `troupe relay` process (NFQUEUE: this needs no netem) — each healed after
+// `duration_ms` by a process of their own (the heal happens even if the agent dies meanwhile);
+// iptables rules in the host's network namespace, loopback untouched, so they need CAP_NET_ADMIN
+// there (root on a host of its own).
+enum class NodeFaultKind { kPreempt, kPartition, kDrop, kDelay };
 struct NodeFault {
   NodeFaultKind kind = NodeFaultKind::kPreempt;
   int64_t duration_ms = 0;
   int32_t drop_percent = 0;
+  int64_t delay_us = 0, jitter_us = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, NodeFault& x) {
-  return f(caf::meta::type_name("troupe.NodeFault"), x.kind, x.duration_ms, x.drop_percent);
+  return f(caf::meta::type_name("troupe.NodeFault"), x.kind, x.duration_ms, x.drop_percent,
+           x.delay_us, x.jitter_us);
 }
 inline std::string to_string(NodeFaultKind x) {
   return x == NodeFaultKind::kPreempt     ? "preempt"
          : x == NodeFaultKind::kPartition ? "partition"
-                                          : "drop";
+         : x == NodeFaultKind::kDrop      ? "drop"
+                                          : "delay";
 }
 // (node_fault_atom, node name, NodeFault) to the head → bool (NotFound: no live node of that
 // name): chaos by name. The head forwards (node_fault_atom, NodeFault) to that node's agent.
@@ -216,7 +221,7 @@ using lease_atom = caf::atom_constant<caf::atom("tr_lease")>;
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 5;
+inline constexpr uint32_t kClusterProtocolVersion = 6;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -279,9 +284,9 @@ class ClusterClient {
   Duration timeout_;
 };
 
-// Runs the role named by argv[1] ("head", "node", "worker", "up", "certs") with the program's actor
-// types, and returns the process exit code. Returns -1 if argv[1] is not a role, so a program
-// can handle its own commands. `--help` after a role prints its options.
+// Runs the role named by argv[1] ("head", "node", "worker", "up", "certs", "status", "relay") with
+// the program's actor types, and returns the process exit code. Returns -1 if argv[1] is not a
+// role, so a program can handle its own commands. `--help` after a role prints its options.
 int RunMain(int argc, char** argv, ActorRegistry registry);
 
 }  // namespace troupe::runtime
