@@ -113,24 +113,22 @@ ShardView ElasticRank::committed_shard() const {
           m_.data(), v_.data()};
 }
 
-absl::Status ElasticRank::MirrorToBuddy(const ShardLayout& layout, int rank, int buddy,
-                                        const std::vector<float>& m, const std::vector<float>& v,
-                                        std::vector<float>* replica_m,
-                                        std::vector<float>* replica_v) {
+std::vector<Work> ElasticRank::PostMirror(const ShardLayout& layout, int rank, int buddy,
+                                          const std::vector<float>& m, const std::vector<float>& v,
+                                          std::vector<float>* replica_m,
+                                          std::vector<float>* replica_v) {
   replica_m->assign(layout.per_rank, 0.0f);
   replica_v->assign(layout.per_rank, 0.0f);
-  if (layout.world == 1) return absl::OkStatus();
+  if (layout.world == 1) return {};
   const int next = (rank + buddy) % layout.world;
   const int prev = (rank + layout.world - buddy % layout.world) % layout.world;
   auto send = [&](const std::vector<float>& b, uint32_t tag) {
     return comm_->Send(Buffer::F32(const_cast<float*>(b.data()), b.size()), next, tag,
                        options_.collective);
   };
-  std::vector<Work> works = {
-      send(m, kTagMirrorM), send(v, kTagMirrorV),
-      comm_->Recv(Buffer::F32(*replica_m), prev, kTagMirrorM, options_.collective),
-      comm_->Recv(Buffer::F32(*replica_v), prev, kTagMirrorV, options_.collective)};
-  return WaitAll(works);
+  return {send(m, kTagMirrorM), send(v, kTagMirrorV),
+          comm_->Recv(Buffer::F32(*replica_m), prev, kTagMirrorM, options_.collective),
+          comm_->Recv(Buffer::F32(*replica_v), prev, kTagMirrorV, options_.collective)};
 }
 
 absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
@@ -232,21 +230,18 @@ void ElasticRank::StageAdamW(int64_t step, double grad_norm) {
   }
 }
 
-// The staged moments mirrored to the buddy; every rank's staged parameters into staged_full_.
+// The staged moments mirrored to the buddy and every rank's staged parameters into staged_full_,
+// both in flight at once (one message latency, not two).
 absl::Status ElasticRank::ShareStagedState() {
-  if (absl::Status s = MirrorToBuddy(layout_, rank_, buddy_, staged_m_, staged_v_,
-                                     &staged_replica_m_, &staged_replica_v_);
-      !s.ok()) {
-    return Phase("buddy mirror", s);
-  }
+  const std::vector<Work> mirror = PostMirror(layout_, rank_, buddy_, staged_m_, staged_v_,
+                                              &staged_replica_m_, &staged_replica_v_);
   staged_full_.assign(layout_.padded(), 0.0f);
-  if (absl::Status s = comm_
-                           ->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_),
-                                       options_.collective)
-                           .Wait();
-      !s.ok()) {
-    return Phase("parameter all-gather", s);
-  }
+  const absl::Status gathered =
+      comm_->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_), options_.collective)
+          .Wait();
+  const absl::Status mirrored = WaitAll(mirror);
+  if (!gathered.ok()) return Phase("parameter all-gather", gathered);
+  if (!mirrored.ok()) return Phase("buddy mirror", mirrored);
   return absl::OkStatus();
 }
 
@@ -388,8 +383,8 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       if (absl::Status s = RestoreFromMemory(plan, to); !s.ok()) return s;
       break;
   }
-  if (absl::Status s = MirrorToBuddy(to, plan.rank, plan.buddy, staged_m_, staged_v_,
-                                     &staged_replica_m_, &staged_replica_v_);
+  if (absl::Status s = WaitAll(PostMirror(to, plan.rank, plan.buddy, staged_m_, staged_v_,
+                                          &staged_replica_m_, &staged_replica_v_));
       !s.ok()) {
     return s;
   }

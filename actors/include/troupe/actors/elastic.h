@@ -140,10 +140,13 @@ class ElasticRank {
 
  private:
   enum class Staged { kNone, kStep, kConfig };
-  [[nodiscard]] absl::Status MirrorToBuddy(const ShardLayout& layout, int rank, int buddy,
-                                           const std::vector<float>& m, const std::vector<float>& v,
-                                           std::vector<float>* replica_m,
-                                           std::vector<float>* replica_v);
+  // Posts the moments' mirror to the buddy (rank + buddy) and the receive of the mirror this
+  // rank keeps (from rank - buddy); the caller waits.
+  [[nodiscard]] std::vector<collectives::Work> PostMirror(const ShardLayout& layout, int rank,
+                                                          int buddy, const std::vector<float>& m,
+                                                          const std::vector<float>& v,
+                                                          std::vector<float>* replica_m,
+                                                          std::vector<float>* replica_v);
   [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
   // RunStep's phases, in order; each fills the buffers the next one reads.
   [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
