@@ -55,28 +55,28 @@ find_package(ucx CONFIG QUIET)
 # fails in a project declared `LANGUAGES CXX`. Only the libraries are located here (no error when
 # absent: only a program linking troupe::actors needs them). The build itself finds the package in
 # actors/CMakeLists.txt, for its code generator.
-if(NOT TARGET troupe_deps::capnp)
-  find_library(TROUPE_CAPNP_LIB capnp)
-  find_library(TROUPE_KJ_LIB kj)
-  set(troupe_capnp_libs ${TROUPE_CAPNP_LIB} ${TROUPE_KJ_LIB})
-  if(NOT TROUPE_CAPNP_LIB OR NOT TROUPE_KJ_LIB)
-    set(troupe_capnp_libs capnp kj)  # the linker then names what is missing
+# troupe_deps::<name>: an interface target linking the libraries `libs` (found by find_library;
+# when one is missing, by plain name, so that the linker names what is missing) and `extra`.
+function(troupe_link_only_libraries name libs extra)
+  if(TARGET troupe_deps::${name})
+    return()
   endif()
-  add_library(troupe_deps::capnp INTERFACE IMPORTED)
-  set_target_properties(troupe_deps::capnp PROPERTIES
-    INTERFACE_LINK_LIBRARIES "${troupe_capnp_libs};Threads::Threads")
-endif()
+  set(found "")
+  foreach(lib ${libs})
+    find_library(TROUPE_${lib}_LIB ${lib})
+    if(NOT TROUPE_${lib}_LIB)
+      set(found ${libs})
+      break()
+    endif()
+    list(APPEND found ${TROUPE_${lib}_LIB})
+  endforeach()
+  list(APPEND found ${extra})
+  add_library(troupe_deps::${name} INTERFACE IMPORTED)
+  set_target_properties(troupe_deps::${name} PROPERTIES INTERFACE_LINK_LIBRARIES "${found}")
+endfunction()
+
+troupe_link_only_libraries(capnp "capnp;kj" Threads::Threads)
 
 # libnetfilter_queue (Debian's libnetfilter-queue-dev), which troupe_runtime links privately for
 # `troupe relay` (latency on a host's links without netem). Located the same way as Cap'n Proto's.
-if(NOT TARGET troupe_deps::netfilter_queue)
-  find_library(TROUPE_NFQ_LIB netfilter_queue)
-  find_library(TROUPE_NFNETLINK_LIB nfnetlink)
-  set(troupe_nfq_libs ${TROUPE_NFQ_LIB} ${TROUPE_NFNETLINK_LIB})
-  if(NOT TROUPE_NFQ_LIB OR NOT TROUPE_NFNETLINK_LIB)
-    set(troupe_nfq_libs netfilter_queue nfnetlink)  # the linker then names what is missing
-  endif()
-  add_library(troupe_deps::netfilter_queue INTERFACE IMPORTED)
-  set_target_properties(troupe_deps::netfilter_queue PROPERTIES
-    INTERFACE_LINK_LIBRARIES "${troupe_nfq_libs}")
-endif()
+troupe_link_only_libraries(netfilter_queue "netfilter_queue;nfnetlink" "")
