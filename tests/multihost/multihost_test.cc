@@ -168,7 +168,7 @@ class MultihostTest : public ::testing::Test {
                          << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
                          << dir_ << "/data\"\n[elastic]\nmin_workers = 2\nmax_workers = 6\n"
                          << "[checkpoint]\nevery = 5\nkeep_last = 3\n[chaos]\nstall = \"3s\"\n"
-                         << "delay = \"20ms\"\njitter = \"2ms\"\n";
+                         << "delay = \"20ms\"\njitter = \"2ms\"\n[timeouts]\njoin_wait = \"20s\"\n";
   }
 
   void TearDown() override {
@@ -276,14 +276,26 @@ class MultihostTest : public ::testing::Test {
   }
 
   // Starts job `name` and returns once 3 steps are committed.
-  pid_t StartAndWaitForCommits(const std::string& name) {
-    pid_t job = StartJob(name, {});
+  pid_t StartAndWaitForCommits(const std::string& name,
+                               const std::vector<std::string>& extra = {}) {
+    pid_t job = StartJob(name, extra);
     const auto until = std::chrono::steady_clock::now() + seconds(120);
     while (Commits(name) < 3 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     EXPECT_GE(Commits(name), 3) << Slurp(dir_ + "/" + name + "/out.txt") << Logs();
     return job;
+  }
+
+  // The heal-and-rejoin tests: the job holds before step `step` until a worker joins
+  // (`join-worker@step`: the driver of a job on a cluster it did not start starts none, so the one
+  // that joins is the healed host's new worker). `step` comes a few steps after the cut (while a
+  // host is cut off no step commits, so it is reached only once the job goes on without it), so
+  // the job cannot end before the rejoin, however fast its steps; [timeouts] join_wait (20 s)
+  // bounds the hold if the worker was folded in before it.
+  static constexpr int kRejoinSteps = 40;
+  static std::vector<std::string> HoldForRejoin(int step) {
+    return {"--chaos", absl::StrCat("join-worker@", step)};
   }
 
   // Starts job `name`, and once 3 steps are committed kills every process of `hosts` at once.
@@ -363,8 +375,8 @@ TEST_F(MultihostTest, TwoHostsThatLosePowerAtOnceAreLeftBehind) {
 // kills its fenced worker and starts a new one (a new member, h<k>/w1), folded in at a step
 // boundary; the job ends on all four hosts.
 TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) {
-  SetSteps(400);  // long enough to fold the host back in (at ~30 steps/s on 4 hosts)
-  pid_t job = StartAndWaitForCommits("cut");
+  SetSteps(kRejoinSteps);
+  pid_t job = StartAndWaitForCommits("cut", HoldForRejoin(12));
   const int coordinator = CoordinatorHost("cut");
   ASSERT_GT(coordinator, 0) << Logs();
   // Not the coordinator's host.
@@ -379,6 +391,12 @@ TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) 
   EXPECT_TRUE(DeclaredSilent("cut", victim)) << Logs();
   ASSERT_TRUE(lab_.Heal(Host(victim)).ok());
   JobRun r = Finish("cut", job);
+  for (const SupervisionEvent& e : Events("cut")) {
+    if (e.event == "join_folded" || e.event == "join_timeout" || e.event == "fault_fired" ||
+        e.event == "generation") {
+      printf("%s\n", runtime::FormatEvent(e).c_str());
+    }
+  }
   ExpectFinished("cut", r, kHosts, -1);
   EXPECT_TRUE(HasEvent("cut", "join_folded", {{"child", Host(victim) + "/w1"}})) << Logs();
 }
@@ -389,9 +407,9 @@ TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) 
 // declared dead, the job goes on, and after the heal its node joins again with a new worker,
 // folded in at a step boundary. No rule is left behind.
 TEST_F(MultihostTest, NetworkFaultsOfTheJobSpecAreCarriedOutByTheNodeAgents) {
-  SetSteps(400);  // long enough to fold the host back in (at ~30 steps/s on 4 hosts)
-  JobRun r = Finish(
-      "net", StartJob("net", {"--chaos", "drop-node@4:1", "--chaos", "partition-node@10:2"}));
+  SetSteps(kRejoinSteps);
+  std::vector<std::string> chaos = {"--chaos", "drop-node@4:1", "--chaos", "partition-node@10:2"};
+  JobRun r = Finish("net", StartJob("net", Append(chaos, HoldForRejoin(16))));
   ExpectFinished("net", r, kHosts, -1);
   std::map<std::string, std::string> node_of;  // fault kind -> node
   for (const SupervisionEvent& e : FindEvents(Events("net"), "fault_armed")) {
@@ -401,9 +419,11 @@ TEST_F(MultihostTest, NetworkFaultsOfTheJobSpecAreCarriedOutByTheNodeAgents) {
   const std::string cut = node_of["partition-node"];
   EXPECT_TRUE(DeclaredSilent("net", cut.back() - '0')) << Logs();
   EXPECT_TRUE(HasEvent("net", "join_folded", {{"child", cut + "/w1"}})) << Logs();
-  for (const auto& [kind, node] : node_of) {
-    const std::string said = absl::StrCat("chaos: ", kind == "drop-node" ? "drop" : "partition",
-                                          " of this host's links for 3000 ms");
+  for (const char* kind : {"drop-node", "partition-node"}) {
+    const std::string& node = node_of[kind];
+    const std::string said =
+        absl::StrCat("chaos: ", kind == std::string("drop-node") ? "drop" : "partition",
+                     " of this host's links for 3000 ms");
     EXPECT_TRUE(absl::StrContains(Slurp(absl::StrCat(dir_, "/logs/node-", node, ".txt")), said))
         << kind << " on " << node << "\n"
         << Logs();
@@ -467,8 +487,8 @@ TEST_F(MultihostTest, ADelayOnOneHostsLinksFromTheJobSpecChangesNoWeight) {
 // lease's later epoch claims the checkpoint store. After the heal the host joins again with a new
 // worker. Every step is committed once, and the job ends with the one-host weights.
 TEST_F(MultihostTest, ACoordinatorCutOffFromTheHeadStopsAndAnotherFinishesTheJob) {
-  SetSteps(400);  // long enough to fold the host back in (at ~30 steps/s on 4 hosts)
-  pid_t job = StartAndWaitForCommits("cutc");
+  SetSteps(kRejoinSteps);
+  pid_t job = StartAndWaitForCommits("cutc", HoldForRejoin(12));
   const int coordinator = CoordinatorHost("cutc");
   ASSERT_GT(coordinator, 0) << Logs();
   ASSERT_TRUE(lab_.Cut(Host(coordinator)).ok());
