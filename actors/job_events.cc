@@ -30,14 +30,10 @@ bool FaultAwaitsRecovery(FaultKind kind) {
 
 namespace {
 
+// By the name a fault_fired event carries; the job spec's table of kinds is the only one.
 bool FaultAwaitsRecovery(const std::string& kind_name) {
-  for (FaultKind k : {FaultKind::kKillWorker, FaultKind::kStopWorker, FaultKind::kKillShardAndBuddy,
-                      FaultKind::kSigtermNode, FaultKind::kJoinWorker, FaultKind::kKillCoordinator,
-                      FaultKind::kCrashInCheckpoint, FaultKind::kPartitionNode,
-                      FaultKind::kDropNode, FaultKind::kStallCoordinator, FaultKind::kDelayNode}) {
-    if (kind_name == FaultKindName(k)) return FaultAwaitsRecovery(k);
-  }
-  return false;
+  absl::StatusOr<Fault> f = ParseFault(absl::StrCat(kind_name, "@0"));
+  return f.ok() && FaultAwaitsRecovery(f->kind);
 }
 
 // " — why" when the event has a reason.
