@@ -238,8 +238,13 @@ absl::Status Lab::PullPlug(const std::string& host) {
   }
   // The init is not our child: wait until it is gone or a zombie (its host is empty then).
   for (int i = 0; i < 500; ++i) {
-    std::ifstream stat(absl::StrCat("/proc/", h->init_pid, "/stat"));
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // read(2), not a stream: the init may be reaped between open and read, and the read then
+    // fails with ESRCH, which libstdc++'s streambuf iterators throw as an exception.
+    std::string text(4096, '\0');
+    const int fd = open(absl::StrCat("/proc/", h->init_pid, "/stat").c_str(), O_RDONLY);
+    const ssize_t n = fd < 0 ? -1 : read(fd, text.data(), text.size());
+    if (fd >= 0) close(fd);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
     const size_t paren = text.rfind(')');
     if (paren == std::string::npos || text.compare(paren + 1, 3, " Z ") == 0) {
       return absl::OkStatus();
