@@ -538,9 +538,14 @@ TEST_F(MultihostTest, TheHeadUnreachableFromOneHostWithinTheGraceWindowChangesNo
   pid_t job = StartAndWaitForCommits("grace");
   const int coordinator = CoordinatorHost("grace");
   ASSERT_GT(coordinator, 0) << Logs();
+  const auto cut = std::chrono::steady_clock::now();
   ASSERT_TRUE(lab_.Cut(Host(coordinator), "both", HeadHost()).ok());
   std::this_thread::sleep_for(seconds(1));
   ASSERT_TRUE(lab_.Heal(Host(coordinator)).ok());
+  // TCP's retransmission backoff stretches a cut of D seconds to up to ~2D of silence on the
+  // connections that lost packets, so the cut must stay well inside half the grace window.
+  printf("the head cut off from its host for at most %.2f s (cut and heal included)\n",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count());
   JobRun r = Finish("grace", job);
   ExpectFinished("grace", r, kHosts, 0);
   EXPECT_EQ(r.report.generations, 1) << r.output << Logs();
