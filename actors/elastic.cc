@@ -117,9 +117,13 @@ std::vector<Work> ElasticRank::PostMirror(const ShardLayout& layout, int rank, i
                                           const std::vector<float>& m, const std::vector<float>& v,
                                           std::vector<float>* replica_m,
                                           std::vector<float>* replica_v) {
-  replica_m->assign(layout.per_rank, 0.0f);
-  replica_v->assign(layout.per_rank, 0.0f);
-  if (layout.world == 1) return {};
+  if (layout.world == 1) {
+    replica_m->assign(layout.per_rank, 0.0f);
+    replica_v->assign(layout.per_rank, 0.0f);
+    return {};
+  }
+  replica_m->resize(layout.per_rank);  // written whole by the receives
+  replica_v->resize(layout.per_rank);
   const int next = (rank + buddy) % layout.world;
   const int prev = (rank + layout.world - buddy % layout.world) % layout.world;
   auto send = [&](const std::vector<float>& b, uint32_t tag) {
@@ -158,16 +162,18 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
 // This rank's subtree of the canonical gradient sum, into partial_.
 absl::Status ElasticRank::AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
                                             StepOutcome* out) {
-  model::TreeAccumulator acc(model_->num_params());
+  const int64_t n = model_->num_params();
+  if (!acc_ || acc_->leaves() != 0) acc_.emplace(n);  // a failed step may have left leaves
   for (int32_t k = lo; k < hi; ++k) {
     if (options_.on_serve) options_.on_serve(step, k);
     absl::StatusOr<double> loss = model_->ComputeGradient(step, k);
     if (!loss.ok()) return loss.status();
     out->losses.emplace_back(k, *loss);
-    acc.Add(model_->grads());
+    acc_->Add(model_->grads());
   }
-  partial_.assign(layout_.padded(), 0.0f);
-  acc.Finish(partial_.data());
+  partial_.resize(layout_.padded());
+  acc_->Finish(partial_.data());
+  std::fill(partial_.begin() + n, partial_.end(), 0.0f);
   return absl::OkStatus();
 }
 
@@ -181,7 +187,7 @@ absl::Status ElasticRank::ReduceScatterGradient(int64_t step, int32_t lo, int32_
   } else {
     ordered.algorithm = collectives::Algorithm::kAuto;
   }
-  grad_shard_.assign(layout_.per_rank, 0.0f);
+  grad_shard_.resize(layout_.per_rank);  // written whole by the reduce-scatter
   Work exchange = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),
                                        collectives::ReduceOp::kSum, ordered);
   if (options_.on_exchange) options_.on_exchange(step);
@@ -220,8 +226,9 @@ void ElasticRank::StageAdamW(int64_t step, double grad_norm) {
   const kernels::AdamWScalars scalars =
       model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
   const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
-  staged_params_.assign(layout_.per_rank, 0.0f);
+  staged_params_.resize(layout_.per_rank);
   std::copy(model_->params() + b, model_->params() + e, staged_params_.begin());
+  std::fill(staged_params_.begin() + (e - b), staged_params_.end(), 0.0f);
   staged_m_ = m_;
   staged_v_ = v_;
   if (e > b) {
@@ -235,7 +242,7 @@ void ElasticRank::StageAdamW(int64_t step, double grad_norm) {
 absl::Status ElasticRank::ShareStagedState() {
   const std::vector<Work> mirror = PostMirror(layout_, rank_, buddy_, staged_m_, staged_v_,
                                               &staged_replica_m_, &staged_replica_v_);
-  staged_full_.assign(layout_.padded(), 0.0f);
+  staged_full_.resize(layout_.padded());  // written whole by the all-gather
   const absl::Status gathered =
       comm_->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_), options_.collective)
           .Wait();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 
 #include "absl/strings/str_cat.h"
 #include "reduce.h"
@@ -277,8 +276,10 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
   uint64_t total = 0;
   for (int i = 0; i < n; ++i) total = std::max(total, iv[2 * i + 1]);
   *contributions = total;
-  // 3. Combine the partials in canonical tree order.
-  std::deque<std::vector<float>> store;
+  // 3. Combine the partials in canonical tree order: inner nodes (at most n - 2) in scratch, the
+  // root straight into `out` (which may be this rank's own partial: Combine is elementwise).
+  float* inner = static_cast<float*>(c.t->Scratch(4, std::max<size_t>(1, n * blen) * 4));
+  size_t inner_used = 0;
   absl::Status bad;
   auto node = [&](auto& self, uint64_t a, uint64_t b) -> const float* {
     for (int q = 0; q < n; ++q) {
@@ -295,14 +296,14 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
     if (x == nullptr) return nullptr;
     const float* y = self(self, mid, b);
     if (y == nullptr) return nullptr;
-    store.emplace_back(blen);
-    Combine(store.back().data(), x, y, blen, op);
-    return store.back().data();
+    float* dst = a == 0 && b == total ? out : inner + blen * inner_used++;
+    Combine(dst, x, y, blen, op);
+    return dst;
   };
   if (total == 0) return absl::InvalidArgumentError("ordered reduce-scatter: no contributions");
   const float* res = node(node, 0, total);
   if (res == nullptr) return bad;
-  std::memmove(out, res, blen * 4);
+  if (res != out) std::memmove(out, res, blen * 4);
   return absl::OkStatus();
 }
 

@@ -7,7 +7,7 @@
 //      canonical tree sum is a whole subtree of T(0, M);
 //   2. ordered reduce-scatter keyed by those intervals: rank r receives the step gradient of its
 //      parameter range, combined in canonical tree order (bit-exact for any W);
-//   3. gradient norm from fixed 64 Ki chunks: each rank's chunk sums are all-gathered and summed
+//   3. gradient norm from fixed 4 Ki chunks: each rank's chunk sums are all-gathered and summed
 //      in a fixed tree over the model's real chunks only (padding never enters);
 //   4. AdamW on the range into *staged* buffers; the staged moments are mirrored to the buddy
 //      rank (r + k) mod W (k: the plan's buddy offset, chosen so that a buddy is in another
@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,7 @@
 #include "troupe/actors/trainable.h"
 #include "troupe/collectives/communicator.h"
 #include "troupe/model/optimizer.h"
+#include "troupe/model/tree_sum.h"
 
 namespace troupe::actors {
 
@@ -172,6 +174,9 @@ class ElasticRank {
   int staged_rank_ = 0;
   int staged_buddy_ = 1;
   int64_t staged_committed_ = 0;
+  // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
+  // microbatch.
+  std::optional<model::TreeAccumulator> acc_;
   std::vector<float> partial_, grad_shard_, staged_params_, staged_full_, staged_m_, staged_v_,
       staged_replica_m_, staged_replica_v_;
 };

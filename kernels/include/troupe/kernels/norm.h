@@ -17,7 +17,7 @@
 
 namespace troupe::kernels {
 
-inline constexpr int64_t kNormChunk = 65536;
+inline constexpr int64_t kNormChunk = 4096;
 
 // out[i] = sum of x[j]^2 for j in chunk i (chunk i = [i*kNormChunk, min(n, (i+1)*kNormChunk))).
 void ChunkSquareSums(const float* x, int64_t n, double* out);

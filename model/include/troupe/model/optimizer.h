@@ -4,7 +4,7 @@
 // The step's scalars (learning rate, clip factor, bias corrections) are computed once from the
 // step number and the global gradient norm, then handed to every range update; an owner of
 // [begin, end) therefore computes exactly the bits a single process computes for those elements.
-// The global norm is the canonical tree sum of fixed 64 Ki-element chunk sums (kernels/norm.h), so
+// The global norm is the canonical tree sum of fixed 4 Ki-element chunk sums (kernels/norm.h), so
 // owners of chunk-aligned ranges can each contribute their chunk sums.
 //
 // Example (one process, whole buffer):
