@@ -112,9 +112,12 @@ class UcxTransport : public Transport {
     params.mt_workers_shared = 0;
     ucp_config_t* config = nullptr;
     UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config));
-    for (const auto& [name, value] :
-         {std::pair<const char*, std::string>{"TLS", tls},
-          std::pair<const char*, std::string>{"NET_DEVICES", devices}}) {
+    const std::string rndv = kind == kRemote && std::getenv("UCX_RNDV_THRESH") == nullptr
+                                 ? kDefaultRemoteRndvThresh
+                                 : "";
+    for (const auto& [name, value] : {std::pair<const char*, std::string>{"TLS", tls},
+                                      std::pair<const char*, std::string>{"NET_DEVICES", devices},
+                                      std::pair<const char*, std::string>{"RNDV_THRESH", rndv}}) {
       if (value.empty()) continue;
       ucs_status_t m = ucp_config_modify(config, name, value.c_str());
       if (m != UCS_OK) {

@@ -76,6 +76,10 @@ struct UcxOptions {
 inline constexpr char kDefaultUcxTransports[] = "self,sysv,posix";
 // Between hosts.
 inline constexpr char kDefaultRemoteUcxTransports[] = "tcp";
+// Between hosts, messages up to this many bytes go eagerly unless UCX_RNDV_THRESH is set: UCX's
+// tcp default (rendezvous from 8 KiB) adds a handshake, a network round trip, to every larger
+// message, and every phase of a collective pays it.
+inline constexpr char kDefaultRemoteRndvThresh[] = "1048576";
 
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(
     Bootstrap* bootstrap, const UcxOptions& options);
