@@ -50,9 +50,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "direct_app: %s\n", std::string(server.status().message()).c_str());
     return 1;
   }
-  std::printf("port=%u\n", (*server)->port());
-  std::fflush(stdout);
-  dup2(2, 1);  // the test stops reading stdout; CAF's own messages go to stderr
+  // The test reads the port line from stdout, then closes its end of that pipe, and may call at
+  // once: stdout must point at stderr before the line goes out, or a call that makes CAF print
+  // (an unexpected message) could write to the closed pipe and kill this process with SIGPIPE.
+  const int port_out = dup(1);
+  dup2(2, 1);
+  dprintf(port_out, "port=%u\n", (*server)->port());
+  close(port_out);
   char buf[64];
   while (read(0, buf, sizeof(buf)) > 0) {
   }
