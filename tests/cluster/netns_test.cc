@@ -7,9 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "caf/all.hpp"
 #include "troupe/runtime/cluster.h"
 
@@ -31,9 +35,25 @@ int Sh(const std::string& cmd, std::string* out = nullptr) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// A run killed before its TearDown leaves its namespace and veth behind: removes those whose
+// test process is gone.
+void RemoveStaleNamespaces() {
+  std::string list;
+  Sh("ip netns list", &list);
+  for (absl::string_view line : absl::StrSplit(list, '\n', absl::SkipEmpty())) {
+    absl::string_view name = line.substr(0, line.find(' '));
+    int pid = 0;
+    if (!absl::ConsumePrefix(&name, "troupe-t") || !absl::SimpleAtoi(name, &pid)) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    Sh(absl::StrCat("ip link del trh", pid % 100000));
+    Sh(absl::StrCat("ip netns del troupe-t", pid));
+  }
+}
+
 class NetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    RemoveStaleNamespaces();
     int id = getpid() % 250;
     ns_ = absl::StrCat("troupe-t", getpid());
     host_if_ = absl::StrCat("trh", getpid() % 100000);
