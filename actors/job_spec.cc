@@ -215,6 +215,7 @@ void ReadModel(Section& s, JobSpec& spec) {
   s.Str("type", &spec.model.type, true);
   s.Str("size", &spec.model.size, true);
   s.Str("data_dir", &spec.model.data_dir);
+  s.Str("device", &spec.model.device);
   s.Int32("seq_len", &spec.model.seq_len, 1, 1 << 20);
   s.Int32("microbatch_size", &spec.model.microbatch_size, 1, 1 << 20);
   s.Int32("microbatches", &spec.model.microbatches, 1, 1 << 16);
@@ -326,6 +327,10 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             "): every worker computes at least one microbatch"),
                absl::StrCat(spec.min_workers));
   }
+  if (!ParseDevice(spec.model.device).ok()) {
+    return bad("model.device", "\"cpu\", \"cuda\" or \"cuda:N\"",
+               absl::StrCat("\"", spec.model.device, "\""));
+  }
   if (spec.schedule.min_lr > spec.schedule.max_lr) {
     return bad("optimizer.min_lr", absl::StrCat("at most lr (", spec.schedule.max_lr, ")"),
                absl::StrCat(spec.schedule.min_lr));
@@ -423,17 +428,17 @@ std::string JobSpec::ToToml() const {
       "[job]\nname = ", Quote(name), "\nsteps = ", steps, "\nseed = ", seed,
       "\nwork_dir = ", Quote(work_dir), "\ndeterministic = ", deterministic ? "true" : "false",
       "\n\n[model]\ntype = ", Quote(model.type), "\nsize = ", Quote(model.size),
-      "\ndata_dir = ", Quote(model.data_dir), "\nseq_len = ", model.seq_len,
-      "\nmicrobatch_size = ", model.microbatch_size, "\nmicrobatches = ", model.microbatches,
-      "\n\n[model.options]\n", options, "\n[optimizer]\nlr = ", num(schedule.max_lr),
-      "\nmin_lr = ", num(schedule.min_lr), "\nwarmup_steps = ", schedule.warmup_steps,
-      "\ntotal_steps = ", schedule.total_steps, "\nweight_decay = ", num(adamw.weight_decay),
-      "\nmax_grad_norm = ", num(adamw.max_grad_norm), "\nbeta1 = ", num(adamw.beta1),
-      "\nbeta2 = ", num(adamw.beta2), "\n\n[elastic]\nworkers = ", workers,
-      "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
-      "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
-      "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
-      "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
+      "\ndata_dir = ", Quote(model.data_dir), "\ndevice = ", Quote(model.device),
+      "\nseq_len = ", model.seq_len, "\nmicrobatch_size = ", model.microbatch_size,
+      "\nmicrobatches = ", model.microbatches, "\n\n[model.options]\n", options,
+      "\n[optimizer]\nlr = ", num(schedule.max_lr), "\nmin_lr = ", num(schedule.min_lr),
+      "\nwarmup_steps = ", schedule.warmup_steps, "\ntotal_steps = ", schedule.total_steps,
+      "\nweight_decay = ", num(adamw.weight_decay), "\nmax_grad_norm = ", num(adamw.max_grad_norm),
+      "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
+      "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
+      "\nmax_workers = ", max_workers, "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir),
+      "\nevery = ", checkpoint_every, "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [",
+      absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
       "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
       absl::FormatDuration(jitter), "\"\n\n[timeouts]\nliveness = \"",

@@ -24,6 +24,7 @@ seed = 9
 deterministic = false
 [model]
 type = "mlp"
+device = "cuda:1"
 microbatches = 16
 [model.options]
 hidden = "32"
@@ -48,6 +49,7 @@ watchdog = "90s"
                                            "job.toml");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->model.options.at("hidden"), "32");
+  EXPECT_EQ(s->model.device, "cuda:1");
   ASSERT_EQ(s->faults.size(), 3u);
   EXPECT_EQ(s->faults[2].kind, FaultKind::kDelayNode);
   EXPECT_EQ(s->delay, absl::Milliseconds(20));
@@ -114,7 +116,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[chaos]\njitter = \"-1ms\"\n", "chaos.jitter: expected a duration >= 0"},
         BadCase{"[chaos]\ndelay = \"2ms\"\njitter = \"3ms\"\n",
                 "chaos.jitter: expected at most [chaos] delay (2ms), got \"3ms\""},
-        BadCase{"model = 3\n", "model: expected a table, got integer"}));
+        BadCase{"model = 3\n", "model: expected a table, got integer"},
+        BadCase{"[model]\ndevice = \"gpu\"\n",
+                "model.device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\""},
+        BadCase{"[model]\ndevice = \"cuda:x\"\n", "model.device: expected"}));
 
 TEST(FaultTest, Parses) {
   EXPECT_EQ(ParseFault("kill-worker@10")->step, 10);

@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "troupe/model/data_source.h"
 #include "troupe/model/gpt.h"
 #include "troupe/model/token_shard.h"
+
+#ifdef TROUPE_ACTORS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace troupe::actors {
 namespace {
@@ -51,7 +56,53 @@ class GptTrainable : public Trainable {
 
 }  // namespace
 
+std::string Device::ToString() const { return is_cuda() ? absl::StrCat("cuda:", ordinal) : "cpu"; }
+
+absl::StatusOr<Device> ParseDevice(const std::string& text) {
+  if (text == "cpu") return Device{};
+  if (text == "cuda") return Device{Device::Kind::kCuda, 0};
+  int ordinal = -1;
+  if (text.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(text.substr(5), &ordinal) && ordinal >= 0) {
+    return Device{Device::Kind::kCuda, ordinal};
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"", text, "\""));
+}
+
+absl::Status CheckDeviceUsable(const Device& device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+#ifdef TROUPE_ACTORS_HAVE_CUDA
+  int count = 0;
+  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", device.ToString(), ": no usable CUDA device: cudaGetDeviceCount: ",
+                     cudaGetErrorName(e), " (", static_cast<int>(e), "): ", cudaGetErrorString(e)));
+  }
+  if (device.ordinal >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", device.ToString(), ": this machine has ", count, " CUDA device(s)"));
+  }
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError(
+      absl::StrCat("device ", device.ToString(),
+                   ": this troupe was built without the CUDA backend (TROUPE_CUDA=OFF)"));
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec) {
+  absl::StatusOr<Device> device = ParseDevice(spec.device);
+  if (!device.ok()) return device.status();
+  if (absl::Status s = CheckDeviceUsable(*device); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("model.device = \"", spec.device, "\": ", s.message()));
+  }
+  if (device->is_cuda()) {
+    // The device-resident GPT (kernels/cuda) is not wired into a Trainable yet.
+    return absl::UnimplementedError(absl::StrCat(
+        "model.device = \"", spec.device,
+        "\": the GPT's CUDA training path is not built into this troupe yet (issue 15)"));
+  }
   std::vector<std::string> shards;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(spec.data_dir, ec)) {

@@ -1,79 +1,212 @@
-// The NCCL backend (device buffers). See nccl_communicator.h for the failure model.
+// The NCCL communicator's logic, written once against NcclBackend (nccl_backend.h): the real
+// backend in nccl_backend_cuda.cc, an in-process fake for tests in nccl_fake.h. See
+// nccl_communicator.h for the failure model.
 #include "troupe/collectives/nccl_communicator.h"
 
-#include <cuda_runtime.h>
-#include <nccl.h>
-
+#include <chrono>
+#include <cstring>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "nccl_backend.h"
 
 namespace troupe::collectives {
+
+std::string NcclResultName(NcclResult r) {
+  switch (r) {
+    case NcclResult::kSuccess:
+      return "ncclSuccess";
+    case NcclResult::kUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case NcclResult::kSystemError:
+      return "ncclSystemError";
+    case NcclResult::kInternalError:
+      return "ncclInternalError";
+    case NcclResult::kInvalidArgument:
+      return "ncclInvalidArgument";
+    case NcclResult::kInvalidUsage:
+      return "ncclInvalidUsage";
+    case NcclResult::kRemoteError:
+      return "ncclRemoteError";
+    case NcclResult::kInProgress:
+      return "ncclInProgress";
+  }
+  return absl::StrCat("ncclResult(", static_cast<int>(r), ")");
+}
+
 namespace {
 
-// NCCL / CUDA return codes become a Status with file:line at the edge.
-#define NCCL_STATUS(expr) NcclStatus((expr), #expr, __FILE__, __LINE__)
-#define CUDA_STATUS(expr) CudaStatus((expr), #expr, __FILE__, __LINE__)
+// NCCL / CUDA return codes become a Status with file:line here, at the edge of the backend.
+#define TROUPE_NCCL_STATUS(backend, comm, call, result) \
+  NcclStatus((backend), (comm), (call), (result), __FILE__, __LINE__)
+#define TROUPE_CUDA_STATUS(backend, call, result) \
+  CudaStatus((backend), (call), (result), __FILE__, __LINE__)
 
-absl::Status NcclStatus(ncclResult_t r, const char* what, const char* file, int line) {
-  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat(file, ":", line, ": ", what, " failed: ", ncclGetErrorString(r)));
+absl::StatusCode NcclCode(NcclResult r) {
+  switch (r) {
+    case NcclResult::kRemoteError:
+    case NcclResult::kSystemError:
+      return absl::StatusCode::kUnavailable;  // a peer or the network: rebuild without it
+    case NcclResult::kInvalidArgument:
+    case NcclResult::kInvalidUsage:
+      return absl::StatusCode::kInvalidArgument;  // our bug: retrying cannot help
+    default:
+      return absl::StatusCode::kInternal;
+  }
 }
 
-absl::Status CudaStatus(cudaError_t e, const char* what, const char* file, int line) {
-  if (e == cudaSuccess) return absl::OkStatus();
+// kInProgress is not an error: the caller polls it.
+absl::Status NcclStatus(NcclBackend& b, NcclCommHandle comm, const char* call, NcclResult r,
+                        const char* file, int line) {
+  if (r == NcclResult::kSuccess || r == NcclResult::kInProgress) return absl::OkStatus();
+  std::string detail = comm != nullptr ? b.LastError(comm) : std::string();
+  return absl::Status(
+      NcclCode(r), absl::StrCat(file, ":", line, ": ", call, " failed: ", NcclResultName(r), " (",
+                                static_cast<int>(r), "): ", b.ErrorString(r),
+                                detail.empty() ? "" : "; ", detail));
+}
+
+std::string CudaErrorText(NcclBackend& b, CudaError e) {
+  return absl::StrCat(b.CudaErrorName(e), " (", e, "): ", b.CudaErrorString(e));
+}
+
+absl::Status CudaStatus(NcclBackend& b, const char* call, CudaError e, const char* file, int line) {
+  if (e == kCudaSuccess) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat(file, ":", line, ": ", what, " failed: ", cudaGetErrorString(e)));
+      absl::StrCat(file, ":", line, ": ", call, " failed: ", CudaErrorText(b, e)));
 }
 
-ncclDataType_t NcclType(DType t) { return t == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
-ncclRedOp_t NcclOp(ReduceOp op) {
-  return op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kAvg ? ncclAvg : ncclMax;
+absl::StatusOr<int> DeviceCount(NcclBackend& b) {
+  int n = 0;
+  if (CudaError e = b.GetDeviceCount(&n); e != kCudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudaGetDeviceCount failed: ", CudaErrorText(b, e)));
+  }
+  if (n == 0) return absl::FailedPreconditionError("no CUDA device (cudaGetDeviceCount: 0)");
+  return n;
 }
 
-class NcclComm : public Communicator,
-                 public Work::Helper,
-                 public std::enable_shared_from_this<NcclComm> {
+absl::Status ValidateOptions(const Bootstrap* boot, const NcclOptions& o) {
+  auto bad = [](auto... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("NcclOptions: ", parts...));
+  };
+  if (boot == nullptr) return bad("bootstrap expected non-null, got null");
+  if (o.size < 1) return bad("size expected >= 1, got ", o.size);
+  if (o.rank < 0 || o.rank >= o.size) {
+    return bad("rank expected in [0, ", o.size, "), got ", o.rank);
+  }
+  if (o.device < 0) return bad("device expected >= 0, got ", o.device);
+  if (o.key_prefix.empty()) return bad("key_prefix expected non-empty, got \"\"");
+  if (o.connect_timeout <= absl::ZeroDuration()) {
+    return bad("connect_timeout expected > 0, got ", absl::FormatDuration(o.connect_timeout));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOp(const char* op, const CollectiveOptions& o) {
+  if (o.algorithm == Algorithm::kOrdered || o.compression != Compression::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": algorithm kOrdered and compression expected off with NCCL (host backends only), ",
+        "got algorithm ", static_cast<int>(o.algorithm), " compression ",
+        static_cast<int>(o.compression)));
+  }
+  if (o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": timeout expected > 0 (absl::InfiniteDuration() for none), got ",
+                     absl::FormatDuration(o.timeout)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBuffer(const char* op, const char* name, const Buffer& b) {
+  if (b.count > 0 && b.data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, ".data expected non-null with count ", b.count, ", got null"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPair(const char* op, const Buffer& in, const Buffer& out, size_t in_count,
+                       size_t out_count, const char* rule) {
+  if (auto st = CheckBuffer(op, "input", in); !st.ok()) return st;
+  if (auto st = CheckBuffer(op, "output", out); !st.ok()) return st;
+  if (in.dtype != out.dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": output.dtype expected ", static_cast<int>(in.dtype),
+                     " (input.dtype), got ", static_cast<int>(out.dtype)));
+  }
+  if (in_count != out_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", rule, " expected ", in_count, ", got ", out_count));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRank(const char* op, const char* name, int value, int size, int self) {
+  if (value < 0 || value >= size || value == self) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", name, " expected in [0, ", size, ")",
+                                                   self >= 0 ? " and not this rank" : "", ", got ",
+                                                   value));
+  }
+  return absl::OkStatus();
+}
+
+// Polling: spin (lowest latency on a GPU) for a while, then sleep so waiting threads do not
+// starve the ranks that still have to enqueue (the fake's ranks share the CPU).
+void Backoff(int* spins) {
+  if (++*spins < 1000) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+class NcclComm final : public Communicator,
+                       public Work::Helper,
+                       public std::enable_shared_from_this<NcclComm> {
  public:
-  NcclComm(const NcclOptions& o) : o_(o) {}
+  NcclComm(const NcclOptions& o, std::shared_ptr<NcclBackend> backend)
+      : o_(o),
+        b_(std::move(backend)),
+        key_(absl::StrCat(o.key_prefix, "/g", o.generation, "/nccl-id")) {}
+
+  // Only the last reference (the owner and every Work gone) destroys: nobody else is inside.
   ~NcclComm() override {
-    Abort(absl::CancelledError("collectives: communicator destroyed"));
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (scratch_ != nullptr) cudaFree(scratch_);
+    std::lock_guard<std::mutex> l(mu_);
+    FailLocked(absl::CancelledError("collectives: communicator destroyed")).IgnoreError();
+    for (EventHandle e : events_) b_->EventDestroy(e);
+    if (stream_ != nullptr) b_->StreamDestroy(stream_);
+    if (scratch_ != nullptr) b_->Free(scratch_);
   }
 
   absl::Status Init(Bootstrap* boot) {
     const absl::Time deadline = absl::Now() + o_.connect_timeout;
-    if (auto st = CUDA_STATUS(cudaSetDevice(o_.device)); !st.ok()) return st;
-    if (auto st = CUDA_STATUS(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    NcclBackend& b = *b_;
+    if (auto st = TROUPE_CUDA_STATUS(b, "cudaSetDevice", b.SetDevice(o_.device)); !st.ok()) {
+      return st;
+    }
+    if (auto st =
+            TROUPE_CUDA_STATUS(b, "cudaStreamCreateWithFlags", b.StreamCreateNonBlocking(&stream_));
         !st.ok()) {
       return st;
     }
-    if (auto st = CUDA_STATUS(cudaMalloc(&scratch_, sizeof(float))); !st.ok()) return st;
-    const std::string key = absl::StrCat(o_.key_prefix, "/g", o_.generation, "/nccl-id");
-    ncclUniqueId id;
-    if (o_.rank == 0) {
-      if (auto st = NCCL_STATUS(ncclGetUniqueId(&id)); !st.ok()) return st;
-      auto pub = boot->Publish(key, std::string(id.internal, sizeof(id.internal)));
-      if (!pub.ok()) return pub;
-    } else {
-      auto v = boot->Lookup(key, deadline);
-      if (!v.ok()) return v.status();
-      if (v->size() != sizeof(id.internal)) {
-        return absl::DataLossError(
-            absl::StrCat("nccl-id: expected ", sizeof(id.internal), " bytes, got ", v->size()));
+    if (auto st = TROUPE_CUDA_STATUS(b, "cudaMalloc", b.Malloc(&scratch_, sizeof(float)));
+        !st.ok()) {
+      return st;
+    }
+    absl::StatusOr<NcclUniqueId> id = ExchangeId(boot, deadline);
+    if (!id.ok()) return id.status();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      NcclResult r = b.CommInitRankNonBlocking(&comm_, o_.size, *id, o_.rank);
+      if (auto st = TROUPE_NCCL_STATUS(b, comm_, "ncclCommInitRankConfig", r); !st.ok()) {
+        return FailLocked(st);
       }
-      std::memcpy(id.internal, v->data(), v->size());
     }
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // non-blocking init: poll it against our deadline
-    if (auto st = NCCL_STATUS(ncclCommInitRankConfig(&comm_, o_.size, id, o_.rank, &config));
-        !st.ok()) {
-      return st;
-    }
-    return Settle(deadline, "init");
+    return Settle(deadline, "ncclCommInitRankConfig", "the connect timeout", o_.connect_timeout);
   }
 
   int rank() const override { return o_.rank; }
@@ -81,53 +214,75 @@ class NcclComm : public Communicator,
   uint64_t generation() const override { return o_.generation; }
 
   Work AllReduce(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& opts) override {
-    if (auto st = HostOnly(opts); !st.ok()) return Work::Done(st);
-    return Enqueue(opts, in.bytes(), [&] {
-      return ncclAllReduce(in.data, out.data, in.count, NcclType(in.dtype), NcclOp(op), comm_,
-                           stream_);
+    absl::Status st = CheckOp("AllReduce", opts);
+    if (st.ok()) {
+      st = CheckPair("AllReduce", in, out, in.count, out.count, "output.count (= input.count)");
+    }
+    if (!st.ok()) return Work::Done(st);
+    return Enqueue("ncclAllReduce", opts, in.bytes(), [&](NcclCommHandle c) {
+      return b_->AllReduce(in.data, out.data, in.count, in.dtype, op, c, stream_);
     });
   }
   Work ReduceScatter(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& opts) override {
-    if (auto st = HostOnly(opts); !st.ok()) return Work::Done(st);
-    return Enqueue(opts, in.bytes(), [&] {
-      return ncclReduceScatter(in.data, out.data, out.count, NcclType(in.dtype), NcclOp(op), comm_,
-                               stream_);
+    absl::Status st = CheckOp("ReduceScatter", opts);
+    if (st.ok()) {
+      st = CheckPair("ReduceScatter", in, out, out.count * o_.size, in.count,
+                     "input.count (= size * output.count)");
+    }
+    if (!st.ok()) return Work::Done(st);
+    return Enqueue("ncclReduceScatter", opts, in.bytes(), [&](NcclCommHandle c) {
+      return b_->ReduceScatter(in.data, out.data, out.count, in.dtype, op, c, stream_);
     });
   }
   Work AllGather(Buffer in, Buffer out, const CollectiveOptions& opts) override {
-    return Enqueue(opts, in.bytes(), [&] {
-      return ncclAllGather(in.data, out.data, in.count, NcclType(in.dtype), comm_, stream_);
+    absl::Status st = CheckOp("AllGather", opts);
+    if (st.ok()) {
+      st = CheckPair("AllGather", in, out, in.count * o_.size, out.count,
+                     "output.count (= size * input.count)");
+    }
+    if (!st.ok()) return Work::Done(st);
+    return Enqueue("ncclAllGather", opts, in.bytes(), [&](NcclCommHandle c) {
+      return b_->AllGather(in.data, out.data, in.count, in.dtype, c, stream_);
     });
   }
   Work Broadcast(Buffer buf, int root, const CollectiveOptions& opts) override {
-    return Enqueue(opts, buf.bytes(), [&] {
-      return ncclBroadcast(buf.data, buf.data, buf.count, NcclType(buf.dtype), root, comm_,
-                           stream_);
+    absl::Status st = CheckOp("Broadcast", opts);
+    if (st.ok()) st = CheckBuffer("Broadcast", "buffer", buf);
+    if (st.ok()) st = CheckRank("Broadcast", "root", root, o_.size, /*self=*/-1);
+    if (!st.ok()) return Work::Done(st);
+    return Enqueue("ncclBroadcast", opts, o_.rank == root ? buf.bytes() : 0, [&](NcclCommHandle c) {
+      return b_->Broadcast(buf.data, buf.data, buf.count, buf.dtype, root, c, stream_);
     });
   }
   Work Send(Buffer buf, int peer, uint32_t, const CollectiveOptions& opts) override {
-    return Enqueue(opts, buf.bytes(), [&] {
-      return ncclSend(buf.data, buf.count, NcclType(buf.dtype), peer, comm_, stream_);
+    absl::Status st = CheckOp("Send", opts);
+    if (st.ok()) st = CheckBuffer("Send", "buffer", buf);
+    if (st.ok()) st = CheckRank("Send", "peer", peer, o_.size, o_.rank);
+    if (!st.ok()) return Work::Done(st);
+    return Enqueue("ncclSend", opts, buf.bytes(), [&](NcclCommHandle c) {
+      return b_->Send(buf.data, buf.count, buf.dtype, peer, c, stream_);
     });
   }
   Work Recv(Buffer buf, int peer, uint32_t, const CollectiveOptions& opts) override {
-    return Enqueue(opts, 0, [&] {
-      return ncclRecv(buf.data, buf.count, NcclType(buf.dtype), peer, comm_, stream_);
+    absl::Status st = CheckOp("Recv", opts);
+    if (st.ok()) st = CheckBuffer("Recv", "buffer", buf);
+    if (st.ok()) st = CheckRank("Recv", "peer", peer, o_.size, o_.rank);
+    if (!st.ok()) return Work::Done(st);
+    return Enqueue("ncclRecv", opts, 0, [&](NcclCommHandle c) {
+      return b_->Recv(buf.data, buf.count, buf.dtype, peer, c, stream_);
     });
   }
   Work Barrier(const CollectiveOptions& opts) override {
-    return Enqueue(opts, 4, [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    if (auto st = CheckOp("Barrier", opts); !st.ok()) return Work::Done(st);
+    return Enqueue("ncclAllReduce (barrier)", opts, sizeof(float), [&](NcclCommHandle c) {
+      return b_->AllReduce(scratch_, scratch_, 1, DType::kF32, ReduceOp::kSum, c, stream_);
     });
   }
 
   void Abort(absl::Status status) override {
+    if (status.ok()) status = absl::AbortedError("collectives: Abort() with an OK status");
     std::lock_guard<std::mutex> l(mu_);
-    if (failed_.ok()) failed_ = status;
-    if (comm_ != nullptr) {
-      ncclCommAbort(comm_);  // unblocks every kernel of this communicator
-      comm_ = nullptr;
-    }
+    FailLocked(std::move(status)).IgnoreError();
   }
 
   CommStats stats() const override {
@@ -137,198 +292,264 @@ class NcclComm : public Communicator,
   std::string DebugString() const override {
     std::lock_guard<std::mutex> l(mu_);
     return absl::StrCat("nccl communicator rank ", o_.rank, "/", o_.size, " generation ",
-                        o_.generation, " device ", o_.device, " status ",
-                        failed_.ok() ? "healthy" : failed_.ToString());
+                        o_.generation, " device ", o_.device, " id key ", key_, " pending ",
+                        events_.size(), " status ", failed_.ok() ? "healthy" : failed_.ToString());
   }
 
-  // Work::Helper: polls one operation to completion (event, async error, deadline).
+  // Work::Helper: polls one operation to completion (event, async error, deadline). Several
+  // threads may wait on copies of one Work: the first to see the outcome completes it.
   void Help(const void* state) override {
-    auto* s = const_cast<Op*>(static_cast<const Op*>(state));
-    for (;;) {
-      if (s->done.HasBeenNotified()) return;
-      absl::Status st = Poll(s);
-      if (!st.ok() || s->finished) {
-        s->status = st;
-        cudaEventDestroy(s->event);
-        s->done.Notify();
-        return;
-      }
-      std::this_thread::yield();
+    auto* op = const_cast<Op*>(static_cast<const Op*>(state));
+    for (int spins = 0;; Backoff(&spins)) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (op->done.HasBeenNotified()) return;
+      bool finished = false;
+      absl::Status st = PollLocked(op, &finished);
+      if (st.ok() && !finished) continue;
+      if (st.ok()) ++stats_.ops_completed;
+      events_.erase(op->event);
+      b_->EventDestroy(op->event);
+      op->status = std::move(st);
+      op->done.Notify();
+      return;
     }
   }
 
  private:
   struct Op : Work::State {
-    cudaEvent_t event = nullptr;
+    EventHandle event = nullptr;
     absl::Time deadline;
-    bool finished = false;
   };
 
-  static absl::Status HostOnly(const CollectiveOptions& o) {
-    if (o.algorithm == Algorithm::kOrdered || o.compression != Compression::kNone) {
-      return absl::InvalidArgumentError(
-          "NCCL communicator: algorithm kOrdered and compression expected off (host backends "
-          "only), got on");
+  // Rank 0 makes the id and publishes it; the others wait for it until `deadline`.
+  absl::StatusOr<NcclUniqueId> ExchangeId(Bootstrap* boot, absl::Time deadline) {
+    NcclUniqueId id;
+    if (o_.rank == 0) {
+      NcclResult r = b_->GetUniqueId(&id);
+      if (auto st = TROUPE_NCCL_STATUS(*b_, nullptr, "ncclGetUniqueId", r); !st.ok()) return st;
+      if (auto st = boot->Publish(key_, std::string(id.internal, sizeof(id.internal))); !st.ok()) {
+        return absl::Status(
+            st.code(), absl::StrCat("NCCL unique id '", key_, "': publish failed: ", st.message()));
+      }
+      return id;
     }
-    return absl::OkStatus();
+    absl::StatusOr<std::string> v = boot->Lookup(key_, deadline);
+    if (!v.ok()) {
+      return absl::Status(v.status().code(),
+                          absl::StrCat("NCCL unique id '", key_,
+                                       "' (rank 0 publishes it): ", v.status().message()));
+    }
+    if (v->size() != sizeof(id.internal)) {
+      return absl::DataLossError(absl::StrCat("NCCL unique id '", key_, "': expected ",
+                                              sizeof(id.internal), " bytes, got ", v->size()));
+    }
+    std::memcpy(id.internal, v->data(), v->size());
+    return id;
   }
 
-  // Waits until a non-blocking NCCL call has settled; aborts on error or deadline.
-  absl::Status Settle(absl::Time deadline, const char* what) {
-    for (;;) {
-      ncclResult_t r = ncclInProgress;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (!failed_.ok()) return failed_;
-        ncclCommGetAsyncError(comm_, &r);
-      }
-      if (r == ncclSuccess) return absl::OkStatus();
-      if (r != ncclInProgress) {
-        absl::Status st = NcclStatus(r, what, __FILE__, __LINE__);
-        Abort(st);
-        return st;
+  // Polls a non-blocking call until it settles; the first failure (its own, an Abort, the
+  // deadline) aborts the communicator and is returned. `mu_` is free between polls, so Abort()
+  // from another thread gets in.
+  absl::Status Settle(absl::Time deadline, const char* call, const char* limit_name,
+                      absl::Duration limit) {
+    for (int spins = 0;; Backoff(&spins)) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!failed_.ok()) return failed_;
+      NcclResult r = NcclResult::kInProgress;
+      NcclResult got = b_->CommGetAsyncError(comm_, &r);
+      if (got != NcclResult::kSuccess) r = got;
+      if (r == NcclResult::kSuccess) return absl::OkStatus();
+      if (r != NcclResult::kInProgress) {
+        return FailLocked(TROUPE_NCCL_STATUS(*b_, comm_, call, r));
       }
       if (absl::Now() > deadline) {
-        absl::Status st = absl::DeadlineExceededError(absl::StrCat("NCCL ", what, " deadline"));
-        Abort(st);
-        return st;
+        return FailLocked(absl::DeadlineExceededError(
+            absl::StrCat("collectives: ", call, " still in progress after ", limit_name, " (",
+                         absl::FormatDuration(limit), ") on rank ", o_.rank, " of ", o_.size,
+                         ", generation ", o_.generation, ": a rank missing or stuck?")));
       }
-      std::this_thread::yield();
     }
   }
 
+  // Enqueues one NCCL call (`call(comm)` returns its result) and records the op's event behind
+  // it. Enqueues are serialised: a call still in progress must settle before the next one.
   template <class F>
-  Work Enqueue(const CollectiveOptions& opts, size_t bytes, F call) {
+  Work Enqueue(const char* name, const CollectiveOptions& opts, size_t bytes, F call) {
     auto op = std::make_shared<Op>();
     op->deadline = absl::Now() + opts.timeout;
+    std::lock_guard<std::mutex> serial(enqueue_mu_);
+    bool in_progress = false;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!failed_.ok()) return Work::Done(failed_);
-      ncclResult_t r = call();
-      // Non-blocking mode: the enqueue itself may still be in progress; it must settle before
-      // the completion event is recorded behind it.
-      while (r == ncclInProgress) {
-        if (absl::Now() > op->deadline) break;
-        std::this_thread::yield();
-        ncclCommGetAsyncError(comm_, &r);
+      NcclResult r = call(comm_);
+      if (auto st = TROUPE_NCCL_STATUS(*b_, comm_, name, r); !st.ok()) {
+        return Work::Done(FailLocked(st));
       }
-      absl::Status st = r == ncclInProgress
-                            ? absl::DeadlineExceededError("NCCL enqueue did not settle in time")
-                            : NCCL_STATUS(r);
-      if (st.ok()) st = CUDA_STATUS(cudaEventCreateWithFlags(&op->event, cudaEventDisableTiming));
-      if (st.ok()) st = CUDA_STATUS(cudaEventRecord(op->event, stream_));
-      if (!st.ok()) {
-        if (failed_.ok()) failed_ = st;  // the communicator is unusable: abort it
-        if (comm_ != nullptr) ncclCommAbort(comm_), comm_ = nullptr;
+      in_progress = r == NcclResult::kInProgress;
+    }
+    if (in_progress) {
+      if (auto st = Settle(op->deadline, name, "the operation's timeout", opts.timeout); !st.ok()) {
         return Work::Done(st);
       }
-      stats_.bytes_sent += bytes;
-      ++stats_.messages_sent;
     }
+    std::lock_guard<std::mutex> l(mu_);
+    if (!failed_.ok()) return Work::Done(failed_);
+    absl::Status st = TROUPE_CUDA_STATUS(*b_, "cudaSetDevice", b_->SetDevice(o_.device));
+    if (st.ok()) {
+      st = TROUPE_CUDA_STATUS(*b_, "cudaEventCreateWithFlags",
+                              b_->EventCreateDisableTiming(&op->event));
+    }
+    if (st.ok()) {
+      events_.insert(op->event);
+      st = TROUPE_CUDA_STATUS(*b_, "cudaEventRecord", b_->EventRecord(op->event, stream_));
+    }
+    if (!st.ok()) return Work::Done(FailLocked(st));
+    stats_.bytes_sent += bytes;
+    ++stats_.messages_sent;
     op->helper = shared_from_this();
     return Work(op);
   }
 
-  absl::Status Poll(Op* op) {
-    std::lock_guard<std::mutex> l(mu_);
+  // One look at `op`: OK and *finished when its event fired; OK while pending; otherwise the
+  // communicator's (sticky) failure.
+  absl::Status PollLocked(Op* op, bool* finished) {
     if (!failed_.ok()) return failed_;
-    ncclResult_t r = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &r);
-    if (r != ncclSuccess && r != ncclInProgress) {
-      absl::Status st = NcclStatus(r, "ncclCommGetAsyncError", __FILE__, __LINE__);
-      failed_ = st;
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      return st;
+    NcclResult r = NcclResult::kSuccess;
+    NcclResult got = b_->CommGetAsyncError(comm_, &r);
+    if (got != NcclResult::kSuccess) r = got;
+    if (r != NcclResult::kSuccess && r != NcclResult::kInProgress) {
+      return FailLocked(TROUPE_NCCL_STATUS(*b_, comm_, "ncclCommGetAsyncError", r));
     }
-    cudaError_t e = cudaEventQuery(op->event);
-    if (e == cudaSuccess) {
-      op->finished = true;
-      ++stats_.ops_completed;
+    CudaError e = b_->EventQuery(op->event);
+    if (e == kCudaSuccess) {
+      *finished = true;
       return absl::OkStatus();
     }
-    if (e != cudaErrorNotReady) return CUDA_STATUS(e);
+    if (e != kCudaErrorNotReady) {
+      return FailLocked(TROUPE_CUDA_STATUS(*b_, "cudaEventQuery", e));
+    }
     if (absl::Now() > op->deadline) {
-      failed_ = absl::DeadlineExceededError("collectives: NCCL operation deadline passed");
-      ncclCommAbort(comm_);
-      comm_ = nullptr;
-      return failed_;
+      return FailLocked(absl::DeadlineExceededError(
+          absl::StrCat("collectives: NCCL operation deadline passed on rank ", o_.rank, " of ",
+                       o_.size, ", generation ", o_.generation)));
     }
     return absl::OkStatus();
   }
 
+  // The first failure wins and sticks; ncclCommAbort ends whatever NCCL still runs. Returns the
+  // sticky status (a concurrent Abort's names the real cause).
+  absl::Status FailLocked(absl::Status st) {
+    if (failed_.ok()) failed_ = std::move(st);
+    if (comm_ != nullptr) {
+      b_->CommAbort(comm_);  // its result adds nothing: the communicator is gone either way
+      comm_ = nullptr;
+    }
+    return failed_;
+  }
+
   const NcclOptions o_;
-  mutable std::mutex mu_;
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  float* scratch_ = nullptr;
+  const std::shared_ptr<NcclBackend> b_;
+  const std::string key_;
+  std::mutex enqueue_mu_;  // serialises Enqueue; taken before mu_
+  mutable std::mutex mu_;  // everything below, and every backend call on comm_
+  NcclCommHandle comm_ = nullptr;
+  StreamHandle stream_ = nullptr;
+  void* scratch_ = nullptr;       // the barrier's one float, on the device
+  std::set<EventHandle> events_;  // of operations not yet completed
   absl::Status failed_;
   CommStats stats_;
 };
 
+// The caller's handle: Work holds the communicator (its helper) by shared_ptr, so the owner is a
+// thin forwarder whose destruction aborts what is still in flight.
+class NcclOwner final : public Communicator {
+ public:
+  explicit NcclOwner(std::shared_ptr<NcclComm> c) : c_(std::move(c)) {}
+  ~NcclOwner() override { c_->Abort(absl::CancelledError("collectives: communicator destroyed")); }
+
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  uint64_t generation() const override { return c_->generation(); }
+  Work AllReduce(Buffer i, Buffer o, ReduceOp op, const CollectiveOptions& x) override {
+    return c_->AllReduce(i, o, op, x);
+  }
+  Work ReduceScatter(Buffer i, Buffer o, ReduceOp op, const CollectiveOptions& x) override {
+    return c_->ReduceScatter(i, o, op, x);
+  }
+  Work AllGather(Buffer i, Buffer o, const CollectiveOptions& x) override {
+    return c_->AllGather(i, o, x);
+  }
+  Work Broadcast(Buffer b, int root, const CollectiveOptions& x) override {
+    return c_->Broadcast(b, root, x);
+  }
+  Work Send(Buffer b, int p, uint32_t t, const CollectiveOptions& x) override {
+    return c_->Send(b, p, t, x);
+  }
+  Work Recv(Buffer b, int p, uint32_t t, const CollectiveOptions& x) override {
+    return c_->Recv(b, p, t, x);
+  }
+  Work Barrier(const CollectiveOptions& x) override { return c_->Barrier(x); }
+  void Abort(absl::Status s) override { c_->Abort(std::move(s)); }
+  CommStats stats() const override { return c_->stats(); }
+  std::string DebugString() const override { return c_->DebugString(); }
+
+ private:
+  std::shared_ptr<NcclComm> c_;
+};
+
 }  // namespace
 
-bool NcclAvailable(std::string* why) {
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = absl::StrCat("cudaGetDeviceCount failed: ", cudaGetErrorString(e));
+bool NcclAvailable(NcclBackend& backend, std::string* why) {
+  absl::StatusOr<int> n = DeviceCount(backend);
+  if (!n.ok()) {
+    *why = std::string(n.status().message());
     return false;
   }
-  if (n == 0) {
-    *why = "no CUDA device";
+  int version = 0;
+  if (NcclResult r = backend.GetVersion(&version); r != NcclResult::kSuccess) {
+    *why = absl::StrCat("ncclGetVersion failed: ", NcclResultName(r), " (", static_cast<int>(r),
+                        "): ", backend.ErrorString(r));
     return false;
   }
-  int v = 0;
-  ncclGetVersion(&v);
-  *why = absl::StrCat(n, " CUDA device(s), NCCL ", v);
+  *why = absl::StrCat(*n, " CUDA device(s), NCCL ", version);
   return true;
+}
+
+bool NcclAvailable(std::string* why) {
+  absl::StatusOr<std::shared_ptr<NcclBackend>> b = RealNcclBackend();
+  if (!b.ok()) {
+    *why = std::string(b.status().message());
+    return false;
+  }
+  return NcclAvailable(**b, why);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    Bootstrap* boot, const NcclOptions& o, std::shared_ptr<NcclBackend> backend) {
+  if (auto st = ValidateOptions(boot, o); !st.ok()) return st;
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError("CreateNcclCommunicator: backend expected non-null");
+  }
+  absl::StatusOr<int> devices = DeviceCount(*backend);
+  if (!devices.ok()) return devices.status();
+  if (o.device >= *devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclOptions: device expected in [0, ", *devices, "), got ", o.device));
+  }
+  auto comm = std::make_shared<NcclComm>(o, std::move(backend));
+  if (auto st = comm->Init(boot); !st.ok()) return st;
+  return std::unique_ptr<Communicator>(new NcclOwner(std::move(comm)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Bootstrap* boot,
                                                                      const NcclOptions& o) {
-  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NcclOptions: rank expected in [0, size), got ", o.rank, " size ", o.size));
-  }
+  if (auto st = ValidateOptions(boot, o); !st.ok()) return st;
+  absl::StatusOr<std::shared_ptr<NcclBackend>> backend = RealNcclBackend();
+  if (!backend.ok()) return backend.status();
   std::string why;
-  if (!NcclAvailable(&why)) return absl::FailedPreconditionError(why);
-  auto comm = std::make_shared<NcclComm>(o);
-  if (auto st = comm->Init(boot); !st.ok()) return st;
-  // The helper link (Work -> communicator) needs shared ownership; the caller's unique_ptr holds
-  // a thin owner that keeps it alive.
-  struct Owner : Communicator {
-    std::shared_ptr<NcclComm> c;
-    int rank() const override { return c->rank(); }
-    int size() const override { return c->size(); }
-    uint64_t generation() const override { return c->generation(); }
-    Work AllReduce(Buffer i, Buffer o, ReduceOp op, const CollectiveOptions& x) override {
-      return c->AllReduce(i, o, op, x);
-    }
-    Work ReduceScatter(Buffer i, Buffer o, ReduceOp op, const CollectiveOptions& x) override {
-      return c->ReduceScatter(i, o, op, x);
-    }
-    Work AllGather(Buffer i, Buffer o, const CollectiveOptions& x) override {
-      return c->AllGather(i, o, x);
-    }
-    Work Broadcast(Buffer b, int root, const CollectiveOptions& x) override {
-      return c->Broadcast(b, root, x);
-    }
-    Work Send(Buffer b, int p, uint32_t t, const CollectiveOptions& x) override {
-      return c->Send(b, p, t, x);
-    }
-    Work Recv(Buffer b, int p, uint32_t t, const CollectiveOptions& x) override {
-      return c->Recv(b, p, t, x);
-    }
-    Work Barrier(const CollectiveOptions& x) override { return c->Barrier(x); }
-    void Abort(absl::Status s) override { c->Abort(std::move(s)); }
-    CommStats stats() const override { return c->stats(); }
-    std::string DebugString() const override { return c->DebugString(); }
-    ~Owner() override { c->Abort(absl::CancelledError("collectives: communicator destroyed")); }
-  };
-  auto owner = std::make_unique<Owner>();
-  owner->c = std::move(comm);
-  return std::unique_ptr<Communicator>(std::move(owner));
+  if (!NcclAvailable(**backend, &why)) return absl::FailedPreconditionError(why);
+  return CreateNcclCommunicator(boot, o, *std::move(backend));
 }
 
 }  // namespace troupe::collectives

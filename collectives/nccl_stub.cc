@@ -1,17 +1,12 @@
-// The NCCL backend in a build without CUDA.
-#include "troupe/collectives/nccl_communicator.h"
+// The NCCL backend in a build without CUDA: the communicator's logic is there
+// (nccl_communicator.cc, tested over the fake), the libraries it would call are not.
+#include "nccl_backend.h"
 
 namespace troupe::collectives {
 
-bool NcclAvailable(std::string* why) {
-  *why = "troupe was built without CUDA (TROUPE_HAVE_CUDA=OFF): no NCCL backend";
-  return false;
-}
-
-absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Bootstrap*,
-                                                                     const NcclOptions&) {
+absl::StatusOr<std::shared_ptr<NcclBackend>> RealNcclBackend() {
   return absl::FailedPreconditionError(
-      "CreateNcclCommunicator: troupe was built without CUDA (TROUPE_HAVE_CUDA=OFF)");
+      "troupe was built without CUDA (TROUPE_HAVE_CUDA=OFF or NCCL not found): no NCCL backend");
 }
 
 }  // namespace troupe::collectives

@@ -6,10 +6,13 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include "troupe/actors/trainable.h"
 
 namespace troupe::tools {
 namespace {
@@ -125,6 +128,30 @@ TEST_F(TrainCommandTest, BadValuesNameTheOptionTheSourceTheExpectationAndTheValu
       << out;
   EXPECT_EQ(Troupe("", "train --tls-ca x", &out), 2) << out;
   EXPECT_NE(out.find("unexpected argument '--tls-ca'"), std::string::npos) << out;
+}
+
+// A job that asks for a GPU on a machine without a usable one fails before any process starts,
+// naming the CUDA runtime's error (cudaErrorInsufficientDriver where the driver is missing).
+TEST_F(TrainCommandTest, ACudaModelWithoutAUsableDeviceFailsFastNamingTheCudaError) {
+  const absl::Status usable = actors::CheckDeviceUsable({actors::Device::Kind::kCuda, 0});
+  if (usable.ok()) GTEST_SKIP() << "a CUDA device is usable here: scripts/gpu-check covers it";
+  {
+    std::ofstream spec(dir_ + "/cuda.toml");
+    spec << "[job]\nsteps = 3\n[model]\ndevice = \"cuda\"\n";
+  }
+  std::string out;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(Troupe("", "train --spec " + dir_ + "/cuda.toml " + Common(), &out), 0) << out;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0) << out;
+  EXPECT_NE(out.find("model.device = \"cuda\""), std::string::npos) << out;
+  // The CUDA runtime's error name, as CheckDeviceUsable saw it on this machine.
+  const std::string reason(usable.message());
+  const size_t name = reason.find("cudaError");
+  ASSERT_NE(name, std::string::npos) << reason;
+  EXPECT_NE(out.find(reason.substr(name, reason.find(' ', name) - name)), std::string::npos) << out;
+  std::printf("troupe train with device = \"cuda\" here: %.2f s, %s", seconds, out.c_str());
 }
 
 }  // namespace

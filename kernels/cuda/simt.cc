@@ -33,8 +33,11 @@ thread_local unsigned char* current_dynamic_shared = nullptr;
 
 namespace {
 
-// Kernel frames are small; sanitizer builds need more room for their redzones.
-constexpr size_t kStackBytes = TROUPE_SIMT_ASAN ? (512u << 10) : (128u << 10);
+// Kernel frames are small; sanitizer builds need more room for their redzones. Under ASan the
+// stack's shadow (1/8 of it) stays below ASan's clear_shadow_mmap_threshold (64 KiB): its
+// swapcontext interceptor clears the shadow of the stack switched to, and above the threshold it
+// does so by remapping pages, a system call and page faults on every switch.
+constexpr size_t kStackBytes = TROUPE_SIMT_ASAN ? (256u << 10) : (128u << 10);
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kMaxDynamicShared = 227u << 10;  // sm_90's opt-in maximum per block
 
@@ -274,6 +277,19 @@ std::string DescribeDeadlock(const Run& r) {
                       " at __syncthreads): ", waits);
 }
 
+// Points the fiber at the start of the kernel on `stack`. Out of line: getcontext returns twice,
+// which would make GCC treat the caller's loop variables as clobbered.
+__attribute__((noinline)) void StartFiber(FiberSlot& f, char* stack) {
+#if TROUPE_SIMT_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(stack, kStackBytes);  // an abandoned fiber may leave poison
+#endif
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = stack;
+  f.ctx.uc_stack.ss_size = kStackBytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, FiberEntry, 0);
+}
+
 // The static __shared__ arrays of every kernel linked into this binary (see simt.h). Written
 // byte by byte, uninstrumented: under ASan the section also holds the globals' redzones.
 extern "C" unsigned char __start_troupe_simt_shared[] __attribute__((weak));
@@ -296,15 +312,7 @@ absl::Status RunBlock(Run& r, uint64_t& rng) {
                          static_cast<unsigned>(i) / (bd.x * bd.y)};
     f.state = State::kRunnable;
     f.fake_stack = nullptr;
-    char* stack = g_stacks.Get(i);
-#if TROUPE_SIMT_ASAN
-    ASAN_UNPOISON_MEMORY_REGION(stack, kStackBytes);  // an abandoned fiber may leave poison
-#endif
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stack;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, FiberEntry, 0);
+    StartFiber(f, g_stacks.Get(i));
   }
   std::fill(g_dynamic_shared.begin(), g_dynamic_shared.end(), 0xFF);
   PoisonStaticShared();

@@ -1,7 +1,8 @@
 // troupe/actors/job_spec.h — a training job, from a TOML file (Debian's libtomlplusplus).
 //
 //   [job]        name, steps, seed, work_dir, deterministic
-//   [model]      type ("gpt" or a registered Trainable), size, data_dir, seq_len,
+//   [model]      type ("gpt" or a registered Trainable), size, data_dir, device ("cpu",
+//                "cuda", "cuda:N"), seq_len,
 //                microbatch_size, microbatches (M per step, fixed whatever the world size),
 //                [model.options] free-form strings for user models
 //   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2

@@ -35,6 +35,28 @@
 
 namespace troupe::actors {
 
+// Where a Trainable's parameters and gradients live: host memory, or a CUDA device's memory (the
+// elastic trainer then moves them with the device communicator, NCCL, instead of UCX).
+struct Device {
+  enum class Kind { kCpu, kCuda };
+  Kind kind = Kind::kCpu;
+  int ordinal = 0;  // kCuda: the device index
+
+  bool is_cuda() const { return kind == Kind::kCuda; }
+  std::string ToString() const;  // "cpu", "cuda:0"
+  friend bool operator==(const Device& a, const Device& b) {
+    return a.kind == b.kind && a.ordinal == b.ordinal;
+  }
+};
+
+// "cpu", "cuda" (device 0) or "cuda:N"; anything else is InvalidArgument naming the value.
+[[nodiscard]] absl::StatusOr<Device> ParseDevice(const std::string& text);
+
+// OK when this process can put a model on `device`; otherwise FailedPrecondition saying why — for
+// CUDA, the CUDA runtime's error name (e.g. cudaErrorInsufficientDriver on a machine without a
+// driver) or a build without the CUDA backend.
+[[nodiscard]] absl::Status CheckDeviceUsable(const Device& device);
+
 class Trainable {
  public:
   virtual ~Trainable() = default;
@@ -51,13 +73,16 @@ class Trainable {
   virtual int64_t tokens_per_microbatch() const = 0;
   // For checkpoint manifests: the GPT's config, absent for other models.
   virtual std::optional<model::GptConfig> gpt_config() const { return std::nullopt; }
+  // Where params() and grads() point. Checkpoints use the same flat layout on every device.
+  virtual Device device() const { return {}; }
 };
 
 // The model part of a job spec, as the factory sees it.
 struct ModelSpec {
-  std::string type = "gpt";   // the registered factory's name
-  std::string size = "tiny";  // gpt: tiny | small20m
-  std::string data_dir;       // gpt: where `troupe data prepare` put the shards
+  std::string type = "gpt";    // the registered factory's name
+  std::string size = "tiny";   // gpt: tiny | small20m
+  std::string data_dir;        // gpt: where `troupe data prepare` put the shards
+  std::string device = "cpu";  // cpu | cuda | cuda:N (ParseDevice)
   int32_t seq_len = 64;
   int32_t microbatch_size = 4;                 // m
   int32_t microbatches = 8;                    // M per step, fixed whatever the world size

@@ -1,0 +1,694 @@
+// The in-process NCCL / CUDA fake. See nccl_fake.h for what it mimics.
+#include "nccl_fake.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "reduce.h"
+
+namespace troupe::collectives::testing {
+namespace {
+
+constexpr char kMagic[16] = "troupe-fake-id";
+constexpr CudaError kCudaErrorInvalidValue = 1;
+constexpr CudaError kCudaErrorInvalidDevice = 101;
+constexpr CudaError kCudaErrorInvalidResourceHandle = 400;
+
+std::atomic<uint64_t> next_world_serial{1};
+
+std::vector<float> Load(const void* p, size_t n, DType t) {
+  std::vector<float> v(n);
+  if (n == 0) return v;
+  if (t == DType::kF32) {
+    std::memcpy(v.data(), p, n * sizeof(float));
+  } else {
+    Bf16ToF32(static_cast<const uint16_t*>(p), v.data(), n);
+  }
+  return v;
+}
+
+void Store(const float* v, size_t n, void* p, DType t) {
+  if (n == 0) return;
+  if (t == DType::kF32) {
+    std::memmove(p, v, n * sizeof(float));
+  } else {
+    F32ToBf16(v, static_cast<uint16_t*>(p), n);
+  }
+}
+
+}  // namespace
+
+struct FakeNcclShared {
+  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv };
+  struct Comm;
+  struct Stream;
+  struct Op {
+    Kind kind;
+    const void* send;
+    void* recv;
+    size_t count;
+    DType dtype;
+    ReduceOp op;
+    int root_or_peer;
+    Comm* comm;
+    Stream* stream;
+    int proc;
+    bool done = false;
+  };
+  struct Comm {
+    int proc;
+    uint64_t id;
+    int rank;
+    NcclResult async = NcclResult::kSuccess;
+    int settle_polls = 0;  // polls left that report an enqueue still in progress
+    uint64_t collectives = 0;
+    std::map<int, uint64_t> sent, received;  // per peer
+    std::string last_error;
+  };
+  struct Stream {
+    int proc;
+    std::deque<std::shared_ptr<Op>> queue;  // enqueued, not yet run, in order
+    bool destroyed = false;
+  };
+  struct Event {
+    int proc;
+    std::shared_ptr<Op> last;  // the stream's last op when recorded; null: nothing to wait for
+    bool never = false;        // recorded by a dead process
+    bool destroyed = false;
+  };
+  struct Group {
+    int nranks = 0;
+    std::vector<Comm*> members;  // null: not joined yet, or aborted
+    std::vector<bool> taken;
+    int joined = 0;
+    bool broken = false;                                               // a member aborted
+    std::map<uint64_t, std::vector<std::shared_ptr<Op>>> collectives;  // k-th collective by rank
+    // (src, dst, k) -> (k-th send from src to dst, k-th receive at dst from src)
+    std::map<std::tuple<int, int, uint64_t>, std::pair<std::shared_ptr<Op>, std::shared_ptr<Op>>>
+        p2p;
+    bool ready() const { return joined == nranks; }
+  };
+  struct Proc {
+    bool dead = false, hung = false;
+    int settle_polls = 0;
+    int devices = 1;
+    CudaError device_error = kCudaSuccess;
+    std::vector<FakeNcclCall> calls;
+    FakeNcclResources live;
+    std::set<void*> allocations;
+  };
+
+  ~FakeNcclShared() {
+    for (auto& [id, p] : procs) {
+      for (void* a : p.allocations) std::free(a);
+    }
+  }
+
+  Comm* FindComm(NcclCommHandle h) {
+    auto it = comms.find(reinterpret_cast<Comm*>(h));
+    return it == comms.end() ? nullptr : it->second.get();
+  }
+  Stream* FindStream(StreamHandle h) {
+    auto it = streams.find(reinterpret_cast<Stream*>(h));
+    return it == streams.end() || it->second->destroyed ? nullptr : it->second.get();
+  }
+  Event* FindEvent(EventHandle h) {
+    auto it = events.find(reinterpret_cast<Event*>(h));
+    return it == events.end() || it->second->destroyed ? nullptr : it->second.get();
+  }
+
+  void Log(int proc, const char* name, const Comm* c = nullptr) {
+    procs[proc].calls.push_back({name, c ? c->id : 0, c ? c->rank : -1});
+  }
+
+  static void Fail(Comm* c, NcclResult r, const std::string& why) {
+    if (c->async != NcclResult::kSuccess) return;
+    c->async = r;
+    c->last_error = why;
+  }
+
+  static void FailMembers(Group& g, const std::string& why) {
+    for (Comm* m : g.members) {
+      if (m != nullptr) Fail(m, NcclResult::kRemoteError, why);
+    }
+  }
+
+  bool Runnable(const std::shared_ptr<Op>& op) {
+    if (op == nullptr) return false;
+    const Proc& p = procs[op->proc];
+    return !p.dead && !p.hung && !op->stream->queue.empty() && op->stream->queue.front() == op;
+  }
+
+  static void Finish(const std::shared_ptr<Op>& op) {
+    op->stream->queue.pop_front();
+    op->done = true;
+  }
+
+  // Runs every operation whose match is complete and at the head of its streams, until none.
+  void Progress() {
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      for (auto& [id, g] : groups) {
+        if (!g.ready()) continue;
+        for (auto it = g.collectives.begin(); it != g.collectives.end();) {
+          if (RunCollective(g, it->first, it->second)) {
+            it = g.collectives.erase(it);
+            progressed = true;
+          } else {
+            ++it;
+          }
+        }
+        for (auto it = g.p2p.begin(); it != g.p2p.end();) {
+          if (RunP2p(it->second.first, it->second.second)) {
+            it = g.p2p.erase(it);
+            progressed = true;
+          } else {
+            ++it;
+          }
+        }
+      }
+    }
+  }
+
+  bool RunCollective(Group& g, uint64_t k, const std::vector<std::shared_ptr<Op>>& ops) {
+    if (static_cast<int>(ops.size()) != g.nranks) return false;
+    for (const auto& op : ops) {
+      if (!Runnable(op)) return false;
+    }
+    const Op& a = *ops[0];
+    for (const auto& op : ops) {
+      if (op->kind != a.kind || op->count != a.count || op->dtype != a.dtype ||
+          (op->op != a.op && (a.kind == Kind::kAllReduce || a.kind == Kind::kReduceScatter)) ||
+          (op->root_or_peer != a.root_or_peer && a.kind == Kind::kBroadcast)) {
+        for (const auto& o : ops) {
+          Fail(o->comm, NcclResult::kInvalidUsage,
+               absl::StrCat("fake: collective #", k, " differs between ranks 0 and ",
+                            op->comm->rank, " (kind, count, type, op or root)"));
+        }
+        return false;
+      }
+    }
+    const int n = g.nranks;
+    const size_t count = a.count, esize = DTypeSize(a.dtype);
+    if (a.kind == Kind::kAllReduce || a.kind == Kind::kReduceScatter) {
+      const size_t total = a.kind == Kind::kAllReduce ? count : count * n;
+      std::vector<float> acc = Load(ops[0]->send, total, a.dtype);
+      for (int r = 1; r < n; ++r) {
+        std::vector<float> in = Load(ops[r]->send, total, a.dtype);
+        ReduceInto(acc.data(), in.data(), total, a.op);
+      }
+      if (a.op == ReduceOp::kAvg) DivideBy(acc.data(), total, static_cast<float>(n));
+      for (int r = 0; r < n; ++r) {
+        const float* part = a.kind == Kind::kAllReduce ? acc.data() : acc.data() + count * r;
+        Store(part, count, ops[r]->recv, a.dtype);
+      }
+    } else if (a.kind == Kind::kAllGather) {
+      std::vector<char> all(count * esize * n);
+      for (int r = 0; r < n; ++r) {
+        if (count > 0) std::memcpy(all.data() + count * esize * r, ops[r]->send, count * esize);
+      }
+      for (int r = 0; r < n && !all.empty(); ++r) std::memcpy(ops[r]->recv, all.data(), all.size());
+    } else {  // kBroadcast
+      const char* src = static_cast<const char*>(ops[a.root_or_peer]->send);
+      std::vector<char> data(src, src + count * esize);
+      for (int r = 0; r < n && !data.empty(); ++r) {
+        std::memcpy(ops[r]->recv, data.data(), data.size());
+      }
+    }
+    for (const auto& op : ops) Finish(op);
+    return true;
+  }
+
+  bool RunP2p(const std::shared_ptr<Op>& send, const std::shared_ptr<Op>& recv) {
+    if (!Runnable(send) || !Runnable(recv)) return false;
+    if (send->count != recv->count || send->dtype != recv->dtype) {
+      std::string why = absl::StrCat("fake: send from rank ", send->comm->rank, " of ", send->count,
+                                     " elements does not match the receive of ", recv->count,
+                                     " at rank ", recv->comm->rank);
+      Fail(send->comm, NcclResult::kInvalidUsage, why);
+      Fail(recv->comm, NcclResult::kInvalidUsage, why);
+      return false;
+    }
+    if (send->count > 0) {
+      std::memmove(recv->recv, send->send, send->count * DTypeSize(send->dtype));
+    }
+    Finish(send);
+    Finish(recv);
+    return true;
+  }
+
+  // ncclCommAbort: the communicator's pending operations end (untouched buffers), its peers see
+  // a remote error, the handle is gone.
+  void Abort(Comm* c) {
+    for (auto& [ptr, s] : streams) {
+      for (auto it = s->queue.begin(); it != s->queue.end();) {
+        if ((*it)->comm == c) {
+          (*it)->done = true;
+          it = s->queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    Group& g = groups[c->id];
+    for (auto& [k, ops] : g.collectives) {
+      for (auto& op : ops) {
+        if (op != nullptr && op->comm == c) op = nullptr;
+      }
+    }
+    for (auto& [k, pair] : g.p2p) {
+      if (pair.first != nullptr && pair.first->comm == c) pair.first = nullptr;
+      if (pair.second != nullptr && pair.second->comm == c) pair.second = nullptr;
+    }
+    if (g.members[c->rank] == c) g.members[c->rank] = nullptr;
+    g.broken = true;
+    // Before init finished the ranks hold no connections to each other (only to the bootstrap
+    // root): they keep waiting, as in NCCL, and learn of the abort when the group forms.
+    if (g.ready())
+      FailMembers(g, absl::StrCat("fake: rank ", c->rank, " aborted communicator #", c->id));
+    --procs[c->proc].live.comms;
+    comms.erase(c);
+  }
+
+  std::mutex mu;
+  uint64_t world_serial = 0;
+  uint64_t next_id = 1;
+  std::map<int, Proc> procs;
+  std::map<uint64_t, Group> groups;
+  std::map<Comm*, std::unique_ptr<Comm>> comms;
+  std::map<Stream*, std::unique_ptr<Stream>> streams;
+  std::map<Event*, std::unique_ptr<Event>> events;
+};
+
+struct FakeNcclProcess::OpArgs {
+  FakeNcclShared::Kind kind;
+  const void* send;
+  void* recv;
+  size_t count;
+  DType dtype;
+  ReduceOp op;
+  int root_or_peer;
+};
+
+FakeNcclProcess::FakeNcclProcess(std::shared_ptr<FakeNcclShared> world, int id)
+    : w_(std::move(world)), id_(id) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->procs[id_];
+}
+
+FakeNcclProcess::~FakeNcclProcess() = default;
+
+void FakeNcclProcess::Kill() {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->procs[id_].dead = true;
+}
+
+void FakeNcclProcess::Hang() {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->procs[id_].hung = true;
+}
+
+void FakeNcclProcess::InjectAsyncError(NcclResult r) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  for (auto& [ptr, c] : w_->comms) {
+    if (c->proc == id_) {
+      FakeNcclShared::Fail(c.get(), r, absl::StrCat("fake: injected ", NcclResultName(r)));
+    }
+  }
+}
+
+void FakeNcclProcess::SetEnqueueInProgressPolls(int polls) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->procs[id_].settle_polls = polls;
+}
+
+void FakeNcclProcess::SetDevices(int count, CudaError error) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->procs[id_].devices = count;
+  w_->procs[id_].device_error = error;
+}
+
+std::vector<FakeNcclCall> FakeNcclProcess::Calls() const {
+  std::lock_guard<std::mutex> l(w_->mu);
+  return w_->procs[id_].calls;
+}
+
+int FakeNcclProcess::CountCalls(const std::string& name) const {
+  int n = 0;
+  for (const FakeNcclCall& c : Calls()) n += c.name == name;
+  return n;
+}
+
+FakeNcclResources FakeNcclProcess::Live() const {
+  std::lock_guard<std::mutex> l(w_->mu);
+  return w_->procs[id_].live;
+}
+
+NcclResult FakeNcclProcess::GetVersion(int* version) {
+  *version = 22809;  // the API the fake follows: NCCL 2.28.9's
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNcclProcess::GetUniqueId(NcclUniqueId* id) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "ncclGetUniqueId");
+  std::memset(id->internal, 0, sizeof(id->internal));
+  std::memcpy(id->internal, kMagic, sizeof(kMagic));
+  std::memcpy(id->internal + 16, &w_->world_serial, 8);
+  uint64_t serial = w_->next_id++;
+  std::memcpy(id->internal + 24, &serial, 8);
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNcclProcess::CommInitRankNonBlocking(NcclCommHandle* comm, int nranks,
+                                                    const NcclUniqueId& id, int rank) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  uint64_t world = 0, serial = 0;
+  std::memcpy(&world, id.internal + 16, 8);
+  std::memcpy(&serial, id.internal + 24, 8);
+  w_->procs[id_].calls.push_back({"ncclCommInitRankConfig", serial, rank});
+  if (std::memcmp(id.internal, kMagic, sizeof(kMagic)) != 0 || world != w_->world_serial) {
+    return NcclResult::kInvalidArgument;  // not an id of this world
+  }
+  if (nranks < 1 || rank < 0 || rank >= nranks) return NcclResult::kInvalidArgument;
+  auto [it, created] = w_->groups.try_emplace(serial);
+  FakeNcclShared::Group& g = it->second;
+  if (created) {
+    g.nranks = nranks;
+    g.members.assign(nranks, nullptr);
+    g.taken.assign(nranks, false);
+  }
+  if (g.nranks != nranks) return NcclResult::kInvalidArgument;
+  if (g.taken[rank]) return NcclResult::kInvalidUsage;
+  auto c = std::make_unique<FakeNcclShared::Comm>();
+  c->proc = id_;
+  c->id = serial;
+  c->rank = rank;
+  FakeNcclShared::Comm* raw = c.get();
+  w_->comms.emplace(raw, std::move(c));
+  ++w_->procs[id_].live.comms;
+  *comm = reinterpret_cast<NcclCommHandle>(raw);
+  if (!w_->procs[id_].dead) {  // a dead process never joins: the others stay in progress
+    g.taken[rank] = true;
+    g.members[rank] = raw;
+    ++g.joined;
+    if (g.ready() && g.broken) {
+      FakeNcclShared::FailMembers(g, "fake: a rank aborted before the communicator formed");
+    }
+  }
+  return NcclResult::kInProgress;
+}
+
+NcclResult FakeNcclProcess::CommGetAsyncError(NcclCommHandle comm, NcclResult* async_error) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  FakeNcclShared::Comm* c = w_->FindComm(comm);
+  if (c == nullptr) return NcclResult::kInvalidArgument;
+  if (c->async != NcclResult::kSuccess) {
+    *async_error = c->async;
+  } else if (!w_->groups[c->id].ready()) {
+    *async_error = NcclResult::kInProgress;
+  } else if (c->settle_polls > 0) {
+    --c->settle_polls;
+    *async_error = NcclResult::kInProgress;
+  } else {
+    *async_error = NcclResult::kSuccess;
+  }
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNcclProcess::CommAbort(NcclCommHandle comm) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  FakeNcclShared::Comm* c = w_->FindComm(comm);
+  w_->Log(id_, "ncclCommAbort", c);
+  if (c == nullptr) return NcclResult::kInvalidArgument;
+  if (w_->procs[id_].dead) return NcclResult::kSuccess;  // a dead process does nothing
+  w_->Abort(c);
+  w_->Progress();  // ops that waited behind the aborted ones on a stream may run now
+  return NcclResult::kSuccess;
+}
+
+std::string FakeNcclProcess::LastError(NcclCommHandle comm) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  FakeNcclShared::Comm* c = w_->FindComm(comm);
+  return c == nullptr ? "" : c->last_error;
+}
+
+const char* FakeNcclProcess::ErrorString(NcclResult r) {
+  switch (r) {
+    case NcclResult::kSuccess:
+      return "no error";
+    case NcclResult::kUnhandledCudaError:
+      return "unhandled cuda error (fake)";
+    case NcclResult::kSystemError:
+      return "unhandled system error (fake)";
+    case NcclResult::kInternalError:
+      return "internal error (fake)";
+    case NcclResult::kInvalidArgument:
+      return "invalid argument (fake)";
+    case NcclResult::kInvalidUsage:
+      return "invalid usage (fake)";
+    case NcclResult::kRemoteError:
+      return "remote process exited or there was a network error (fake)";
+    case NcclResult::kInProgress:
+      return "operation in progress (fake)";
+  }
+  return "unknown result (fake)";
+}
+
+NcclResult FakeNcclProcess::Enqueue(const char* name, const OpArgs& a, NcclCommHandle comm,
+                                    StreamHandle stream) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  FakeNcclShared::Comm* c = w_->FindComm(comm);
+  w_->Log(id_, name, c);
+  if (c == nullptr) return NcclResult::kInvalidArgument;
+  FakeNcclShared::Stream* s = w_->FindStream(stream);
+  if (s == nullptr) return NcclResult::kUnhandledCudaError;
+  FakeNcclShared::Proc& p = w_->procs[id_];
+  if (p.dead) return NcclResult::kSuccess;  // swallowed: it never runs
+  if (c->async != NcclResult::kSuccess) return c->async;
+  FakeNcclShared::Group& g = w_->groups[c->id];
+  if (!g.ready()) {
+    FakeNcclShared::Fail(c, NcclResult::kInvalidUsage, "fake: operation before init finished");
+    return NcclResult::kInvalidUsage;
+  }
+  using Kind = FakeNcclShared::Kind;
+  const bool p2p = a.kind == Kind::kSend || a.kind == Kind::kRecv;
+  if ((p2p || a.kind == Kind::kBroadcast) && (a.root_or_peer < 0 || a.root_or_peer >= g.nranks)) {
+    return NcclResult::kInvalidArgument;
+  }
+  auto op = std::make_shared<FakeNcclShared::Op>(FakeNcclShared::Op{
+      a.kind, a.send, a.recv, a.count, a.dtype, a.op, a.root_or_peer, c, s, id_});
+  s->queue.push_back(op);
+  if (!p2p) {
+    auto& slots = g.collectives[c->collectives++];
+    slots.resize(g.nranks);
+    slots[c->rank] = op;
+  } else if (a.kind == Kind::kSend) {
+    g.p2p[{c->rank, a.root_or_peer, c->sent[a.root_or_peer]++}].first = op;
+  } else {
+    g.p2p[{a.root_or_peer, c->rank, c->received[a.root_or_peer]++}].second = op;
+  }
+  w_->Progress();
+  if (p.settle_polls > 0) {
+    c->settle_polls = p.settle_polls;
+    return NcclResult::kInProgress;
+  }
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNcclProcess::AllReduce(const void* send, void* recv, size_t count, DType dtype,
+                                      ReduceOp op, NcclCommHandle comm, StreamHandle stream) {
+  return Enqueue("ncclAllReduce",
+                 {FakeNcclShared::Kind::kAllReduce, send, recv, count, dtype, op, 0}, comm, stream);
+}
+
+NcclResult FakeNcclProcess::ReduceScatter(const void* send, void* recv, size_t recv_count,
+                                          DType dtype, ReduceOp op, NcclCommHandle comm,
+                                          StreamHandle stream) {
+  return Enqueue("ncclReduceScatter",
+                 {FakeNcclShared::Kind::kReduceScatter, send, recv, recv_count, dtype, op, 0}, comm,
+                 stream);
+}
+
+NcclResult FakeNcclProcess::AllGather(const void* send, void* recv, size_t send_count, DType dtype,
+                                      NcclCommHandle comm, StreamHandle stream) {
+  return Enqueue(
+      "ncclAllGather",
+      {FakeNcclShared::Kind::kAllGather, send, recv, send_count, dtype, ReduceOp::kSum, 0}, comm,
+      stream);
+}
+
+NcclResult FakeNcclProcess::Broadcast(const void* send, void* recv, size_t count, DType dtype,
+                                      int root, NcclCommHandle comm, StreamHandle stream) {
+  return Enqueue("ncclBroadcast",
+                 {FakeNcclShared::Kind::kBroadcast, send, recv, count, dtype, ReduceOp::kSum, root},
+                 comm, stream);
+}
+
+NcclResult FakeNcclProcess::Send(const void* buf, size_t count, DType dtype, int peer,
+                                 NcclCommHandle comm, StreamHandle stream) {
+  return Enqueue("ncclSend",
+                 {FakeNcclShared::Kind::kSend, buf, nullptr, count, dtype, ReduceOp::kSum, peer},
+                 comm, stream);
+}
+
+NcclResult FakeNcclProcess::Recv(void* buf, size_t count, DType dtype, int peer,
+                                 NcclCommHandle comm, StreamHandle stream) {
+  return Enqueue("ncclRecv",
+                 {FakeNcclShared::Kind::kRecv, nullptr, buf, count, dtype, ReduceOp::kSum, peer},
+                 comm, stream);
+}
+
+CudaError FakeNcclProcess::GetDeviceCount(int* count) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  const FakeNcclShared::Proc& p = w_->procs[id_];
+  *count = p.device_error == kCudaSuccess ? p.devices : 0;
+  return p.device_error;
+}
+
+CudaError FakeNcclProcess::SetDevice(int device) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaSetDevice");
+  const FakeNcclShared::Proc& p = w_->procs[id_];
+  if (p.device_error != kCudaSuccess) return p.device_error;
+  return device >= 0 && device < p.devices ? kCudaSuccess : kCudaErrorInvalidDevice;
+}
+
+CudaError FakeNcclProcess::StreamCreateNonBlocking(StreamHandle* stream) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaStreamCreateWithFlags");
+  auto s = std::make_unique<FakeNcclShared::Stream>();
+  s->proc = id_;
+  *stream = reinterpret_cast<StreamHandle>(s.get());
+  w_->streams.emplace(s.get(), std::move(s));
+  ++w_->procs[id_].live.streams;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::StreamDestroy(StreamHandle stream) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaStreamDestroy");
+  FakeNcclShared::Stream* s = w_->FindStream(stream);
+  if (s == nullptr) return kCudaErrorInvalidResourceHandle;
+  s->destroyed = true;  // kept: events may still point at its ops
+  --w_->procs[id_].live.streams;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::EventCreateDisableTiming(EventHandle* event) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaEventCreateWithFlags");
+  auto e = std::make_unique<FakeNcclShared::Event>();
+  e->proc = id_;
+  *event = reinterpret_cast<EventHandle>(e.get());
+  w_->events.emplace(e.get(), std::move(e));
+  ++w_->procs[id_].live.events;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::EventRecord(EventHandle event, StreamHandle stream) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaEventRecord");
+  FakeNcclShared::Event* e = w_->FindEvent(event);
+  FakeNcclShared::Stream* s = w_->FindStream(stream);
+  if (e == nullptr || s == nullptr) return kCudaErrorInvalidResourceHandle;
+  e->last = s->queue.empty() ? nullptr : s->queue.back();
+  e->never = w_->procs[id_].dead;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::EventQuery(EventHandle event) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  FakeNcclShared::Event* e = w_->FindEvent(event);
+  if (e == nullptr) return kCudaErrorInvalidResourceHandle;
+  if (e->never || w_->procs[id_].dead) return kCudaErrorNotReady;
+  return e->last == nullptr || e->last->done ? kCudaSuccess : kCudaErrorNotReady;
+}
+
+CudaError FakeNcclProcess::EventDestroy(EventHandle event) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaEventDestroy");
+  FakeNcclShared::Event* e = w_->FindEvent(event);
+  if (e == nullptr) return kCudaErrorInvalidResourceHandle;
+  e->destroyed = true;
+  e->last = nullptr;
+  --w_->procs[id_].live.events;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::Malloc(void** ptr, size_t bytes) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaMalloc");
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  *ptr = std::aligned_alloc(256, rounded);
+  w_->procs[id_].allocations.insert(*ptr);
+  ++w_->procs[id_].live.allocations;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::Free(void* ptr) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaFree");
+  if (ptr == nullptr) return kCudaSuccess;
+  if (w_->procs[id_].allocations.erase(ptr) == 0) return kCudaErrorInvalidValue;
+  std::free(ptr);
+  --w_->procs[id_].live.allocations;
+  return kCudaSuccess;
+}
+
+const char* FakeNcclProcess::CudaErrorName(CudaError e) {
+  switch (e) {
+    case kCudaSuccess:
+      return "cudaSuccess";
+    case kCudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case 35:
+      return "cudaErrorInsufficientDriver";
+    case 100:
+      return "cudaErrorNoDevice";
+    case kCudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case kCudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case kCudaErrorNotReady:
+      return "cudaErrorNotReady";
+  }
+  return "cudaErrorUnknown";
+}
+
+const char* FakeNcclProcess::CudaErrorString(CudaError e) {
+  switch (e) {
+    case kCudaSuccess:
+      return "no error";
+    case 35:
+      return "CUDA driver version is insufficient for CUDA runtime version (fake)";
+    case 100:
+      return "no CUDA-capable device is detected (fake)";
+    case kCudaErrorInvalidDevice:
+      return "invalid device ordinal (fake)";
+  }
+  return "CUDA error (fake)";
+}
+
+FakeNcclWorld::FakeNcclWorld() : shared_(std::make_shared<FakeNcclShared>()) {
+  shared_->world_serial = next_world_serial.fetch_add(1);
+}
+
+std::shared_ptr<FakeNcclWorld> FakeNcclWorld::Create() {
+  return std::shared_ptr<FakeNcclWorld>(new FakeNcclWorld());
+}
+
+std::shared_ptr<FakeNcclProcess> FakeNcclWorld::Process(int id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto& p = processes_[id];
+  if (p == nullptr) p = std::make_shared<FakeNcclProcess>(shared_, id);
+  return p;
+}
+
+}  // namespace troupe::collectives::testing
