@@ -6,7 +6,6 @@
 #include "crossentropy.cuh"
 #include "embedding.cuh"
 #include "gelu.cuh"
-#include "gpt.cuh"
 #include "layernorm.cuh"
 #include "norm.cuh"
 
@@ -71,10 +70,5 @@ TROUPE_INSTANTIATE_CROSSENTROPY_EMBEDDING(__nv_bfloat16)
 
 TROUPE_INSTANTIATE_ATTENTION(float)
 TROUPE_INSTANTIATE_ATTENTION(__nv_bfloat16)
-
-// The GPT's training step (gpt.cuh): the whole launch sequence, host code included, for fp32 and
-// for bf16 activations with fp32 master weights.
-template class GptCuda<float>;
-template class GptCuda<__nv_bfloat16>;
 
 }  // namespace troupe::kernels::cuda

@@ -1,0 +1,194 @@
+// GptDevice (gpt_device.h): GptCuda<float> or GptCuda<__nv_bfloat16> on cudaMalloc memory,
+// cuBLASLt GEMMs and a stream of its own, behind a header the plain C++ compiler can read.
+#include "gpt_device.h"
+
+// clang-format off
+#include "gpt.cuh"  // first of the CUDA headers, as gpt.cuh asks
+// clang-format on
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "allocator.h"
+#include "check.h"
+
+namespace troupe::kernels::cuda {
+
+// The GPT's training step (gpt.cuh), host code included, for fp32 and for bf16 activations with
+// fp32 master weights: instantiated here once, for the GPU (kernels.cu holds the single ops).
+template class GptCuda<float>;
+template class GptCuda<__nv_bfloat16>;
+
+class GptDevice::Impl {
+ public:
+  Impl(const model::GptConfig& config, int ordinal, cudaStream_t stream)
+      : config_(config), ordinal_(ordinal), stream_(stream) {}
+  ~Impl() {
+    // The model's memory, cuBLASLt handle and workspace go first (cudaFree waits for the
+    // device), then its stream; on the device they were made on.
+    (void)cudaSetDevice(ordinal_);
+    f32_.reset();
+    bf16_.reset();
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // Makes the device current, then calls f on the model; R is absl::Status or StatusOr<…>.
+  template <typename R, typename F>
+  R Call(F&& f) const {
+    if (absl::Status s = MakeCurrent(); !s.ok()) return s;
+    if (f32_ != nullptr) return f(*f32_);
+    return f(*bf16_);
+  }
+  absl::Status MakeCurrent() const {
+    TROUPE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    return absl::OkStatus();
+  }
+
+  const model::GptConfig& config() const { return config_; }
+  int ordinal() const { return ordinal_; }
+  bool bf16() const { return bf16_ != nullptr; }
+  int64_t num_params() const { return f32_ != nullptr ? f32_->num_params() : bf16_->num_params(); }
+
+  template <typename Tx>
+  absl::Status Build() {
+    absl::StatusOr<std::unique_ptr<MemoryBackend>> backend = CudaMemoryBackend(ordinal_);
+    if (!backend.ok()) return backend.status();
+    absl::StatusOr<std::unique_ptr<MatmulExecutor>> matmul = MatmulRunnerExecutor::Create();
+    if (!matmul.ok()) return matmul.status();
+    auto gpt = GptCuda<Tx>::Create(config_, std::move(*backend), std::move(*matmul), stream_);
+    if (!gpt.ok()) return gpt.status();
+    if constexpr (std::is_same_v<Tx, float>) {
+      f32_ = std::move(*gpt);
+    } else {
+      bf16_ = std::move(*gpt);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  model::GptConfig config_;
+  int ordinal_;
+  cudaStream_t stream_;
+  std::unique_ptr<GptCuda<float>> f32_;
+  std::unique_ptr<GptCuda<__nv_bfloat16>> bf16_;
+};
+
+namespace {
+
+// Any failure to reach the device means "no usable GPU here": FailedPrecondition whatever code
+// the runtime's error maps to, with its name kept in the message.
+absl::Status Unusable(int ordinal, const absl::Status& cause) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("GptDevice: no usable CUDA device cuda:", ordinal, ": ", cause.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GptDevice>> GptDevice::Create(const model::GptConfig& config,
+                                                             int device_ordinal, bool bf16) {
+  // The device first, so that a machine without a driver answers at once, naming the cause.
+  int count = 0;
+  if (absl::Status s = CudaErrorStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount(&count)",
+                                       __FILE__, __LINE__);
+      !s.ok()) {
+    return Unusable(device_ordinal, s);
+  }
+  if (device_ordinal < 0 || device_ordinal >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GptDevice: no CUDA device cuda:", device_ordinal, " (this machine has ",
+                     count, " device(s))"));
+  }
+  cudaDeviceProp prop = {};
+  if (absl::Status s = CudaErrorStatus(cudaGetDeviceProperties(&prop, device_ordinal),
+                                       "cudaGetDeviceProperties", __FILE__, __LINE__);
+      !s.ok()) {
+    return Unusable(device_ordinal, s);
+  }
+  // troupe_kernels_cuda carries sm_80 / sm_90 SASS and compute_90 PTX: older GPUs have no image.
+  if (prop.major < 8) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GptDevice: cuda:", device_ordinal, " (", prop.name, ") has compute capability ",
+        prop.major, ".", prop.minor, "; the kernels need 8.0 or newer"));
+  }
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (absl::Status s =
+          CudaErrorStatus(cudaSetDevice(device_ordinal), "cudaSetDevice", __FILE__, __LINE__);
+      !s.ok()) {
+    return Unusable(device_ordinal, s);
+  }
+  // A blocking stream (not cudaStreamNonBlocking): MatmulRunner fills its vectors of ones with
+  // plain cudaMemcpy on the legacy default stream, which a blocking stream's later work waits for.
+  cudaStream_t stream = nullptr;
+  TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+  auto impl = std::make_unique<Impl>(config, device_ordinal, stream);  // owns the stream now
+  if (absl::Status s = bf16 ? impl->Build<__nv_bfloat16>() : impl->Build<float>(); !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<GptDevice>(new GptDevice(std::move(impl)));
+}
+
+GptDevice::GptDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GptDevice::~GptDevice() = default;
+
+const model::GptConfig& GptDevice::config() const { return impl_->config(); }
+int64_t GptDevice::num_params() const { return impl_->num_params(); }
+int GptDevice::device_ordinal() const { return impl_->ordinal(); }
+bool GptDevice::bf16() const { return impl_->bf16(); }
+
+std::string GptDevice::DeviceName() const {
+  cudaDeviceProp prop = {};
+  if (cudaGetDeviceProperties(&prop, impl_->ordinal()) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::StrCat("cuda:", impl_->ordinal());
+  }
+  return absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ")");
+}
+
+absl::Status GptDevice::InitParams(uint64_t seed) {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.InitParams(seed); });
+}
+absl::Status GptDevice::SetParams(const float* host) {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.SetParams(host); });
+}
+absl::Status GptDevice::GetParams(float* host) const {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.GetParams(host); });
+}
+absl::Status GptDevice::SetOptimizerState(const float* m, const float* v) {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.SetOptimizerState(m, v); });
+}
+absl::Status GptDevice::GetOptimizerState(float* m, float* v) const {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.GetOptimizerState(m, v); });
+}
+absl::StatusOr<double> GptDevice::Forward(const int32_t* tokens, const int32_t* targets, int b,
+                                          int t) {
+  return impl_->Call<absl::StatusOr<double>>(
+      [&](auto& g) { return g.Forward(tokens, targets, b, t); });
+}
+absl::Status GptDevice::ZeroGrad() {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.ZeroGrad(); });
+}
+absl::Status GptDevice::Backward(float loss_weight) {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.Backward(loss_weight); });
+}
+absl::Status GptDevice::GetGrads(float* host) const {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.GetGrads(host); });
+}
+absl::StatusOr<double> GptDevice::GradNorm() {
+  return impl_->Call<absl::StatusOr<double>>([&](auto& g) { return g.GradNorm(); });
+}
+absl::StatusOr<double> GptDevice::Step(const model::AdamWConfig& adamw,
+                                       const model::LrSchedule& schedule, int64_t step) {
+  return impl_->Call<absl::StatusOr<double>>(
+      [&](auto& g) { return g.Step(adamw, schedule, step); });
+}
+
+}  // namespace troupe::kernels::cuda

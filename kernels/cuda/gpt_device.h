@@ -1,0 +1,94 @@
+// The GPT's training step on one GPU, for host programs compiled by the plain C++ compiler: a
+// non-template facade over GptCuda<Tx> (gpt.cuh), implemented in gpt_device.cu and compiled by
+// nvcc into troupe_kernels_cuda. A g++ translation unit that included gpt.cuh would get the SIMT
+// (CPU) build of the launch sequence; this header has no CUDA header and no kernel in it, so
+// tools and Trainables reach the real GPU path through it.
+//
+// Conventions, those of GptCuda and so of the CPU model (troupe/model/gpt.h): parameters,
+// gradients and AdamW moments are flat fp32 host arrays of num_params() floats in ParamLayout's
+// order; Backward adds the gradient of loss_weight · Σ per-token losses of the last Forward
+// (ZeroGrad first); Step takes the global gradient norm, clips and applies AdamW as model::Trainer
+// does. With bf16, activations, gradients and the weight copy the kernels read are bf16 and the
+// master weights and moments fp32 (GetGrads rounds nothing further: it widens the bf16 gradients).
+// Each object owns its device memory (a caching allocator), its cuBLASLt runner and a stream on
+// its device; every call makes that device current on the calling thread first. Not thread-safe.
+// Forward, Step, GradNorm and the Get* calls wait for the stream; the others only enqueue work.
+//
+// Example:
+//   absl::StatusOr<std::unique_ptr<GptDevice>> gpt =
+//       GptDevice::Create(GptConfig::Gpt2Small(), /*device_ordinal=*/0, /*bf16=*/false);
+//   if (!gpt.ok()) return gpt.status();  // no usable GPU: FailedPrecondition naming the cause
+//   TROUPE_RETURN_IF_ERROR((*gpt)->InitParams(/*seed=*/1));
+//   absl::StatusOr<double> loss = (*gpt)->Forward(tokens, targets, B, T);  // host arrays
+//   TROUPE_RETURN_IF_ERROR((*gpt)->ZeroGrad());
+//   TROUPE_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
+//   absl::StatusOr<double> grad_norm = (*gpt)->Step(adamw, schedule, step);
+#ifndef TROUPE_KERNELS_CUDA_GPT_DEVICE_H_
+#define TROUPE_KERNELS_CUDA_GPT_DEVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "troupe/model/config.h"
+#include "troupe/model/optimizer.h"
+
+namespace troupe::kernels::cuda {
+
+class GptDevice {
+ public:
+  // Checks the device before anything else: FailedPrecondition naming the CUDA runtime's error
+  // (e.g. cudaErrorInsufficientDriver) where no GPU can be used, or when device_ordinal is not
+  // one of this machine's devices; InvalidArgument for an invalid config; ResourceExhausted when
+  // the parameters do not fit. Parameters and moments start at zero (InitParams or SetParams).
+  static absl::StatusOr<std::unique_ptr<GptDevice>> Create(const model::GptConfig& config,
+                                                           int device_ordinal, bool bf16);
+  ~GptDevice();
+  GptDevice(const GptDevice&) = delete;
+  GptDevice& operator=(const GptDevice&) = delete;
+
+  const model::GptConfig& config() const;
+  int64_t num_params() const;
+  int device_ordinal() const;
+  bool bf16() const;
+  // The device's name and compute capability, e.g. "NVIDIA H100 80GB HBM3 (sm_90)".
+  std::string DeviceName() const;
+
+  // The CPU model's initialisation (GptModel<float>::InitParams(seed)), copied in.
+  absl::Status InitParams(uint64_t seed);
+  // num_params() fp32 master weights in (the bf16 copy refreshed) or out.
+  absl::Status SetParams(const float* host);
+  absl::Status GetParams(float* host) const;
+  // AdamW moments in or out (checkpoints): num_params() floats each.
+  absl::Status SetOptimizerState(const float* m, const float* v);
+  absl::Status GetOptimizerState(float* m, float* v) const;
+
+  // Runs the model on host tokens [b, t]; with targets, returns the mean per-token loss, without
+  // (nullptr) computes the logits only and returns 0. InvalidArgument for ids outside the
+  // vocabulary or t beyond the context, as GptModel::Forward.
+  absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets, int b, int t);
+  absl::Status ZeroGrad();
+  // grads += d(loss_weight · Σ losses)/dθ of the last Forward; FailedPrecondition unless it had
+  // targets.
+  absl::Status Backward(float loss_weight);
+  // The gradients, as float.
+  absl::Status GetGrads(float* host) const;
+  // The global gradient norm alone (model::GradNorm's bits for fp32 gradients).
+  absl::StatusOr<double> GradNorm();
+  // One optimizer step of 0-based step `step`: gradient norm, clip factor, schedule, AdamW with
+  // per-tensor weight decay (GptCuda::Step). Returns the norm before clipping.
+  absl::StatusOr<double> Step(const model::AdamWConfig& adamw, const model::LrSchedule& schedule,
+                              int64_t step);
+
+  class Impl;  // gpt_device.cu
+
+ private:
+  explicit GptDevice(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe::kernels::cuda
+
+#endif  // TROUPE_KERNELS_CUDA_GPT_DEVICE_H_

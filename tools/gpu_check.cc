@@ -1,0 +1,423 @@
+// troupe_gpu_check: the GPT's GPU training step (kernels/cuda GptDevice) against the CPU model
+// (model::GptModel), on a machine with a GPU. scripts/gpu-check runs it; so does ToolsGpuCheck.
+//
+//   troupe_gpu_check gpt2 [--b 2] [--t 128] [--seed 1] [--double]
+//       GPT-2 124M, fp32: one forward + backward from the same random init (the CPU model's
+//       InitParams, copied over) on the same random tokens; compares the loss and every parameter
+//       tensor's gradient, norm-wise, and prints a table. --double adds each side's error against
+//       the double CPU model, to tell which side is off when they disagree.
+//   troupe_gpu_check train20m [--steps 200] [--b 4] [--t 128] [--seed 1] [--bf16]
+//       The 20M config on a synthetic noisy-bigram stream (fixed seed, the same batches both
+//       sides), trained side by side: GPU (fp32, or bf16 activations with fp32 master weights)
+//       and CPU (GptModel<float> + GradNorm + AdamWUpdateRange, model::Trainer's step for one
+//       microbatch). Prints every 10th step; checks the two losses at every step.
+// Common flags: --device N (CUDA ordinal, 0), --threads N (CPU model threads, all cores). The
+// tolerances (below) are set for the default sizes.
+// Exit status: 0 all within tolerance; 1 a check failed or an error; 2 bad usage, or no usable
+// GPU (the FailedPrecondition naming the CUDA error, printed at once, before any CPU work).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpt_device.h"
+#include "troupe/kernels/parallel.h"
+#include "troupe/model/config.h"
+#include "troupe/model/gpt.h"
+#include "troupe/model/optimizer.h"
+#include "troupe/model/rng.h"
+
+namespace troupe::tools {
+namespace {
+
+using kernels::cuda::GptDevice;
+using model::GptConfig;
+
+// --- Tolerances ---------------------------------------------------------------------------------
+// gpt2, fp32 both sides. Neither side is exact: each GEMM's fp32 dot products are rounded in a
+// different order (cuBLASLt's tiles and split-K against the CPU's blocked loops; COMPUTE_32F, no
+// TF32), and attention's softmax is online (flash-style) on the GPU, two-pass on the CPU. The CPU
+// float model's own error against the double model at this size (measured, B=1, T=64 and B=2,
+// T=128): loss ≤ 5e-9, each tensor's gradient 0.5e-6 to 1.4e-6 norm-wise. A GPU path of the same
+// fp32 quality then differs from the CPU by a few 1e-6; 1e-4 per tensor leaves a factor of 30 (for
+// the GPU's reductions, blocked differently) and still fails a wrong kernel, whose errors are O(1),
+// or O(1e-3) for a stray bf16 rounding or a term lost in a sum. The loss, a mean of B·T terms
+// rounded once each, gets 1e-5.
+constexpr double kGpt2LossTolerance = 1e-5;
+constexpr double kGpt2GradTolerance = 1e-4;
+// train20m, |loss_gpu − loss_cpu| / loss_cpu at every step, for the defaults (B=4, T=128, lr
+// 3e-4): a regime where training is stable, the loss falling from 8.4 to 4.8 over 200 steps.
+// (With a hotter one, e.g. B=2, T=64, lr 1e-3, the loss stalls near ln 4096 and two fp32 runs that
+// differ only in rounding part by 1e-3 to 2e-2 within 40 steps: chaos, which no tolerance
+// survives; hence no --lr flag.)
+// fp32: measured on the CPU at the defaults, the float model against one computing forward and
+// backward in double (the same kind of difference as GPU vs CPU, fp32 rounding in other places),
+// the losses of 200 steps stay within 2.2e-8 relative. 1e-4 leaves a factor of thousands for
+// the GPU's other rounding order; a difference in substance (a kernel or an optimizer step that
+// computes something else) is not rounding-sized.
+// bf16: the GPU rounds every stored activation and gradient to bf16 (2^-9 relative each); the
+// CPU reference computes in fp32 from the same bf16-rounded weights, with fp32 master weights and
+// AdamW, so only those roundings differ. The same launch sequence through the SIMT layer,
+// against that reference: 200 steps of the Tiny config (B=2, T=32, lr 3e-4) within 8.6e-5
+// relative; the 20M config's first steps (B=1, T=64) within 4.5e-5. Sharper logits late in training
+// make a bf16 logit's error larger (2^-9 · |logit|), averaged over B·T tokens: ≲ 1e-3 expected.
+// 1e-2 leaves 10× over that, 100× over what was measured, and fails a broken bf16 path (a loss that
+// stalls, as with a stale bf16 weight copy, is 10% off within tens of steps).
+constexpr double kTrainFp32Tolerance = 1e-4;
+constexpr double kTrainBf16Tolerance = 1e-2;
+
+// --- Flags --------------------------------------------------------------------------------------
+struct Flags {
+  std::map<std::string, std::string> values;
+  bool bf16 = false;
+  bool with_double = false;
+  long Int(const std::string& name, long fallback) const {
+    auto it = values.find(name);
+    return it == values.end() ? fallback : std::strtol(it->second.c_str(), nullptr, 10);
+  }
+};
+
+constexpr const char* kUsage =
+    "usage: troupe_gpu_check gpt2 [--b 2 --t 128 --seed 1 --double] [--device N --threads N]\n"
+    "       troupe_gpu_check train20m [--steps 200 --b 4 --t 128 --seed 1 --bf16] "
+    "[--device N --threads N]\n";
+
+// Accepts the mode's own flags only; false (after printing why) on anything else.
+bool ParseFlags(int argc, char** argv, const std::vector<std::string>& known, Flags* f) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const std::string key = arg.rfind("--", 0) == 0 ? arg.substr(2) : "";
+    if (key.empty() || std::find(known.begin(), known.end(), key) == known.end()) {
+      std::fprintf(stderr, "troupe_gpu_check: unexpected argument '%s'\n%s", arg.c_str(), kUsage);
+      return false;
+    }
+    if (key == "bf16" || key == "double") {  // switches
+      (key == "bf16" ? f->bf16 : f->with_double) = true;
+      continue;
+    }
+    char* end = nullptr;
+    if (i + 1 < argc) std::strtol(argv[i + 1], &end, 10);
+    if (i + 1 >= argc || *argv[i + 1] == '\0' || *end != '\0') {
+      std::fprintf(stderr, "troupe_gpu_check: --%s: expected an integer, got '%s'\n", key.c_str(),
+                   i + 1 < argc ? argv[i + 1] : "");
+      return false;
+    }
+    f->values[key] = argv[++i];
+  }
+  return true;
+}
+
+// The device first: without a usable GPU, exit 2 at once with the reason.
+absl::StatusOr<std::unique_ptr<GptDevice>> OpenDevice(const char* mode, const GptConfig& config,
+                                                      int ordinal, bool bf16, int* exit_code) {
+  absl::StatusOr<std::unique_ptr<GptDevice>> gpu = GptDevice::Create(config, ordinal, bf16);
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "troupe_gpu_check %s: %s\n", mode, gpu.status().ToString().c_str());
+    *exit_code = gpu.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1;
+  }
+  return gpu;
+}
+
+int Fail(const char* mode, const absl::Status& s) {
+  std::fprintf(stderr, "troupe_gpu_check %s: %s\n", mode, s.ToString().c_str());
+  return 1;
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// ‖got − ref‖ / ‖ref‖ over one tensor (‖got − ref‖ where ref is all zero).
+template <typename A, typename B>
+double TensorRelErr(const A* got, const B* ref, const model::ParamTensor& t) {
+  double num = 0, den = 0;
+  for (int64_t i = t.offset; i < t.offset + t.size; ++i) {
+    const double d = static_cast<double>(got[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double RelDiff(double got, double ref) { return std::fabs(got - ref) / std::fabs(ref); }
+
+std::vector<int32_t> RandomTokens(int64_t n, int32_t vocab, uint64_t seed, uint32_t stream) {
+  std::vector<int32_t> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = static_cast<int32_t>(model::RandomBits(seed, model::RngPurpose::kTest, stream, i)[0] %
+                                static_cast<uint32_t>(vocab));
+  }
+  return v;
+}
+
+// --- gpt2 ---------------------------------------------------------------------------------------
+int Gpt2(const Flags& f) {
+  const int b = static_cast<int>(f.Int("b", 2)), t = static_cast<int>(f.Int("t", 128));
+  const uint64_t seed = static_cast<uint64_t>(f.Int("seed", 1));
+  const GptConfig config = GptConfig::Gpt2Small();
+  int exit_code = 0;
+  auto gpu = OpenDevice("gpt2", config, static_cast<int>(f.Int("device", 0)), false, &exit_code);
+  if (!gpu.ok()) return exit_code;
+  if (b <= 0 || t <= 0 || t > config.context_length) {
+    std::fprintf(stderr, "troupe_gpu_check gpt2: expected --b > 0 and 0 < --t <= %d\n",
+                 config.context_length);
+    return 2;
+  }
+  absl::StatusOr<model::GptModel<float>> cpu = model::GptModel<float>::Create(config);
+  if (!cpu.ok()) return Fail("gpt2", cpu.status());
+  cpu->InitParams(seed);
+  const int64_t n = cpu->num_params(), bt = int64_t{b} * t;
+  const std::vector<int32_t> tokens = RandomTokens(bt, config.vocab_size, seed, 1);
+  const std::vector<int32_t> targets = RandomTokens(bt, config.vocab_size, seed, 2);
+  const float loss_weight = 1.0f / static_cast<float>(bt);
+  std::printf("gpt2: GPT-2 124M (%lld parameters), B=%d T=%d seed=%llu, fp32, on %s\n",
+              static_cast<long long>(n), b, t, static_cast<unsigned long long>(seed),
+              (*gpu)->DeviceName().c_str());
+
+  // GPU: the CPU model's initial weights, copied in.
+  auto start = std::chrono::steady_clock::now();
+  if (absl::Status s = (*gpu)->SetParams(cpu->params()); !s.ok()) return Fail("gpt2", s);
+  absl::StatusOr<double> gpu_loss = (*gpu)->Forward(tokens.data(), targets.data(), b, t);
+  if (!gpu_loss.ok()) return Fail("gpt2", gpu_loss.status());
+  if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail("gpt2", s);
+  if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail("gpt2", s);
+  std::vector<float> gpu_grads(n);
+  if (absl::Status s = (*gpu)->GetGrads(gpu_grads.data()); !s.ok()) return Fail("gpt2", s);
+  const double gpu_seconds = Seconds(start);
+
+  start = std::chrono::steady_clock::now();
+  absl::StatusOr<double> cpu_loss = cpu->Forward(tokens.data(), targets.data(), b, t);
+  if (!cpu_loss.ok()) return Fail("gpt2", cpu_loss.status());
+  cpu->ZeroGrad();
+  if (absl::Status s = cpu->Backward(loss_weight); !s.ok()) return Fail("gpt2", s);
+  const double cpu_seconds = Seconds(start);
+  std::printf(
+      "forward + backward: GPU %.2f s (first call: plans, allocation), CPU %.2f s (%d "
+      "threads)\n",
+      gpu_seconds, cpu_seconds, kernels::NumThreads());
+
+  // Optionally, both against the double model, from the same (float) weights.
+  std::vector<double> exact_grads;
+  double exact_loss = 0;
+  if (f.with_double) {
+    absl::StatusOr<model::GptModel<double>> dbl = model::GptModel<double>::Create(config);
+    if (!dbl.ok()) return Fail("gpt2", dbl.status());
+    std::copy(cpu->params(), cpu->params() + n, dbl->params());
+    absl::StatusOr<double> loss = dbl->Forward(tokens.data(), targets.data(), b, t);
+    if (!loss.ok()) return Fail("gpt2", loss.status());
+    dbl->ZeroGrad();
+    if (absl::Status s = dbl->Backward(1.0 / static_cast<double>(bt)); !s.ok()) {
+      return Fail("gpt2", s);
+    }
+    exact_loss = *loss;
+    exact_grads.assign(dbl->grads(), dbl->grads() + n);
+  }
+
+  bool ok = true;
+  const double loss_err = RelDiff(*gpu_loss, *cpu_loss);
+  ok = ok && loss_err <= kGpt2LossTolerance;
+  std::printf("\n%-26s %11s %12s %10s", "tensor", "elements", "|grad| CPU", "GPU vs CPU");
+  if (f.with_double) std::printf(" %10s %10s", "GPU vs f64", "CPU vs f64");
+  std::printf("\n%-26s %11s %12.6f %10.2e", "loss", "1", *cpu_loss, loss_err);
+  if (f.with_double) {
+    std::printf(" %10.2e %10.2e", RelDiff(*gpu_loss, exact_loss), RelDiff(*cpu_loss, exact_loss));
+  }
+  std::printf("%s\n", loss_err <= kGpt2LossTolerance ? "" : "  FAIL");
+  double worst = 0;
+  std::string worst_name;
+  int failed = 0;
+  for (const model::ParamTensor& p : cpu->layout().tensors()) {
+    const double err = TensorRelErr(gpu_grads.data(), cpu->grads(), p);
+    double norm = 0;
+    for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
+      norm += static_cast<double>(cpu->grads()[i]) * cpu->grads()[i];
+    }
+    std::printf("%-26s %11lld %12.4e %10.2e", p.name.c_str(), static_cast<long long>(p.size),
+                std::sqrt(norm), err);
+    if (f.with_double) {
+      std::printf(" %10.2e %10.2e", TensorRelErr(gpu_grads.data(), exact_grads.data(), p),
+                  TensorRelErr(cpu->grads(), exact_grads.data(), p));
+    }
+    const bool tensor_ok = err <= kGpt2GradTolerance;  // also false for NaN
+    std::printf("%s\n", tensor_ok ? "" : "  FAIL");
+    failed += !tensor_ok;
+    if (!(err <= worst)) worst = err, worst_name = p.name;
+  }
+  ok = ok && failed == 0;
+  std::printf(
+      "\ngpt2: loss GPU %.9f CPU %.9f (rel %.2e, tolerance %.0e); worst tensor gradient %.2e "
+      "(%s), tolerance %.0e, %d of %zu tensors over: %s\n",
+      *gpu_loss, *cpu_loss, loss_err, kGpt2LossTolerance, worst, worst_name.c_str(),
+      kGpt2GradTolerance, failed, cpu->layout().tensors().size(), ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+// --- train20m -----------------------------------------------------------------------------------
+
+// A learnable stream: each sequence starts at a random token; each next token is Next(previous)
+// with probability 3/4, else uniform: ~2.6 nats per token once learnt, against ln 4096 = 8.3 for
+// uniform tokens. The loss falls steadily (8.4 to 4.8 over 200 steps at the defaults), so the two
+// sides are compared along a learning curve, not a flat one. Batch `step`: tokens [b, t] and
+// targets (the same sequences shifted by one).
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+Batch SyntheticBatch(int64_t step, int b, int t, int32_t vocab, uint64_t seed) {
+  auto next = [vocab](int64_t x) { return static_cast<int32_t>((x * 1103 + 17) % vocab); };
+  Batch batch;
+  std::vector<int32_t> seq(t + 1);
+  for (int r = 0; r < b; ++r) {
+    for (int i = 0; i <= t; ++i) {
+      const auto bits = model::RandomBits(seed, model::RngPurpose::kTest,
+                                          static_cast<uint32_t>(step), int64_t{r} * (t + 1) + i);
+      const int32_t uniform = static_cast<int32_t>(bits[1] % static_cast<uint32_t>(vocab));
+      seq[i] = i == 0 || bits[0] % 4 == 0 ? uniform : next(seq[i - 1]);
+    }
+    batch.tokens.insert(batch.tokens.end(), seq.begin(), seq.end() - 1);
+    batch.targets.insert(batch.targets.end(), seq.begin() + 1, seq.end());
+  }
+  return batch;
+}
+
+// float → bf16 → float, round to nearest even (what __float2bfloat16 does to finite values).
+float RoundToBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) == 0x7f800000u) {  // inf, NaN: truncate, keep NaN quiet
+    u = (u & 0xffff0000u) | ((u & 0x007fffffu) != 0 ? 0x00400000u : 0u);
+  } else {
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  }
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+int Train20m(const Flags& f) {
+  const int steps = static_cast<int>(f.Int("steps", 200));
+  const int b = static_cast<int>(f.Int("b", 4)), t = static_cast<int>(f.Int("t", 128));
+  const uint64_t seed = static_cast<uint64_t>(f.Int("seed", 1));
+  const bool bf16 = f.bf16;
+  const GptConfig config = GptConfig::Small20M(4096);
+  int exit_code = 0;
+  auto gpu = OpenDevice("train20m", config, static_cast<int>(f.Int("device", 0)), bf16, &exit_code);
+  if (!gpu.ok()) return exit_code;
+  if (steps <= 0 || b <= 0 || t <= 0 || t > config.context_length) {
+    std::fprintf(stderr,
+                 "troupe_gpu_check train20m: expected --steps > 0, --b > 0, 0 < --t <= %d\n",
+                 config.context_length);
+    return 2;
+  }
+  absl::StatusOr<model::GptModel<float>> cpu = model::GptModel<float>::Create(config);
+  if (!cpu.ok()) return Fail("train20m", cpu.status());
+  cpu->InitParams(seed);
+  const int64_t n = cpu->num_params();
+  if (absl::Status s = (*gpu)->SetParams(cpu->params()); !s.ok()) return Fail("train20m", s);
+
+  model::AdamWConfig adamw;  // β 0.9 / 0.95, clip at 1, weight decay 0.1 on matrices
+  model::LrSchedule schedule;
+  schedule.max_lr = 3e-4f;  // the stable regime the tolerances are for (see the top)
+  schedule.min_lr = 3e-5f;
+  schedule.warmup_steps = std::min(20, steps);
+  schedule.total_steps = steps;
+  // The CPU side's fp32 master weights: the model's own buffer in fp32; with bf16, a separate
+  // buffer, and the model computes with its bf16 rounding, as the GPU's bf16 weight copy.
+  std::vector<float> master;
+  if (bf16) master.assign(cpu->params(), cpu->params() + n);
+  float* cpu_master = bf16 ? master.data() : cpu->params();
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  const float loss_weight = 1.0f / static_cast<float>(int64_t{b} * t);
+  const double tolerance = bf16 ? kTrainBf16Tolerance : kTrainFp32Tolerance;
+
+  std::printf(
+      "train20m: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up %lld), seed %llu, GPU "
+      "%s on %s; CPU fp32%s (%d threads); tolerance |Δloss|/loss <= %.0e\n",
+      static_cast<long long>(n), b, t, steps, schedule.max_lr,
+      static_cast<long long>(schedule.warmup_steps), static_cast<unsigned long long>(seed),
+      bf16 ? "bf16 (fp32 master weights)" : "fp32", (*gpu)->DeviceName().c_str(),
+      bf16 ? " from the bf16-rounded master weights" : "", kernels::NumThreads(), tolerance);
+  std::printf("%6s %12s %12s %10s %12s %12s\n", "step", "loss CPU", "loss GPU", "rel diff",
+              "norm CPU", "norm GPU");
+  double worst = 0;
+  int64_t worst_step = 0, over = 0, first_over = -1;
+  double gpu_seconds = 0, cpu_seconds = 0;
+  for (int64_t step = 0; step < steps; ++step) {
+    const Batch batch = SyntheticBatch(step, b, t, config.vocab_size, seed);
+
+    auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<double> gpu_loss =
+        (*gpu)->Forward(batch.tokens.data(), batch.targets.data(), b, t);
+    if (!gpu_loss.ok()) return Fail("train20m", gpu_loss.status());
+    if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail("train20m", s);
+    if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
+    absl::StatusOr<double> gpu_norm = (*gpu)->Step(adamw, schedule, step);
+    if (!gpu_norm.ok()) return Fail("train20m", gpu_norm.status());
+    gpu_seconds += Seconds(start);
+
+    start = std::chrono::steady_clock::now();
+    if (bf16) {
+      for (int64_t i = 0; i < n; ++i) cpu->params()[i] = RoundToBf16(master[i]);
+    }
+    absl::StatusOr<double> cpu_loss = cpu->Forward(batch.tokens.data(), batch.targets.data(), b, t);
+    if (!cpu_loss.ok()) return Fail("train20m", cpu_loss.status());
+    cpu->ZeroGrad();
+    if (absl::Status s = cpu->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
+    const double cpu_norm = model::GradNorm(cpu->grads(), n);
+    model::AdamWUpdateRange(cpu->layout(), 0, n, cpu_master, cpu->grads(), m.data(), v.data(),
+                            adamw, model::StepScalars(adamw, schedule, step, cpu_norm));
+    cpu_seconds += Seconds(start);
+
+    const double diff = RelDiff(*gpu_loss, *cpu_loss);
+    const bool step_ok = diff <= tolerance;  // also false for NaN
+    if (!step_ok && first_over < 0) first_over = step;
+    over += !step_ok;
+    if (!(diff <= worst)) worst = diff, worst_step = step;
+    if (step % 10 == 0 || step == steps - 1 || !step_ok) {
+      std::printf("%6lld %12.6f %12.6f %10.2e %12.4e %12.4e%s\n", static_cast<long long>(step),
+                  *cpu_loss, *gpu_loss, diff, cpu_norm, *gpu_norm, step_ok ? "" : "  FAIL");
+      std::fflush(stdout);
+    }
+  }
+  const bool ok = over == 0;
+  const std::string first = ok ? "" : " (first: step " + std::to_string(first_over) + ")";
+  std::printf(
+      "\ntrain20m (%s): worst |Δloss|/loss %.2e at step %lld, tolerance %.0e; %lld of %d steps "
+      "over%s; GPU %.3f s/step, CPU %.3f s/step: %s\n",
+      bf16 ? "bf16" : "fp32", worst, static_cast<long long>(worst_step), tolerance,
+      static_cast<long long>(over), steps, first.c_str(), gpu_seconds / steps, cpu_seconds / steps,
+      ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  const std::string mode = argc >= 2 ? argv[1] : "";
+  Flags f;
+  std::vector<std::string> known = {"device", "threads", "seed", "b", "t"};
+  if (mode == "gpt2") {
+    known.push_back("double");
+  } else if (mode == "train20m") {
+    known.push_back("steps");
+    known.push_back("bf16");
+  } else {
+    std::fprintf(stderr, "%s", kUsage);
+    return 2;
+  }
+  if (!ParseFlags(argc, argv, known, &f)) return 2;
+  const long threads = f.Int("threads", std::max(1u, std::thread::hardware_concurrency()));
+  kernels::SetNumThreads(static_cast<int>(std::max(1L, threads)));
+  return mode == "gpt2" ? Gpt2(f) : Train20m(f);
+}
+
+}  // namespace
+}  // namespace troupe::tools
+
+int main(int argc, char** argv) { return troupe::tools::Main(argc, argv); }
