@@ -26,7 +26,9 @@
 // communicator. The deadline is DeadlineExceeded. Bad options or arguments are InvalidArgument and
 // leave the communicator healthy. Ordered reduction and compression are host-backend features:
 // requesting them is InvalidArgument; other algorithm hints are ignored (NCCL picks its own). Tags
-// of Send/Recv are not matched: between two ranks they pair in issue order, as in NCCL. Threads:
+// of Send/Recv are not matched: between two ranks they pair in issue order, as in NCCL, and
+// each is its own NCCL call (not grouped), so two ranks that both Send to each other first
+// deadlock until the deadline: order them (e.g. even ranks send first). Threads:
 // any thread may issue operations, wait, or call Abort (a liveness monitor does). Issuing sets the
 // calling thread's current CUDA device to `NcclOptions::device`. Built when TROUPE_HAVE_CUDA;
 // otherwise Create returns FailedPrecondition.
