@@ -15,13 +15,14 @@
 // tolerances (below) are set for the default sizes.
 // Exit status: 0 all within tolerance; 1 a check failed or an error; 2 bad usage, or no usable
 // GPU (the FailedPrecondition naming the CUDA error, printed at once, before any CPU work).
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -289,18 +290,9 @@ Batch SyntheticBatch(int64_t step, int b, int t, int32_t vocab, uint64_t seed) {
   return batch;
 }
 
-// float → bf16 → float, round to nearest even (what __float2bfloat16 does to finite values).
-float RoundToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7f800000u) == 0x7f800000u) {  // inf, NaN: truncate, keep NaN quiet
-    u = (u & 0xffff0000u) | ((u & 0x007fffffu) != 0 ? 0x00400000u : 0u);
-  } else {
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  }
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
+// float → bf16 → float: the rounding the GPU's bf16 weight copy makes (CUDA's own conversion,
+// which compiles and runs under the host compiler).
+float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 int Train20m(const Flags& f) {
   const int steps = static_cast<int>(f.Int("steps", 200));
