@@ -165,8 +165,11 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_text, "job spec from the driver");
   if (!spec.ok()) return spec.status();
   spec_ = *spec;
-  absl::StatusOr<std::unique_ptr<Trainable>> probe =
-      TrainableRegistry::Global().Create(spec_.model);
+  // The model's shape, from a host instance: the coordinator's node need not have the ranks'
+  // GPUs, and a model on any device has the same flat layout.
+  ModelSpec probe_spec = spec_.model;
+  probe_spec.device = "cpu";
+  absl::StatusOr<std::unique_ptr<Trainable>> probe = TrainableRegistry::Global().Create(probe_spec);
   if (!probe.ok()) return probe.status();
   num_params_ = (*probe)->num_params();
   tokens_per_microbatch_ = (*probe)->tokens_per_microbatch();

@@ -37,6 +37,11 @@ absl::Status Phase(const char* phase, const absl::Status& s) {
 
 bool ValidBuddy(int buddy, int world) { return buddy >= 1 && buddy < std::max(2, world); }
 
+Buffer Buf(model::FloatArray& a) { return Buffer::F32(a.data(), static_cast<size_t>(a.size())); }
+Buffer Buf(const model::FloatArray& a) {
+  return Buffer::F32(const_cast<float*>(a.data()), static_cast<size_t>(a.size()));
+}
+
 absl::Status WaitAll(const std::vector<Work>& works) {
   absl::Status first;
   for (const Work& w : works) {
@@ -106,36 +111,65 @@ int BuddyOffset(const std::vector<std::string>& domains) {
 }
 
 ElasticRank::ElasticRank(Trainable* model, Options options)
-    : model_(model), options_(std::move(options)) {}
+    : model_(model), ops_(&model->array_ops()), options_(std::move(options)) {}
 
-ShardView ElasticRank::committed_shard() const {
-  return {layout_.begin(rank_), layout_.end(rank_), model_->params() + layout_.begin(rank_),
-          m_.data(), v_.data()};
+ShardView HostShard::view() const {
+  const int64_t count = end - begin;
+  return {begin, end, data.data(), data.data() + count, data.data() + 2 * count};
 }
 
-std::vector<Work> ElasticRank::PostMirror(const ShardLayout& layout, int rank, int buddy,
-                                          const std::vector<float>& m, const std::vector<float>& v,
-                                          std::vector<float>* replica_m,
-                                          std::vector<float>* replica_v) {
-  if (layout.world == 1) {
-    replica_m->assign(layout.per_rank, 0.0f);
-    replica_v->assign(layout.per_rank, 0.0f);
-    return {};
+absl::StatusOr<HostShard> ElasticRank::CommittedShardOnHost() const {
+  HostShard out;
+  out.begin = layout_.begin(rank_);
+  out.end = layout_.end(rank_);
+  const int64_t count = out.end - out.begin;
+  out.data.resize(3 * count);
+  if (count == 0) return out;
+  const float* p = model_->params() + out.begin;  // pointer arithmetic only: device memory
+  for (const auto& [src, dst] :
+       {std::pair{p, 0}, std::pair{m_.data(), 1}, std::pair{v_.data(), 2}}) {
+    if (absl::Status s = ops_->CopyToHost(out.data.data() + dst * count, src, count); !s.ok()) {
+      return s;
+    }
   }
-  replica_m->resize(layout.per_rank);  // written whole by the receives
-  replica_v->resize(layout.per_rank);
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> ElasticRank::ParamsOnHost() const {
+  std::vector<float> out(model_->num_params());
+  if (absl::Status s = ops_->CopyToHost(out.data(), model_->params(), model_->num_params());
+      !s.ok()) {
+    return s;
+  }
+  return out;
+}
+
+absl::Status ElasticRank::PostMirror(const ShardLayout& layout, int rank, int buddy,
+                                     const model::FloatArray& m, const model::FloatArray& v,
+                                     model::FloatArray* replica_m, model::FloatArray* replica_v,
+                                     std::vector<Work>* works) {
+  if (layout.world == 1) {
+    if (absl::Status s = ops_->Assign(replica_m, layout.per_rank, 0.0f); !s.ok()) return s;
+    return ops_->Assign(replica_v, layout.per_rank, 0.0f);
+  }
+  // Written whole by the receives.
+  if (absl::Status s = ops_->Resize(replica_m, layout.per_rank); !s.ok()) return s;
+  if (absl::Status s = ops_->Resize(replica_v, layout.per_rank); !s.ok()) return s;
   const int next = (rank + buddy) % layout.world;
   const int prev = (rank + layout.world - buddy % layout.world) % layout.world;
-  auto send = [&](const std::vector<float>& b, uint32_t tag) {
-    return comm_->Send(Buffer::F32(const_cast<float*>(b.data()), b.size()), next, tag,
-                       options_.collective);
-  };
-  return {send(m, kTagMirrorM), send(v, kTagMirrorV),
-          comm_->Recv(Buffer::F32(*replica_m), prev, kTagMirrorM, options_.collective),
-          comm_->Recv(Buffer::F32(*replica_v), prev, kTagMirrorV, options_.collective)};
+  using P2P = collectives::Communicator::PointToPoint;
+  const std::vector<Work> posted =
+      comm_->PostPointToPoint({{P2P::Kind::kSend, Buf(m), next, kTagMirrorM},
+                               {P2P::Kind::kSend, Buf(v), next, kTagMirrorV},
+                               {P2P::Kind::kRecv, Buf(*replica_m), prev, kTagMirrorM},
+                               {P2P::Kind::kRecv, Buf(*replica_v), prev, kTagMirrorV}},
+                              options_.collective);
+  works->insert(works->end(), posted.begin(), posted.end());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
+  if (!commit_error_.ok()) return commit_error_;
   if (!has_state_) return absl::FailedPreconditionError("RunStep before a configuration committed");
   Abandon();
   const int64_t step = committed_;
@@ -149,7 +183,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   absl::StatusOr<double> grad_norm = GlobalGradNorm();
   if (!grad_norm.ok()) return grad_norm.status();
   out.grad_norm = *grad_norm;
-  StageAdamW(step, out.grad_norm);
+  if (absl::Status s = StageAdamW(step, out.grad_norm); !s.ok()) return s;
   if (absl::Status s = ShareStagedState(); !s.ok()) return s;
   staged_ = Staged::kStep;
   staged_layout_ = layout_;
@@ -163,18 +197,18 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
 absl::Status ElasticRank::AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
                                             StepOutcome* out) {
   const int64_t n = model_->num_params();
-  if (!acc_ || acc_->leaves() != 0) acc_.emplace(n);  // a failed step may have left leaves
+  if (!acc_) acc_.emplace(n, *ops_);
+  acc_->Reset();  // a failed step may have left leaves
   for (int32_t k = lo; k < hi; ++k) {
     if (options_.on_serve) options_.on_serve(step, k);
     absl::StatusOr<double> loss = model_->ComputeGradient(step, k);
     if (!loss.ok()) return loss.status();
     out->losses.emplace_back(k, *loss);
-    acc_->Add(model_->grads());
+    if (absl::Status s = acc_->Add(model_->grads()); !s.ok()) return s;
   }
-  partial_.resize(layout_.padded());
-  acc_->Finish(partial_.data());
-  std::fill(partial_.begin() + n, partial_.end(), 0.0f);
-  return absl::OkStatus();
+  if (absl::Status s = ops_->Resize(&partial_, layout_.padded()); !s.ok()) return s;
+  if (absl::Status s = acc_->Finish(partial_.data()); !s.ok()) return s;
+  return ops_->Fill(partial_.data() + n, layout_.padded() - n, 0.0f);
 }
 
 // Ordered reduce-scatter: the step gradient of my range, in canonical order, into grad_shard_.
@@ -187,9 +221,10 @@ absl::Status ElasticRank::ReduceScatterGradient(int64_t step, int32_t lo, int32_
   } else {
     ordered.algorithm = collectives::Algorithm::kAuto;
   }
-  grad_shard_.resize(layout_.per_rank);  // written whole by the reduce-scatter
-  Work exchange = comm_->ReduceScatter(Buffer::F32(partial_), Buffer::F32(grad_shard_),
-                                       collectives::ReduceOp::kSum, ordered);
+  // Written whole by the reduce-scatter.
+  if (absl::Status s = ops_->Resize(&grad_shard_, layout_.per_rank); !s.ok()) return s;
+  Work exchange =
+      comm_->ReduceScatter(Buf(partial_), Buf(grad_shard_), collectives::ReduceOp::kSum, ordered);
   if (options_.on_exchange) options_.on_exchange(step);
   if (absl::Status s = exchange.Wait(); !s.ok()) return Phase("gradient reduce-scatter", s);
   return absl::OkStatus();
@@ -203,13 +238,13 @@ absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
   std::vector<double> mine(chunks_per_rank, 0.0), all(chunks_per_rank * layout_.world, 0.0);
   if (e > b) {
     absl::StatusOr<std::vector<double>> sums =
-        model::RangeChunkSquareSums(grad_shard_.data(), b, e, n);
+        ops_->RangeChunkSquareSums(grad_shard_.data(), b, e, n);
     if (!sums.ok()) return sums.status();
     std::copy(sums->begin(), sums->end(), mine.begin());
   }
   // Doubles travel as pairs of f32 words: an all-gather only copies bytes.
   if (absl::Status s =
-          comm_
+          host_comm_
               ->AllGather(Buffer::F32(reinterpret_cast<float*>(mine.data()), mine.size() * 2),
                           Buffer::F32(reinterpret_cast<float*>(all.data()), all.size() * 2),
                           options_.collective)
@@ -222,30 +257,40 @@ absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
 }
 
 // AdamW on my range into staged_params_ and staged moments; committed state is untouched.
-void ElasticRank::StageAdamW(int64_t step, double grad_norm) {
+absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
   const kernels::AdamWScalars scalars =
       model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
   const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
-  staged_params_.resize(layout_.per_rank);
-  std::copy(model_->params() + b, model_->params() + e, staged_params_.begin());
-  std::fill(staged_params_.begin() + (e - b), staged_params_.end(), 0.0f);
-  staged_m_ = m_;
-  staged_v_ = v_;
-  if (e > b) {
-    model::AdamWUpdateRange(model_->tensors(), b, e, staged_params_.data(), grad_shard_.data(),
-                            staged_m_.data(), staged_v_.data(), options_.adamw, scalars);
+  const int64_t per_rank = layout_.per_rank;
+  for (absl::Status s : {ops_->Resize(&staged_params_, per_rank),
+                         ops_->Resize(&staged_m_, per_rank), ops_->Resize(&staged_v_, per_rank)}) {
+    if (!s.ok()) return s;
   }
+  for (absl::Status s : {ops_->Copy(staged_params_.data(), model_->params() + b, e - b),
+                         ops_->Fill(staged_params_.data() + (e - b), per_rank - (e - b), 0.0f),
+                         ops_->Copy(staged_m_.data(), m_.data(), per_rank),
+                         ops_->Copy(staged_v_.data(), v_.data(), per_rank)}) {
+    if (!s.ok()) return s;
+  }
+  if (e == b) return absl::OkStatus();
+  return ops_->AdamWUpdateRange(model_->tensors(), b, e, staged_params_.data(), grad_shard_.data(),
+                                staged_m_.data(), staged_v_.data(), options_.adamw, scalars);
 }
 
 // The staged moments mirrored to the buddy and every rank's staged parameters into staged_full_,
 // both in flight at once (one message latency, not two).
 absl::Status ElasticRank::ShareStagedState() {
-  const std::vector<Work> mirror = PostMirror(layout_, rank_, buddy_, staged_m_, staged_v_,
-                                              &staged_replica_m_, &staged_replica_v_);
-  staged_full_.resize(layout_.padded());  // written whole by the all-gather
-  const absl::Status gathered =
-      comm_->AllGather(Buffer::F32(staged_params_), Buffer::F32(staged_full_), options_.collective)
-          .Wait();
+  std::vector<Work> mirror;
+  if (absl::Status s = PostMirror(layout_, rank_, buddy_, staged_m_, staged_v_, &staged_replica_m_,
+                                  &staged_replica_v_, &mirror);
+      !s.ok()) {
+    return s;
+  }
+  // Written whole by the all-gather.
+  absl::Status gathered = ops_->Resize(&staged_full_, layout_.padded());
+  if (gathered.ok()) {
+    gathered = comm_->AllGather(Buf(staged_params_), Buf(staged_full_), options_.collective).Wait();
+  }
   const absl::Status mirrored = WaitAll(mirror);
   if (!gathered.ok()) return Phase("parameter all-gather", gathered);
   if (!mirrored.ok()) return Phase("buddy mirror", mirrored);
@@ -280,17 +325,26 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
                                                       plan.committed_steps));
   }
   // Parameters: every survivor holds them; new rank 0 is a survivor.
-  staged_full_.assign(n, 0.0f);
-  if (survivor) std::copy(model_->params(), model_->params() + n, staged_full_.begin());
-  if (absl::Status s = comm_->Broadcast(Buffer::F32(staged_full_), 0, options_.collective).Wait();
+  if (absl::Status s =
+          survivor ? ops_->Resize(&staged_full_, n) : ops_->Assign(&staged_full_, n, 0);
+      !s.ok()) {
+    return s;
+  }
+  if (survivor) {
+    if (absl::Status s = ops_->Copy(staged_full_.data(), model_->params(), n); !s.ok()) return s;
+  }
+  if (absl::Status s = comm_->Broadcast(Buf(staged_full_), 0, options_.collective).Wait();
       !s.ok()) {
     return s;
   }
   // Moments, piece by piece: new range ∩ old range, from the old owner or its buddy's mirror.
   const ShardLayout from = ShardLayout::Make(n, old_world);
-  staged_m_.assign(to.per_rank, 0.0f);
-  staged_v_.assign(to.per_rank, 0.0f);
-  std::vector<Work> works;
+  for (absl::Status s :
+       {ops_->Assign(&staged_m_, to.per_rank, 0.0f), ops_->Assign(&staged_v_, to.per_rank, 0.0f)}) {
+    if (!s.ok()) return s;
+  }
+  using P2P = collectives::Communicator::PointToPoint;
+  std::vector<P2P> moves;
   uint32_t piece = 0;
   for (int d = 0; d < to.world; ++d) {
     for (int o = 0; o < old_world; ++o) {
@@ -305,28 +359,61 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
       float* dst_m = staged_m_.data() + (lo - to.begin(d));
       float* dst_v = staged_v_.data() + (lo - to.begin(d));
       if (src == plan.rank) {
-        const float* sm = (from_owner ? m_.data() : replica_m_.data()) + (lo - from.begin(o));
-        const float* sv = (from_owner ? v_.data() : replica_v_.data()) + (lo - from.begin(o));
+        float* sm = (from_owner ? m_.data() : replica_m_.data()) + (lo - from.begin(o));
+        float* sv = (from_owner ? v_.data() : replica_v_.data()) + (lo - from.begin(o));
         if (d == plan.rank) {
-          std::memcpy(dst_m, sm, count * sizeof(float));
-          std::memcpy(dst_v, sv, count * sizeof(float));
+          for (absl::Status s : {ops_->Copy(dst_m, sm, count), ops_->Copy(dst_v, sv, count)}) {
+            if (!s.ok()) return s;
+          }
         } else {
-          works.push_back(
-              comm_->Send(Buffer::F32(const_cast<float*>(sm), count), d, tag, options_.collective));
-          works.push_back(comm_->Send(Buffer::F32(const_cast<float*>(sv), count), d, tag + 1,
-                                      options_.collective));
+          moves.push_back({P2P::Kind::kSend, Buffer::F32(sm, count), d, tag});
+          moves.push_back({P2P::Kind::kSend, Buffer::F32(sv, count), d, tag + 1});
         }
       } else if (d == plan.rank) {
-        works.push_back(comm_->Recv(Buffer::F32(dst_m, count), src, tag, options_.collective));
-        works.push_back(comm_->Recv(Buffer::F32(dst_v, count), src, tag + 1, options_.collective));
+        moves.push_back({P2P::Kind::kRecv, Buffer::F32(dst_m, count), src, tag});
+        moves.push_back({P2P::Kind::kRecv, Buffer::F32(dst_v, count), src, tag + 1});
       }
     }
   }
-  return WaitAll(works);
+  return WaitAll(comm_->PostPointToPoint(moves, options_.collective));
+}
+
+// The checkpoint's parameters (all of them) and the moments of this rank's new range, read on
+// the host and copied in.
+absl::Status ElasticRank::RestoreFromCheckpoint(const GenerationPlan& plan, const ShardLayout& to,
+                                                CheckpointStore* store) {
+  const int64_t n = model_->num_params();
+  if (store == nullptr) return absl::FailedPreconditionError("checkpoint restore: no store");
+  absl::StatusOr<Checkpoint> ckpt = store->Load(plan.checkpoint_step);
+  if (!ckpt.ok()) return ckpt.status();
+  if (ckpt->manifest().num_params != n) {
+    return absl::FailedPreconditionError(absl::StrCat(ckpt->dir(), ": num_params: expected ", n,
+                                                      ", got ", ckpt->manifest().num_params));
+  }
+  std::vector<float> params(n);
+  if (absl::Status s = ckpt->ReadRange(0, n, params.data(), nullptr, nullptr); !s.ok()) return s;
+  std::vector<float> m(to.per_rank, 0.0f), v(to.per_rank, 0.0f);
+  const int64_t b = to.begin(plan.rank), e = to.end(plan.rank);
+  if (e > b) {
+    std::vector<float> scratch(e - b);
+    if (absl::Status s = ckpt->ReadRange(b, e, scratch.data(), m.data(), v.data()); !s.ok()) {
+      return s;
+    }
+  }
+  for (absl::Status s : {ops_->Resize(&staged_full_, n), ops_->Resize(&staged_m_, to.per_rank),
+                         ops_->Resize(&staged_v_, to.per_rank)}) {
+    if (!s.ok()) return s;
+  }
+  for (absl::Status s : {ops_->CopyFromHost(staged_full_.data(), params.data(), n),
+                         ops_->CopyFromHost(staged_m_.data(), m.data(), to.per_rank),
+                         ops_->CopyFromHost(staged_v_.data(), v.data(), to.per_rank)}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ElasticRank::Configure(collectives::Communicator* comm, const GenerationPlan& plan,
-                                    CheckpointStore* store) {
+                                    CheckpointStore* store, collectives::Communicator* host_comm) {
   // A step this rank staged and the coordinator recorded as committed, but whose commit message
   // never arrived (the coordinator died in between): apply it now. Anything else staged is
   // abandoned.
@@ -335,14 +422,18 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
     Commit();
   }
   Abandon();
+  commit_error_ = absl::OkStatus();  // the state is rebuilt from the plan's source
   comm_ = comm;
+  host_comm_ = host_comm != nullptr ? host_comm : comm;
   const int64_t n = model_->num_params();
   const ShardLayout to = ShardLayout::Make(n, plan.world);
   if (plan.rank < 0 || plan.rank >= plan.world || comm->size() != plan.world ||
-      comm->rank() != plan.rank) {
-    return absl::InvalidArgumentError(absl::StrCat("configure: plan rank ", plan.rank, " of ",
-                                                   plan.world, ", communicator rank ", comm->rank(),
-                                                   " of ", comm->size()));
+      comm->rank() != plan.rank || host_comm_->size() != plan.world ||
+      host_comm_->rank() != plan.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: plan rank ", plan.rank, " of ", plan.world, ", communicator rank ",
+                     comm->rank(), " of ", comm->size(), ", host communicator rank ",
+                     host_comm_->rank(), " of ", host_comm_->size()));
   }
   const int old_world = static_cast<int>(plan.old_to_new.size());
   if (!ValidBuddy(plan.buddy, plan.world) ||
@@ -357,44 +448,28 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       // InitParams writes the model's buffer: whatever this rank held is gone from here on.
       model_->InitParams(options_.seed);
       has_state_ = false;
-      staged_full_.assign(model_->params(), model_->params() + n);
-      staged_m_.assign(to.per_rank, 0.0f);
-      staged_v_.assign(to.per_rank, 0.0f);
+      for (absl::Status s :
+           {ops_->Resize(&staged_full_, n), ops_->Assign(&staged_m_, to.per_rank, 0.0f),
+            ops_->Assign(&staged_v_, to.per_rank, 0.0f)}) {
+        if (!s.ok()) return s;
+      }
+      if (absl::Status s = ops_->Copy(staged_full_.data(), model_->params(), n); !s.ok()) return s;
       break;
     }
-    case RestoreSource::kCheckpoint: {
-      if (store == nullptr) return absl::FailedPreconditionError("checkpoint restore: no store");
-      absl::StatusOr<Checkpoint> ckpt = store->Load(plan.checkpoint_step);
-      if (!ckpt.ok()) return ckpt.status();
-      if (ckpt->manifest().num_params != n) {
-        return absl::FailedPreconditionError(absl::StrCat(ckpt->dir(), ": num_params: expected ", n,
-                                                          ", got ", ckpt->manifest().num_params));
-      }
-      staged_full_.assign(n, 0.0f);
-      if (absl::Status s = ckpt->ReadRange(0, n, staged_full_.data(), nullptr, nullptr); !s.ok())
-        return s;
-      staged_m_.assign(to.per_rank, 0.0f);
-      staged_v_.assign(to.per_rank, 0.0f);
-      const int64_t b = to.begin(plan.rank), e = to.end(plan.rank);
-      if (e > b) {
-        std::vector<float> scratch(e - b);
-        if (absl::Status s =
-                ckpt->ReadRange(b, e, scratch.data(), staged_m_.data(), staged_v_.data());
-            !s.ok()) {
-          return s;
-        }
-      }
+    case RestoreSource::kCheckpoint:
+      if (absl::Status s = RestoreFromCheckpoint(plan, to, store); !s.ok()) return s;
       break;
-    }
     case RestoreSource::kMemory:
       if (absl::Status s = RestoreFromMemory(plan, to); !s.ok()) return s;
       break;
   }
-  if (absl::Status s = WaitAll(PostMirror(to, plan.rank, plan.buddy, staged_m_, staged_v_,
-                                          &staged_replica_m_, &staged_replica_v_));
+  std::vector<Work> mirror;
+  if (absl::Status s = PostMirror(to, plan.rank, plan.buddy, staged_m_, staged_v_,
+                                  &staged_replica_m_, &staged_replica_v_, &mirror);
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = WaitAll(mirror); !s.ok()) return s;
   staged_ = Staged::kConfig;
   staged_layout_ = to;
   staged_rank_ = plan.rank;
@@ -405,7 +480,14 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
 
 void ElasticRank::Commit() {
   if (staged_ == Staged::kNone) return;
-  std::copy(staged_full_.begin(), staged_full_.begin() + model_->num_params(), model_->params());
+  staged_ = Staged::kNone;
+  if (absl::Status s = ops_->Copy(model_->params(), staged_full_.data(), model_->num_params());
+      !s.ok()) {
+    // The model's parameters are now neither the old nor the new state.
+    has_state_ = false;
+    commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
+    return;
+  }
   m_.swap(staged_m_);
   v_.swap(staged_v_);
   replica_m_.swap(staged_replica_m_);
@@ -415,7 +497,6 @@ void ElasticRank::Commit() {
   buddy_ = staged_buddy_;
   committed_ = staged_committed_;
   has_state_ = true;
-  staged_ = Staged::kNone;
 }
 
 void ElasticRank::Abandon() { staged_ = Staged::kNone; }

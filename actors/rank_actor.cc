@@ -20,6 +20,7 @@
 #include "protocol.h"
 #include "troupe/actors/elastic.h"
 #include "troupe/actors/training.h"
+#include "troupe/collectives/nccl_communicator.h"
 #include "troupe/collectives/ucx_communicator.h"
 #include "troupe/model/crc32c.h"
 #include "troupe/runtime/actor.h"
@@ -28,6 +29,37 @@
 
 namespace troupe::actors {
 namespace {
+
+// The NCCL communicator of a generation whose model is in GPU memory. The host communicator's
+// liveness monitor fails it (NCCL's own transport may never notice a peer's death over NVLink or
+// shared memory), also before it exists: a death reported while NCCL is being set up aborts it
+// as soon as it is installed.
+class DeviceComm {
+ public:
+  collectives::Communicator* Install(std::unique_ptr<collectives::Communicator> comm) {
+    std::lock_guard<std::mutex> l(mu_);
+    comm_ = std::move(comm);
+    if (!dead_.ok()) comm_->Abort(dead_);
+    return comm_.get();
+  }
+  void Fail(const absl::Status& dead) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (comm_ != nullptr) {
+      comm_->Abort(dead);
+    } else if (dead_.ok()) {
+      dead_ = dead;
+    }
+  }
+  void AbortForGeneration(uint64_t new_gen) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (comm_ != nullptr && comm_->generation() < new_gen) comm_->AbortForGeneration(new_gen);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<collectives::Communicator> comm_;
+  absl::Status dead_;
+};
 
 // Bootstrap keys live in the coordinator (put/get requests); a lookup polls until the key is
 // there, its deadline passes, or the generation it serves was aborted.
@@ -158,6 +190,7 @@ class RankState {
     }
     std::lock_guard<std::mutex> l(comm_mu_);
     if (comm_ != nullptr && comm_->generation() < new_gen) comm_->AbortForGeneration(new_gen);
+    if (device_ != nullptr) device_->AbortForGeneration(new_gen);
   }
 
   // `always`: runs even if its generation was aborted meanwhile (a commit: the coordinator has
@@ -184,6 +217,8 @@ class RankState {
       {
         std::lock_guard<std::mutex> l(comm_mu_);
         comm_.reset();  // the old generation's buffers are no longer written to after this
+        device_.reset();
+        if (model_->device().is_cuda()) device_ = std::make_shared<DeviceComm>();
       }
       gen_ = gen;
       CoordinatorBootstrap boot(sys_, coordinator, gen, &aborted_below_, spec_.timeouts.rpc);
@@ -195,8 +230,12 @@ class RankState {
       uo.address = address_;
       uo.connect_timeout = spec_.timeouts.bootstrap;
       uo.liveness_timeout = spec_.timeouts.liveness;
+      if (device_ != nullptr) {
+        uo.on_peer_dead = [device = device_](const absl::Status& dead) { device->Fail(dead); };
+      }
       absl::StatusOr<std::unique_ptr<collectives::Communicator>> comm =
           collectives::CreateUcxCommunicator(&boot, uo);
+      collectives::Communicator* device_comm = nullptr;
       if (!comm.ok()) {
         st = comm.status();
       } else {
@@ -205,7 +244,29 @@ class RankState {
           comm_ = std::move(*comm);
           if (aborted_below_.load() > gen) comm_->AbortForGeneration(aborted_below_.load());
         }
-        st = rank_->Configure(comm_.get(), *plan, store_.get());
+        if (device_ != nullptr) {
+          // A model in GPU memory: its buffers move over NCCL, the gradient norm's few doubles
+          // over the host communicator, whose liveness monitor aborts NCCL when a peer dies.
+          collectives::NcclOptions no;
+          no.rank = plan->rank;
+          no.size = plan->world;
+          no.generation = gen;
+          no.device = model_->device().ordinal;
+          no.key_prefix = spec_.name;
+          no.connect_timeout = spec_.timeouts.bootstrap;
+          absl::StatusOr<std::unique_ptr<collectives::Communicator>> nccl =
+              collectives::CreateNcclCommunicator(&boot, no);
+          if (nccl.ok()) {
+            device_comm = device_->Install(*std::move(nccl));
+            device_->AbortForGeneration(aborted_below_.load());
+          } else {
+            st = nccl.status();
+          }
+        }
+        if (st.ok()) {
+          st = rank_->Configure(device_comm != nullptr ? device_comm : comm_.get(), *plan,
+                                store_.get(), comm_.get());
+        }
       }
     }
     caf::anon_send(coordinator, RankConfigured{gen, worker_, WireStatus::From(st),
@@ -237,21 +298,20 @@ class RankState {
   void Commit(uint64_t gen, int64_t checkpoint_step) {
     rank_->Commit();
     if (checkpoint_step < 0 || checkpoint_step != rank_->committed_steps()) return;
-    ShardView v = rank_->committed_shard();
-    if (v.end <= v.begin) return;  // a rank that owns only padding writes nothing
     // Copy now (the next step changes the state), write on the writer thread.
-    auto data = std::make_shared<std::vector<float>>();
-    const size_t count = v.end - v.begin;
-    data->resize(3 * count);
-    std::copy(v.params, v.params + count, data->begin());
-    std::copy(v.adam_m, v.adam_m + count, data->begin() + count);
-    std::copy(v.adam_v, v.adam_v + count, data->begin() + 2 * count);
+    absl::StatusOr<HostShard> copied = rank_->CommittedShardOnHost();
     const int index = rank_->rank();
-    const int64_t begin = v.begin, end = v.end;
+    if (!copied.ok()) {
+      caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, ShardFileInfo{},
+                                                WireStatus::From(copied.status())});
+      return;
+    }
+    if (copied->end <= copied->begin) return;  // a rank that owns only padding writes nothing
+    auto shard = std::make_shared<HostShard>(*std::move(copied));
     if (writer_.joinable()) writer_.join();  // at most one write in flight
-    writer_ = std::thread([this, data, count, index, begin, end, checkpoint_step, gen] {
-      ShardView view{begin, end, data->data(), data->data() + count, data->data() + 2 * count};
-      absl::StatusOr<ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, view);
+    writer_ = std::thread([this, shard, index, checkpoint_step, gen] {
+      absl::StatusOr<ShardFileInfo> info =
+          store_->WriteShard(checkpoint_step, index, shard->view());
       ShardFileInfo i = info.ok() ? *info : ShardFileInfo{};
       caf::anon_send(coordinator_,
                      ShardWritten{gen, checkpoint_step, index, i, WireStatus::From(info.status())});
@@ -259,7 +319,11 @@ class RankState {
   }
 
   void Final(uint64_t gen) {
-    const uint32_t crc = model::Crc32c(model_->params(), model_->num_params() * sizeof(float));
+    // A device that cannot copy the parameters out reports the CRC of nothing: the job then
+    // fails its final check naming the ranks that disagree.
+    absl::StatusOr<std::vector<float>> params = rank_->ParamsOnHost();
+    const uint32_t crc =
+        params.ok() ? model::Crc32c(params->data(), params->size() * sizeof(float)) : 0;
     caf::anon_send(coordinator_, FinalParams{gen, static_cast<int64_t>(crc), model_->num_params(),
                                              rank_->committed_steps()});
   }
@@ -304,6 +368,7 @@ class RankState {
   std::atomic<int32_t> kill_fault_{static_cast<int32_t>(FaultKind::kKillWorker)};
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
+  std::shared_ptr<DeviceComm> device_;  // a model in GPU memory only
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;

@@ -12,6 +12,8 @@
 
 #ifdef TROUPE_ACTORS_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "gpt_device.h"  // kernels/cuda: the GPT's training step on a GPU
 #endif
 
 namespace troupe::actors {
@@ -54,6 +56,56 @@ class GptTrainable : public Trainable {
   model::Microbatch mb_;
 };
 
+#ifdef TROUPE_ACTORS_HAVE_CUDA
+// The same GPT and data on a GPU (fp32): parameters and gradients stay in device memory, where
+// the elastic trainer reaches them through the GptDevice's ArrayOps (on its stream) and NCCL.
+// Same tensor layout as the CPU model, so checkpoints move between CPU and GPU runs.
+class GptCudaTrainable : public Trainable {
+ public:
+  GptCudaTrainable(std::unique_ptr<kernels::cuda::GptDevice> gpu, model::DataSource data,
+                   Device device)
+      : gpu_(std::move(gpu)), layout_(gpu_->config()), data_(std::move(data)), device_(device) {}
+
+  int64_t num_params() const override { return gpu_->num_params(); }
+  const std::vector<model::ParamTensor>& tensors() const override { return layout_.tensors(); }
+  float* params() override { return gpu_->device_params(); }
+  const float* grads() const override { return gpu_->device_grads(); }
+  // A device failure here surfaces at the next ComputeGradient (the interface returns nothing).
+  void InitParams(uint64_t seed) override { error_ = gpu_->InitParams(seed); }
+  int64_t tokens_per_microbatch() const override {
+    return int64_t{data_.options().microbatch_size} * data_.options().seq_len;
+  }
+  std::optional<model::GptConfig> gpt_config() const override { return gpu_->config(); }
+  Device device() const override { return device_; }
+  model::ArrayOps& array_ops() override { return gpu_->array_ops(); }
+
+  absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
+    if (!error_.ok()) return error_;
+    const model::DataSourceOptions& d = data_.options();
+    const float loss_weight =
+        1.0f / static_cast<float>(int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len);
+    if (absl::Status s = data_.Get(step, k, &mb_); !s.ok()) return s;
+    // The trainer writes the parameters through array_ops() and NCCL.
+    if (absl::Status s = gpu_->ParamsChanged(); !s.ok()) return s;
+    absl::StatusOr<double> loss =
+        gpu_->Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
+    if (!loss.ok()) return loss.status();
+    for (absl::Status s : {gpu_->ZeroGrad(), gpu_->Backward(loss_weight), gpu_->Synchronize()}) {
+      if (!s.ok()) return s;
+    }
+    return *loss;
+  }
+
+ private:
+  std::unique_ptr<kernels::cuda::GptDevice> gpu_;
+  model::ParamLayout layout_;
+  model::DataSource data_;
+  Device device_;
+  model::Microbatch mb_;
+  absl::Status error_;
+};
+#endif
+
 }  // namespace
 
 std::string Device::ToString() const { return is_cuda() ? absl::StrCat("cuda:", ordinal) : "cpu"; }
@@ -69,25 +121,34 @@ absl::StatusOr<Device> ParseDevice(const std::string& text) {
       absl::StrCat("device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"", text, "\""));
 }
 
-absl::Status CheckDeviceUsable(const Device& device) {
-  if (!device.is_cuda()) return absl::OkStatus();
+absl::StatusOr<int> CudaDeviceCount() {
 #ifdef TROUPE_ACTORS_HAVE_CUDA
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
     return absl::FailedPreconditionError(
-        absl::StrCat("device ", device.ToString(), ": no usable CUDA device: cudaGetDeviceCount: ",
-                     cudaGetErrorName(e), " (", static_cast<int>(e), "): ", cudaGetErrorString(e)));
+        absl::StrCat("no usable CUDA device: cudaGetDeviceCount: ", cudaGetErrorName(e), " (",
+                     static_cast<int>(e), "): ", cudaGetErrorString(e)));
   }
-  if (device.ordinal >= count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device ", device.ToString(), ": this machine has ", count, " CUDA device(s)"));
-  }
-  return absl::OkStatus();
+  return count;
 #else
   return absl::FailedPreconditionError(
-      absl::StrCat("device ", device.ToString(),
-                   ": this troupe was built without the CUDA backend (TROUPE_CUDA=OFF)"));
+      "this troupe was built without the CUDA backend (TROUPE_CUDA=OFF)");
 #endif
+}
+
+absl::Status CheckDeviceUsable(const Device& device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", device.ToString(), ": ", count.status().message()));
+  }
+  if (device.ordinal >= *count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", device.ToString(), ": this process sees ", *count,
+                     " CUDA device(s) (in a cluster a worker sees only its own: use \"cuda\")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec) {
@@ -96,12 +157,6 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
   if (absl::Status s = CheckDeviceUsable(*device); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("model.device = \"", spec.device, "\": ", s.message()));
-  }
-  if (device->is_cuda()) {
-    // The device-resident GPT (kernels/cuda) is not wired into a Trainable yet.
-    return absl::UnimplementedError(absl::StrCat(
-        "model.device = \"", spec.device,
-        "\": the GPT's CUDA training path is not built into this troupe yet (issue 15)"));
   }
   std::vector<std::string> shards;
   std::error_code ec;
@@ -144,6 +199,17 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
                                .microbatches_per_step = spec.microbatches,
                                .seed = spec.seed});
   if (!data.ok()) return data.status();
+#ifdef TROUPE_ACTORS_HAVE_CUDA
+  if (device->is_cuda()) {
+    absl::StatusOr<std::unique_ptr<kernels::cuda::GptDevice>> gpu =
+        kernels::cuda::GptDevice::Create(config, device->ordinal, /*bf16=*/false);
+    if (!gpu.ok()) {
+      return absl::Status(gpu.status().code(), absl::StrCat("model.device = \"", spec.device,
+                                                            "\": ", gpu.status().message()));
+    }
+    return std::make_unique<GptCudaTrainable>(*std::move(gpu), *std::move(data), *device);
+  }
+#endif
   absl::StatusOr<model::Gpt> gpt = model::Gpt::Create(config);
   if (!gpt.ok()) return gpt.status();
   return std::make_unique<GptTrainable>(std::move(*gpt), std::move(*data));

@@ -226,6 +226,29 @@ struct JobCluster {
   std::unique_ptr<runtime::LocalCluster> local;  // the embedded one, or null
   std::string host = "127.0.0.1";
   uint16_t port = 0;
+  int gpus = 0;  // embedded, model on CUDA: this machine's GPUs, one per worker node
+
+  // An embedded worker node (spot); with GPUs, the lowest one no live node holds.
+  absl::StatusOr<pid_t> AddWorkerNode(const std::string& name) {
+    if (gpus == 0) return local->AddNode(name, 1, "cpu=1", "spot=true", kNodeArgs);
+    int gpu = 0;
+    while (gpu < gpus) {
+      bool taken = false;
+      for (const auto& [node, id] : gpu_of_) taken |= id == gpu && local->nodes().count(node);
+      if (!taken) break;
+      ++gpu;
+    }
+    if (gpu == gpus) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("node ", name, ": every one of this machine's ", gpus, " GPUs has a node"));
+    }
+    gpu_of_[name] = gpu;
+    return local->AddNode(name, 1, "cpu=1,gpu=1", "spot=true", kNodeArgs,
+                          {{"CUDA_VISIBLE_DEVICES", absl::StrCat(gpu)}});
+  }
+
+ private:
+  std::map<std::string, int> gpu_of_;
 };
 
 // The cluster: a running one, or the embedded default — a head, one spot node per worker (so a
@@ -243,9 +266,24 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
     if (!c_or.ok()) return c_or.status();
     c.local = std::move(*c_or);
     c.port = c.local->port();
+    // A model on CUDA: each worker node gets a GPU of its own (NCCL takes one rank per GPU).
+    absl::StatusOr<Device> device = ParseDevice(spec.model.device);
+    if (device.ok() && device->is_cuda()) {
+      absl::StatusOr<int> gpus = CudaDeviceCount();
+      if (!gpus.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("model.device = \"", spec.model.device, "\": ", gpus.status().message()));
+      }
+      if (*gpus < spec.workers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "workers: expected at most ", *gpus, " with model.device = \"", spec.model.device,
+            "\" (the embedded cluster gives each worker its own GPU; this machine has ", *gpus,
+            "), got ", spec.workers));
+      }
+      c.gpus = *gpus;
+    }
     for (int i = 0; i < spec.workers; ++i) {
-      absl::StatusOr<pid_t> pid =
-          c.local->AddNode(absl::StrCat("n", i), 1, "cpu=1", "spot=true", kNodeArgs);
+      absl::StatusOr<pid_t> pid = c.AddWorkerNode(absl::StrCat("n", i));
       if (!pid.ok()) return pid.status();
     }
     absl::StatusOr<pid_t> pid = c.local->AddNode("coord", 1, "cpu=1", "", kNodeArgs);
@@ -319,7 +357,8 @@ class RankSpawner {
       // puts it where no rank is).
       runtime::Placement at;
       at.worker = m.id;
-      at.resources = "cpu=1";
+      absl::StatusOr<Device> device = ParseDevice(spec_.model.device);
+      at.resources = device.ok() && device->is_cuda() ? "cpu=1,gpu=1" : "cpu=1";
       absl::StatusOr<runtime::ActorRef> ref =
           client_.Spawn(kRankActorType, caf::make_message(spec_text_, m.id, m.address), name, at);
       if (!ref.ok()) {
@@ -373,8 +412,7 @@ absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, JobCluster& cluster, 
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
     if (req && req->kind == "add_node" && cluster.local != nullptr) {
-      absl::StatusOr<pid_t> pid =
-          cluster.local->AddNode(req->arg, 1, "cpu=1", "spot=true", kNodeArgs);
+      absl::StatusOr<pid_t> pid = cluster.AddWorkerNode(req->arg);
       if (!pid.ok())
         out << "warning: adding node " << req->arg << ": " << pid.status() << std::endl;
     } else if (req && req->kind == "spawn") {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "reduce.h"
@@ -273,38 +275,85 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
     }
   }
   if (auto st = c.t->WaitAll(reqs, c.deadline); !st.ok()) return st;
-  uint64_t total = 0;
-  for (int i = 0; i < n; ++i) total = std::max(total, iv[2 * i + 1]);
-  *contributions = total;
+  std::vector<std::pair<uint64_t, uint64_t>> intervals(n);
+  for (int i = 0; i < n; ++i) intervals[i] = {iv[2 * i], iv[2 * i + 1]};
+  absl::StatusOr<CombinePlan> plan = PlanCanonicalCombine(intervals);
+  if (!plan.ok()) return plan.status();
+  *contributions = plan->total;
   // 3. Combine the partials in canonical tree order: inner nodes (at most n - 2) in scratch, the
   // root straight into `out` (which may be this rank's own partial: Combine is elementwise).
-  float* inner = static_cast<float*>(c.t->Scratch(4, std::max<size_t>(1, n * blen) * 4));
-  size_t inner_used = 0;
+  float* inner = static_cast<float*>(c.t->Scratch(4, std::max<size_t>(1, plan->inner * blen) * 4));
+  auto at = [&](const CombineOperand& o) -> float* {
+    switch (o.kind) {
+      case CombineOperand::Kind::kPartial:
+        return o.index == r ? const_cast<float*>(w + off[r]) : recv + o.index * blen;
+      case CombineOperand::Kind::kInner:
+        return inner + o.index * blen;
+      case CombineOperand::Kind::kOutput:
+        return out;
+      case CombineOperand::Kind::kNone:
+        break;
+    }
+    return nullptr;
+  };
+  for (const CombineStep& s : plan->steps) {
+    if (s.y.kind == CombineOperand::Kind::kNone) {
+      if (at(s.dst) != at(s.x)) std::memmove(at(s.dst), at(s.x), blen * 4);
+    } else {
+      Combine(at(s.dst), at(s.x), at(s.y), blen, op);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CombinePlan> PlanCanonicalCombine(
+    const std::vector<std::pair<uint64_t, uint64_t>>& intervals_by_rank) {
+  using Kind = CombineOperand::Kind;
+  const int n = static_cast<int>(intervals_by_rank.size());
+  CombinePlan plan;
+  for (const auto& [lo, hi] : intervals_by_rank) plan.total = std::max(plan.total, hi);
+  if (plan.total == 0)
+    return absl::InvalidArgumentError("ordered reduce-scatter: no contributions");
+  const uint64_t total = plan.total;
+  std::map<std::pair<uint64_t, uint64_t>, int> holder;  // the lowest rank holding each interval
+  for (int q = 0; q < n; ++q) holder.emplace(intervals_by_rank[q], q);
+  std::vector<bool> used(n, false);
   absl::Status bad;
-  auto node = [&](auto& self, uint64_t a, uint64_t b) -> const float* {
-    for (int q = 0; q < n; ++q) {
-      if (iv[2 * q] == a && iv[2 * q + 1] == b) return q == r ? w + off[r] : recv + q * blen;
+  // The operand that holds T(a, b) once plan.steps ran; kNone (and `bad`) when none can.
+  auto node = [&](auto& self, uint64_t a, uint64_t b) -> CombineOperand {
+    if (auto it = holder.find({a, b}); it != holder.end()) {
+      used[it->second] = true;
+      return {Kind::kPartial, it->second};
     }
     if (b - a <= 1) {
       bad = absl::InvalidArgumentError(absl::StrCat(
           "ordered reduce-scatter: no rank holds contribution [", a, ", ", b,
           "); intervals must be disjoint power-of-two-aligned subtrees covering [0, ", total, ")"));
-      return nullptr;
+      return {};
     }
     const uint64_t mid = CanonicalMid(a, b);
-    const float* x = self(self, a, mid);
-    if (x == nullptr) return nullptr;
-    const float* y = self(self, mid, b);
-    if (y == nullptr) return nullptr;
-    float* dst = a == 0 && b == total ? out : inner + blen * inner_used++;
-    Combine(dst, x, y, blen, op);
+    const CombineOperand x = self(self, a, mid);
+    if (x.kind == Kind::kNone) return {};
+    const CombineOperand y = self(self, mid, b);
+    if (y.kind == Kind::kNone) return {};
+    const CombineOperand dst = a == 0 && b == total ? CombineOperand{Kind::kOutput, 0}
+                                                    : CombineOperand{Kind::kInner, plan.inner++};
+    plan.steps.push_back({dst, x, y});
     return dst;
   };
-  if (total == 0) return absl::InvalidArgumentError("ordered reduce-scatter: no contributions");
-  const float* res = node(node, 0, total);
-  if (res == nullptr) return bad;
-  if (res != out) std::memmove(out, res, blen * 4);
-  return absl::OkStatus();
+  const CombineOperand root = node(node, 0, total);
+  if (root.kind == Kind::kNone) return bad;
+  if (root.kind == Kind::kPartial) plan.steps.push_back({{Kind::kOutput, 0}, root, {}});
+  for (int q = 0; q < n; ++q) {
+    if (used[q]) continue;
+    const auto [lo, hi] = intervals_by_rank[q];
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ordered reduce-scatter: rank ", q, "'s contribution [", lo, ", ", hi,
+        ") is not used (empty, or overlapping another rank's); intervals must be disjoint "
+        "power-of-two-aligned subtrees covering [0, ",
+        total, ")"));
+  }
+  return plan;
 }
 
 absl::Status BinomialBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, int root,

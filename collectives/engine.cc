@@ -39,6 +39,17 @@ Work Work::Done(absl::Status s) {
   return Work(std::move(st));
 }
 
+std::vector<Work> Communicator::PostPointToPoint(const std::vector<PointToPoint>& ops,
+                                                 const CollectiveOptions& opts) {
+  std::vector<Work> works;
+  works.reserve(ops.size());
+  for (const PointToPoint& op : ops) {
+    works.push_back(op.kind == PointToPoint::Kind::kSend ? Send(op.buffer, op.peer, op.tag, opts)
+                                                         : Recv(op.buffer, op.peer, op.tag, opts));
+  }
+  return works;
+}
+
 void Communicator::AbortForGeneration(uint64_t new_generation) {
   Abort(absl::AbortedError(absl::StrCat("collectives: generation ", generation(),
                                         " superseded by generation ", new_generation)));

@@ -2,12 +2,13 @@
 // its logic (deadlines, polling, sticky failure, abort, the unique id through the bootstrap,
 // validation) is written once and tested without a GPU against an in-process fake (nccl_fake.h).
 //
-// Conventions: each method is one NCCL or CUDA runtime call with the library's own semantics and
-// return code, nothing added — no retries, no Status. The codes are the libraries' numbers
-// (`NcclResult` mirrors ncclResult_t; `CudaError` is cudaError_t's value), so the communicator
-// decides what a code means (in progress, not ready, a peer's failure) and turns it into a Status
-// with file:line in one place. Handles are opaque pointers (ncclComm_t, cudaStream_t, cudaEvent_t)
-// so this header needs neither nccl.h nor cuda_runtime.h and the logic builds without CUDA.
+// Conventions: each method is one NCCL or CUDA runtime call (AddF32: one kernel launch of ours)
+// with the library's own semantics and return code, nothing added — no retries, no Status. The
+// codes are the libraries' numbers (`NcclResult` mirrors ncclResult_t; `CudaError` is
+// cudaError_t's value), so the communicator decides what a code means (in progress, not ready, a
+// peer's failure) and turns it into a Status with file:line in one place. Handles are opaque
+// pointers (ncclComm_t, cudaStream_t, cudaEvent_t) so this header needs neither nccl.h nor
+// cuda_runtime.h and the logic builds without CUDA.
 // Thread safety as the libraries': calls on one communicator are serialised by the caller.
 //
 // Example (a test): a fake world whose ranks are threads of this process —
@@ -85,6 +86,11 @@ class NcclBackend {
                           StreamHandle stream) = 0;
   virtual NcclResult Recv(void* buf, size_t count, DType dtype, int peer, NcclCommHandle comm,
                           StreamHandle stream) = 0;
+  // ncclGroupStart / ncclGroupEnd: the calls between them are issued as one, so sends and
+  // receives between the same ranks cannot wait on each other's order. Non-blocking mode:
+  // GroupEnd may return kInProgress (poll CommGetAsyncError).
+  virtual NcclResult GroupStart() = 0;
+  virtual NcclResult GroupEnd() = 0;
 
   // --- CUDA runtime ---
   virtual CudaError GetDeviceCount(int* count) = 0;
@@ -99,6 +105,17 @@ class NcclBackend {
   virtual CudaError EventDestroy(EventHandle event) = 0;
   virtual CudaError Malloc(void** ptr, size_t bytes) = 0;
   virtual CudaError Free(void* ptr) = 0;
+  // cudaMallocHost / cudaFreeHost: page-locked host memory, so copies to and from it are
+  // asynchronous (a copy to pageable memory may block the calling thread until the stream
+  // reaches it).
+  virtual CudaError MallocHost(void** ptr, size_t bytes) = 0;
+  virtual CudaError FreeHost(void* ptr) = 0;
+  // cudaMemcpyAsync(..., cudaMemcpyDefault, stream): any direction, in stream order.
+  virtual CudaError MemcpyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) = 0;
+  // dst[i] = a[i] + b[i] for i < n in f32 (IEEE round-to-nearest, no fused operations), a kernel
+  // in stream order; dst may be a or b. n == 0 launches nothing.
+  virtual CudaError AddF32(float* dst, const float* a, const float* b, size_t n,
+                           StreamHandle stream) = 0;
   virtual const char* CudaErrorName(CudaError e) = 0;    // "cudaErrorInsufficientDriver"
   virtual const char* CudaErrorString(CudaError e) = 0;  // "CUDA driver version is insufficient…"
 };

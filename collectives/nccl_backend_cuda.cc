@@ -1,11 +1,13 @@
-// NcclBackend over libnccl and libcudart: each method is the one call it names, nothing more.
-// Built only when TROUPE_HAVE_CUDA and NCCL were found (nccl_stub.cc otherwise).
+// NcclBackend over libnccl and libcudart: each method is the one call it names, nothing more
+// (AddF32: the kernel in nccl_kernels.cu). Built only when TROUPE_HAVE_CUDA and NCCL were found
+// (nccl_stub.cc otherwise).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <cstring>
 
 #include "nccl_backend.h"
+#include "nccl_kernels.h"
 
 namespace troupe::collectives {
 namespace {
@@ -89,6 +91,8 @@ class CudaNcclBackend final : public NcclBackend {
                   StreamHandle stream) override {
     return R(ncclRecv(buf, count, T(dtype), peer, C(comm), S(stream)));
   }
+  NcclResult GroupStart() override { return R(ncclGroupStart()); }
+  NcclResult GroupEnd() override { return R(ncclGroupEnd()); }
 
   CudaError GetDeviceCount(int* count) override { return cudaGetDeviceCount(count); }
   CudaError SetDevice(int device) override { return cudaSetDevice(device); }
@@ -112,6 +116,15 @@ class CudaNcclBackend final : public NcclBackend {
   CudaError EventDestroy(EventHandle event) override { return cudaEventDestroy(E(event)); }
   CudaError Malloc(void** ptr, size_t bytes) override { return cudaMalloc(ptr, bytes); }
   CudaError Free(void* ptr) override { return cudaFree(ptr); }
+  CudaError MallocHost(void** ptr, size_t bytes) override { return cudaMallocHost(ptr, bytes); }
+  CudaError FreeHost(void* ptr) override { return cudaFreeHost(ptr); }
+  CudaError MemcpyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override {
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream));
+  }
+  CudaError AddF32(float* dst, const float* a, const float* b, size_t n,
+                   StreamHandle stream) override {
+    return LaunchAddF32(dst, a, b, n, stream);
+  }
   const char* CudaErrorName(CudaError e) override {
     return cudaGetErrorName(static_cast<cudaError_t>(e));
   }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -45,7 +46,8 @@ void Store(const float* v, size_t n, void* p, DType t) {
 }  // namespace
 
 struct FakeNcclShared {
-  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv };
+  // kLocal: a copy or kernel of this process's own (cudaMemcpyAsync, AddF32): `run` does it.
+  enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kLocal };
   struct Comm;
   struct Stream;
   struct Op {
@@ -56,10 +58,14 @@ struct FakeNcclShared {
     DType dtype;
     ReduceOp op;
     int root_or_peer;
-    Comm* comm;
+    Comm* comm;  // null for kLocal
     Stream* stream;
     int proc;
+    uint64_t group = 0;       // the ncclGroupStart..End it was issued in (0: none)
+    bool group_open = false;  // issued in a group not yet ended: not runnable
+    bool ran = false;         // executed; `done` once every op before it on the stream is too
     bool done = false;
+    std::function<void()> run = nullptr;  // kLocal
   };
   struct Comm {
     int proc;
@@ -99,6 +105,9 @@ struct FakeNcclShared {
     int settle_polls = 0;
     int devices = 1;
     CudaError device_error = kCudaSuccess;
+    int group_depth = 0;  // ncclGroupStart calls not yet ended
+    uint64_t group = 0;   // the serial of the outermost open group
+    std::vector<std::shared_ptr<Op>> group_ops;
     std::vector<FakeNcclCall> calls;
     FakeNcclResources live;
     std::set<void*> allocations;
@@ -139,21 +148,42 @@ struct FakeNcclShared {
     }
   }
 
+  // At the head of its stream, or in the group at the head (a group's operations run in any
+  // order, as one).
   bool Runnable(const std::shared_ptr<Op>& op) {
-    if (op == nullptr) return false;
+    if (op == nullptr || op->ran || op->group_open) return false;
     const Proc& p = procs[op->proc];
-    return !p.dead && !p.hung && !op->stream->queue.empty() && op->stream->queue.front() == op;
+    if (p.dead || p.hung || op->stream->queue.empty()) return false;
+    const std::shared_ptr<Op>& head = op->stream->queue.front();
+    return head == op || (op->group != 0 && head->group == op->group);
+  }
+
+  // Operations leave their stream in order: each once it and all before it ran.
+  static void Retire(Stream* s) {
+    while (!s->queue.empty() && s->queue.front()->ran) {
+      s->queue.front()->done = true;
+      s->queue.pop_front();
+    }
   }
 
   static void Finish(const std::shared_ptr<Op>& op) {
-    op->stream->queue.pop_front();
-    op->done = true;
+    op->ran = true;
+    Retire(op->stream);
   }
 
   // Runs every operation whose match is complete and at the head of its streams, until none.
   void Progress() {
     for (bool progressed = true; progressed;) {
       progressed = false;
+      for (auto& [ptr, s] : streams) {
+        while (!s->destroyed && !s->queue.empty() && s->queue.front()->kind == Kind::kLocal &&
+               Runnable(s->queue.front())) {
+          std::shared_ptr<Op> op = s->queue.front();
+          op->run();
+          Finish(op);
+          progressed = true;
+        }
+      }
       for (auto& [id, g] : groups) {
         if (!g.ready()) continue;
         for (auto it = g.collectives.begin(); it != g.collectives.end();) {
@@ -255,6 +285,7 @@ struct FakeNcclShared {
           ++it;
         }
       }
+      Retire(s.get());
     }
     Group& g = groups[c->id];
     for (auto& [k, ops] : g.collectives) {
@@ -279,6 +310,7 @@ struct FakeNcclShared {
   std::mutex mu;
   uint64_t world_serial = 0;
   uint64_t next_id = 1;
+  uint64_t next_group = 1;
   std::map<int, Proc> procs;
   std::map<uint64_t, Group> groups;
   std::map<Comm*, std::unique_ptr<Comm>> comms;
@@ -484,6 +516,11 @@ NcclResult FakeNcclProcess::Enqueue(const char* name, const OpArgs& a, NcclCommH
   }
   auto op = std::make_shared<FakeNcclShared::Op>(FakeNcclShared::Op{
       a.kind, a.send, a.recv, a.count, a.dtype, a.op, a.root_or_peer, c, s, id_});
+  if (p.group_depth > 0) {  // runs from ncclGroupEnd on, with the rest of its group
+    op->group = p.group;
+    op->group_open = true;
+    p.group_ops.push_back(op);
+  }
   s->queue.push_back(op);
   if (!p2p) {
     auto& slots = g.collectives[c->collectives++];
@@ -494,9 +531,39 @@ NcclResult FakeNcclProcess::Enqueue(const char* name, const OpArgs& a, NcclCommH
   } else {
     g.p2p[{a.root_or_peer, c->rank, c->received[a.root_or_peer]++}].second = op;
   }
+  if (p.group_depth > 0) return NcclResult::kSuccess;  // the group's end reports progress
   w_->Progress();
   if (p.settle_polls > 0) {
     c->settle_polls = p.settle_polls;
+    return NcclResult::kInProgress;
+  }
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNcclProcess::GroupStart() {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "ncclGroupStart");
+  FakeNcclShared::Proc& p = w_->procs[id_];
+  if (p.group_depth++ == 0) p.group = w_->next_group++;
+  return NcclResult::kSuccess;
+}
+
+NcclResult FakeNcclProcess::GroupEnd() {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "ncclGroupEnd");
+  FakeNcclShared::Proc& p = w_->procs[id_];
+  if (p.group_depth == 0) return NcclResult::kInvalidUsage;
+  if (--p.group_depth > 0) return NcclResult::kSuccess;
+  std::vector<std::shared_ptr<FakeNcclShared::Op>> ops;
+  ops.swap(p.group_ops);
+  for (const auto& op : ops) op->group_open = false;
+  w_->Progress();
+  if (p.settle_polls > 0 && !ops.empty()) {
+    for (const auto& op : ops) {
+      if (w_->FindComm(reinterpret_cast<NcclCommHandle>(op->comm)) != nullptr) {
+        op->comm->settle_polls = p.settle_polls;
+      }
+    }
     return NcclResult::kInProgress;
   }
   return NcclResult::kSuccess;
@@ -577,6 +644,10 @@ CudaError FakeNcclProcess::StreamDestroy(StreamHandle stream) {
   FakeNcclShared::Stream* s = w_->FindStream(stream);
   if (s == nullptr) return kCudaErrorInvalidResourceHandle;
   s->destroyed = true;  // kept: events may still point at its ops
+  // Work still queued never runs (a real stream would run it before the memory it uses is
+  // freed; here it would touch freed memory).
+  for (auto& op : s->queue) op->done = true;
+  s->queue.clear();
   --w_->procs[id_].live.streams;
   return kCudaSuccess;
 }
@@ -640,6 +711,58 @@ CudaError FakeNcclProcess::Free(void* ptr) {
   std::free(ptr);
   --w_->procs[id_].live.allocations;
   return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::MallocHost(void** ptr, size_t bytes) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaMallocHost");
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  *ptr = std::aligned_alloc(256, rounded);
+  w_->procs[id_].allocations.insert(*ptr);
+  ++w_->procs[id_].live.allocations;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::FreeHost(void* ptr) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, "cudaFreeHost");
+  if (ptr == nullptr) return kCudaSuccess;
+  if (w_->procs[id_].allocations.erase(ptr) == 0) return kCudaErrorInvalidValue;
+  std::free(ptr);
+  --w_->procs[id_].live.allocations;
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::EnqueueLocal(const char* name, StreamHandle stream,
+                                        std::function<void()> run) {
+  std::lock_guard<std::mutex> l(w_->mu);
+  w_->Log(id_, name);
+  FakeNcclShared::Stream* s = w_->FindStream(stream);
+  if (s == nullptr) return kCudaErrorInvalidResourceHandle;
+  if (w_->procs[id_].dead) return kCudaSuccess;  // swallowed: it never runs
+  auto op = std::make_shared<FakeNcclShared::Op>(
+      FakeNcclShared::Op{FakeNcclShared::Kind::kLocal, nullptr, nullptr, 0, DType::kF32,
+                         ReduceOp::kSum, 0, nullptr, s, id_});
+  op->run = std::move(run);
+  s->queue.push_back(std::move(op));
+  w_->Progress();
+  return kCudaSuccess;
+}
+
+CudaError FakeNcclProcess::MemcpyAsync(void* dst, const void* src, size_t bytes,
+                                       StreamHandle stream) {
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return kCudaErrorInvalidValue;
+  return EnqueueLocal("cudaMemcpyAsync", stream, [=] {
+    if (bytes > 0) std::memmove(dst, src, bytes);
+  });
+}
+
+CudaError FakeNcclProcess::AddF32(float* dst, const float* a, const float* b, size_t n,
+                                  StreamHandle stream) {
+  if (n > 0 && (dst == nullptr || a == nullptr || b == nullptr)) return kCudaErrorInvalidValue;
+  return EnqueueLocal("AddF32", stream, [=] {
+    for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+  });
 }
 
 const char* FakeNcclProcess::CudaErrorName(CudaError e) {

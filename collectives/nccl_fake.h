@@ -10,14 +10,20 @@
 //   * Operations are asynchronous, in stream order: an enqueue returns at once; a collective runs
 //     when every rank enqueued its matching one (the k-th collective of each rank) and each is at
 //     the head of its stream; a send runs with the peer's matching receive (the k-th between the
-//     pair). Events complete when the work recorded before them ran. Sum, avg and max for f32 and
-//     bf16 (accumulated in f32 in rank order, rounded once); mismatched collectives (kind, count,
-//     type, op, root) or send/recv sizes are ncclInvalidUsage on every rank involved.
+//     pair); calls between ncclGroupStart and ncclGroupEnd run from the group's end on, in any
+//     order among themselves (so sends and receives between two ranks cannot wait on each other),
+//     the rest of the stream after the whole group. cudaMemcpyAsync and the AddF32 kernel are
+//     host work in stream order ("device memory" and pinned memory are host memory). Events
+//     complete when the work recorded before them ran. Sum, avg and max for f32 and bf16
+//     (accumulated in f32 in rank order, rounded once); mismatched collectives (kind, count, type,
+//     op, root) or send/recv sizes are ncclInvalidUsage on every rank involved.
 //   * ncclCommAbort ends the communicator's pending operations (their events complete, their
-//     buffers are untouched) and makes every peer's communicator report ncclRemoteError, as NCCL
-//     reports a peer that aborted or died over a network transport. An abort during init is not
-//     seen by the peers still initialising (they hold no connection to it yet: in NCCL they wait
-//     on the bootstrap root); they learn of it only if the group completes.
+//     buffers are untouched; copies and kernels queued behind them still run, as on a device;
+//     cudaStreamDestroy drops those still queued) and makes every peer's communicator report
+//     ncclRemoteError, as NCCL reports a peer that aborted or died over a network transport. An
+//     abort during init is not seen by the peers still initialising (they hold no connection to
+//     it yet: in NCCL they wait on the bootstrap root); they learn of it only if the group
+//     completes.
 //   * Faults, addressed by process: Kill (a silent death: its calls do nothing from then on and
 //     peers are not told — their operations wait for their own Abort or deadline), Hang (its
 //     operations never run, so its collectives stall everywhere, like a stuck kernel),
@@ -37,6 +43,7 @@
 #define TROUPE_COLLECTIVES_NCCL_FAKE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,6 +114,8 @@ class FakeNcclProcess final : public NcclBackend {
                   StreamHandle stream) override;
   NcclResult Recv(void* buf, size_t count, DType dtype, int peer, NcclCommHandle comm,
                   StreamHandle stream) override;
+  NcclResult GroupStart() override;
+  NcclResult GroupEnd() override;
   CudaError GetDeviceCount(int* count) override;
   CudaError SetDevice(int device) override;
   CudaError StreamCreateNonBlocking(StreamHandle* stream) override;
@@ -117,6 +126,11 @@ class FakeNcclProcess final : public NcclBackend {
   CudaError EventDestroy(EventHandle event) override;
   CudaError Malloc(void** ptr, size_t bytes) override;
   CudaError Free(void* ptr) override;
+  CudaError MallocHost(void** ptr, size_t bytes) override;
+  CudaError FreeHost(void* ptr) override;
+  CudaError MemcpyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) override;
+  CudaError AddF32(float* dst, const float* a, const float* b, size_t n,
+                   StreamHandle stream) override;
   const char* CudaErrorName(CudaError e) override;
   const char* CudaErrorString(CudaError e) override;
 
@@ -124,6 +138,7 @@ class FakeNcclProcess final : public NcclBackend {
   struct OpArgs;
   NcclResult Enqueue(const char* name, const OpArgs& args, NcclCommHandle comm,
                      StreamHandle stream);
+  CudaError EnqueueLocal(const char* name, StreamHandle stream, std::function<void()> run);
   const std::shared_ptr<FakeNcclShared> w_;
   const int id_;
 };

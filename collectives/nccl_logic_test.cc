@@ -1,20 +1,27 @@
 // The NCCL communicator's logic without a GPU: the real communicator code over the in-process
 // fake (nccl_fake.h), ranks as threads, the unique id through a real TCP bootstrap. Covers
 // creation, every operation's result, validation, a rank missing at init, Abort as the liveness
-// channel calls it, deadlines, injected NCCL errors, destruction with operations in flight, and
-// regeneration over the survivors. Short timeouts: the binary runs in a few seconds.
+// channel calls it, deadlines, injected NCCL errors, destruction with operations in flight,
+// regeneration over the survivors, and the ordered (deterministic) reduce-scatter against the
+// in-process communicator's bits. Short timeouts: the binary runs in a few seconds.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "algorithms.h"
 #include "nccl_backend.h"
 #include "nccl_fake.h"
 #include "reduce.h"
 #include "test_util.h"
+#include "troupe/collectives/inprocess.h"
 #include "troupe/collectives/nccl_communicator.h"
 
 namespace troupe::collectives {
@@ -594,12 +601,24 @@ TEST(NcclLogic, HostOnlyFeaturesAndBadArgumentsAreInvalidArgumentAndLeaveItHealt
   int8.compression = Compression::kInt8;
   int8.compression_state = &residual;
   zero.timeout = absl::ZeroDuration();
+  std::vector<uint16_t> ha(8), hb(4);
+  CollectiveOptions ordered_topk = topk;
+  ordered_topk.algorithm = Algorithm::kOrdered;
   const std::vector<std::pair<const char*, Work>> bad = {
       {"ordered all-reduce", c.AllReduce(Buffer::F32(a), Buffer::F32(a), ReduceOp::kSum, ordered)},
       {"top-k all-reduce", c.AllReduce(Buffer::F32(a), Buffer::F32(a), ReduceOp::kSum, topk)},
       {"int8 all-reduce", c.AllReduce(Buffer::F32(a), Buffer::F32(a), ReduceOp::kAvg, int8)},
-      {"ordered reduce-scatter",
-       c.ReduceScatter(Buffer::F32(a), Buffer::F32(b), ReduceOp::kSum, ordered)},
+      {"ordered bf16 reduce-scatter",
+       c.ReduceScatter(Buffer::BF16(ha), Buffer::BF16(hb), ReduceOp::kSum, ordered)},
+      {"ordered max reduce-scatter",
+       c.ReduceScatter(Buffer::F32(a), Buffer::F32(b), ReduceOp::kMax, ordered)},
+      {"ordered avg reduce-scatter",
+       c.ReduceScatter(Buffer::F32(a), Buffer::F32(b), ReduceOp::kAvg, ordered)},
+      {"ordered top-k reduce-scatter",
+       c.ReduceScatter(Buffer::F32(a), Buffer::F32(b), ReduceOp::kSum, ordered_topk)},
+      {"ordered reduce-scatter counts",
+       c.ReduceScatter(Buffer::F32(a), Buffer::F32(a), ReduceOp::kSum, ordered)},
+      {"ordered all-gather", c.AllGather(Buffer::F32(b), Buffer::F32(a), ordered)},
       {"zero timeout", c.Barrier(zero)},
       {"all-reduce counts", c.AllReduce(Buffer::F32(a), Buffer::F32(b), ReduceOp::kSum, {})},
       {"all-reduce dtypes",
@@ -617,8 +636,18 @@ TEST(NcclLogic, HostOnlyFeaturesAndBadArgumentsAreInvalidArgumentAndLeaveItHealt
     absl::Status s = w.Wait();
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << what << ": " << s;
   }
+  // The messages name what is expected.
+  EXPECT_THAT(std::string(bad[0].second.Wait().message()),
+              HasSubstr("algorithm kOrdered expected only with ReduceScatter"));
+  EXPECT_THAT(std::string(bad[3].second.Wait().message()),
+              HasSubstr("ReduceScatter (kOrdered): input.dtype expected kF32"));
+  EXPECT_THAT(std::string(bad[4].second.Wait().message()),
+              HasSubstr("ReduceScatter (kOrdered): op expected kSum"));
+  EXPECT_THAT(std::string(bad[6].second.Wait().message()), HasSubstr("compression expected kNone"));
   // Nothing reached NCCL, and the communicator still works.
   EXPECT_EQ(rig.world->Process(0)->CountCalls("ncclAllReduce"), 0);
+  EXPECT_EQ(rig.world->Process(0)->CountCalls("ncclAllGather"), 0);
+  EXPECT_EQ(rig.world->Process(0)->CountCalls("ncclReduceScatter"), 0);
   std::vector<std::vector<float>> v = {Inputs(0, 8, 1), Inputs(1, 8, 1)};
   auto st = OnEveryRank(comms, [&](int r, Communicator& x) {
     return x.AllReduce(Buffer::F32(v[r]), Buffer::F32(v[r]), ReduceOp::kSum, {}).Wait();
@@ -659,6 +688,337 @@ TEST(NcclLogic, DestroyingWithOperationsInFlightAbortsCleanly) {
   EXPECT_TRUE(absl::IsUnavailable(peer)) << peer;
   comms[1].reset();
   EXPECT_EQ(rig.world->Process(1)->Live(), FakeNcclResources{});
+}
+
+// --- Ordered (deterministic) reduce-scatter -------------------------------------------------
+
+using testing::Intervals;
+using testing::TrainerBlocks;
+
+// Microbatch k's gradient, element i: magnitudes from 2^-20 to 2^20, so the order of the
+// additions shows in the rounded sums.
+float Grad(uint64_t k, size_t i) {
+  return std::ldexp(Val(static_cast<int>(k), i, 11), static_cast<int>((k * 7 + i * 3) % 41) - 20);
+}
+
+float SubtreeAt(uint64_t lo, uint64_t hi, size_t i) {
+  if (hi - lo == 1) return Grad(lo, i);
+  const uint64_t mid = CanonicalMid(lo, hi);
+  return SubtreeAt(lo, mid, i) + SubtreeAt(mid, hi, i);
+}
+
+// The canonical-tree sum T(lo, hi) of the gradients, `count` elements.
+std::vector<float> Subtree(uint64_t lo, uint64_t hi, size_t count) {
+  std::vector<float> v(count);
+  for (size_t i = 0; i < count; ++i) v[i] = SubtreeAt(lo, hi, i);
+  return v;
+}
+
+CollectiveOptions Ordered(const std::pair<uint64_t, uint64_t>& interval,
+                          absl::Duration timeout = absl::Seconds(20)) {
+  CollectiveOptions o;
+  o.algorithm = Algorithm::kOrdered;
+  o.interval_lo = interval.first;
+  o.interval_hi = interval.second;
+  o.timeout = timeout;
+  return o;
+}
+
+bool SameBits(const float* a, const float* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+constexpr float kUntouched = 12345.0f;
+
+// For W = 1..5 ranks, M = 8 and M = 7 microbatches split as the trainer splits them (and M = 8,
+// W = 3 also as [0,4) [4,6) [6,8)), blocks of 1, 3, 0 and 257 elements, and once in place (the
+// output inside the input): the NCCL communicator's ordered reduce-scatter gives the bits of the
+// in-process communicator's — the serial canonical tree — on every rank. Each rank issues all
+// its operations before waiting for any (each issue finishes the previous one's combine).
+TEST(NcclLogicOrdered, BitIdenticalToTheInProcessCommunicatorForEveryGroupSize) {
+  size_t order_mattered = 0;
+  for (int w = 1; w <= 5; ++w) {
+    struct Case {
+      Intervals iv;
+      uint64_t m;
+      size_t block;
+      bool in_place;
+    };
+    std::vector<Case> cases;
+    for (uint64_t m : {8u, 7u}) {
+      std::vector<Intervals> layouts = {TrainerBlocks(m, w)};
+      if (m == 8 && w == 3) layouts.push_back({{0, 4}, {4, 6}, {6, 8}});
+      for (const Intervals& iv : layouts) {
+        for (size_t block : {1u, 3u, 0u, 257u}) cases.push_back({iv, m, block, false});
+      }
+    }
+    cases.push_back({TrainerBlocks(8, w), 8, 64, true});
+    const size_t k = cases.size();
+    // inputs[c][r]: rank r's partial over its interval, for every block.
+    std::vector<std::vector<std::vector<float>>> inputs(k), nccl(k), inproc(k);
+    for (size_t c = 0; c < k; ++c) {
+      for (int r = 0; r < w; ++r) {
+        const auto [lo, hi] = cases[c].iv[r];
+        inputs[c].push_back(Subtree(lo, hi, w * cases[c].block));
+      }
+      nccl[c] = inproc[c] = inputs[c];  // in place: the output is a slice of these
+      for (int r = 0; r < w && !cases[c].in_place; ++r) {
+        nccl[c][r].assign(cases[c].block, kUntouched);
+        inproc[c][r].assign(cases[c].block, kUntouched);
+      }
+    }
+    auto output = [&](std::vector<float>& v, size_t c, int r) {
+      return cases[c].in_place ? Buffer::F32(v.data() + r * cases[c].block, cases[c].block)
+                               : Buffer::F32(v);
+    };
+
+    Rig rig(w);
+    std::vector<int> procs(w);
+    for (int r = 0; r < w; ++r) procs[r] = r;
+    auto comms = rig.CreateOk(procs, 0);
+    auto st = OnEveryRank(comms, [&](int r, Communicator& comm) -> absl::Status {
+      std::vector<Work> works;
+      for (size_t c = 0; c < k; ++c) {
+        Buffer in = cases[c].in_place ? Buffer::F32(nccl[c][r]) : Buffer::F32(inputs[c][r]);
+        works.push_back(comm.ReduceScatter(in, output(nccl[c][r], c, r), ReduceOp::kSum,
+                                           Ordered(cases[c].iv[r])));
+      }
+      for (size_t c = 0; c < k; ++c) {
+        if (absl::Status s = works[c].Wait(); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    });
+    std::vector<std::unique_ptr<Communicator>> host;
+    auto group = InProcessGroup::Create(w, 0, &host);
+    auto host_st = OnEveryRank(host, [&](int r, Communicator& comm) -> absl::Status {
+      for (size_t c = 0; c < k; ++c) {
+        Buffer in = cases[c].in_place ? Buffer::F32(inproc[c][r]) : Buffer::F32(inputs[c][r]);
+        absl::Status s = comm.ReduceScatter(in, output(inproc[c][r], c, r), ReduceOp::kSum,
+                                            Ordered(cases[c].iv[r]))
+                             .Wait();
+        if (!s.ok()) return s;
+      }
+      return absl::OkStatus();
+    });
+    size_t nonempty = 0;
+    for (const Case& c : cases) nonempty += c.block > 0;
+    for (int r = 0; r < w; ++r) {
+      ASSERT_TRUE(st[r].ok()) << "W=" << w << " rank " << r << ": " << st[r];
+      ASSERT_TRUE(host_st[r].ok()) << "W=" << w << " rank " << r << ": " << host_st[r];
+      for (size_t c = 0; c < k; ++c) {
+        const size_t block = cases[c].block, at = cases[c].in_place ? r * block : 0;
+        const std::vector<float> want = Subtree(0, cases[c].m, w * block);
+        const float* got = nccl[c][r].data() + at;
+        EXPECT_TRUE(SameBits(got, inproc[c][r].data() + at, block))
+            << "W=" << w << " case " << c << " rank " << r;
+        EXPECT_TRUE(SameBits(got, want.data() + r * block, block))
+            << "W=" << w << " case " << c << " rank " << r;
+        for (size_t i = 0; i < block; ++i) {
+          float naive = 0.0f;
+          for (uint64_t j = 0; j < cases[c].m; ++j) naive += Grad(j, r * block + i);
+          order_mattered += naive != got[i];
+        }
+      }
+      // One interval all-gather and one group of sends and receives per operation with data;
+      // W - 1 additions each (W = 1: a copy, except in place, where the output is the input).
+      auto p = rig.world->Process(r);
+      EXPECT_EQ(p->CountCalls("ncclAllGather"), static_cast<int>(nonempty));
+      EXPECT_EQ(p->CountCalls("ncclGroupStart"), w > 1 ? static_cast<int>(nonempty) : 0);
+      EXPECT_EQ(p->CountCalls("ncclSend"), static_cast<int>(nonempty) * (w - 1));
+      EXPECT_EQ(p->CountCalls("AddF32"), static_cast<int>(nonempty) * (w - 1));
+      EXPECT_EQ(comms[r]->stats().ops_completed, nonempty);
+      EXPECT_THAT(comms[r]->DebugString(), HasSubstr("pending 0 status healthy"));
+    }
+    comms.clear();
+    for (int r = 0; r < w; ++r) {
+      EXPECT_EQ(rig.world->Process(r)->Live(), FakeNcclResources{}) << "W=" << w << " rank " << r;
+    }
+  }
+  EXPECT_GT(order_mattered, 1000u);  // the canonical order is what made these bits
+}
+
+// The sharded-optimizer pattern: the ordered reduce-scatter's output goes straight into an
+// all-gather issued before anyone waited. The combine is enqueued before the all-gather (stream
+// order), and every rank gets the whole canonical sum. Issued from one thread for all ranks
+// (issuing does not wait for peers), with every NCCL call staying in progress for a few polls.
+TEST(NcclLogicOrdered, LaterOperationsSeeTheResultAndIssuingDoesNotWaitForPeers) {
+  const int n = 3;
+  const size_t block = 100;
+  Rig rig(n);
+  for (int p = 0; p < n; ++p) rig.world->Process(p)->SetEnqueueInProgressPolls(3);
+  auto comms = rig.CreateOk({0, 1, 2}, 0);
+  const Intervals iv = {{0, 4}, {4, 6}, {6, 8}};
+  std::vector<std::vector<float>> in(n), shard(n, std::vector<float>(block, kUntouched)),
+      full(n, std::vector<float>(n * block, kUntouched));
+  std::vector<Work> works;
+  for (int r = 0; r < n; ++r) {
+    in[r] = Subtree(iv[r].first, iv[r].second, n * block);
+    works.push_back(comms[r]->ReduceScatter(Buffer::F32(in[r]), Buffer::F32(shard[r]),
+                                            ReduceOp::kSum, Ordered(iv[r])));
+  }
+  for (int r = 0; r < n; ++r) {  // each rank's all-gather waits for its own intervals, all here
+    works.push_back(comms[r]->AllGather(Buffer::F32(shard[r]), Buffer::F32(full[r]), {}));
+  }
+  for (Work& w : works) ASSERT_TRUE(w.Wait().ok()) << w.Wait();
+  const std::vector<float> want = Subtree(0, 8, n * block);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(SameBits(full[r].data(), want.data(), n * block)) << "rank " << r;
+    EXPECT_TRUE(SameBits(shard[r].data(), want.data() + r * block, block)) << "rank " << r;
+  }
+}
+
+// Intervals that are not a canonical cut of [0, M): the same InvalidArgument as the host
+// backends give, on every rank, with the output untouched; the communicator stays healthy (a
+// host backend's failure is sticky) and the next ordered reduce-scatter is right.
+TEST(NcclLogicOrdered, BadIntervalsAreInvalidArgumentOnEveryRankAndLeaveItHealthy) {
+  const int n = 3;
+  const size_t block = 16;
+  Rig rig(n);
+  auto comms = rig.CreateOk({0, 1, 2}, 0);
+  struct Case {
+    const char* what;
+    Intervals iv;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"not a subtree", {{0, 3}, {3, 4}, {4, 8}}, "no rank holds contribution [0, 1)"},
+      {"a gap", {{0, 2}, {2, 4}, {6, 8}}, "no rank holds contribution [4, 5)"},
+      {"overlapping", {{0, 4}, {2, 4}, {4, 8}}, "rank 1's contribution [2, 4) is not used"},
+      {"twice", {{0, 4}, {4, 8}, {4, 8}}, "rank 2's contribution [4, 8) is not used"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::vector<float>> in(n), out(n, std::vector<float>(block, kUntouched));
+    for (int r = 0; r < n; ++r) in[r] = Inputs(r, n * block, 7);
+    auto st = OnEveryRank(comms, [&](int r, Communicator& comm) {
+      return comm
+          .ReduceScatter(Buffer::F32(in[r]), Buffer::F32(out[r]), ReduceOp::kSum, Ordered(c.iv[r]))
+          .Wait();
+    });
+    // A host backend's failure is sticky: a group of its own for each case.
+    std::vector<std::unique_ptr<Communicator>> host;
+    auto group = InProcessGroup::Create(n, 0, &host);
+    auto host_st = OnEveryRank(host, [&](int r, Communicator& comm) {
+      std::vector<float> o(block);
+      return comm
+          .ReduceScatter(Buffer::F32(in[r]), Buffer::F32(o), ReduceOp::kSum, Ordered(c.iv[r]))
+          .Wait();
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[r])) << c.what << " rank " << r << ": " << st[r];
+      EXPECT_THAT(std::string(st[r].message()), HasSubstr("ReduceScatter (kOrdered)"));
+      EXPECT_THAT(std::string(st[r].message()), HasSubstr(c.message)) << c.what;
+      EXPECT_TRUE(absl::IsInvalidArgument(host_st[r])) << c.what << ": " << host_st[r];
+      EXPECT_THAT(std::string(host_st[r].message()), HasSubstr(c.message)) << c.what;
+      EXPECT_EQ(out[r], std::vector<float>(block, kUntouched)) << c.what << " rank " << r;
+    }
+  }
+  const Intervals good = TrainerBlocks(8, n);
+  std::vector<std::vector<float>> in(n), out(n, std::vector<float>(block, kUntouched));
+  auto st = OnEveryRank(comms, [&](int r, Communicator& comm) {
+    in[r] = Subtree(good[r].first, good[r].second, n * block);
+    absl::Status s = comm.ReduceScatter(Buffer::F32(in[r]), Buffer::F32(out[r]), ReduceOp::kSum,
+                                        Ordered(good[r]))
+                         .Wait();
+    return s.ok() ? comm.Barrier({}).Wait() : s;
+  });
+  const std::vector<float> want = Subtree(0, 8, n * block);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r];
+    EXPECT_TRUE(SameBits(out[r].data(), want.data() + r * block, block)) << "rank " << r;
+    EXPECT_THAT(comms[r]->DebugString(), HasSubstr("healthy"));
+    EXPECT_EQ(rig.world->Process(r)->CountCalls("ncclCommAbort"), 0);
+  }
+}
+
+// A rank dies during an ordered reduce-scatter — before every interval arrived (it never issued
+// the operation), or after (it issued the intervals' all-gather, then stalled and died before
+// sending its partials). Rank 1's liveness monitor aborts its communicator: rank 1 fails with the
+// liveness status, ranks 0 and 2 with Unavailable (ncclRemoteError), all well before their
+// 30-second deadlines.
+TEST(NcclLogicOrdered, APeerDyingMidOperationFailsTheOthersFast) {
+  const int n = 4;
+  const size_t block = 32;
+  for (bool intervals_arrived : {false, true}) {
+    SCOPED_TRACE(intervals_arrived ? "died after the intervals" : "died before the intervals");
+    Rig rig(n);
+    auto comms = rig.CreateOk({0, 1, 2, 3}, 0);
+    const Intervals iv = TrainerBlocks(8, n);
+    std::vector<std::vector<float>> in(n), out(n, std::vector<float>(block, kUntouched));
+    for (int r = 0; r < n; ++r) in[r] = Subtree(iv[r].first, iv[r].second, n * block);
+    if (intervals_arrived) {
+      // Rank 3's all-gather runs, but its enqueue stays "in progress": its thread never gets to
+      // the sends and receives.
+      rig.world->Process(3)->SetEnqueueInProgressPolls(1 << 30);
+    } else {
+      rig.world->Process(3)->Kill();
+    }
+    const absl::Status liveness = BlamePeer(absl::UnavailableError("liveness: rank 3 died"), 3);
+    std::vector<absl::Status> st(n);
+    std::vector<absl::Duration> waited(n);
+    std::thread aborter([&] {
+      if (intervals_arrived) {
+        // Ranks 0..2 got every interval and enqueued their additions; then rank 3 dies.
+        const absl::Time until = absl::Now() + absl::Seconds(5);
+        while (absl::Now() < until && (rig.world->Process(0)->CountCalls("AddF32") == 0 ||
+                                       rig.world->Process(2)->CountCalls("AddF32") == 0)) {
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        EXPECT_GT(rig.world->Process(0)->CountCalls("AddF32"), 0);
+        rig.world->Process(3)->Kill();
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+      comms[1]->Abort(liveness);
+    });
+    ForEachRank(intervals_arrived ? n : n - 1, [&](int r) {
+      const absl::Time t = absl::Now();
+      st[r] = comms[r]
+                  ->ReduceScatter(Buffer::F32(in[r]), Buffer::F32(out[r]), ReduceOp::kSum,
+                                  Ordered(iv[r], absl::Seconds(30)))
+                  .Wait();
+      waited[r] = absl::Now() - t;
+      if (r == 1 && intervals_arrived) comms[3]->Abort(absl::CancelledError("rank 3 is dead"));
+    });
+    aborter.join();
+    EXPECT_EQ(st[1], liveness);
+    for (int r : {0, 2}) {
+      EXPECT_TRUE(absl::IsUnavailable(st[r])) << r << ": " << st[r];
+      EXPECT_THAT(std::string(st[r].message()), HasSubstr("ncclRemoteError"));
+    }
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_LT(waited[r], absl::Seconds(5)) << "rank " << r;
+      EXPECT_EQ(rig.world->Process(r)->CountCalls("ncclCommAbort"), 1) << "rank " << r;
+      // Sticky: the next ordered reduce-scatter fails at once with the same status.
+      Work later = comms[r]->ReduceScatter(Buffer::F32(in[r]), Buffer::F32(out[r]), ReduceOp::kSum,
+                                           Ordered(iv[r]));
+      EXPECT_TRUE(later.IsDone());
+      EXPECT_EQ(later.Wait(), st[r]);
+    }
+    if (intervals_arrived) {
+      EXPECT_FALSE(st[3].ok());
+    }
+  }
+}
+
+// Nobody aborts and a rank never issues its part: the ordered reduce-scatter ends at its own
+// deadline (DeadlineExceeded) and aborts the communicator, so the peer fails at its next call.
+TEST(NcclLogicOrdered, DeadlineWhileWaitingForIntervalsIsDeadlineExceeded) {
+  Rig rig(2);
+  auto comms = rig.CreateOk({0, 1}, 0);
+  std::vector<float> in(16, 1.0f), out(8, kUntouched);
+  const absl::Time start = absl::Now();
+  absl::Status st = comms[0]
+                        ->ReduceScatter(Buffer::F32(in), Buffer::F32(out), ReduceOp::kSum,
+                                        Ordered({0, 1}, absl::Milliseconds(150)))
+                        .Wait();
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("waiting for every rank's interval"));
+  EXPECT_GE(took, absl::Milliseconds(150));
+  EXPECT_LT(took, absl::Seconds(2));
+  EXPECT_EQ(out, std::vector<float>(8, kUntouched));
+  EXPECT_EQ(rig.world->Process(0)->CountCalls("ncclCommAbort"), 1);
+  absl::Status peer = comms[1]->Barrier({}).Wait();
+  EXPECT_TRUE(absl::IsUnavailable(peer)) << peer;
 }
 
 }  // namespace

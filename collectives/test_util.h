@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "algorithms.h"
 #include "reduce.h"
 #include "troupe/collectives/communicator.h"
 
@@ -75,6 +77,27 @@ inline float Tolerance(DType dt, float ref, float sum_abs, int n) {
   float tol = 4.0f * 1.1920929e-7f * static_cast<float>(n) * sum_abs;
   if (dt == DType::kBF16) tol += std::ldexp(std::fabs(ref), -8);
   return tol;
+}
+
+// Microbatch intervals [lo, hi), one per rank.
+using Intervals = std::vector<std::pair<uint64_t, uint64_t>>;
+
+// The power-of-two-aligned blocks the elastic trainer gives W ranks out of M microbatches
+// (actors/elastic.cc MicrobatchBlocks): split the first of the largest blocks at its canonical
+// midpoint until there are W.
+inline Intervals TrainerBlocks(uint64_t m, int w) {
+  Intervals b = {{0, m}};
+  while (static_cast<int>(b.size()) < w) {
+    size_t best = 0;
+    for (size_t i = 1; i < b.size(); ++i) {
+      if (b[i].second - b[i].first > b[best].second - b[best].first) best = i;
+    }
+    const auto [lo, hi] = b[best];
+    const uint64_t mid = CanonicalMid(lo, hi);
+    b[best] = {lo, mid};
+    b.insert(b.begin() + best + 1, {mid, hi});
+  }
+  return b;
 }
 
 }  // namespace troupe::collectives::testing

@@ -727,8 +727,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   auto sink = std::make_shared<DeadPeerSink>();
   auto live = Liveness::Start(
       boot, prefix, o.rank, o.size, *address, lo,
-      [sink](int rank, const std::string& why) {
-        sink->Report(BlamePeer(absl::UnavailableError(absl::StrCat("collectives: ", why)), rank));
+      [sink, on_dead = o.on_peer_dead](int rank, const std::string& why) {
+        absl::Status dead =
+            BlamePeer(absl::UnavailableError(absl::StrCat("collectives: ", why)), rank);
+        if (on_dead) on_dead(dead);
+        sink->Report(std::move(dead));
       },
       deadline);
   if (!live.ok()) return live.status();

@@ -42,9 +42,9 @@ absl::StatusOr<double> Trainer::Step() {
     losses.push_back(*loss);
     model_.ZeroGrad();
     if (absl::Status s = model_.Backward(loss_weight); !s.ok()) return s;
-    grads.Add(model_.grads());
+    if (absl::Status s = grads.Add(model_.grads()); !s.ok()) return s;
   }
-  grads.Finish(step_grad_.data());
+  if (absl::Status s = grads.Finish(step_grad_.data()); !s.ok()) return s;
   last_grad_norm_ = GradNorm(step_grad_.data(), model_.num_params());
   const kernels::AdamWScalars scalars =
       StepScalars(options_.adamw, options_.schedule, step_, last_grad_norm_);

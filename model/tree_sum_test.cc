@@ -15,9 +15,9 @@ TEST(TreeAccumulatorTest, MatchesTheRecursiveCanonicalTreeForEveryLeafCount) {
     for (int i = 0; i < leaves; ++i)
       values.push_back(i % 3 == 0 ? 1e8f : (i % 3 == 1 ? 3.3f : -1e8f));
     TreeAccumulator acc(1);
-    for (float v : values) acc.Add(&v);
+    for (float v : values) ASSERT_TRUE(acc.Add(&v).ok());
     float got = 0;
-    acc.Finish(&got);
+    ASSERT_TRUE(acc.Finish(&got).ok());
     std::function<float(int, int)> tree = [&](int lo, int hi) -> float {
       if (hi - lo == 1) return values[lo];
       int half = 1;
@@ -31,15 +31,15 @@ TEST(TreeAccumulatorTest, MatchesTheRecursiveCanonicalTreeForEveryLeafCount) {
 TEST(TreeAccumulatorTest, EmptyGivesZerosAndFinishResets) {
   TreeAccumulator acc(3);
   std::vector<float> out(3, 9.0f);
-  acc.Finish(out.data());
+  ASSERT_TRUE(acc.Finish(out.data()).ok());
   EXPECT_EQ(out, (std::vector<float>{0, 0, 0}));
   const float a[3] = {1, 2, 3};
-  acc.Add(a);
-  acc.Add(a);
-  acc.Finish(out.data());
+  ASSERT_TRUE(acc.Add(a).ok());
+  ASSERT_TRUE(acc.Add(a).ok());
+  ASSERT_TRUE(acc.Finish(out.data()).ok());
   EXPECT_EQ(out, (std::vector<float>{2, 4, 6}));
-  acc.Add(a);
-  acc.Finish(out.data());
+  ASSERT_TRUE(acc.Add(a).ok());
+  ASSERT_TRUE(acc.Finish(out.data()).ok());
   EXPECT_EQ(out, (std::vector<float>{1, 2, 3}));
 }
 

@@ -74,8 +74,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
 
 absl::StatusOr<pid_t> LocalCluster::AddNode(const std::string& name, int workers,
                                             const std::string& resources, const std::string& labels,
-                                            const std::vector<std::string>& extra_args) {
+                                            const std::vector<std::string>& extra_args,
+                                            const std::map<std::string, std::string>& env) {
   internal::ProcessSpec node;
+  node.env = env;
   node.path = options_.binary;
   node.args = {"node",
                "--head",

@@ -178,11 +178,24 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
   return -1;
 }
 
+// The node's GPU ids: the agent's own CUDA_VISIBLE_DEVICES where it was given one (SLURM, a
+// Kubernetes device plugin, the embedded cluster), else 0 .. gpus - 1.
+std::vector<std::string> GpuIds(int gpus) {
+  std::vector<std::string> ids;
+  const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr && *visible != '\0') {
+    ids = absl::StrSplit(visible, ',', absl::SkipWhitespace());
+  }
+  for (int g = static_cast<int>(ids.size()); g < gpus; ++g) ids.push_back(absl::StrCat(g));
+  return ids;
+}
+
 // The node's worker processes, each with its share of the GPUs and its own log files.
 void StartWorkers(const NodeConfig& c, Workers& w) {
   mkdir(c.co.log_dir.c_str(), 0755);
   const int gpus = GpuCount(c.resources);
   const int per_worker = c.workers > 0 ? gpus / static_cast<int>(c.workers) : 0;
+  const std::vector<std::string> gpu_ids = GpuIds(gpus);
   for (int64_t i = 0; i < c.workers; ++i) {
     const int64_t index = w.incarnation * c.workers + i;
     std::string id = absl::StrCat(c.name, "/w", index);
@@ -203,7 +216,7 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
     for (const std::string& a : c.ro.TlsArgs()) spec.args.push_back(a);
     std::string visible;
     for (int g = 0; g < per_worker; ++g) {
-      absl::StrAppend(&visible, g ? "," : "", i * per_worker + g);
+      absl::StrAppend(&visible, g ? "," : "", gpu_ids[i * per_worker + g]);
     }
     spec.env["CUDA_VISIBLE_DEVICES"] = visible;
     spec.stdout_path = file + ".out";

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernel_cases.h"
 #include "test_util.h"
 #include "troupe/kernels/attention.h"
 
@@ -17,99 +18,14 @@ namespace {
 using kernels::testing::RandomVector;
 using testing::ExpectClose;
 using testing::ExpectWithinOneBf16Ulp;
-
-struct Shape {
-  int64_t b, t, c, nh;
-};
-
-// Head sizes 1, 8, 16, 64 and 128; T not a multiple of the 16-row tile (except 16 itself, and
-// 1 and 7 smaller than one tile); several B and NH.
-constexpr Shape kShapes[] = {{2, 33, 3, 3},  {1, 70, 2, 2}, {2, 7, 16, 2},  {1, 70, 24, 3},
-                             {3, 33, 32, 2}, {1, 1, 16, 1}, {1, 16, 16, 1}, {1, 70, 128, 2},
-                             {2, 33, 64, 1}, {1, 7, 64, 1}, {1, 17, 128, 1}};
-
-struct Reference {
-  std::vector<double> out, lse, dqkv;
-};
-
-// Scaled scores q_i·k_j / sqrt(hs) of row i of head (b, h), j <= i, in double.
-std::vector<double> Scores(const Shape& s, const std::vector<double>& qkv, int64_t b, int64_t h,
-                           int64_t i) {
-  const int64_t hs = s.c / s.nh;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  std::vector<double> score(i + 1);
-  for (int64_t j = 0; j <= i; ++j) {
-    double dot = 0;
-    for (int64_t c = 0; c < hs; ++c) {
-      dot += qkv[(b * s.t + i) * 3 * s.c + h * hs + c] *
-             qkv[(b * s.t + j) * 3 * s.c + s.c + h * hs + c];
-    }
-    score[j] = dot * scale;
-  }
-  return score;
-}
-
-double LogSumExp(const std::vector<double>& x) {
-  const double mx = *std::max_element(x.begin(), x.end());
-  double sum = 0;
-  for (double v : x) sum += std::exp(v - mx);
-  return mx + std::log(sum);
-}
-
-// The CPU kernel in double, plus lse = log Σ_{j<=i} exp(q_i·k_j / sqrt(hs)) per (b, h, i).
-Reference Compute(const Shape& s, const std::vector<double>& qkv, const std::vector<double>& dout,
-                  const std::vector<double>& dqkv0) {
-  Reference ref;
-  ref.out.resize(s.b * s.t * s.c);
-  std::vector<double> att(s.b * s.nh * s.t * s.t);
-  AttentionForward<double>(ref.out.data(), att.data(), qkv.data(), s.b, s.t, s.c, s.nh);
-  ref.dqkv = dqkv0;
-  AttentionBackward<double>(ref.dqkv.data(), dout.data(), qkv.data(), att.data(), s.b, s.t, s.c,
-                            s.nh);
-  ref.lse.resize(s.b * s.nh * s.t);
-  for (int64_t b = 0; b < s.b; ++b) {
-    for (int64_t h = 0; h < s.nh; ++h) {
-      for (int64_t i = 0; i < s.t; ++i) {
-        ref.lse[(b * s.nh + h) * s.t + i] = LogSumExp(Scores(s, qkv, b, h, i));
-      }
-    }
-  }
-  return ref;
-}
-
-// dqkv += the gradient in the kernels' flash-attention-2 form, in double: dS = P ∘ (dout·vᵀ − D)
-// with D_i = Σ_c dout_ic out_ic from the `out` given. With the exact out this is the CPU kernel's
-// gradient; with the forward's bf16 out it is the function the bf16 backward computes.
-void BackwardFromOut(const Shape& s, std::vector<double>& dqkv, const std::vector<double>& dout,
-                     const std::vector<double>& qkv, const std::vector<double>& out) {
-  const int64_t hs = s.c / s.nh, row = 3 * s.c;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  for (int64_t b = 0; b < s.b; ++b) {
-    for (int64_t h = 0; h < s.nh; ++h) {
-      for (int64_t i = 0; i < s.t; ++i) {
-        const std::vector<double> score = Scores(s, qkv, b, h, i);
-        const double lse = LogSumExp(score);
-        const double* dout_i = &dout[(b * s.t + i) * s.c + h * hs];
-        const double* out_i = &out[(b * s.t + i) * s.c + h * hs];
-        double d = 0;
-        for (int64_t c = 0; c < hs; ++c) d += dout_i[c] * out_i[c];
-        const int64_t qi = (b * s.t + i) * row + h * hs;
-        for (int64_t j = 0; j <= i; ++j) {
-          const int64_t kj = (b * s.t + j) * row + s.c + h * hs, vj = kj + s.c;
-          const double p = std::exp(score[j] - lse);
-          double dp = 0;
-          for (int64_t c = 0; c < hs; ++c) dp += dout_i[c] * qkv[vj + c];
-          const double ds = p * (dp - d);
-          for (int64_t c = 0; c < hs; ++c) {
-            dqkv[qi + c] += scale * ds * qkv[kj + c];
-            dqkv[kj + c] += scale * ds * qkv[qi + c];
-            dqkv[vj + c] += p * dout_i[c];
-          }
-        }
-      }
-    }
-  }
-}
+// kernel_cases.h
+using testing::AttentionReference;
+using testing::AttentionShape;
+using testing::BackwardFromOut;
+using testing::ComputeAttentionReference;
+using testing::ExpectBackwardFromOutIsTheCpuGradient;
+using testing::kAttentionShapes;
+using testing::SameBits;
 
 template <typename Tx>
 struct Result {
@@ -119,7 +35,7 @@ struct Result {
 
 // Forward then backward (from the forward's own out and lse), as training runs them.
 template <typename Tx>
-Result<Tx> RunBoth(const Shape& s, const std::vector<Tx>& qkv, const std::vector<Tx>& dout,
+Result<Tx> RunBoth(const AttentionShape& s, const std::vector<Tx>& qkv, const std::vector<Tx>& dout,
                    const std::vector<Tx>& dqkv0, int group) {
   Result<Tx> r;
   r.out.resize(s.b * s.t * s.c);
@@ -137,7 +53,7 @@ Result<Tx> RunBoth(const Shape& s, const std::vector<Tx>& qkv, const std::vector
 }
 
 // The groups (threads per row) a shape is run with: the default, and a wider one.
-std::vector<int> Groups(const Shape& s) {
+std::vector<int> Groups(const AttentionShape& s) {
   const int def = AttentionDefaultGroup(s.c / s.nh);
   return {0, def == 1 ? 4 : 2 * def};
 }
@@ -147,7 +63,7 @@ TROUPE_INSTANTIATE_SCHEDULES(AttentionCudaTest);
 
 TEST_P(AttentionCudaTest, Fp32MatchesTheCpuReference) {
   uint64_t seed = 1;
-  for (const Shape& s : kShapes) {
+  for (const AttentionShape& s : kAttentionShapes) {
     for (int group : Groups(s)) {
       SCOPED_TRACE(::testing::Message() << "B=" << s.b << " T=" << s.t << " C=" << s.c
                                         << " NH=" << s.nh << " group=" << group);
@@ -158,7 +74,7 @@ TEST_P(AttentionCudaTest, Fp32MatchesTheCpuReference) {
         // From zero: the gradient itself; from random values: that backward accumulates.
         const auto dqkv0 =
             zero_dqkv0 ? std::vector<double>(qkv.size(), 0.0) : RandomVector(qkv.size(), ++seed);
-        const Reference ref = Compute(s, qkv, dout, dqkv0);
+        const AttentionReference ref = ComputeAttentionReference(s, qkv, dout, dqkv0);
         const auto r = RunBoth(s, kernels::testing::ToFloat(qkv), kernels::testing::ToFloat(dout),
                                kernels::testing::ToFloat(dqkv0), group);
         // out is a convex combination of values of size ~1: floor 0.1 against cancellation.
@@ -173,15 +89,7 @@ TEST_P(AttentionCudaTest, Fp32MatchesTheCpuReference) {
 
 // The test's flash-attention-2 reference agrees with the CPU kernel when given the exact out.
 TEST(AttentionCudaReferenceTest, BackwardFromOutIsTheCpuGradient) {
-  for (const Shape& s : {Shape{2, 33, 16, 2}, Shape{1, 20, 3, 3}}) {
-    const auto qkv = RandomVector(s.b * s.t * 3 * s.c, 1, 2.0);
-    const auto dout = RandomVector(s.b * s.t * s.c, 2);
-    const auto dqkv0 = RandomVector(qkv.size(), 3);
-    const Reference ref = Compute(s, qkv, dout, dqkv0);
-    std::vector<double> dqkv = dqkv0;
-    BackwardFromOut(s, dqkv, dout, qkv, ref.out);
-    ExpectClose(dqkv, ref.dqkv, 1e-12, "dqkv", /*floor=*/1.0);
-  }
+  ExpectBackwardFromOutIsTheCpuGradient();
 }
 
 // out is one rounding of a float computation from bf16 inputs: within 1 ulp of the rounded
@@ -191,7 +99,8 @@ TEST(AttentionCudaReferenceTest, BackwardFromOutIsTheCpuGradient) {
 // rounding of out: relative ~2^-9 (checked below, norm-wise, at 2^-7).
 TEST_P(AttentionCudaTest, Bf16IsWithinOneUlpOfTheRoundedReference) {
   uint64_t seed = 100;
-  for (const Shape& s : {Shape{2, 33, 16, 2}, Shape{1, 70, 64, 1}, Shape{1, 7, 3, 3}}) {
+  for (const AttentionShape& s :
+       {AttentionShape{2, 33, 16, 2}, AttentionShape{1, 70, 64, 1}, AttentionShape{1, 7, 3, 3}}) {
     for (bool zero_dqkv0 : {true, false}) {
       SCOPED_TRACE(::testing::Message() << "B=" << s.b << " T=" << s.t << " C=" << s.c
                                         << " NH=" << s.nh << " zero_dqkv0=" << zero_dqkv0);
@@ -202,7 +111,7 @@ TEST_P(AttentionCudaTest, Bf16IsWithinOneUlpOfTheRoundedReference) {
       // The reference starts from the same bf16 values, in double.
       const auto qkv = testing::ToDouble(qkv_b), dout = testing::ToDouble(dout_b);
       const auto dqkv0 = testing::ToDouble(dqkv0_b);
-      const Reference ref = Compute(s, qkv, dout, dqkv0);
+      const AttentionReference ref = ComputeAttentionReference(s, qkv, dout, dqkv0);
       const auto r = RunBoth(s, qkv_b, dout_b, dqkv0_b, /*group=*/0);
       ExpectWithinOneBf16Ulp(r.out, ref.out, "out");
       ExpectClose(r.lse, ref.lse, 1e-5, "lse", /*floor=*/1.0);
@@ -216,15 +125,10 @@ TEST_P(AttentionCudaTest, Bf16IsWithinOneUlpOfTheRoundedReference) {
   }
 }
 
-template <typename T>
-bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 // No atomics, and every sum in a fixed order that does not depend on the threads per row: the
 // same bits under every schedule and group.
 TEST(AttentionCudaDeterminismTest, SameBitsAcrossSchedulesAndGroups) {
-  const Shape s{2, 37, 32, 2};
+  const AttentionShape s{2, 37, 32, 2};
   const auto qkv = kernels::testing::ToFloat(RandomVector(s.b * s.t * 3 * s.c, 7, 2.0));
   const auto dout = kernels::testing::ToFloat(RandomVector(s.b * s.t * s.c, 8));
   const auto dqkv0 = kernels::testing::ToFloat(RandomVector(qkv.size(), 9));

@@ -71,6 +71,43 @@ inline absl::Status CudaErrorStatus(cudaError_t e, const char* what, const char*
                                    cudaGetErrorString(e)));
 }
 
+// The device `ordinal` exists, can run troupe_kernels_cuda (sm_80 / sm_90 SASS, compute_90 PTX:
+// compute capability 8.0 or newer) and is made current; otherwise FailedPrecondition starting
+// with `who` and naming the CUDA runtime's error (e.g. cudaErrorInsufficientDriver where the
+// driver is missing) — whatever code the error maps to, it means "no usable GPU here".
+inline absl::Status UseKernelDevice(const char* who, int ordinal) {
+  auto unusable = [&](const absl::Status& cause) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": no usable CUDA device cuda:", ordinal, ": ", cause.message()));
+  };
+  int count = 0;
+  if (absl::Status s = CudaErrorStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount(&count)",
+                                       __FILE__, __LINE__);
+      !s.ok()) {
+    return unusable(s);
+  }
+  if (ordinal < 0 || ordinal >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": no CUDA device cuda:", ordinal, " (this process sees ", count, " device(s))"));
+  }
+  cudaDeviceProp prop = {};
+  if (absl::Status s = CudaErrorStatus(cudaGetDeviceProperties(&prop, ordinal),
+                                       "cudaGetDeviceProperties", __FILE__, __LINE__);
+      !s.ok()) {
+    return unusable(s);
+  }
+  if (prop.major < 8) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(who, ": cuda:", ordinal, " (", prop.name, ") has compute capability ",
+                     prop.major, ".", prop.minor, "; the kernels need 8.0 or newer"));
+  }
+  if (absl::Status s = CudaErrorStatus(cudaSetDevice(ordinal), "cudaSetDevice", __FILE__, __LINE__);
+      !s.ok()) {
+    return unusable(s);
+  }
+  return absl::OkStatus();
+}
+
 // cuBLASLt's own name/string functions, so that callers need libcublasLt only (not libcublas).
 inline absl::Status CublasErrorStatus(cublasStatus_t s, const char* what, const char* file,
                                       int line) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernel_cases.h"
 #include "test_util.h"
 #include "troupe/kernels/embedding.h"
 
@@ -18,63 +19,35 @@ using kernels::testing::RandomTokens;
 using kernels::testing::RandomVector;
 using testing::ExpectClose;
 using testing::ExpectWithinOneBf16Ulp;
-
-struct Shape {
-  int64_t b, t, c;
-  int32_t vocab;  // small vocabularies repeat tokens, also within a group of kEmbeddingUnroll
-};
-
-// t < kEmbeddingUnroll takes only the one-at-a-time path; vocab 3 mostly repeated groups, vocab
-// 64 mostly distinct ones.
-constexpr Shape kShapes[] = {{2, 5, 1, 3}, {3, 7, 33, 4},  {2, 9, 100, 64}, {1, 3, 7, 2},
-                             {4, 1, 5, 3}, {3, 2, 40, 64}, {5, 11, 65, 3}};
-
-template <typename T>
-bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
+// kernel_cases.h
+using testing::EmbeddingBf16Case;
+using testing::EmbeddingFp32Case;
+using testing::EmbeddingShape;
+using testing::ExpectEmbeddingFp32Matches;
+using testing::ExpectWithinRoundingBound;
+using testing::kEmbeddingShapes;
+using testing::MakeEmbeddingBf16Case;
+using testing::MakeEmbeddingFp32Case;
+using testing::SameBits;
 
 class EmbeddingCudaTest : public testing::ScheduledTest {};
 TROUPE_INSTANTIATE_SCHEDULES(EmbeddingCudaTest);
 
 TEST_P(EmbeddingCudaTest, Fp32IsBitIdenticalToTheFloatCpuKernel) {
-  for (const Shape& s : kShapes) {
+  for (const EmbeddingShape& s : kEmbeddingShapes) {
     const int64_t bt = s.b * s.t;
-    const auto tokens = RandomTokens(bt, s.vocab, s.c + s.t);
-    const auto wte = RandomVector(s.vocab * s.c, 1), wpe = RandomVector(s.t * s.c, 2);
-    const auto dout = RandomVector(bt * s.c, 3);
-    const auto dwte0 = RandomVector(s.vocab * s.c, 4), dwpe0 = RandomVector(s.t * s.c, 5);
-
-    std::vector<double> out_ref(bt * s.c), dwte_ref = dwte0, dwpe_ref = dwpe0;
-    EmbeddingForward<double>(out_ref.data(), tokens.data(), wte.data(), wpe.data(), s.b, s.t, s.c);
-    EmbeddingBackward<double>(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), s.b,
-                              s.t, s.c);
-    const auto wte_f = kernels::testing::ToFloat(wte), wpe_f = kernels::testing::ToFloat(wpe);
-    const auto dout_f = kernels::testing::ToFloat(dout);
-    std::vector<float> out_cpu(bt * s.c), dwte_cpu = kernels::testing::ToFloat(dwte0),
-                                          dwpe_cpu = kernels::testing::ToFloat(dwpe0);
-    EmbeddingForward<float>(out_cpu.data(), tokens.data(), wte_f.data(), wpe_f.data(), s.b, s.t,
-                            s.c);
-    EmbeddingBackward<float>(dwte_cpu.data(), dwpe_cpu.data(), dout_f.data(), tokens.data(), s.b,
-                             s.t, s.c);
-
+    const EmbeddingFp32Case k = MakeEmbeddingFp32Case(s);
     for (int block : {32, 96, 256}) {
       SCOPED_TRACE(::testing::Message()
                    << "b=" << s.b << " t=" << s.t << " c=" << s.c << " block=" << block);
-      std::vector<float> out(bt * s.c), dwte = kernels::testing::ToFloat(dwte0),
-                                        dwpe = kernels::testing::ToFloat(dwpe0);
-      ASSERT_TRUE(embedding_forward(out.data(), tokens.data(), wte_f.data(), wpe_f.data(), s.b, s.t,
-                                    s.c, nullptr, block)
+      std::vector<float> out(bt * s.c), dwte = k.dwte0, dwpe = k.dwpe0;
+      ASSERT_TRUE(embedding_forward(out.data(), k.tokens.data(), k.wte.data(), k.wpe.data(), s.b,
+                                    s.t, s.c, nullptr, block)
                       .ok());
-      ASSERT_TRUE(embedding_backward(dwte.data(), dwpe.data(), dout_f.data(), tokens.data(), s.b,
+      ASSERT_TRUE(embedding_backward(dwte.data(), dwpe.data(), k.dout.data(), k.tokens.data(), s.b,
                                      s.t, s.c, nullptr, block)
                       .ok());
-      EXPECT_TRUE(SameBits(out, out_cpu)) << "out";
-      EXPECT_TRUE(SameBits(dwte, dwte_cpu)) << "dwte";
-      EXPECT_TRUE(SameBits(dwpe, dwpe_cpu)) << "dwpe";
-      ExpectClose(out, out_ref, 1e-5, "out", /*floor=*/1.0);     // a sum of two O(1) values
-      ExpectClose(dwte, dwte_ref, 1e-5, "dwte", /*floor=*/1.0);  // sums onto O(1) values
-      ExpectClose(dwpe, dwpe_ref, 1e-5, "dwpe", /*floor=*/1.0);
+      ExpectEmbeddingFp32Matches(k, out, dwte, dwpe);
     }
   }
 }
@@ -85,61 +58,25 @@ TEST_P(EmbeddingCudaTest, Fp32IsBitIdenticalToTheFloatCpuKernel) {
 // |got − exact| ≤ 2^-8 · Σ |partial sums| (bf16 keeps 8 significant bits; the float addition
 // before each rounding is exact or off by 2^-24, which the margin covers).
 TEST_P(EmbeddingCudaTest, Bf16MatchesTheRoundedReference) {
-  for (const Shape& s : kShapes) {
+  for (const EmbeddingShape& s : kEmbeddingShapes) {
     const int64_t bt = s.b * s.t, c = s.c;
-    const auto tokens = RandomTokens(bt, s.vocab, s.c + s.t + 1);
-    const auto wte_b = testing::ToBf16(RandomVector(s.vocab * c, 11));
-    const auto wpe_b = testing::ToBf16(RandomVector(s.t * c, 12));
-    const auto dout_b = testing::ToBf16(RandomVector(bt * c, 13));
-    const auto dwte0_b = testing::ToBf16(RandomVector(s.vocab * c, 14));
-    const auto dwpe0_b = testing::ToBf16(RandomVector(s.t * c, 15));
-    const auto wte = testing::ToDouble(wte_b), wpe = testing::ToDouble(wpe_b);
-    const auto dout = testing::ToDouble(dout_b);
-    std::vector<double> out_ref(bt * c), dwte_ref = testing::ToDouble(dwte0_b),
-                                         dwpe_ref = testing::ToDouble(dwpe0_b);
-    EmbeddingForward<double>(out_ref.data(), tokens.data(), wte.data(), wpe.data(), s.b, s.t, c);
-    EmbeddingBackward<double>(dwte_ref.data(), dwpe_ref.data(), dout.data(), tokens.data(), s.b,
-                              s.t, c);
-
-    // The replay, and Σ |partial sums| per element.
-    std::vector<__nv_bfloat16> dwte_replay = dwte0_b, dwpe_replay = dwpe0_b;
-    std::vector<double> dwte_mass(s.vocab * c, 0.0), dwpe_mass(s.t * c, 0.0);
-    for (int64_t i = 0; i < bt; ++i) {
-      for (int64_t j = 0; j < c; ++j) {
-        const float g = __bfloat162float(dout_b[i * c + j]);
-        const int64_t te = tokens[i] * c + j, pe = (i % s.t) * c + j;
-        dwte_replay[te] = __float2bfloat16(__bfloat162float(dwte_replay[te]) + g);
-        dwpe_replay[pe] = __float2bfloat16(__bfloat162float(dwpe_replay[pe]) + g);
-        dwte_mass[te] += std::fabs(__bfloat162float(dwte_replay[te]));
-        dwpe_mass[pe] += std::fabs(__bfloat162float(dwpe_replay[pe]));
-      }
-    }
+    const EmbeddingBf16Case k = MakeEmbeddingBf16Case(s);
 
     for (int block : {32, 96}) {
       SCOPED_TRACE(::testing::Message()
                    << "b=" << s.b << " t=" << s.t << " c=" << c << " block=" << block);
-      std::vector<__nv_bfloat16> out(bt * c), dwte = dwte0_b, dwpe = dwpe0_b;
-      ASSERT_TRUE(embedding_forward(out.data(), tokens.data(), wte_b.data(), wpe_b.data(), s.b, s.t,
-                                    c, nullptr, block)
+      std::vector<__nv_bfloat16> out(bt * c), dwte = k.dwte0, dwpe = k.dwpe0;
+      ASSERT_TRUE(embedding_forward(out.data(), k.tokens.data(), k.wte.data(), k.wpe.data(), s.b,
+                                    s.t, c, nullptr, block)
                       .ok());
-      ASSERT_TRUE(embedding_backward(dwte.data(), dwpe.data(), dout_b.data(), tokens.data(), s.b,
+      ASSERT_TRUE(embedding_backward(dwte.data(), dwpe.data(), k.dout.data(), k.tokens.data(), s.b,
                                      s.t, c, nullptr, block)
                       .ok());
-      ExpectWithinOneBf16Ulp(out, out_ref, "out");
-      EXPECT_TRUE(SameBits(dwte, dwte_replay)) << "dwte";
-      EXPECT_TRUE(SameBits(dwpe, dwpe_replay)) << "dwpe";
-      auto expect_bounded = [](const std::vector<__nv_bfloat16>& got,
-                               const std::vector<double>& ref, const std::vector<double>& mass,
-                               const char* what) {
-        for (size_t k = 0; k < got.size(); ++k) {
-          const double bound = 1.01 * std::ldexp(mass[k], -8);
-          ASSERT_LE(std::fabs(__bfloat162float(got[k]) - ref[k]), bound)
-              << what << "[" << k << "] is " << __bfloat162float(got[k]) << ", reference "
-              << ref[k];
-        }
-      };
-      expect_bounded(dwte, dwte_ref, dwte_mass, "dwte");
-      expect_bounded(dwpe, dwpe_ref, dwpe_mass, "dwpe");
+      ExpectWithinOneBf16Ulp(out, k.out_ref, "out");
+      EXPECT_TRUE(SameBits(dwte, k.replay.dwte)) << "dwte";
+      EXPECT_TRUE(SameBits(dwpe, k.replay.dwpe)) << "dwpe";
+      ExpectWithinRoundingBound(dwte, k.dwte_ref, k.replay.dwte_mass, "dwte");
+      ExpectWithinRoundingBound(dwpe, k.dwpe_ref, k.replay.dwpe_mass, "dwpe");
     }
   }
 }

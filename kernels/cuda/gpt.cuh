@@ -268,6 +268,10 @@ class GptCuda {
   const Tx* logits() const { return acts_.logits; }  // [b, t, V] of the last Forward
   const float* losses() const { return acts_.losses; }
 
+  // After params() was written in place (not through SetParams): refreshes the Tx copy the
+  // kernels read (enqueued); nothing to do when Tx is float.
+  absl::Status ParamsChanged() { return RefreshParamsX(); }
+
   // Copies num_params() fp32 host values in (and refreshes the Tx copy) or out.
   absl::Status SetParams(const float* host) {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "allocator.h"
+#include "array_ops_cuda.h"
 #include "check.h"
 
 namespace troupe::kernels::cuda {
@@ -34,6 +35,7 @@ class GptDevice::Impl {
     // The model's memory, cuBLASLt handle and workspace go first (cudaFree waits for the
     // device), then its stream; on the device they were made on.
     (void)cudaSetDevice(ordinal_);
+    ops_.reset();  // its arrays are gone by now (the header's rule); it does not own the stream
     f32_.reset();
     bf16_.reset();
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
@@ -57,6 +59,23 @@ class GptDevice::Impl {
   int ordinal() const { return ordinal_; }
   bool bf16() const { return bf16_ != nullptr; }
   int64_t num_params() const { return f32_ != nullptr ? f32_->num_params() : bf16_->num_params(); }
+  float* params() { return f32_ != nullptr ? f32_->params() : bf16_->params(); }
+  const float* grads() const { return f32_ != nullptr ? f32_->grads() : nullptr; }
+  model::ArrayOps& ops() { return *ops_; }
+  absl::Status Synchronize() const {
+    if (absl::Status s = MakeCurrent(); !s.ok()) return s;
+    TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  // The trainer's array operations, on this object's stream.
+  absl::Status BuildArrayOps() {
+    absl::StatusOr<std::unique_ptr<model::ArrayOps>> ops =
+        CreateCudaArrayOpsOnStream(ordinal_, stream_);
+    if (!ops.ok()) return ops.status();
+    ops_ = std::move(*ops);
+    return absl::OkStatus();
+  }
 
   template <typename Tx>
   absl::Status Build() {
@@ -80,51 +99,14 @@ class GptDevice::Impl {
   cudaStream_t stream_;
   std::unique_ptr<GptCuda<float>> f32_;
   std::unique_ptr<GptCuda<__nv_bfloat16>> bf16_;
+  std::unique_ptr<model::ArrayOps> ops_;
 };
-
-namespace {
-
-// Any failure to reach the device means "no usable GPU here": FailedPrecondition whatever code
-// the runtime's error maps to, with its name kept in the message.
-absl::Status Unusable(int ordinal, const absl::Status& cause) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("GptDevice: no usable CUDA device cuda:", ordinal, ": ", cause.message()));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GptDevice>> GptDevice::Create(const model::GptConfig& config,
                                                              int device_ordinal, bool bf16) {
   // The device first, so that a machine without a driver answers at once, naming the cause.
-  int count = 0;
-  if (absl::Status s = CudaErrorStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount(&count)",
-                                       __FILE__, __LINE__);
-      !s.ok()) {
-    return Unusable(device_ordinal, s);
-  }
-  if (device_ordinal < 0 || device_ordinal >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GptDevice: no CUDA device cuda:", device_ordinal, " (this machine has ",
-                     count, " device(s))"));
-  }
-  cudaDeviceProp prop = {};
-  if (absl::Status s = CudaErrorStatus(cudaGetDeviceProperties(&prop, device_ordinal),
-                                       "cudaGetDeviceProperties", __FILE__, __LINE__);
-      !s.ok()) {
-    return Unusable(device_ordinal, s);
-  }
-  // troupe_kernels_cuda carries sm_80 / sm_90 SASS and compute_90 PTX: older GPUs have no image.
-  if (prop.major < 8) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GptDevice: cuda:", device_ordinal, " (", prop.name, ") has compute capability ",
-        prop.major, ".", prop.minor, "; the kernels need 8.0 or newer"));
-  }
+  if (absl::Status s = UseKernelDevice("GptDevice", device_ordinal); !s.ok()) return s;
   if (absl::Status s = config.Validate(); !s.ok()) return s;
-  if (absl::Status s =
-          CudaErrorStatus(cudaSetDevice(device_ordinal), "cudaSetDevice", __FILE__, __LINE__);
-      !s.ok()) {
-    return Unusable(device_ordinal, s);
-  }
   // A blocking stream (not cudaStreamNonBlocking): MatmulRunner fills its vectors of ones with
   // plain cudaMemcpy on the legacy default stream, which a blocking stream's later work waits for.
   cudaStream_t stream = nullptr;
@@ -133,6 +115,7 @@ absl::StatusOr<std::unique_ptr<GptDevice>> GptDevice::Create(const model::GptCon
   if (absl::Status s = bf16 ? impl->Build<__nv_bfloat16>() : impl->Build<float>(); !s.ok()) {
     return s;
   }
+  if (absl::Status s = impl->BuildArrayOps(); !s.ok()) return s;
   return std::unique_ptr<GptDevice>(new GptDevice(std::move(impl)));
 }
 
@@ -190,5 +173,13 @@ absl::StatusOr<double> GptDevice::Step(const model::AdamWConfig& adamw,
   return impl_->Call<absl::StatusOr<double>>(
       [&](auto& g) { return g.Step(adamw, schedule, step); });
 }
+
+float* GptDevice::device_params() { return impl_->params(); }
+const float* GptDevice::device_grads() const { return impl_->grads(); }
+absl::Status GptDevice::ParamsChanged() {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.ParamsChanged(); });
+}
+absl::Status GptDevice::Synchronize() { return impl_->Synchronize(); }
+model::ArrayOps& GptDevice::array_ops() { return impl_->ops(); }
 
 }  // namespace troupe::kernels::cuda

@@ -13,6 +13,9 @@
 // Each object owns its device memory (a caching allocator), its cuBLASLt runner and a stream on
 // its device; every call makes that device current on the calling thread first. Not thread-safe.
 // Forward, Step, GradNorm and the Get* calls wait for the stream; the others only enqueue work.
+// A GPU Trainable reaches the device buffers directly: device_params() / device_grads() (fp32),
+// array_ops() for the elastic trainer's operations on the same stream, Synchronize(), and
+// ParamsChanged() after writing device_params() (a no-op in fp32; bf16 refreshes its weight copy).
 //
 // Example:
 //   absl::StatusOr<std::unique_ptr<GptDevice>> gpt =
@@ -32,6 +35,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "troupe/model/array_ops.h"
 #include "troupe/model/config.h"
 #include "troupe/model/optimizer.h"
 
@@ -81,6 +85,27 @@ class GptDevice {
   // per-tensor weight decay (GptCuda::Step). Returns the norm before clipping.
   absl::StatusOr<double> Step(const model::AdamWConfig& adamw, const model::LrSchedule& schedule,
                               int64_t step);
+
+  // --- Device memory, for a Trainable on the GPU (the elastic trainer) ---
+  // The num_params() fp32 master weights in device memory, in ParamLayout's order; the pointer is
+  // fixed for the object's life. A caller that writes them directly (array_ops(), a communicator)
+  // must call ParamsChanged() before the next Forward.
+  float* device_params();
+  // The num_params() fp32 gradients in device memory (what Backward adds to), or nullptr in bf16
+  // mode, where the gradients are bf16 (elastic training on CUDA is fp32 for now; GetGrads widens
+  // bf16 gradients on the host).
+  const float* device_grads() const;
+  // Tells the object that device_params() was written other than through SetParams/InitParams/
+  // Step: in bf16 mode refreshes the bf16 copy of the weights the kernels read (enqueued on the
+  // stream, so ordered before the next Forward); nothing in fp32 mode, where the kernels read the
+  // master weights themselves.
+  absl::Status ParamsChanged();
+  // Waits for all work enqueued on this object's stream.
+  absl::Status Synchronize();
+  // Array operations on this device and on this object's stream (CreateCudaArrayOpsOnStream), so
+  // they are ordered with Forward/Backward/Step without further synchronisation; each waits for
+  // the stream before returning. Arrays it allocates must be destroyed before this object.
+  model::ArrayOps& array_ops();
 
   class Impl;  // gpt_device.cu
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernel_cases.h"
 #include "test_util.h"
 #include "troupe/kernels/layernorm.h"
 #include "troupe/kernels/residual.h"
@@ -20,49 +21,23 @@ using testing::ExpectClose;
 using testing::ExpectWithinOneBf16Ulp;
 using testing::ToBf16;
 using testing::ToDouble;
+// kernel_cases.h
+using testing::Activations;
+using testing::Around1;
+using testing::LayerNormBackwardData;
+using testing::LayerNormRef;
+using testing::MakeLayerNormBackward;
+using testing::SameBits;
+using testing::ToD;
+using testing::ToF;
 
 class LayerNormCudaTest : public testing::ScheduledTest {};
 TROUPE_INSTANTIATE_SCHEDULES(LayerNormCudaTest);
-
-std::vector<float> ToF(const std::vector<double>& v) { return kernels::testing::ToFloat(v); }
-
-std::vector<double> ToD(const std::vector<float>& v) { return {v.begin(), v.end()}; }
-
-// Activations with a mean far from zero (so that a one-pass variance would lose digits), weights
-// and biases around 1.
-std::vector<double> Activations(int64_t size, uint64_t seed) {
-  auto x = RandomVector(size, seed, 2.0);
-  for (auto& v : x) v += 3.0;
-  return x;
-}
-
-std::vector<double> Around1(int64_t size, uint64_t seed) {
-  auto w = RandomVector(size, seed, 0.5);
-  for (auto& v : w) v += 1.0;
-  return w;
-}
 
 // Scratch full of NaN: the backward must not depend on what it holds on entry.
 std::vector<float> Scratch(int64_t n, int64_t c, int max_blocks) {
   return std::vector<float>(layernorm_backward_scratch_floats(n, c, max_blocks),
                             std::numeric_limits<float>::quiet_NaN());
-}
-
-template <typename T>
-bool SameBits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-struct ForwardRef {
-  std::vector<double> out, mean, rstd;
-};
-
-ForwardRef LayerNormRef(const std::vector<double>& x, const std::vector<double>& w,
-                        const std::vector<double>& b, int64_t n, int64_t c) {
-  ForwardRef r{std::vector<double>(n * c), std::vector<double>(n), std::vector<double>(n)};
-  LayerNormForward<double>(r.out.data(), r.mean.data(), r.rstd.data(), x.data(), w.data(), b.data(),
-                           n, c);
-  return r;
 }
 
 struct Shape {
@@ -210,31 +185,11 @@ constexpr BackwardCase kBackwardCases[] = {{1, 1, 32, 512}, {3, 3, 32, 2},    {5
                                            {37, 37, 96, 4}, {9, 300, 256, 3}, {2, 768, 256, 512},
                                            {40, 5, 32, 512}};
 
-// Backward inputs in double; mean and rstd as the forward's float outputs would be.
-struct BackwardData {
-  std::vector<double> dout, x, w, mean, rstd, dinp0, dw0, db0;
-};
-
-BackwardData MakeBackward(int64_t n, int64_t c, uint64_t seed) {
-  BackwardData d;
-  // x as float: with C = 1, rstd = 1/sqrt(eps) ≈ 316 magnifies any mismatch of x and the mean.
-  d.x = ToD(ToF(Activations(n * c, seed)));
-  d.w = Around1(c, seed + 1);
-  d.dout = RandomVector(n * c, seed + 2);
-  d.dinp0 = RandomVector(n * c, seed + 3);
-  d.dw0 = RandomVector(c, seed + 4);
-  d.db0 = RandomVector(c, seed + 5);
-  const auto fwd = LayerNormRef(d.x, d.w, RandomVector(c, seed + 6), n, c);
-  d.mean = ToD(ToF(fwd.mean));
-  d.rstd = ToD(ToF(fwd.rstd));
-  return d;
-}
-
 struct BackwardRef {
   std::vector<double> dinp, dw, db;
 };
 
-BackwardRef LayerNormBackwardRef(const BackwardData& d, int64_t n, int64_t c) {
+BackwardRef LayerNormBackwardRef(const LayerNormBackwardData& d, int64_t n, int64_t c) {
   BackwardRef r{d.dinp0, d.dw0, d.db0};
   LayerNormBackward<double>(r.dinp.data(), r.dw.data(), r.db.data(), d.dout.data(), d.x.data(),
                             d.w.data(), d.mean.data(), d.rstd.data(), n, c);
@@ -246,7 +201,7 @@ TEST_P(LayerNormCudaTest, BackwardFp32MatchesTheCpuReference) {
     const int64_t n = k.n, c = k.c;
     SCOPED_TRACE(::testing::Message() << "n " << n << " c " << c << " block " << k.block
                                       << " max_blocks " << k.max_blocks);
-    const auto d = MakeBackward(n, c, n * 100 + c);
+    const auto d = MakeLayerNormBackward(n, c, n * 100 + c);
     const auto ref = LayerNormBackwardRef(d, n, c);
     const auto dout = ToF(d.dout), x = ToF(d.x), w = ToF(d.w), mean = ToF(d.mean),
                rstd = ToF(d.rstd);
@@ -268,10 +223,10 @@ TEST_P(LayerNormCudaTest, BackwardBf16IsWithinOneUlpOfTheRoundedReference) {
   for (const BackwardCase k : {BackwardCase{13, 37, 64, 5}, BackwardCase{3, 768, 256, 512}}) {
     const int64_t n = k.n, c = k.c;
     SCOPED_TRACE(::testing::Message() << "n " << n << " c " << c);
-    const auto d0 = MakeBackward(n, c, 77);
+    const auto d0 = MakeLayerNormBackward(n, c, 77);
     const auto dout_b = ToBf16(d0.dout), x_b = ToBf16(d0.x), w_b = ToBf16(d0.w),
                dinp0_b = ToBf16(d0.dinp0), dw0_b = ToBf16(d0.dw0), db0_b = ToBf16(d0.db0);
-    BackwardData d = d0;  // the reference starts from the same bf16 values
+    LayerNormBackwardData d = d0;  // the reference starts from the same bf16 values
     d.dout = ToDouble(dout_b), d.x = ToDouble(x_b), d.w = ToDouble(w_b);
     d.dinp0 = ToDouble(dinp0_b), d.dw0 = ToDouble(dw0_b), d.db0 = ToDouble(db0_b);
     const auto ref = LayerNormBackwardRef(d, n, c);
@@ -293,7 +248,7 @@ TEST_P(LayerNormCudaTest, BackwardBf16IsWithinOneUlpOfTheRoundedReference) {
 TEST(LayerNormCudaLargeC, BackwardFp32WithSumsInScratch) {
   const int64_t n = 3, c = kLayerNormBackwardMaxSharedC + 5;
   const int max_blocks = 2;
-  const auto d = MakeBackward(n, c, 5);
+  const auto d = MakeLayerNormBackward(n, c, 5);
   const auto ref = LayerNormBackwardRef(d, n, c);
   const auto dout = ToF(d.dout), x = ToF(d.x), w = ToF(d.w), mean = ToF(d.mean), rstd = ToF(d.rstd);
   auto dinp = ToF(d.dinp0), dw = ToF(d.dw0), db = ToF(d.db0);
@@ -319,7 +274,7 @@ std::vector<std::vector<unsigned char>> RunAll(simt::Schedule schedule) {
     for (size_t i = 0; i < v.size(); ++i) out[i] = FromFloat<Tx>(static_cast<float>(v[i]));
     return out;
   };
-  const auto d = MakeBackward(n, c, 9);
+  const auto d = MakeLayerNormBackward(n, c, 9);
   const auto in1 = conv(d.x), in2 = conv(RandomVector(n * c, 10)), w = conv(d.w),
              b = conv(RandomVector(c, 11)), dout = conv(d.dout);
   std::vector<Tx> res(n * c), out(n * c), dinp = conv(d.dinp0), dw = conv(d.dw0), db = conv(d.db0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bf16_test_util.h"
+#include "gpu_test_util.h"
 #include "matmul_lt.h"
 #include "test_util.h"
 
@@ -126,8 +127,9 @@ void GpuMatchesReference(MatmulRunner& runner, MatmulDtype dtype) {
 }
 
 TEST(MatmulRunnerGpuTest, MatchesTheCpuInterpretationAndRepeatsBitForBit) {
+  TROUPE_SKIP_WITHOUT_GPU();
   auto runner = MatmulRunner::Create();
-  if (!runner.ok()) GTEST_SKIP() << "GPU test skipped, no usable GPU: " << runner.status();
+  ASSERT_TRUE(runner.ok()) << runner.status();
   GpuMatchesReference<float>(**runner, MatmulDtype::kF32);
   GpuMatchesReference<__nv_bfloat16>(**runner, MatmulDtype::kBf16);
   EXPECT_EQ((*runner)->cached_shapes(), 16u);  // planned once each, though run twice

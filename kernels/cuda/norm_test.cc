@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda_test_util.h"
+#include "kernel_cases.h"
 #include "test_util.h"
 #include "troupe/kernels/norm.h"
 
@@ -15,26 +16,12 @@ namespace troupe::kernels::cuda {
 namespace {
 
 using kernels::testing::RandomVector;
+using testing::Bits;
+using testing::ExpectChunkSumsMatch;
+using testing::SpreadFloats;
 
 class NormCudaTest : public testing::ScheduledTest {};
 TROUPE_INSTANTIATE_SCHEDULES(NormCudaTest);
-
-uint64_t Bits(double x) {
-  uint64_t b;
-  std::memcpy(&b, &x, sizeof(b));
-  return b;
-}
-
-// Random floats of both signs spread over 2^-20 … 2^20, so that the double sums round and the
-// order of the additions shows in the bits.
-std::vector<float> SpreadFloats(int64_t n, uint64_t seed) {
-  const auto r = RandomVector(n, seed);
-  std::vector<float> x(n);
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = static_cast<float>(std::ldexp(r[i], static_cast<int>((i * 7919 + seed) % 41) - 20));
-  }
-  return x;
-}
 
 int64_t NumChunks(int64_t n) { return (n + kNormChunk - 1) / kNormChunk; }
 
@@ -52,13 +39,7 @@ TEST_P(NormCudaTest, ChunkSumsMatchTheCpuBitForBit) {
       ChunkSquareSums(x.data(), n, want.data());
       std::vector<double> got(chunks + 1, std::numeric_limits<double>::quiet_NaN());
       ASSERT_TRUE(chunk_square_sums(got.data(), x.data(), n, nullptr, block).ok());
-      for (int64_t c = 0; c < chunks; ++c) {
-        ASSERT_EQ(Bits(got[c]), Bits(want[c]))
-            << "chunk " << c << ": " << got[c] << " vs CPU " << want[c];
-      }
-      EXPECT_TRUE(std::isnan(got[chunks])) << "wrote past the last chunk";
-      EXPECT_EQ(Bits(std::sqrt(TreeSum(got.data(), chunks))),
-                Bits(std::sqrt(TreeSum(want.data(), chunks))));
+      ExpectChunkSumsMatch(got, want);
     }
   }
 }

@@ -13,6 +13,7 @@
 #include <deque>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -27,6 +28,7 @@ namespace {
 using echo_atom = caf::atom_constant<caf::atom("echo")>;
 using pid_atom = caf::atom_constant<caf::atom("pid")>;
 using hang_atom = caf::atom_constant<caf::atom("hang")>;
+using gpus_atom = caf::atom_constant<caf::atom("gpus")>;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -165,6 +167,38 @@ class ClusterTest : public ::testing::Test {
   caf::actor listener_;
   Events events_;
 };
+
+// Each worker gets its share of its node's GPUs in CUDA_VISIBLE_DEVICES: ids from the agent's own
+// CUDA_VISIBLE_DEVICES where it has one (SLURM, a device plugin, the embedded cluster), else from
+// 0.
+TEST_F(ClusterTest, WorkersGetTheirShareOfTheNodesGpus) {
+  ASSERT_TRUE(
+      cluster_->AddNode("given", 2, "cpu=2,gpu=4", "", {}, {{"CUDA_VISIBLE_DEVICES", "3,5,6,7"}})
+          .ok());
+  ASSERT_TRUE(cluster_->AddNode("counted", 2, "cpu=2,gpu=2").ok());
+  ASSERT_TRUE(cluster_->AddNode("none", 1, "cpu=1").ok());
+  const std::map<std::string, std::string> want = {{"given/w0", "3,5"},
+                                                   {"given/w1", "6,7"},
+                                                   {"counted/w0", "0"},
+                                                   {"counted/w1", "1"},
+                                                   {"none/w0", ""}};
+  for (const auto& [worker, gpus] : want) {
+    ASSERT_TRUE(events_.WaitFor([&](auto& e) {
+      return e.kind == MembershipKind::kWorkerAlive && e.subject == worker;
+    })) << "worker "
+        << worker << " did not join";
+    Placement at;
+    at.worker = worker;
+    auto ref = client_->Spawn("echo", caf::make_message(),
+                              "gpus-" + absl::StrReplaceAll(worker, {{"/", "-"}}), at);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    caf::scoped_actor self{rt_->system()};
+    std::string got = "<no answer>";
+    self->request(ref->handle, std::chrono::seconds(5), gpus_atom::value)
+        .receive([&](const std::string& v) { got = v; }, [](caf::error&) {});
+    EXPECT_EQ(got, gpus) << worker;
+  }
+}
 
 TEST_F(ClusterTest, RemoteSpawnOnDistinctProcesses) {
   StartNode("node-a", 2);

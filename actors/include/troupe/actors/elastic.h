@@ -25,6 +25,11 @@
 // Reconfiguration (a new generation, a new communicator) restores the committed state by ranges:
 // parameters are broadcast from new rank 0 (a survivor), each old range's moments come from its
 // surviving owner, else from the buddy's mirror, else the whole job restores from a checkpoint.
+//
+// Devices: every buffer of the step lives in the Trainable's memory (Trainable::array_ops(): the
+// host's, or a GPU's) and is touched only through its ArrayOps and the communicator — so one code
+// path trains on the host and on a GPU (NCCL), with the same canonical order and bits. Only the
+// gradient norm's chunk sums (a few doubles per rank) travel through a host communicator.
 #ifndef TROUPE_ACTORS_ELASTIC_H_
 #define TROUPE_ACTORS_ELASTIC_H_
 
@@ -40,6 +45,7 @@
 #include "troupe/actors/checkpoint_store.h"
 #include "troupe/actors/trainable.h"
 #include "troupe/collectives/communicator.h"
+#include "troupe/model/array_ops.h"
 #include "troupe/model/optimizer.h"
 #include "troupe/model/tree_sum.h"
 
@@ -93,6 +99,15 @@ struct GenerationPlan {
   uint64_t epoch = 0;
 };
 
+// A copy of a rank's committed range [begin, end) in host memory: parameters, AdamW m and v,
+// end - begin floats each, one after the other in `data`.
+struct HostShard {
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<float> data;
+  ShardView view() const;
+};
+
 struct StepOutcome {
   std::vector<std::pair<int32_t, double>> losses;  // (microbatch, mean loss) computed here
   double grad_norm = 0;
@@ -119,16 +134,21 @@ class ElasticRank {
 
   ElasticRank(Trainable* model, Options options);
 
-  // Stages generation `plan` on `comm` (rank plan.rank of plan.world). A staged step whose
+  // Stages generation `plan` on `comm` (rank plan.rank of plan.world), which moves the model's
+  // memory (NCCL for a GPU's); `host_comm` (the same group, host memory) carries the gradient
+  // norm's chunk sums — null: `comm` does, for a model in host memory. A staged step whose
   // number the plan says is committed is applied first (its commit message was lost with a
   // coordinator); any other staged state is abandoned. `store` is used only for
   // kCheckpoint. Once every rank returned OK and committed, every rank holds the committed state
   // of step plan.committed_steps in the new layout, mirrored on its buddy.
   [[nodiscard]] absl::Status Configure(collectives::Communicator* comm, const GenerationPlan& plan,
-                                       CheckpointStore* store);
+                                       CheckpointStore* store,
+                                       collectives::Communicator* host_comm = nullptr);
   // Runs step committed_steps() into staged state.
   [[nodiscard]] absl::StatusOr<StepOutcome> RunStep();
-  // Applies what is staged (a step or a configuration); no-op when nothing is.
+  // Applies what is staged (a step or a configuration); no-op when nothing is. Should the device
+  // fail to copy, the rank drops its state and every later RunStep fails naming the error (the
+  // coordinator then restores it like a new rank).
   void Commit();
   void Abandon();
   bool has_state() const { return has_state_; }
@@ -137,37 +157,44 @@ class ElasticRank {
   const ShardLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
   Trainable* model() { return model_; }
-  // The committed state of this rank's range (what a checkpoint writer copies).
-  ShardView committed_shard() const;
+  // The committed state of this rank's range, copied to the host (what a checkpoint writer
+  // writes).
+  [[nodiscard]] absl::StatusOr<HostShard> CommittedShardOnHost() const;
+  // All n committed parameters, copied to the host.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> ParamsOnHost() const;
 
  private:
   enum class Staged { kNone, kStep, kConfig };
   // Posts the moments' mirror to the buddy (rank + buddy) and the receive of the mirror this
-  // rank keeps (from rank - buddy); the caller waits.
-  [[nodiscard]] std::vector<collectives::Work> PostMirror(const ShardLayout& layout, int rank,
-                                                          int buddy, const std::vector<float>& m,
-                                                          const std::vector<float>& v,
-                                                          std::vector<float>* replica_m,
-                                                          std::vector<float>* replica_v);
+  // rank keeps (from rank - buddy) into *works; the caller waits.
+  [[nodiscard]] absl::Status PostMirror(const ShardLayout& layout, int rank, int buddy,
+                                        const model::FloatArray& m, const model::FloatArray& v,
+                                        model::FloatArray* replica_m, model::FloatArray* replica_v,
+                                        std::vector<collectives::Work>* works);
   [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
   // RunStep's phases, in order; each fills the buffers the next one reads.
   [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
                                                StepOutcome* out);
   [[nodiscard]] absl::Status ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi);
   [[nodiscard]] absl::StatusOr<double> GlobalGradNorm();
-  void StageAdamW(int64_t step, double grad_norm);
+  [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
+  [[nodiscard]] absl::Status RestoreFromCheckpoint(const GenerationPlan& plan,
+                                                   const ShardLayout& to, CheckpointStore* store);
   [[nodiscard]] absl::Status ShareStagedState();
 
   Trainable* model_;
+  model::ArrayOps* ops_;  // model_->array_ops()
   Options options_;
   collectives::Communicator* comm_ = nullptr;
+  collectives::Communicator* host_comm_ = nullptr;
+  absl::Status commit_error_;  // sticky: a commit the device failed
   ShardLayout layout_;
   int rank_ = 0;
   int buddy_ = 1;
   bool has_state_ = false;
   int64_t committed_ = 0;
   // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range.
-  std::vector<float> m_, v_, replica_m_, replica_v_;
+  model::FloatArray m_, v_, replica_m_, replica_v_;
   // Staged by RunStep or Configure; staged_full_ holds all n parameters.
   Staged staged_ = Staged::kNone;
   ShardLayout staged_layout_;
@@ -177,7 +204,7 @@ class ElasticRank {
   // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
   // microbatch.
   std::optional<model::TreeAccumulator> acc_;
-  std::vector<float> partial_, grad_shard_, staged_params_, staged_full_, staged_m_, staged_v_,
+  model::FloatArray partial_, grad_shard_, staged_params_, staged_full_, staged_m_, staged_v_,
       staged_replica_m_, staged_replica_v_;
 };
 

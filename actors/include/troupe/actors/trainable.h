@@ -7,6 +7,7 @@
 // refers to (see training.h); the GPT from model/ is one implementation ("gpt").
 //
 // Contract, which deterministic mode relies on:
+//   * params() and grads() point into array_ops()' memory (the host's unless device() is a GPU);
 //   * ComputeGradient(step, k) is a pure function of (params(), step, k): it reads the microbatch
 //     from the job's pure data function and overwrites grads() with the gradient of its share of
 //     the step's loss (the step loss is the sum over the M microbatches' shares);
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "troupe/model/array_ops.h"
 #include "troupe/model/config.h"
 
 namespace troupe::actors {
@@ -56,6 +58,10 @@ struct Device {
 // CUDA, the CUDA runtime's error name (e.g. cudaErrorInsufficientDriver on a machine without a
 // driver) or a build without the CUDA backend.
 [[nodiscard]] absl::Status CheckDeviceUsable(const Device& device);
+// How many CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies): in a cluster each worker
+// sees only its own GPUs, so "cuda" (device 0) is the worker's first. FailedPrecondition naming
+// the CUDA runtime's error where none can be used, or in a build without the CUDA backend.
+[[nodiscard]] absl::StatusOr<int> CudaDeviceCount();
 
 class Trainable {
  public:
@@ -75,6 +81,9 @@ class Trainable {
   virtual std::optional<model::GptConfig> gpt_config() const { return std::nullopt; }
   // Where params() and grads() point. Checkpoints use the same flat layout on every device.
   virtual Device device() const { return {}; }
+  // That memory and its operations: the elastic trainer reaches params() and grads() only
+  // through these (and its communicator), never by dereferencing them.
+  virtual model::ArrayOps& array_ops() { return model::HostArrayOps(); }
 };
 
 // The model part of a job spec, as the factory sees it.

@@ -175,6 +175,20 @@ class Communicator {
   virtual Work Recv(Buffer buffer, int peer, uint32_t tag, const CollectiveOptions& opts) = 0;
   virtual Work Barrier(const CollectiveOptions& opts) = 0;
 
+  // Sends and receives posted together, one Work each, in order: none waits for another to
+  // start, so a ring whose ranks each send to the next and receive from the previous cannot
+  // deadlock on a backend whose point-to-point calls queue behind each other (NCCL runs the batch
+  // as one group). The default posts each through Send and Recv.
+  struct PointToPoint {
+    enum class Kind : uint8_t { kSend, kRecv };
+    Kind kind = Kind::kSend;
+    Buffer buffer;
+    int peer = 0;
+    uint32_t tag = 0;
+  };
+  virtual std::vector<Work> PostPointToPoint(const std::vector<PointToPoint>& ops,
+                                             const CollectiveOptions& opts);
+
   // Fails every pending and future operation with `status` (e.g. Aborted for a generation change,
   // Unavailable when the control plane saw a peer die). Idempotent: the first status wins.
   virtual void Abort(absl::Status status) = 0;

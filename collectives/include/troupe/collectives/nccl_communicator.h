@@ -24,11 +24,21 @@
 // the transport notices (a connection closes), but over NVLink or shared memory they may wait
 // until their own Abort or deadline — so every survivor's liveness monitor aborts its own
 // communicator. The deadline is DeadlineExceeded. Bad options or arguments are InvalidArgument and
-// leave the communicator healthy. Ordered reduction and compression are host-backend features:
-// requesting them is InvalidArgument; other algorithm hints are ignored (NCCL picks its own). Tags
-// of Send/Recv are not matched: between two ranks they pair in issue order, as in NCCL, and
-// each is its own NCCL call (not grouped), so two ranks that both Send to each other first
-// deadlock until the deadline: order them (e.g. even ranks send first). Threads:
+// leave the communicator healthy. Compression is a host-backend feature: requesting it is
+// InvalidArgument. Algorithm::kOrdered (the deterministic mode) is ReduceScatter's only, for f32
+// sums (other types, ops or operations: InvalidArgument): each rank's block is combined in the
+// canonical tree order over the ranks' contribution intervals, bit-identical to the host
+// backends for any group size. It all-gathers the intervals, exchanges the partials in one NCCL
+// group and adds them with a kernel; the adds are enqueued once the intervals reached the host,
+// by Wait or by the next operation issued (which waits for that, up to the ordered operation's
+// deadline, so issue it on every rank before issuing more on one). Intervals that are not
+// disjoint aligned subtrees covering [0, total) are InvalidArgument on every rank and leave the
+// communicator healthy; a peer's failure during it fails it as any other operation. It needs
+// size * output.count floats of device scratch (kept, grown as needed, with the communicator).
+// Other algorithm hints are ignored (NCCL picks its own). Tags of Send/Recv are not matched:
+// between two ranks they pair in issue order, as in NCCL, and each is its own NCCL call (not
+// grouped), so two ranks that both Send to each other first deadlock until the deadline: order
+// them (e.g. even ranks send first). Threads:
 // any thread may issue operations, wait, or call Abort (a liveness monitor does). Issuing sets the
 // calling thread's current CUDA device to `NcclOptions::device`. Built when TROUPE_HAVE_CUDA;
 // otherwise Create returns FailedPrecondition.

@@ -27,6 +27,7 @@
 #ifndef TROUPE_COLLECTIVES_UCX_COMMUNICATOR_H_
 #define TROUPE_COLLECTIVES_UCX_COMMUNICATOR_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -69,6 +70,10 @@ struct UcxOptions {
   // whose memory this process may read (process_vm_readv; probed at creation, off where the
   // ptrace policy forbids it). A peer killed in the middle of a read is an Unavailable error.
   bool single_copy = true;
+  // Called on the liveness thread, once per dead peer, with the Unavailable status (blaming the
+  // peer) that fails this communicator: e.g. to abort a device (NCCL) communicator of the same
+  // group, whose own transport may not notice the death. Must not block.
+  std::function<void(const absl::Status&)> on_peer_dead;
 };
 
 // Within a host: shared memory only (with tcp in the same context UCX 1.13 picks tcp/lo for the

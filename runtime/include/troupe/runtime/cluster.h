@@ -308,11 +308,13 @@ class LocalCluster {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
   ~LocalCluster();
 
-  // Starts another node agent process with `workers` worker processes.
+  // Starts another node agent process with `workers` worker processes. `env` is added to the
+  // agent's environment (e.g. CUDA_VISIBLE_DEVICES: the GPUs its workers share out).
   [[nodiscard]] absl::StatusOr<pid_t> AddNode(const std::string& name, int workers,
                                               const std::string& resources = "cpu=1",
                                               const std::string& labels = "",
-                                              const std::vector<std::string>& extra_args = {});
+                                              const std::vector<std::string>& extra_args = {},
+                                              const std::map<std::string, std::string>& env = {});
   uint16_t port() const { return port_; }
   pid_t head_pid() const { return head_pid_; }
   // Node agent pids by node name.

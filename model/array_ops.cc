@@ -1,0 +1,94 @@
+#include "troupe/model/array_ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "troupe/kernels/parallel.h"
+
+namespace troupe::model {
+
+FloatArray::~FloatArray() {
+  if (data_ != nullptr) ops_->Free(data_);
+}
+
+absl::Status ArrayOps::Resize(FloatArray* a, int64_t n) {
+  if (n < 0) return absl::InvalidArgumentError(absl::StrCat("array size: expected >= 0, got ", n));
+  if (a->ops_ == this && a->size_ == n) return absl::OkStatus();
+  FloatArray fresh;
+  if (n > 0) {
+    absl::StatusOr<float*> p = Allocate(n);
+    if (!p.ok()) return p.status();
+    fresh.data_ = *p;
+  }
+  fresh.ops_ = this;
+  fresh.size_ = n;
+  a->swap(fresh);  // the old array is freed with `fresh`
+  return absl::OkStatus();
+}
+
+absl::Status ArrayOps::Assign(FloatArray* a, int64_t n, float value) {
+  if (absl::Status s = Resize(a, n); !s.ok()) return s;
+  return Fill(a->data(), n, value);
+}
+
+namespace {
+
+class Host final : public ArrayOps {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool host_accessible() const override { return true; }
+
+  absl::Status Copy(float* dst, const float* src, int64_t n) override {
+    if (n > 0 && dst != src) std::memmove(dst, src, n * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Fill(float* dst, int64_t n, float value) override {
+    std::fill(dst, dst + n, value);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(float* host_dst, const float* src, int64_t n) override {
+    return Copy(host_dst, src, n);
+  }
+  absl::Status CopyFromHost(float* dst, const float* host_src, int64_t n) override {
+    return Copy(dst, host_src, n);
+  }
+  // Element-wise, so independent of the thread count.
+  absl::Status AddInto(float* left, const float* right, int64_t n) override {
+    kernels::ParallelForRange(n, 65536, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) left[i] = left[i] + right[i];
+    });
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* x, int64_t begin,
+                                                           int64_t end, int64_t total) override {
+    return model::RangeChunkSquareSums(x, begin, end, total);
+  }
+  absl::Status AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, int64_t end,
+                                float* params, const float* grads, float* m, float* v,
+                                const AdamWConfig& config,
+                                const kernels::AdamWScalars& scalars) override {
+    model::AdamWUpdateRange(tensors, begin, end, params, grads, m, v, config, scalars);
+    return absl::OkStatus();
+  }
+
+ protected:
+  absl::StatusOr<float*> Allocate(int64_t n) override {
+    float* p = new (std::nothrow) float[static_cast<size_t>(n)];
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("host memory: ", n, " floats"));
+    }
+    return p;
+  }
+  void Free(float* p) override { delete[] p; }
+};
+
+}  // namespace
+
+ArrayOps& HostArrayOps() {
+  static Host* host = new Host();
+  return *host;
+}
+
+}  // namespace troupe::model
