@@ -23,14 +23,6 @@
 namespace troupe::kernels::cuda {
 namespace {
 
-// Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define TROUPE_ARRAY_OPS_TRY(expr)                                              \
-  do {                                                                          \
-    if (::absl::Status troupe_ops_status_ = (expr); !troupe_ops_status_.ok()) { \
-      return troupe_ops_status_;                                                \
-    }                                                                           \
-  } while (false)
-
 // Any failure to reach the device means "no usable GPU here": FailedPrecondition whatever code the
 // runtime's error maps to, with its name and file:line kept in the message.
 absl::Status Unusable(int ordinal, const absl::Status& cause) {
@@ -58,7 +50,7 @@ class CudaArrayOps final : public model::ArrayOps {
 
   absl::Status Copy(float* dst, const float* src, int64_t n) override {
     if (n <= 0 || dst == src) return absl::OkStatus();
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
     if (dst < src + n && src < dst + n) {
       // Overlapping (memmove's case, which cudaMemcpy leaves undefined): through a scratch copy.
@@ -77,14 +69,14 @@ class CudaArrayOps final : public model::ArrayOps {
 
   absl::Status Fill(float* dst, int64_t n, float value) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
-    TROUPE_ARRAY_OPS_TRY(fill<float>(dst, n, value, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(fill<float>(dst, n, value, stream_));
     return Wait();
   }
 
   absl::Status CopyToHost(float* host_dst, const float* src, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
     TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         host_dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     return Wait();
@@ -92,7 +84,7 @@ class CudaArrayOps final : public model::ArrayOps {
 
   absl::Status CopyFromHost(float* dst, const float* host_src, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
     TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
         dst, host_src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
     return Wait();  // the host buffer may be reused on return
@@ -100,8 +92,8 @@ class CudaArrayOps final : public model::ArrayOps {
 
   absl::Status AddInto(float* left, const float* right, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
-    TROUPE_ARRAY_OPS_TRY(add_into<float>(left, right, n, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(add_into<float>(left, right, n, stream_));
     return Wait();
   }
 
@@ -111,15 +103,15 @@ class CudaArrayOps final : public model::ArrayOps {
     if (!chunks.ok()) return chunks.status();
     std::vector<double> sums(static_cast<size_t>(*chunks));
     if (sums.empty()) return sums;
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
     const size_t bytes = sums.size() * sizeof(double);
     absl::StatusOr<Scratch> out = Scratch::Make(*alloc_, bytes);
     if (!out.ok()) return out.status();
-    TROUPE_ARRAY_OPS_TRY(
+    TROUPE_KERNELS_RETURN_IF_ERROR(
         range_chunk_square_sums(static_cast<double*>(out->get()), x, begin, end, total, stream_));
     TROUPE_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(sums.data(), out->get(), bytes, cudaMemcpyDeviceToHost, stream_));
-    TROUPE_ARRAY_OPS_TRY(Wait());
+    TROUPE_KERNELS_RETURN_IF_ERROR(Wait());
     return sums;
   }
 
@@ -128,15 +120,15 @@ class CudaArrayOps final : public model::ArrayOps {
                                 const model::AdamWConfig& /*config*/,
                                 const AdamWScalars& scalars) override {
     if (end <= begin) return absl::OkStatus();
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
-    TROUPE_ARRAY_OPS_TRY(
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(
         adamw_update_range(tensors, begin, end, params, grads, m, v, scalars, stream_));
     return Wait();
   }
 
  protected:
   absl::StatusOr<float*> Allocate(int64_t n) override {
-    TROUPE_ARRAY_OPS_TRY(MakeCurrent());
+    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
     absl::StatusOr<void*> p = alloc_->Allocate(static_cast<size_t>(n) * sizeof(float));
     if (!p.ok()) return p.status();
     return static_cast<float*>(*p);
@@ -184,7 +176,7 @@ class CudaArrayOps final : public model::ArrayOps {
 
 absl::StatusOr<std::unique_ptr<model::ArrayOps>> Create(int ordinal, cudaStream_t stream,
                                                         bool own_stream) {
-  TROUPE_ARRAY_OPS_TRY(UseKernelDevice("CreateCudaArrayOps", ordinal));
+  TROUPE_KERNELS_RETURN_IF_ERROR(UseKernelDevice("CreateCudaArrayOps", ordinal));
   absl::StatusOr<std::unique_ptr<MemoryBackend>> backend = CudaMemoryBackend(ordinal);
   if (!backend.ok()) return Unusable(ordinal, backend.status());
   auto alloc = std::make_unique<CachingAllocator>(std::move(*backend));
@@ -197,7 +189,7 @@ absl::StatusOr<std::unique_ptr<model::ArrayOps>> Create(int ordinal, cudaStream_
       std::make_unique<CudaArrayOps>(ordinal, stream, own_stream, std::move(alloc)));
 }
 
-#undef TROUPE_ARRAY_OPS_TRY
+#undef TROUPE_KERNELS_RETURN_IF_ERROR
 
 }  // namespace
 

@@ -83,6 +83,16 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
 
 }  // namespace troupe::kernels::cuda
 
+// Returns from the enclosing function when `expr` (an absl::Status) is not OK, for the host code
+// around the kernels (GptCuda, the CUDA ArrayOps). (Not `s = expr;` chains: nvcc's front end flags
+// the discarded Status& of the assignment.)
+#define TROUPE_KERNELS_RETURN_IF_ERROR(expr)                            \
+  do {                                                                  \
+    if (::absl::Status troupe_status_ = (expr); !troupe_status_.ok()) { \
+      return troupe_status_;                                            \
+    }                                                                   \
+  } while (false)
+
 #ifdef __CUDACC__
 #define TROUPE_DYNAMIC_SHARED(type, name)       \
   extern __shared__ unsigned char name##_raw[]; \

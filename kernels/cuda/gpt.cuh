@@ -32,10 +32,10 @@
 //   auto matmul = MatmulRunnerExecutor::Create();
 //   auto gpt = GptCuda<float>::Create(GptConfig::Tiny(512), std::move(*backend),
 //                                     std::move(*matmul), stream);
-//   TROUPE_RETURN_IF_ERROR((*gpt)->InitParams(/*seed=*/42));
+//   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->InitParams(/*seed=*/42));
 //   absl::StatusOr<double> loss = (*gpt)->Forward(inputs, targets, B, T);  // host token arrays
-//   TROUPE_RETURN_IF_ERROR((*gpt)->ZeroGrad());
-//   TROUPE_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
+//   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->ZeroGrad());
+//   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
 //   absl::StatusOr<double> grad_norm = (*gpt)->Step(adamw, schedule, step);
 #ifndef TROUPE_KERNELS_CUDA_GPT_CUH_
 #define TROUPE_KERNELS_CUDA_GPT_CUH_
@@ -70,15 +70,6 @@
 #include "troupe/model/config.h"
 #include "troupe/model/gpt.h"
 #include "troupe/model/optimizer.h"
-
-// Returns from the enclosing function when `expr` (an absl::Status) is not OK. (Not `s = expr;`
-// chains: nvcc's front end flags the discarded Status& of the assignment.)
-#define TROUPE_GPT_TRY(expr)                                                    \
-  do {                                                                          \
-    if (::absl::Status troupe_gpt_status_ = (expr); !troupe_gpt_status_.ok()) { \
-      return troupe_gpt_status_;                                                \
-    }                                                                           \
-  } while (false)
 
 namespace troupe::kernels::cuda {
 
@@ -239,13 +230,13 @@ class GptCuda {
                                                          std::unique_ptr<MatmulExecutor> matmul,
                                                          Stream stream,
                                                          const GptCudaOptions& options = {}) {
-    TROUPE_GPT_TRY(config.Validate());
+    TROUPE_KERNELS_RETURN_IF_ERROR(config.Validate());
     if (backend == nullptr || matmul == nullptr) {
       return absl::InvalidArgumentError("GptCuda::Create: null memory backend or matmul executor");
     }
     std::unique_ptr<GptCuda> gpt(
         new GptCuda(config, std::move(backend), std::move(matmul), stream, options));
-    TROUPE_GPT_TRY(gpt->AllocateParams());
+    TROUPE_KERNELS_RETURN_IF_ERROR(gpt->AllocateParams());
     return gpt;
   }
   ~GptCuda() = default;  // the allocator returns every block to the backend
@@ -275,7 +266,7 @@ class GptCuda {
   // Copies num_params() fp32 host values in (and refreshes the Tx copy) or out.
   absl::Status SetParams(const float* host) {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
-    TROUPE_GPT_TRY(gpt_internal::ToDevice(params_, host, bytes, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::ToDevice(params_, host, bytes, stream_));
     return RefreshParamsX();
   }
   absl::Status GetParams(float* host) const {
@@ -293,12 +284,12 @@ class GptCuda {
   // AdamW moments in or out (checkpoints): num_params() floats each.
   absl::Status SetOptimizerState(const float* m, const float* v) {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
-    TROUPE_GPT_TRY(gpt_internal::ToDevice(m_, m, bytes, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::ToDevice(m_, m, bytes, stream_));
     return gpt_internal::ToDevice(v_, v, bytes, stream_);
   }
   absl::Status GetOptimizerState(float* m, float* v) const {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
-    TROUPE_GPT_TRY(gpt_internal::ToHost(m, m_, bytes, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::ToHost(m, m_, bytes, stream_));
     return gpt_internal::ToHost(v, v_, bytes, stream_);
   }
 
@@ -311,23 +302,26 @@ class GptCuda {
                        ", got batch=", b, " seq_len=", t));
     }
     const int64_t bt = int64_t{b} * t;
-    TROUPE_GPT_TRY(CheckIds("tokens", tokens, bt));
+    TROUPE_KERNELS_RETURN_IF_ERROR(CheckIds("tokens", tokens, bt));
     if (targets != nullptr) {
-      TROUPE_GPT_TRY(CheckIds("targets", targets, bt));
+      TROUPE_KERNELS_RETURN_IF_ERROR(CheckIds("targets", targets, bt));
     }
-    TROUPE_GPT_TRY(EnsureActivations(b, t));
+    TROUPE_KERNELS_RETURN_IF_ERROR(EnsureActivations(b, t));
     have_targets_ = false;
-    TROUPE_GPT_TRY(gpt_internal::ToDevice(acts_.tokens, tokens, bt * sizeof(int32_t), stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(
+        gpt_internal::ToDevice(acts_.tokens, tokens, bt * sizeof(int32_t), stream_));
     if (targets != nullptr) {
-      TROUPE_GPT_TRY(gpt_internal::ToDevice(acts_.targets, targets, bt * sizeof(int32_t), stream_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(
+          gpt_internal::ToDevice(acts_.targets, targets, bt * sizeof(int32_t), stream_));
     }
-    TROUPE_GPT_TRY(RunForward());
+    TROUPE_KERNELS_RETURN_IF_ERROR(RunForward());
     if (targets == nullptr) return 0.0;
-    TROUPE_GPT_TRY(crossentropy_forward(acts_.losses, acts_.ce_lse, acts_.logits, acts_.targets, bt,
-                                        config_.vocab_size, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(crossentropy_forward(
+        acts_.losses, acts_.ce_lse, acts_.logits, acts_.targets, bt, config_.vocab_size, stream_));
     have_targets_ = true;
     std::vector<float> losses(bt);
-    TROUPE_GPT_TRY(gpt_internal::ToHost(losses.data(), acts_.losses, bt * sizeof(float), stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(
+        gpt_internal::ToHost(losses.data(), acts_.losses, bt * sizeof(float), stream_));
     double sum = 0;  // as the CPU model: in double, in token order
     for (int64_t i = 0; i < bt; ++i) sum += losses[i];
     return sum / static_cast<double>(bt);
@@ -347,9 +341,9 @@ class GptCuda {
   // sqrt(TreeSum(chunk square sums)) of the gradients: model::GradNorm's bits for fp32 grads.
   absl::StatusOr<double> GradNorm() {
     const int64_t n = num_params();
-    TROUPE_GPT_TRY(chunk_square_sums(chunk_sums_, grads_, n, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(chunk_square_sums(chunk_sums_, grads_, n, stream_));
     std::vector<double> sums(CeilDiv(n, kNormChunk));
-    TROUPE_GPT_TRY(
+    TROUPE_KERNELS_RETURN_IF_ERROR(
         gpt_internal::ToHost(sums.data(), chunk_sums_, sums.size() * sizeof(double), stream_));
     return model::GradNormFromChunks(sums);
   }
@@ -362,8 +356,9 @@ class GptCuda {
       if (!t.decay) s.weight_decay = 0;
       __nv_bfloat16* copy = nullptr;
       if constexpr (std::is_same_v<Tx, __nv_bfloat16>) copy = params_x_ + t.offset;
-      TROUPE_GPT_TRY(adamw_update(params_ + t.offset, copy, grads_ + t.offset, m_ + t.offset,
-                                  v_ + t.offset, t.size, s, stream_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(adamw_update(params_ + t.offset, copy, grads_ + t.offset,
+                                                  m_ + t.offset, v_ + t.offset, t.size, s,
+                                                  stream_));
     }
     return absl::OkStatus();
   }
@@ -374,7 +369,7 @@ class GptCuda {
                               int64_t step) {
     absl::StatusOr<double> norm = GradNorm();
     if (!norm.ok()) return norm.status();
-    TROUPE_GPT_TRY(Update(model::StepScalars(adamw, schedule, step, *norm)));
+    TROUPE_KERNELS_RETURN_IF_ERROR(Update(model::StepScalars(adamw, schedule, step, *norm)));
     return *norm;
   }
 
@@ -420,7 +415,7 @@ class GptCuda {
     params_arena_.Add(m_, n);
     params_arena_.Add(v_, n);
     params_arena_.Add(chunk_sums_, CeilDiv(n, kNormChunk));
-    TROUPE_GPT_TRY(params_arena_.Allocate(*alloc_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(params_arena_.Allocate(*alloc_));
     if constexpr (std::is_same_v<Tx, float>) params_x_ = params_;
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
     absl::Status s = gpt_internal::Zero(params_, bytes, stream_);
@@ -447,7 +442,8 @@ class GptCuda {
       return gpt_internal::ToHost(host, device, n * sizeof(float), stream_);
     } else {
       std::vector<Tx> raw(n);
-      TROUPE_GPT_TRY(gpt_internal::ToHost(raw.data(), device, n * sizeof(Tx), stream_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(
+          gpt_internal::ToHost(raw.data(), device, n * sizeof(Tx), stream_));
       for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(raw[i]);
       return absl::OkStatus();
     }
@@ -466,7 +462,7 @@ class GptCuda {
   absl::Status EnsureActivations(int b, int t) {
     if (b == b_ && t == t_) return absl::OkStatus();
     if (b_ != 0) {
-      TROUPE_GPT_TRY(acts_arena_.Free(*alloc_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(acts_arena_.Free(*alloc_));
       acts_ = Activations();
       b_ = t_ = 0;
     }
@@ -496,7 +492,7 @@ class GptCuda {
     r.Add(a.dlogits, bt * v);
     r.Add(a.ln_scratch, layernorm_backward_scratch_floats(bt, c));
     r.Add(a.att_workspace, CeilDiv(attention_workspace_bytes(b, t, c, nh), sizeof(float)));
-    TROUPE_GPT_TRY(r.Allocate(*alloc_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(r.Allocate(*alloc_));
     b_ = b;
     t_ = t;
     return absl::OkStatus();
@@ -521,14 +517,14 @@ class GptCuda {
     input.accumulate = false;
     MatmulBuffers mb;
     mb.out = dinp, mb.dout = dout, mb.weight = weight;
-    TROUPE_GPT_TRY(Matmul(input, mb));
+    TROUPE_KERNELS_RETURN_IF_ERROR(Matmul(input, mb));
     return WeightAndBiasBackward(dweight, dbias, dout, inp, n, c, oc);
   }
   absl::Status WeightAndBiasBackward(Tx* dweight, Tx* dbias, const Tx* dout, const Tx* inp,
                                      int64_t n, int64_t c, int64_t oc) {
     MatmulBuffers mw;
     mw.out = dweight, mw.dout = dout, mw.inp = inp;
-    TROUPE_GPT_TRY(Matmul(MatmulShape::BackwardWeight(n, c, oc, kDtype), mw));
+    TROUPE_KERNELS_RETURN_IF_ERROR(Matmul(MatmulShape::BackwardWeight(n, c, oc, kDtype), mw));
     if (dbias == nullptr) return absl::OkStatus();
     MatmulBuffers mbias;
     mbias.out = dbias, mbias.dout = dout;
@@ -546,8 +542,8 @@ class GptCuda {
     const int64_t v = config_.vocab_size, L = config_.num_layers;
     const Tx* p = params_x_;
     Activations& a = acts_;
-    TROUPE_GPT_TRY(embedding_forward(a.encoded, a.tokens, p + layout_.wte(), p + layout_.wpe(), b,
-                                     t, c, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(embedding_forward(a.encoded, a.tokens, p + layout_.wte(),
+                                                     p + layout_.wpe(), b, t, c, stream_));
     for (int l = 0; l < L; ++l) {
       const model::BlockOffsets& o = layout_.block(l);
       const Tx* residual = l == 0 ? a.encoded : Layer(a.res3, l - 1, bt * c);
@@ -559,33 +555,34 @@ class GptCuda {
       Tx* fch = Layer(a.fch, l, bt * 4 * c);
       Tx* fch_gelu = Layer(a.fch_gelu, l, bt * 4 * c);
       if (l == 0) {
-        TROUPE_GPT_TRY(layernorm_forward(ln1, ln1_mean, ln1_rstd, a.encoded, p + o.ln1_w,
-                                         p + o.ln1_b, bt, c, stream_));
+        TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_forward(ln1, ln1_mean, ln1_rstd, a.encoded,
+                                                         p + o.ln1_w, p + o.ln1_b, bt, c, stream_));
       } else {  // the previous block's second residual, fused: res3 = res2 + its MLP output
-        TROUPE_GPT_TRY(fused_residual_layernorm_forward(
+        TROUPE_KERNELS_RETURN_IF_ERROR(fused_residual_layernorm_forward(
             Layer(a.res3, l - 1, bt * c), ln1, ln1_mean, ln1_rstd, Layer(a.res2, l - 1, bt * c),
             a.proj, p + o.ln1_w, p + o.ln1_b, bt, c, stream_));
       }
-      TROUPE_GPT_TRY(Linear(qkv, ln1, p + o.qkv_w, p + o.qkv_b, bt, c, 3 * c));
-      TROUPE_GPT_TRY(
+      TROUPE_KERNELS_RETURN_IF_ERROR(Linear(qkv, ln1, p + o.qkv_w, p + o.qkv_b, bt, c, 3 * c));
+      TROUPE_KERNELS_RETURN_IF_ERROR(
           attention_forward(atty, Layer(a.att_lse, l, b * nh * t), qkv, b, t, c, nh, stream_));
-      TROUPE_GPT_TRY(Linear(a.proj, atty, p + o.proj_w, p + o.proj_b, bt, c, c));
-      TROUPE_GPT_TRY(fused_residual_layernorm_forward(
+      TROUPE_KERNELS_RETURN_IF_ERROR(Linear(a.proj, atty, p + o.proj_w, p + o.proj_b, bt, c, c));
+      TROUPE_KERNELS_RETURN_IF_ERROR(fused_residual_layernorm_forward(
           Layer(a.res2, l, bt * c), ln2, Layer(a.ln2_mean, l, bt), Layer(a.ln2_rstd, l, bt),
           residual, a.proj, p + o.ln2_w, p + o.ln2_b, bt, c, stream_));
       if (gelu_epilogue_) {
         MatmulBuffers mb;
         mb.out = fch_gelu, mb.inp = ln2, mb.weight = p + o.fc_w, mb.bias = p + o.fc_b;
         mb.pre_gelu = fch;
-        TROUPE_GPT_TRY(
+        TROUPE_KERNELS_RETURN_IF_ERROR(
             Matmul(MatmulShape::Forward(bt, c, 4 * c, /*bias=*/true, /*gelu=*/true, kDtype), mb));
       } else {
-        TROUPE_GPT_TRY(Linear(fch, ln2, p + o.fc_w, p + o.fc_b, bt, c, 4 * c));
-        TROUPE_GPT_TRY(gelu_forward(fch_gelu, fch, bt * 4 * c, stream_));
+        TROUPE_KERNELS_RETURN_IF_ERROR(Linear(fch, ln2, p + o.fc_w, p + o.fc_b, bt, c, 4 * c));
+        TROUPE_KERNELS_RETURN_IF_ERROR(gelu_forward(fch_gelu, fch, bt * 4 * c, stream_));
       }
-      TROUPE_GPT_TRY(Linear(a.proj, fch_gelu, p + o.fcproj_w, p + o.fcproj_b, bt, 4 * c, c));
+      TROUPE_KERNELS_RETURN_IF_ERROR(
+          Linear(a.proj, fch_gelu, p + o.fcproj_w, p + o.fcproj_b, bt, 4 * c, c));
     }
-    TROUPE_GPT_TRY(fused_residual_layernorm_forward(
+    TROUPE_KERNELS_RETURN_IF_ERROR(fused_residual_layernorm_forward(
         Layer(a.res3, L - 1, bt * c), a.lnf, a.lnf_mean, a.lnf_rstd, Layer(a.res2, L - 1, bt * c),
         a.proj, p + layout_.lnf_w(), p + layout_.lnf_b(), bt, c, stream_));
     return Linear(a.logits, a.lnf, p + layout_.wte(), nullptr, bt, c, v);  // tied: wte
@@ -597,16 +594,16 @@ class GptCuda {
     const Tx* p = params_x_;
     Tx* g = grads_;
     Activations& a = acts_;
-    TROUPE_GPT_TRY(gpt_internal::Zero(a.dlogits, bt * v * sizeof(Tx), stream_));
-    TROUPE_GPT_TRY(crossentropy_backward(a.dlogits, a.logits, a.ce_lse, a.targets, loss_weight, bt,
-                                         v, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::Zero(a.dlogits, bt * v * sizeof(Tx), stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(crossentropy_backward(a.dlogits, a.logits, a.ce_lse, a.targets,
+                                                         loss_weight, bt, v, stream_));
     // Tied embeddings: dwte gets the logits GEMM's weight gradient here, the embedding's last.
-    TROUPE_GPT_TRY(LinearBackward(a.dln, g + layout_.wte(), nullptr, a.dlogits, a.lnf,
-                                  p + layout_.wte(), bt, c, v));
-    TROUPE_GPT_TRY(gpt_internal::Zero(a.dresidual, bt * c * sizeof(Tx), stream_));
-    TROUPE_GPT_TRY(layernorm_backward(a.dresidual, g + layout_.lnf_w(), g + layout_.lnf_b(),
-                                      a.ln_scratch, a.dln, Layer(a.res3, L - 1, bt * c),
-                                      p + layout_.lnf_w(), a.lnf_mean, a.lnf_rstd, bt, c, stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dln, g + layout_.wte(), nullptr, a.dlogits,
+                                                  a.lnf, p + layout_.wte(), bt, c, v));
+    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::Zero(a.dresidual, bt * c * sizeof(Tx), stream_));
+    TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_backward(
+        a.dresidual, g + layout_.lnf_w(), g + layout_.lnf_b(), a.ln_scratch, a.dln,
+        Layer(a.res3, L - 1, bt * c), p + layout_.lnf_w(), a.lnf_mean, a.lnf_rstd, bt, c, stream_));
     // a.dresidual holds d res3 of the layer being processed; the LayerNorm backwards add the
     // gradients that flow around each residual connection.
     for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
@@ -619,32 +616,37 @@ class GptCuda {
       if (gelu_epilogue_) {
         MatmulBuffers mb;
         mb.out = a.dfch, mb.dout = a.dresidual, mb.weight = p + o.fcproj_w, mb.pre_gelu = fch;
-        TROUPE_GPT_TRY(
+        TROUPE_KERNELS_RETURN_IF_ERROR(
             Matmul(MatmulShape::BackwardInput(bt, 4 * c, c, /*dgelu=*/true, kDtype), mb));
-        TROUPE_GPT_TRY(WeightAndBiasBackward(g + o.fcproj_w, g + o.fcproj_b, a.dresidual, fch_gelu,
-                                             bt, 4 * c, c));
+        TROUPE_KERNELS_RETURN_IF_ERROR(WeightAndBiasBackward(g + o.fcproj_w, g + o.fcproj_b,
+                                                             a.dresidual, fch_gelu, bt, 4 * c, c));
       } else {
-        TROUPE_GPT_TRY(LinearBackward(a.dfch_gelu, g + o.fcproj_w, g + o.fcproj_b, a.dresidual,
-                                      fch_gelu, p + o.fcproj_w, bt, 4 * c, c));
-        TROUPE_GPT_TRY(gpt_internal::Zero(a.dfch, bt * 4 * c * sizeof(Tx), stream_));
-        TROUPE_GPT_TRY(gelu_backward(a.dfch, fch, a.dfch_gelu, bt * 4 * c, stream_));
+        TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dfch_gelu, g + o.fcproj_w, g + o.fcproj_b,
+                                                      a.dresidual, fch_gelu, p + o.fcproj_w, bt,
+                                                      4 * c, c));
+        TROUPE_KERNELS_RETURN_IF_ERROR(
+            gpt_internal::Zero(a.dfch, bt * 4 * c * sizeof(Tx), stream_));
+        TROUPE_KERNELS_RETURN_IF_ERROR(
+            gelu_backward(a.dfch, fch, a.dfch_gelu, bt * 4 * c, stream_));
       }
-      TROUPE_GPT_TRY(LinearBackward(a.dln, g + o.fc_w, g + o.fc_b, a.dfch, Layer(a.ln2, l, bt * c),
-                                    p + o.fc_w, bt, c, 4 * c));
-      TROUPE_GPT_TRY(layernorm_backward(
+      TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dln, g + o.fc_w, g + o.fc_b, a.dfch,
+                                                    Layer(a.ln2, l, bt * c), p + o.fc_w, bt, c,
+                                                    4 * c));
+      TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_backward(
           a.dresidual, g + o.ln2_w, g + o.ln2_b, a.ln_scratch, a.dln, Layer(a.res2, l, bt * c),
           p + o.ln2_w, Layer(a.ln2_mean, l, bt), Layer(a.ln2_rstd, l, bt), bt, c, stream_));
-      TROUPE_GPT_TRY(LinearBackward(a.datty, g + o.proj_w, g + o.proj_b, a.dresidual, atty,
-                                    p + o.proj_w, bt, c, c));
-      TROUPE_GPT_TRY(gpt_internal::Zero(a.dqkv, bt * 3 * c * sizeof(Tx), stream_));
-      TROUPE_GPT_TRY(attention_backward(a.dqkv, a.datty, Layer(a.qkv, l, bt * 3 * c), atty,
-                                        Layer(a.att_lse, l, b * nh * t), a.att_workspace, b, t, c,
-                                        nh, stream_));
-      TROUPE_GPT_TRY(LinearBackward(a.dln, g + o.qkv_w, g + o.qkv_b, a.dqkv,
-                                    Layer(a.ln1, l, bt * c), p + o.qkv_w, bt, c, 3 * c));
-      TROUPE_GPT_TRY(layernorm_backward(a.dresidual, g + o.ln1_w, g + o.ln1_b, a.ln_scratch, a.dln,
-                                        residual, p + o.ln1_w, Layer(a.ln1_mean, l, bt),
-                                        Layer(a.ln1_rstd, l, bt), bt, c, stream_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.datty, g + o.proj_w, g + o.proj_b,
+                                                    a.dresidual, atty, p + o.proj_w, bt, c, c));
+      TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::Zero(a.dqkv, bt * 3 * c * sizeof(Tx), stream_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(attention_backward(
+          a.dqkv, a.datty, Layer(a.qkv, l, bt * 3 * c), atty, Layer(a.att_lse, l, b * nh * t),
+          a.att_workspace, b, t, c, nh, stream_));
+      TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dln, g + o.qkv_w, g + o.qkv_b, a.dqkv,
+                                                    Layer(a.ln1, l, bt * c), p + o.qkv_w, bt, c,
+                                                    3 * c));
+      TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_backward(
+          a.dresidual, g + o.ln1_w, g + o.ln1_b, a.ln_scratch, a.dln, residual, p + o.ln1_w,
+          Layer(a.ln1_mean, l, bt), Layer(a.ln1_rstd, l, bt), bt, c, stream_));
     }
     return embedding_backward(g + layout_.wte(), g + layout_.wpe(), a.dresidual, a.tokens, b, t, c,
                               stream_);
@@ -674,6 +676,6 @@ class GptCuda {
 
 }  // namespace troupe::kernels::cuda
 
-#undef TROUPE_GPT_TRY
+#undef TROUPE_KERNELS_RETURN_IF_ERROR
 
 #endif  // TROUPE_KERNELS_CUDA_GPT_CUH_
