@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/collectives/canonical_combine.h"
 #include "troupe/kernels/norm.h"
 #include "troupe/model/tree_sum.h"
 
@@ -16,6 +18,9 @@ using collectives::Work;
 constexpr int64_t kChunk = kernels::kNormChunk;
 // Point-to-point tags: mirror to buddy, then state moves (two per piece: m, v).
 constexpr uint32_t kTagMirrorM = 1, kTagMirrorV = 2, kTagMoveBase = 16;
+// Pipeline tags (user tags have 31 bits): bit 30, bit 29 for the gradient exchange (else the
+// schedule's moves), the step's low 8 bits in bits 20–27.
+constexpr uint32_t kTagPipelineBase = 1u << 30, kTagExchange = 1u << 29;
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -174,12 +179,19 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   Abandon();
   const int64_t step = committed_;
   absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> blocks =
-      MicrobatchBlocks(options_.microbatches, layout_.world);
+      MicrobatchBlocks(options_.microbatches, layout_.world / stages_);
   if (!blocks.ok()) return blocks.status();
-  const auto [lo, hi] = (*blocks)[rank_];
   StepOutcome out;
-  if (absl::Status s = AccumulateSubtree(step, lo, hi, &out); !s.ok()) return s;
-  if (absl::Status s = ReduceScatterGradient(step, lo, hi); !s.ok()) return s;
+  if (stages_ == 1) {
+    const auto [lo, hi] = (*blocks)[rank_];
+    if (absl::Status s = AccumulateSubtree(step, lo, hi, &out); !s.ok()) return s;
+    if (absl::Status s = ReduceScatterGradient(step, lo, hi); !s.ok()) return s;
+  } else {
+    const GridPosition pos = GridPositionOf(rank_, layout_.world, stages_);
+    const auto [lo, hi] = (*blocks)[pos.replica];
+    if (absl::Status s = RunStageSchedule(step, lo, hi, pos, &out); !s.ok()) return s;
+    if (absl::Status s = ExchangeStageGradients(step, *blocks, pos); !s.ok()) return s;
+  }
   absl::StatusOr<double> grad_norm = GlobalGradNorm();
   if (!grad_norm.ok()) return grad_norm.status();
   out.grad_norm = *grad_norm;
@@ -189,6 +201,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   staged_layout_ = layout_;
   staged_rank_ = rank_;
   staged_buddy_ = buddy_;
+  staged_stages_ = stages_;
   staged_committed_ = step + 1;
   return out;
 }
@@ -275,6 +288,306 @@ absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
   if (e == b) return absl::OkStatus();
   return ops_->AdamWUpdateRange(model_->tensors(), b, e, staged_params_.data(), grad_shard_.data(),
                                 staged_m_.data(), staged_v_.data(), options_.adamw, scalars);
+}
+
+absl::StatusOr<std::vector<std::pair<int, int>>> ElasticRank::StageUnits() const {
+  return PartitionUnits(model_->staged()->num_units(), stages_);
+}
+
+// The stage's schedule over microbatches [lo, hi) of the step. Sends are never waited on before
+// a receive (a 1F1B pipeline of blocking sends can deadlock); each send buffer is waited on
+// before it is written again, and all of them before the schedule returns.
+absl::Status ElasticRank::RunStageSchedule(int64_t step, int32_t lo, int32_t hi, GridPosition pos,
+                                           StepOutcome* out) {
+  using Kind = PipelineOp::Kind;
+  StagedTrainable* st = model_->staged();
+  const int p = stages_, s = pos.stage, world = layout_.world;
+  const bool first = s == 0, last = s == p - 1;
+  absl::StatusOr<std::vector<std::pair<int, int>>> units = StageUnits();
+  if (!units.ok()) return units.status();
+  const std::vector<PipelineOp> ops = StageOps(options_.pipeline, p, s, hi - lo);
+  const int slots = std::max(1, MaxInFlight(ops));
+  const std::tuple<int, int, int> want{(*units)[s].first, (*units)[s].second, slots};
+  const std::vector<std::pair<int64_t, int64_t>> ranges =
+      st->GradientRanges((*units)[s].first, (*units)[s].second);
+  if (model_stage_ != want) {
+    if (absl::Status e = st->SetStage((*units)[s].first, (*units)[s].second, slots); !e.ok()) {
+      return e;
+    }
+    model_stage_ = want;
+    stage_accs_.clear();
+    for (const auto& [b, e] : ranges) stage_accs_.emplace_back(e - b, *ops_);
+    stage_partials_.resize(ranges.size());
+  }
+  for (model::TreeAccumulator& acc : stage_accs_) acc.Reset();
+  // The last stage's tied ranges (the GPT's wte) wait for the first stage's input gradient.
+  const std::vector<std::pair<int64_t, int64_t>> tied_ranges = st->TiedRanges();
+  std::vector<bool> is_tied(ranges.size(), false);
+  int64_t tied_size = 0;
+  for (size_t g = 0; g < ranges.size() && last; ++g) {
+    is_tied[g] = std::find(tied_ranges.begin(), tied_ranges.end(), ranges[g]) != tied_ranges.end();
+    if (is_tied[g]) tied_size += ranges[g].second - ranges[g].first;
+  }
+  const bool send_tied = first && !tied_ranges.empty();
+  const int prev = first ? -1 : GridRank({pos.replica, s - 1}, world, p);
+  const int next = last ? -1 : GridRank({pos.replica, s + 1}, world, p);
+  const int64_t boundary = st->boundary_size();
+  // Tags: microbatch k's activation, its gradient, and the first stage's input gradient for the
+  // tied ranges; the step's low bits keep a stale message of an abandoned step from matching.
+  auto tag = [step](int32_t k, uint32_t kind) {
+    return kTagPipelineBase | ((static_cast<uint32_t>(step) & 0xff) << 20) |
+           (static_cast<uint32_t>(k) * 3 + kind);
+  };
+  // Buffers, each with the send that reads it (waited on before it is written again).
+  std::vector<model::FloatArray> act_in(first ? 0 : slots);
+  std::vector<Work> act_sent(slots);
+  model::FloatArray grad_in;
+  model::FloatArray grad_out[2];
+  Work grad_sent[2];
+  for (model::FloatArray& a : act_in) {
+    if (absl::Status e = ops_->Resize(&a, boundary); !e.ok()) return e;
+  }
+  if (!last) {
+    if (absl::Status e = ops_->Resize(&grad_in, boundary); !e.ok()) return e;
+  }
+  for (model::FloatArray& a : grad_out) {
+    if (absl::Status e = ops_->Resize(&a, boundary); !e.ok()) return e;
+  }
+  struct Tied {
+    int32_t k = 0;
+    model::FloatArray grad, first_input_gradient;
+    Work received;
+  };
+  std::deque<Tied> tied;  // in microbatch order
+  auto add_leaves = [&](const float* tied_grad) -> absl::Status {
+    int64_t offset = 0;
+    for (size_t g = 0; g < ranges.size(); ++g) {
+      const float* leaf = model_->grads() + ranges[g].first;  // pointer arithmetic only
+      if (is_tied[g]) {
+        if (tied_grad == nullptr) continue;
+        leaf = tied_grad + offset;
+        offset += ranges[g].second - ranges[g].first;
+      } else if (tied_grad != nullptr) {
+        continue;
+      }
+      if (absl::Status e = stage_accs_[g].Add(leaf); !e.ok()) return e;
+    }
+    return absl::OkStatus();
+  };
+  // Completes the tied gradients whose input gradient arrived (all of them with `wait`).
+  auto drain_tied = [&](bool wait) -> absl::Status {
+    while (!tied.empty() && (wait || tied.front().received.IsDone())) {
+      Tied& t = tied.front();
+      if (absl::Status e = t.received.Wait(); !e.ok()) {
+        return Phase("pipeline: tied input gradient", e);
+      }
+      if (absl::Status e =
+              st->AddTiedGradient(step, lo + t.k, t.first_input_gradient.data(), t.grad.data());
+          !e.ok()) {
+        return e;
+      }
+      if (absl::Status e = add_leaves(t.grad.data()); !e.ok()) return e;
+      tied.pop_front();
+    }
+    return absl::OkStatus();
+  };
+  std::vector<int> free_slots;
+  for (int i = slots - 1; i >= 0; --i) free_slots.push_back(i);
+  std::vector<int> slot_of(hi - lo, -1);
+  int in_flight = 0;
+  const collectives::CollectiveOptions& copts = options_.collective;
+  for (const PipelineOp& op : ops) {
+    const int32_t k = op.microbatch;
+    if (op.kind == Kind::kForward) {
+      if (free_slots.empty()) {
+        return absl::InternalError(absl::StrCat("pipeline: stage ", s,
+                                                " has no free slot for "
+                                                "microbatch ",
+                                                lo + k, " (", slots, " in flight)"));
+      }
+      const int slot = free_slots.back();
+      free_slots.pop_back();
+      slot_of[k] = slot;
+      out->max_in_flight = std::max(out->max_in_flight, ++in_flight);
+      if (absl::Status e = act_sent[slot].Wait(); !e.ok()) {
+        return Phase("pipeline: activation send", e);
+      }
+      const float* input = nullptr;
+      if (!first) {
+        if (absl::Status e = comm_->Recv(Buf(act_in[slot]), prev, tag(k, 0), copts).Wait();
+            !e.ok()) {
+          return Phase("pipeline: activation receive", e);
+        }
+        input = act_in[slot].data();
+      }
+      if (first && options_.on_serve) options_.on_serve(step, lo + k);
+      absl::StatusOr<double> loss = st->StageForward(step, lo + k, slot, input);
+      if (!loss.ok()) return loss.status();
+      if (last) out->losses.emplace_back(lo + k, *loss);
+      if (!last) {
+        act_sent[slot] = comm_->Send(
+            Buffer::F32(const_cast<float*>(st->StageOutput(slot)), static_cast<size_t>(boundary)),
+            next, tag(k, 0), copts);
+      }
+    } else {
+      const int slot = slot_of[k];
+      if (!last) {
+        if (absl::Status e = comm_->Recv(Buf(grad_in), next, tag(k, 1), copts).Wait(); !e.ok()) {
+          return Phase("pipeline: gradient receive", e);
+        }
+      }
+      if (absl::Status e = st->StageBackward(slot, last ? nullptr : grad_in.data()); !e.ok()) {
+        return e;
+      }
+      free_slots.push_back(slot);
+      --in_flight;
+      if (!first || send_tied) {
+        model::FloatArray& buf = grad_out[k % 2];
+        if (absl::Status e = grad_sent[k % 2].Wait(); !e.ok()) {
+          return Phase("pipeline: gradient send", e);
+        }
+        if (absl::Status e = ops_->Copy(buf.data(), st->InputGradient(), boundary); !e.ok()) {
+          return e;
+        }
+        grad_sent[k % 2] = first ? comm_->Send(Buf(buf), GridRank({pos.replica, p - 1}, world, p),
+                                               tag(k, 2), copts)
+                                 : comm_->Send(Buf(buf), prev, tag(k, 1), copts);
+      }
+      if (absl::Status e = add_leaves(nullptr); !e.ok()) return e;
+      if (tied_size > 0) {
+        Tied t;
+        t.k = k;
+        for (absl::Status e :
+             {ops_->Resize(&t.grad, tied_size), ops_->Resize(&t.first_input_gradient, boundary)}) {
+          if (!e.ok()) return e;
+        }
+        int64_t offset = 0;
+        for (size_t g = 0; g < ranges.size(); ++g) {
+          if (!is_tied[g]) continue;
+          const int64_t len = ranges[g].second - ranges[g].first;
+          if (absl::Status e =
+                  ops_->Copy(t.grad.data() + offset, model_->grads() + ranges[g].first, len);
+              !e.ok()) {
+            return e;
+          }
+          offset += len;
+        }
+        t.received = comm_->Recv(Buf(t.first_input_gradient), GridRank({pos.replica, 0}, world, p),
+                                 tag(k, 2), copts);
+        tied.push_back(std::move(t));
+      }
+    }
+    if (absl::Status e = drain_tied(false); !e.ok()) return e;
+  }
+  if (absl::Status e = drain_tied(true); !e.ok()) return e;
+  std::vector<Work> sends(act_sent.begin(), act_sent.end());
+  sends.insert(sends.end(), std::begin(grad_sent), std::end(grad_sent));
+  if (absl::Status e = WaitAll(sends); !e.ok()) return Phase("pipeline: send", e);
+  for (size_t g = 0; g < ranges.size(); ++g) {
+    const int64_t len = ranges[g].second - ranges[g].first;
+    if (absl::Status e = ops_->Resize(&stage_partials_[g], len); !e.ok()) return e;
+    if (absl::Status e = stage_accs_[g].Finish(stage_partials_[g].data()); !e.ok()) return e;
+  }
+  return absl::OkStatus();
+}
+
+// Each stage's partials go to the owners of the ranges they cover; an owner combines the dp
+// replicas' partials of each piece in the canonical tree over their microbatch blocks.
+absl::Status ElasticRank::ExchangeStageGradients(
+    int64_t step, const std::vector<std::pair<int32_t, int32_t>>& blocks, GridPosition pos) {
+  StagedTrainable* st = model_->staged();
+  const int p = stages_, world = layout_.world, dp = world / p;
+  absl::StatusOr<std::vector<std::pair<int, int>>> units = StageUnits();
+  if (!units.ok()) return units.status();
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  for (const auto& [lo, hi] : blocks) intervals.emplace_back(lo, hi);
+  absl::StatusOr<collectives::CombinePlan> plan = collectives::PlanCanonicalCombine(intervals);
+  if (!plan.ok()) return plan.status();
+  const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
+  if (absl::Status s = ops_->Resize(&grad_shard_, layout_.per_rank); !s.ok()) return s;
+  if (absl::Status s = ops_->Fill(grad_shard_.data() + (e - b), layout_.per_rank - (e - b), 0.0f);
+      !s.ok()) {
+    return s;
+  }
+  using P2P = collectives::Communicator::PointToPoint;
+  std::vector<P2P> moves;
+  // A piece this rank combines: range [lo, hi) of the shard, and each replica's partial of it.
+  struct Piece {
+    int64_t lo = 0, hi = 0;
+    std::vector<const float*> partial;  // by replica
+  };
+  std::vector<Piece> pieces;
+  std::vector<model::FloatArray> received;
+  received.reserve(static_cast<size_t>(p) * 2 * dp);
+  const uint32_t tag_base =
+      kTagPipelineBase | kTagExchange | ((static_cast<uint32_t>(step) & 0xff) << 20);
+  for (int s = 0; s < p; ++s) {
+    const std::vector<std::pair<int64_t, int64_t>> ranges =
+        st->GradientRanges((*units)[s].first, (*units)[s].second);
+    for (size_t g = 0; g < ranges.size(); ++g) {
+      const auto [rb, re] = ranges[g];
+      // Sends: my partial of this range to every owner it overlaps.
+      for (int owner = 0; owner < world && s == pos.stage; ++owner) {
+        const int64_t lo = std::max(rb, layout_.begin(owner)),
+                      hi = std::min(re, layout_.end(owner));
+        if (lo >= hi || owner == rank_) continue;
+        moves.push_back({P2P::Kind::kSend,
+                         Buffer::F32(stage_partials_[g].data() + (lo - rb), hi - lo), owner,
+                         tag_base + static_cast<uint32_t>(g)});
+      }
+      // Receives: every replica's partial of this range ∩ my shard.
+      const int64_t lo = std::max(rb, b), hi = std::min(re, e);
+      if (lo >= hi) continue;
+      Piece piece{lo, hi, std::vector<const float*>(dp, nullptr)};
+      for (int d = 0; d < dp; ++d) {
+        const int src = GridRank({d, s}, world, p);
+        if (src == rank_) {
+          piece.partial[d] = stage_partials_[g].data() + (lo - rb);
+          continue;
+        }
+        received.emplace_back();
+        if (absl::Status st2 = ops_->Resize(&received.back(), hi - lo); !st2.ok()) return st2;
+        piece.partial[d] = received.back().data();
+        moves.push_back(
+            {P2P::Kind::kRecv, Buf(received.back()), src, tag_base + static_cast<uint32_t>(g)});
+      }
+      pieces.push_back(std::move(piece));
+    }
+  }
+  const std::vector<Work> posted = comm_->PostPointToPoint(moves, options_.collective);
+  if (options_.on_exchange) options_.on_exchange(step);
+  if (absl::Status s = WaitAll(posted); !s.ok()) return Phase("pipeline gradient exchange", s);
+  using Kind = collectives::CombineOperand::Kind;
+  std::vector<model::FloatArray> inner(plan->inner);
+  for (const Piece& piece : pieces) {
+    const int64_t len = piece.hi - piece.lo;
+    for (model::FloatArray& t : inner) {
+      if (absl::Status s = ops_->Resize(&t, len); !s.ok()) return s;
+    }
+    float* output = grad_shard_.data() + (piece.lo - b);
+    auto at = [&](const collectives::CombineOperand& o) -> float* {
+      switch (o.kind) {
+        case Kind::kPartial:
+          return const_cast<float*>(piece.partial[o.index]);
+        case Kind::kInner:
+          return inner[o.index].data();
+        case Kind::kOutput:
+          return output;
+        case Kind::kNone:
+          break;
+      }
+      return nullptr;
+    };
+    for (const collectives::CombineStep& c : plan->steps) {
+      // dst is never a partial: x is copied, then y added (x + y, in that order).
+      if (at(c.dst) != at(c.x)) {
+        if (absl::Status s = ops_->Copy(at(c.dst), at(c.x), len); !s.ok()) return s;
+      }
+      if (c.y.kind == Kind::kNone) continue;
+      if (absl::Status s = ops_->AddInto(at(c.dst), at(c.y), len); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The staged moments mirrored to the buddy and every rank's staged parameters into staged_full_,
@@ -443,6 +756,22 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
         plan.buddy, " of ", plan.world, " (previous generation: ", plan.old_buddy, " of ",
         old_world, ")"));
   }
+  if (plan.stages < 1 || plan.world % plan.stages != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: pipeline stages: expected a divisor of the world size ",
+                     plan.world, ", got ", plan.stages));
+  }
+  if (plan.stages > 1) {
+    if (model_->staged() == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("configure: ", plan.stages, " pipeline stages, but this model (on ",
+                       model_->device().ToString(), ") cannot be cut into stages"));
+    }
+    if (absl::Status s = PartitionUnits(model_->staged()->num_units(), plan.stages).status();
+        !s.ok()) {
+      return s;
+    }
+  }
   switch (plan.source) {
     case RestoreSource::kInit: {
       // InitParams writes the model's buffer: whatever this rank held is gone from here on.
@@ -474,6 +803,7 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
   staged_layout_ = to;
   staged_rank_ = plan.rank;
   staged_buddy_ = plan.buddy;
+  staged_stages_ = plan.stages;
   staged_committed_ = plan.committed_steps;
   return absl::OkStatus();
 }
@@ -495,6 +825,7 @@ void ElasticRank::Commit() {
   layout_ = staged_layout_;
   rank_ = staged_rank_;
   buddy_ = staged_buddy_;
+  stages_ = staged_stages_;
   committed_ = staged_committed_;
   has_state_ = true;
 }

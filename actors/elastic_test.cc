@@ -187,9 +187,10 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
         {dir_ + "/train-00000.tok"}, 300,
         {.seq_len = 32, .microbatch_size = 2, .microbatches_per_step = kM, .seed = 7});
     ASSERT_TRUE(data.ok()) << data.status();
+    model::GptConfig config = model::GptConfig::Tiny(300);
+    if (spec_.size == "tiny4") config.num_layers = 4;
     auto trainer = model::Trainer::Create(
-        {.config = model::GptConfig::Tiny(300), .adamw = {}, .schedule = schedule_, .init_seed = 3},
-        &*data);
+        {.config = config, .adamw = {}, .schedule = schedule_, .init_seed = 3}, &*data);
     ASSERT_TRUE(trainer.ok()) << trainer.status();
     for (int i = 0; i < steps; ++i) ASSERT_TRUE(trainer->Step().ok());
     params->assign(trainer->model().params(),
@@ -202,7 +203,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     std::unique_ptr<ElasticRank> rank;
     int process = 0;  // kNccl: its process in the fake NCCL world
   };
-  Rank NewRank() {
+  Rank NewRank(PipelineSchedule pipeline = PipelineSchedule::kOneFOneB) {
     Rank r;
     auto t = CreateGptTrainable(spec_);
     EXPECT_TRUE(t.ok()) << t.status();
@@ -214,6 +215,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     o.seed = 3;
     o.schedule = schedule_;
     o.collective.timeout = absl::Seconds(20);
+    o.pipeline = pipeline;
     o.on_serve = [this](int64_t s, int32_t k) {
       absl::MutexLock l(&mu_);
       served_.emplace_back(s, k);
@@ -263,12 +265,20 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     for (auto& c : comms) comms_.push_back(std::move(c));
     for (auto& c : device) comms_.push_back(std::move(c));
   }
-  void Steps(std::vector<Rank*> ranks, int until) {
+  // Runs steps until `until` is committed; each step's outcome by rank in *outcomes if given.
+  void Steps(std::vector<Rank*> ranks, int until,
+             std::vector<std::vector<StepOutcome>>* outcomes = nullptr) {
     while (ranks[0]->rank->committed_steps() < until) {
-      auto st = Parallel(ranks.size(), [&](int i) { return ranks[i]->rank->RunStep().status(); });
+      std::vector<StepOutcome> outs(ranks.size());
+      auto st = Parallel(ranks.size(), [&](int i) {
+        absl::StatusOr<StepOutcome> o = ranks[i]->rank->RunStep();
+        if (o.ok()) outs[i] = *std::move(o);
+        return o.status();
+      });
       ExpectAllOk(st);
       if (!st[0].ok()) return;
       for (Rank* r : ranks) r->rank->Commit();
+      if (outcomes != nullptr) outcomes->push_back(std::move(outs));
     }
   }
   // Rank i of n in generation `gen` on the fake NCCL world, in r's process.
@@ -582,6 +592,188 @@ TEST_P(ElasticTest, EveryMicrobatchServedOncePerCommittedStep) {
   std::sort(got.begin(), got.end());
   EXPECT_EQ(got, want);
 }
+
+TEST(PipelineScheduleTest, EveryMicrobatchOnceBackwardsInOrderInFlightBounded) {
+  using Kind = PipelineOp::Kind;
+  for (PipelineSchedule schedule : {PipelineSchedule::kOneFOneB, PipelineSchedule::kGPipe}) {
+    for (int p = 1; p <= 5; ++p) {
+      for (int s = 0; s < p; ++s) {
+        for (int m = 1; m <= 9; ++m) {
+          SCOPED_TRACE(testing::Message()
+                       << PipelineScheduleName(schedule) << " p=" << p << " s=" << s << " m=" << m);
+          const std::vector<PipelineOp> ops = StageOps(schedule, p, s, m);
+          ASSERT_EQ(ops.size(), 2u * m);
+          std::vector<int> forwarded(m, 0);
+          int next_backward = 0;
+          for (const PipelineOp& op : ops) {
+            if (op.kind == Kind::kForward) {
+              ++forwarded[op.microbatch];
+            } else {
+              ASSERT_EQ(op.microbatch, next_backward++) << "backwards in microbatch order";
+              ASSERT_EQ(forwarded[op.microbatch], 1) << "backward before its forward";
+            }
+          }
+          EXPECT_EQ(std::count(forwarded.begin(), forwarded.end(), 1), m);
+          EXPECT_EQ(MaxInFlight(ops),
+                    schedule == PipelineSchedule::kGPipe ? m : std::min(m, p - s));
+        }
+      }
+    }
+  }
+  // 1F1B on stage 1 of 3 with 4 microbatches: one warm-up forward, then alternate.
+  using O = PipelineOp;
+  EXPECT_EQ(StageOps(PipelineSchedule::kOneFOneB, 3, 1, 4), (std::vector<O>{{Kind::kForward, 0},
+                                                                            {Kind::kForward, 1},
+                                                                            {Kind::kBackward, 0},
+                                                                            {Kind::kForward, 2},
+                                                                            {Kind::kBackward, 1},
+                                                                            {Kind::kForward, 3},
+                                                                            {Kind::kBackward, 2},
+                                                                            {Kind::kBackward, 3}}));
+  EXPECT_EQ(*ParsePipelineSchedule("gpipe"), PipelineSchedule::kGPipe);
+  EXPECT_EQ(*ParsePipelineSchedule("1f1b"), PipelineSchedule::kOneFOneB);
+  EXPECT_EQ(ParsePipelineSchedule("zb").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PipelineScheduleTest, UnitsPartitionedContiguouslyAndEvenly) {
+  using P = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(*PartitionUnits(4, 2), (P{{0, 2}, {2, 4}}));
+  EXPECT_EQ(*PartitionUnits(4, 3), (P{{0, 2}, {2, 3}, {3, 4}}));
+  EXPECT_EQ(*PartitionUnits(6, 4), (P{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
+  EXPECT_EQ(PartitionUnits(4, 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PartitionUnits(4, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // Rank r of a 2 × 3 grid: replica r % 2 of stage r / 2.
+  for (int r = 0; r < 6; ++r) {
+    const GridPosition g = GridPositionOf(r, 6, 3);
+    EXPECT_EQ(g.replica, r % 2);
+    EXPECT_EQ(g.stage, r / 2);
+    EXPECT_EQ(GridRank(g, 6, 3), r);
+  }
+}
+
+// Pipeline grids on the 4-block GPT: the data-parallel reference's bits for any (dp, pp) and
+// either schedule, each stage holding no more microbatches than its schedule allows.
+class ElasticPipelineTest : public ElasticTest {
+ protected:
+  void SetUp() override {
+    ElasticTest::SetUp();
+    spec_.size = "tiny4";
+  }
+  // world ranks of `schedule`, configured as a grid of `stages` from scratch.
+  std::vector<Rank> Grid(int world, int stages, PipelineSchedule schedule, uint64_t gen) {
+    std::vector<Rank> ranks(world);
+    std::vector<Rank*> ptrs;
+    for (auto& r : ranks) r = NewRank(schedule), ptrs.push_back(&r);
+    Configure(ptrs, {.stages = stages, .source = RestoreSource::kInit, .old_to_new = {}}, gen);
+    return ranks;
+  }
+  static std::vector<Rank*> Ptrs(std::vector<Rank>& ranks) {
+    std::vector<Rank*> out;
+    for (auto& r : ranks) out.push_back(&r);
+    return out;
+  }
+};
+
+TEST_P(ElasticPipelineTest, EveryGridMatchesTheDataParallelReference) {
+  std::vector<float> want, want_m;
+  Reference(3, &want, &want_m);
+  for (PipelineSchedule schedule : {PipelineSchedule::kOneFOneB, PipelineSchedule::kGPipe}) {
+    for (const auto& [dp, pp] : std::vector<std::pair<int, int>>{{1, 2}, {2, 2}, {1, 4}, {2, 4}}) {
+      SCOPED_TRACE(testing::Message()
+                   << PipelineScheduleName(schedule) << " dp=" << dp << " pp=" << pp);
+      std::vector<Rank> ranks = Grid(dp * pp, pp, schedule, 0);
+      std::vector<std::vector<StepOutcome>> outcomes;
+      Steps(Ptrs(ranks), 3, &outcomes);
+      for (auto& r : ranks) ExpectBitIdentical(r, want);
+      ASSERT_EQ(outcomes.size(), 3u);
+      const int m = kM / dp;  // each replica's microbatches
+      for (int r = 0; r < dp * pp; ++r) {
+        const GridPosition g = GridPositionOf(r, dp * pp, pp);
+        const int bound = schedule == PipelineSchedule::kGPipe ? m : std::min(m, pp - g.stage);
+        EXPECT_EQ(outcomes[0][r].max_in_flight, bound) << "rank " << r;
+        // Losses come from the last stage only, one per microbatch of the replica.
+        EXPECT_EQ(outcomes[0][r].losses.size(), g.stage == pp - 1 ? size_t(m) : 0u) << "rank " << r;
+      }
+    }
+  }
+}
+
+TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) {
+  std::vector<float> want, want_m;
+  Reference(5, &want, &want_m);
+  std::vector<Rank> ranks = Grid(4, 2, PipelineSchedule::kOneFOneB, 0);  // dp 2 × pp 2
+  Steps(Ptrs(ranks), 2);
+  // Step 2: rank 2 (replica 0 of stage 1) dies mid-step.
+  Kill(Ptrs(ranks), 2);
+  auto st = Parallel(4, [&](int i) { return ranks[i].rank->RunStep().status(); });
+  EXPECT_FALSE(st[2].ok());
+  for (int i : {0, 1, 3}) EXPECT_FALSE(st[i].ok()) << "rank " << i << " must fail, not hang";
+  for (auto& r : ranks) r.rank->Abandon();
+  // Generation 1: the three survivors as a 1 × 3 grid (blocks re-cut 2 + 1 + 1), old rank 2's
+  // moments from its buddy's mirror.
+  std::vector<Rank*> survivors = {&ranks[0], &ranks[1], &ranks[3]};
+  Configure(survivors,
+            {.stages = 3,
+             .committed_steps = 2,
+             .source = RestoreSource::kMemory,
+             .old_to_new = {0, 1, -1, 2}},
+            1);
+  Steps(survivors, 3);
+  // Generation 2: data parallelism only on the same three.
+  Configure(survivors,
+            {.stages = 1,
+             .committed_steps = 3,
+             .source = RestoreSource::kMemory,
+             .old_to_new = {0, 1, 2}},
+            2);
+  Steps(survivors, 4);
+  // Generation 3: a joiner makes a 2 × 2 grid again.
+  Rank joiner = NewRank();
+  std::vector<Rank*> four = {&ranks[0], &ranks[1], &ranks[3], &joiner};
+  Configure(four,
+            {.stages = 2,
+             .committed_steps = 4,
+             .source = RestoreSource::kMemory,
+             .old_to_new = {0, 1, 2}},
+            3);
+  Steps(four, 5);
+  for (Rank* r : four) ExpectBitIdentical(*r, want);
+}
+
+TEST_P(ElasticPipelineTest, EveryMicrobatchServedOncePerCommittedStepByTheFirstStage) {
+  std::vector<Rank> ranks = Grid(4, 2, PipelineSchedule::kOneFOneB, 0);
+  Steps(Ptrs(ranks), 2);
+  std::vector<std::pair<int64_t, int32_t>> want;
+  for (int64_t s = 0; s < 2; ++s)
+    for (int32_t k = 0; k < kM; ++k) want.emplace_back(s, k);
+  auto got = served_;
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+}
+
+TEST_P(ElasticPipelineTest, BadGridsAreRefusedNamingTheProblem) {
+  std::vector<Rank> ranks(3);
+  for (auto& r : ranks) r = NewRank();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  groups_.push_back(InProcessGroup::Create(3, 0, &comms));
+  GenerationPlan plan{.world = 3, .rank = 0, .stages = 2, .old_to_new = {}};
+  absl::Status s = ranks[0].rank->Configure(comms[0].get(), plan, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("divisor of the world size 3, got 2"), absl::string_view::npos) << s;
+  std::vector<std::unique_ptr<Communicator>> comms8;
+  groups_.push_back(InProcessGroup::Create(8, 1, &comms8));
+  std::vector<Rank> eight(1);
+  eight[0] = NewRank();
+  s = eight[0].rank->Configure(comms8[0].get(),
+                               {.world = 8, .rank = 0, .stages = 8, .old_to_new = {}}, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expected 1 to 4"), absl::string_view::npos) << s;
+  for (auto& c : comms) c->Abort(absl::CancelledError("test over"));
+  for (auto& c : comms8) c->Abort(absl::CancelledError("test over"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, ElasticPipelineTest, ::testing::Values(Mode::kHost),
+                         [](const ::testing::TestParamInfo<Mode>&) { return "Host"; });
 
 INSTANTIATE_TEST_SUITE_P(Memory, ElasticTest,
                          ::testing::Values(Mode::kHost, Mode::kOpaqueDevice, Mode::kNccl),

@@ -120,7 +120,7 @@ struct JobFailed {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
-  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.buddy,
+  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.stages, x.buddy,
            x.committed_steps, x.source, x.old_to_new, x.old_buddy, x.checkpoint_step, x.epoch);
 }
 template <class Inspector>

@@ -19,7 +19,7 @@
 namespace troupe::actors {
 namespace {
 
-class GptTrainable : public Trainable {
+class GptTrainable : public Trainable, public StagedTrainable {
  public:
   GptTrainable(model::Gpt gpt, model::DataSource data)
       : gpt_(std::move(gpt)), data_(std::move(data)) {}
@@ -38,22 +38,68 @@ class GptTrainable : public Trainable {
 
   // The same arithmetic as model::Trainer::Step for one microbatch: loss weight 1/(M·m·T).
   absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
-    const model::DataSourceOptions& d = data_.options();
-    const float loss_weight =
-        1.0f / static_cast<float>(int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len);
     if (absl::Status s = data_.Get(step, k, &mb_); !s.ok()) return s;
     absl::StatusOr<double> loss =
         gpt_.Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
     if (!loss.ok()) return loss.status();
     gpt_.ZeroGrad();
-    if (absl::Status s = gpt_.Backward(loss_weight); !s.ok()) return s;
+    if (absl::Status s = gpt_.Backward(LossWeight()); !s.ok()) return s;
     return *loss;
   }
 
+  // Pipeline stages: the units are the blocks.
+  StagedTrainable* staged() override { return this; }
+  int num_units() const override { return gpt_.config().num_layers; }
+  int64_t boundary_size() const override { return tokens_per_microbatch() * gpt_.config().width; }
+  std::vector<std::pair<int64_t, int64_t>> GradientRanges(int first_unit,
+                                                          int end_unit) const override {
+    return gpt_.StageGradientRanges({first_unit, end_unit});
+  }
+  std::vector<std::pair<int64_t, int64_t>> TiedRanges() const override {
+    const int64_t wte = gpt_.layout().wte();
+    return {{wte, wte + int64_t{gpt_.config().vocab_size} * gpt_.config().width}};
+  }
+  absl::Status SetStage(int first_unit, int end_unit, int slots) override {
+    slot_batches_.assign(std::max(0, slots), model::Microbatch{});
+    return gpt_.SetStage({first_unit, end_unit}, slots);
+  }
+  absl::StatusOr<double> StageForward(int64_t step, int32_t k, int slot,
+                                      const float* input) override {
+    if (slot < 0 || slot >= static_cast<int>(slot_batches_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("StageForward: no slot ", slot));
+    }
+    model::Microbatch& mb = slot_batches_[slot];
+    if (absl::Status s = data_.Get(step, k, &mb); !s.ok()) return s;
+    return gpt_.ForwardStage(slot, mb.inputs.data(), mb.targets.data(), input, mb.batch,
+                             mb.seq_len);
+  }
+  const float* StageOutput(int slot) const override { return gpt_.stage_output(slot); }
+  absl::Status StageBackward(int slot, const float* d_output) override {
+    for (const auto& [lo, hi] : gpt_.StageGradientRanges(gpt_.stage())) {
+      std::fill(gpt_.grads() + lo, gpt_.grads() + hi, 0.0f);
+    }
+    return gpt_.BackwardStage(slot, LossWeight(), d_output);
+  }
+  const float* InputGradient() const override { return gpt_.input_gradient(); }
+  absl::Status AddTiedGradient(int64_t step, int32_t k, const float* first_input_gradient,
+                               float* tied) override {
+    if (absl::Status s = data_.Get(step, k, &mb_); !s.ok()) return s;
+    gpt_.AddTokenEmbeddingGradient(tied, first_input_gradient, mb_.inputs.data(), mb_.batch,
+                                   mb_.seq_len);
+    return absl::OkStatus();
+  }
+
  private:
+  float LossWeight() const {
+    const model::DataSourceOptions& d = data_.options();
+    return 1.0f /
+           static_cast<float>(int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len);
+  }
+
   model::Gpt gpt_;
   model::DataSource data_;
   model::Microbatch mb_;
+  std::vector<model::Microbatch> slot_batches_;  // the microbatch each stage slot holds
 };
 
 #ifdef TROUPE_ACTORS_HAVE_CUDA
@@ -181,11 +227,14 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
   model::GptConfig config;
   if (spec.size == "tiny") {
     config = model::GptConfig::Tiny(vocab);
+  } else if (spec.size == "tiny4") {
+    config = model::GptConfig::Tiny(vocab);
+    config.num_layers = 4;
   } else if (spec.size == "small20m") {
     config = model::GptConfig::Small20M(vocab);
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.size: expected tiny or small20m, got '", spec.size, "'"));
+        absl::StrCat("model.size: expected tiny, tiny4 or small20m, got '", spec.size, "'"));
   }
   if (spec.seq_len > config.context_length) {
     return absl::InvalidArgumentError(absl::StrCat("model.seq_len: expected at most ",

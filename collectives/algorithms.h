@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "transport.h"
+#include "troupe/collectives/canonical_combine.h"
 #include "troupe/collectives/communicator.h"
 
 namespace troupe::collectives {
@@ -76,37 +77,6 @@ inline constexpr int kDirectAllGatherRanks = 8;
 [[nodiscard]] absl::Status ScatterAllGatherBroadcast(const OpContext& c, uint8_t* buf, size_t bytes,
                                                      int root, uint32_t phase);
 [[nodiscard]] absl::Status DisseminationBarrier(const OpContext& c, uint32_t phase);
-
-// The canonical split point: lo + the largest power of two strictly below hi - lo.
-uint64_t CanonicalMid(uint64_t lo, uint64_t hi);
-
-// The combine of an ordered reduce-scatter, planned from every rank's contribution interval (the
-// same on every rank): the host algorithm above and the NCCL communicator both run this plan, so
-// their sums are bit-identical. An operand is rank `index`'s partial of the block being reduced,
-// inner temporary `index`, or the output.
-struct CombineOperand {
-  enum class Kind { kNone, kPartial, kInner, kOutput };
-  Kind kind = Kind::kNone;
-  int index = 0;
-  bool operator==(const CombineOperand& o) const { return kind == o.kind && index == o.index; }
-};
-// dst = x + y, in that operand order (x holds the lower contributions); y kNone: dst = x.
-struct CombineStep {
-  CombineOperand dst, x, y;
-  bool operator==(const CombineStep& o) const { return dst == o.dst && x == o.x && y == o.y; }
-};
-struct CombinePlan {
-  uint64_t total = 0;              // contributions: the largest interval end
-  int inner = 0;                   // temporaries the steps use (at most ranks - 2)
-  std::vector<CombineStep> steps;  // in execution order; the last one writes kOutput
-};
-// The canonical tree T(0, total) over the ranks' partials, T(lo, hi) = T(lo, mid) + T(mid, hi)
-// with mid = CanonicalMid(lo, hi), cut at the nodes some rank holds (an inner node is a
-// temporary, the root the output). InvalidArgument unless the intervals are disjoint
-// power-of-two-aligned subtrees covering [0, total), every rank's used once.
-//   {{0, 4}, {4, 6}, {6, 7}}: inner0 = partial1 + partial2; output = partial0 + inner0.
-[[nodiscard]] absl::StatusOr<CombinePlan> PlanCanonicalCombine(
-    const std::vector<std::pair<uint64_t, uint64_t>>& intervals_by_rank);
 
 }  // namespace troupe::collectives
 

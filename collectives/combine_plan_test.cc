@@ -1,7 +1,7 @@
-// PlanCanonicalCombine (algorithms.h), the plan both the host ordered reduce-scatter and the NCCL
-// communicator run: the exact steps for small groups, that running a plan reproduces the serial
-// canonical tree bit for bit for every way of splitting M microbatches over W ranks, and the
-// intervals it rejects.
+// PlanCanonicalCombine (troupe/collectives/canonical_combine.h), the plan both the host ordered
+// reduce-scatter and the NCCL communicator run: the exact steps for small groups, that running a
+// plan reproduces the serial canonical tree bit for bit for every way of splitting M microbatches
+// over W ranks, and the intervals it rejects.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

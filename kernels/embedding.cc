@@ -27,11 +27,13 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, i
   ParallelForRange(c, kColBlock, [&](int64_t lo, int64_t hi) {
     for (int64_t i = 0; i < b * t; ++i) {
       const T* g = dout + i * c;
-      T* te = dwte + static_cast<int64_t>(tokens[i]) * c;
-      T* pe = dwpe + (i % t) * c;
-      for (int64_t j = lo; j < hi; ++j) {
-        te[j] += g[j];
-        pe[j] += g[j];
+      if (dwte != nullptr) {
+        T* te = dwte + static_cast<int64_t>(tokens[i]) * c;
+        for (int64_t j = lo; j < hi; ++j) te[j] += g[j];
+      }
+      if (dwpe != nullptr) {
+        T* pe = dwpe + (i % t) * c;
+        for (int64_t j = lo; j < hi; ++j) pe[j] += g[j];
       }
     }
   });

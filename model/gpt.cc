@@ -58,42 +58,53 @@ void GptModel<T>::InitParams(uint64_t seed) {
 }
 
 template <typename T>
-void GptModel<T>::EnsureActivations(int b, int t) {
-  if (b == b_ && t == t_) return;
-  b_ = b;
-  t_ = t;
-  const int64_t bt = int64_t{b} * t, c = config_.width, l = config_.num_layers;
-  const int64_t v = config_.vocab_size, nh = config_.num_heads;
+void GptModel<T>::Size(Activations& a, StageRange range, int b, int t) {
+  if (a.b == b && a.t == t) return;  // a slot's range is fixed until SetStage
+  a.b = b;
+  a.t = t;
+  const int64_t bt = int64_t{b} * t, c = config_.width;
+  const int64_t l = range.end_block - range.first_block;
+  const int64_t v = range.last(config_.num_layers) ? config_.vocab_size : 0;
+  const int64_t lbt = range.last(config_.num_layers) ? bt : 0;
+  const int64_t nh = config_.num_heads;
   auto size = [](std::vector<T>& x, int64_t n) { x.assign(n, T(0)); };
-  size(encoded_, bt * c);
-  size(ln1_, l * bt * c);
-  size(ln1_mean_, l * bt);
-  size(ln1_rstd_, l * bt);
-  size(qkv_, l * bt * 3 * c);
-  size(atty_, l * bt * c);
-  size(att_, l * b * nh * t * t);
-  size(attproj_, l * bt * c);
-  size(residual2_, l * bt * c);
-  size(ln2_, l * bt * c);
-  size(ln2_mean_, l * bt);
-  size(ln2_rstd_, l * bt);
-  size(fch_, l * bt * 4 * c);
-  size(fch_gelu_, l * bt * 4 * c);
-  size(fcproj_, l * bt * c);
-  size(residual3_, l * bt * c);
-  size(lnf_, bt * c);
-  size(lnf_mean_, bt);
-  size(lnf_rstd_, bt);
-  size(logits_, bt * v);
-  size(probs_, bt * v);
-  size(losses_, bt);
+  size(a.encoded, bt * c);
+  size(a.ln1, l * bt * c);
+  size(a.ln1_mean, l * bt);
+  size(a.ln1_rstd, l * bt);
+  size(a.qkv, l * bt * 3 * c);
+  size(a.atty, l * bt * c);
+  size(a.att, l * b * nh * t * t);
+  size(a.attproj, l * bt * c);
+  size(a.residual2, l * bt * c);
+  size(a.ln2, l * bt * c);
+  size(a.ln2_mean, l * bt);
+  size(a.ln2_rstd, l * bt);
+  size(a.fch, l * bt * 4 * c);
+  size(a.fch_gelu, l * bt * 4 * c);
+  size(a.fcproj, l * bt * c);
+  size(a.residual3, l * bt * c);
+  size(a.lnf, lbt * c);
+  size(a.lnf_mean, lbt);
+  size(a.lnf_rstd, lbt);
+  size(a.logits, lbt * v);
+  size(a.probs, lbt * v);
+  size(a.losses, lbt);
+}
+
+template <typename T>
+void GptModel<T>::EnsureScratch(int b, int t) {
+  const int64_t bt = int64_t{b} * t, c = config_.width;
+  if (bt == scratch_bt_) return;
+  scratch_bt_ = static_cast<int>(bt);
+  auto size = [](std::vector<T>& x, int64_t n) { x.assign(n, T(0)); };
   size(dresidual_, bt * c);
   size(dbtc_, bt * c);
   size(dbtc2_, bt * c);
   size(dqkv_, bt * 3 * c);
   size(dfch_, bt * 4 * c);
   size(dfch_gelu_, bt * 4 * c);
-  size(dlogits_, bt * v);
+  size(dlogits_, bt * config_.vocab_size);
 }
 
 namespace {
@@ -111,58 +122,142 @@ absl::Status CheckIds(const char* what, const int32_t* ids, int64_t n, int32_t v
 template <typename T>
 absl::StatusOr<double> GptModel<T>::Forward(const int32_t* tokens, const int32_t* targets, int b,
                                             int t) {
+  return RunForward(full_, {0, config_.num_layers}, tokens, targets, nullptr, b, t);
+}
+
+template <typename T>
+absl::Status GptModel<T>::SetStage(StageRange range, int slots) {
+  if (range.first_block < 0 || range.first_block >= range.end_block ||
+      range.end_block > config_.num_layers || slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SetStage: expected blocks 0 <= first < end <= ", config_.num_layers,
+        " and slots >= 1, got [", range.first_block, ", ", range.end_block, ") slots=", slots));
+  }
+  stage_ = range;
+  slots_.assign(slots, Activations{});
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<double> GptModel<T>::ForwardStage(int slot, const int32_t* tokens,
+                                                 const int32_t* targets, const T* input, int b,
+                                                 int t) {
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ForwardStage: slot ", slot, " of ", slots_.size(), " (SetStage first)"));
+  }
+  if (stage_.last(config_.num_layers) && targets == nullptr) {
+    return absl::InvalidArgumentError("ForwardStage: the last stage needs targets");
+  }
+  if (!stage_.first() && input == nullptr) {
+    return absl::InvalidArgumentError("ForwardStage: a stage after the first needs its input");
+  }
+  return RunForward(slots_[slot], stage_, tokens, targets, input, b, t);
+}
+
+template <typename T>
+const T* GptModel<T>::stage_output(int slot) const {
+  const Activations& a = slots_[slot];
+  const int64_t bt = int64_t{a.b} * a.t, c = config_.width;
+  return a.residual3.data() + (stage_.end_block - stage_.first_block - 1) * bt * c;
+}
+
+template <typename T>
+absl::Status GptModel<T>::BackwardStage(int slot, T loss_weight, const T* d_output) {
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BackwardStage: slot ", slot, " of ", slots_.size(), " (SetStage first)"));
+  }
+  if (!stage_.last(config_.num_layers) && d_output == nullptr) {
+    return absl::InvalidArgumentError(
+        "BackwardStage: a stage before the last needs its output's gradient");
+  }
+  return RunBackward(slots_[slot], stage_, loss_weight, d_output, /*embed_wte=*/false);
+}
+
+template <typename T>
+std::vector<std::pair<int64_t, int64_t>> GptModel<T>::StageGradientRanges(StageRange range) const {
+  const int64_t wte_end = layout_.wte() + int64_t{config_.vocab_size} * config_.width;
+  const bool last = range.last(config_.num_layers);
+  // Layout: wte, wpe, the blocks in order, ln_f; wte's gradient is the last stage's.
+  const int64_t begin = range.first() ? wte_end : layout_.block(range.first_block).ln1_w;
+  const int64_t end = last ? layout_.total_size() : layout_.block(range.end_block).ln1_w;
+  if (!last) return {{begin, end}};
+  if (range.first()) return {{layout_.wte(), end}};
+  return {{layout_.wte(), wte_end}, {begin, end}};
+}
+
+template <typename T>
+void GptModel<T>::AddTokenEmbeddingGradient(T* dwte, const T* d_embedded, const int32_t* tokens,
+                                            int b, int t) const {
+  k::EmbeddingBackward<T>(dwte, nullptr, d_embedded, tokens, b, t, config_.width);
+}
+
+template <typename T>
+absl::StatusOr<double> GptModel<T>::RunForward(Activations& a, StageRange range,
+                                               const int32_t* tokens, const int32_t* targets,
+                                               const T* input, int b, int t) {
   if (b <= 0 || t <= 0 || t > config_.context_length) {
     return absl::InvalidArgumentError(
         absl::StrCat("Forward: expected batch > 0 and 0 < seq_len <= ", config_.context_length,
                      ", got batch=", b, " seq_len=", t));
   }
+  const bool first = range.first(), last = range.last(config_.num_layers);
   const int64_t bt = int64_t{b} * t, c = config_.width, v = config_.vocab_size;
   const int64_t nh = config_.num_heads;
-  if (absl::Status s = CheckIds("tokens", tokens, bt, config_.vocab_size); !s.ok()) return s;
-  if (targets != nullptr) {
+  if (first) {
+    if (absl::Status s = CheckIds("tokens", tokens, bt, config_.vocab_size); !s.ok()) return s;
+  }
+  if (targets != nullptr && last) {
     if (absl::Status s = CheckIds("targets", targets, bt, config_.vocab_size); !s.ok()) return s;
   }
-  EnsureActivations(b, t);
-  tokens_.assign(tokens, tokens + bt);
-  have_targets_ = targets != nullptr;
-  if (have_targets_) targets_.assign(targets, targets + bt);
+  Size(a, range, b, t);
+  if (first) a.tokens.assign(tokens, tokens + bt);
+  a.have_targets = targets != nullptr && last;
+  if (a.have_targets) a.targets.assign(targets, targets + bt);
   const T* p = params_.data();
 
-  k::EmbeddingForward(encoded_.data(), tokens, p + layout_.wte(), p + layout_.wpe(), b, t, c);
-  for (int l = 0; l < config_.num_layers; ++l) {
+  if (first) {
+    k::EmbeddingForward(a.encoded.data(), tokens, p + layout_.wte(), p + layout_.wpe(), b, t, c);
+  } else {
+    std::copy(input, input + bt * c, a.encoded.begin());
+  }
+  for (int l = range.first_block; l < range.end_block; ++l) {
     const BlockOffsets& o = layout_.block(l);
-    const T* residual = l == 0 ? encoded_.data() : residual3_.data() + (l - 1) * bt * c;
-    T* ln1 = ln1_.data() + l * bt * c;
-    T* qkv = qkv_.data() + l * bt * 3 * c;
-    T* atty = atty_.data() + l * bt * c;
-    T* attproj = attproj_.data() + l * bt * c;
-    T* res2 = residual2_.data() + l * bt * c;
-    T* ln2 = ln2_.data() + l * bt * c;
-    T* fch = fch_.data() + l * bt * 4 * c;
-    T* fch_gelu = fch_gelu_.data() + l * bt * 4 * c;
-    T* fcproj = fcproj_.data() + l * bt * c;
-    T* res3 = residual3_.data() + l * bt * c;
-    k::LayerNormForward(ln1, ln1_mean_.data() + l * bt, ln1_rstd_.data() + l * bt, residual,
+    const int64_t i = l - range.first_block;  // index into the activations
+    const T* residual = i == 0 ? a.encoded.data() : a.residual3.data() + (i - 1) * bt * c;
+    T* ln1 = a.ln1.data() + i * bt * c;
+    T* qkv = a.qkv.data() + i * bt * 3 * c;
+    T* atty = a.atty.data() + i * bt * c;
+    T* attproj = a.attproj.data() + i * bt * c;
+    T* res2 = a.residual2.data() + i * bt * c;
+    T* ln2 = a.ln2.data() + i * bt * c;
+    T* fch = a.fch.data() + i * bt * 4 * c;
+    T* fch_gelu = a.fch_gelu.data() + i * bt * 4 * c;
+    T* fcproj = a.fcproj.data() + i * bt * c;
+    T* res3 = a.residual3.data() + i * bt * c;
+    k::LayerNormForward(ln1, a.ln1_mean.data() + i * bt, a.ln1_rstd.data() + i * bt, residual,
                         p + o.ln1_w, p + o.ln1_b, bt, c);
     k::MatmulForward(qkv, ln1, p + o.qkv_w, p + o.qkv_b, bt, c, 3 * c);
-    k::AttentionForward(atty, att_.data() + l * b * nh * t * t, qkv, b, t, c, nh);
+    k::AttentionForward(atty, a.att.data() + i * b * nh * t * t, qkv, b, t, c, nh);
     k::MatmulForward(attproj, atty, p + o.proj_w, p + o.proj_b, bt, c, c);
     k::ResidualForward(res2, residual, attproj, bt * c);
-    k::LayerNormForward(ln2, ln2_mean_.data() + l * bt, ln2_rstd_.data() + l * bt, res2,
+    k::LayerNormForward(ln2, a.ln2_mean.data() + i * bt, a.ln2_rstd.data() + i * bt, res2,
                         p + o.ln2_w, p + o.ln2_b, bt, c);
     k::MatmulForward(fch, ln2, p + o.fc_w, p + o.fc_b, bt, c, 4 * c);
     k::GeluForward(fch_gelu, fch, bt * 4 * c);
     k::MatmulForward(fcproj, fch_gelu, p + o.fcproj_w, p + o.fcproj_b, bt, 4 * c, c);
     k::ResidualForward(res3, res2, fcproj, bt * c);
   }
-  const T* last = residual3_.data() + (config_.num_layers - 1) * bt * c;
-  k::LayerNormForward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), last, p + layout_.lnf_w(),
+  if (!last) return 0.0;
+  const T* top = a.residual3.data() + (range.end_block - range.first_block - 1) * bt * c;
+  k::LayerNormForward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), top, p + layout_.lnf_w(),
                       p + layout_.lnf_b(), bt, c);
-  k::MatmulForward<T>(logits_.data(), lnf_.data(), p + layout_.wte(), nullptr, bt, c, v);
-  if (!have_targets_) return 0.0;
-  k::CrossEntropyForward(losses_.data(), probs_.data(), logits_.data(), targets, bt, v);
+  k::MatmulForward<T>(a.logits.data(), a.lnf.data(), p + layout_.wte(), nullptr, bt, c, v);
+  if (!a.have_targets) return 0.0;
+  k::CrossEntropyForward(a.losses.data(), a.probs.data(), a.logits.data(), targets, bt, v);
   double sum = 0;
-  for (int64_t i = 0; i < bt; ++i) sum += losses_[i];
+  for (int64_t j = 0; j < bt; ++j) sum += a.losses[j];
   return sum / static_cast<double>(bt);
 }
 
@@ -173,55 +268,75 @@ void GptModel<T>::ZeroGrad() {
 
 template <typename T>
 absl::Status GptModel<T>::Backward(T loss_weight) {
-  if (!have_targets_) {
+  if (!full_.have_targets) {
     return absl::FailedPreconditionError("Backward: the last Forward had no targets");
   }
-  const int b = b_, t = t_;
+  return RunBackward(full_, {0, config_.num_layers}, loss_weight, nullptr, /*embed_wte=*/true);
+}
+
+template <typename T>
+absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_weight,
+                                      const T* d_output, bool embed_wte) {
+  const bool first = range.first(), last = range.last(config_.num_layers);
+  if (last && !a.have_targets) {
+    return absl::FailedPreconditionError("Backward: the last Forward had no targets");
+  }
+  const int b = a.b, t = a.t;
   const int64_t bt = int64_t{b} * t, c = config_.width, v = config_.vocab_size;
   const int64_t nh = config_.num_heads;
+  EnsureScratch(b, t);
   const T* p = params_.data();
   T* g = grads_.data();
   auto zero = [](std::vector<T>& x) { std::fill(x.begin(), x.end(), T(0)); };
 
-  zero(dlogits_);
-  k::CrossEntropyBackward(dlogits_.data(), probs_.data(), targets_.data(), loss_weight, bt, v);
-  zero(dbtc_);  // d lnf
-  k::MatmulBackward<T>(dbtc_.data(), g + layout_.wte(), nullptr, dlogits_.data(), lnf_.data(),
-                       p + layout_.wte(), bt, c, v);
-  zero(dresidual_);
-  const T* last = residual3_.data() + (config_.num_layers - 1) * bt * c;
-  k::LayerNormBackward(dresidual_.data(), g + layout_.lnf_w(), g + layout_.lnf_b(), dbtc_.data(),
-                       last, p + layout_.lnf_w(), lnf_mean_.data(), lnf_rstd_.data(), bt, c);
+  const int64_t top_index = range.end_block - range.first_block - 1;
+  if (last) {
+    zero(dlogits_);
+    k::CrossEntropyBackward(dlogits_.data(), a.probs.data(), a.targets.data(), loss_weight, bt, v);
+    zero(dbtc_);  // d lnf
+    k::MatmulBackward<T>(dbtc_.data(), g + layout_.wte(), nullptr, dlogits_.data(), a.lnf.data(),
+                         p + layout_.wte(), bt, c, v);
+    zero(dresidual_);
+    k::LayerNormBackward(dresidual_.data(), g + layout_.lnf_w(), g + layout_.lnf_b(), dbtc_.data(),
+                         a.residual3.data() + top_index * bt * c, p + layout_.lnf_w(),
+                         a.lnf_mean.data(), a.lnf_rstd.data(), bt, c);
+  } else {
+    std::copy(d_output, d_output + bt * c, dresidual_.begin());
+  }
   // dresidual_ holds d residual3 of the layer being processed; its LayerNorm backwards add the
   // gradients that flow around each residual connection.
-  for (int l = config_.num_layers - 1; l >= 0; --l) {
+  for (int l = range.end_block - 1; l >= range.first_block; --l) {
     const BlockOffsets& o = layout_.block(l);
-    const T* residual = l == 0 ? encoded_.data() : residual3_.data() + (l - 1) * bt * c;
+    const int64_t i = l - range.first_block;
+    const T* residual = i == 0 ? a.encoded.data() : a.residual3.data() + (i - 1) * bt * c;
     zero(dfch_gelu_);
     k::MatmulBackward(dfch_gelu_.data(), g + o.fcproj_w, g + o.fcproj_b, dresidual_.data(),
-                      fch_gelu_.data() + l * bt * 4 * c, p + o.fcproj_w, bt, 4 * c, c);
+                      a.fch_gelu.data() + i * bt * 4 * c, p + o.fcproj_w, bt, 4 * c, c);
     zero(dfch_);
-    k::GeluBackward(dfch_.data(), fch_.data() + l * bt * 4 * c, dfch_gelu_.data(), bt * 4 * c);
+    k::GeluBackward(dfch_.data(), a.fch.data() + i * bt * 4 * c, dfch_gelu_.data(), bt * 4 * c);
     zero(dbtc_);  // d ln2
-    k::MatmulBackward(dbtc_.data(), g + o.fc_w, g + o.fc_b, dfch_.data(), ln2_.data() + l * bt * c,
+    k::MatmulBackward(dbtc_.data(), g + o.fc_w, g + o.fc_b, dfch_.data(), a.ln2.data() + i * bt * c,
                       p + o.fc_w, bt, c, 4 * c);
     k::LayerNormBackward(dresidual_.data(), g + o.ln2_w, g + o.ln2_b, dbtc_.data(),
-                         residual2_.data() + l * bt * c, p + o.ln2_w, ln2_mean_.data() + l * bt,
-                         ln2_rstd_.data() + l * bt, bt, c);
+                         a.residual2.data() + i * bt * c, p + o.ln2_w, a.ln2_mean.data() + i * bt,
+                         a.ln2_rstd.data() + i * bt, bt, c);
     zero(dbtc2_);  // d atty
     k::MatmulBackward(dbtc2_.data(), g + o.proj_w, g + o.proj_b, dresidual_.data(),
-                      atty_.data() + l * bt * c, p + o.proj_w, bt, c, c);
+                      a.atty.data() + i * bt * c, p + o.proj_w, bt, c, c);
     zero(dqkv_);
-    k::AttentionBackward(dqkv_.data(), dbtc2_.data(), qkv_.data() + l * bt * 3 * c,
-                         att_.data() + l * b * nh * t * t, b, t, c, nh);
+    k::AttentionBackward(dqkv_.data(), dbtc2_.data(), a.qkv.data() + i * bt * 3 * c,
+                         a.att.data() + i * b * nh * t * t, b, t, c, nh);
     zero(dbtc_);  // d ln1
     k::MatmulBackward(dbtc_.data(), g + o.qkv_w, g + o.qkv_b, dqkv_.data(),
-                      ln1_.data() + l * bt * c, p + o.qkv_w, bt, c, 3 * c);
+                      a.ln1.data() + i * bt * c, p + o.qkv_w, bt, c, 3 * c);
     k::LayerNormBackward(dresidual_.data(), g + o.ln1_w, g + o.ln1_b, dbtc_.data(), residual,
-                         p + o.ln1_w, ln1_mean_.data() + l * bt, ln1_rstd_.data() + l * bt, bt, c);
+                         p + o.ln1_w, a.ln1_mean.data() + i * bt, a.ln1_rstd.data() + i * bt, bt,
+                         c);
   }
-  k::EmbeddingBackward(g + layout_.wte(), g + layout_.wpe(), dresidual_.data(), tokens_.data(), b,
-                       t, c);
+  if (first) {
+    k::EmbeddingBackward(embed_wte ? g + layout_.wte() : nullptr, g + layout_.wpe(),
+                         dresidual_.data(), a.tokens.data(), b, t, c);
+  }
   return absl::OkStatus();
 }
 

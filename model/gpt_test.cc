@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -138,6 +139,98 @@ TEST(GptTest, BadTokensAndShapesAreRejected) {
   GptConfig bad = GptConfig::Tiny(50);
   bad.num_heads = 5;
   EXPECT_EQ(Gpt::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A pipeline's stages, chained, compute Backward's gradient bit for bit: every stage holds three
+// microbatches in flight (all forwards first, then the backwards), and wte's gradient is the last
+// stage's head part completed with the first stage's input gradient.
+TEST(GptTest, ChainedStagesReproduceTheWholeModelsGradientBitForBit) {
+  const GptConfig config{23, 7, 4, 3, 12};
+  const int b = 2, t = 5, microbatches = 3;
+  auto reference = Gpt::Create(config);
+  ASSERT_TRUE(reference.ok());
+  RandomParams(*reference, 7);
+  std::vector<std::vector<int32_t>> tokens, targets;
+  std::vector<std::vector<float>> want_grads;
+  std::vector<double> want_loss;
+  for (int k = 0; k < microbatches; ++k) {
+    tokens.push_back(Tokens(b * t, config.vocab_size, 10 + k));
+    targets.push_back(Tokens(b * t, config.vocab_size, 20 + k));
+    auto loss = reference->Forward(tokens[k].data(), targets[k].data(), b, t);
+    ASSERT_TRUE(loss.ok());
+    want_loss.push_back(*loss);
+    reference->ZeroGrad();
+    ASSERT_TRUE(reference->Backward(1.0f / (b * t)).ok());
+    want_grads.emplace_back(reference->grads(), reference->grads() + reference->num_params());
+  }
+  const std::vector<std::vector<StageRange>> cuts = {
+      {{0, 4}}, {{0, 2}, {2, 4}}, {{0, 1}, {1, 2}, {2, 3}, {3, 4}}, {{0, 3}, {3, 4}}};
+  for (const std::vector<StageRange>& cut : cuts) {
+    const int p = static_cast<int>(cut.size());
+    SCOPED_TRACE(testing::Message() << p << " stages, the first ending at " << cut[0].end_block);
+    std::vector<Gpt> stages;
+    std::vector<int64_t> covered(reference->num_params(), 0);
+    for (const StageRange& range : cut) {
+      auto stage = Gpt::Create(config);
+      ASSERT_TRUE(stage.ok());
+      std::copy(reference->params(), reference->params() + reference->num_params(),
+                stage->params());
+      ASSERT_TRUE(stage->SetStage(range, microbatches).ok());
+      for (const auto& [lo, hi] : stage->StageGradientRanges(range)) {
+        for (int64_t i = lo; i < hi; ++i) ++covered[i];
+      }
+      stages.push_back(std::move(*stage));
+    }
+    EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), reference->num_params())
+        << "the stages' gradient ranges must cover every parameter exactly once";
+    for (int k = 0; k < microbatches; ++k) {
+      const float* input = nullptr;
+      for (int s = 0; s < p; ++s) {
+        auto loss = stages[s].ForwardStage(k, tokens[k].data(), targets[k].data(), input, b, t);
+        ASSERT_TRUE(loss.ok()) << loss.status();
+        if (s == p - 1) {
+          EXPECT_EQ(*loss, want_loss[k]) << "microbatch " << k;
+        } else {
+          input = stages[s].stage_output(k);
+        }
+      }
+    }
+    for (int k = 0; k < microbatches; ++k) {
+      std::vector<float> got(reference->num_params(), -1.0f);
+      const float* d_output = nullptr;
+      for (int s = p - 1; s >= 0; --s) {
+        stages[s].ZeroGrad();
+        ASSERT_TRUE(stages[s].BackwardStage(k, 1.0f / (b * t), d_output).ok());
+        for (const auto& [lo, hi] : stages[s].StageGradientRanges(cut[s])) {
+          std::copy(stages[s].grads() + lo, stages[s].grads() + hi, got.begin() + lo);
+        }
+        d_output = stages[s].input_gradient();
+      }
+      stages[p - 1].AddTokenEmbeddingGradient(got.data() + reference->layout().wte(),
+                                              stages[0].input_gradient(), tokens[k].data(), b, t);
+      EXPECT_EQ(0, std::memcmp(got.data(), want_grads[k].data(), got.size() * sizeof(float)))
+          << "microbatch " << k;
+    }
+  }
+}
+
+TEST(GptTest, BadStagesAreRejected) {
+  auto m = Gpt::Create(GptConfig::Tiny(50));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->SetStage({1, 1}, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->SetStage({0, 3}, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->SetStage({0, 1}, 0).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> tokens(8, 3);
+  EXPECT_EQ(m->ForwardStage(0, tokens.data(), nullptr, nullptr, 2, 4).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "ForwardStage before SetStage";
+  ASSERT_TRUE(m->SetStage({1, 2}, 2).ok());
+  EXPECT_EQ(m->ForwardStage(0, tokens.data(), tokens.data(), nullptr, 2, 4).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a later stage without its input";
+  EXPECT_EQ(m->ForwardStage(2, tokens.data(), tokens.data(), nullptr, 2, 4).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a slot beyond SetStage's";
 }
 
 }  // namespace

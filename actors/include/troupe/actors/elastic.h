@@ -26,6 +26,16 @@
 // parameters are broadcast from new rank 0 (a survivor), each old range's moments come from its
 // surviving owner, else from the buddy's mirror, else the whole job restores from a checkpoint.
 //
+// Pipeline stages (GenerationPlan::stages > 1, pipeline.h): rank r is replica r % dp of stage
+// r / dp. Step 1 becomes the stage's schedule (1F1B or GPipe) over the replica's microbatch
+// block, activations forward and their gradients back by point-to-point to the neighbouring
+// stages; each stage accumulates its parameters' gradients per microbatch in canonical order,
+// and step 2 sends each stage's partials to the owners of the ranges above, which combine the dp
+// replicas' partials in the canonical tree (canonical_combine.h). Every later step — norm, AdamW,
+// mirrors, the all-gather, recovery, checkpoints — is the data-parallel one over all W ranks, so
+// a grid trains the bits of the data-parallel run and re-plans to any other grid (or none)
+// through the same memory and checkpoint restore.
+//
 // Devices: every buffer of the step lives in the Trainable's memory (Trainable::array_ops(): the
 // host's, or a GPU's) and is touched only through its ArrayOps and the communicator — so one code
 // path trains on the host and on a GPU (NCCL), with the same canonical order and bits. Only the
@@ -37,12 +47,14 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "troupe/actors/checkpoint_store.h"
+#include "troupe/actors/pipeline.h"
 #include "troupe/actors/trainable.h"
 #include "troupe/collectives/communicator.h"
 #include "troupe/model/array_ops.h"
@@ -86,6 +98,9 @@ int BuddiesSharingADomain(const std::vector<std::string>& domains, int buddy);
 struct GenerationPlan {
   int world = 1;
   int rank = 0;
+  // Pipeline stages: world = dp · stages (rank r is replica r % dp of stage r / dp); 1: data
+  // parallelism only. Stages need a model with Trainable::staged().
+  int stages = 1;
   int buddy = 1;                // rank r's moments are mirrored on rank (r + buddy) mod world
   int64_t committed_steps = 0;  // steps done; the next step to run
   RestoreSource source = RestoreSource::kInit;
@@ -109,8 +124,11 @@ struct HostShard {
 };
 
 struct StepOutcome {
-  std::vector<std::pair<int32_t, double>> losses;  // (microbatch, mean loss) computed here
+  // (microbatch, mean loss) computed here: every microbatch of a data-parallel rank, the
+  // replica's microbatches on a pipeline's last stage, none on its other stages.
+  std::vector<std::pair<int32_t, double>> losses;
   double grad_norm = 0;
+  int max_in_flight = 0;  // pipeline: the most microbatches this stage held at once
 };
 
 class ElasticRank {
@@ -124,8 +142,10 @@ class ElasticRank {
     uint64_t seed = 1;  // parameter initialisation
     model::AdamWConfig adamw;
     model::LrSchedule schedule;
-    collectives::CollectiveOptions collective;  // timeout; algorithm is set per call
-    // Called for every (step, microbatch) as its data is served, before it is computed.
+    PipelineSchedule pipeline = PipelineSchedule::kOneFOneB;  // GenerationPlan::stages > 1
+    collectives::CollectiveOptions collective;                // timeout; algorithm is set per call
+    // Called for every (step, microbatch) as its data is served, before it is computed (on a
+    // pipeline, by its first stage).
     std::function<void(int64_t step, int32_t k)> on_serve;
     // Called once the step's gradient exchange is under way (the reduce-scatter posted, not yet
     // complete): where chaos kills a rank "in the middle of the exchange".
@@ -181,6 +201,14 @@ class ElasticRank {
   [[nodiscard]] absl::Status RestoreFromCheckpoint(const GenerationPlan& plan,
                                                    const ShardLayout& to, CheckpointStore* store);
   [[nodiscard]] absl::Status ShareStagedState();
+  // Pipeline: this rank's stage of its replica's schedule, each gradient range's subtree into
+  // stage_partials_; then the exchange that leaves the step gradient of my range in grad_shard_.
+  [[nodiscard]] absl::Status RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
+                                              GridPosition pos, StepOutcome* out);
+  [[nodiscard]] absl::Status ExchangeStageGradients(
+      int64_t step, const std::vector<std::pair<int32_t, int32_t>>& blocks, GridPosition pos);
+  // The unit ranges of the committed grid's stages.
+  [[nodiscard]] absl::StatusOr<std::vector<std::pair<int, int>>> StageUnits() const;
 
   Trainable* model_;
   model::ArrayOps* ops_;  // model_->array_ops()
@@ -191,6 +219,7 @@ class ElasticRank {
   ShardLayout layout_;
   int rank_ = 0;
   int buddy_ = 1;
+  int stages_ = 1;
   bool has_state_ = false;
   int64_t committed_ = 0;
   // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range.
@@ -200,7 +229,13 @@ class ElasticRank {
   ShardLayout staged_layout_;
   int staged_rank_ = 0;
   int staged_buddy_ = 1;
+  int staged_stages_ = 1;
   int64_t staged_committed_ = 0;
+  // Pipeline: the stage the model was set to (first unit, end unit, slots), one accumulator
+  // and finished partial per gradient range of the stage.
+  std::tuple<int, int, int> model_stage_{-1, -1, 0};
+  std::vector<model::TreeAccumulator> stage_accs_;
+  std::vector<model::FloatArray> stage_partials_;
   // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
   // microbatch.
   std::optional<model::TreeAccumulator> acc_;

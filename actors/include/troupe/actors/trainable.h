@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,6 +64,48 @@ struct Device {
 // the CUDA runtime's error where none can be used, or in a build without the CUDA backend.
 [[nodiscard]] absl::StatusOr<int> CudaDeviceCount();
 
+// A model that can be cut into pipeline stages between its units (the GPT's blocks): one stage
+// per rank of a DP × PP grid (pipeline.h). Pointers are in the Trainable's array_ops() memory.
+// Contract, which deterministic mode relies on: chained stages produce, for every parameter and
+// microbatch, the bits ComputeGradient produces — the parameters a stage's backward computes are
+// its GradientRanges; a tied parameter (the GPT's wte: the head and the embedding) is the last
+// stage's, whose gradient AddTiedGradient completes with the first stage's input gradient.
+class StagedTrainable {
+ public:
+  virtual ~StagedTrainable() = default;
+  virtual int num_units() const = 0;
+  // Floats that cross a cut per microbatch, either way (the GPT: m · T · C).
+  virtual int64_t boundary_size() const = 0;
+  // The flat ranges whose gradient stage [first_unit, end_unit) computes: disjoint over a cut's
+  // stages and covering [0, num_params()).
+  virtual std::vector<std::pair<int64_t, int64_t>> GradientRanges(int first_unit,
+                                                                  int end_unit) const = 0;
+  // The ranges of the last stage's GradientRanges that AddTiedGradient completes (empty: none).
+  virtual std::vector<std::pair<int64_t, int64_t>> TiedRanges() const { return {}; }
+  // Makes this model stage [first_unit, end_unit) with `slots` microbatches in flight.
+  [[nodiscard]] virtual absl::Status SetStage(int first_unit, int end_unit, int slots) = 0;
+  // Forward of microbatch k of `step` into `slot`; `input` is the previous stage's output (null
+  // on the first stage). Returns the microbatch's mean loss on the last stage, else 0.
+  [[nodiscard]] virtual absl::StatusOr<double> StageForward(int64_t step, int32_t k, int slot,
+                                                            const float* input) = 0;
+  // boundary_size() floats: what the next stage's forward reads (not on the last stage).
+  virtual const float* StageOutput(int slot) const = 0;
+  // Overwrites the stage's GradientRanges in grads() with the microbatch's gradient (its share
+  // of the step loss, as ComputeGradient), from d_output (null on the last stage).
+  [[nodiscard]] virtual absl::Status StageBackward(int slot, const float* d_output) = 0;
+  // boundary_size() floats: d input of the last StageBackward (the first stage's goes to the
+  // last stage for AddTiedGradient); valid until the next StageBackward.
+  virtual const float* InputGradient() const = 0;
+  // Adds to `tied` (the TiedRanges, one after the other, as the last stage's grads() held them
+  // after microbatch k's backward) what the first stage's input gradient contributes.
+  [[nodiscard]] virtual absl::Status AddTiedGradient(int64_t step, int32_t k,
+                                                     const float* first_input_gradient,
+                                                     float* tied) {
+    (void)step, (void)k, (void)first_input_gradient, (void)tied;
+    return absl::OkStatus();
+  }
+};
+
 class Trainable {
  public:
   virtual ~Trainable() = default;
@@ -84,12 +127,14 @@ class Trainable {
   // That memory and its operations: the elastic trainer reaches params() and grads() only
   // through these (and its communicator), never by dereferencing them.
   virtual model::ArrayOps& array_ops() { return model::HostArrayOps(); }
+  // Pipeline stages, where the model supports them (null: data parallelism only).
+  virtual StagedTrainable* staged() { return nullptr; }
 };
 
 // The model part of a job spec, as the factory sees it.
 struct ModelSpec {
   std::string type = "gpt";    // the registered factory's name
-  std::string size = "tiny";   // gpt: tiny | small20m
+  std::string size = "tiny";   // gpt: tiny | tiny4 (tiny with 4 blocks) | small20m
   std::string data_dir;        // gpt: where `troupe data prepare` put the shards
   std::string device = "cpu";  // cpu | cuda | cuda:N (ParseDevice)
   int32_t seq_len = 64;

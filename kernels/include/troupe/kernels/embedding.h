@@ -2,7 +2,8 @@
 //
 // Backward scatters into dwte/dwpe. It is split by fixed blocks of channels, and each block visits
 // the tokens in (b, t) order, so repeated tokens add up in the same order at any thread count.
-// Token ids must lie in [0, V); callers validate them.
+// Token ids must lie in [0, V); callers validate them. Either of dwte, dwpe may be null (that
+// part is skipped: a pipeline's first stage leaves wte to the last).
 //
 // Example:
 //   EmbeddingForward<float>(out, tokens, wte, wpe, B, T, C);

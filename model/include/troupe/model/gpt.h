@@ -6,6 +6,14 @@
 // (see TreeAccumulator). Instantiated for float (training) and double (gradient checks).
 // Not thread-safe: one thread drives a model; the kernels parallelise inside each call.
 //
+// Pipeline stages (ARCHITECTURE.md: pipeline parallelism): the same model cut between blocks.
+// A stage runs blocks [first_block, end_block); the first also the embedding, the last also
+// ln_f, the head and the loss. Stage activations live in slots, one per microbatch in flight.
+// Chained stages compute, for every parameter, the bits Backward computes — except wte, whose
+// gradient has two parts: the head's (the last stage's grads()) and the embedding's, which the
+// first stage hands on as input_gradient() and AddTokenEmbeddingGradient adds in Backward's
+// order.
+//
 // Example:
 //   absl::StatusOr<Gpt> gpt = Gpt::Create(GptConfig::Tiny(512));
 //   gpt->InitParams(/*seed=*/42);
@@ -16,6 +24,7 @@
 #define TROUPE_MODEL_GPT_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +32,14 @@
 #include "troupe/model/config.h"
 
 namespace troupe::model {
+
+// Blocks [first_block, end_block) of a GptConfig's num_layers.
+struct StageRange {
+  int first_block = 0;
+  int end_block = 0;
+  bool first() const { return first_block == 0; }
+  bool last(int num_layers) const { return end_block == num_layers; }
+};
 
 template <typename T>
 class GptModel {
@@ -52,24 +69,67 @@ class GptModel {
   // Forward had targets.
   [[nodiscard]] absl::Status Backward(T loss_weight);
 
-  const T* logits() const { return logits_.data(); }  // [b, t, vocab_size] of the last Forward
-  const T* losses() const { return losses_.data(); }  // [b, t]
+  const T* logits() const { return full_.logits.data(); }  // [b, t, vocab_size], last Forward
+  const T* losses() const { return full_.losses.data(); }  // [b, t]
+
+  // Makes this model stage `range` with `slots` microbatches in flight; drops earlier slots.
+  // InvalidArgument unless 0 <= first_block < end_block <= num_layers and slots >= 1.
+  [[nodiscard]] absl::Status SetStage(StageRange range, int slots);
+  const StageRange& stage() const { return stage_; }
+  // Forward of one microbatch into `slot`: the first stage reads `tokens`, the others `input`
+  // [b, t, C] (the previous stage's stage_output). The last stage needs `targets` and returns
+  // the mean loss; the others return 0.
+  [[nodiscard]] absl::StatusOr<double> ForwardStage(int slot, const int32_t* tokens,
+                                                    const int32_t* targets, const T* input, int b,
+                                                    int t);
+  // [b, t, C]: the residual stream after the stage's last block (not on the last stage).
+  const T* stage_output(int slot) const;
+  // Backward of the microbatch in `slot`: adds into grads() the gradient of the stage's
+  // parameters (StageGradientRanges) for loss_weight · Σ losses, starting from the loss on the
+  // last stage and from d_output ([b, t, C], d stage_output) elsewhere. The first stage adds
+  // wpe's gradient but not wte's embedding part: that is input_gradient(), for the last stage.
+  [[nodiscard]] absl::Status BackwardStage(int slot, T loss_weight, const T* d_output);
+  // [b, t, C]: d input (on the first stage, d of the embedding output) of the last
+  // BackwardStage; valid until the next one.
+  const T* input_gradient() const { return dresidual_.data(); }
+  // The flat ranges whose gradient a stage's BackwardStage produces: disjoint over the stages
+  // of a cut, covering the model; wte belongs to the last stage (its head part, completed by
+  // AddTokenEmbeddingGradient).
+  std::vector<std::pair<int64_t, int64_t>> StageGradientRanges(StageRange range) const;
+  // Adds the embedding part of wte's gradient — d_embedded [b, t, C] from the first stage's
+  // input_gradient(), row i into row tokens[i] of dwte — in the order Backward adds it.
+  void AddTokenEmbeddingGradient(T* dwte, const T* d_embedded, const int32_t* tokens, int b,
+                                 int t) const;
 
  private:
+  // One microbatch's activations for blocks [first_block, end_block) of a range (llm.c's
+  // layout, per block where indexed by block).
+  struct Activations {
+    int b = 0, t = 0;
+    bool have_targets = false;
+    std::vector<int32_t> tokens, targets;
+    // The stage's input: the embedding output on the first stage, else a copy of `input`.
+    std::vector<T> encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2,
+        ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
+        probs, losses;
+  };
   explicit GptModel(const GptConfig& config);
-  void EnsureActivations(int b, int t);
+  void Size(Activations& a, StageRange range, int b, int t);
+  void EnsureScratch(int b, int t);
+  [[nodiscard]] absl::StatusOr<double> RunForward(Activations& a, StageRange range,
+                                                  const int32_t* tokens, const int32_t* targets,
+                                                  const T* input, int b, int t);
+  [[nodiscard]] absl::Status RunBackward(Activations& a, StageRange range, T loss_weight,
+                                         const T* d_output, bool embed_wte);
 
   GptConfig config_;
   ParamLayout layout_;
   std::vector<T> params_, grads_;
-  int b_ = 0, t_ = 0;
-  bool have_targets_ = false;
-  std::vector<int32_t> tokens_, targets_;
-  // Activations, per layer where indexed by layer (llm.c's layout).
-  std::vector<T> encoded_, ln1_, ln1_mean_, ln1_rstd_, qkv_, atty_, att_, attproj_, residual2_,
-      ln2_, ln2_mean_, ln2_rstd_, fch_, fch_gelu_, fcproj_, residual3_, lnf_, lnf_mean_, lnf_rstd_,
-      logits_, probs_, losses_;
+  Activations full_;  // Forward/Backward: the whole model
+  StageRange stage_;
+  std::vector<Activations> slots_;
   // Backward scratch, reused across layers.
+  int scratch_bt_ = 0;
   std::vector<T> dresidual_, dbtc_, dbtc2_, dqkv_, dfch_, dfch_gelu_, dlogits_;
 };
 
