@@ -174,6 +174,21 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   num_params_ = (*probe)->num_params();
   tokens_per_microbatch_ = (*probe)->tokens_per_microbatch();
   gpt_config_ = (*probe)->gpt_config();
+  int32_t pipeline_units = 1;
+  if (spec_.pipeline_stages > 1) {
+    StagedTrainable* staged = (*probe)->staged();
+    if (staged == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline.stages: expected 1 for model.type '", spec_.model.type,
+                       "', which cannot be cut into stages, got ", spec_.pipeline_stages));
+    }
+    pipeline_units = staged->num_units();
+    if (spec_.pipeline_stages > pipeline_units) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline.stages: expected at most ", pipeline_units, " (the blocks of ",
+          spec_.model.type, " size ", spec_.model.size, "), got ", spec_.pipeline_stages));
+    }
+  }
   absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
       CheckpointStore::Open({.dir = spec_.CheckpointDir(),
                              .keep_last = spec_.keep_last,
@@ -184,7 +199,11 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   CoordinatorCore::Options o;
   o.steps = spec_.steps;
   o.min_workers = spec_.min_workers;
-  o.max_world = std::min(spec_.max_workers, spec_.model.microbatches);
+  o.max_world = static_cast<int32_t>(std::min<int64_t>(
+      spec_.max_workers, int64_t{spec_.model.microbatches} * spec_.pipeline_stages));
+  o.pipeline_stages = spec_.pipeline_stages;
+  o.pipeline_units = pipeline_units;
+  o.microbatches = spec_.model.microbatches;
   o.checkpoint_every = spec_.checkpoint_every;
   o.num_params = num_params_;
   o.faults = spec_.faults;

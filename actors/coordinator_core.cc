@@ -55,8 +55,10 @@ std::string DebugString(const CoordinatorAction& a) {
       }
       // The buddy offset only where it is not 1.
       const std::string buddy = a.plan.buddy == 1 ? "" : absl::StrCat(",b", a.plan.buddy);
+      // The pipeline stages only where there are several.
+      const std::string stages = a.plan.stages == 1 ? "" : absl::StrCat(",p", a.plan.stages);
       return absl::StrCat("configure(", a.worker, ",", g, ",r", a.plan.rank, "/", a.plan.world,
-                          buddy, ",s", a.plan.committed_steps, ",", source, ")");
+                          stages, buddy, ",s", a.plan.committed_steps, ",", source, ")");
     }
     case Kind::kStep:
       return absl::StrCat("step(", a.worker, ",", g, ",s", a.step, ")");
@@ -290,11 +292,23 @@ void CoordinatorCore::MaybeStart(Actions* out) {
 
 // ---- generations ---------------------------------------------------------------------------
 
+int CoordinatorCore::GridWorld(int usable) const {
+  for (int w = std::min(usable, options_.max_world); w > 0; --w) {
+    if (ChooseStages(w, options_.pipeline_stages, options_.pipeline_units, options_.microbatches) >
+        0) {
+      return w;
+    }
+  }
+  return 0;
+}
+
 // The committed configuration's usable workers first (their memory holds the state), then the
-// others in name order, up to max_world.
+// others in name order, up to the largest world a grid fits (GridWorld).
 std::vector<std::string> CoordinatorCore::NextGroup() const {
   std::vector<std::string> next;
-  const size_t cap = static_cast<size_t>(options_.max_world);
+  int usable = 0;
+  for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
+  const size_t cap = static_cast<size_t>(GridWorld(usable));
   for (const std::string& w : record_.active) {
     if (Usable(w) && next.size() < cap) next.push_back(w);
   }
@@ -374,6 +388,8 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   }
   GenerationPlan plan;
   plan.world = static_cast<int>(next.size());
+  plan.stages = ChooseStages(plan.world, options_.pipeline_stages, options_.pipeline_units,
+                             options_.microbatches);
   const std::string source = PlanSource(next, &plan);
   plan.committed_steps = record_.committed;
   std::vector<std::string> domains;
@@ -384,6 +400,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   runtime::SupervisionEvent e = JobEvent("generation");
   e.fields = extra;
   e.Set("world", plan.world).Set("workers", absl::StrJoin(group_, " "));
+  if (options_.pipeline_stages > 1) e.Set("stages", plan.stages);
   // Where a mirror shares its owner's failure domain (one host, or too few domains), a loss of
   // that domain restores from a checkpoint.
   e.Set("buddy", plan.buddy)
@@ -504,7 +521,8 @@ void CoordinatorCore::StartStep(Actions* out) {
   for (const auto& [w, m] : members_) {
     if (Usable(w) && std::find(group_.begin(), group_.end(), w) == group_.end()) ++joiners;
   }
-  if (joiners > 0 && static_cast<int>(group_.size()) < options_.max_world) {
+  if (joiners > 0 &&
+      GridWorld(static_cast<int>(group_.size()) + joiners) > static_cast<int>(group_.size())) {
     return NewGeneration(out, "join", "folding in workers that joined, at this step boundary");
   }
   if (FireFaults(out)) return;

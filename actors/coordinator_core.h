@@ -127,7 +127,13 @@ class CoordinatorCore {
   struct Options {
     int64_t steps = 1;
     int32_t min_workers = 1;
-    int32_t max_world = 1;  // min(max_workers, microbatches)
+    int32_t max_world = 1;  // min(max_workers, microbatches × pipeline_stages)
+    // Pipeline grids (pipeline.h): the stages asked for, the model's units and M; every
+    // generation's world is one a grid fits (ChooseStages), its stages the closest to those
+    // asked for.
+    int32_t pipeline_stages = 1;
+    int32_t pipeline_units = 1;
+    int32_t microbatches = 1 << 16;
     int64_t checkpoint_every = 0;
     int64_t num_params = 0;
     std::vector<Fault> faults;
@@ -229,6 +235,8 @@ class CoordinatorCore {
             std::optional<runtime::SupervisionEvent> event = std::nullopt);
   void MaybeStart(Actions* out);
   std::vector<std::string> NextGroup() const;
+  // The largest world of at most `usable` (and max_world) workers that a grid fits.
+  int GridWorld(int usable) const;
   // `trigger`: the generation event's trigger= (start, workers, worker_down, drain, join,
   // failure); `why`: its reason; `extra`: further fields (down=, node=: who leaves).
   void NewGeneration(Actions* out, const std::string& trigger, const std::string& why,

@@ -213,6 +213,40 @@ TEST_F(CoordinatorCoreTest, DeathWhileSteppingRegeneratesFromTheOwnersMemory) {
             "configure(b,g2,r1/3,s0,memory) configure(c,g2,r2/3,s0,memory)");
 }
 
+// ---- pipeline grids -------------------------------------------------------------------------
+
+TEST_F(CoordinatorCoreTest, AGridIsReplannedForTheSurvivorsAndAWorkerNoGridFitsWaits) {
+  CoordinatorCore::Options o = Opts();
+  o.pipeline_stages = 2;
+  o.pipeline_units = 4;
+  o.microbatches = 2;
+  o.max_world = 8;
+  Make(o);
+  const std::string start = Join({"a", "b", "c", "d"});
+  EXPECT_NE(start.find("configure(a,g1,r0/4,p2,s0,init) configure(b,g1,r1/4,p2,s0,init) "
+                       "configure(c,g1,r2/4,p2,s0,init) configure(d,g1,r3/4,p2,s0,init)"),
+            std::string::npos)
+      << start;
+  ConfigureAll();
+  // Three survivors: 1 × 3 (3 stages, as near 2 as 1 and with less memory per rank).
+  EXPECT_EQ(Str(core_->OnWorkerDown("d", "killed by signal 9", kT0)),
+            "abort(a,g2) abort(b,g2) abort(c,g2) event save configure(a,g2,r0/3,p3,s0,memory) "
+            "configure(b,g2,r1/3,p3,s0,memory) configure(c,g2,r2/3,p3,s0,memory)");
+  ConfigureAll();
+  StepAll();
+  // A fourth and a fifth worker: five fit no grid (5 replicas exceed M = 2, 5 stages the 4
+  // units), so the next generation takes four and the fifth waits — without regenerating again.
+  EXPECT_EQ(Str(core_->OnJoin("e", "n-e", kT0)), "event");
+  EXPECT_EQ(Str(core_->OnJoin("f", "n-f", kT0)), "event");
+  std::string next = StepAll();
+  EXPECT_NE(next.find("configure(e,g3,r3/4,p2,s2,"), std::string::npos) << next;
+  EXPECT_EQ(next.find("configure(f,"), std::string::npos) << next;
+  ConfigureAll();
+  next = StepAll();
+  EXPECT_EQ(next.find("configure"), std::string::npos) << "f waits; no new generation\n" << next;
+  EXPECT_NE(next.find("step(e,g3,s3)"), std::string::npos) << next;
+}
+
 TEST_F(CoordinatorCoreTest, DeathWhileConfiguringRegeneratesAtOnce) {
   Make();
   Join({"a", "b", "c"});

@@ -85,10 +85,45 @@ class OpaqueOps final : public model::ArrayOps {
   static model::ArrayOps& host() { return model::HostArrayOps(); }
 };
 
+// A host model's pipeline stages with every buffer handed out (and taken) as an opaque-device
+// address.
+class OpaqueStaged final : public StagedTrainable {
+ public:
+  explicit OpaqueStaged(StagedTrainable* inner) : inner_(inner) {}
+  int num_units() const override { return inner_->num_units(); }
+  int64_t boundary_size() const override { return inner_->boundary_size(); }
+  std::vector<std::pair<int64_t, int64_t>> GradientRanges(int first, int end) const override {
+    return inner_->GradientRanges(first, end);
+  }
+  std::vector<std::pair<int64_t, int64_t>> TiedRanges() const override {
+    return inner_->TiedRanges();
+  }
+  absl::Status SetStage(int first, int end, int slots) override {
+    return inner_->SetStage(first, end, slots);
+  }
+  absl::StatusOr<double> StageForward(int64_t step, int32_t k, int slot,
+                                      const float* input) override {
+    return inner_->StageForward(step, k, slot, Flip(input));
+  }
+  const float* StageOutput(int slot) const override { return Flip(inner_->StageOutput(slot)); }
+  absl::Status StageBackward(int slot, const float* d_output) override {
+    return inner_->StageBackward(slot, Flip(d_output));
+  }
+  const float* InputGradient() const override { return Flip(inner_->InputGradient()); }
+  absl::Status AddTiedGradient(int64_t step, int32_t k, const float* first_input_gradient,
+                               float* tied) override {
+    return inner_->AddTiedGradient(step, k, Flip(first_input_gradient), Flip(tied));
+  }
+
+ private:
+  StagedTrainable* inner_;
+};
+
 // A host model whose buffers are handed out as opaque-device addresses.
 class OpaqueTrainable final : public Trainable {
  public:
-  explicit OpaqueTrainable(std::unique_ptr<Trainable> inner) : inner_(std::move(inner)) {}
+  explicit OpaqueTrainable(std::unique_ptr<Trainable> inner)
+      : inner_(std::move(inner)), staged_(inner_->staged()) {}
   int64_t num_params() const override { return inner_->num_params(); }
   const std::vector<model::ParamTensor>& tensors() const override { return inner_->tensors(); }
   float* params() override { return Flip(inner_->params()); }
@@ -99,10 +134,12 @@ class OpaqueTrainable final : public Trainable {
   }
   int64_t tokens_per_microbatch() const override { return inner_->tokens_per_microbatch(); }
   model::ArrayOps& array_ops() override { return ops_; }
+  StagedTrainable* staged() override { return inner_->staged() ? &staged_ : nullptr; }
 
  private:
   std::unique_ptr<Trainable> inner_;
   OpaqueOps ops_;
+  OpaqueStaged staged_;
 };
 
 // Forwards to a host communicator, translating the opaque device's buffers.
@@ -642,6 +679,15 @@ TEST(PipelineScheduleTest, UnitsPartitionedContiguouslyAndEvenly) {
   EXPECT_EQ(*PartitionUnits(6, 4), (P{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
   EXPECT_EQ(PartitionUnits(4, 5).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PartitionUnits(4, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // Grids for a world: the divisor closest to the stages asked for, within units and M.
+  EXPECT_EQ(ChooseStages(4, 2, 4, 8), 2);
+  EXPECT_EQ(ChooseStages(3, 2, 4, 8), 3) << "1 and 3 are as close: the larger";
+  EXPECT_EQ(ChooseStages(3, 4, 4, 8), 3);
+  EXPECT_EQ(ChooseStages(6, 4, 4, 8), 3);
+  EXPECT_EQ(ChooseStages(5, 2, 4, 8), 1);
+  EXPECT_EQ(ChooseStages(5, 2, 4, 4), 0) << "5 ranks: 5 replicas exceed M, 5 stages the units";
+  EXPECT_EQ(ChooseStages(12, 2, 4, 4), 3);
+  EXPECT_EQ(ChooseStages(4, 1, 4, 8), 1);
   // Rank r of a 2 × 3 grid: replica r % 2 of stage r / 2.
   for (int r = 0; r < 6; ++r) {
     const GridPosition g = GridPositionOf(r, 6, 3);
@@ -772,8 +818,14 @@ TEST_P(ElasticPipelineTest, BadGridsAreRefusedNamingTheProblem) {
   for (auto& c : comms8) c->Abort(absl::CancelledError("test over"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Memory, ElasticPipelineTest, ::testing::Values(Mode::kHost),
-                         [](const ::testing::TestParamInfo<Mode>&) { return "Host"; });
+// Host memory, and the opaque device (the stages reach every buffer only through ArrayOps and
+// the communicator). NCCL is not among them: NCCL matches point-to-point messages by order, not
+// tag, and a stage's sends to the last stage interleave activations and tied gradients.
+INSTANTIATE_TEST_SUITE_P(Memory, ElasticPipelineTest,
+                         ::testing::Values(Mode::kHost, Mode::kOpaqueDevice),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return info.param == Mode::kHost ? "Host" : "OpaqueDevice";
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Memory, ElasticTest,
                          ::testing::Values(Mode::kHost, Mode::kOpaqueDevice, Mode::kNccl),

@@ -254,6 +254,17 @@ void ReadElastic(Section& s, JobSpec& spec) {
   s.Int32("max_workers", &spec.max_workers, 1, 1024);
 }
 
+void ReadPipeline(Section& s, JobSpec& spec) {
+  s.Int32("stages", &spec.pipeline_stages, 1, 1024);
+  std::string schedule = PipelineScheduleName(spec.pipeline_schedule);
+  s.Str("schedule", &schedule, true);
+  if (absl::StatusOr<PipelineSchedule> p = ParsePipelineSchedule(schedule); p.ok()) {
+    spec.pipeline_schedule = *p;
+  } else {
+    s.Fail("schedule", "\"1f1b\" or \"gpipe\"", absl::StrCat("\"", schedule, "\""));
+  }
+}
+
 void ReadCheckpoint(Section& s, JobSpec& spec) {
   s.Str("dir", &spec.checkpoint_dir);
   s.Int("every", &spec.checkpoint_every, 0, int64_t{std::numeric_limits<int32_t>::max()});
@@ -321,10 +332,11 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             spec.max_workers, ")"),
                absl::StrCat(spec.workers));
   }
-  if (spec.min_workers > spec.model.microbatches) {
+  if (spec.min_workers > int64_t{spec.model.microbatches} * spec.pipeline_stages) {
     return bad("elastic.min_workers",
-               absl::StrCat("at most model.microbatches (", spec.model.microbatches,
-                            "): every worker computes at least one microbatch"),
+               absl::StrCat("at most model.microbatches × pipeline.stages (",
+                            spec.model.microbatches, " × ", spec.pipeline_stages,
+                            "): every worker computes at least one microbatch of a stage"),
                absl::StrCat(spec.min_workers));
   }
   if (!ParseDevice(spec.model.device).ok()) {
@@ -362,8 +374,8 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
 
 // Every top-level key is a known section holding a table.
 absl::Status CheckSections(const toml::table& root, const std::string& file) {
-  static const std::set<std::string> kSections = {"job",        "model", "optimizer", "elastic",
-                                                  "checkpoint", "chaos", "timeouts"};
+  static const std::set<std::string> kSections = {
+      "job", "model", "optimizer", "elastic", "pipeline", "checkpoint", "chaos", "timeouts"};
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
     if (!kSections.count(key)) {
@@ -395,9 +407,9 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
   absl::Status err;
   // [job] first: the model takes its seed, the schedule its total_steps by default.
   constexpr std::pair<const char*, void (*)(Section&, JobSpec&)> kReaders[] = {
-      {"job", ReadJob},          {"model", ReadModel},           {"optimizer", ReadOptimizer},
-      {"elastic", ReadElastic},  {"checkpoint", ReadCheckpoint}, {"chaos", ReadChaos},
-      {"timeouts", ReadTimeouts}};
+      {"job", ReadJob},         {"model", ReadModel},       {"optimizer", ReadOptimizer},
+      {"elastic", ReadElastic}, {"pipeline", ReadPipeline}, {"checkpoint", ReadCheckpoint},
+      {"chaos", ReadChaos},     {"timeouts", ReadTimeouts}};
   for (const auto& [name, read] : kReaders) {
     Section s(root[name].as_table(), name, file, &err);
     read(s, spec);
@@ -436,9 +448,11 @@ std::string JobSpec::ToToml() const {
       "\nweight_decay = ", num(adamw.weight_decay), "\nmax_grad_norm = ", num(adamw.max_grad_norm),
       "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
       "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
-      "\nmax_workers = ", max_workers, "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir),
-      "\nevery = ", checkpoint_every, "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [",
-      absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
+      "\nmax_workers = ", max_workers, "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
+      "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
+      "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
+      "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
       "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
       absl::FormatDuration(jitter), "\"\n\n[timeouts]\nliveness = \"",

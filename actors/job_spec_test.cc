@@ -15,6 +15,33 @@ TEST(JobSpecTest, DefaultsAreTheTinyGptWithFourWorkers) {
   EXPECT_EQ(s->CheckpointDir(), "troupe-job/ckpt");
 }
 
+TEST(JobSpecTest, PipelineStagesAndScheduleAreReadAndChecked) {
+  absl::StatusOr<JobSpec> s =
+      ParseJobSpec("[pipeline]\nstages = 4\nschedule = \"gpipe\"\n", "p.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->pipeline_stages, 4);
+  EXPECT_EQ(s->pipeline_schedule, PipelineSchedule::kGPipe);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->pipeline_stages, 4);
+  EXPECT_EQ(back->pipeline_schedule, PipelineSchedule::kGPipe);
+  EXPECT_EQ(ParseJobSpec("", "d.toml")->pipeline_stages, 1);
+  absl::Status bad = ParseJobSpec("[pipeline]\nschedule = \"zero-bubble\"\n", "p.toml").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("p.toml"), absl::string_view::npos) << bad;
+  EXPECT_NE(bad.message().find("pipeline.schedule"), absl::string_view::npos) << bad;
+  EXPECT_NE(bad.message().find("zero-bubble"), absl::string_view::npos) << bad;
+  bad = ParseJobSpec("[pipeline]\nstages = 0\n", "p.toml").status();
+  EXPECT_NE(bad.message().find("pipeline.stages"), absl::string_view::npos) << bad;
+  // Two stages of M = 2: at most four workers can each compute something.
+  bad = ParseJobSpec(
+            "[model]\nmicrobatches = 2\n[elastic]\nworkers = 5\nmin_workers = 5\n"
+            "[pipeline]\nstages = 2\n",
+            "p.toml")
+            .status();
+  EXPECT_NE(bad.message().find("elastic.min_workers"), absl::string_view::npos) << bad;
+}
+
 TEST(JobSpecTest, RoundTripsThroughToml) {
   absl::StatusOr<JobSpec> s = ParseJobSpec(R"(
 [job]

@@ -1,6 +1,7 @@
 #include "troupe/actors/pipeline.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 
@@ -56,6 +57,15 @@ absl::StatusOr<std::vector<std::pair<int, int>>> PartitionUnits(int units, int s
     first += size;
   }
   return out;
+}
+
+int ChooseStages(int world, int requested, int units, int microbatches) {
+  int best = 0;
+  for (int d = 1; d <= std::min(world, units); ++d) {
+    if (world % d != 0 || world / d > microbatches) continue;
+    if (best == 0 || std::abs(d - requested) <= std::abs(best - requested)) best = d;
+  }
+  return best;
 }
 
 }  // namespace troupe::actors

@@ -146,6 +146,7 @@ class RankState {
     o.seed = spec_.seed;
     o.adamw = spec_.adamw;
     o.schedule = spec_.schedule;
+    o.pipeline = spec_.pipeline_schedule;
     o.collective.timeout = spec_.timeouts.collective;
     o.on_serve = [this](int64_t step, int32_t k) {
       serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_));

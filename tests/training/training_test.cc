@@ -139,8 +139,8 @@ class TrainingTest : public ::testing::Test {
 
   // Every committed (step, generation) was served exactly once per microbatch, and every step
   // 0..kSteps-1 was committed exactly once.
-  void ExpectExactlyOnce(const std::string& name) {
-    EXPECT_EQ(troupe::testing::ExactlyOnceDefects(base_ + "/" + name, kSteps, kMicrobatches), "");
+  void ExpectExactlyOnce(const std::string& name, int steps = kSteps) {
+    EXPECT_EQ(troupe::testing::ExactlyOnceDefects(base_ + "/" + name, steps, kMicrobatches), "");
   }
 
   // The events of run `name`'s log.
@@ -646,6 +646,105 @@ TEST_F(TrainingTest, CorruptNewestCheckpointIsSkippedAndThePreviousUsed) {
   EXPECT_TRUE(HasEvent("corrupt", "generation", {{"source", "checkpoint"}, {"step", "20"}}))
       << EventLogText("corrupt");
   EXPECT_EQ(again.report.crc, want) << again.output;
+}
+
+// Pipeline stages end to end (issue 16): `troupe train` of the 4-block GPT on DP × PP grids, each
+// bit-identical to the data-parallel run of the same job; a stage worker killed with SIGKILL, a
+// stage worker's node drained, a joiner — each re-plans the grid at a step boundary and the job
+// ends with the data-parallel weights, every microbatch served once per committed step.
+constexpr int kPipelineSteps = 12;
+
+class PipelineTest : public TrainingTest {
+ protected:
+  // The job with `stages` pipeline stages asked for; `spec_` points at it.
+  void UseStages(int stages, const std::string& schedule = "1f1b") {
+    spec_ = absl::StrCat(base_, "/job_p", stages, "_", schedule, ".toml");
+    std::ofstream(spec_) << "[job]\nname = \"p\"\nsteps = " << kPipelineSteps
+                         << "\n[model]\nsize = \"tiny4\"\nmicrobatches = " << kMicrobatches
+                         << "\ndata_dir = \"" << data_
+                         << "\"\n[elastic]\nmin_workers = 1\nmax_workers = 8\n"
+                         << "[pipeline]\nstages = " << stages << "\nschedule = \"" << schedule
+                         << "\"\n[checkpoint]\nevery = 5\nkeep_last = 3\n";
+  }
+  // The data-parallel run's final weights (2 workers), once per test binary.
+  const std::string& DataParallel() {
+    static std::string crc;
+    if (crc.empty()) {
+      UseStages(1);
+      JobRun r = Train("data_parallel", {"--workers", "2"});
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      crc = r.report.crc;
+    }
+    return crc;
+  }
+  // Runs the job on `workers` workers with `stages` stages asked for; expects it to finish
+  // with the data-parallel weights, nothing lost, and a first generation of `stages` stages.
+  JobRun Grid(const std::string& name, int workers, int stages, const std::string& schedule,
+              const std::vector<std::string>& chaos = {}) {
+    const std::string want = DataParallel();
+    EXPECT_FALSE(want.empty());
+    UseStages(stages, schedule);
+    std::vector<std::string> args = {"--workers", std::to_string(workers)};
+    args.insert(args.end(), chaos.begin(), chaos.end());
+    JobRun r = Train(name, args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(HasEvent(name, "generation",
+                         {{"trigger", "start"},
+                          {"world", std::to_string(workers)},
+                          {"stages", std::to_string(stages)}}))
+        << EventLogText(name);
+    EXPECT_EQ(r.report.steps, kPipelineSteps) << r.output;
+    EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+    EXPECT_EQ(r.report.crc, want) << "final weights differ from the data-parallel run\n"
+                                  << r.output;
+    ExpectExactlyOnce(name, kPipelineSteps);
+    return r;
+  }
+};
+
+TEST_F(PipelineTest, TwoStagesOfOneReplicaMatchDataParallel) { Grid("p2d1", 2, 2, "1f1b"); }
+
+TEST_F(PipelineTest, TwoStagesOfTwoReplicasMatchDataParallel) { Grid("p2d2", 4, 2, "1f1b"); }
+
+TEST_F(PipelineTest, FourStagesOfOneReplicaUnderGPipeMatchDataParallel) {
+  Grid("p4d1", 4, 4, "gpipe");
+}
+
+TEST_F(PipelineTest, FourStagesOfTwoReplicasMatchDataParallel) { Grid("p4d2", 8, 4, "1f1b"); }
+
+TEST_F(PipelineTest, KillDashNineOfAMiddleStagesWorkerReplansTheGrid) {
+  // Rank 1 of a 1 × 4 grid (stage 1) dies in the middle of step 5's gradient exchange: the three
+  // survivors go on as a 1 × 3 grid from the committed state in memory.
+  JobRun r = Grid("kill", 4, 4, "1f1b", {"--chaos", "kill-worker@5:1"});
+  EXPECT_TRUE(HasEvent("kill", "fault_fired", {{"kind", "kill-worker"}, {"step", "5"}}))
+      << EventLogText("kill");
+  EXPECT_TRUE(HasEvent("kill", "generation",
+                       {{"trigger", "worker_down"},
+                        {"world", "3"},
+                        {"stages", "3"},
+                        {"step", "5"},
+                        {"source", "mirrors"}}))
+      << EventLogText("kill");
+  EXPECT_EQ(r.report.world, 3) << r.output;
+}
+
+TEST_F(PipelineTest, SigtermDrainOfAStagesWorkerReplansAtAStepBoundary) {
+  // The node of rank 2 (a 2 × 2 grid's stage 1) gets SIGTERM before step 4: its rank leaves at
+  // the next step boundary the coordinator sees the notice at, the others go on as 1 × 3.
+  JobRun r = Grid("drain", 4, 2, "1f1b", {"--chaos", "sigterm-node@4:2"});
+  EXPECT_TRUE(
+      HasEvent("drain", "generation", {{"trigger", "drain"}, {"world", "3"}, {"stages", "3"}}))
+      << EventLogText("drain");
+  EXPECT_EQ(r.report.world, 3) << r.output;
+}
+
+TEST_F(PipelineTest, AJoinerChangesTheGrid) {
+  // 1 × 2, then a third worker joins before step 6: 1 × 3.
+  JobRun r = Grid("join", 2, 2, "1f1b", {"--chaos", "join-worker@6"});
+  EXPECT_TRUE(HasEvent("join", "generation",
+                       {{"trigger", "join"}, {"world", "3"}, {"stages", "3"}, {"step", "6"}}))
+      << EventLogText("join");
+  EXPECT_EQ(r.report.world, 3) << r.output;
 }
 
 }  // namespace

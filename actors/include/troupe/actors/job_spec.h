@@ -7,6 +7,8 @@
 //                [model.options] free-form strings for user models
 //   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers
+//   [pipeline]   stages (pipeline stages asked for: each generation's grid takes the divisor of
+//                its world closest to it, see ChooseStages), schedule ("1f1b" or "gpipe")
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
 //                drop_percent, delay and jitter (durations), stall
@@ -29,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "troupe/actors/pipeline.h"
 #include "troupe/actors/trainable.h"
 #include "troupe/model/optimizer.h"
 
@@ -123,6 +126,9 @@ struct JobSpec {
   int32_t workers = 4;
   int32_t min_workers = 1;
   int32_t max_workers = 8;
+
+  int32_t pipeline_stages = 1;  // 1: data parallelism only
+  PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
 
   std::string checkpoint_dir;  // "" = <work_dir>/ckpt
   int64_t checkpoint_every = 10;

@@ -56,6 +56,12 @@ int MaxInFlight(const std::vector<PipelineOp>& ops);
 [[nodiscard]] absl::StatusOr<std::vector<std::pair<int, int>>> PartitionUnits(int units,
                                                                               int stages);
 
+// The stages of a grid of `world` ranks for a job that asked for `requested`: the divisor d of
+// `world` closest to `requested` with d <= units (a stage holds a unit at least) and
+// world / d <= microbatches (a replica computes a microbatch at least); ties go to the larger d
+// (less memory per rank). 0 when no divisor fits.
+int ChooseStages(int world, int requested, int units, int microbatches);
+
 struct GridPosition {
   int replica = 0;  // d: which microbatch block
   int stage = 0;    // s: which units
