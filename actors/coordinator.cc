@@ -144,6 +144,8 @@ class Coordinator {
   bool stepping_ = false;
   double compute_seconds_ = 0;
   int64_t tokens_ = 0;
+  // The ranks' step-1 times of every step after the first (JobReport::bubble).
+  double rank_compute_seconds_ = 0, rank_schedule_seconds_ = 0;
   JobReport report_;
   std::map<std::string, std::string> kv_;  // the collectives bootstrap of this generation
   bool stopped_ = false;
@@ -500,6 +502,7 @@ void Coordinator::Finish(const CoordinatorAction& a) {
   r.steps_lost = record.steps_lost;
   r.final_world = static_cast<int>(record.active.size());
   r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
+  r.bubble = rank_schedule_seconds_ > 0 ? 1.0 - rank_compute_seconds_ / rank_schedule_seconds_ : 0;
   Stop(caf::make_message(std::move(r)));
 }
 
@@ -619,6 +622,10 @@ caf::behavior Coordinator::Behavior() {
         Execute(core_->OnConfigured(m.generation, m.worker, m.status.ToStatus(), Now(), m.blamed));
       },
       [this](const StepDone& m) {
+        if (m.step > 0 && m.status.ToStatus().ok()) {
+          rank_compute_seconds_ += m.compute_seconds;
+          rank_schedule_seconds_ += m.schedule_seconds;
+        }
         std::map<int32_t, double> losses;
         for (size_t i = 0; i < m.microbatches.size() && i < m.losses.size(); ++i) {
           losses[m.microbatches[i]] = m.losses[i];

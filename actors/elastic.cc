@@ -1,6 +1,7 @@
 #include "troupe/actors/elastic.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 
@@ -39,6 +40,17 @@ absl::Status Phase(const char* phase, const absl::Status& s) {
       [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
+
+// Wall time since construction.
+class Stopwatch {
+ public:
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
 
 bool ValidBuddy(int buddy, int world) { return buddy >= 1 && buddy < std::max(2, world); }
 
@@ -212,9 +224,13 @@ absl::Status ElasticRank::AccumulateSubtree(int64_t step, int32_t lo, int32_t hi
   const int64_t n = model_->num_params();
   if (!acc_) acc_.emplace(n, *ops_);
   acc_->Reset();  // a failed step may have left leaves
+  const Stopwatch schedule;
   for (int32_t k = lo; k < hi; ++k) {
     if (options_.on_serve) options_.on_serve(step, k);
+    const Stopwatch compute;
     absl::StatusOr<double> loss = model_->ComputeGradient(step, k);
+    out->compute_seconds += compute.Seconds();
+    out->schedule_seconds = schedule.Seconds();
     if (!loss.ok()) return loss.status();
     out->losses.emplace_back(k, *loss);
     if (absl::Status s = acc_->Add(model_->grads()); !s.ok()) return s;
@@ -359,6 +375,14 @@ absl::Status ElasticRank::RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
     Work received;
   };
   std::deque<Tied> tied;  // in microbatch order
+  const Stopwatch schedule;
+  // Times a call into the model as compute.
+  auto timed = [out](auto&& call) {
+    const Stopwatch compute;
+    auto result = call();
+    out->compute_seconds += compute.Seconds();
+    return result;
+  };
   auto add_leaves = [&](const float* tied_grad) -> absl::Status {
     int64_t offset = 0;
     for (size_t g = 0; g < ranges.size(); ++g) {
@@ -381,8 +405,10 @@ absl::Status ElasticRank::RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
       if (absl::Status e = t.received.Wait(); !e.ok()) {
         return Phase("pipeline: tied input gradient", e);
       }
-      if (absl::Status e =
-              st->AddTiedGradient(step, lo + t.k, t.first_input_gradient.data(), t.grad.data());
+      if (absl::Status e = timed([&] {
+            return st->AddTiedGradient(step, lo + t.k, t.first_input_gradient.data(),
+                                       t.grad.data());
+          });
           !e.ok()) {
         return e;
       }
@@ -421,7 +447,8 @@ absl::Status ElasticRank::RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
         input = act_in[slot].data();
       }
       if (first && options_.on_serve) options_.on_serve(step, lo + k);
-      absl::StatusOr<double> loss = st->StageForward(step, lo + k, slot, input);
+      absl::StatusOr<double> loss =
+          timed([&] { return st->StageForward(step, lo + k, slot, input); });
       if (!loss.ok()) return loss.status();
       if (last) out->losses.emplace_back(lo + k, *loss);
       if (!last) {
@@ -436,7 +463,9 @@ absl::Status ElasticRank::RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
           return Phase("pipeline: gradient receive", e);
         }
       }
-      if (absl::Status e = st->StageBackward(slot, last ? nullptr : grad_in.data()); !e.ok()) {
+      if (absl::Status e =
+              timed([&] { return st->StageBackward(slot, last ? nullptr : grad_in.data()); });
+          !e.ok()) {
         return e;
       }
       free_slots.push_back(slot);
@@ -483,6 +512,7 @@ absl::Status ElasticRank::RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
   std::vector<Work> sends(act_sent.begin(), act_sent.end());
   sends.insert(sends.end(), std::begin(grad_sent), std::end(grad_sent));
   if (absl::Status e = WaitAll(sends); !e.ok()) return Phase("pipeline: send", e);
+  out->schedule_seconds = schedule.Seconds();
   for (size_t g = 0; g < ranges.size(); ++g) {
     const int64_t len = ranges[g].second - ranges[g].first;
     if (absl::Status e = ops_->Resize(&stage_partials_[g], len); !e.ok()) return e;

@@ -66,6 +66,8 @@ struct StepDone {
   std::vector<double> losses;
   double grad_norm = 0;
   int32_t blamed = -1;
+  double compute_seconds = 0;  // StepOutcome's: the pipeline bubble is the rest of
+  double schedule_seconds = 0;
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -132,7 +134,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
   return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
            x.final_params_crc32c, x.num_params, x.generations, x.final_world, x.recovery_seconds,
-           x.steps_lost, x.tokens_per_second);
+           x.steps_lost, x.tokens_per_second, x.bubble);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
@@ -150,7 +152,7 @@ typename Inspector::result_type inspect(Inspector& f, RunStep& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
-           x.microbatches, x.losses, x.grad_norm, x.blamed);
+           x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {

@@ -292,6 +292,8 @@ class RankState {
         done.losses.push_back(loss);
       }
       done.grad_norm = out->grad_norm;
+      done.compute_seconds = out->compute_seconds;
+      done.schedule_seconds = out->schedule_seconds;
     }
     caf::anon_send(coordinator_, std::move(done));
   }

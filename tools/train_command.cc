@@ -30,7 +30,7 @@ constexpr char kUsage[] =
     "             delay-node@S[:R] (packets held [chaos] delay ± jitter),\n"
     "             stall-coordinator@S (its actor blocks for [chaos] stall)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
-    "             generations=<n>' when done";
+    "             generations=<n> tokens_per_s=<x> bubble=<share>' when done";
 
 // What `troupe train` reads from its command line, and where each option is declared.
 struct TrainFlags {
@@ -113,9 +113,11 @@ int RunTrain(const Args& args) {
   if (!flags.report_path.empty()) {
     std::ofstream out(flags.report_path);
     out << absl::StrFormat(
-        "recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d world=%d generations=%d\n",
+        "recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d world=%d generations=%d "
+        "tokens_per_s=%.1f bubble=%.4f\n",
         report->recovery_seconds, report->steps_lost, report->final_params_crc32c,
-        report->committed_steps, report->final_world, report->generations);
+        report->committed_steps, report->final_world, report->generations,
+        report->tokens_per_second, report->bubble);
   }
   return 0;
 }

@@ -129,6 +129,10 @@ struct StepOutcome {
   std::vector<std::pair<int32_t, double>> losses;
   double grad_norm = 0;
   int max_in_flight = 0;  // pipeline: the most microbatches this stage held at once
+  // Step 1 (the microbatches' forwards and backwards: a stage's schedule on a pipeline) took
+  // schedule_seconds, compute_seconds of them in the model; the rest is waiting (the bubble).
+  double compute_seconds = 0;
+  double schedule_seconds = 0;
 };
 
 class ElasticRank {

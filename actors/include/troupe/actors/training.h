@@ -60,6 +60,9 @@ struct JobReport {
   double recovery_seconds = -1;
   int64_t steps_lost = 0;  // committed steps recomputed after faults (checkpoint rollbacks)
   double tokens_per_second = 0;
+  // The share of the ranks' forward-and-backward time spent waiting (steps after the first):
+  // a pipeline's bubble; near 0 for data parallelism.
+  double bubble = 0;
 };
 
 // The driver's runtime unless told otherwise: no supervision lines on stderr, and a short
