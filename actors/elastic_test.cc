@@ -363,6 +363,16 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     }
   }
 
+  // Steps [0, steps) each served every microbatch exactly once.
+  void ExpectEveryMicrobatchServedOnce(int64_t steps) {
+    std::vector<std::pair<int64_t, int32_t>> want;
+    for (int64_t s = 0; s < steps; ++s)
+      for (int32_t k = 0; k < kM; ++k) want.emplace_back(s, k);
+    auto got = served_;
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, want);
+  }
+
   static std::vector<float> Params(const Rank& r) {
     absl::StatusOr<std::vector<float>> p = r.rank->ParamsOnHost();
     EXPECT_TRUE(p.ok()) << p.status();
@@ -622,12 +632,7 @@ TEST_P(ElasticTest, EveryMicrobatchServedOncePerCommittedStep) {
   for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
   Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
   Steps(ptrs, 2);
-  std::vector<std::pair<int64_t, int32_t>> want;
-  for (int64_t s = 0; s < 2; ++s)
-    for (int32_t k = 0; k < kM; ++k) want.emplace_back(s, k);
-  auto got = served_;
-  std::sort(got.begin(), got.end());
-  EXPECT_EQ(got, want);
+  ExpectEveryMicrobatchServedOnce(2);
 }
 
 TEST(PipelineScheduleTest, EveryMicrobatchOnceBackwardsInOrderInFlightBounded) {
@@ -789,12 +794,7 @@ TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) 
 TEST_P(ElasticPipelineTest, EveryMicrobatchServedOncePerCommittedStepByTheFirstStage) {
   std::vector<Rank> ranks = Grid(4, 2, PipelineSchedule::kOneFOneB, 0);
   Steps(Ptrs(ranks), 2);
-  std::vector<std::pair<int64_t, int32_t>> want;
-  for (int64_t s = 0; s < 2; ++s)
-    for (int32_t k = 0; k < kM; ++k) want.emplace_back(s, k);
-  auto got = served_;
-  std::sort(got.begin(), got.end());
-  EXPECT_EQ(got, want);
+  ExpectEveryMicrobatchServedOnce(2);
 }
 
 TEST_P(ElasticPipelineTest, BadGridsAreRefusedNamingTheProblem) {
