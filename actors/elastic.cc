@@ -196,11 +196,13 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   StepOutcome out;
   if (stages_ == 1) {
     const auto [lo, hi] = (*blocks)[rank_];
+    out.block_size = hi - lo;
     if (absl::Status s = AccumulateSubtree(step, lo, hi, &out); !s.ok()) return s;
     if (absl::Status s = ReduceScatterGradient(step, lo, hi); !s.ok()) return s;
   } else {
     const GridPosition pos = GridPositionOf(rank_, layout_.world, stages_);
     const auto [lo, hi] = (*blocks)[pos.replica];
+    out.block_size = hi - lo;
     if (absl::Status s = RunStageSchedule(step, lo, hi, pos, &out); !s.ok()) return s;
     if (absl::Status s = ExchangeStageGradients(step, *blocks, pos); !s.ok()) return s;
   }

@@ -294,8 +294,27 @@ class RankState {
       done.grad_norm = out->grad_norm;
       done.compute_seconds = out->compute_seconds;
       done.schedule_seconds = out->schedule_seconds;
+      if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
     caf::anon_send(coordinator_, std::move(done));
+  }
+
+  // A pipeline stage's most microbatches in flight, into the job's event log whenever a
+  // generation's step holds more than the ones before it (tests check the schedule's bound).
+  void NoteInFlight(uint64_t gen, int64_t step, const StepOutcome& out) {
+    if (gen == in_flight_gen_ && out.max_in_flight <= in_flight_max_) return;
+    in_flight_gen_ = gen;
+    in_flight_max_ = out.max_in_flight;
+    const GridPosition pos = GridPositionOf(rank_->rank(), rank_->layout().world, rank_->stages());
+    runtime::SupervisionEvent e = JobEvent("stage_in_flight", worker_, "rank");
+    e.generation = gen;
+    e.Set("step", step)
+        .Set("stage", pos.stage)
+        .Set("stages", rank_->stages())
+        .Set("microbatches", out.block_size)
+        .Set("in_flight", out.max_in_flight)
+        .Set("schedule", PipelineScheduleName(spec_.pipeline_schedule));
+    EventLog(EventLogPath(spec_.work_dir)).Write(std::move(e));
   }
 
   void Commit(uint64_t gen, int64_t checkpoint_step) {
@@ -362,6 +381,8 @@ class RankState {
   std::unique_ptr<Trainable> model_;
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<ElasticRank> rank_;
+  uint64_t in_flight_gen_ = 0;  // NoteInFlight: the generation and its most so far
+  int in_flight_max_ = 0;
   std::unique_ptr<LineLog> serve_log_;
   caf::actor coordinator_;
   uint64_t gen_ = 0;

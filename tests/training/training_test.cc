@@ -698,6 +698,21 @@ class PipelineTest : public TrainingTest {
     EXPECT_EQ(r.report.crc, want) << "final weights differ from the data-parallel run\n"
                                   << r.output;
     ExpectExactlyOnce(name, kPipelineSteps);
+    // Every stage's most microbatches in flight, as its rank logged them: within the schedule's
+    // bound always, at it in the first generation.
+    std::set<int64_t> first_generation_stages;
+    for (const SupervisionEvent& e : FindEvents(Events(name), "stage_in_flight", {})) {
+      const int64_t stage = e.IntField("stage"), p = e.IntField("stages");
+      const int64_t m = e.IntField("microbatches"), got = e.IntField("in_flight");
+      const int64_t bound = e.Field("schedule") == "gpipe" ? m : std::min(m, p - stage);
+      EXPECT_GT(got, 0) << e.child;
+      EXPECT_LE(got, bound) << e.child << " stage " << stage << " of " << p;
+      if (e.generation != 1) continue;
+      EXPECT_EQ(got, bound) << e.child << " stage " << stage << " of " << p;
+      EXPECT_EQ(e.Field("schedule"), schedule);
+      first_generation_stages.insert(stage);
+    }
+    EXPECT_EQ(first_generation_stages.size(), static_cast<size_t>(stages)) << EventLogText(name);
     return r;
   }
 };

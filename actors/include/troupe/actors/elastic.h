@@ -128,7 +128,8 @@ struct StepOutcome {
   // replica's microbatches on a pipeline's last stage, none on its other stages.
   std::vector<std::pair<int32_t, double>> losses;
   double grad_norm = 0;
-  int max_in_flight = 0;  // pipeline: the most microbatches this stage held at once
+  int32_t block_size = 0;  // microbatches this rank's replica computes
+  int max_in_flight = 0;   // pipeline: the most microbatches this stage held at once
   // Step 1 (the microbatches' forwards and backwards: a stage's schedule on a pipeline) took
   // schedule_seconds, compute_seconds of them in the model; the rest is waiting (the bubble).
   double compute_seconds = 0;
@@ -180,6 +181,7 @@ class ElasticRank {
   int64_t committed_steps() const { return committed_; }
   const ShardLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
+  int stages() const { return stages_; }  // of the committed grid
   Trainable* model() { return model_; }
   // The committed state of this rank's range, copied to the host (what a checkpoint writer
   // writes).
