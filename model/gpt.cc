@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "troupe/kernels/attention.h"
@@ -29,7 +30,9 @@ GptModel<T>::GptModel(const GptConfig& config)
     : config_(config),
       layout_(config),
       params_(layout_.total_size(), T(0)),
-      grads_(layout_.total_size(), T(0)) {}
+      grads_(static_cast<T*>(std::calloc(static_cast<size_t>(layout_.total_size()), sizeof(T)))) {
+  if (grads_ == nullptr) throw std::bad_alloc();
+}
 
 template <typename T>
 void GptModel<T>::InitParams(uint64_t seed) {
@@ -263,7 +266,7 @@ absl::StatusOr<double> GptModel<T>::RunForward(Activations& a, StageRange range,
 
 template <typename T>
 void GptModel<T>::ZeroGrad() {
-  std::fill(grads_.begin(), grads_.end(), T(0));
+  std::fill(grads_.get(), grads_.get() + num_params(), T(0));
 }
 
 template <typename T>
@@ -286,7 +289,7 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
   const int64_t nh = config_.num_heads;
   EnsureScratch(b, t);
   const T* p = params_.data();
-  T* g = grads_.data();
+  T* g = grads_.get();
   auto zero = [](std::vector<T>& x) { std::fill(x.begin(), x.end(), T(0)); };
 
   const int64_t top_index = range.end_block - range.first_block - 1;

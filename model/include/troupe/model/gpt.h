@@ -24,6 +24,8 @@
 #define TROUPE_MODEL_GPT_H_
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -51,8 +53,8 @@ class GptModel {
   int64_t num_params() const { return layout_.total_size(); }
   T* params() { return params_.data(); }
   const T* params() const { return params_.data(); }
-  T* grads() { return grads_.data(); }
-  const T* grads() const { return grads_.data(); }
+  T* grads() { return grads_.get(); }
+  const T* grads() const { return grads_.get(); }
 
   // GPT-2 initialisation from the counter RNG: N(0, 0.02) for matrices and embeddings,
   // N(0, 0.02/sqrt(2L)) for the residual projections, zero biases, unit LayerNorm gains.
@@ -124,7 +126,13 @@ class GptModel {
 
   GptConfig config_;
   ParamLayout layout_;
-  std::vector<T> params_, grads_;
+  std::vector<T> params_;
+  // Zeroed by the allocator, page by page as touched (calloc): a pipeline stage, which writes
+  // only its own ranges, keeps only those resident.
+  struct FreeDeleter {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T[], FreeDeleter> grads_;
   Activations full_;  // Forward/Backward: the whole model
   StageRange stage_;
   std::vector<Activations> slots_;
