@@ -309,7 +309,7 @@ absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
 }
 
 absl::StatusOr<std::vector<std::pair<int, int>>> ElasticRank::StageUnits() const {
-  return PartitionUnits(model_->staged()->num_units(), stages_);
+  return PartitionUnits(model_->staged()->costs(), stages_);
 }
 
 // The stage's schedule over microbatches [lo, hi) of the step. Sends are never waited on before
@@ -799,8 +799,7 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
           absl::StrCat("configure: ", plan.stages, " pipeline stages, but this model (on ",
                        model_->device().ToString(), ") cannot be cut into stages"));
     }
-    if (absl::Status s = PartitionUnits(model_->staged()->num_units(), plan.stages).status();
-        !s.ok()) {
+    if (absl::Status s = PartitionUnits(model_->staged()->costs(), plan.stages).status(); !s.ok()) {
       return s;
     }
   }

@@ -677,13 +677,29 @@ TEST(PipelineScheduleTest, EveryMicrobatchOnceBackwardsInOrderInFlightBounded) {
   EXPECT_EQ(ParsePipelineSchedule("zb").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(PipelineScheduleTest, UnitsPartitionedContiguouslyAndEvenly) {
+TEST(PipelineScheduleTest, UnitsPartitionedContiguouslyByCost) {
   using P = std::vector<std::pair<int, int>>;
-  EXPECT_EQ(*PartitionUnits(4, 2), (P{{0, 2}, {2, 4}}));
-  EXPECT_EQ(*PartitionUnits(4, 3), (P{{0, 2}, {2, 3}, {3, 4}}));
-  EXPECT_EQ(*PartitionUnits(6, 4), (P{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
-  EXPECT_EQ(PartitionUnits(4, 5).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PartitionUnits(4, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  auto alike = [](int units) { return StageCosts{std::vector<double>(units, 1.0), 0, 0}; };
+  EXPECT_EQ(*PartitionUnits(alike(4), 2), (P{{0, 2}, {2, 4}}));
+  EXPECT_EQ(*PartitionUnits(alike(4), 3), (P{{0, 2}, {2, 3}, {3, 4}}));
+  EXPECT_EQ(*PartitionUnits(alike(6), 4), (P{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
+  EXPECT_EQ(*PartitionUnits(alike(5), 1), (P{{0, 5}}));
+  EXPECT_EQ(*PartitionUnits(alike(3), 3), (P{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(PartitionUnits(alike(4), 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PartitionUnits(alike(4), 0).status().code(), absl::StatusCode::kInvalidArgument);
+  // A head worth 2.5 blocks: the last stage takes one block (3 | 3.5), not two (2 | 4.5).
+  EXPECT_EQ(*PartitionUnits({{1, 1, 1, 1}, 0, 2.5}, 2), (P{{0, 3}, {3, 4}}));
+  // An expensive first stage the same way round.
+  EXPECT_EQ(*PartitionUnits({{1, 1, 1, 1}, 2.5, 0}, 2), (P{{0, 1}, {1, 4}}));
+  // Uneven units: the most expensive stage is as cheap as any cut allows (5 | 4 + 3).
+  EXPECT_EQ(*PartitionUnits({{2, 3, 4, 3}, 0, 0}, 2), (P{{0, 2}, {2, 4}}));
+  // GPT-2 small (12 blocks of 12·768² + 1024·768, a head of 768·50257 multiply-adds per
+  // token, about 5 blocks' worth) over 4 stages: the head's stage holds the fewest blocks.
+  const double block = 12.0 * 768 * 768 + 1024.0 * 768, head = 768.0 * 50257;
+  absl::StatusOr<std::vector<std::pair<int, int>>> gpt2 =
+      PartitionUnits({std::vector<double>(12, block), 0, head}, 4);
+  ASSERT_TRUE(gpt2.ok());
+  EXPECT_EQ(*gpt2, (P{{0, 4}, {4, 8}, {8, 11}, {11, 12}}));
   // Grids for a world: the divisor closest to the stages asked for, within units and M.
   EXPECT_EQ(ChooseStages(4, 2, 4, 8), 2);
   EXPECT_EQ(ChooseStages(3, 2, 4, 8), 3) << "1 and 3 are as close: the larger";

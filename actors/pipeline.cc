@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -44,18 +45,44 @@ int MaxInFlight(const std::vector<PipelineOp>& ops) {
   return most;
 }
 
-absl::StatusOr<std::vector<std::pair<int, int>>> PartitionUnits(int units, int stages) {
+absl::StatusOr<std::vector<std::pair<int, int>>> PartitionUnits(const StageCosts& costs,
+                                                                int stages) {
+  const int units = static_cast<int>(costs.units.size());
   if (stages < 1 || stages > units) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline stages: expected 1 to ", units,
                                                    " (the model's blocks), got ", stages));
   }
-  std::vector<std::pair<int, int>> out;
-  int first = 0;
-  for (int s = 0; s < stages; ++s) {
-    const int size = units / stages + (s < units % stages ? 1 : 0);
-    out.emplace_back(first, first + size);
-    first += size;
+  std::vector<double> prefix(units + 1, 0);
+  for (int u = 0; u < units; ++u) prefix[u + 1] = prefix[u] + costs.units[u];
+  // Stage [j, i) of s + 1 stages in all, with its extras.
+  auto cost = [&](int j, int i, int s) {
+    return prefix[i] - prefix[j] + (s == 0 ? costs.first : 0) + (s == stages - 1 ? costs.last : 0);
+  };
+  // best[s][i]: the least most-expensive stage over units [0, i) cut into stages 0..s.
+  const double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages, std::vector<double>(units + 1, kInf));
+  for (int i = 1; i <= units; ++i) best[0][i] = cost(0, i, 0);
+  for (int s = 1; s < stages; ++s) {
+    for (int i = s + 1; i <= units; ++i) {
+      for (int j = s; j < i; ++j)
+        best[s][i] = std::min(best[s][i], std::max(best[s - 1][j], cost(j, i, s)));
+    }
   }
+  // Back from the last stage, each as short as the optimum allows.
+  std::vector<std::pair<int, int>> out(stages);
+  int end = units;
+  for (int s = stages - 1; s > 0; --s) {
+    int start = s;
+    for (int j = end - 1; j >= s; --j) {
+      if (std::max(best[s - 1][j], cost(j, end, s)) == best[s][end]) {
+        start = j;
+        break;
+      }
+    }
+    out[s] = {start, end};
+    end = start;
+  }
+  out[0] = {0, end};
   return out;
 }
 

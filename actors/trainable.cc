@@ -50,6 +50,13 @@ class GptTrainable : public Trainable, public StagedTrainable {
   // Pipeline stages: the units are the blocks.
   StagedTrainable* staged() override { return this; }
   int num_units() const override { return gpt_.config().num_layers; }
+  // Multiply-adds per token: a block's four matmuls (12 C²) and attention (~T·C); the last
+  // stage's head (C·V). The embedding's lookups cost next to nothing.
+  StageCosts costs() const override {
+    const double c = gpt_.config().width, t = data_.options().seq_len;
+    return StageCosts{std::vector<double>(static_cast<size_t>(num_units()), 12 * c * c + t * c), 0,
+                      c * gpt_.config().vocab_size};
+  }
   int64_t boundary_size() const override { return tokens_per_microbatch() * gpt_.config().width; }
   std::vector<std::pair<int64_t, int64_t>> GradientRanges(int first_unit,
                                                           int end_unit) const override {

@@ -50,11 +50,21 @@ std::vector<PipelineOp> StageOps(PipelineSchedule schedule, int stages, int stag
 // The most microbatches forwarded and not yet backwarded at any point of `ops`.
 int MaxInFlight(const std::vector<PipelineOp>& ops);
 
-// Contiguous [first, end) unit ranges for `stages` stages over `units` units, in order, each
-// stage one unit more or less than another (the earlier stages take the extra units).
-// InvalidArgument unless 1 <= stages <= units.
-[[nodiscard]] absl::StatusOr<std::vector<std::pair<int, int>>> PartitionUnits(int units,
-                                                                              int stages);
+// What each unit (the GPT's block) costs to run forward and backward, and what the first and
+// the last stage cost beyond their units (the GPT: its head and loss on the last), in any one
+// unit of work (the GPT: multiply-adds per token).
+struct StageCosts {
+  std::vector<double> units;
+  double first = 0;
+  double last = 0;
+};
+
+// Contiguous [first, end) unit ranges for `stages` stages, in order, minimising the most
+// expensive stage; among the partitions that do, later stages take fewer units (equal costs:
+// sizes differ by one at most, the earlier stages taking the extra units). InvalidArgument
+// unless 1 <= stages <= the units.
+[[nodiscard]] absl::StatusOr<std::vector<std::pair<int, int>>> PartitionUnits(
+    const StageCosts& costs, int stages);
 
 // The stages of a grid of `world` ranks for a job that asked for `requested`: the divisor d of
 // `world` closest to `requested` with d <= units (a stage holds a unit at least) and

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "troupe/actors/pipeline.h"
 #include "troupe/model/array_ops.h"
 #include "troupe/model/config.h"
 
@@ -74,6 +75,11 @@ class StagedTrainable {
  public:
   virtual ~StagedTrainable() = default;
   virtual int num_units() const = 0;
+  // What the units and the first and last stage's extras cost (PartitionUnits cuts the model by
+  // them). Default: every unit alike, no extras.
+  virtual StageCosts costs() const {
+    return StageCosts{std::vector<double>(static_cast<size_t>(num_units()), 1.0), 0, 0};
+  }
   // Floats that cross a cut per microbatch, either way (the GPT: m · T · C).
   virtual int64_t boundary_size() const = 0;
   // The flat ranges whose gradient stage [first_unit, end_unit) computes: disjoint over a cut's
