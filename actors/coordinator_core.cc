@@ -820,10 +820,16 @@ void CoordinatorCore::Finish(Actions* out) {
     CommitGroup(out, steps);
     return;
   }
-  CoordinatorAction a{Kind::kFinal};
-  a.worker = group_.front();
-  a.generation = record_.generation;
-  Emit(out, std::move(a));
+  // On a pipeline grid no rank keeps every parameter: all of them gather (ElasticRank::
+  // ParamsOnHost), and the first answer finishes the job.
+  const int stages = ChooseStages(static_cast<int>(group_.size()), options_.pipeline_stages,
+                                  options_.pipeline_units, options_.microbatches);
+  for (const std::string& w : stages > 1 ? group_ : std::vector<std::string>{group_.front()}) {
+    CoordinatorAction a{Kind::kFinal};
+    a.worker = w;
+    a.generation = record_.generation;
+    Emit(out, std::move(a));
+  }
 }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnFinal(uint64_t generation, int64_t crc,

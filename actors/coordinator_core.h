@@ -81,7 +81,7 @@ struct CoordinatorAction {
     kStep,        // send `worker`: run step `step` of `generation`
     kCommit,      // send `worker`: apply the staged step; write checkpoint `step` unless -1
     kCheckpoint,  // commit checkpoint `step` (manifest of `shards`, world `world`) to the store
-    kFinal,       // ask `worker` for the final parameters' CRC
+    kFinal,       // ask `worker` for the final parameters' CRC (every rank of a pipeline grid)
     kReadTable,   // read the head's membership table, then call OnTable
     kTimer,       // call OnTimer(`timer`) after `delay`
     kKillWorker,  // chaos: `worker` kills itself with `signal` in step `step`'s exchange (`fault`)

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "troupe/collectives/canonical_combine.h"
 #include "troupe/kernels/norm.h"
+#include "troupe/model/crc32c.h"
 #include "troupe/model/tree_sum.h"
 
 namespace troupe::actors {
@@ -17,11 +18,40 @@ using collectives::Buffer;
 using collectives::Work;
 
 constexpr int64_t kChunk = kernels::kNormChunk;
-// Point-to-point tags: mirror to buddy, then state moves (two per piece: m, v).
-constexpr uint32_t kTagMirrorM = 1, kTagMirrorV = 2, kTagMoveBase = 16;
-// Pipeline tags (user tags have 31 bits): bit 30, bit 29 for the gradient exchange (else the
-// schedule's moves), the step's low 8 bits in bits 20–27.
-constexpr uint32_t kTagPipelineBase = 1u << 30, kTagExchange = 1u << 29;
+// Point-to-point tags: mirror to buddy, then state moves (two per piece: m, v; parameters from
+// kTagParamMoveBase, one per piece).
+constexpr uint32_t kTagMirrorM = 1, kTagMirrorV = 2, kTagMirrorP = 3, kTagCrc = 4,
+                   kTagMoveBase = 16, kTagParamMoveBase = 1u << 24;
+// Pipeline tags (user tags have 31 bits): bit 30; bit 29 for the gradient exchange, bit 28 for
+// the parameters' share (else the schedule's moves); the step's low 8 bits in bits 20–27.
+constexpr uint32_t kTagPipelineBase = 1u << 30, kTagExchange = 1u << 29, kTagParamShare = 1u << 28;
+
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+
+// r ∩ [lo, hi), in order.
+Ranges Intersect(const Ranges& r, int64_t lo, int64_t hi) {
+  Ranges out;
+  for (const auto& [b, e] : r) {
+    if (std::max(b, lo) < std::min(e, hi)) out.emplace_back(std::max(b, lo), std::min(e, hi));
+  }
+  return out;
+}
+
+int64_t TotalSize(const Ranges& r) {
+  int64_t n = 0;
+  for (const auto& [b, e] : r) n += e - b;
+  return n;
+}
+
+// Where flat element `at` (inside one of r's ranges) is when r's ranges lie one after the other.
+int64_t PackedOffset(const Ranges& r, int64_t at) {
+  int64_t offset = 0;
+  for (const auto& [b, e] : r) {
+    if (at >= b && at < e) return offset + (at - b);
+    offset += e - b;
+  }
+  return offset;
+}
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -152,35 +182,155 @@ absl::StatusOr<HostShard> ElasticRank::CommittedShardOnHost() const {
   return out;
 }
 
-absl::StatusOr<std::vector<float>> ElasticRank::ParamsOnHost() const {
-  std::vector<float> out(model_->num_params());
-  if (absl::Status s = ops_->CopyToHost(out.data(), model_->params(), model_->num_params());
-      !s.ok()) {
-    return s;
+absl::StatusOr<std::vector<float>> ElasticRank::ParamsOnHost() {
+  const int64_t n = model_->num_params();
+  std::vector<float> out(n);
+  if (stages_ == 1) {
+    if (absl::Status s = ops_->CopyToHost(out.data(), model_->params(), n); !s.ok()) return s;
+    return out;
   }
+  // A grid: each owner's committed range, gathered — straight from the model's buffer and into
+  // `out` where the memory allows (no copy of the model beside the one returned).
+  const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
+  Buffer send = Buffer::F32(model_->params() + b, static_cast<size_t>(layout_.per_rank));
+  model::FloatArray padded, all;
+  if (e - b < layout_.per_rank) {  // the last ranges: padding
+    for (absl::Status s : {ops_->Assign(&padded, layout_.per_rank, 0.0f),
+                           ops_->Copy(padded.data(), model_->params() + b, e - b)}) {
+      if (!s.ok()) return s;
+    }
+    send = Buf(padded);
+  }
+  const bool direct = ops_->host_accessible();
+  out.resize(layout_.padded());
+  if (!direct) {
+    if (absl::Status s = ops_->Resize(&all, layout_.padded()); !s.ok()) return s;
+  }
+  const Buffer receive = direct ? Buffer::F32(out.data(), out.size()) : Buf(all);
+  if (absl::Status s = comm_->AllGather(send, receive, options_.collective).Wait(); !s.ok()) {
+    return Phase("parameter gather", s);
+  }
+  if (!direct) {
+    if (absl::Status s = ops_->CopyToHost(out.data(), all.data(), n); !s.ok()) return s;
+  }
+  out.resize(n);
   return out;
 }
 
+absl::StatusOr<uint32_t> ElasticRank::ParamsCrc32c() {
+  // Extends crc over committed parameters [lo, hi): in place on the host, else through a bounded
+  // host buffer.
+  auto extend = [this](uint32_t crc, int64_t lo, int64_t hi) -> absl::StatusOr<uint32_t> {
+    if (ops_->host_accessible()) {
+      return model::Crc32cExtend(crc, model_->params() + lo, (hi - lo) * sizeof(float));
+    }
+    std::vector<float> chunk(std::min<int64_t>(hi - lo, int64_t{1} << 20));
+    for (int64_t at = lo; at < hi; at += static_cast<int64_t>(chunk.size())) {
+      const int64_t len = std::min<int64_t>(static_cast<int64_t>(chunk.size()), hi - at);
+      if (absl::Status s = ops_->CopyToHost(chunk.data(), model_->params() + at, len); !s.ok()) {
+        return s;
+      }
+      crc = model::Crc32cExtend(crc, chunk.data(), len * sizeof(float));
+    }
+    return crc;
+  };
+  if (stages_ == 1) return extend(0, 0, model_->num_params());
+  // The CRC's 32 bits travel as one float's (the transports copy bytes).
+  uint32_t crc = 0;
+  const Buffer word = Buffer::F32(reinterpret_cast<float*>(&crc), 1);
+  const collectives::CollectiveOptions& o = options_.collective;
+  if (rank_ > 0) {
+    if (absl::Status s = host_comm_->Recv(word, rank_ - 1, kTagCrc, o).Wait(); !s.ok()) {
+      return Phase("parameter CRC", s);
+    }
+  }
+  absl::StatusOr<uint32_t> mine = extend(crc, layout_.begin(rank_), layout_.end(rank_));
+  if (!mine.ok()) return mine.status();
+  crc = *mine;
+  if (rank_ + 1 < layout_.world) {
+    if (absl::Status s = host_comm_->Send(word, rank_ + 1, kTagCrc, o).Wait(); !s.ok()) {
+      return Phase("parameter CRC", s);
+    }
+  }
+  if (absl::Status s = host_comm_->Broadcast(word, layout_.world - 1, o).Wait(); !s.ok()) {
+    return Phase("parameter CRC", s);
+  }
+  return crc;
+}
+
+absl::StatusOr<ElasticRank::Ranges> ElasticRank::HeldRanges(const ShardLayout& layout, int rank,
+                                                            int stages) const {
+  if (stages == 1) return Ranges{{0, model_->num_params()}};
+  StagedTrainable* st = model_->staged();
+  absl::StatusOr<std::vector<std::pair<int, int>>> units = PartitionUnits(st->costs(), stages);
+  if (!units.ok()) return units.status();
+  const GridPosition pos = GridPositionOf(rank, layout.world, stages);
+  Ranges r = st->GradientRanges((*units)[pos.stage].first, (*units)[pos.stage].second);
+  if (pos.stage == 0) {
+    for (const auto& t : st->TiedRanges()) r.push_back(t);
+  }
+  if (layout.end(rank) > layout.begin(rank)) r.emplace_back(layout.begin(rank), layout.end(rank));
+  std::sort(r.begin(), r.end());
+  Ranges merged;
+  for (const auto& [b, e] : r) {
+    if (!merged.empty() && b <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, e);
+    } else {
+      merged.emplace_back(b, e);
+    }
+  }
+  return merged;
+}
+
+absl::Status ElasticRank::StageHeldFromModel(const Ranges& held) {
+  staged_held_ranges_ = held;
+  if (absl::Status s = ops_->Resize(&staged_held_, TotalSize(held)); !s.ok()) return s;
+  for (const auto& [b, e] : held) {
+    if (absl::Status s =
+            ops_->Copy(staged_held_.data() + PackedOffset(held, b), model_->params() + b, e - b);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ElasticRank::PostMirror(const ShardLayout& layout, int rank, int buddy,
-                                     const model::FloatArray& m, const model::FloatArray& v,
+                                     bool mirror_params, const float* p, const model::FloatArray& m,
+                                     const model::FloatArray& v, model::FloatArray* replica_p,
                                      model::FloatArray* replica_m, model::FloatArray* replica_v,
                                      std::vector<Work>* works) {
+  if (!mirror_params) *replica_p = model::FloatArray();
   if (layout.world == 1) {
     if (absl::Status s = ops_->Assign(replica_m, layout.per_rank, 0.0f); !s.ok()) return s;
     return ops_->Assign(replica_v, layout.per_rank, 0.0f);
   }
   // Written whole by the receives.
-  if (absl::Status s = ops_->Resize(replica_m, layout.per_rank); !s.ok()) return s;
-  if (absl::Status s = ops_->Resize(replica_v, layout.per_rank); !s.ok()) return s;
+  for (model::FloatArray* a : {replica_m, replica_v}) {
+    if (absl::Status s = ops_->Resize(a, layout.per_rank); !s.ok()) return s;
+  }
   const int next = (rank + buddy) % layout.world;
   const int prev = (rank + layout.world - buddy % layout.world) % layout.world;
   using P2P = collectives::Communicator::PointToPoint;
-  const std::vector<Work> posted =
-      comm_->PostPointToPoint({{P2P::Kind::kSend, Buf(m), next, kTagMirrorM},
-                               {P2P::Kind::kSend, Buf(v), next, kTagMirrorV},
-                               {P2P::Kind::kRecv, Buf(*replica_m), prev, kTagMirrorM},
-                               {P2P::Kind::kRecv, Buf(*replica_v), prev, kTagMirrorV}},
-                              options_.collective);
+  std::vector<P2P> moves = {{P2P::Kind::kSend, Buf(m), next, kTagMirrorM},
+                            {P2P::Kind::kSend, Buf(v), next, kTagMirrorV},
+                            {P2P::Kind::kRecv, Buf(*replica_m), prev, kTagMirrorM},
+                            {P2P::Kind::kRecv, Buf(*replica_v), prev, kTagMirrorV}};
+  if (mirror_params) {
+    // The real elements of each range only: ranges of padding send nothing.
+    if (absl::Status s = ops_->Resize(replica_p, layout.per_rank); !s.ok()) return s;
+    const int64_t mine = layout.end(rank) - layout.begin(rank);
+    const int64_t theirs = layout.end(prev) - layout.begin(prev);
+    if (mine > 0) {
+      moves.push_back(
+          {P2P::Kind::kSend, Buffer::F32(const_cast<float*>(p), mine), next, kTagMirrorP});
+    }
+    if (theirs > 0) {
+      moves.push_back(
+          {P2P::Kind::kRecv, Buffer::F32(replica_p->data(), theirs), prev, kTagMirrorP});
+    }
+  }
+  const std::vector<Work> posted = comm_->PostPointToPoint(moves, options_.collective);
   works->insert(works->end(), posted.begin(), posted.end());
   return absl::OkStatus();
 }
@@ -210,7 +360,7 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   if (!grad_norm.ok()) return grad_norm.status();
   out.grad_norm = *grad_norm;
   if (absl::Status s = StageAdamW(step, out.grad_norm); !s.ok()) return s;
-  if (absl::Status s = ShareStagedState(); !s.ok()) return s;
+  if (absl::Status s = ShareStagedState(step); !s.ok()) return s;
   staged_ = Staged::kStep;
   staged_layout_ = layout_;
   staged_rank_ = rank_;
@@ -622,28 +772,78 @@ absl::Status ElasticRank::ExchangeStageGradients(
   return absl::OkStatus();
 }
 
-// The staged moments mirrored to the buddy and every rank's staged parameters into staged_full_,
-// both in flight at once (one message latency, not two).
-absl::Status ElasticRank::ShareStagedState() {
+// The staged state mirrored to the buddy and the staged parameters to the ranks that keep them
+// (data parallelism: an all-gather into staged_held_), both in flight at once.
+absl::Status ElasticRank::ShareStagedState(int64_t step) {
   std::vector<Work> mirror;
-  if (absl::Status s = PostMirror(layout_, rank_, buddy_, staged_m_, staged_v_, &staged_replica_m_,
+  if (absl::Status s = PostMirror(layout_, rank_, buddy_, stages_ > 1, staged_params_.data(),
+                                  staged_m_, staged_v_, &staged_replica_p_, &staged_replica_m_,
                                   &staged_replica_v_, &mirror);
       !s.ok()) {
     return s;
   }
-  // Written whole by the all-gather.
-  absl::Status gathered = ops_->Resize(&staged_full_, layout_.padded());
-  if (gathered.ok()) {
-    gathered = comm_->AllGather(Buf(staged_params_), Buf(staged_full_), options_.collective).Wait();
+  absl::Status shared;
+  if (stages_ > 1) {
+    shared = SendStagedParams(step);
+  } else {
+    staged_held_ranges_ = {{0, model_->num_params()}};
+    // Written whole by the all-gather.
+    shared = ops_->Resize(&staged_held_, layout_.padded());
+    if (shared.ok()) {
+      shared = comm_->AllGather(Buf(staged_params_), Buf(staged_held_), options_.collective).Wait();
+    }
   }
   const absl::Status mirrored = WaitAll(mirror);
-  if (!gathered.ok()) return Phase("parameter all-gather", gathered);
+  if (!shared.ok()) return Phase("parameter all-gather", shared);
   if (!mirrored.ok()) return Phase("buddy mirror", mirrored);
   return absl::OkStatus();
 }
 
+absl::Status ElasticRank::SendStagedParams(int64_t step) {
+  const int world = layout_.world;
+  absl::StatusOr<Ranges> held = HeldRanges(layout_, rank_, stages_);
+  if (!held.ok()) return held.status();
+  staged_held_ranges_ = *held;
+  if (absl::Status s = ops_->Resize(&staged_held_, TotalSize(*held)); !s.ok()) return s;
+  const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
+  const uint32_t tag_base =
+      kTagPipelineBase | kTagParamShare | ((static_cast<uint32_t>(step) & 0xff) << 20);
+  using P2P = collectives::Communicator::PointToPoint;
+  std::vector<P2P> moves;
+  // Pieces between a pair are numbered in flat order on both sides.
+  for (int d = 0; d < world; ++d) {
+    absl::StatusOr<Ranges> theirs = d == rank_ ? held : HeldRanges(layout_, d, stages_);
+    if (!theirs.ok()) return theirs.status();
+    uint32_t piece = 0;
+    for (const auto& [lo, hi] : Intersect(*theirs, b, e)) {
+      float* src = staged_params_.data() + (lo - b);
+      if (d == rank_) {
+        if (absl::Status s =
+                ops_->Copy(staged_held_.data() + PackedOffset(*held, lo), src, hi - lo);
+            !s.ok()) {
+          return s;
+        }
+      } else {
+        moves.push_back({P2P::Kind::kSend, Buffer::F32(src, hi - lo), d, tag_base + piece});
+      }
+      ++piece;
+    }
+  }
+  for (int o = 0; o < world; ++o) {
+    uint32_t piece = 0;
+    for (const auto& [lo, hi] : Intersect(*held, layout_.begin(o), layout_.end(o))) {
+      if (o == rank_) break;
+      moves.push_back({P2P::Kind::kRecv,
+                       Buffer::F32(staged_held_.data() + PackedOffset(*held, lo), hi - lo), o,
+                       tag_base + piece++});
+    }
+  }
+  return WaitAll(comm_->PostPointToPoint(moves, options_.collective));
+}
+
 absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to) {
   const int64_t n = model_->num_params();
+  const Ranges& held = staged_held_ranges_;
   const int old_world = static_cast<int>(plan.old_to_new.size());
   if (!MemoryRestorePossible(plan.old_to_new, plan.old_buddy)) {
     return absl::FailedPreconditionError(
@@ -669,27 +869,45 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
                                                       committed_, ", the plan expects ",
                                                       plan.committed_steps));
   }
-  // Parameters: every survivor holds them; new rank 0 is a survivor.
-  if (absl::Status s =
-          survivor ? ops_->Resize(&staged_full_, n) : ops_->Assign(&staged_full_, n, 0);
-      !s.ok()) {
-    return s;
-  }
-  if (survivor) {
-    if (absl::Status s = ops_->Copy(staged_full_.data(), model_->params(), n); !s.ok()) return s;
-  }
-  if (absl::Status s = comm_->Broadcast(Buf(staged_full_), 0, options_.collective).Wait();
-      !s.ok()) {
-    return s;
+  const ShardLayout from = ShardLayout::Make(n, old_world);
+  // The rank that sends old range o's pieces: its owner, else its buddy.
+  auto source = [&](int o) {
+    return plan.old_to_new[o] >= 0 ? plan.old_to_new[o]
+                                   : plan.old_to_new[(o + plan.old_buddy) % old_world];
+  };
+  using P2P = collectives::Communicator::PointToPoint;
+  std::vector<P2P> moves;
+  // Parameters, piece by piece: each new rank's kept ranges ∩ each old range. An owner keeps its
+  // range's parameters; a buddy all of them (data parallelism) or its mirror of its owner's.
+  uint32_t param_piece = 0;
+  for (int d = 0; d < to.world; ++d) {
+    absl::StatusOr<Ranges> theirs = d == plan.rank ? held : HeldRanges(to, d, plan.stages);
+    if (!theirs.ok()) return theirs.status();
+    for (int o = 0; o < old_world; ++o) {
+      const int src = source(o);
+      for (const auto& [lo, hi] : Intersect(*theirs, from.begin(o), from.end(o))) {
+        const uint32_t tag = kTagParamMoveBase + param_piece++;
+        float* dst = staged_held_.data() + PackedOffset(held, lo);
+        if (src == plan.rank) {
+          float* p = plan.old_to_new[o] >= 0 || stages_ == 1
+                         ? model_->params() + lo
+                         : replica_p_.data() + (lo - from.begin(o));
+          if (d == plan.rank) {
+            if (absl::Status s = ops_->Copy(dst, p, hi - lo); !s.ok()) return s;
+          } else {
+            moves.push_back({P2P::Kind::kSend, Buffer::F32(p, hi - lo), d, tag});
+          }
+        } else if (d == plan.rank) {
+          moves.push_back({P2P::Kind::kRecv, Buffer::F32(dst, hi - lo), src, tag});
+        }
+      }
+    }
   }
   // Moments, piece by piece: new range ∩ old range, from the old owner or its buddy's mirror.
-  const ShardLayout from = ShardLayout::Make(n, old_world);
   for (absl::Status s :
        {ops_->Assign(&staged_m_, to.per_rank, 0.0f), ops_->Assign(&staged_v_, to.per_rank, 0.0f)}) {
     if (!s.ok()) return s;
   }
-  using P2P = collectives::Communicator::PointToPoint;
-  std::vector<P2P> moves;
   uint32_t piece = 0;
   for (int d = 0; d < to.world; ++d) {
     for (int o = 0; o < old_world; ++o) {
@@ -697,8 +915,7 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan, const Sh
       const int64_t hi = std::min(to.end(d), from.end(o));
       if (lo >= hi) continue;
       const bool from_owner = plan.old_to_new[o] >= 0;
-      const int src =
-          from_owner ? plan.old_to_new[o] : plan.old_to_new[(o + plan.old_buddy) % old_world];
+      const int src = source(o);
       const uint32_t tag = kTagMoveBase + 2 * piece++;
       const size_t count = static_cast<size_t>(hi - lo);
       float* dst_m = staged_m_.data() + (lo - to.begin(d));
@@ -735,8 +952,15 @@ absl::Status ElasticRank::RestoreFromCheckpoint(const GenerationPlan& plan, cons
     return absl::FailedPreconditionError(absl::StrCat(ckpt->dir(), ": num_params: expected ", n,
                                                       ", got ", ckpt->manifest().num_params));
   }
-  std::vector<float> params(n);
-  if (absl::Status s = ckpt->ReadRange(0, n, params.data(), nullptr, nullptr); !s.ok()) return s;
+  const Ranges& held = staged_held_ranges_;
+  std::vector<float> params(TotalSize(held));
+  for (const auto& [lo, hi] : held) {
+    if (absl::Status s =
+            ckpt->ReadRange(lo, hi, params.data() + PackedOffset(held, lo), nullptr, nullptr);
+        !s.ok()) {
+      return s;
+    }
+  }
   std::vector<float> m(to.per_rank, 0.0f), v(to.per_rank, 0.0f);
   const int64_t b = to.begin(plan.rank), e = to.end(plan.rank);
   if (e > b) {
@@ -745,11 +969,11 @@ absl::Status ElasticRank::RestoreFromCheckpoint(const GenerationPlan& plan, cons
       return s;
     }
   }
-  for (absl::Status s : {ops_->Resize(&staged_full_, n), ops_->Resize(&staged_m_, to.per_rank),
-                         ops_->Resize(&staged_v_, to.per_rank)}) {
+  for (absl::Status s :
+       {ops_->Resize(&staged_m_, to.per_rank), ops_->Resize(&staged_v_, to.per_rank)}) {
     if (!s.ok()) return s;
   }
-  for (absl::Status s : {ops_->CopyFromHost(staged_full_.data(), params.data(), n),
+  for (absl::Status s : {ops_->CopyFromHost(staged_held_.data(), params.data(), params.size()),
                          ops_->CopyFromHost(staged_m_.data(), m.data(), to.per_rank),
                          ops_->CopyFromHost(staged_v_.data(), v.data(), to.per_rank)}) {
     if (!s.ok()) return s;
@@ -803,17 +1027,23 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       return s;
     }
   }
+  absl::StatusOr<Ranges> held = HeldRanges(to, plan.rank, plan.stages);
+  if (!held.ok()) return held.status();
+  staged_held_ranges_ = *held;
+  if (absl::Status s = ops_->Resize(&staged_held_, TotalSize(*held)); !s.ok()) return s;
   switch (plan.source) {
     case RestoreSource::kInit: {
-      // InitParams writes the model's buffer: whatever this rank held is gone from here on.
-      model_->InitParams(options_.seed);
+      // Initialising writes the model's buffer: whatever this rank held is gone from here on.
       has_state_ = false;
-      for (absl::Status s :
-           {ops_->Resize(&staged_full_, n), ops_->Assign(&staged_m_, to.per_rank, 0.0f),
-            ops_->Assign(&staged_v_, to.per_rank, 0.0f)}) {
+      if (plan.stages == 1) {
+        model_->InitParams(options_.seed);
+      } else {
+        for (const auto& [b, e] : *held) model_->staged()->InitParamRange(options_.seed, b, e);
+      }
+      for (absl::Status s : {StageHeldFromModel(*held), ops_->Assign(&staged_m_, to.per_rank, 0.0f),
+                             ops_->Assign(&staged_v_, to.per_rank, 0.0f)}) {
         if (!s.ok()) return s;
       }
-      if (absl::Status s = ops_->Copy(staged_full_.data(), model_->params(), n); !s.ok()) return s;
       break;
     }
     case RestoreSource::kCheckpoint:
@@ -824,8 +1054,12 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       break;
   }
   std::vector<Work> mirror;
-  if (absl::Status s = PostMirror(to, plan.rank, plan.buddy, staged_m_, staged_v_,
-                                  &staged_replica_m_, &staged_replica_v_, &mirror);
+  const float* range_params = to.end(plan.rank) > to.begin(plan.rank)
+                                  ? staged_held_.data() + PackedOffset(*held, to.begin(plan.rank))
+                                  : nullptr;
+  if (absl::Status s =
+          PostMirror(to, plan.rank, plan.buddy, plan.stages > 1, range_params, staged_m_, staged_v_,
+                     &staged_replica_p_, &staged_replica_m_, &staged_replica_v_, &mirror);
       !s.ok()) {
     return s;
   }
@@ -841,14 +1075,36 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
 
 void ElasticRank::Commit() {
   if (staged_ == Staged::kNone) return;
+  const bool new_grid = staged_ == Staged::kConfig;
   staged_ = Staged::kNone;
-  if (absl::Status s = ops_->Copy(model_->params(), staged_full_.data(), model_->num_params());
-      !s.ok()) {
-    // The model's parameters are now neither the old nor the new state.
-    has_state_ = false;
-    commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
-    return;
+  for (const auto& [b, e] : staged_held_ranges_) {
+    if (absl::Status s =
+            ops_->Copy(model_->params() + b,
+                       staged_held_.data() + PackedOffset(staged_held_ranges_, b), e - b);
+        !s.ok()) {
+      // The model's parameters are now neither the old nor the new state.
+      has_state_ = false;
+      commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
+      return;
+    }
   }
+  // A new generation's rank may keep fewer parameters: the model's parameters and gradients
+  // (which a stage writes only within its ranges) outside the kept ranges go back to the memory.
+  // A failure there only keeps the memory: nothing reads those ranges.
+  if (new_grid) {
+    Ranges gaps;
+    int64_t at = 0;
+    for (const auto& [b, e] : staged_held_ranges_) {
+      if (b > at) gaps.emplace_back(at, b);
+      at = e;
+    }
+    if (at < model_->num_params()) gaps.emplace_back(at, model_->num_params());
+    for (const auto& [b, e] : gaps) {
+      ops_->Discard(model_->params() + b, e - b).IgnoreError();
+      ops_->Discard(const_cast<float*>(model_->grads()) + b, e - b).IgnoreError();
+    }
+  }
+  replica_p_.swap(staged_replica_p_);
   m_.swap(staged_m_);
   v_.swap(staged_v_);
   replica_m_.swap(staged_replica_m_);

@@ -12,6 +12,7 @@
 #include "troupe/actors/elastic.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "troupe/collectives/bootstrap.h"
 #include "troupe/collectives/inprocess.h"
 #include "troupe/kernels/norm.h"
+#include "troupe/model/crc32c.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/trainer.h"
 
@@ -97,6 +99,9 @@ class OpaqueStaged final : public StagedTrainable {
   }
   std::vector<std::pair<int64_t, int64_t>> TiedRanges() const override {
     return inner_->TiedRanges();
+  }
+  void InitParamRange(uint64_t seed, int64_t begin, int64_t end) override {
+    inner_->InitParamRange(seed, begin, end);
   }
   absl::Status SetStage(int first, int end, int slots) override {
     return inner_->SetStage(first, end, slots);
@@ -373,17 +378,33 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     EXPECT_EQ(got, want);
   }
 
-  static std::vector<float> Params(const Rank& r) {
-    absl::StatusOr<std::vector<float>> p = r.rank->ParamsOnHost();
-    EXPECT_TRUE(p.ok()) << p.status();
-    return p.ok() ? *std::move(p) : std::vector<float>();
+  // Each rank's ParamsOnHost (a collective on a pipeline grid: every rank at once).
+  static std::vector<std::vector<float>> Params(const std::vector<Rank*>& ranks) {
+    std::vector<std::vector<float>> out(ranks.size());
+    ExpectAllOk(Parallel(ranks.size(), [&](int i) {
+      absl::StatusOr<std::vector<float>> p = ranks[i]->rank->ParamsOnHost();
+      if (p.ok()) out[i] = *std::move(p);
+      return p.status();
+    }));
+    return out;
   }
-  static void ExpectBitIdentical(Rank& r, const std::vector<float>& want) {
-    ASSERT_EQ(r.model->num_params(), static_cast<int64_t>(want.size()));
-    const std::vector<float> got = Params(r);
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)))
-        << "parameters differ from the single-process reference";
+  // Every rank's parameters are `want`'s bits, and so is the CRC each computes (the job's check).
+  static void ExpectBitIdentical(const std::vector<Rank*>& ranks, const std::vector<float>& want) {
+    const std::vector<std::vector<float>> got = Params(ranks);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      ASSERT_EQ(got[i].size(), want.size()) << "rank " << i;
+      EXPECT_EQ(0, std::memcmp(got[i].data(), want.data(), want.size() * sizeof(float)))
+          << "rank " << i << ": parameters differ from the single-process reference";
+    }
+    std::vector<uint32_t> crc(ranks.size());
+    ExpectAllOk(Parallel(ranks.size(), [&](int i) {
+      absl::StatusOr<uint32_t> c = ranks[i]->rank->ParamsCrc32c();
+      if (c.ok()) crc[i] = *c;
+      return c.status();
+    }));
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      EXPECT_EQ(crc[i], model::Crc32c(want.data(), want.size() * sizeof(float))) << "rank " << i;
+    }
   }
 
   std::string dir_;
@@ -440,7 +461,7 @@ TEST_P(ElasticTest, AnyWorldSizeMatchesTheSingleProcessReference) {
     for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
     Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
     Steps(ptrs, 3);
-    for (auto& r : ranks) ExpectBitIdentical(r, want);
+    ExpectBitIdentical(ptrs, want);
     // The moments, gathered from the owners, are the reference's too.
     for (auto& r : ranks) {
       absl::StatusOr<HostShard> shard = r.rank->CommittedShardOnHost();
@@ -471,13 +492,14 @@ TEST_P(ElasticTest, FastModeIsCloseButNotPromisedBitIdentical) {
   Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
   Steps(ptrs, 3);
   double max_diff = 0;
-  const std::vector<float> got = Params(ranks[0]);
+  const std::vector<std::vector<float>> all = Params(ptrs);
+  const std::vector<float>& got = all[0];
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
     max_diff = std::max(max_diff, std::fabs(double(got[i]) - want[i]));
   }
   EXPECT_LT(max_diff, 1e-4) << "fast-mode reduction drifted from the reference";
-  for (auto& r : ranks) EXPECT_EQ(Params(r), got);  // every rank holds the same parameters
+  for (const auto& p : all) EXPECT_EQ(p, got);  // every rank holds the same parameters
 }
 
 TEST_P(ElasticTest, RankDiesMidStepSurvivorsRestoreFromMemoryAndMatch) {
@@ -500,7 +522,7 @@ TEST_P(ElasticTest, RankDiesMidStepSurvivorsRestoreFromMemoryAndMatch) {
             {.committed_steps = 2, .source = RestoreSource::kMemory, .old_to_new = {0, 1, -1, 2}},
             1);
   Steps(survivors, 4);
-  for (Rank* r : survivors) ExpectBitIdentical(*r, want);
+  ExpectBitIdentical(survivors, want);
 }
 
 TEST(MemoryRestoreTest, TheBuddyOffsetSaysWhereEachMirrorIs) {
@@ -549,7 +571,7 @@ TEST_P(ElasticTest, AHostOfTwoRanksLostRestoresFromMirrorsOnTheOtherHost) {
              .old_buddy = 2},
             1);
   Steps(survivors, 4);
-  for (Rank* r : survivors) ExpectBitIdentical(*r, want);
+  ExpectBitIdentical(survivors, want);
 }
 
 TEST_P(ElasticTest, APlanWithABuddyOffsetOutsideItsWorldIsRefused) {
@@ -584,7 +606,7 @@ TEST_P(ElasticTest, JoinersAreFoldedInAndMatch) {
   Configure(four, {.committed_steps = 2, .source = RestoreSource::kMemory, .old_to_new = {0, 1}},
             1);
   Steps(four, 4);
-  for (Rank* r : four) ExpectBitIdentical(*r, want);
+  ExpectBitIdentical(four, want);
 }
 
 TEST_P(ElasticTest, CheckpointRestoreIntoAnotherWorldSizeMatches) {
@@ -623,7 +645,7 @@ TEST_P(ElasticTest, CheckpointRestoreIntoAnotherWorldSizeMatches) {
              .checkpoint_step = 2},
             5, store->get());
   Steps(ptrs, 4);
-  for (Rank* r : ptrs) ExpectBitIdentical(*r, want);
+  ExpectBitIdentical(ptrs, want);
 }
 
 TEST_P(ElasticTest, EveryMicrobatchServedOncePerCommittedStep) {
@@ -751,7 +773,7 @@ TEST_P(ElasticPipelineTest, EveryGridMatchesTheDataParallelReference) {
       std::vector<Rank> ranks = Grid(dp * pp, pp, schedule, 0);
       std::vector<std::vector<StepOutcome>> outcomes;
       Steps(Ptrs(ranks), 3, &outcomes);
-      for (auto& r : ranks) ExpectBitIdentical(r, want);
+      ExpectBitIdentical(Ptrs(ranks), want);
       ASSERT_EQ(outcomes.size(), 3u);
       const int m = kM / dp;  // each replica's microbatches
       for (int r = 0; r < dp * pp; ++r) {
@@ -804,7 +826,37 @@ TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) 
              .old_to_new = {0, 1, 2}},
             3);
   Steps(four, 5);
-  for (Rank* r : four) ExpectBitIdentical(*r, want);
+  ExpectBitIdentical(four, want);
+  if (GetParam() != Mode::kHost) return;
+  // Each rank of the grid keeps only its stage's and its range's parameters: every page of the
+  // model's buffer outside them went back to the kernel, though the data-parallel generation
+  // before held them all.
+  const long page = sysconf(_SC_PAGESIZE);
+  for (Rank* r : four) {
+    absl::StatusOr<ElasticRank::Ranges> held =
+        r->rank->HeldRanges(r->rank->layout(), r->rank->rank(), r->rank->stages());
+    ASSERT_TRUE(held.ok()) << held.status();
+    const int64_t n = r->model->num_params();
+    const uintptr_t base = reinterpret_cast<uintptr_t>(r->model->params());
+    const uintptr_t first_page = base / page * page;
+    const size_t span = base + n * sizeof(float) - first_page;
+    std::vector<unsigned char> in((span + page - 1) / page);
+    ASSERT_EQ(mincore(reinterpret_cast<void*>(first_page), span, in.data()), 0);
+    int64_t outside = 0, stray = 0, at = 0;
+    auto count_gap = [&](int64_t b, int64_t e) {  // whole pages of floats [b, e)
+      const uintptr_t pb = (base + b * sizeof(float) + page - 1) / page * page;
+      const uintptr_t pe = (base + e * sizeof(float)) / page * page;
+      for (uintptr_t p = pb; p < pe; p += page) {
+        ++outside;
+        stray += in[(p - first_page) / page] & 1;
+      }
+    };
+    for (const auto& [b, e] : *held) count_gap(at, b), at = e;
+    count_gap(at, n);
+    EXPECT_GT(outside, 0) << "rank " << r->rank->rank() << " keeps the whole model";
+    EXPECT_EQ(stray, 0) << "rank " << r->rank->rank() << ": " << stray << " of " << outside
+                        << " pages outside its ranges are resident";
+  }
 }
 
 TEST_P(ElasticPipelineTest, EveryMicrobatchServedOncePerCommittedStepByTheFirstStage) {

@@ -22,7 +22,6 @@
 #include "troupe/actors/training.h"
 #include "troupe/collectives/nccl_communicator.h"
 #include "troupe/collectives/ucx_communicator.h"
-#include "troupe/model/crc32c.h"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
@@ -343,9 +342,8 @@ class RankState {
   void Final(uint64_t gen) {
     // A device that cannot copy the parameters out reports the CRC of nothing: the job then
     // fails its final check naming the ranks that disagree.
-    absl::StatusOr<std::vector<float>> params = rank_->ParamsOnHost();
-    const uint32_t crc =
-        params.ok() ? model::Crc32c(params->data(), params->size() * sizeof(float)) : 0;
+    absl::StatusOr<uint32_t> params_crc = rank_->ParamsCrc32c();
+    const uint32_t crc = params_crc.ok() ? *params_crc : 0;
     caf::anon_send(coordinator_, FinalParams{gen, static_cast<int64_t>(crc), model_->num_params(),
                                              rank_->committed_steps()});
   }

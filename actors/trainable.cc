@@ -66,6 +66,9 @@ class GptTrainable : public Trainable, public StagedTrainable {
     const int64_t wte = gpt_.layout().wte();
     return {{wte, wte + int64_t{gpt_.config().vocab_size} * gpt_.config().width}};
   }
+  void InitParamRange(uint64_t seed, int64_t begin, int64_t end) override {
+    gpt_.InitParams(seed, begin, end);
+  }
   absl::Status SetStage(int first_unit, int end_unit, int slots) override {
     slot_batches_.assign(std::max(0, slots), model::Microbatch{});
     return gpt_.SetStage({first_unit, end_unit}, slots);

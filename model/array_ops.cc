@@ -1,6 +1,10 @@
 #include "troupe/model/array_ops.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -33,6 +37,8 @@ absl::Status ArrayOps::Assign(FloatArray* a, int64_t n, float value) {
   return Fill(a->data(), n, value);
 }
 
+absl::Status ArrayOps::Discard(float* dst, int64_t n) { return Fill(dst, n, 0.0f); }
+
 namespace {
 
 class Host final : public ArrayOps {
@@ -46,6 +52,22 @@ class Host final : public ArrayOps {
   }
   absl::Status Fill(float* dst, int64_t n, float value) override {
     std::fill(dst, dst + n, value);
+    return absl::OkStatus();
+  }
+  // The whole pages inside go back to the kernel (they read as zeros when next touched); the
+  // partial pages at the ends are zeroed.
+  absl::Status Discard(float* dst, int64_t n) override {
+    if (n <= 0) return absl::OkStatus();
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t b = reinterpret_cast<uintptr_t>(dst), e = b + n * sizeof(float);
+    const uintptr_t pb = (b + page - 1) / page * page, pe = e / page * page;
+    if (pb >= pe) return Fill(dst, n, 0.0f);
+    if (madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_DONTNEED) != 0) {
+      return absl::InternalError(
+          absl::StrCat("madvise(MADV_DONTNEED) of ", pe - pb, " bytes: ", std::strerror(errno)));
+    }
+    std::memset(dst, 0, pb - b);
+    std::memset(reinterpret_cast<void*>(pe), 0, e - pe);
     return absl::OkStatus();
   }
   absl::Status CopyToHost(float* host_dst, const float* src, int64_t n) override {

@@ -29,30 +29,39 @@ template <typename T>
 GptModel<T>::GptModel(const GptConfig& config)
     : config_(config),
       layout_(config),
-      params_(layout_.total_size(), T(0)),
+      params_(static_cast<T*>(std::calloc(static_cast<size_t>(layout_.total_size()), sizeof(T)))),
       grads_(static_cast<T*>(std::calloc(static_cast<size_t>(layout_.total_size()), sizeof(T)))) {
-  if (grads_ == nullptr) throw std::bad_alloc();
+  if (params_ == nullptr || grads_ == nullptr) throw std::bad_alloc();
 }
 
 template <typename T>
 void GptModel<T>::InitParams(uint64_t seed) {
+  InitParams(seed, 0, num_params());
+}
+
+template <typename T>
+void GptModel<T>::InitParams(uint64_t seed, int64_t begin, int64_t end) {
   const double residual_std = 0.02 / std::sqrt(2.0 * config_.num_layers);
   const auto& tensors = layout_.tensors();
   for (size_t ti = 0; ti < tensors.size(); ++ti) {
     const ParamTensor& t = tensors[ti];
-    T* p = params_.data() + t.offset;
+    // This tensor's elements [from, to) that lie in [begin, end).
+    const int64_t from = std::max<int64_t>(0, begin - t.offset);
+    const int64_t to = std::min<int64_t>(t.size, end - t.offset);
+    if (from >= to) continue;
+    T* p = params_.get() + t.offset;
     const bool is_ln_gain = t.name.find("ln_") != std::string::npos && t.name.size() >= 6 &&
                             t.name.compare(t.name.size() - 6, 6, "weight") == 0;
     if (t.shape.size() == 1) {
-      std::fill(p, p + t.size, is_ln_gain ? T(1) : T(0));
+      std::fill(p + from, p + to, is_ln_gain ? T(1) : T(0));
       continue;
     }
     const bool residual_proj = t.name.find("c_proj.weight") != std::string::npos;
     const double std = residual_proj ? residual_std : 0.02;
     // Each element is a pure function of (seed, tensor, index), so any split gives the same bits.
     // Rounded through float so float and double models start from the same values.
-    k::ParallelForRange(t.size, 65536, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
+    k::ParallelForRange(to - from, 65536, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = from + lo; i < from + hi; ++i) {
         p[i] =
             static_cast<T>(static_cast<float>(std * NormalDouble(seed, RngPurpose::kInit, ti, i)));
       }
@@ -218,7 +227,7 @@ absl::StatusOr<double> GptModel<T>::RunForward(Activations& a, StageRange range,
   if (first) a.tokens.assign(tokens, tokens + bt);
   a.have_targets = targets != nullptr && last;
   if (a.have_targets) a.targets.assign(targets, targets + bt);
-  const T* p = params_.data();
+  const T* p = params_.get();
 
   if (first) {
     k::EmbeddingForward(a.encoded.data(), tokens, p + layout_.wte(), p + layout_.wpe(), b, t, c);
@@ -288,7 +297,7 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
   const int64_t bt = int64_t{b} * t, c = config_.width, v = config_.vocab_size;
   const int64_t nh = config_.num_heads;
   EnsureScratch(b, t);
-  const T* p = params_.data();
+  const T* p = params_.get();
   T* g = grads_.get();
   auto zero = [](std::vector<T>& x) { std::fill(x.begin(), x.end(), T(0)); };
 

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "troupe/kernels/parallel.h"
 #include "troupe/model/rng.h"
@@ -210,6 +212,24 @@ TEST(GptTest, ChainedStagesReproduceTheWholeModelsGradientBitForBit) {
                                               stages[0].input_gradient(), tokens[k].data(), b, t);
       EXPECT_EQ(0, std::memcmp(got.data(), want_grads[k].data(), got.size() * sizeof(float)))
           << "microbatch " << k;
+    }
+  }
+}
+
+TEST(GptTest, InitialisingARangeWritesThoseBitsAndNothingElse) {
+  auto whole = GptModel<float>::Create(OddConfig());
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  whole->InitParams(11);
+  const int64_t n = whole->num_params();
+  // Cuts inside a matrix, inside a bias and at the ends.
+  for (const auto& [b, e] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, n}, {5, 170}, {n / 3, n / 2 + 1}, {n - 9, n}}) {
+    auto part = GptModel<float>::Create(OddConfig());
+    ASSERT_TRUE(part.ok()) << part.status();
+    part->InitParams(11, b, e);
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = i >= b && i < e ? whole->params()[i] : 0.0f;
+      ASSERT_EQ(part->params()[i], want) << "element " << i << " of [" << b << ", " << e << ")";
     }
   }
 }

@@ -12,7 +12,7 @@
 //   4. AdamW on the range into *staged* buffers; the staged moments are mirrored to the buddy
 //      rank (r + k) mod W (k: the plan's buddy offset, chosen so that a buddy is in another
 //      failure domain than its owner where the group allows); staged parameter ranges are
-//      all-gathered;
+//      all-gathered (a pipeline grid's: sent to the ranks whose stage reads them, below);
 //   5. Commit() swaps the staged state in; Abandon() drops it, so a re-run step never applies an
 //      update twice.
 // A new generation is staged the same way: Configure() builds the new layout's state beside the
@@ -23,8 +23,10 @@
 // rank r owns [r·per_rank, (r+1)·per_rank) ∩ [0, n) (possibly empty).
 //
 // Reconfiguration (a new generation, a new communicator) restores the committed state by ranges:
-// parameters are broadcast from new rank 0 (a survivor), each old range's moments come from its
-// surviving owner, else from the buddy's mirror, else the whole job restores from a checkpoint.
+// each piece of an old range — the parameters a new rank keeps, the moments of its new range —
+// comes from the old range's surviving owner, else from its buddy (which holds every parameter
+// under data parallelism and mirrors its owner's parameters on a grid), else the whole job
+// restores from a checkpoint.
 //
 // Pipeline stages (GenerationPlan::stages > 1, pipeline.h): rank r is replica r % dp of stage
 // r / dp. Step 1 becomes the stage's schedule (1F1B or GPipe) over the replica's microbatch
@@ -34,7 +36,11 @@
 // replicas' partials in the canonical tree (canonical_combine.h). Every later step — norm, AdamW,
 // mirrors, the all-gather, recovery, checkpoints — is the data-parallel one over all W ranks, so
 // a grid trains the bits of the data-parallel run and re-plans to any other grid (or none)
-// through the same memory and checkpoint restore.
+// through the same memory and checkpoint restore. Except the all-gather: a stage's rank keeps
+// only the parameters it reads (its stage's, the tied ones on the first stage) and its own
+// range's — the model's buffer elsewhere is never touched, so on the host it is never resident —
+// and each owner sends its updated range's pieces to the ranks that keep them. The buddy then
+// mirrors the owner's parameters too: a stage of one replica has no other copy.
 //
 // Devices: every buffer of the step lives in the Trainable's memory (Trainable::array_ops(): the
 // host's, or a GPU's) and is touched only through its ArrayOps and the communicator — so one code
@@ -186,17 +192,33 @@ class ElasticRank {
   // The committed state of this rank's range, copied to the host (what a checkpoint writer
   // writes).
   [[nodiscard]] absl::StatusOr<HostShard> CommittedShardOnHost() const;
-  // All n committed parameters, copied to the host.
-  [[nodiscard]] absl::StatusOr<std::vector<float>> ParamsOnHost() const;
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // flat [begin, end), sorted
+  // The parameters rank `rank` of a grid of `stages` over `layout` keeps in the model's buffer:
+  // all of them under data parallelism; on a grid, those its stage reads and its own range's.
+  // The rest of the buffer is given back (ArrayOps::Discard) when a generation commits.
+  [[nodiscard]] absl::StatusOr<Ranges> HeldRanges(const ShardLayout& layout, int rank,
+                                                  int stages) const;
+  // All n committed parameters, copied to the host. On a pipeline grid, where no rank keeps them
+  // all, a collective: every rank of the generation calls it.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> ParamsOnHost();
+  // model::Crc32c of the n committed parameters (what the job's final check compares), without a
+  // copy of the model: on a pipeline grid a collective that runs the CRC through the owners'
+  // ranges in rank order.
+  [[nodiscard]] absl::StatusOr<uint32_t> ParamsCrc32c();
 
  private:
   enum class Staged { kNone, kStep, kConfig };
-  // Posts the moments' mirror to the buddy (rank + buddy) and the receive of the mirror this
-  // rank keeps (from rank - buddy) into *works; the caller waits.
+  // Posts the mirror to the buddy (rank + buddy) — the moments, and with `mirror_params` the
+  // range's parameters `p` — and the receive of the mirror this rank keeps (from rank - buddy)
+  // into *works; the caller waits.
   [[nodiscard]] absl::Status PostMirror(const ShardLayout& layout, int rank, int buddy,
+                                        bool mirror_params, const float* p,
                                         const model::FloatArray& m, const model::FloatArray& v,
-                                        model::FloatArray* replica_m, model::FloatArray* replica_v,
+                                        model::FloatArray* replica_p, model::FloatArray* replica_m,
+                                        model::FloatArray* replica_v,
                                         std::vector<collectives::Work>* works);
+  // Sizes staged_held_ for `held` and copies the model's parameters of those ranges into it.
+  [[nodiscard]] absl::Status StageHeldFromModel(const Ranges& held);
   [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
   // RunStep's phases, in order; each fills the buffers the next one reads.
   [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
@@ -206,7 +228,9 @@ class ElasticRank {
   [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
   [[nodiscard]] absl::Status RestoreFromCheckpoint(const GenerationPlan& plan,
                                                    const ShardLayout& to, CheckpointStore* store);
-  [[nodiscard]] absl::Status ShareStagedState();
+  [[nodiscard]] absl::Status ShareStagedState(int64_t step);
+  // A grid's step 4: the pieces of my staged range to the ranks that keep them, theirs to me.
+  [[nodiscard]] absl::Status SendStagedParams(int64_t step);
   // Pipeline: this rank's stage of its replica's schedule, each gradient range's subtree into
   // stage_partials_; then the exchange that leaves the step gradient of my range in grad_shard_.
   [[nodiscard]] absl::Status RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
@@ -228,9 +252,11 @@ class ElasticRank {
   int stages_ = 1;
   bool has_state_ = false;
   int64_t committed_ = 0;
-  // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range.
-  model::FloatArray m_, v_, replica_m_, replica_v_;
-  // Staged by RunStep or Configure; staged_full_ holds all n parameters.
+  // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range (its
+  // parameters too on a grid).
+  model::FloatArray m_, v_, replica_p_, replica_m_, replica_v_;
+  // Staged by RunStep or Configure; staged_held_ holds the parameters of staged_held_ranges_,
+  // one range after the other.
   Staged staged_ = Staged::kNone;
   ShardLayout staged_layout_;
   int staged_rank_ = 0;
@@ -245,8 +271,9 @@ class ElasticRank {
   // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
   // microbatch.
   std::optional<model::TreeAccumulator> acc_;
-  model::FloatArray partial_, grad_shard_, staged_params_, staged_full_, staged_m_, staged_v_,
-      staged_replica_m_, staged_replica_v_;
+  Ranges staged_held_ranges_;
+  model::FloatArray partial_, grad_shard_, staged_params_, staged_held_, staged_m_, staged_v_,
+      staged_replica_p_, staged_replica_m_, staged_replica_v_;
 };
 
 }  // namespace troupe::actors

@@ -87,7 +87,11 @@ class StagedTrainable {
   virtual std::vector<std::pair<int64_t, int64_t>> GradientRanges(int first_unit,
                                                                   int end_unit) const = 0;
   // The ranges of the last stage's GradientRanges that AddTiedGradient completes (empty: none).
+  // A stage reads the parameters of its GradientRanges and, on the first stage, of these.
   virtual std::vector<std::pair<int64_t, int64_t>> TiedRanges() const { return {}; }
+  // Trainable::InitParams(seed) for parameters [begin, end) only: a stage's rank initialises
+  // what it keeps and leaves the rest of params() untouched (on the host: never resident).
+  virtual void InitParamRange(uint64_t seed, int64_t begin, int64_t end) = 0;
   // Makes this model stage [first_unit, end_unit) with `slots` microbatches in flight.
   [[nodiscard]] virtual absl::Status SetStage(int first_unit, int end_unit, int slots) = 0;
   // Forward of microbatch k of `step` into `slot`; `input` is the previous stage's output (null

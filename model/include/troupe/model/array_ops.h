@@ -86,6 +86,9 @@ class ArrayOps {
 
   virtual absl::Status Copy(float* dst, const float* src, int64_t n) = 0;
   virtual absl::Status Fill(float* dst, int64_t n, float value) = 0;
+  // Zeros n floats at dst, giving their memory back where this memory can (the host's: whole
+  // pages, resident again only once written). Default: Fill with 0.
+  virtual absl::Status Discard(float* dst, int64_t n);
   virtual absl::Status CopyToHost(float* host_dst, const float* src, int64_t n) = 0;
   virtual absl::Status CopyFromHost(float* dst, const float* host_src, int64_t n) = 0;
   // left[i] = left[i] + right[i]: one float addition per element (commutative, so the tree sum's

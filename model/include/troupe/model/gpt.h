@@ -51,14 +51,17 @@ class GptModel {
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
   int64_t num_params() const { return layout_.total_size(); }
-  T* params() { return params_.data(); }
-  const T* params() const { return params_.data(); }
+  T* params() { return params_.get(); }
+  const T* params() const { return params_.get(); }
   T* grads() { return grads_.get(); }
   const T* grads() const { return grads_.get(); }
 
   // GPT-2 initialisation from the counter RNG: N(0, 0.02) for matrices and embeddings,
   // N(0, 0.02/sqrt(2L)) for the residual projections, zero biases, unit LayerNorm gains.
   void InitParams(uint64_t seed);
+  // The same values for elements [begin, end) of the flat layout only (a pipeline stage
+  // initialises only what it keeps: the rest of the buffer is never touched).
+  void InitParams(uint64_t seed, int64_t begin, int64_t end);
 
   // Runs the model on tokens [b, t] (t <= context_length). With targets, computes per-token
   // losses and returns their mean; without (nullptr), only logits, and returns 0. Token and target
@@ -126,13 +129,12 @@ class GptModel {
 
   GptConfig config_;
   ParamLayout layout_;
-  std::vector<T> params_;
-  // Zeroed by the allocator, page by page as touched (calloc): a pipeline stage, which writes
-  // only its own ranges, keeps only those resident.
+  // Both zeroed by the allocator, page by page as touched (calloc): a pipeline stage, which
+  // reads and writes only its own ranges, keeps only those resident.
   struct FreeDeleter {
     void operator()(T* p) const { std::free(p); }
   };
-  std::unique_ptr<T[], FreeDeleter> grads_;
+  std::unique_ptr<T[], FreeDeleter> params_, grads_;
   Activations full_;  // Forward/Backward: the whole model
   StageRange stage_;
   std::vector<Activations> slots_;
