@@ -21,7 +21,7 @@ constexpr int64_t kChunk = kernels::kNormChunk;
 // Point-to-point tags: mirror to buddy, then state moves (two per piece: m, v; parameters from
 // kTagParamMoveBase, one per piece).
 constexpr uint32_t kTagMirrorM = 1, kTagMirrorV = 2, kTagMirrorP = 3, kTagCrc = 4,
-                   kTagMoveBase = 16, kTagParamMoveBase = 1u << 24;
+                   kTagMirrorGrad = 5, kTagMoveBase = 16, kTagParamMoveBase = 1u << 24;
 // Pipeline tags (user tags have 31 bits): bit 30; bit 29 for the gradient exchange, bit 28 for
 // the parameters' share (else the schedule's moves); the step's low 8 bits in bits 20–27.
 constexpr uint32_t kTagPipelineBase = 1u << 30, kTagExchange = 1u << 29, kTagParamShare = 1u << 28;
@@ -438,24 +438,40 @@ absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
 }
 
 // AdamW on my range into staged_params_ and staged moments; committed state is untouched.
+// On a grid the range's parameters are staged in place in staged_held_ (the range is one of the
+// kept ones), which the share then fills around them; under data parallelism in staged_params_,
+// the all-gather's input.
 absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
-  const kernels::AdamWScalars scalars =
-      model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
+  staged_scalars_ = model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
   const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
   const int64_t per_rank = layout_.per_rank;
-  for (absl::Status s : {ops_->Resize(&staged_params_, per_rank),
-                         ops_->Resize(&staged_m_, per_rank), ops_->Resize(&staged_v_, per_rank)}) {
+  float* params = nullptr;
+  if (stages_ > 1) {
+    absl::StatusOr<Ranges> held = HeldRanges(layout_, rank_, stages_);
+    if (!held.ok()) return held.status();
+    staged_held_ranges_ = *held;
+    staged_params_ = model::FloatArray();
+    if (absl::Status s = ops_->Resize(&staged_held_, TotalSize(*held)); !s.ok()) return s;
+    params = staged_held_.data() + PackedOffset(*held, b);
+  } else {
+    for (absl::Status s : {ops_->Resize(&staged_params_, per_rank),
+                           ops_->Fill(staged_params_.data() + (e - b), per_rank - (e - b), 0.0f)}) {
+      if (!s.ok()) return s;
+    }
+    params = staged_params_.data();
+  }
+  for (absl::Status s : {ops_->Resize(&staged_m_, per_rank), ops_->Resize(&staged_v_, per_rank)}) {
     if (!s.ok()) return s;
   }
-  for (absl::Status s : {ops_->Copy(staged_params_.data(), model_->params() + b, e - b),
-                         ops_->Fill(staged_params_.data() + (e - b), per_rank - (e - b), 0.0f),
+  for (absl::Status s : {ops_->Copy(params, model_->params() + b, e - b),
                          ops_->Copy(staged_m_.data(), m_.data(), per_rank),
                          ops_->Copy(staged_v_.data(), v_.data(), per_rank)}) {
     if (!s.ok()) return s;
   }
   if (e == b) return absl::OkStatus();
-  return ops_->AdamWUpdateRange(model_->tensors(), b, e, staged_params_.data(), grad_shard_.data(),
-                                staged_m_.data(), staged_v_.data(), options_.adamw, scalars);
+  return ops_->AdamWUpdateRange(model_->tensors(), b, e, params, grad_shard_.data(),
+                                staged_m_.data(), staged_v_.data(), options_.adamw,
+                                staged_scalars_);
 }
 
 absl::StatusOr<std::vector<std::pair<int, int>>> ElasticRank::StageUnits() const {
@@ -772,15 +788,28 @@ absl::Status ElasticRank::ExchangeStageGradients(
   return absl::OkStatus();
 }
 
-// The staged state mirrored to the buddy and the staged parameters to the ranks that keep them
-// (data parallelism: an all-gather into staged_held_), both in flight at once.
+// The step's gradient of my range to the buddy (which replays my AdamW on its mirror when the
+// step commits) and the staged parameters to the ranks that keep them (data parallelism: an
+// all-gather into staged_held_), both in flight at once.
 absl::Status ElasticRank::ShareStagedState(int64_t step) {
   std::vector<Work> mirror;
-  if (absl::Status s = PostMirror(layout_, rank_, buddy_, stages_ > 1, staged_params_.data(),
-                                  staged_m_, staged_v_, &staged_replica_p_, &staged_replica_m_,
-                                  &staged_replica_v_, &mirror);
-      !s.ok()) {
-    return s;
+  if (layout_.world > 1) {
+    const int next = (rank_ + buddy_) % layout_.world;
+    const int prev = (rank_ + layout_.world - buddy_ % layout_.world) % layout_.world;
+    const int64_t mine = layout_.end(rank_) - layout_.begin(rank_);
+    const int64_t theirs = layout_.end(prev) - layout_.begin(prev);
+    if (absl::Status s = ops_->Resize(&mirror_grad_, layout_.per_rank); !s.ok()) return s;
+    using P2P = collectives::Communicator::PointToPoint;
+    std::vector<P2P> moves;
+    if (mine > 0) {
+      moves.push_back(
+          {P2P::Kind::kSend, Buffer::F32(grad_shard_.data(), mine), next, kTagMirrorGrad});
+    }
+    if (theirs > 0) {
+      moves.push_back(
+          {P2P::Kind::kRecv, Buffer::F32(mirror_grad_.data(), theirs), prev, kTagMirrorGrad});
+    }
+    mirror = comm_->PostPointToPoint(moves, options_.collective);
   }
   absl::Status shared;
   if (stages_ > 1) {
@@ -801,10 +830,7 @@ absl::Status ElasticRank::ShareStagedState(int64_t step) {
 
 absl::Status ElasticRank::SendStagedParams(int64_t step) {
   const int world = layout_.world;
-  absl::StatusOr<Ranges> held = HeldRanges(layout_, rank_, stages_);
-  if (!held.ok()) return held.status();
-  staged_held_ranges_ = *held;
-  if (absl::Status s = ops_->Resize(&staged_held_, TotalSize(*held)); !s.ok()) return s;
+  const Ranges& held = staged_held_ranges_;  // StageAdamW set them and staged my range there
   const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
   const uint32_t tag_base =
       kTagPipelineBase | kTagParamShare | ((static_cast<uint32_t>(step) & 0xff) << 20);
@@ -812,29 +838,22 @@ absl::Status ElasticRank::SendStagedParams(int64_t step) {
   std::vector<P2P> moves;
   // Pieces between a pair are numbered in flat order on both sides.
   for (int d = 0; d < world; ++d) {
-    absl::StatusOr<Ranges> theirs = d == rank_ ? held : HeldRanges(layout_, d, stages_);
+    if (d == rank_) continue;
+    absl::StatusOr<Ranges> theirs = HeldRanges(layout_, d, stages_);
     if (!theirs.ok()) return theirs.status();
     uint32_t piece = 0;
     for (const auto& [lo, hi] : Intersect(*theirs, b, e)) {
-      float* src = staged_params_.data() + (lo - b);
-      if (d == rank_) {
-        if (absl::Status s =
-                ops_->Copy(staged_held_.data() + PackedOffset(*held, lo), src, hi - lo);
-            !s.ok()) {
-          return s;
-        }
-      } else {
-        moves.push_back({P2P::Kind::kSend, Buffer::F32(src, hi - lo), d, tag_base + piece});
-      }
-      ++piece;
+      moves.push_back({P2P::Kind::kSend,
+                       Buffer::F32(staged_held_.data() + PackedOffset(held, lo), hi - lo), d,
+                       tag_base + piece++});
     }
   }
   for (int o = 0; o < world; ++o) {
+    if (o == rank_) continue;
     uint32_t piece = 0;
-    for (const auto& [lo, hi] : Intersect(*held, layout_.begin(o), layout_.end(o))) {
-      if (o == rank_) break;
+    for (const auto& [lo, hi] : Intersect(held, layout_.begin(o), layout_.end(o))) {
       moves.push_back({P2P::Kind::kRecv,
-                       Buffer::F32(staged_held_.data() + PackedOffset(*held, lo), hi - lo), o,
+                       Buffer::F32(staged_held_.data() + PackedOffset(held, lo), hi - lo), o,
                        tag_base + piece++});
     }
   }
@@ -1077,6 +1096,23 @@ void ElasticRank::Commit() {
   if (staged_ == Staged::kNone) return;
   const bool new_grid = staged_ == Staged::kConfig;
   staged_ = Staged::kNone;
+  // A step: the buddy's replay of its owner's AdamW on the mirror, from the owner's inputs (its
+  // committed parameters: the model's own under data parallelism, which the copy below then
+  // overwrites with the same bits; the mirror of them on a grid), so with the owner's bits.
+  const int world = staged_layout_.world;
+  const int prev = (staged_rank_ + world - staged_buddy_ % world) % world;
+  const int64_t pb = staged_layout_.begin(prev), pe = staged_layout_.end(prev);
+  if (!new_grid && world > 1 && pe > pb) {
+    float* p = staged_stages_ > 1 ? replica_p_.data() : model_->params() + pb;
+    if (absl::Status s = ops_->AdamWUpdateRange(model_->tensors(), pb, pe, p, mirror_grad_.data(),
+                                                replica_m_.data(), replica_v_.data(),
+                                                options_.adamw, staged_scalars_);
+        !s.ok()) {
+      has_state_ = false;
+      commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
+      return;
+    }
+  }
   for (const auto& [b, e] : staged_held_ranges_) {
     if (absl::Status s =
             ops_->Copy(model_->params() + b,
@@ -1104,11 +1140,13 @@ void ElasticRank::Commit() {
       ops_->Discard(const_cast<float*>(model_->grads()) + b, e - b).IgnoreError();
     }
   }
-  replica_p_.swap(staged_replica_p_);
+  if (new_grid) {  // the configuration's mirror replaces the old one
+    replica_p_ = std::move(staged_replica_p_);
+    replica_m_ = std::move(staged_replica_m_);
+    replica_v_ = std::move(staged_replica_v_);
+  }
   m_.swap(staged_m_);
   v_.swap(staged_v_);
-  replica_m_.swap(staged_replica_m_);
-  replica_v_.swap(staged_replica_v_);
   layout_ = staged_layout_;
   rank_ = staged_rank_;
   buddy_ = staged_buddy_;

@@ -9,12 +9,15 @@
 //      parameter range, combined in canonical tree order (bit-exact for any W);
 //   3. gradient norm from fixed 4 Ki chunks: each rank's chunk sums are all-gathered and summed
 //      in a fixed tree over the model's real chunks only (padding never enters);
-//   4. AdamW on the range into *staged* buffers; the staged moments are mirrored to the buddy
+//   4. AdamW on the range into *staged* buffers; the range's step gradient goes to the buddy
 //      rank (r + k) mod W (k: the plan's buddy offset, chosen so that a buddy is in another
-//      failure domain than its owner where the group allows); staged parameter ranges are
-//      all-gathered (a pipeline grid's: sent to the ranks whose stage reads them, below);
-//   5. Commit() swaps the staged state in; Abandon() drops it, so a re-run step never applies an
-//      update twice.
+//      failure domain than its owner where the group allows), which mirrors the owner's moments;
+//      staged parameter ranges are all-gathered (a pipeline grid's: sent to the ranks whose stage
+//      reads them, below);
+//   5. Commit() swaps the staged state in, and the buddy replays the owner's AdamW on its mirror
+//      (the same inputs, so the same bits: one gradient crosses the wire instead of the updated
+//      moments, and no staged copy of the mirror is kept); Abandon() drops it, so a re-run step
+//      never applies an update twice.
 // A new generation is staged the same way: Configure() builds the new layout's state beside the
 // committed one, and only Commit() (once the coordinator heard from every rank) switches over —
 // a failure in the middle of a reconfiguration leaves every rank's committed state untouched.
@@ -255,8 +258,12 @@ class ElasticRank {
   // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range (its
   // parameters too on a grid).
   model::FloatArray m_, v_, replica_p_, replica_m_, replica_v_;
+  // Staged by RunStep: that rank's step gradient and the step's AdamW scalars, which Commit
+  // replays on the mirror.
+  model::FloatArray mirror_grad_;
+  kernels::AdamWScalars staged_scalars_{};
   // Staged by RunStep or Configure; staged_held_ holds the parameters of staged_held_ranges_,
-  // one range after the other.
+  // one range after the other; the staged replicas only by Configure.
   Staged staged_ = Staged::kNone;
   ShardLayout staged_layout_;
   int staged_rank_ = 0;
