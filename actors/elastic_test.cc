@@ -378,6 +378,35 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     EXPECT_EQ(got, want);
   }
 
+  // Two data-parallel ranks run steps 0 and 1 and write checkpoint step-2 (null on failure).
+  std::unique_ptr<CheckpointStore> CheckpointOfTwoRanksAtStep2() {
+    auto store = CheckpointStore::Open({.dir = dir_ + "/ckpt", .keep_last = 2, .warning = {}});
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return nullptr;
+    std::vector<Rank> ranks(2);
+    std::vector<Rank*> ptrs;
+    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+    Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+    Steps(ptrs, 2);
+    CheckpointManifest meta;
+    meta.num_params = ranks[0].model->num_params();
+    meta.step = 2;
+    meta.seed = 7;
+    meta.world_size = 2;
+    std::vector<HostShard> shards;
+    std::vector<ShardView> views;
+    for (auto& r : ranks) {
+      absl::StatusOr<HostShard> shard = r.rank->CommittedShardOnHost();
+      EXPECT_TRUE(shard.ok()) << shard.status();
+      if (!shard.ok()) return nullptr;
+      if (shard->end > shard->begin) shards.push_back(*std::move(shard));
+    }
+    for (const HostShard& shard : shards) views.push_back(shard.view());
+    const absl::Status written = (*store)->Write(meta, views);
+    EXPECT_TRUE(written.ok()) << written;
+    return written.ok() ? *std::move(store) : nullptr;
+  }
+
   // Each rank's ParamsOnHost (a collective on a pipeline grid: every rank at once).
   static std::vector<std::vector<float>> Params(const std::vector<Rank*>& ranks) {
     std::vector<std::vector<float>> out(ranks.size());
@@ -612,29 +641,8 @@ TEST_P(ElasticTest, JoinersAreFoldedInAndMatch) {
 TEST_P(ElasticTest, CheckpointRestoreIntoAnotherWorldSizeMatches) {
   std::vector<float> want, want_m;
   Reference(4, &want, &want_m);
-  auto store = CheckpointStore::Open({.dir = dir_ + "/ckpt", .keep_last = 2, .warning = {}});
-  ASSERT_TRUE(store.ok()) << store.status();
-  {
-    std::vector<Rank> ranks(2);
-    std::vector<Rank*> ptrs;
-    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-    Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
-    Steps(ptrs, 2);
-    CheckpointManifest meta;
-    meta.num_params = ranks[0].model->num_params();
-    meta.step = 2;
-    meta.seed = 7;
-    meta.world_size = 2;
-    std::vector<HostShard> shards;
-    std::vector<ShardView> views;
-    for (auto& r : ranks) {
-      absl::StatusOr<HostShard> shard = r.rank->CommittedShardOnHost();
-      ASSERT_TRUE(shard.ok()) << shard.status();
-      if (shard->end > shard->begin) shards.push_back(*std::move(shard));
-    }
-    for (const HostShard& shard : shards) views.push_back(shard.view());
-    ASSERT_TRUE((*store)->Write(meta, views).ok());
-  }
+  std::unique_ptr<CheckpointStore> store = CheckpointOfTwoRanksAtStep2();
+  ASSERT_NE(store, nullptr);
   std::vector<Rank> ranks(3);
   std::vector<Rank*> ptrs;
   for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
@@ -643,7 +651,7 @@ TEST_P(ElasticTest, CheckpointRestoreIntoAnotherWorldSizeMatches) {
              .source = RestoreSource::kCheckpoint,
              .old_to_new = {},
              .checkpoint_step = 2},
-            5, store->get());
+            5, store.get());
   Steps(ptrs, 4);
   ExpectBitIdentical(ptrs, want);
 }
@@ -857,6 +865,24 @@ TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) 
     EXPECT_EQ(stray, 0) << "rank " << r->rank->rank() << ": " << stray << " of " << outside
                         << " pages outside its ranges are resident";
   }
+}
+
+TEST_P(ElasticPipelineTest, ACheckpointOfDataParallelismRestoresIntoAGridAndMatches) {
+  std::vector<float> want, want_m;
+  Reference(4, &want, &want_m);
+  std::unique_ptr<CheckpointStore> store = CheckpointOfTwoRanksAtStep2();
+  ASSERT_NE(store, nullptr);
+  std::vector<Rank> ranks(4);  // dp 2 x pp 2: each reads only the ranges it keeps
+  for (auto& r : ranks) r = NewRank();
+  Configure(Ptrs(ranks),
+            {.stages = 2,
+             .committed_steps = 2,
+             .source = RestoreSource::kCheckpoint,
+             .old_to_new = {},
+             .checkpoint_step = 2},
+            5, store.get());
+  Steps(Ptrs(ranks), 4);
+  ExpectBitIdentical(Ptrs(ranks), want);
 }
 
 TEST_P(ElasticPipelineTest, EveryMicrobatchServedOncePerCommittedStepByTheFirstStage) {
