@@ -182,6 +182,17 @@ absl::StatusOr<HostShard> ElasticRank::CommittedShardOnHost() const {
   return out;
 }
 
+absl::StatusOr<ShardView> ElasticRank::CommittedShard(HostShard* copy) const {
+  if (!ops_->host_accessible()) {
+    absl::StatusOr<HostShard> copied = CommittedShardOnHost();
+    if (!copied.ok()) return copied.status();
+    *copy = *std::move(copied);
+    return copy->view();
+  }
+  const int64_t b = layout_.begin(rank_), e = layout_.end(rank_);
+  return ShardView{b, e, model_->params() + b, m_.data(), v_.data()};
+}
+
 absl::StatusOr<std::vector<float>> ElasticRank::ParamsOnHost() {
   const int64_t n = model_->num_params();
   std::vector<float> out(n);

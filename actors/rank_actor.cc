@@ -264,6 +264,7 @@ class RankState {
           }
         }
         if (st.ok()) {
+          if (writer_.joinable()) writer_.join();  // it reads the state Configure replaces
           st = rank_->Configure(device_comm != nullptr ? device_comm : comm_.get(), *plan,
                                 store_.get(), comm_.get());
         }
@@ -317,22 +318,24 @@ class RankState {
   }
 
   void Commit(uint64_t gen, int64_t checkpoint_step) {
+    // The write in flight reads the committed state in place, which Commit changes.
+    if (writer_.joinable()) writer_.join();
     rank_->Commit();
     if (checkpoint_step < 0 || checkpoint_step != rank_->committed_steps()) return;
-    // Copy now (the next step changes the state), write on the writer thread.
-    absl::StatusOr<HostShard> copied = rank_->CommittedShardOnHost();
+    // Written on the writer thread while the next step runs (which only reads that state): in
+    // place on the host, from a copy out of a GPU.
+    auto copy = std::make_shared<HostShard>();
+    absl::StatusOr<ShardView> view = rank_->CommittedShard(copy.get());
     const int index = rank_->rank();
-    if (!copied.ok()) {
+    if (!view.ok()) {
       caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, ShardFileInfo{},
-                                                WireStatus::From(copied.status())});
+                                                WireStatus::From(view.status())});
       return;
     }
-    if (copied->end <= copied->begin) return;  // a rank that owns only padding writes nothing
-    auto shard = std::make_shared<HostShard>(*std::move(copied));
-    if (writer_.joinable()) writer_.join();  // at most one write in flight
-    writer_ = std::thread([this, shard, index, checkpoint_step, gen] {
-      absl::StatusOr<ShardFileInfo> info =
-          store_->WriteShard(checkpoint_step, index, shard->view());
+    if (view->end <= view->begin) return;  // a rank that owns only padding writes nothing
+    writer_ = std::thread([this, copy, shard = *view, index, checkpoint_step, gen] {
+      (void)copy;  // a GPU model's copy lives until written
+      absl::StatusOr<ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, shard);
       ShardFileInfo i = info.ok() ? *info : ShardFileInfo{};
       caf::anon_send(coordinator_,
                      ShardWritten{gen, checkpoint_step, index, i, WireStatus::From(info.status())});

@@ -195,6 +195,10 @@ class ElasticRank {
   // The committed state of this rank's range, copied to the host (what a checkpoint writer
   // writes).
   [[nodiscard]] absl::StatusOr<HostShard> CommittedShardOnHost() const;
+  // What a checkpoint writer reads: the committed state of this rank's range in place where the
+  // host can read the model's memory — valid until the next Commit() or Configure(), which must
+  // wait for the writer — else a copy in *copy.
+  [[nodiscard]] absl::StatusOr<ShardView> CommittedShard(HostShard* copy) const;
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // flat [begin, end), sorted
   // The parameters rank `rank` of a grid of `stages` over `layout` keeps in the model's buffer:
   // all of them under data parallelism; on a grid, those its stage reads and its own range's.
