@@ -55,6 +55,25 @@ int64_t PackedOffset(const Ranges& r, int64_t at) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The rank whose range `rank` mirrors: (rank - buddy) mod world.
+int MirroredRank(int rank, int buddy, int world) { return (rank + world - buddy % world) % world; }
+
+// A mirror of the real elements of each range (ranges of padding move nothing): `mine` (my
+// range's) to my buddy, the range of the rank I mirror into `theirs`.
+void AddRangeMirror(const ShardLayout& layout, int rank, int buddy, const float* mine,
+                    float* theirs, uint32_t tag,
+                    std::vector<collectives::Communicator::PointToPoint>* moves) {
+  using P2P = collectives::Communicator::PointToPoint;
+  const int prev = MirroredRank(rank, buddy, layout.world);
+  const int64_t send = layout.end(rank) - layout.begin(rank);
+  const int64_t receive = layout.end(prev) - layout.begin(prev);
+  if (send > 0) {
+    moves->push_back({P2P::Kind::kSend, Buffer::F32(const_cast<float*>(mine), send),
+                      (rank + buddy) % layout.world, tag});
+  }
+  if (receive > 0) moves->push_back({P2P::Kind::kRecv, Buffer::F32(theirs, receive), prev, tag});
+}
+
 // Largest power of two strictly below n (n >= 2): the canonical tree's split.
 int32_t SplitSize(int32_t n) {
   int32_t p = 1;
@@ -293,9 +312,8 @@ absl::StatusOr<ElasticRank::Ranges> ElasticRank::HeldRanges(const ShardLayout& l
   return merged;
 }
 
-absl::Status ElasticRank::StageHeldFromModel(const Ranges& held) {
-  staged_held_ranges_ = held;
-  if (absl::Status s = ops_->Resize(&staged_held_, TotalSize(held)); !s.ok()) return s;
+absl::Status ElasticRank::StageHeldFromModel() {
+  const Ranges& held = staged_held_ranges_;
   for (const auto& [b, e] : held) {
     if (absl::Status s =
             ops_->Copy(staged_held_.data() + PackedOffset(held, b), model_->params() + b, e - b);
@@ -321,25 +339,15 @@ absl::Status ElasticRank::PostMirror(const ShardLayout& layout, int rank, int bu
     if (absl::Status s = ops_->Resize(a, layout.per_rank); !s.ok()) return s;
   }
   const int next = (rank + buddy) % layout.world;
-  const int prev = (rank + layout.world - buddy % layout.world) % layout.world;
+  const int prev = MirroredRank(rank, buddy, layout.world);
   using P2P = collectives::Communicator::PointToPoint;
   std::vector<P2P> moves = {{P2P::Kind::kSend, Buf(m), next, kTagMirrorM},
                             {P2P::Kind::kSend, Buf(v), next, kTagMirrorV},
                             {P2P::Kind::kRecv, Buf(*replica_m), prev, kTagMirrorM},
                             {P2P::Kind::kRecv, Buf(*replica_v), prev, kTagMirrorV}};
   if (mirror_params) {
-    // The real elements of each range only: ranges of padding send nothing.
     if (absl::Status s = ops_->Resize(replica_p, layout.per_rank); !s.ok()) return s;
-    const int64_t mine = layout.end(rank) - layout.begin(rank);
-    const int64_t theirs = layout.end(prev) - layout.begin(prev);
-    if (mine > 0) {
-      moves.push_back(
-          {P2P::Kind::kSend, Buffer::F32(const_cast<float*>(p), mine), next, kTagMirrorP});
-    }
-    if (theirs > 0) {
-      moves.push_back(
-          {P2P::Kind::kRecv, Buffer::F32(replica_p->data(), theirs), prev, kTagMirrorP});
-    }
+    AddRangeMirror(layout, rank, buddy, p, replica_p->data(), kTagMirrorP, &moves);
   }
   const std::vector<Work> posted = comm_->PostPointToPoint(moves, options_.collective);
   works->insert(works->end(), posted.begin(), posted.end());
@@ -805,21 +813,10 @@ absl::Status ElasticRank::ExchangeStageGradients(
 absl::Status ElasticRank::ShareStagedState(int64_t step) {
   std::vector<Work> mirror;
   if (layout_.world > 1) {
-    const int next = (rank_ + buddy_) % layout_.world;
-    const int prev = (rank_ + layout_.world - buddy_ % layout_.world) % layout_.world;
-    const int64_t mine = layout_.end(rank_) - layout_.begin(rank_);
-    const int64_t theirs = layout_.end(prev) - layout_.begin(prev);
     if (absl::Status s = ops_->Resize(&mirror_grad_, layout_.per_rank); !s.ok()) return s;
-    using P2P = collectives::Communicator::PointToPoint;
-    std::vector<P2P> moves;
-    if (mine > 0) {
-      moves.push_back(
-          {P2P::Kind::kSend, Buffer::F32(grad_shard_.data(), mine), next, kTagMirrorGrad});
-    }
-    if (theirs > 0) {
-      moves.push_back(
-          {P2P::Kind::kRecv, Buffer::F32(mirror_grad_.data(), theirs), prev, kTagMirrorGrad});
-    }
+    std::vector<collectives::Communicator::PointToPoint> moves;
+    AddRangeMirror(layout_, rank_, buddy_, grad_shard_.data(), mirror_grad_.data(), kTagMirrorGrad,
+                   &moves);
     mirror = comm_->PostPointToPoint(moves, options_.collective);
   }
   absl::Status shared;
@@ -1070,7 +1067,7 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       } else {
         for (const auto& [b, e] : *held) model_->staged()->InitParamRange(options_.seed, b, e);
       }
-      for (absl::Status s : {StageHeldFromModel(*held), ops_->Assign(&staged_m_, to.per_rank, 0.0f),
+      for (absl::Status s : {StageHeldFromModel(), ops_->Assign(&staged_m_, to.per_rank, 0.0f),
                              ops_->Assign(&staged_v_, to.per_rank, 0.0f)}) {
         if (!s.ok()) return s;
       }
@@ -1111,7 +1108,7 @@ void ElasticRank::Commit() {
   // committed parameters: the model's own under data parallelism, which the copy below then
   // overwrites with the same bits; the mirror of them on a grid), so with the owner's bits.
   const int world = staged_layout_.world;
-  const int prev = (staged_rank_ + world - staged_buddy_ % world) % world;
+  const int prev = MirroredRank(staged_rank_, staged_buddy_, world);
   const int64_t pb = staged_layout_.begin(prev), pe = staged_layout_.end(prev);
   if (!new_grid && world > 1 && pe > pb) {
     float* p = staged_stages_ > 1 ? replica_p_.data() : model_->params() + pb;
@@ -1150,8 +1147,7 @@ void ElasticRank::Commit() {
       ops_->Discard(model_->params() + b, e - b).IgnoreError();
       ops_->Discard(const_cast<float*>(model_->grads()) + b, e - b).IgnoreError();
     }
-  }
-  if (new_grid) {  // the configuration's mirror replaces the old one
+    // The configuration's mirror replaces the old one.
     replica_p_ = std::move(staged_replica_p_);
     replica_m_ = std::move(staged_replica_m_);
     replica_v_ = std::move(staged_replica_v_);

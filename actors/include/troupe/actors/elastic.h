@@ -224,8 +224,8 @@ class ElasticRank {
                                         model::FloatArray* replica_p, model::FloatArray* replica_m,
                                         model::FloatArray* replica_v,
                                         std::vector<collectives::Work>* works);
-  // Sizes staged_held_ for `held` and copies the model's parameters of those ranges into it.
-  [[nodiscard]] absl::Status StageHeldFromModel(const Ranges& held);
+  // Copies the model's parameters of staged_held_ranges_ into staged_held_ (sized for them).
+  [[nodiscard]] absl::Status StageHeldFromModel();
   [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
   // RunStep's phases, in order; each fills the buffers the next one reads.
   [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
