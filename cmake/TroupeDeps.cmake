@@ -49,6 +49,15 @@ endif()
 
 find_package(ucx CONFIG QUIET)
 
+# Every HTTP client and server in troupe: cpp-httplib (Debian's libcpp-httplib-dev, compiled with
+# OpenSSL, zlib and brotli). Its pkg-config file carries the CPPHTTPLIB_* definitions it was built
+# with, which change its classes: a program must use exactly those. JSON: nlohmann-json3-dev.
+find_package(PkgConfig REQUIRED)
+if(NOT TARGET PkgConfig::httplib)
+  pkg_check_modules(httplib REQUIRED IMPORTED_TARGET cpp-httplib)
+endif()
+find_package(nlohmann_json CONFIG REQUIRED)
+
 # Cap'n Proto's libraries, which troupe_actors links privately (its generated code). A static
 # troupe_actors still puts them on its consumers' link line, so the installed package needs them
 # too, but not Cap'n Proto's CMake package: that one checks for libatomic with the C compiler and

@@ -92,13 +92,13 @@ class HeadActor final : public caf::event_based_actor {
                const std::string& tail, int32_t wait_status,
                bool fenced) { HandleWorkerExit(id, tail, wait_status, fenced); },
         [this](flush_atom, const std::string& id) { ReportWorkerDown(id); },
-        [this](drain_atom, const std::string& node, int64_t grace_ms) {
+        [this](drain_atom, const std::string& node, int64_t grace_ms, const std::string& notice) {
           auto it = members_.find(node);
           if (it == members_.end() || it->second.info.state != MemberState::kAlive) return;
           it->second.info.state = MemberState::kDraining;
           (void)sched_.DrainNode(node);
           Publish(MembershipKind::kNodeDraining, node, node, 0,
-                  absl::StrCat("preemption notice; leaves within ", grace_ms, "ms"));
+                  absl::StrCat("preemption notice (", notice, "); leaves within ", grace_ms, "ms"));
         },
         [this](leave_atom, const std::string& node) { MarkNodeDead(node, "left"); },
         [this](spawn_atom, const std::string& type, const caf::message& args,

@@ -1,6 +1,7 @@
 // The node agent role: registers with the head, starts its worker processes from the main
 // thread (PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it must be the one
-// that lives longest), reaps them, and turns SIGTERM into a drain with a grace period.
+// that lives longest), reaps them, and turns a preemption notice (SIGTERM, or the cloud's metadata
+// service: internal/preemption.h) into a drain with a grace period.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -9,6 +10,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +19,7 @@
 #include "caf/io/all.hpp"
 #include "internal/cluster_protocol.h"
 #include "internal/context.h"
+#include "internal/preemption.h"
 #include "internal/process.h"
 #include "internal/resources.h"
 #include "internal/roles.h"
@@ -37,6 +40,7 @@ struct Workers {
   std::atomic<bool> head_lost{false};
   std::atomic<bool> rejoin{false};  // the head declared this node dead; join again
   int64_t incarnation = 0;          // joins so far - 1: worker ids start at incarnation * workers
+  std::optional<PreemptionNotice> notice;  // from the cloud's metadata (under mu), until drained
 
   pid_t PidOf(const std::string& id) {
     std::lock_guard<std::mutex> l(mu);
@@ -153,6 +157,9 @@ struct NodeConfig {
   std::string head_addr, name, resources = "cpu=1", labels, advertise;
   int64_t workers = 1;
   Duration grace = std::chrono::seconds(30);
+  std::string preemption_source = "sigterm", metadata_endpoint;
+  PreemptionSource source = PreemptionSource::kSigterm;
+  Duration preemption_poll = std::chrono::seconds(5);
 };
 
 // Flags and TROUPE_* variables; >= 0: exit with it now (help, or a bad option).
@@ -168,13 +175,27 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
                    "the IPv4 address other hosts reach this node's workers by (default: this "
                    "host's address on the route to the head)");
   config.AddInt("workers", &c.workers, "worker processes to start", InRange(0, 256));
-  config.AddDuration("grace", &c.grace, "on SIGTERM: drain, then leave after this long");
-  if (int rc = ParseCommandLine(
-          "node", "usage: troupe node --head HOST:P [--resources cpu=2,gpu=0] [--labels k=v]", args,
-          config);
+  config.AddDuration("grace", &c.grace,
+                     "on a preemption notice: drain, then leave after at most this long (or when "
+                     "the cloud says it takes the machine, if sooner)");
+  config.AddString("preemption_source", &c.preemption_source,
+                   "where notices come from: sigterm (Kubernetes), aws (IMDSv2 spot "
+                   "instance-action), gce (instance/preempted), none (SIGTERM stops at once); aws "
+                   "and gce drain on SIGTERM too",
+                   OneOf({"none", "sigterm", "aws", "gce"}));
+  config.AddString("metadata_endpoint", &c.metadata_endpoint,
+                   "the cloud's metadata server, http://HOST[:PORT] (default: aws "
+                   "http://169.254.169.254, gce http://metadata.google.internal)");
+  config.AddDuration("preemption_poll", &c.preemption_poll,
+                     "between polls of the metadata server (gce: the longest wait for a change)");
+  if (int rc = ParseCommandLine("node",
+                                "usage: troupe node --head HOST:P [--resources cpu=2,gpu=0] "
+                                "[--labels k=v] [--preemption_source sigterm|aws|gce|none]",
+                                args, config);
       rc >= 0)
     return rc;
   if (c.name.empty()) c.name = HostName();
+  c.source = *ParsePreemptionSource(c.preemption_source);  // OneOf above checked it
   return -1;
 }
 
@@ -265,8 +286,9 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
   StartWorkers(c, w);
 }
 
-// Reaps workers until SIGTERM/SIGINT (a drain of `grace`, or until the head releases the node)
-// or the head is lost; then stops the workers and exits the process.
+// Reaps workers until a preemption notice (a drain of at most `grace`, or until the head releases
+// the node) or the head is lost; then stops the workers and exits the process. With
+// --preemption_source none, SIGTERM stops the node at once.
 [[noreturn]] void ServeUntilGone(const NodeConfig& c, Workers& w, const caf::actor& head,
                                  const caf::actor& agent, Context& ctx, caf::actor_system& sys) {
   sigset_t set;
@@ -281,13 +303,23 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
     int sig = sigtimedwait(&set, nullptr, &ts);
     if (sig == SIGCHLD) Reap(w, head, ctx, c.name);
     if (w.rejoin.exchange(false) && !draining) Rejoin(c, w, head, agent, ctx, sys);
+    std::optional<PreemptionNotice> notice;
+    {
+      std::lock_guard<std::mutex> l(w.mu);
+      notice.swap(w.notice);
+    }
     if ((sig == SIGTERM || sig == SIGINT) && !draining) {
+      if (c.source == PreemptionSource::kNone) break;
+      notice = PreemptionNotice{c.grace, sig == SIGTERM ? "SIGTERM" : "SIGINT"};
+    }
+    if (notice && !draining) {
       draining = true;
-      deadline = Clock::now() + c.grace;
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(c.grace).count();
-      std::cout << "troupe node " << c.name << ": preemption notice, draining for " << ms << "ms"
-                << std::endl;
-      caf::anon_send(head, drain_atom::value, c.name, static_cast<int64_t>(ms));
+      const Duration grace = std::min(c.grace, notice->left);
+      deadline = Clock::now() + grace;
+      const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(grace).count();
+      std::cout << "troupe node " << c.name << ": preemption notice (" << notice->detail
+                << "), draining for " << ms << "ms" << std::endl;
+      caf::anon_send(head, drain_atom::value, c.name, ms, notice->detail);
     }
     if (w.head_lost) {
       LogWarn(absl::StrCat("node ", c.name), "lost the head; stopping workers");
@@ -323,6 +355,16 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
     c.advertise = *address;
   }
   auto w = std::make_shared<Workers>();
+  std::unique_ptr<PreemptionWatcher> watcher;
+  if (c.source == PreemptionSource::kAws || c.source == PreemptionSource::kGce) {
+    auto started = PreemptionWatcher::Start({c.source, c.metadata_endpoint, c.preemption_poll},
+                                            [w](const PreemptionNotice& n) {
+                                              std::lock_guard<std::mutex> l(w->mu);
+                                              w->notice = n;
+                                            });
+    if (!started.ok()) ExitRole("node", c.name, started.status());
+    watcher = std::move(*started);
+  }
   caf::actor agent = sys.spawn(AgentBehavior, w, m->head);
   auto joined = JoinCluster(sys, m->head, c.co, "node", c.name, Registration(c, agent));
   if (!joined.ok()) ExitRole("node", c.name, joined.status());

@@ -8,7 +8,8 @@
 //   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
 //   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
 //                                                                  from the worker's node agent
-//   (drain_atom, node, int64 grace_ms)                             node got SIGTERM
+//   (drain_atom, node, int64 grace_ms, notice)                     node got a preemption notice
+//                                                                  (SIGTERM, aws …, gce …)
 //   (leave_atom, node)                                             node leaves now
 //   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id) | error
 //   (pg_atom, name, std::vector<std::string> bundles, GroupStrategy, domain_key)

@@ -1,9 +1,18 @@
 #include "job_harness.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -97,6 +106,134 @@ std::string ExactlyOnceDefects(const std::string& work_dir, int steps, int micro
     absl::StrAppend(&defects, committed.size(), " distinct steps committed, want ", steps, "\n");
   }
   return defects;
+}
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+void JobTest::SetUp() {
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string suite = t->test_suite_name();
+  for (char& c : suite) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  base_ = fs::temp_directory_path() / absl::StrCat("troupe_", suite, "_", getpid(), "_", t->name());
+  fs::remove_all(base_);
+  fs::create_directories(base_);
+  // One prepared corpus for every job of every test binary (tokenizing takes seconds).
+  data_ = fs::temp_directory_path() / "troupe_training_test_data";
+  spec_ = base_ + "/job.toml";
+  std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << kSteps
+                       << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
+                       << data_ << "\"\n[elastic]\nmin_workers = 1\nmax_workers = 6\n"
+                       << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
+}
+
+void JobTest::TearDown() {
+  if (!HasFailure()) fs::remove_all(base_);
+}
+
+pid_t JobTest::Start(const std::string& dir, const std::vector<std::string>& extra) {
+  fs::create_directories(dir);
+  std::vector<std::string> args = {TROUPE_BINARY, "train", "--spec",   spec_,
+                                   "--work_dir",  dir,     "--report", dir + "/report"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = open((dir + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+namespace {
+
+// Every thread's backtrace of `pid` (gdb, installed by scripts/setup) into
+// /tmp/troupe-hung-<pid>.stacks, and a line on stderr naming that file.
+void DumpStacks(pid_t pid) {
+  const std::string file = absl::StrCat("/tmp/troupe-hung-", pid, ".stacks");
+  const std::string cmd =
+      absl::StrCat("gdb -batch -p ", pid, " -ex 'thread apply all bt' >", file, " 2>&1");
+  const int rc = std::system(cmd.c_str());
+  std::cerr << "job " << pid << " hung; its stacks (gdb rc " << rc << ", " << file << "):\n"
+            << Slurp(file) << std::endl;
+}
+
+}  // namespace
+
+int JobTest::Wait(pid_t pid, milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      // A job that hangs is a bug: keep every thread's stack of the driver for the report, then
+      // kill its process group.
+      DumpStacks(pid);
+      kill(-pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+JobRun JobTest::Train(const std::string& name, const std::vector<std::string>& extra,
+                      milliseconds timeout) {
+  const std::string dir = base_ + "/" + name;
+  JobRun r;
+  r.exit_code = Wait(Start(dir, extra), timeout);
+  r.output = Slurp(dir + "/out.txt");
+  r.report = ReadReport(dir + "/report");
+  return r;
+}
+
+const std::string& JobTest::Reference() {
+  static std::string crc;
+  if (crc.empty()) {
+    JobRun r = Train("reference", {"--workers", "4"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    crc = r.report.crc;
+  }
+  return crc;
+}
+
+void JobTest::ExpectExactlyOnce(const std::string& name, int steps) {
+  EXPECT_EQ(ExactlyOnceDefects(base_ + "/" + name, steps, kMicrobatches), "");
+}
+
+std::vector<SupervisionEvent> JobTest::Events(const std::string& name) {
+  return ReadEvents(base_ + "/" + name + "/logs/events.log");
+}
+
+std::string JobTest::EventLogText(const std::string& name) {
+  return Slurp(base_ + "/" + name + "/logs/events.log");
+}
+
+bool JobTest::HasEvent(const std::string& run, const std::string& event, const Fields& fields) {
+  return !FindEvents(Events(run), event, fields).empty();
+}
+
+bool JobTest::WaitForEvent(const std::string& run, const std::string& event, const Fields& fields,
+                           std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!HasEvent(run, event, fields)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return true;
+}
+
+int JobTest::Commits(const std::string& dir) {
+  std::istringstream log(Slurp(dir + "/commits.log"));
+  int n = 0;
+  for (std::string line; std::getline(log, line);) ++n;
+  return n;
 }
 
 }  // namespace troupe::testing

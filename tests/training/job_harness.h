@@ -5,6 +5,10 @@
 // lab).
 #pragma once
 
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -38,5 +42,49 @@ std::vector<SupervisionEvent> FindEvents(const std::vector<SupervisionEvent>& ev
 // microbatch, and every step 0..steps-1 was committed exactly once. "" when so, else what is
 // wrong (one line per defect).
 std::string ExactlyOnceDefects(const std::string& work_dir, int steps, int microbatches);
+
+// What a `troupe train` run left: its exit code (-1: killed after its timeout), its output and
+// its report.
+struct JobRun {
+  int exit_code = -1;
+  std::string output;
+  Report report;
+};
+
+constexpr int kSteps = 24;
+constexpr int kMicrobatches = 8;
+
+// A test that runs `troupe train` jobs (TROUPE_BINARY) in <tmp>/troupe_<suite>_<pid>_<test>/<run>
+// on one prepared corpus: a spec of kSteps steps of kMicrobatches microbatches, min 1 / max 6
+// workers, a checkpoint every 5 steps.
+class JobTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;  // the directory stays for a failed test
+
+  // Starts `troupe train` in its own process group; output goes to <dir>/out.txt.
+  pid_t Start(const std::string& dir, const std::vector<std::string>& extra);
+  // The exit code of `pid` (128 + signal when killed); -1 after `timeout`, when every thread's
+  // stack is printed (gdb) and its process group killed.
+  static int Wait(pid_t pid, std::chrono::milliseconds timeout);
+  JobRun Train(const std::string& name, const std::vector<std::string>& extra,
+               std::chrono::milliseconds timeout = std::chrono::milliseconds(240000));
+  // The fault-free 4-worker run's final weights, computed once per test binary.
+  const std::string& Reference();
+  // Every committed (step, generation) was served exactly once per microbatch, and every step
+  // 0..steps-1 was committed exactly once.
+  void ExpectExactlyOnce(const std::string& name, int steps = kSteps);
+  // The events of run `name`'s log.
+  std::vector<SupervisionEvent> Events(const std::string& name);
+  std::string EventLogText(const std::string& name);
+  bool HasEvent(const std::string& run, const std::string& event, const Fields& fields = {});
+  // Polls run `name`'s log until it has the event, or `timeout` passes.
+  bool WaitForEvent(const std::string& run, const std::string& event, const Fields& fields,
+                    std::chrono::seconds timeout);
+  // Lines of <dir>/commits.log: the steps committed so far.
+  static int Commits(const std::string& dir);
+
+  std::string base_, data_, spec_;
+};
 
 }  // namespace troupe::testing

@@ -30,142 +30,18 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-constexpr int kSteps = 24;
-constexpr int kMicrobatches = 8;
-
 using troupe::runtime::SupervisionEvent;
 using troupe::testing::Fields;
 using troupe::testing::FindEvents;
+using troupe::testing::JobRun;
+using troupe::testing::kMicrobatches;
+using troupe::testing::kSteps;
 using troupe::testing::ReadEvents;
 using troupe::testing::ReadReport;
 using troupe::testing::Report;
 using troupe::testing::Slurp;
 
-struct JobRun {
-  int exit_code = -1;
-  std::string output;
-  Report report;
-};
-
-class TrainingTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    base_ = fs::temp_directory_path() /
-            ("troupe_training_" + std::to_string(getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(base_);
-    fs::create_directories(base_);
-    // One prepared corpus for every run of the test binary (tokenizing takes seconds).
-    data_ = fs::temp_directory_path() / "troupe_training_test_data";
-    spec_ = base_ + "/job.toml";
-    std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << kSteps
-                         << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
-                         << data_ << "\"\n[elastic]\nmin_workers = 1\nmax_workers = 6\n"
-                         << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
-  }
-  void TearDown() override {
-    if (!HasFailure()) fs::remove_all(base_);
-  }
-
-  // Starts `troupe train` in its own process group; output goes to <dir>/out.txt.
-  pid_t Start(const std::string& dir, const std::vector<std::string>& extra) {
-    fs::create_directories(dir);
-    std::vector<std::string> args = {TROUPE_BINARY, "train", "--spec",   spec_,
-                                     "--work_dir",  dir,     "--report", dir + "/report"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      int fd = open((dir + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    return pid;
-  }
-
-  // Every thread's backtrace of `pid` (gdb, installed by scripts/setup) into
-  // /tmp/troupe-hung-<pid>.stacks, and a line on stderr naming that file.
-  static void DumpStacks(pid_t pid) {
-    const std::string file = absl::StrCat("/tmp/troupe-hung-", pid, ".stacks");
-    const std::string cmd =
-        absl::StrCat("gdb -batch -p ", pid, " -ex 'thread apply all bt' >", file, " 2>&1");
-    const int rc = std::system(cmd.c_str());
-    std::cerr << "job " << pid << " hung; its stacks (gdb rc " << rc << ", " << file << "):\n"
-              << Slurp(file) << std::endl;
-  }
-
-  static int Wait(pid_t pid, milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        // A job that hangs is a bug: keep every thread's stack of the driver for the report
-        // (<out.txt>.stacks beside its output), then kill its process group.
-        DumpStacks(pid);
-        kill(-pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        return -1;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  JobRun Train(const std::string& name, const std::vector<std::string>& extra,
-               milliseconds timeout = milliseconds(240000)) {
-    const std::string dir = base_ + "/" + name;
-    JobRun r;
-    r.exit_code = Wait(Start(dir, extra), timeout);
-    r.output = Slurp(dir + "/out.txt");
-    r.report = ReadReport(dir + "/report");
-    return r;
-  }
-
-  // The fault-free 4-worker run's final weights, computed once per test binary.
-  const std::string& Reference() {
-    static std::string crc;
-    if (crc.empty()) {
-      JobRun r = Train("reference", {"--workers", "4"});
-      EXPECT_EQ(r.exit_code, 0) << r.output;
-      crc = r.report.crc;
-    }
-    return crc;
-  }
-
-  // Every committed (step, generation) was served exactly once per microbatch, and every step
-  // 0..kSteps-1 was committed exactly once.
-  void ExpectExactlyOnce(const std::string& name, int steps = kSteps) {
-    EXPECT_EQ(troupe::testing::ExactlyOnceDefects(base_ + "/" + name, steps, kMicrobatches), "");
-  }
-
-  // The events of run `name`'s log.
-  std::vector<SupervisionEvent> Events(const std::string& name) {
-    return ReadEvents(base_ + "/" + name + "/logs/events.log");
-  }
-  std::string EventLogText(const std::string& name) {
-    return Slurp(base_ + "/" + name + "/logs/events.log");
-  }
-  bool HasEvent(const std::string& run, const std::string& event, const Fields& fields = {}) {
-    return !FindEvents(Events(run), event, fields).empty();
-  }
-  // Polls run `name`'s log until it has the event, or `timeout` passes.
-  bool WaitForEvent(const std::string& run, const std::string& event, const Fields& fields,
-                    std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!HasEvent(run, event, fields)) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    return true;
-  }
-
-  std::string base_, data_, spec_;
-};
+class TrainingTest : public troupe::testing::JobTest {};
 
 TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights) {
   const std::string want = Reference();
@@ -353,12 +229,10 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
   const pid_t job = Start(dir, {"--workers", "4"});
   // Mid-run: two steps committed (the coordinator's commit record has a line per commit).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  size_t commits = 0;
+  int commits = 0;
   pid_t coord = 0, rank = 0;
   while (std::chrono::steady_clock::now() < deadline) {
-    std::istringstream log(Slurp(dir + "/commits.log"));
-    std::string line;
-    for (commits = 0; std::getline(log, line);) ++commits;
+    commits = Commits(dir);
     if (commits >= 2) {
       coord = ChildWith(ChildWith(job, "--name coord "), " worker ");
       rank = ChildWith(ChildWith(job, "--name n1 "), " worker ");
@@ -366,7 +240,7 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
     }
     std::this_thread::sleep_for(milliseconds(5));
   }
-  ASSERT_GE(commits, 2u) << Slurp(dir + "/out.txt");
+  ASSERT_GE(commits, 2) << Slurp(dir + "/out.txt");
   ASSERT_GT(coord, 0);
   ASSERT_GT(rank, 0);
   ASSERT_EQ(kill(coord, SIGKILL), 0);
@@ -424,13 +298,7 @@ TEST_F(TrainingTest, LosingTheHeadFailsTheJobFastNamingIt) {
   pid_t pid = Start(dir, {"--workers", "2", "--steps", "100000"});
   // Three steps committed (the coordinator's commit record has a line per commit).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  auto commits = [&] {
-    std::istringstream log(Slurp(dir + "/commits.log"));
-    int n = 0;
-    for (std::string line; std::getline(log, line);) ++n;
-    return n;
-  };
-  while (commits() < 3 && std::chrono::steady_clock::now() < deadline) {
+  while (Commits(dir) < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   const pid_t head = ChildWith(pid, " head ");
