@@ -211,6 +211,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   o.faults = spec_.faults;
   o.retry_delay = absl::ToChronoMilliseconds(spec_.timeouts.retry);
   o.join_wait = absl::ToChronoMilliseconds(spec_.timeouts.join_wait);
+  o.notice_window = absl::ToChronoMilliseconds(spec_.timeouts.notice_window);
   o.watchdog = absl::ToChronoMilliseconds(spec_.timeouts.watchdog);
   o.latest_checkpoint = [this]() -> std::optional<int64_t> {
     absl::StatusOr<Checkpoint> c = store_->LoadLatestValid();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "job_events.h"
+#include "troupe/actors/training.h"
 #include "troupe/kernels/norm.h"
 
 namespace troupe::actors {
@@ -26,6 +27,8 @@ const char* PhaseName(CoordinatorPhase p) {
       return "awaiting_join";
     case CoordinatorPhase::kRecovering:
       return "recovering";
+    case CoordinatorPhase::kHandingOver:
+      return "handing_over";
     case CoordinatorPhase::kFinishing:
       return "finishing";
     case CoordinatorPhase::kDone:
@@ -221,15 +224,22 @@ std::vector<CoordinatorAction> CoordinatorCore::OnWorkerDown(const std::string& 
 std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string& node,
                                                                const std::string& why, CoreTime) {
   Actions out;
+  bool noticed = false;
   for (auto& [w, m] : members_) {
     if (m.node != node || !m.alive || m.draining) continue;
     m.draining = true;
+    noticed = true;
     runtime::SupervisionEvent e = JobEvent("drain", w);
     e.Set("node", node).reason = why;
     Event(&out, std::move(e));
   }
+  // The first notice opens a window for others of the same batch; training goes on meanwhile.
+  if (noticed && !notice_window_open_ && options_.notice_window > CoreDuration::zero()) {
+    notice_window_open_ = true;
+    ArmTimer(&out, TimerKind::kNoticeWindow, options_.notice_window);
+  }
   // Nothing waits for a step boundary while a joiner is awaited: act at once.
-  if (phase_ == CoordinatorPhase::kAwaitingJoin) StartStep(&out);
+  if (phase_ == CoordinatorPhase::kAwaitingJoin && !notice_window_open_) StartStep(&out);
   return out;
 }
 
@@ -320,13 +330,18 @@ std::vector<std::string> CoordinatorCore::NextGroup() const {
   return next;
 }
 
-std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
-                                        GenerationPlan* plan) {
+std::vector<int> CoordinatorCore::OldToNew(const std::vector<std::string>& next) const {
   std::vector<int> old_to_new;
   for (const std::string& w : record_.active) {
     auto it = std::find(next.begin(), next.end(), w);
     old_to_new.push_back(it == next.end() ? -1 : static_cast<int>(it - next.begin()));
   }
+  return old_to_new;
+}
+
+std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
+                                        GenerationPlan* plan) {
+  const std::vector<int> old_to_new = OldToNew(next);
   if (!record_.active.empty() && MemoryRestorePossible(old_to_new, record_.buddy)) {
     plan->source = RestoreSource::kMemory;
     plan->old_to_new = old_to_new;
@@ -509,12 +524,9 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
 
 void CoordinatorCore::StartStep(Actions* out) {
   if (record_.committed >= options_.steps) return Finish(out);
-  for (const std::string& w : group_) {
-    if (members_[w].draining) {
-      return NewGeneration(out, "drain",
-                           absl::StrCat("node ", members_[w].node,
-                                        " is draining: its ranks leave at this step boundary"),
-                           {{"node", members_[w].node}});
+  if (!notice_window_open_) {
+    for (const std::string& w : group_) {
+      if (members_[w].draining) return HandOver(out);
     }
   }
   int joiners = 0;
@@ -678,7 +690,76 @@ void CoordinatorCore::CommitStep(Actions* out) {
   StartStep(out);
 }
 
+// Ranks of noticed nodes leave at this step boundary, their state handed to the survivors:
+// from memory (their owners' and buddies' — the generation's plan moves each range to its new
+// owner) where that holds every range and enough workers stay; else, while the leaving ranks are
+// still alive, every rank first writes a checkpoint of the committed step, and the generation
+// after it reads that (nothing lost, though read back from disk). Every worker noticed: that
+// checkpoint, then the job stops as preempted, to be resumed by running it again.
+void CoordinatorCore::HandOver(Actions* out) {
+  std::set<std::string> nodes;
+  std::vector<std::string> leaving;
+  for (const std::string& w : group_) {
+    if (!members_[w].draining) continue;
+    nodes.insert(members_[w].node);
+    leaving.push_back(w);
+  }
+  const std::string node_list = absl::StrJoin(nodes, " ");
+  const std::vector<std::string> next = NextGroup();
+  const bool enough = !next.empty() && static_cast<int>(next.size()) >= options_.min_workers;
+  const bool memory = enough && MemoryRestorePossible(OldToNew(next), record_.buddy);
+  if (!memory && !CheckpointHolds(record_.committed) &&
+      handover_asked_generation_ != record_.generation) {
+    handover_asked_generation_ = record_.generation;
+    phase_ = CoordinatorPhase::kHandingOver;
+    // The step's own checkpoint may be on its way already (checkpoint.every): it serves.
+    const bool asked = !checkpoints_.count(record_.committed);
+    runtime::SupervisionEvent e = JobEvent("handover_checkpoint");
+    e.Set("step", record_.committed)
+        .Set("node", node_list)
+        .Set("leaving", absl::StrJoin(leaving, " "))
+        .Set("staying", static_cast<int64_t>(next.size()))
+        .Set("asked", asked ? "true" : "false");
+    e.reason = next.empty() ? "every worker got a preemption notice"
+               : !enough    ? "fewer than min_workers would stay"
+                            : "a leaving rank's buddy mirror leaves too";
+    Event(out, std::move(e));
+    if (asked) {
+      ExpectCheckpoint(record_.committed);
+      CommitGroup(out, record_.committed);
+    }
+    return;
+  }
+  if (next.empty()) {
+    const bool saved = CheckpointHolds(record_.committed);
+    runtime::SupervisionEvent e = JobEvent("preempted");
+    e.Set("step", record_.committed)
+        .Set("node", node_list)
+        .Set("checkpoint_saved", saved ? "true" : "false");
+    return Fail(out,
+                PreemptedError(absl::StrCat(
+                    "every worker got a preemption notice at step ", record_.committed,
+                    saved ? absl::StrCat("; checkpoint step-", record_.committed,
+                                         " holds every committed step")
+                          : "; the checkpoint of the committed step could not be written",
+                    ": run the same job again to resume")),
+                std::move(e));
+  }
+  NewGeneration(out, "drain",
+                absl::StrCat(nodes.size() == 1 ? "node " : "nodes ", node_list,
+                             nodes.size() == 1 ? " is" : " are",
+                             " draining: their ranks leave at this step boundary"),
+                {{"node", node_list}});
+}
+
 // ---- checkpoints ---------------------------------------------------------------------------
+
+bool CoordinatorCore::CheckpointHolds(int64_t step) const {
+  if (last_checkpoint_ >= step) return true;
+  std::optional<int64_t> latest =
+      options_.latest_checkpoint ? options_.latest_checkpoint() : std::nullopt;
+  return latest && *latest >= step;
+}
 
 // Every rank of the group applies its staged state; and writes checkpoint `step` unless -1.
 void CoordinatorCore::CommitGroup(Actions* out, int64_t checkpoint_step) {
@@ -736,6 +817,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generati
     }
   }
   if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
+  // A hand-over's checkpoint that failed: the noticed ranks leave without it.
+  if (phase_ == CoordinatorPhase::kHandingOver && !checkpoints_.count(step)) StartStep(&out);
   return out;
 }
 
@@ -789,6 +872,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnCheckpointCommitted(int64_t st
     Event(&out, std::move(e));
   }
   if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
+  if (phase_ == CoordinatorPhase::kHandingOver) StartStep(&out);
   return out;
 }
 
@@ -862,6 +946,11 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime
         a.generation = record_.generation;
         Emit(&out, std::move(a));
       }
+      break;
+    case TimerKind::kNoticeWindow:
+      notice_window_open_ = false;
+      // A step boundary already passed while it ran: hand over now rather than after a step.
+      if (phase_ == CoordinatorPhase::kAwaitingJoin) StartStep(&out);
       break;
     case TimerKind::kJoinWait:
       if (t.generation == record_.generation && phase_ == CoordinatorPhase::kAwaitingJoin) {

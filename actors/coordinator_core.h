@@ -16,6 +16,11 @@
 //   kRecovering ◀──────────────────────── (configuring │ stepping │ finishing)   ▼
 //      │ retry timer → kReadTable → OnTable ──────────┘              kAwaitingJoin (the joiner
 //      │                                                              or its deadline → step S)
+//   kHandingOver: at a step boundary, ranks of noticed (draining) nodes leave; where the survivors'
+//      memory cannot hold their state (an owner and its buddy both noticed, every worker noticed,
+//      fewer than min_workers left), every rank first checkpoints the committed step
+//      (OnCheckpointCommitted → the drain's generation restores it: nothing lost); every worker
+//      noticed → that checkpoint, then kDone with kFail(PreemptedError) — run again to resume.
 //   kFinishing: the last step committed; its checkpoint written (a rank's write error fails the
 //      job naming the file), then kFinal to rank 0 → OnFinal → kDone with kFinish.
 //   any phase ── a fatal condition (20 generations without a commit, the watchdog) ──▶ kDone/kFail
@@ -55,6 +60,7 @@ enum class CoordinatorPhase {
   kStepping,      // step sent; waiting for every rank's stepped
   kAwaitingJoin,  // chaos join-worker@S: step S held until the joiner is in (or a deadline)
   kRecovering,    // a rank reported a failure; regenerating after the retry delay
+  kHandingOver,   // noticed ranks leave and memory cannot restore their state: checkpointing first
   kFinishing,     // every step committed; the final checkpoint and CRC are being collected
   kDone,          // finished or failed: nothing more happens
 };
@@ -142,6 +148,8 @@ class CoordinatorCore {
     std::function<std::optional<int64_t>()> latest_checkpoint;
     CoreDuration retry_delay = std::chrono::milliseconds(300);
     CoreDuration join_wait = std::chrono::seconds(60);
+    // Preemption notices within this long of the first leave together (0: at the next boundary).
+    CoreDuration notice_window{0};
     CoreDuration watchdog = std::chrono::seconds(120);
     int max_failed_generations = 20;
   };
@@ -217,7 +225,7 @@ class CoordinatorCore {
     bool committing = false;  // every shard is in; kCheckpoint issued
     std::map<int32_t, ShardFileInfo> shards;
   };
-  enum class TimerKind { kRetry, kJoinWait, kWatchdog };
+  enum class TimerKind { kRetry, kJoinWait, kWatchdog, kNoticeWindow };
   struct Timer {
     TimerKind kind;
     uint64_t generation;
@@ -249,6 +257,11 @@ class CoordinatorCore {
   // A failed generation's reporter and the rank it blamed narrow down the suspects.
   void Blame(const std::string& reporter, int32_t blamed);
   void StartStep(Actions* out);
+  // Ranks of noticed nodes leave at this step boundary (see the .cc).
+  void HandOver(Actions* out);
+  // Each rank of the committed configuration's rank in `next`, or -1.
+  std::vector<int> OldToNew(const std::vector<std::string>& next) const;
+  bool CheckpointHolds(int64_t step) const;
   bool FireFaults(Actions* out);
   void CommitStep(Actions* out);
   void CommitGroup(Actions* out, int64_t checkpoint_step);
@@ -272,9 +285,11 @@ class CoordinatorCore {
   uint64_t next_timer_ = 1;
   size_t expected_joins_ = 0;
   bool membership_known_ = false;
-  std::string recover_why_;              // what Recover saw, for the generation it leads to
-  int64_t last_checkpoint_ = -1;         // newest checkpoint this incarnation committed
-  uint64_t final_asked_generation_ = 0;  // the final checkpoint was asked again in this one
+  std::string recover_why_;                 // what Recover saw, for the generation it leads to
+  int64_t last_checkpoint_ = -1;            // newest checkpoint this incarnation committed
+  uint64_t final_asked_generation_ = 0;     // the final checkpoint was asked again in this one
+  uint64_t handover_asked_generation_ = 0;  // a hand-over checkpoint was asked in this one
+  bool notice_window_open_ = false;         // a notice's window runs: its drain waits for it
   int failed_generations_ = 0;
   // Since the last commit: the workers every blamed failure had in common (reporter or blamed),
   // and how many failed generations named one.

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include "absl/strings/str_join.h"
+#include "troupe/actors/training.h"
 
 namespace troupe::actors {
 namespace {
@@ -624,6 +625,96 @@ TEST_F(CoordinatorCoreTest, SigtermNodeDrainsAtTheNextStepBoundary) {
             "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) "
             "committed(s2,g1,w3) abort(a,g2) abort(b,g2) abort(c,g2) event save "
             "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)");
+}
+
+// b's buddy is c: with both noticed, no survivor's memory holds b's range. Every rank — the
+// leaving ones are still alive — writes the committed step first; the drain's generation reads it.
+TEST_F(CoordinatorCoreTest, AnOwnerAndItsBuddyNoticedTogetherCheckpointTheCommittedStepFirst) {
+  Make();
+  Running({"a", "b", "c", "d"});
+  StepAll();
+  EXPECT_EQ(Str(core_->OnNodeDraining("n-b", "aws notice", kT0)), "event");
+  EXPECT_EQ(Str(core_->OnNodeDraining("n-c", "aws notice", kT0)), "event");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) commit(d,g1,ck-1) "
+            "committed(s2,g1,w4) event commit(a,g1,ck2) commit(b,g1,ck2) commit(c,g1,ck2) "
+            "commit(d,g1,ck2)");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kHandingOver);
+  for (int32_t r = 0; r < 4; ++r) {
+    ShardFileInfo s{"shard", r * 65536, (r + 1) * 65536, 1, 1};
+    EXPECT_EQ(Str(core_->OnShardWritten(1, 2, r, s, absl::OkStatus(), kT0)),
+              r < 3 ? "" : "checkpoint(s2,g1,w4,4 shards)");
+  }
+  latest_ = 2;  // the store now has it
+  EXPECT_EQ(Str(core_->OnCheckpointCommitted(2, absl::OkStatus(), kT0)),
+            "abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
+            "configure(a,g2,r0/2,s2,checkpoint2) configure(d,g2,r1/2,s2,checkpoint2)");
+  EXPECT_EQ(core_->record().steps_lost, 0);
+}
+
+// The checkpoint of the committed step cannot be written: the noticed ranks leave without it, and
+// the generation restores what the disk holds (here nothing: from the seed, every step lost).
+TEST_F(CoordinatorCoreTest, AHandOverCheckpointThatFailsLeavesWithoutIt) {
+  Make();
+  Running({"a", "b", "c"});
+  StepAll();
+  core_->OnNodeDraining("n-a", "aws notice", kT0);
+  core_->OnNodeDraining("n-b", "aws notice", kT0);
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) committed(s2,g1,w3) "
+            "event commit(a,g1,ck2) commit(b,g1,ck2) commit(c,g1,ck2)");
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 2, 0, {}, absl::DataLossError("disk"), kT0)),
+            "event abort(a,g2) abort(b,g2) abort(c,g2) event save configure(c,g2,r0/1,s0,init)");
+  EXPECT_EQ(core_->record().steps_lost, 2);
+}
+
+// Every worker noticed: the committed step is checkpointed and the job stops as preempted, so
+// that running it again resumes from there with nothing lost.
+TEST_F(CoordinatorCoreTest, EveryWorkerNoticedCheckpointsThenStopsAsPreempted) {
+  Make();
+  Running({"a", "b"});
+  StepAll();
+  core_->OnNodeDraining("n-a", "gce notice", kT0);
+  core_->OnNodeDraining("n-b", "gce notice", kT0);
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) committed(s2,g1,w2) event commit(a,g1,ck2) "
+            "commit(b,g1,ck2)");
+  ShardFileInfo s0{"shard-00000.bin", 0, 2 * 65536, 1, 1};
+  ShardFileInfo s1{"shard-00001.bin", 2 * 65536, kParams, 1, 1};
+  core_->OnShardWritten(1, 2, 0, s0, absl::OkStatus(), kT0);
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 2, 1, s1, absl::OkStatus(), kT0)),
+            "checkpoint(s2,g1,w2,2 shards)");
+  latest_ = 2;
+  std::vector<CoordinatorAction> out = core_->OnCheckpointCommitted(2, absl::OkStatus(), kT0);
+  ASSERT_EQ(out.size(), 1u) << Str(out);
+  EXPECT_EQ(out[0].kind, CoordinatorAction::Kind::kFail);
+  EXPECT_TRUE(IsPreempted(out[0].status)) << out[0].status;
+  EXPECT_EQ(out[0].status.message(),
+            "preempted: every worker got a preemption notice at step 2; checkpoint step-2 holds "
+            "every committed step: run the same job again to resume");
+  EXPECT_EQ(out[0].event.event, "preempted");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
+}
+
+// Notices within notice_window of the first leave together at one boundary; steps go on meanwhile.
+TEST_F(CoordinatorCoreTest, NoticesWithinTheWindowLeaveAtOneStepBoundary) {
+  auto o = Opts();
+  o.notice_window = seconds(1);
+  Make(o);
+  Running({"a", "b", "c", "d"});
+  std::vector<CoordinatorAction> out = core_->OnNodeDraining("n-b", "aws notice", kT0);
+  EXPECT_EQ(Str(out), "event timer(t2,1000ms)");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) commit(d,g1,ck-1) "
+            "committed(s1,g1,w4) step(a,g1,s1) step(b,g1,s1) step(c,g1,s1) step(d,g1,s1)")
+      << "the window is open: b still trains";
+  EXPECT_EQ(Str(core_->OnNodeDraining("n-d", "aws notice", kT0)), "event");
+  EXPECT_EQ(Str(core_->OnTimer(out[1].timer, kT0)), "");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) commit(d,g1,ck-1) "
+            "committed(s2,g1,w4) abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
+            "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)")
+      << "b and d leave together, their ranges from their buddies c and a";
 }
 
 // A network fault is the node agent's to carry out; the core only names the node (by its worker)

@@ -123,6 +123,13 @@ std::string DescribeEvent(const SupervisionEvent& e) {
     return absl::StrCat("node ", e.Field("node"), " draining (", e.reason, "): worker ", e.child,
                         " leaves at the next step boundary");
   }
+  if (n == "handover_checkpoint") {
+    return absl::StrCat("nodes ", e.Field("node"), " leave (", e.reason, "): checkpointing step ",
+                        e.Field("step"), " first, while their ranks are alive");
+  }
+  if (n == "preempted") {
+    return absl::StrCat("preempted at step ", e.Field("step"), ": ", e.reason);
+  }
   if (n == "recovering") {
     const std::string what =
         e.Field("during") == "step" ? absl::StrCat("step ", e.Field("step")) : "configure";

@@ -19,6 +19,12 @@
 //   join_folded            child joined; it is folded in at the next step boundary: node
 //   join_failed            child's rank actor cannot be reached
 //   drain                  child's node (node) drains: it leaves at the next step boundary
+//   handover_checkpoint    noticed nodes (node: space-separated) leave and the survivors'
+//                          memory cannot take their state: every rank checkpoints step first;
+//                          leaving (workers), staying (how many), asked (false: the step's own
+//                          checkpoint was being written already)
+//   preempted              every worker was noticed: the job stops (step; checkpoint_saved:
+//                          whether step is on disk) — run again to resume
 //   recovering             a rank (child) reported a failure: during (configure|step), step
 //   join_timeout           the joining worker of a join-worker fault did not arrive in time
 //   fault_armed            the coordinator decided a chaos fault: kind, step, and rank/worker,

@@ -311,6 +311,7 @@ void ReadTimeouts(Section& s, JobSpec& spec) {
   s.Duration("rpc", &t.rpc);
   s.Duration("retry", &t.retry);
   s.Duration("join_wait", &t.join_wait);
+  s.Duration("notice_window", &t.notice_window);
   s.Duration("watchdog", &t.watchdog);
   s.Duration("driver_silence", &t.driver_silence);
   s.Duration("cluster_start", &t.cluster_start);
@@ -460,7 +461,8 @@ std::string JobSpec::ToToml() const {
       absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
-      absl::FormatDuration(timeouts.join_wait), "\"\nwatchdog = \"",
+      absl::FormatDuration(timeouts.join_wait), "\"\nnotice_window = \"",
+      absl::FormatDuration(timeouts.notice_window), "\"\nwatchdog = \"",
       absl::FormatDuration(timeouts.watchdog), "\"\ndriver_silence = \"",
       absl::FormatDuration(timeouts.driver_silence), "\"\ncluster_start = \"",
       absl::FormatDuration(timeouts.cluster_start), "\"\n");

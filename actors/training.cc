@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -147,8 +148,11 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         if (st->finished) return;
         st->finished = true;
         const absl::Status s = f.status.ToStatus();
+        // A preemption is no failure: it says so as it is (IsPreempted).
         st->result.set_value(
-            absl::Status(s.code(), absl::StrCat("training job failed: ", s.message())));
+            IsPreempted(s)
+                ? s
+                : absl::Status(s.code(), absl::StrCat("training job failed: ", s.message())));
         st->queue->Push({"done", ""});
       },
   };
@@ -503,6 +507,15 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   absl::StatusOr<JobReport> report = AwaitReport(spec, *cluster, *st, queue, ranks, result, out);
   if (report.ok()) PrintSummary(*report, out);
   return report;
+}
+
+absl::Status PreemptedError(const std::string& what) {
+  return absl::UnavailableError(absl::StrCat("preempted: ", what));
+}
+
+bool IsPreempted(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StartsWith(status.message(), "preempted: ");
 }
 
 }  // namespace troupe::actors

@@ -30,7 +30,13 @@ constexpr char kUsage[] =
     "             delay-node@S[:R] (packets held [chaos] delay ± jitter),\n"
     "             stall-coordinator@S (its actor blocks for [chaos] stall)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
-    "             generations=<n> tokens_per_s=<x> bubble=<share>' when done";
+    "             generations=<n> tokens_per_s=<x> bubble=<share>' when done\n"
+    "Exit status: 0 done, 1 failed, 2 bad spec or flags, 75 preempted (every worker got a\n"
+    "preemption notice; the committed step is checkpointed: run the same command to resume).";
+
+// EX_TEMPFAIL (sysexits.h): a batch system's cue to run the job again (SLURM --requeue, a
+// Kubernetes Job's backoff).
+constexpr int kExitPreempted = 75;
 
 // What `troupe train` reads from its command line, and where each option is declared.
 struct TrainFlags {
@@ -108,7 +114,7 @@ int RunTrain(const Args& args) {
   absl::StatusOr<actors::JobReport> report = actors::RunTrainingJob(*spec, flags.options);
   if (!report.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", report.status().ToString().c_str());
-    return 1;
+    return actors::IsPreempted(report.status()) ? kExitPreempted : 1;
   }
   if (!flags.report_path.empty()) {
     std::ofstream out(flags.report_path);

@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "job_harness.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/fake_metadata.h"
@@ -41,9 +43,18 @@ struct SpotCluster {
 
 class SpotJobTest : public troupe::testing::JobTest {
  protected:
+  // Notices that come within half a second of each other are handed over together; the job is
+  // long enough for that to pass well before its end.
+  SpotJobTest() {
+    steps_ = 60;
+    spec_extra_ = "[timeouts]\nnotice_window = \"500ms\"\n";
+  }
   // Spot nodes s0..s<n-1> watching `source` ("aws", "gce": each its own metadata server;
-  // "sigterm"), and the on-demand node "od"; returns once every worker is alive.
-  SpotCluster StartCluster(const std::string& source, int spot_nodes = kSpotNodes) {
+  // "sigterm"), and the on-demand node "od" unless `on_demand` is false; returns once every
+  // worker is alive. Ranks follow worker ids (od/w0, s0/w0, s1/w0, ...), each one's buddy the
+  // next (one host: one failure domain).
+  SpotCluster StartCluster(const std::string& source, int spot_nodes = kSpotNodes,
+                           bool on_demand = true) {
     SpotCluster c;
     LocalCluster::Options o;
     o.binary = TROUPE_BINARY;
@@ -63,9 +74,12 @@ class SpotJobTest : public troupe::testing::JobTest {
       }
       EXPECT_TRUE(c.local->AddNode(absl::StrCat("s", i), 1, "cpu=1", "spot=true", args).ok());
     }
-    EXPECT_TRUE(c.local->AddNode("od", 1, "cpu=1", "", {"--grace", "5s"}).ok());
-    const std::string wait = absl::StrCat(TROUPE_BINARY, " status --head ", c.head,
-                                          " --wait_workers ", spot_nodes + 1, " >/dev/null 2>&1");
+    if (on_demand) {
+      EXPECT_TRUE(c.local->AddNode("od", 1, "cpu=1", "", {"--grace", "5s"}).ok());
+    }
+    const std::string wait =
+        absl::StrCat(TROUPE_BINARY, " status --head ", c.head, " --wait_workers ",
+                     spot_nodes + (on_demand ? 1 : 0), " >/dev/null 2>&1");
     EXPECT_EQ(std::system(wait.c_str()), 0) << Slurp(base_ + "/cluster/head.err");
     return c;
   }
@@ -88,28 +102,37 @@ class SpotJobTest : public troupe::testing::JobTest {
     return r;
   }
 
-  // Node `node` was noticed (its drain names `notice`) and left at a step boundary: the next
-  // generation restored its state from the survivors' memory (no checkpoint read), nothing was
-  // lost, and the weights are the fault-free run's.
-  void ExpectHandedOver(const std::string& name, const JobRun& r, const std::string& node,
-                        const std::string& notice, const std::string& want) {
+  // Nodes `nodes` (a list) were noticed (each drain names `notice`) and left together at a step
+  // boundary; the generation after it restored their state from `source` (memory: "owners" or
+  // "mirrors"; "checkpoint" of the committed step, written before they left) and went on with
+  // `world` ranks; nothing was lost, and the weights are the fault-free run's.
+  void ExpectHandedOver(const std::string& name, const JobRun& r,
+                        const std::vector<std::string>& nodes, const std::string& notice,
+                        const std::string& want, const std::set<std::string>& sources, int world) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::vector<SupervisionEvent> events = Events(name);
-    const std::vector<SupervisionEvent> drains = FindEvents(events, "drain", {{"node", node}});
-    ASSERT_EQ(drains.size(), 1u) << EventLogText(name);
-    EXPECT_NE(drains[0].reason.find(notice), std::string::npos) << EventLogText(name);
-    const std::vector<SupervisionEvent> gens =
-        FindEvents(events, "generation", {{"trigger", "drain"}, {"node", node}});
-    ASSERT_EQ(gens.size(), 1u) << EventLogText(name);
+    for (const std::string& node : nodes) {
+      const std::vector<SupervisionEvent> drains = FindEvents(events, "drain", {{"node", node}});
+      ASSERT_EQ(drains.size(), 1u) << EventLogText(name);
+      EXPECT_NE(drains[0].reason.find(notice), std::string::npos) << EventLogText(name);
+    }
+    const std::vector<SupervisionEvent> gens = FindEvents(
+        events, "generation", {{"trigger", "drain"}, {"node", absl::StrJoin(nodes, " ")}});
+    ASSERT_EQ(gens.size(), 1u) << "one hand-over for all of them\n" << EventLogText(name);
     EXPECT_GE(std::stoi(gens[0].Field("step")), kNoticeStep);
-    EXPECT_NE(gens[0].Field("source"), "checkpoint") << EventLogText(name);
-    EXPECT_NE(gens[0].Field("source"), "seed") << EventLogText(name);
+    EXPECT_TRUE(sources.count(gens[0].Field("source"))) << EventLogText(name);
     EXPECT_EQ(gens[0].Field("steps_lost"), "0");
-    EXPECT_EQ(gens[0].Field("world"), absl::StrCat(kSpotNodes)) << "the on-demand node's rank too";
+    EXPECT_EQ(gens[0].Field("world"), absl::StrCat(world));
     EXPECT_EQ(r.report.steps_lost, 0) << r.output;
-    EXPECT_EQ(r.report.world, kSpotNodes) << r.output;
+    EXPECT_EQ(r.report.world, world) << r.output;
     EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
     ExpectExactlyOnce(name);
+  }
+  // One node noticed: its state from the survivors' memory, no checkpoint read; the on-demand
+  // node's rank stays too.
+  void ExpectHandedOverFromMemory(const std::string& name, const JobRun& r, const std::string& node,
+                                  const std::string& notice, const std::string& want) {
+    ExpectHandedOver(name, r, {node}, notice, want, {"owners", "mirrors"}, kSpotNodes);
   }
 };
 
@@ -120,7 +143,7 @@ TEST_F(SpotNoticeTest, AwsInstanceActionHandsTheNodeOverAtTheNextStepBoundary) {
   SpotCluster c = StartCluster("aws");
   ASSERT_EQ(c.metadata.size(), static_cast<size_t>(kSpotNodes));
   JobRun r = RunNoticed("aws", c, [&] { c.metadata[1]->Preempt(std::chrono::seconds(120)); });
-  ExpectHandedOver("aws", r, "s1", "aws spot instance-action terminate at 20", want);
+  ExpectHandedOverFromMemory("aws", r, "s1", "aws spot instance-action terminate at 20", want);
   EXPECT_GE(c.metadata[1]->token_requests(), 1);
 }
 
@@ -129,7 +152,7 @@ TEST_F(SpotNoticeTest, GcePreemptedHandsTheNodeOverAtTheNextStepBoundary) {
   SpotCluster c = StartCluster("gce");
   ASSERT_EQ(c.metadata.size(), static_cast<size_t>(kSpotNodes));
   JobRun r = RunNoticed("gce", c, [&] { c.metadata[2]->Preempt(); });
-  ExpectHandedOver("gce", r, "s2", "gce instance/preempted TRUE", want);
+  ExpectHandedOverFromMemory("gce", r, "s2", "gce instance/preempted TRUE", want);
 }
 
 TEST_F(SpotNoticeTest, SigtermFromOutsideHandsTheNodeOverAtTheNextStepBoundary) {
@@ -137,7 +160,77 @@ TEST_F(SpotNoticeTest, SigtermFromOutsideHandsTheNodeOverAtTheNextStepBoundary) 
   SpotCluster c = StartCluster("sigterm");
   // As Kubernetes does at a pod's deletion: SIGTERM to the agent, then its grace period.
   JobRun r = RunNoticed("sigterm", c, [&] { kill(c.local->nodes().at("s3"), SIGTERM); });
-  ExpectHandedOver("sigterm", r, "s3", "SIGTERM", want);
+  ExpectHandedOverFromMemory("sigterm", r, "s3", "SIGTERM", want);
+}
+
+class SpotHandoverTest : public SpotJobTest {};
+
+// s1's rank's buddy is s2's: with both noticed no survivor holds s1's range, so every rank — the
+// noticed ones are still alive — checkpoints the committed step before they go.
+TEST_F(SpotHandoverTest, AnOwnerAndItsBuddyNoticedTogetherCheckpointFirstAndLoseNothing) {
+  const std::string want = Reference();
+  SpotCluster c = StartCluster("aws");
+  JobRun r = RunNoticed("pair", c, [&] {
+    c.metadata[1]->Preempt();
+    c.metadata[2]->Preempt();
+  });
+  ExpectHandedOver("pair", r, {"s1", "s2"}, "aws spot instance-action", want, {"checkpoint"},
+                   kSpotNodes - 1);
+  const std::vector<SupervisionEvent> jit =
+      FindEvents(Events("pair"), "handover_checkpoint", {{"node", "s1 s2"}});
+  ASSERT_EQ(jit.size(), 1u) << EventLogText("pair");
+  const std::string step = jit[0].Field("step");
+  EXPECT_EQ(FindEvents(Events("pair"), "checkpoint_committed", {{"step", step}}).size(), 1u)
+      << EventLogText("pair");
+  EXPECT_EQ(FindEvents(Events("pair"), "generation", {{"trigger", "drain"}, {"step", step}}).size(),
+            1u)
+      << "the generation starts from the step the checkpoint holds\n"
+      << EventLogText("pair");
+}
+
+// Notices that come together (a cloud reclaims in batches) leave at one step boundary: one
+// re-plan, not one per node. s1's and s3's ranks are not each other's buddies: from memory.
+TEST_F(SpotHandoverTest, NoticesThatComeTogetherLeaveAtOneStepBoundary) {
+  const std::string want = Reference();
+  SpotCluster c = StartCluster("gce");
+  JobRun r = RunNoticed("batch", c, [&] {
+    c.metadata[1]->Preempt();
+    c.metadata[3]->Preempt();
+  });
+  ExpectHandedOver("batch", r, {"s1", "s3"}, "gce instance/preempted TRUE", want,
+                   {"owners", "mirrors"}, kSpotNodes - 1);
+  EXPECT_TRUE(FindEvents(Events("batch"), "handover_checkpoint").empty()) << EventLogText("batch");
+}
+
+// Every node noticed (no on-demand node): the committed step is checkpointed and `troupe train`
+// exits 75 (preempted); run again (here on the embedded cluster), it resumes from that step.
+TEST_F(SpotHandoverTest, EveryNodeNoticedCheckpointsExitsAndTheSameCommandResumesBitIdentical) {
+  const std::string want = Reference();
+  SpotCluster c = StartCluster("aws", 3, /*on_demand=*/false);
+  JobRun r = RunNoticed("all", c, [&] {
+    for (auto& m : c.metadata) m->Preempt();
+  });
+  EXPECT_EQ(r.exit_code, 75) << r.output;
+  EXPECT_NE(r.output.find("preempted: every worker got a preemption notice at step"),
+            std::string::npos)
+      << r.output;
+  const std::vector<SupervisionEvent> stopped = FindEvents(Events("all"), "preempted");
+  ASSERT_EQ(stopped.size(), 1u) << EventLogText("all");
+  EXPECT_EQ(stopped[0].Field("checkpoint_saved"), "true") << EventLogText("all");
+  const std::string step = stopped[0].Field("step");
+  EXPECT_GE(std::stoi(step), kNoticeStep);
+  EXPECT_EQ(FindEvents(Events("all"), "checkpoint_committed", {{"step", step}}).size(), 1u)
+      << EventLogText("all");
+  ExpectExactlyOnce("all", std::stoi(step));  // the new run starts its records afresh
+
+  JobRun again = Train("all", {"--workers", "3"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(
+      FindEvents(Events("all"), "generation", {{"source", "checkpoint"}, {"step", step}}).size(),
+      1u)
+      << EventLogText("all");
+  EXPECT_EQ(again.report.steps_lost, 0) << again.output;
+  EXPECT_EQ(again.report.crc, want) << again.output;
 }
 
 }  // namespace

@@ -121,10 +121,11 @@ void JobTest::SetUp() {
   // One prepared corpus for every job of every test binary (tokenizing takes seconds).
   data_ = fs::temp_directory_path() / "troupe_training_test_data";
   spec_ = base_ + "/job.toml";
-  std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << kSteps
+  std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << steps_
                        << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
                        << data_ << "\"\n[elastic]\nmin_workers = 1\nmax_workers = 6\n"
-                       << "[checkpoint]\nevery = 5\nkeep_last = 3\n";
+                       << "[checkpoint]\nevery = 5\nkeep_last = 3\n"
+                       << spec_extra_;
 }
 
 void JobTest::TearDown() {
@@ -204,7 +205,7 @@ const std::string& JobTest::Reference() {
 }
 
 void JobTest::ExpectExactlyOnce(const std::string& name, int steps) {
-  EXPECT_EQ(ExactlyOnceDefects(base_ + "/" + name, steps, kMicrobatches), "");
+  EXPECT_EQ(ExactlyOnceDefects(base_ + "/" + name, steps < 0 ? steps_ : steps, kMicrobatches), "");
 }
 
 std::vector<SupervisionEvent> JobTest::Events(const std::string& name) {

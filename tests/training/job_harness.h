@@ -55,8 +55,8 @@ constexpr int kSteps = 24;
 constexpr int kMicrobatches = 8;
 
 // A test that runs `troupe train` jobs (TROUPE_BINARY) in <tmp>/troupe_<suite>_<pid>_<test>/<run>
-// on one prepared corpus: a spec of kSteps steps of kMicrobatches microbatches, min 1 / max 6
-// workers, a checkpoint every 5 steps.
+// on one prepared corpus: a spec of steps_ (kSteps unless a suite says) steps of kMicrobatches
+// microbatches, min 1 / max 6 workers, a checkpoint every 5 steps, then spec_extra_.
 class JobTest : public ::testing::Test {
  protected:
   void SetUp() override;
@@ -72,8 +72,8 @@ class JobTest : public ::testing::Test {
   // The fault-free 4-worker run's final weights, computed once per test binary.
   const std::string& Reference();
   // Every committed (step, generation) was served exactly once per microbatch, and every step
-  // 0..steps-1 was committed exactly once.
-  void ExpectExactlyOnce(const std::string& name, int steps = kSteps);
+  // 0..steps-1 (default: steps_ - 1) was committed exactly once.
+  void ExpectExactlyOnce(const std::string& name, int steps = -1);
   // The events of run `name`'s log.
   std::vector<SupervisionEvent> Events(const std::string& name);
   std::string EventLogText(const std::string& name);
@@ -85,6 +85,8 @@ class JobTest : public ::testing::Test {
   static int Commits(const std::string& dir);
 
   std::string base_, data_, spec_;
+  int steps_ = kSteps;      // a suite may change these in its constructor
+  std::string spec_extra_;  // TOML sections after the spec's own
 };
 
 }  // namespace troupe::testing

@@ -104,6 +104,9 @@ struct Timeouts {
   absl::Duration retry = absl::Milliseconds(300);
   // join-worker@S: step S waits this long for the joining worker.
   absl::Duration join_wait = absl::Seconds(60);
+  // Preemption notices that come within this long of the first are handed over together, at one
+  // step boundary (a cloud reclaims machines in batches); training goes on meanwhile.
+  absl::Duration notice_window = absl::Milliseconds(250);
   // No step committed for this long, with work to do: the job fails rather than hang.
   absl::Duration watchdog = absl::Seconds(120);
   // The driver gives up on a coordinator it has not heard from for this long.

@@ -83,8 +83,14 @@ struct TrainOptions {
 
 // Runs `spec` to its last step (or an error that cannot be recovered from, e.g. fewer than
 // min_workers for too long) and returns what happened. The GPT reads model.data_dir, which
-// defaults to <work_dir>/data and is prepared from the fortunes corpus when empty.
+// defaults to <work_dir>/data and is prepared from the fortunes corpus when empty. Every worker
+// noticed (preempted) at once: the committed step is checkpointed and the job returns an error
+// for which IsPreempted holds; running it again resumes from that checkpoint.
 [[nodiscard]] absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options);
+
+// UNAVAILABLE, "preempted: <what>".
+absl::Status PreemptedError(const std::string& what);
+bool IsPreempted(const absl::Status& status);
 
 }  // namespace troupe::actors
 
