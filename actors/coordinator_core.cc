@@ -747,8 +747,8 @@ void CoordinatorCore::HandOver(Actions* out) {
   }
   NewGeneration(out, "drain",
                 absl::StrCat(nodes.size() == 1 ? "node " : "nodes ", node_list,
-                             nodes.size() == 1 ? " is" : " are",
-                             " draining: their ranks leave at this step boundary"),
+                             nodes.size() == 1 ? " is draining: its" : " are draining: their",
+                             " ranks leave at this step boundary"),
                 {{"node", node_list}});
 }
 

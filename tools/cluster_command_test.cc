@@ -7,17 +7,11 @@
 #include <cstdio>
 #include <string>
 
+#include "shell_test_util.h"
+
 namespace {
 
-// Runs `cmd` through the shell; returns the exit status, with its output in *out.
-int Shell(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  char buf[4096];
-  out->clear();
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  int rc = pclose(p);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
+using troupe::tools::Shell;
 
 TEST(ClusterCommandTest, HelpListsEachRolesOptions) {
   std::string out;

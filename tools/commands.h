@@ -17,6 +17,9 @@ int RunData(const Args& args);
 // troupe train [--spec FILE] [--head HOST:P] [--workers N] [--chaos KIND@STEP]...
 int RunTrain(const Args& args);
 
+// troupe sim spot --trace FILE [--mix OD:SPOT,...] [--measure]
+int RunSim(const Args& args);
+
 // troupe head|node|worker|up|certs ... (troupe::runtime::RunMain)
 int RunClusterRole(const std::string& role, const Args& args);
 

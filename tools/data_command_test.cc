@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "shell_test_util.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/tokenizer.h"
 
@@ -44,12 +45,7 @@ TEST(DataPrepareCommandTest, WritesTokenizerAndShards) {
 
 // Runs `env troupe args` through the shell; returns the exit status, with its output in *out.
 int RunTroupeEnv(const std::string& env, const std::string& args, std::string* out) {
-  FILE* p = popen(("env " + env + " " + TROUPE_BINARY + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  out->clear();
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return Shell("env " + env + " " + TROUPE_BINARY + " " + args, out);
 }
 
 TEST(DataPrepareCommandTest, OptionsComeFromTroupeVariablesThroughTheConfigRegistry) {

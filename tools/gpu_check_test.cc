@@ -13,17 +13,14 @@
 #include <cstdio>
 #include <string>
 
+#include "shell_test_util.h"
+
 namespace troupe::tools {
 namespace {
 
 // Runs troupe_gpu_check with `args`; returns the exit status, with stdout + stderr in *out.
 int GpuCheck(const std::string& args, std::string* out) {
-  FILE* p = popen(("timeout 600 " TROUPE_GPU_CHECK_BINARY " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  out->clear();
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  const int rc = pclose(p);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return Shell("timeout 600 " TROUPE_GPU_CHECK_BINARY " " + args, out);
 }
 
 // Empty when a CUDA device is usable here; else the runtime's error name (or why not).

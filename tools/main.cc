@@ -28,6 +28,10 @@ constexpr Command kCommands[] = {
      "[--chaos kill-worker@10] [--report FILE] [--tls_ca F --tls_cert F --tls_key F]",
      RunTrain},
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
+    {"sim",
+     "sim spot --trace FILE [--mix OD:SPOT,...] [--measure]   (goodput and cost of spot mixes "
+     "for a preemption trace)",
+     RunSim},
     {"head", "head [--port P] [--host ADDR] [--tls_ca F --tls_cert F --tls_key F]", Head},
     {"node",
      "node --head HOST:P [--resources cpu=2,gpu=0,memory=8G] [--labels k=v] "

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <string>
 
+#include "shell_test_util.h"
 #include "troupe/actors/trainable.h"
 
 namespace troupe::tools {
@@ -20,13 +21,7 @@ namespace {
 // Runs `env troupe args` through the shell; returns the exit status, with its output in *out.
 int Troupe(const std::string& env, const std::string& args, std::string* out) {
   // `timeout` bounds every run: nothing here may wait for a cluster.
-  FILE* p =
-      popen(("env " + env + " timeout 60 " + TROUPE_BINARY + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  out->clear();
-  while (fgets(buf, sizeof buf, p)) *out += buf;
-  int rc = pclose(p);
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return Shell("env " + env + " timeout 60 " + TROUPE_BINARY + " " + args, out);
 }
 
 class TrainCommandTest : public ::testing::Test {
