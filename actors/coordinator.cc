@@ -126,6 +126,9 @@ class Coordinator {
   void ReadTable(uint64_t generation);
   void HandleJoin(const RankJoined& j);
   void HandleMembership(const runtime::MembershipEvent& e);
+  // The node this incarnation runs on (through the head's directory entry of its name): a
+  // notice there moves the coordinator first.
+  void FindOwnNode(const std::vector<runtime::MemberInfo>& table);
 
   caf::event_based_actor* self_;
   const std::string name_;  // in the head's directory: what the lease is on
@@ -388,6 +391,14 @@ void Coordinator::Do(const CoordinatorAction& a) {
       FaultFired(FaultKind::kKillCoordinator, core_->committed());
       raise(SIGKILL);
       return;
+    case Kind::kMoveSelf:
+      // An error exit: the job supervisor restarts this child where the scheduler places it now
+      // (never on a draining node); the next incarnation resumes from the record just saved.
+      stopped_ = true;
+      queue_.clear();
+      self_->quit(runtime::StatusToError(absl::UnavailableError(
+          "coordinator moving off its node, which got a preemption notice")));
+      return;
     case Kind::kStallSelf:
       FaultFired(FaultKind::kStallCoordinator, core_->committed());
       std::this_thread::sleep_for(absl::ToChronoMilliseconds(spec_.stall));
@@ -516,6 +527,19 @@ void Coordinator::Stop(caf::message to_driver) {
   self_->quit();
 }
 
+void Coordinator::FindOwnNode(const std::vector<runtime::MemberInfo>& table) {
+  self_->request(head_, Rpc(), runtime::directory_lookup_atom::value, name_)
+      .then(
+          [this, table](const caf::actor&, uint64_t, const std::string& worker) {
+            for (const runtime::MemberInfo& m : table) {
+              if (m.kind == runtime::MemberKind::kWorker && m.id == worker) {
+                core_->SetOwnNode(m.node);
+              }
+            }
+          },
+          [](caf::error&) {});  // unknown: a notice there is handed over like any other
+}
+
 void Coordinator::ReadTable(uint64_t generation) {
   auto reply = [this, generation](std::vector<std::string> dead) {
     Execute(core_->OnTable(generation, dead, Now()));
@@ -608,8 +632,13 @@ caf::behavior Coordinator::Behavior() {
                     if (m.kind == runtime::MemberKind::kWorker &&
                         m.state == runtime::MemberState::kDead)
                       dead.push_back(m.id);
+                    // Noticed before this incarnation began (its predecessor moved off one).
+                    if (m.kind == runtime::MemberKind::kNode &&
+                        m.state == runtime::MemberState::kDraining)
+                      Execute(core_->OnNodeDraining(m.id, "draining", Now()));
                   }
                   Execute(core_->OnMembershipKnown(expected, dead, Now()));
+                  FindOwnNode(table);
                 },
                 [this](caf::error& e) {
                   Stop(caf::make_message(JobFailed{WireStatus::From(absl::UnavailableError(

@@ -88,6 +88,8 @@ std::string DebugString(const CoordinatorAction& a) {
       return absl::StrCat("add_node(", a.text, ")");
     case Kind::kCrashSelf:
       return "crash_self";
+    case Kind::kMoveSelf:
+      return "move_self";
     case Kind::kStallSelf:
       return "stall_self";
     case Kind::kArmCrash:
@@ -191,6 +193,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker
     return out;
   }
   members_[worker] = Member{node, domain.empty() ? node : domain};
+  members_[worker].draining = draining_nodes_.count(node) > 0;
   if (phase_ != CoordinatorPhase::kWaiting) {
     Event(&out, JobEvent("join_folded", worker).Set("node", node));
   }
@@ -224,7 +227,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnWorkerDown(const std::string& 
 std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string& node,
                                                                const std::string& why, CoreTime) {
   Actions out;
-  bool noticed = false;
+  draining_nodes_.insert(node);
+  bool noticed = node == own_node_;
   for (auto& [w, m] : members_) {
     if (m.node != node || !m.alive || m.draining) continue;
     m.draining = true;
@@ -242,6 +246,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string
   if (phase_ == CoordinatorPhase::kAwaitingJoin && !notice_window_open_) StartStep(&out);
   return out;
 }
+
+void CoordinatorCore::SetOwnNode(const std::string& node) { own_node_ = node; }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnNodeDead(const std::string& node, CoreTime) {
   Actions out;
@@ -524,6 +530,19 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
 
 void CoordinatorCore::StartStep(Actions* out) {
   if (record_.committed >= options_.steps) return Finish(out);
+  // The coordinator moves first, where the job can go on without its node (else it stays, and
+  // the hand-over below checkpoints and stops the job as preempted).
+  int usable = 0;
+  for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
+  if (!own_node_.empty() && draining_nodes_.count(own_node_) && !notice_window_open_ &&
+      usable >= options_.min_workers) {
+    Save(out);
+    Event(out,
+          JobEvent("coordinator_moving").Set("node", own_node_).Set("step", record_.committed));
+    phase_ = CoordinatorPhase::kDone;
+    Emit(out, CoordinatorAction{Kind::kMoveSelf});
+    return;
+  }
   if (!notice_window_open_) {
     for (const std::string& w : group_) {
       if (members_[w].draining) return HandOver(out);

@@ -16,6 +16,9 @@
 //   kRecovering ◀──────────────────────── (configuring │ stepping │ finishing)   ▼
 //      │ retry timer → kReadTable → OnTable ──────────┘              kAwaitingJoin (the joiner
 //      │                                                              or its deadline → step S)
+//   a notice on the coordinator's own node: at the next step boundary, before any hand-over,
+//      save and kMoveSelf → kDone (the job supervisor restarts it on another node, from its record;
+//      the restarted one hands the noticed ranks over).
 //   kHandingOver: at a step boundary, ranks of noticed (draining) nodes leave; where the survivors'
 //      memory cannot hold their state (an owner and its buddy both noticed, every worker noticed,
 //      fewer than min_workers left), every rank first checkpoints the committed step
@@ -94,6 +97,7 @@ struct CoordinatorAction {
     kNodeFault,   // chaos: `fault` (sigterm-node, partition-node, drop-node) on `worker`'s node
     kAddNode,     // chaos: a node named `text` with one worker joins
     kCrashSelf,   // chaos: this process dies now (kill-coordinator)
+    kMoveSelf,    // this incarnation's node got a notice: stop, to be restarted on another node
     kStallSelf,   // chaos: this actor blocks for a while (stall-coordinator)
     kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
     kCommitted,   // step `step` committed in `generation` (world `world`, mean `loss`)
@@ -173,8 +177,12 @@ class CoordinatorCore {
   // Membership: a worker's process or actor is gone (killed, fenced, hung) with `why`.
   std::vector<CoordinatorAction> OnWorkerDown(const std::string& worker, const std::string& why,
                                               CoreTime now);
+  // A node got a preemption notice (or was draining when this incarnation started): its ranks
+  // leave at a step boundary — and if it is this coordinator's own node (SetOwnNode), the
+  // coordinator moves first: kMoveSelf at the next boundary, its record saved.
   std::vector<CoordinatorAction> OnNodeDraining(const std::string& node, const std::string& why,
                                                 CoreTime now);
+  void SetOwnNode(const std::string& node);
   std::vector<CoordinatorAction> OnNodeDead(const std::string& node, CoreTime now);
   // A node joined (again, after it was declared dead: a healed partition): workers of it that
   // join from now on are new members (its old ones stay dead).
@@ -290,6 +298,8 @@ class CoordinatorCore {
   uint64_t final_asked_generation_ = 0;     // the final checkpoint was asked again in this one
   uint64_t handover_asked_generation_ = 0;  // a hand-over checkpoint was asked in this one
   bool notice_window_open_ = false;         // a notice's window runs: its drain waits for it
+  std::set<std::string> draining_nodes_;    // noticed: a worker of one joins draining
+  std::string own_node_;                    // where this incarnation runs ("": unknown)
   int failed_generations_ = 0;
   // Since the last commit: the workers every blamed failure had in common (reporter or blamed),
   // and how many failed generations named one.

@@ -137,9 +137,10 @@ class Sim {
     ++next_worker_;
     return w;
   }
+  // Alive workers on nodes without a notice: those a generation can count on.
   int AliveCount() const {
     int n = 0;
-    for (const auto& [w, s] : workers_) n += s.alive ? 1 : 0;
+    for (const auto& [w, s] : workers_) n += s.alive && !draining_.count(s.node) ? 1 : 0;
     return n;
   }
   std::vector<std::string> Alive() const {
@@ -193,6 +194,19 @@ class Sim {
     queue_.clear();
     timers_.clear();
     if (restart) core_->Restore(saved_, now_);
+    // Half the sequences say where the coordinator runs: a notice there moves it (kMoveSelf),
+    // and the next incarnation runs on a node with no notice.
+    if (Chance(0.5)) {
+      for (const auto& [w, s] : workers_) {
+        if (s.alive && !draining_.count(s.node)) {
+          core_->SetOwnNode(s.node);
+          break;
+        }
+      }
+    }
+    for (const std::string& node : draining_) {
+      Deliver(kEvNodeDraining, [&] { return core_->OnNodeDraining(node, "draining", now_); });
+    }
     // The driver announces the ranks it knows (live ones), then forwards their joins; the
     // table read is as of now.
     const std::vector<std::string> alive = Alive();
@@ -328,6 +342,7 @@ class Sim {
         }
         if (a.fault == FaultKind::kSigtermNode) {
           CountFault(absl::StrCat("drain@", core_->committed()), 1);
+          draining_.insert(node);
           queue_.push_back({kEvNodeDraining,
                             [this, node] { return core_->OnNodeDraining(node, "SIGTERM", now_); }});
         } else {  // a partition: the head fences the node's workers for missed heartbeats
@@ -345,6 +360,10 @@ class Sim {
         queue_.push_back({kEvJoin, [this, w, node] { return core_->OnJoin(w, node, now_); }});
         break;
       }
+      case Kind::kMoveSelf:
+        CountFault(absl::StrCat("move@", core_->committed(), "#", moves_++), 1);
+        crashed_ = true;  // the supervisor restarts it elsewhere, from its record
+        break;
       case Kind::kCrashSelf: {
         const Fault* f = FaultAt(core_->committed());
         if (!f || f->kind != FaultKind::kKillCoordinator) Fail("crash_self without its fault");
@@ -484,6 +503,7 @@ class Sim {
         for (auto& [w, s] : workers_) {
           if (s.node == node && s.alive) Leave(w);
         }
+        draining_.insert(node);
         return Deliver(type, [&] { return core_->OnNodeDraining(node, "SIGTERM", now_); });
       }
       case kEvNodeDead: {
@@ -566,6 +586,8 @@ class Sim {
   std::unique_ptr<CoordinatorCore> core_;
   CoordinatorRecord saved_;
   std::optional<int64_t> store_latest_;
+  std::set<std::string> draining_;  // nodes that got a notice
+  int moves_ = 0;
   CoreDuration notice_window_{0};
   std::deque<std::pair<EventType, std::function<Actions()>>> queue_;
   std::map<uint64_t, CoreTime> timers_;
@@ -603,9 +625,10 @@ TEST(CoordinatorCorePropertyTest, InvariantsHoldOverThousandsOfRandomSequences) 
     }
   }
   EXPECT_EQ(missing, "") << "(phase x event) pairs hit fewer than 10 times";
-  for (const char* kind : {"kill", "drain", "join", "crash", "arm_crash"}) {
+  for (const char* kind : {"kill", "drain", "join", "crash", "arm_crash", "move"}) {
     EXPECT_GE(coverage.faults_carried_out[kind], 50) << kind << " faults carried out";
   }
+  EXPECT_GE(coverage.faults_carried_out["preempted"], 10) << "jobs stopped as preempted";
   std::string table;
   for (int p = 0; p < kNumPhases; ++p) {
     absl::StrAppend(&table, PhaseName(static_cast<CoordinatorPhase>(p)), ":");

@@ -696,6 +696,25 @@ TEST_F(CoordinatorCoreTest, EveryWorkerNoticedCheckpointsThenStopsAsPreempted) {
   EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
 }
 
+// A notice on the coordinator's own node: it moves first — saved, then kMoveSelf at the boundary
+// (its ranks there are the next incarnation's to hand over) — where the others can go on.
+TEST_F(CoordinatorCoreTest, ANoticeOnTheCoordinatorsNodeMovesItFirst) {
+  Make();
+  Running({"a", "b", "c"});
+  core_->SetOwnNode("n-a");
+  EXPECT_EQ(Str(core_->OnNodeDraining("n-a", "SIGTERM", kT0)), "event");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) committed(s1,g1,w3) save "
+            "event move_self");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
+  // The next incarnation, told of the notice before any rank joins, plans without a's rank.
+  Make();
+  EXPECT_EQ(Str(core_->OnNodeDraining("n-a", "draining", kT0)), "");
+  EXPECT_EQ(Join({"a", "b", "c"}),
+            "timer(t1,120000ms) abort(a,g1) abort(b,g1) abort(c,g1) event save "
+            "configure(b,g1,r0/2,s0,init) configure(c,g1,r1/2,s0,init)");
+}
+
 // Notices within notice_window of the first leave together at one boundary; steps go on meanwhile.
 TEST_F(CoordinatorCoreTest, NoticesWithinTheWindowLeaveAtOneStepBoundary) {
   auto o = Opts();

@@ -127,6 +127,11 @@ std::string DescribeEvent(const SupervisionEvent& e) {
     return absl::StrCat("nodes ", e.Field("node"), " leave (", e.reason, "): checkpointing step ",
                         e.Field("step"), " first, while their ranks are alive");
   }
+  if (n == "coordinator_moving") {
+    return absl::StrCat("the coordinator's node ", e.Field("node"),
+                        " got a preemption notice: the coordinator moves first, at step ",
+                        e.Field("step"));
+  }
   if (n == "preempted") {
     return absl::StrCat("preempted at step ", e.Field("step"), ": ", e.reason);
   }

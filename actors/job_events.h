@@ -23,6 +23,8 @@
 //                          memory cannot take their state: every rank checkpoints step first;
 //                          leaving (workers), staying (how many), asked (false: the step's own
 //                          checkpoint was being written already)
+//   coordinator_moving     the coordinator's own node (node) got a notice: it stops at step (its
+//                          record saved) and the job supervisor restarts it on another node
 //   preempted              every worker was noticed: the job stops (step; checkpoint_saved:
 //                          whether step is on disk) — run again to resume
 //   recovering             a rank (child) reported a failure: during (configure|step), step

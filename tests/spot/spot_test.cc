@@ -202,6 +202,32 @@ TEST_F(SpotHandoverTest, NoticesThatComeTogetherLeaveAtOneStepBoundary) {
   EXPECT_TRUE(FindEvents(Events("batch"), "handover_checkpoint").empty()) << EventLogText("batch");
 }
 
+// The on-demand node that hosts the coordinator (and a rank) gets a notice (SIGTERM): the
+// coordinator moves first — it stops at a step boundary with its record saved and the job
+// supervisor restarts it on a spot node — and the restarted one hands the node's rank over.
+TEST_F(SpotHandoverTest, ANoticeOnTheCoordinatorsNodeMovesTheCoordinatorFirst) {
+  const std::string want = Reference();
+  SpotCluster c = StartCluster("sigterm");
+  JobRun r = RunNoticed("coord", c, [&] { kill(c.local->nodes().at("od"), SIGTERM); });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<SupervisionEvent> events = Events("coord");
+  const std::vector<SupervisionEvent> moving =
+      FindEvents(events, "coordinator_moving", {{"node", "od"}});
+  ASSERT_EQ(moving.size(), 1u) << EventLogText("coord");
+  const std::string step = moving[0].Field("step");
+  EXPECT_EQ(FindEvents(events, "coordinator_restarted", {{"step", step}}).size(), 1u)
+      << EventLogText("coord");
+  const std::vector<SupervisionEvent> gens = FindEvents(events, "generation", {{"step", step}});
+  ASSERT_FALSE(gens.empty()) << EventLogText("coord");
+  EXPECT_EQ(gens.back().Field("world"), absl::StrCat(kSpotNodes)) << EventLogText("coord");
+  EXPECT_EQ(gens.back().Field("workers").find("od/"), std::string::npos) << EventLogText("coord");
+  EXPECT_TRUE(gens.back().Field("source") == "owners" || gens.back().Field("source") == "mirrors")
+      << EventLogText("coord");
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("coord");
+}
+
 // Every node noticed (no on-demand node): the committed step is checkpointed and `troupe train`
 // exits 75 (preempted); run again (here on the embedded cluster), it resumes from that step.
 TEST_F(SpotHandoverTest, EveryNodeNoticedCheckpointsExitsAndTheSameCommandResumesBitIdentical) {

@@ -129,7 +129,7 @@ void JobTest::SetUp() {
 }
 
 void JobTest::TearDown() {
-  if (!HasFailure()) fs::remove_all(base_);
+  if (!HasFailure() && std::getenv("TROUPE_KEEP_TEST_DIRS") == nullptr) fs::remove_all(base_);
 }
 
 pid_t JobTest::Start(const std::string& dir, const std::vector<std::string>& extra) {

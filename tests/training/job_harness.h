@@ -60,7 +60,7 @@ constexpr int kMicrobatches = 8;
 class JobTest : public ::testing::Test {
  protected:
   void SetUp() override;
-  void TearDown() override;  // the directory stays for a failed test
+  void TearDown() override;  // the directory stays for a failed test (or TROUPE_KEEP_TEST_DIRS)
 
   // Starts `troupe train` in its own process group; output goes to <dir>/out.txt.
   pid_t Start(const std::string& dir, const std::vector<std::string>& extra);
