@@ -391,6 +391,9 @@ void Coordinator::Do(const CoordinatorAction& a) {
       FaultFired(FaultKind::kKillCoordinator, core_->committed());
       raise(SIGKILL);
       return;
+    case Kind::kReleaseNode:
+      if (head_) self_->send(head_, runtime::release_node_atom::value, a.text);
+      return;
     case Kind::kMoveSelf:
       // An error exit: the job supervisor restarts this child where the scheduler places it now
       // (never on a draining node); the next incarnation resumes from the record just saved.

@@ -90,6 +90,8 @@ std::string DebugString(const CoordinatorAction& a) {
       return "crash_self";
     case Kind::kMoveSelf:
       return "move_self";
+    case Kind::kReleaseNode:
+      return absl::StrCat("release_node(", a.text, ")");
     case Kind::kStallSelf:
       return "stall_self";
     case Kind::kArmCrash:
@@ -522,6 +524,17 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
   record_.buddy = group_buddy_;
   Save(&out);
   CommitGroup(&out, -1);
+  // The generation holds every committed range without the noticed nodes' ranks: those nodes
+  // may go now rather than at the end of their notice (this coordinator's own excepted).
+  for (const std::string& node : draining_nodes_) {
+    bool holds = node == own_node_ || released_nodes_.count(node);
+    for (const std::string& w : group_) holds |= members_[w].node == node;
+    if (holds) continue;
+    released_nodes_.insert(node);
+    CoordinatorAction a{Kind::kReleaseNode};
+    a.text = node;
+    Emit(&out, std::move(a));
+  }
   StartStep(&out);
   return out;
 }

@@ -84,26 +84,27 @@ struct CoordinatorRecord {
 
 struct CoordinatorAction {
   enum class Kind {
-    kSaveRecord,  // persist `record` before carrying out any later action
-    kAbort,       // tell `worker`: fail collectives of generations below `generation` now
-    kConfigure,   // send `worker` generation `generation` with `plan`
-    kStep,        // send `worker`: run step `step` of `generation`
-    kCommit,      // send `worker`: apply the staged step; write checkpoint `step` unless -1
-    kCheckpoint,  // commit checkpoint `step` (manifest of `shards`, world `world`) to the store
-    kFinal,       // ask `worker` for the final parameters' CRC (every rank of a pipeline grid)
-    kReadTable,   // read the head's membership table, then call OnTable
-    kTimer,       // call OnTimer(`timer`) after `delay`
-    kKillWorker,  // chaos: `worker` kills itself with `signal` in step `step`'s exchange (`fault`)
-    kNodeFault,   // chaos: `fault` (sigterm-node, partition-node, drop-node) on `worker`'s node
-    kAddNode,     // chaos: a node named `text` with one worker joins
-    kCrashSelf,   // chaos: this process dies now (kill-coordinator)
-    kMoveSelf,    // this incarnation's node got a notice: stop, to be restarted on another node
-    kStallSelf,   // chaos: this actor blocks for a while (stall-coordinator)
-    kArmCrash,    // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
-    kCommitted,   // step `step` committed in `generation` (world `world`, mean `loss`)
-    kEvent,       // a decision, for the job's event log and the operator: `event`
-    kFinish,      // the job is done: report `crc`, `num_params`, `step`; stop every member
-    kFail,        // the job cannot go on: `status` (and `event`, for the log); stop
+    kSaveRecord,   // persist `record` before carrying out any later action
+    kAbort,        // tell `worker`: fail collectives of generations below `generation` now
+    kConfigure,    // send `worker` generation `generation` with `plan`
+    kStep,         // send `worker`: run step `step` of `generation`
+    kCommit,       // send `worker`: apply the staged step; write checkpoint `step` unless -1
+    kCheckpoint,   // commit checkpoint `step` (manifest of `shards`, world `world`) to the store
+    kFinal,        // ask `worker` for the final parameters' CRC (every rank of a pipeline grid)
+    kReadTable,    // read the head's membership table, then call OnTable
+    kTimer,        // call OnTimer(`timer`) after `delay`
+    kKillWorker,   // chaos: `worker` kills itself with `signal` in step `step`'s exchange (`fault`)
+    kNodeFault,    // chaos: `fault` (sigterm-node, partition-node, drop-node) on `worker`'s node
+    kAddNode,      // chaos: a node named `text` with one worker joins
+    kCrashSelf,    // chaos: this process dies now (kill-coordinator)
+    kMoveSelf,     // this incarnation's node got a notice: stop, to be restarted on another node
+    kReleaseNode,  // the noticed node `text` holds nothing of the job any more: it may leave now
+    kStallSelf,    // chaos: this actor blocks for a while (stall-coordinator)
+    kArmCrash,     // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
+    kCommitted,    // step `step` committed in `generation` (world `world`, mean `loss`)
+    kEvent,        // a decision, for the job's event log and the operator: `event`
+    kFinish,       // the job is done: report `crc`, `num_params`, `step`; stop every member
+    kFail,         // the job cannot go on: `status` (and `event`, for the log); stop
   };
   explicit CoordinatorAction(Kind k) : kind(k) {}
   Kind kind;
@@ -300,6 +301,7 @@ class CoordinatorCore {
   bool notice_window_open_ = false;         // a notice's window runs: its drain waits for it
   std::set<std::string> draining_nodes_;    // noticed: a worker of one joins draining
   std::string own_node_;                    // where this incarnation runs ("": unknown)
+  std::set<std::string> released_nodes_;    // noticed nodes told they may leave
   int failed_generations_ = 0;
   // Since the last commit: the workers every blamed failure had in common (reporter or blamed),
   // and how many failed generations named one.

@@ -360,6 +360,17 @@ class Sim {
         queue_.push_back({kEvJoin, [this, w, node] { return core_->OnJoin(w, node, now_); }});
         break;
       }
+      case Kind::kReleaseNode:
+        // Nothing of the job may be left on it: no rank of the generation just configured.
+        for (const std::string& w : core_->group()) {
+          if (workers_[w].node == a.text)
+            Fail(absl::StrCat("released node ", a.text, " holds ", w));
+        }
+        ++coverage_->faults_carried_out["release"];
+        for (auto& [w, s] : workers_) {
+          if (s.node == a.text && s.alive) Kill(w);  // it leaves now
+        }
+        break;
       case Kind::kMoveSelf:
         CountFault(absl::StrCat("move@", core_->committed(), "#", moves_++), 1);
         crashed_ = true;  // the supervisor restarts it elsewhere, from its record
@@ -625,7 +636,7 @@ TEST(CoordinatorCorePropertyTest, InvariantsHoldOverThousandsOfRandomSequences) 
     }
   }
   EXPECT_EQ(missing, "") << "(phase x event) pairs hit fewer than 10 times";
-  for (const char* kind : {"kill", "drain", "join", "crash", "arm_crash", "move"}) {
+  for (const char* kind : {"kill", "drain", "join", "crash", "arm_crash", "move", "release"}) {
     EXPECT_GE(coverage.faults_carried_out[kind], 50) << kind << " faults carried out";
   }
   EXPECT_GE(coverage.faults_carried_out["preempted"], 10) << "jobs stopped as preempted";

@@ -734,6 +734,10 @@ TEST_F(CoordinatorCoreTest, NoticesWithinTheWindowLeaveAtOneStepBoundary) {
             "committed(s2,g1,w4) abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
             "configure(a,g2,r0/2,s2,memory) configure(c,g2,r1/2,s2,memory)")
       << "b and d leave together, their ranges from their buddies c and a";
+  EXPECT_EQ(ConfigureAll(),
+            "save commit(a,g2,ck-1) commit(c,g2,ck-1) release_node(n-b) release_node(n-d) "
+            "step(a,g2,s2) step(c,g2,s2)")
+      << "handed over: their nodes may go now";
 }
 
 // A network fault is the node agent's to carry out; the core only names the node (by its worker)

@@ -221,6 +221,7 @@ class SpotSim {
     core_ = std::make_unique<CoordinatorCore>(std::move(o));
     ++incarnation_;
     if (restart) core_->Restore(saved_, At(now_));
+    core_->SetOwnNode(coordinator_);
     std::vector<std::string> alive, dead;
     for (const auto& [name, m] : machines_) {
       (m.alive ? alive : dead).push_back(WorkerOf(name));
@@ -317,6 +318,14 @@ class SpotSim {
       case Kind::kFinish:
         done_ = true;
         break;
+      case Kind::kReleaseNode: {  // handed over: the machine goes now, not at its notice's end
+        const std::string machine = a.text;
+        Schedule(now_, [this, machine] { Leave(machine, 0); });
+        break;
+      }
+      case Kind::kMoveSelf:
+        MoveCoordinatorOff();
+        break;
       case Kind::kFail:
         if (IsPreempted(a.status)) {
           out_.preempted = true;
@@ -383,6 +392,7 @@ class SpotSim {
     const SpotZone& z = Zone(m.zone);
     if (z.notice_s > 0) {
       m.noticed = true;
+      (void)sched_.DrainNode(machine);
       Execute(core_->OnNodeDraining(machine, "spot notice", At(now_)));
       Schedule(now_ + z.notice_s, [this, machine] { Leave(machine, 0); });
     } else {
@@ -419,6 +429,24 @@ class SpotSim {
         });
       });
     }
+  }
+
+  // The coordinator's machine got a notice and the coordinator stopped to move (kMoveSelf): the
+  // job supervisor restarts it where the scheduler places it now (not on a draining machine).
+  void MoveCoordinatorOff() {
+    ++out_.coordinator_moves;
+    ++incarnation_;
+    (void)sched_.ReleaseActor("coordinator");
+    scheduler::ActorRequest r;
+    r.actor = "coordinator";
+    r.spot = scheduler::SpotPreference::kPreferOnDemand;
+    absl::StatusOr<scheduler::ActorDecision> placed = sched_.PlaceActor(r);
+    if (!placed.ok() || !placed->placed()) {
+      error_ = absl::FailedPreconditionError("the coordinator cannot move: no machine takes it");
+      return;
+    }
+    coordinator_ = placed->node;
+    Schedule(now_ + t_.replan_s, [this] { StartCoordinator(/*restart=*/true); });
   }
 
   // The coordinator's process died with its machine: the job supervisor restarts it where the

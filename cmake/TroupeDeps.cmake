@@ -89,3 +89,6 @@ troupe_link_only_libraries(capnp "capnp;kj" Threads::Threads)
 # libnetfilter_queue (Debian's libnetfilter-queue-dev), which troupe_runtime links privately for
 # `troupe relay` (latency on a host's links without netem). Located the same way as Cap'n Proto's.
 troupe_link_only_libraries(netfilter_queue "netfilter_queue;nfnetlink" "")
+
+# SQLite (Debian's libsqlite3-dev), which troupe_runtime links privately: the head's store.
+troupe_link_only_libraries(sqlite3 "sqlite3" "")

@@ -27,6 +27,10 @@ void ClusterOptions::Register(ConfigRegistry& registry) {
   registry.AddDuration("join_timeout", &join_timeout,
                        "how long a node or worker keeps trying to reach a head not yet listening",
                        Positive());
+  registry.AddDuration("head_grace", &head_grace,
+                       "how long a node agent or worker that lost the head keeps its processes "
+                       "and actors running while it rejoins the head that takes over",
+                       Positive());
   registry.AddString("log_dir", &log_dir, "where worker processes write stdout/stderr");
   registry.AddString("build_id", &build_id, "override this binary's build id (tests)");
 }

@@ -224,6 +224,13 @@ void Context::Unregister(const std::string& name, uint64_t generation) {
   if (it != directory_.end() && it->second.generation == generation) directory_.erase(it);
 }
 
+std::vector<ActorRef> Context::Directory() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ActorRef> out;
+  for (const auto& [name, ref] : directory_) out.push_back(ref);
+  return out;
+}
+
 std::optional<ActorRef> Context::Lookup(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = directory_.find(name);

@@ -1,5 +1,8 @@
 #include "internal/head.h"
 
+#include <unistd.h>
+
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -64,10 +67,15 @@ absl::StatusOr<scheduler::NodeSpec> ParseNodeSpec(const std::string& name,
 
 class HeadActor final : public caf::event_based_actor {
  public:
-  HeadActor(caf::actor_config& cfg, ClusterOptions options, std::string build_id)
-      : caf::event_based_actor(cfg), options_(std::move(options)), build_id_(std::move(build_id)) {}
+  HeadActor(caf::actor_config& cfg, ClusterOptions options, std::string build_id,
+            std::shared_ptr<HeadStore> store)
+      : caf::event_based_actor(cfg),
+        options_(std::move(options)),
+        build_id_(std::move(build_id)),
+        store_(std::move(store)) {}
 
   caf::behavior make_behavior() override {
+    if (store_) Restore();
     set_down_handler([this](caf::down_msg& dm) { HandleDown(dm); });
     delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
     return {
@@ -92,6 +100,18 @@ class HeadActor final : public caf::event_based_actor {
                const std::string& tail, int32_t wait_status,
                bool fenced) { HandleWorkerExit(id, tail, wait_status, fenced); },
         [this](flush_atom, const std::string& id) { ReportWorkerDown(id); },
+        [this](release_node_atom, const std::string& node) {
+          auto it = members_.find(node);
+          if (it == members_.end() || it->second.info.kind != MemberKind::kNode ||
+              it->second.info.state != MemberState::kDraining) {
+            return;
+          }
+          aout(this) << "troupe-head: node " << node << " released: handed over, it leaves now"
+                     << std::endl;
+          send(it->second.handle, release_atom::value);
+        },
+        [this](reg_actor_atom, const std::string& worker, const std::string& name, uint64_t gen,
+               const caf::actor& h) { HandleRegisterActor(worker, name, gen, h); },
         [this](drain_atom, const std::string& node, int64_t grace_ms, const std::string& notice) {
           auto it = members_.find(node);
           if (it == members_.end() || it->second.info.state != MemberState::kAlive) return;
@@ -160,6 +180,7 @@ class HeadActor final : public caf::event_based_actor {
            detail);
     }
     (void)sched_.ReleaseActor(it->first);
+    if (store_) StoreFailed(store_->RemoveActor(it->first));
     if (auto w = members_.find(it->second.worker); w != members_.end() && w->second.hosted > 0) {
       w->second.hosted--;
     }
@@ -222,6 +243,13 @@ class HeadActor final : public caf::event_based_actor {
     if (bump) ++generation_;
     MembershipEvent e{generation_, kind, subject, node,      pid,
                       detail,      tail, cause,   exit_code, signal};
+    if (store_ && bump) {
+      absl::Status s = store_->PutGeneration(generation_);
+      if (auto m = members_.find(subject); s.ok() && m != members_.end()) {
+        s = store_->PutMember(m->second.info);
+      }
+      StoreFailed(s);
+    }
     aout(this) << "troupe-head: " << e.DebugString() << std::endl;
     for (const auto& s : subscribers_) send(s, membership_atom::value, e);
   }
@@ -260,6 +288,17 @@ class HeadActor final : public caf::event_based_actor {
                                              int64_t pid, const caf::actor& worker) {
     // A worker of a node declared dead would get nothing placed on it (the scheduler dropped its
     // node); the node joins again with new workers instead.
+    // A worker once declared dead (here, or by the head before this one) stays dead: its node
+    // joins again with new workers instead (fencing).
+    bool dead = false;
+    if (auto old = members_.find(id); old != members_.end()) {
+      dead = old->second.info.state == MemberState::kDead;
+    }
+    for (const MemberInfo& r : restored_) dead |= r.id == id && r.state == MemberState::kDead;
+    if (dead) {
+      return StatusToError(absl::FailedPreconditionError(
+          absl::StrCat("worker '", id, "' refused: it was declared dead")));
+    }
     auto n = members_.find(node);
     if (n == members_.end() || n->second.info.state != MemberState::kAlive) {
       return StatusToError(absl::FailedPreconditionError(
@@ -280,6 +319,25 @@ class HeadActor final : public caf::event_based_actor {
     members_[id] = std::move(m);
     Publish(MembershipKind::kWorkerAlive, id, node, pid, "");
     return generation_;
+  }
+
+  // A named actor of a worker that rejoined this head (after its predecessor was lost): into the
+  // directory, unless a newer incarnation of the name is known. Whoever spawned it is not known
+  // here; its loss reaches lookups and monitors, not an rdown.
+  void HandleRegisterActor(const std::string& worker, const std::string& name, uint64_t gen,
+                           const caf::actor& h) {
+    auto w = members_.find(worker);
+    if (w == members_.end() || w->second.info.kind != MemberKind::kWorker ||
+        w->second.info.state != MemberState::kAlive || !h) {
+      return;
+    }
+    if (auto it = directory_.find(name); it != directory_.end() && it->second.generation >= gen) {
+      return;
+    }
+    directory_[name] = Named{h, gen, worker, caf::actor()};
+    w->second.hosted++;
+    if (store_) StoreFailed(store_->PutActor({name, worker, gen}));
+    monitor(h);
   }
 
   // A worker's or node's heartbeat, with its actors' handler times: a handler running longer
@@ -540,6 +598,7 @@ class HeadActor final : public caf::event_based_actor {
         .then(
             [this, rp, id, gen, worker_id, requester](const caf::actor& h) mutable {
               directory_[id] = Named{h, gen, worker_id, requester};
+              if (store_) StoreFailed(store_->PutActor({id, worker_id, gen}));
               monitor(h);
               rp.deliver(h, worker_id);
             },
@@ -636,8 +695,32 @@ class HeadActor final : public caf::event_based_actor {
     return d->bundle_nodes;
   }
 
+  // The state a previous head left in the store: the generation goes on from it, and what it knew
+  // is kept for its successor's report (members re-register as they reconnect).
+  void Restore() {
+    absl::StatusOr<HeadStore::State> s = store_->Load();
+    if (!s.ok()) return StoreFailed(s.status());
+    generation_ = s->generation;
+    restored_ = std::move(s->members);
+    size_t alive = 0;
+    for (const MemberInfo& m : restored_) alive += m.state != MemberState::kDead ? 1 : 0;
+    aout(this) << "troupe-head: store epoch " << store_->epoch() << ": generation " << generation_
+               << ", " << alive << " of " << restored_.size()
+               << " known members were alive; they re-register as they reconnect" << std::endl;
+  }
+  // A store that refuses this head's writes has been claimed by a later head: this one is stale
+  // and stops, rather than serve a cluster it can no longer record.
+  void StoreFailed(const absl::Status& s) {
+    if (s.ok()) return;
+    std::cerr << "troupe head: " << s.message() << "; stopping" << std::endl;
+    std::fflush(nullptr);
+    _exit(s.code() == absl::StatusCode::kFailedPrecondition ? 3 : 1);
+  }
+
   ClusterOptions options_;
   std::string build_id_;
+  std::shared_ptr<HeadStore> store_;
+  std::vector<MemberInfo> restored_;
   uint64_t generation_ = 0;
   std::map<std::string, Member> members_;
   std::map<std::string, Named> directory_;
@@ -650,8 +733,9 @@ class HeadActor final : public caf::event_based_actor {
 
 }  // namespace
 
-caf::actor SpawnHead(caf::actor_system& system, ClusterOptions options, std::string build_id) {
-  return system.spawn<HeadActor>(std::move(options), std::move(build_id));
+caf::actor SpawnHead(caf::actor_system& system, ClusterOptions options, std::string build_id,
+                     std::shared_ptr<HeadStore> store) {
+  return system.spawn<HeadActor>(std::move(options), std::move(build_id), std::move(store));
 }
 
 }  // namespace troupe::runtime::internal

@@ -36,40 +36,69 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   char tmpl[] = "/tmp/troupe-cluster-XXXXXX";
   if (!mkdtemp(tmpl)) return absl::UnavailableError("mkdtemp failed");
   c->dir_ = tmpl;
-  std::string port_file = c->dir_ + "/head.port";
-  internal::ProcessSpec head;
-  head.path = c->options_.binary;
-  head.args = {"head", "--port", "0", "--port_file", port_file};
-  for (auto& a : c->RoleArgs()) head.args.push_back(a);
-  for (auto& a : c->options_.head_args) head.args.push_back(a);
   // The head's and node agents' logs sit beside the workers' (<log_dir>), where an operator
   // looks: they hold the membership changes and every reaped worker's process_exit event.
   mkdir(c->LogDir().c_str(), 0755);
-  head.stdout_path = c->LogDir() + "/head.out";
-  head.stderr_path = c->LogDir() + "/head.err";
-  auto pid = internal::StartProcess(head);
-  if (!pid.ok()) return pid.status();
-  c->head_pid_ = *pid;
-  for (int i = 0; i < 1000 && c->port_ == 0; ++i) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port) c->port_ = static_cast<uint16_t>(port);
-    int status;
-    if (c->port_ == 0 && waitpid(c->head_pid_, &status, WNOHANG) == c->head_pid_) {
-      c->head_pid_ = 0;
-      return absl::UnavailableError(
-          absl::StrCat("head exited: ", internal::DescribeWaitStatus(status),
-                       "; stderr: ", internal::TailFile(head.stderr_path, 10)));
-    }
-    if (c->port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  if (c->port_ == 0) return absl::DeadlineExceededError("head did not report its port in 10s");
+  if (absl::Status s = c->StartHead(0); !s.ok()) return s;
   if (c->options_.workers > 0) {
     auto node = c->AddNode("local", c->options_.workers,  // a cpu slot per worker
                            absl::StrCat("cpu=", std::max(1, c->options_.workers)));
     if (!node.ok()) return node.status();
   }
   return c;
+}
+
+absl::Status LocalCluster::StartHead(uint16_t port) {
+  ++head_starts_;
+  const std::string port_file = absl::StrCat(dir_, "/head-", head_starts_, ".port");
+  internal::ProcessSpec head;
+  head.path = options_.binary;
+  head.args = {"head", "--port", absl::StrCat(port), "--port_file", port_file};
+  if (options_.head_store) head.args.insert(head.args.end(), {"--store", dir_ + "/head.db"});
+  for (auto& a : RoleArgs()) head.args.push_back(a);
+  for (auto& a : options_.head_args) head.args.push_back(a);
+  // Appended: a restarted head's lines follow its predecessor's.
+  head.stdout_path = LogDir() + "/head.out";
+  head.stderr_path = LogDir() + "/head.err";
+  head.append = true;
+  auto pid = internal::StartProcess(head);
+  if (!pid.ok()) return pid.status();
+  head_pid_ = *pid;
+  uint16_t bound = 0;
+  for (int i = 0; i < 1000 && bound == 0; ++i) {
+    std::ifstream in(port_file);
+    int p = 0;
+    if (in >> p) bound = static_cast<uint16_t>(p);
+    int status;
+    if (bound == 0 && waitpid(head_pid_, &status, WNOHANG) == head_pid_) {
+      head_pid_ = 0;
+      return absl::UnavailableError(
+          absl::StrCat("head exited: ", internal::DescribeWaitStatus(status),
+                       "; stderr: ", internal::TailFile(head.stderr_path, 10)));
+    }
+    if (bound == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (bound == 0) return absl::DeadlineExceededError("head did not report its port in 10s");
+  port_ = bound;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartHead() {
+  if (head_pid_ > 0) {
+    // A head just killed may take a moment to finish dying.
+    int status;
+    pid_t done = 0;
+    for (int i = 0; i < 500 && done == 0; ++i) {
+      done = waitpid(head_pid_, &status, WNOHANG);
+      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (done != head_pid_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("RestartHead: the head (pid ", head_pid_, ") is still running"));
+    }
+    head_pid_ = 0;
+  }
+  return StartHead(port_);
 }
 
 absl::StatusOr<pid_t> LocalCluster::AddNode(const std::string& name, int workers,

@@ -55,6 +55,8 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
   self->monitor(head);
   self->set_down_handler([w](caf::down_msg&) { w->head_lost = true; });
   return {
+      // The head that took over after a loss: its loss is the next one.
+      [self](new_head_atom, const caf::actor& h) { self->monitor(h); },
       [w](fence_atom, const std::string& id) {
         std::lock_guard<std::mutex> l(w->mu);
         for (const auto& [pid, wid] : w->ids) {
@@ -232,7 +234,9 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
                  "--heartbeat_interval",
                  FormatDuration(c.co.heartbeat_interval),
                  "--threads",
-                 absl::StrCat(c.ro.threads)};
+                 absl::StrCat(c.ro.threads),
+                 "--head_grace",
+                 FormatDuration(c.co.head_grace)};
     if (!c.co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", c.co.build_id});
     for (const std::string& a : c.ro.TlsArgs()) spec.args.push_back(a);
     std::string visible;
@@ -289,8 +293,9 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
 // Reaps workers until a preemption notice (a drain of at most `grace`, or until the head releases
 // the node) or the head is lost; then stops the workers and exits the process. With
 // --preemption_source none, SIGTERM stops the node at once.
-[[noreturn]] void ServeUntilGone(const NodeConfig& c, Workers& w, const caf::actor& head,
-                                 const caf::actor& agent, Context& ctx, caf::actor_system& sys) {
+[[noreturn]] void ServeUntilGone(const NodeConfig& c, Workers& w, caf::actor head,
+                                 const caf::actor& agent, Context& ctx, caf::actor_system& sys,
+                                 Runtime& runtime, HeartbeatSender& heartbeats) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
@@ -322,10 +327,25 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
       caf::anon_send(head, drain_atom::value, c.name, ms, notice->detail);
     }
     if (w.head_lost) {
-      LogWarn(absl::StrCat("node ", c.name), "lost the head; stopping workers");
-      StopWorkers(w, head, ctx, c.name);
-      std::fflush(nullptr);
-      _exit(1);
+      // The workers go on (they rejoin by themselves) while this agent joins the head that takes
+      // over; without one within head_grace, the node stops.
+      LogWarn(absl::StrCat("node ", c.name),
+              absl::StrCat("lost the head; rejoining within ", FormatDuration(c.co.head_grace)));
+      absl::StatusOr<caf::actor> again =
+          RejoinHead(runtime, c.head_addr, c.co, "node", c.name, Registration(c, agent));
+      if (!again.ok()) {
+        LogError(absl::StrCat("node ", c.name), std::string(again.status().message()));
+        StopWorkers(w, head, ctx, c.name);
+        std::fflush(nullptr);
+        _exit(1);
+      }
+      head = *again;
+      w.head_lost = false;
+      caf::anon_send(agent, new_head_atom::value, head);
+      heartbeats.SetHead(head);
+      std::cout << "troupe node " << c.name << ": rejoined the head at " << c.head_addr
+                << std::endl;
+      Reap(w, head, ctx, c.name);  // exits while it was away
     }
     if (draining && (w.release || Clock::now() >= deadline)) break;
   }
@@ -374,7 +394,8 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   // loaded machine (a node was once declared dead a second after it joined).
   HeartbeatSender heartbeats(*m->runtime, m->head, c.name, c.co.heartbeat_interval);
   StartWorkers(c, *w);
-  ServeUntilGone(c, *w, m->head, agent, *m->runtime->internal_context(), sys);
+  ServeUntilGone(c, *w, m->head, agent, *m->runtime->internal_context(), sys, *m->runtime,
+                 heartbeats);
 }
 
 }  // namespace troupe::runtime::internal

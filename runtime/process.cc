@@ -50,8 +50,11 @@ absl::StatusOr<pid_t> StartProcess(const ProcessSpec& spec) {
   for (auto& e : env_s) envp.push_back(e.data());
   envp.push_back(nullptr);
   int out_fd = -1, err_fd = -1;
-  auto open_log = [](const std::string& p) {
-    return p.empty() ? -1 : ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  auto open_log = [&spec](const std::string& p) {
+    return p.empty()
+               ? -1
+               : ::open(p.c_str(),
+                        O_WRONLY | O_CREAT | (spec.append ? O_APPEND : O_TRUNC) | O_CLOEXEC, 0644);
   };
   out_fd = open_log(spec.stdout_path);
   err_fd = open_log(spec.stderr_path);

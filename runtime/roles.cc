@@ -94,9 +94,10 @@ void BlockRoleSignals() {
 }
 
 HeartbeatSender::HeartbeatSender(Runtime& runtime, caf::actor head, std::string id,
-                                 Duration interval) {
+                                 Duration interval)
+    : head_(std::move(head)) {
   auto ctx = runtime.internal_context();
-  thread_ = std::thread([this, ctx, head, id, interval] {
+  thread_ = std::thread([this, ctx, id, interval] {
     while (!stop_.load()) {
       std::vector<ActorStat> stats;
       int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
@@ -104,6 +105,11 @@ HeartbeatSender::HeartbeatSender(Runtime& runtime, caf::actor head, std::string 
         int64_t since = s->busy_since_ns.load(std::memory_order_relaxed);
         uint64_t busy_ms = since == 0 ? 0 : static_cast<uint64_t>((now - since) / 1000000);
         stats.push_back(ActorStat{s->name, s->generation, s->progress.load(), busy_ms});
+      }
+      caf::actor head;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        head = head_;
       }
       caf::anon_send(head, heartbeat_atom::value, id, std::move(stats));
       std::this_thread::sleep_for(interval);
@@ -156,6 +162,40 @@ void ExitRole(const std::string& role, const std::string& name, const absl::Stat
   }
 }
 
+void HeartbeatSender::SetHead(caf::actor head) {
+  std::lock_guard<std::mutex> l(mu_);
+  head_ = std::move(head);
+}
+
+absl::StatusOr<caf::actor> RejoinHead(Runtime& runtime, const std::string& head_addr,
+                                      const ClusterOptions& options, const std::string& kind,
+                                      const std::string& name, const caf::message& registration) {
+  TROUPE_ASSIGN_OR_RETURN(auto hp, ParseHostPort(head_addr));
+  const auto deadline = std::chrono::steady_clock::now() + options.head_grace;
+  absl::Status last = absl::UnavailableError("nothing answered");
+  while (std::chrono::steady_clock::now() < deadline) {
+    absl::StatusOr<caf::actor> head =
+        Connect(runtime, hp.first, hp.second, std::chrono::milliseconds(200));
+    if (head.ok()) {
+      absl::StatusOr<uint64_t> joined =
+          JoinCluster(runtime.system(), *head, options, kind, name, registration);
+      if (joined.ok()) {
+        runtime.internal_context()->SetHead(*head);
+        return *head;
+      }
+      last = joined.status();
+      // Another build or protocol, or a duplicate: no retry makes it join.
+      if (last.code() == absl::StatusCode::kAlreadyExists) return last;
+    } else {
+      last = head.status();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::UnavailableError(
+      absl::StrCat("lost the head at ", head_addr, " and no head took over within head_grace (",
+                   FormatDuration(options.head_grace), "); last: ", last.message()));
+}
+
 HeartbeatSender::~HeartbeatSender() {
   stop_ = true;
   thread_.join();
@@ -200,6 +240,10 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   config.AddInt("port", &port, "port to listen on (0: ephemeral, reported)", InRange(0, 65535));
   config.AddString("host", &host, "address to listen on");
   config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
+  std::string store_path;
+  config.AddString("store", &store_path,
+                   "the head's durable state (SQLite file): a restarted head goes on from it, "
+                   "under a new epoch that fences the old one; \"\": none");
   if (int rc =
           ParseCommandLine("head", "usage: troupe head [--port P] [--host ADDR]", args, config);
       rc >= 0)
@@ -211,7 +255,17 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
     LogError("head", std::string(rt.status().message()));
     return 2;
   }
-  caf::actor head = SpawnHead((*rt)->system(), co, co.EffectiveBuildId());
+  std::shared_ptr<HeadStore> store;
+  if (!store_path.empty()) {
+    auto opened = OpenSqliteHeadStore(store_path);
+    if (!opened.ok()) {
+      LogError("head", std::string(opened.status().message()));
+      return 2;
+    }
+    store = std::move(*opened);
+    std::cout << "troupe head: store " << store_path << ", epoch " << store->epoch() << std::endl;
+  }
+  caf::actor head = SpawnHead((*rt)->system(), co, co.EffectiveBuildId(), store);
   auto bound = Publish(**rt, head, static_cast<uint16_t>(port), host);
   if (!bound.ok()) {
     LogError("head", std::string(bound.status().message()));
@@ -258,9 +312,25 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   LogInfo(absl::StrCat("worker ", id), absl::StrCat("joined, pid ", getpid()));
   HeartbeatSender heartbeats(*m->runtime, m->head, id, co.heartbeat_interval);
   caf::scoped_actor self{sys};
-  self->monitor(m->head);
-  self->receive([](caf::down_msg&) {});
-  ExitRole("worker", id, absl::UnavailableError("lost the head; exiting"));
+  caf::actor head = m->head;
+  while (true) {
+    self->monitor(head);
+    self->receive([](caf::down_msg&) {});
+    // The head is gone: this worker's actors go on while it joins the head that takes over.
+    LogWarn(absl::StrCat("worker ", id),
+            absl::StrCat("lost the head; rejoining within ", FormatDuration(co.head_grace)));
+    absl::StatusOr<caf::actor> again =
+        RejoinHead(*m->runtime, head_addr, co, "worker", id,
+                   caf::make_message(reg_worker_atom::value, id, node,
+                                     static_cast<int64_t>(getpid()), worker));
+    if (!again.ok()) ExitRole("worker", id, again.status());
+    head = *again;
+    heartbeats.SetHead(head);
+    for (const ActorRef& r : m->runtime->internal_context()->Directory()) {
+      caf::anon_send(head, reg_actor_atom::value, id, r.name, r.generation, r.handle);
+    }
+    LogInfo(absl::StrCat("worker ", id), "rejoined the head");
+  }
 }
 
 int UpMain(const std::vector<std::string>& args) {

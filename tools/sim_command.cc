@@ -50,6 +50,15 @@ struct Commits {
   }
 };
 
+// Whether `pid` still runs (a zombie has left: its parent reaps it later).
+bool Running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
 int64_t Lines(const std::string& path) {
   std::ifstream in(path);
   int64_t n = 0;
@@ -123,6 +132,9 @@ absl::StatusOr<Commits> RunOnCluster(const actors::SpotTrace& t, int od, int spo
       actors::SpotZone zone;
     };
     std::vector<Pending> pending;
+    // Noticed machines not yet gone (their agent's pid): each is replaced replace_s after it
+    // leaves — handed over, or at its notice's end.
+    std::map<pid_t, actors::SpotZone> leaving;
     int next_spot = spot;
     int64_t seen = 0;
     while (!stop) {
@@ -157,7 +169,15 @@ absl::StatusOr<Commits> RunOnCluster(const actors::SpotTrace& t, int od, int spo
         if (node == (*cluster)->nodes().end() || !zone_of.count(p.machine)) continue;
         const actors::SpotZone z = zone_of[p.machine];
         kill(node->second, z.notice_s > 0 ? SIGTERM : SIGKILL);
-        pending.push_back({p.at_s + z.notice_s + z.replace_s, "", true, z});
+        leaving[node->second] = z;
+      }
+      for (auto it = leaving.begin(); it != leaving.end();) {
+        if (Running(it->first)) {
+          ++it;
+          continue;
+        }
+        pending.push_back({since() + it->second.replace_s, "", true, it->second});
+        it = leaving.erase(it);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }

@@ -8,6 +8,8 @@
 //   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
 //   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
 //                                                                  from the worker's node agent
+//   (reg_actor_atom, worker id, name, uint64 gen, actor)           a worker that rejoined a new
+//                                                                  head: a named actor it hosts
 //   (drain_atom, node, int64 grace_ms, notice)                     node got a preemption notice
 //                                                                  (SIGTERM, aws …, gce …)
 //   (leave_atom, node)                                             node leaves now
@@ -21,6 +23,7 @@
 //   (subscribe_atom, actor)
 // to a node agent:   (fence_atom, worker id)   kill a worker the head declared dead
 //                    (release_atom)            a draining node may leave now
+//                    (new_head_atom, head)     (from itself) the head that took over
 //                    (rejoin_atom)             this node was declared dead and is heard from
 //                                              again (a healed partition): kill its workers,
 //                                              join again, start workers under new ids
@@ -52,6 +55,8 @@ using subscribe_atom = membership_subscribe_atom;
 using fence_atom = caf::atom_constant<caf::atom("tr_fence")>;
 using release_atom = caf::atom_constant<caf::atom("tr_release")>;
 using rejoin_atom = caf::atom_constant<caf::atom("tr_rejoin")>;
+using new_head_atom = caf::atom_constant<caf::atom("tr_newhead")>;
+using reg_actor_atom = caf::atom_constant<caf::atom("tr_regact")>;
 using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
 using pg_atom = caf::atom_constant<caf::atom("tr_pg")>;
 using flush_atom = caf::atom_constant<caf::atom("tr_flush")>;

@@ -32,6 +32,8 @@ class Context : public std::enable_shared_from_this<Context> {
   // Removes `name` only if it still names incarnation `generation`.
   void Unregister(const std::string& name, uint64_t generation);
   std::optional<ActorRef> Lookup(const std::string& name);
+  // Every live named actor of this process (a worker tells a new head about them).
+  std::vector<ActorRef> Directory();
   void ClearDirectory();
   // Incarnation numbers are per name and never reused, even across supervisor restarts:
   // returns one more than the last handed out for `name` (1 the first time).

@@ -3,15 +3,21 @@
 #ifndef TROUPE_RUNTIME_INTERNAL_HEAD_H_
 #define TROUPE_RUNTIME_INTERNAL_HEAD_H_
 
+#include <memory>
 #include <string>
 
 #include "caf/actor.hpp"
 #include "caf/actor_system.hpp"
+#include "internal/head_store.h"
 #include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime::internal {
 
-caf::actor SpawnHead(caf::actor_system& system, ClusterOptions options, std::string build_id);
+// `store` (may be null: nothing outlives the process): the head starts from its state — the
+// membership generation goes on from there — and writes every membership change and directory
+// entry to it; a write refused (another head has claimed the store since) ends this head.
+caf::actor SpawnHead(caf::actor_system& system, ClusterOptions options, std::string build_id,
+                     std::shared_ptr<HeadStore> store = nullptr);
 
 }  // namespace troupe::runtime::internal
 

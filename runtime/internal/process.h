@@ -21,6 +21,7 @@ struct ProcessSpec {
   std::vector<std::string> args;           // argv[1..]
   std::map<std::string, std::string> env;  // added to (or replacing in) the environment
   std::string stdout_path, stderr_path;    // "" = inherit
+  bool append = false;                     // the log files are appended to, not truncated
   bool die_with_parent = true;             // PR_SET_PDEATHSIG(SIGKILL)
 };
 

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,14 +24,18 @@ int CertsMain(const std::vector<std::string>& args);
 int StatusMain(const std::vector<std::string>& args);
 int RelayMain(const std::vector<std::string>& args);  // relay.cc
 
-// Sends heartbeats (this process's tracked actors) to the head until stopped.
+// Sends heartbeats (this process's tracked actors) to the head until stopped; to the new one
+// after SetHead (a head that took over).
 class HeartbeatSender {
  public:
   HeartbeatSender(Runtime& runtime, caf::actor head, std::string id, Duration interval);
   ~HeartbeatSender();
+  void SetHead(caf::actor head);
 
  private:
   std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  caf::actor head_;
   std::thread thread_;
 };
 
@@ -58,6 +63,16 @@ struct ClusterMember {
                                                    const ClusterOptions& options,
                                                    const std::string& kind, const std::string& name,
                                                    const caf::message& registration);
+// After the head was lost: connects again to `head_addr` (the head restarted, or a standby that
+// took over that address) and joins it with the same registration, retrying until
+// `options.head_grace` has passed — the member's processes and actors keep running meanwhile. On
+// success the runtime's head is the new one. Unavailable naming the address and the grace after
+// it; an error the head answers with other than "not yet" (this member refused) at once.
+[[nodiscard]] absl::StatusOr<caf::actor> RejoinHead(Runtime& runtime, const std::string& head_addr,
+                                                    const ClusterOptions& options,
+                                                    const std::string& kind,
+                                                    const std::string& name,
+                                                    const caf::message& registration);
 // Prints "troupe <role> <name>: <status>" and exits the process at once (hosted actors may be
 // stuck; nothing is awaited) with 2 for a bad option, 3 when the head refused this member (another
 // protocol version or build, a duplicate name), 1 otherwise (the head unreachable or lost).

@@ -66,7 +66,8 @@ class SpotJobTest : public troupe::testing::JobTest {
     c.local = std::move(*local);
     c.head = absl::StrCat("127.0.0.1:", c.local->port());
     for (int i = 0; i < spot_nodes; ++i) {
-      std::vector<std::string> args = {"--grace",           "5s",  "--preemption_source", source,
+      // A long grace: a noticed node leaves once its ranks are handed over, not at its end.
+      std::vector<std::string> args = {"--grace",           "30s", "--preemption_source", source,
                                        "--preemption_poll", "50ms"};
       if (source == "aws" || source == "gce") {
         c.metadata.push_back(std::make_unique<FakeMetadataServer>());
@@ -95,6 +96,7 @@ class SpotJobTest : public troupe::testing::JobTest {
     }
     EXPECT_GE(Commits(dir), step) << Slurp(dir + "/out.txt");
     notice();
+    notice_at_ = std::chrono::steady_clock::now();
     JobRun r;
     r.exit_code = Wait(pid, milliseconds(240000));
     r.output = Slurp(dir + "/out.txt");
@@ -129,11 +131,30 @@ class SpotJobTest : public troupe::testing::JobTest {
     ExpectExactlyOnce(name);
   }
   // One node noticed: its state from the survivors' memory, no checkpoint read; the on-demand
-  // node's rank stays too.
-  void ExpectHandedOverFromMemory(const std::string& name, const JobRun& r, const std::string& node,
-                                  const std::string& notice, const std::string& want) {
+  // node's rank stays too. The node left as soon as that was done, not at its grace's end.
+  void ExpectHandedOverFromMemory(const std::string& name, const JobRun& r, const SpotCluster& c,
+                                  const std::string& node, const std::string& notice,
+                                  const std::string& want) {
     ExpectHandedOver(name, r, {node}, notice, want, {"owners", "mirrors"}, kSpotNodes);
+    const pid_t agent = c.local->nodes().at(node);
+    while (Running(agent) &&
+           std::chrono::steady_clock::now() - notice_at_ < std::chrono::seconds(15)) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    EXPECT_FALSE(Running(agent)) << "node " << node << " still there 15 s after its notice (its "
+                                 << "grace is 30 s: it should have been released)\n"
+                                 << Slurp(base_ + "/cluster/head.out");
+    EXPECT_NE(Slurp(base_ + "/cluster/head.out").find("node " + node + " released"),
+              std::string::npos)
+        << Slurp(base_ + "/cluster/head.out");
   }
+  // Whether `pid` still runs (a zombie has exited).
+  static bool Running(pid_t pid) {
+    const std::string stat = Slurp("/proc/" + std::to_string(pid) + "/stat");
+    const size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
+  }
+  std::chrono::steady_clock::time_point notice_at_;
 };
 
 class SpotNoticeTest : public SpotJobTest {};
@@ -143,7 +164,7 @@ TEST_F(SpotNoticeTest, AwsInstanceActionHandsTheNodeOverAtTheNextStepBoundary) {
   SpotCluster c = StartCluster("aws");
   ASSERT_EQ(c.metadata.size(), static_cast<size_t>(kSpotNodes));
   JobRun r = RunNoticed("aws", c, [&] { c.metadata[1]->Preempt(std::chrono::seconds(120)); });
-  ExpectHandedOverFromMemory("aws", r, "s1", "aws spot instance-action terminate at 20", want);
+  ExpectHandedOverFromMemory("aws", r, c, "s1", "aws spot instance-action terminate at 20", want);
   EXPECT_GE(c.metadata[1]->token_requests(), 1);
 }
 
@@ -152,7 +173,7 @@ TEST_F(SpotNoticeTest, GcePreemptedHandsTheNodeOverAtTheNextStepBoundary) {
   SpotCluster c = StartCluster("gce");
   ASSERT_EQ(c.metadata.size(), static_cast<size_t>(kSpotNodes));
   JobRun r = RunNoticed("gce", c, [&] { c.metadata[2]->Preempt(); });
-  ExpectHandedOverFromMemory("gce", r, "s2", "gce instance/preempted TRUE", want);
+  ExpectHandedOverFromMemory("gce", r, c, "s2", "gce instance/preempted TRUE", want);
 }
 
 TEST_F(SpotNoticeTest, SigtermFromOutsideHandsTheNodeOverAtTheNextStepBoundary) {
@@ -160,7 +181,7 @@ TEST_F(SpotNoticeTest, SigtermFromOutsideHandsTheNodeOverAtTheNextStepBoundary) 
   SpotCluster c = StartCluster("sigterm");
   // As Kubernetes does at a pod's deletion: SIGTERM to the agent, then its grace period.
   JobRun r = RunNoticed("sigterm", c, [&] { kill(c.local->nodes().at("s3"), SIGTERM); });
-  ExpectHandedOverFromMemory("sigterm", r, "s3", "SIGTERM", want);
+  ExpectHandedOverFromMemory("sigterm", r, c, "s3", "SIGTERM", want);
 }
 
 class SpotHandoverTest : public SpotJobTest {};

@@ -53,6 +53,9 @@ struct ClusterOptions {
   Duration spawn_timeout = std::chrono::seconds(10);
   // How long a node agent or worker keeps trying to reach a head that does not answer yet.
   Duration join_timeout = std::chrono::seconds(30);
+  // A node agent or worker that lost the head rejoins it (restarted, or a standby on its address)
+  // within this long, its processes and actors running meanwhile; then it gives up.
+  Duration head_grace = std::chrono::seconds(30);
   std::string log_dir = "/tmp/troupe";  // worker logs: <log_dir>/<worker id>.{out,err}
   std::string build_id;                 // "" = this binary's ELF build id
 
@@ -173,6 +176,10 @@ using members_table_atom = caf::atom_constant<caf::atom("tr_members")>;
 // event from then on. Sent before a members_table_atom request by the same actor, it guarantees
 // that no event falls between the table and the subscription.
 using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
+// (release_node_atom, node) to the head: a draining node (one with a preemption notice) that the
+// asker's job has handed over may leave now rather than at the end of its notice; the head
+// releases its agent. Ignored for a node that is not draining.
+using release_node_atom = caf::atom_constant<caf::atom("tr_relnode")>;
 // Chaos on one node, carried out by its agent on its own host: no pid or firewall rule crosses a
 // machine. kPreempt: a preemption notice (SIGTERM to the agent, as a cloud gives it). kPartition:
 // the host cut off from every other host, both ways; kDrop: `drop_percent` % of the host's
@@ -304,6 +311,9 @@ class LocalCluster {
     ClusterOptions cluster;
     std::vector<std::string> extra_args;  // passed to every role
     std::vector<std::string> head_args;   // passed to the head only (e.g. its TLS files)
+    // The head keeps its state in a store (<cluster dir>/head.db), so that RestartHead's head
+    // goes on from it.
+    bool head_store = false;
   };
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
   ~LocalCluster();
@@ -315,6 +325,10 @@ class LocalCluster {
                                               const std::string& labels = "",
                                               const std::vector<std::string>& extra_args = {},
                                               const std::map<std::string, std::string>& env = {});
+  // Starts the head again on the same port (the old one must be gone: killed, and reaped here),
+  // as a supervisor (systemd, a Kubernetes Deployment) would; with head_store it goes on from the
+  // old one's state, under a new epoch.
+  [[nodiscard]] absl::Status RestartHead();
   uint16_t port() const { return port_; }
   pid_t head_pid() const { return head_pid_; }
   // Node agent pids by node name.
@@ -328,10 +342,13 @@ class LocalCluster {
  private:
   LocalCluster() = default;
   std::vector<std::string> RoleArgs() const;
+  // Starts the head on `port` (0: ephemeral) and waits for it to report the port it listens on.
+  absl::Status StartHead(uint16_t port);
   Options options_;
   std::string dir_;
   uint16_t port_ = 0;
   pid_t head_pid_ = 0;
+  int head_starts_ = 0;
   std::map<std::string, pid_t> nodes_;
 };
 

@@ -1,0 +1,58 @@
+// internal/head_store.h — where the head keeps what must outlive its process: its epoch, the
+// membership generation, the members it knew and the named-actor directory. One interface; SQLite
+// (Debian's libsqlite3-dev) is the embedded implementation (`troupe head --store FILE`).
+//
+// Fencing: opening a store claims it with an epoch one above every claim before; every write
+// checks, in its transaction, that no later claim has been made, and is refused otherwise
+// (FailedPrecondition naming both epochs) — a head that was paused while another took over can
+// never overwrite its successor's state.
+#ifndef TROUPE_RUNTIME_INTERNAL_HEAD_STORE_H_
+#define TROUPE_RUNTIME_INTERNAL_HEAD_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "troupe/runtime/cluster.h"
+
+namespace troupe::runtime::internal {
+
+struct StoredActor {
+  std::string name, worker;
+  uint64_t generation = 0;
+  bool operator==(const StoredActor& o) const {
+    return name == o.name && worker == o.worker && generation == o.generation;
+  }
+};
+
+class HeadStore {
+ public:
+  virtual ~HeadStore() = default;
+
+  // This head's claim on the store.
+  virtual uint64_t epoch() const = 0;
+
+  struct State {
+    uint64_t generation = 0;          // the newest membership generation written
+    std::vector<MemberInfo> members;  // by id
+    std::vector<StoredActor> actors;  // by name
+  };
+  [[nodiscard]] virtual absl::StatusOr<State> Load() = 0;
+
+  [[nodiscard]] virtual absl::Status PutGeneration(uint64_t generation) = 0;
+  [[nodiscard]] virtual absl::Status PutMember(const MemberInfo& member) = 0;
+  [[nodiscard]] virtual absl::Status PutActor(const StoredActor& actor) = 0;
+  [[nodiscard]] virtual absl::Status RemoveActor(const std::string& name) = 0;
+};
+
+// Opens (creating) the SQLite store at `path` and claims it. An unreadable or foreign file is an
+// error naming it.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<HeadStore>> OpenSqliteHeadStore(
+    const std::string& path);
+
+}  // namespace troupe::runtime::internal
+
+#endif  // TROUPE_RUNTIME_INTERNAL_HEAD_STORE_H_
