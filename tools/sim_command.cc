@@ -211,7 +211,7 @@ int RunSim(const Args& args) {
   }
   std::string trace_path, mixes, work_dir;
   bool measure = false;
-  int64_t calibration_steps = 60;
+  int64_t calibration_steps = 150;
   runtime::ConfigRegistry config;
   config.AddString("trace", &trace_path, "the preemption trace (TOML; examples/spot/trace.toml)");
   config.AddString("mix", &mixes, "OD:SPOT machine mixes to simulate, comma-separated");

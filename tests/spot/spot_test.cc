@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -163,9 +164,18 @@ TEST_F(SpotNoticeTest, AwsInstanceActionHandsTheNodeOverAtTheNextStepBoundary) {
   const std::string want = Reference();
   SpotCluster c = StartCluster("aws");
   ASSERT_EQ(c.metadata.size(), static_cast<size_t>(kSpotNodes));
-  JobRun r = RunNoticed("aws", c, [&] { c.metadata[1]->Preempt(std::chrono::seconds(120)); });
+  // The instance-action's time is 20 s away: less than the node's grace (30 s), so the drain's
+  // deadline is the cloud's.
+  JobRun r = RunNoticed("aws", c, [&] { c.metadata[1]->Preempt(std::chrono::seconds(20)); });
   ExpectHandedOverFromMemory("aws", r, c, "s1", "aws spot instance-action terminate at 20", want);
   EXPECT_GE(c.metadata[1]->token_requests(), 1);
+  const std::vector<SupervisionEvent> drains = FindEvents(Events("aws"), "drain", {{"node", "s1"}});
+  ASSERT_EQ(drains.size(), 1u);
+  std::smatch within;
+  const std::string reason = drains[0].reason;
+  ASSERT_TRUE(std::regex_search(reason, within, std::regex("leaves within ([0-9]+)ms"))) << reason;
+  EXPECT_LE(std::stoi(within[1]), 20000) << reason;
+  EXPECT_GT(std::stoi(within[1]), 15000) << reason;
 }
 
 TEST_F(SpotNoticeTest, GcePreemptedHandsTheNodeOverAtTheNextStepBoundary) {
@@ -182,6 +192,24 @@ TEST_F(SpotNoticeTest, SigtermFromOutsideHandsTheNodeOverAtTheNextStepBoundary) 
   // As Kubernetes does at a pod's deletion: SIGTERM to the agent, then its grace period.
   JobRun r = RunNoticed("sigterm", c, [&] { kill(c.local->nodes().at("s3"), SIGTERM); });
   ExpectHandedOverFromMemory("sigterm", r, c, "s3", "SIGTERM", want);
+}
+
+// --preemption_source none: SIGTERM stops the node at once, no notice — its rank is lost as to a
+// crash and restored from its buddy's mirror; only the step in flight runs again.
+TEST_F(SpotNoticeTest, WithoutANoticeSourceSigtermStopsTheNodeAndItsRankIsRecovered) {
+  const std::string want = Reference();
+  SpotCluster c = StartCluster("none");
+  JobRun r = RunNoticed("none", c, [&] { kill(c.local->nodes().at("s2"), SIGTERM); });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(FindEvents(Events("none"), "drain").empty()) << EventLogText("none");
+  EXPECT_EQ(FindEvents(Events("none"), "generation",
+                       {{"trigger", "worker_down"}, {"down", "s2/w0"}, {"source", "mirrors"}})
+                .size(),
+            1u)
+      << EventLogText("none");
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("none");
 }
 
 class SpotHandoverTest : public SpotJobTest {};
