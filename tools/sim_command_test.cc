@@ -1,7 +1,5 @@
 // `troupe sim spot` as a user runs it: each mix's row and the summary line from the shipped trace,
-// bad input refused naming it (SimSpotCommandTest, unit), and the trace run for real on a local
-// cluster of node agents and compared with the prediction (SimSpotMeasureTest, chaos: built with
-// SIM_SPOT_MEASURE into a binary of its own, since a binary's tests carry one level).
+// bad input refused naming it. Its --measure (real processes) is SimSpotMeasureTest in tests/spot.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -25,7 +23,6 @@ std::string LastLine(const std::string& text) {
   return text.substr(begin == std::string::npos ? 0 : begin + 1, end - begin);
 }
 
-#ifndef SIM_SPOT_MEASURE
 TEST(SimSpotCommandTest, PrintsEachMixAndEndsWithTheSummary) {
   std::string out;
   ASSERT_EQ(Troupe(std::string("sim spot --trace ") + EXAMPLE_TRACE + " --mix 4:0,0:4", &out), 0)
@@ -56,60 +53,6 @@ TEST(SimSpotCommandTest, BadInputIsRefusedNamingIt) {
   EXPECT_EQ(Troupe("sim walk", &out), 2);
   EXPECT_NE(out.find("usage: troupe sim spot"), std::string::npos) << out;
 }
-
-#else  // the chaos-level binary: real processes, notices as SIGTERM
-TEST(SimSpotMeasureTest, TheTraceRunForRealIsComparedWithItsPrediction) {
-  const std::string dir =
-      std::filesystem::temp_directory_path() / ("troupe_sim_measure_" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir + "/trace.toml") << R"([job]
-steps = 120
-max_workers = 3
-[cluster]
-on_demand = 1
-spot = 2
-[timing]
-replan_s = 0.1
-join_s = 1.0
-[[zone]]
-name = "a"
-spot_price_per_h = 1.0
-on_demand_price_per_h = 3.0
-notice_s = 1.0
-replace_s = 1.0
-[[preemption]]
-at_s = 0.3
-machine = "s1"
-)";
-  std::string out;
-  ASSERT_EQ(Troupe("sim spot --trace " + dir + "/trace.toml --measure --calibration_steps 20 " +
-                       "--work_dir " + dir + "/runs",
-                   &out, 240),
-            0)
-      << out;
-  for (int w = 1; w <= 3; ++w) {
-    EXPECT_NE(out.find("calibration: world " + std::to_string(w) + ": "), std::string::npos) << out;
-  }
-  EXPECT_NE(out.find("measured (od=1 spot=2, this machine): goodput "), std::string::npos) << out;
-  EXPECT_TRUE(std::regex_match(
-      LastLine(out), std::regex("summary: goodput_steps_per_h=[0-9]+ cost_per_1k_steps=[0-9.]+ "
-                                "predicted_err_pct=[0-9]+\\.[0-9]")))
-      << out;
-  // The measured run's own log: s1 got its notice (SIGTERM) and was handed over.
-  std::ifstream events(dir + "/runs/run/logs/events.log");
-  std::string line, all;
-  bool drained = false;
-  while (std::getline(events, line)) {
-    all += line + "\n";
-    drained |= line.find("event=generation") != std::string::npos &&
-               line.find("trigger=drain") != std::string::npos &&
-               line.find("node=s1") != std::string::npos;
-  }
-  EXPECT_TRUE(drained) << all;
-  if (!HasFailure()) std::filesystem::remove_all(dir);
-}
-#endif
 
 }  // namespace
 }  // namespace troupe::tools

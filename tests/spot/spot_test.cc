@@ -5,9 +5,12 @@
 // committed a few steps. Final weights are compared with a fault-free embedded run's CRC32C.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <regex>
@@ -306,6 +309,66 @@ TEST_F(SpotHandoverTest, EveryNodeNoticedCheckpointsExitsAndTheSameCommandResume
       << EventLogText("all");
   EXPECT_EQ(again.report.steps_lost, 0) << again.output;
   EXPECT_EQ(again.report.crc, want) << again.output;
+}
+
+std::string LastLine(const std::string& text) {
+  const size_t end = text.find_last_not_of('\n');
+  const size_t begin = text.rfind('\n', end);
+  return text.substr(begin == std::string::npos ? 0 : begin + 1, end - begin);
+}
+
+// `troupe sim spot --measure`: the trace run for real on a local cluster of node agents (each
+// notice a SIGTERM to its node), calibrated on fault-free runs, and compared with its prediction.
+TEST(SimSpotMeasureTest, TheTraceRunForRealIsComparedWithItsPrediction) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("troupe_sim_measure_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/trace.toml") << R"([job]
+steps = 120
+max_workers = 3
+[cluster]
+on_demand = 1
+spot = 2
+[timing]
+replan_s = 0.1
+join_s = 1.0
+[[zone]]
+name = "a"
+spot_price_per_h = 1.0
+on_demand_price_per_h = 3.0
+notice_s = 1.0
+replace_s = 1.0
+[[preemption]]
+at_s = 0.3
+machine = "s1"
+)";
+  const std::string cmd = std::string("timeout 240 ") + TROUPE_BINARY + " sim spot --trace " + dir +
+                          "/trace.toml --measure --calibration_steps 20 --work_dir " + dir +
+                          "/runs >" + dir + "/out.txt 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string out = Slurp(dir + "/out.txt");
+  ASSERT_EQ(rc, 0) << out;
+  for (int w = 1; w <= 3; ++w) {
+    EXPECT_NE(out.find("calibration: world " + std::to_string(w) + ": "), std::string::npos) << out;
+  }
+  EXPECT_NE(out.find("measured (od=1 spot=2, this machine): goodput "), std::string::npos) << out;
+  EXPECT_TRUE(std::regex_match(
+      LastLine(out), std::regex("summary: goodput_steps_per_h=[0-9]+ cost_per_1k_steps=[0-9.]+ "
+                                "predicted_err_pct=[0-9]+\\.[0-9]")))
+      << out;
+  // The measured run's own log: s1 got its notice (SIGTERM) and was handed over.
+  std::ifstream events(dir + "/runs/run/logs/events.log");
+  std::string line, all;
+  bool drained = false;
+  while (std::getline(events, line)) {
+    all += line + "\n";
+    drained |= line.find("event=generation") != std::string::npos &&
+               line.find("trigger=drain") != std::string::npos &&
+               line.find("node=s1") != std::string::npos;
+  }
+  EXPECT_TRUE(drained) << all;
+  if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -69,7 +69,8 @@ class JobTest : public ::testing::Test {
   static int Wait(pid_t pid, std::chrono::milliseconds timeout);
   JobRun Train(const std::string& name, const std::vector<std::string>& extra,
                std::chrono::milliseconds timeout = std::chrono::milliseconds(240000));
-  // The fault-free 4-worker run's final weights, computed once per test binary.
+  // The fault-free 4-worker run's final weights: computed once for a troupe binary and spec, then
+  // read by every other test process (<data dir>/reference-<key>.crc).
   const std::string& Reference();
   // Every committed (step, generation) was served exactly once per microbatch, and every step
   // 0..steps-1 (default: steps_ - 1) was committed exactly once.
