@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -38,7 +39,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   c->dir_ = tmpl;
   // The head's and node agents' logs sit beside the workers' (<log_dir>), where an operator
   // looks: they hold the membership changes and every reaped worker's process_exit event.
-  mkdir(c->LogDir().c_str(), 0755);
+  std::error_code ec;
+  std::filesystem::create_directories(c->LogDir(), ec);
   if (absl::Status s = c->StartHead(0); !s.ok()) return s;
   if (c->options_.workers > 0) {
     auto node = c->AddNode("local", c->options_.workers,  // a cpu slot per worker

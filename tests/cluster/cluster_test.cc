@@ -107,7 +107,10 @@ class ClusterTest : public ::testing::Test {
     o.cluster.heartbeat_interval = milliseconds(50);
     o.cluster.heartbeat_timeout = milliseconds(500);
     o.cluster.hung_timeout = milliseconds(500);
-    o.cluster.log_dir = "/tmp/troupe-cluster-test-logs";
+    // One directory per test: CTest runs two at once, and each has its node-a/w0 (one shared
+    // directory once let a test's worker truncate another's stderr before it was read).
+    o.cluster.log_dir = std::string("/tmp/troupe-cluster-test-logs/") +
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name();
     Configure(o);
     auto c = LocalCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -313,7 +316,7 @@ TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsew
   // A worker is placeable as soon as the head registered it, a moment before it writes its
   // "joined" line; the stderr tail checked below must have that line to carry.
   const std::string err_log =
-      "/tmp/troupe-cluster-test-logs/" + absl::StrReplaceAll(before, {{"/w", "-w"}}) + ".err";
+      cluster_->LogDir() + "/" + absl::StrReplaceAll(before, {{"/w", "-w"}}) + ".err";
   for (int i = 0; i < 500; ++i) {
     std::ifstream in(err_log);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
