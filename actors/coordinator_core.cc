@@ -302,10 +302,25 @@ void CoordinatorCore::MaybeStart(Actions* out) {
   }
   int usable = 0;
   for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
-  if (usable >= options_.min_workers) {
-    const bool start = record_.active.empty();
-    NewGeneration(out, start ? "start" : "workers", start ? "job start" : "enough workers");
+  if (usable < options_.min_workers) return;
+  // A coordinator restarted off a noticed node (kMoveSelf): its first generation is that node's
+  // hand-over, and says so.
+  std::set<std::string> noticed;
+  for (const std::string& w : record_.active) {
+    auto m = members_.find(w);
+    if (m != members_.end() && m->second.alive && m->second.draining)
+      noticed.insert(m->second.node);
   }
+  if (!noticed.empty()) {
+    const std::string nodes = absl::StrJoin(noticed, " ");
+    return NewGeneration(out, "drain",
+                         absl::StrCat(noticed.size() == 1 ? "node " : "nodes ", nodes,
+                                      noticed.size() == 1 ? " is" : " are",
+                                      " draining: the coordinator moved off first"),
+                         {{"node", nodes}});
+  }
+  const bool start = record_.active.empty();
+  NewGeneration(out, start ? "start" : "workers", start ? "job start" : "enough workers");
 }
 
 // ---- generations ---------------------------------------------------------------------------

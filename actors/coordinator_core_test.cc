@@ -707,12 +707,23 @@ TEST_F(CoordinatorCoreTest, ANoticeOnTheCoordinatorsNodeMovesItFirst) {
             "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) committed(s1,g1,w3) save "
             "event move_self");
   EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
-  // The next incarnation, told of the notice before any rank joins, plans without a's rank.
+  // The next incarnation, from the record, told of the notice before any rank joins: its first
+  // generation is the hand-over of a's rank (trigger drain).
+  const CoordinatorRecord record = core_->record();
   Make();
+  core_->Restore(record, kT0);
   EXPECT_EQ(Str(core_->OnNodeDraining("n-a", "draining", kT0)), "");
-  EXPECT_EQ(Join({"a", "b", "c"}),
-            "timer(t1,120000ms) abort(a,g1) abort(b,g1) abort(c,g1) event save "
-            "configure(b,g1,r0/2,s0,init) configure(c,g1,r1/2,s0,init)");
+  EXPECT_EQ(Str(core_->OnMembershipKnown(3, {}, kT0)), "timer(t1,120000ms)");
+  core_->OnJoin("a", "n-a", kT0);
+  core_->OnJoin("b", "n-b", kT0);
+  std::vector<CoordinatorAction> out = core_->OnJoin("c", "n-c", kT0);
+  EXPECT_EQ(Str(out),
+            "abort(a,g2) abort(b,g2) abort(c,g2) event save configure(b,g2,r0/2,s1,memory) "
+            "configure(c,g2,r1/2,s1,memory)");
+  ASSERT_GE(out.size(), 4u);
+  EXPECT_EQ(out[3].event.event, "generation");
+  EXPECT_EQ(out[3].event.Field("trigger"), "drain");
+  EXPECT_EQ(out[3].event.Field("node"), "n-a");
 }
 
 // Notices within notice_window of the first leave together at one boundary; steps go on meanwhile.
