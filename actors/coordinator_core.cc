@@ -126,6 +126,12 @@ bool CoordinatorCore::Usable(const std::string& worker) const {
          !record_.dead.count(worker);
 }
 
+int CoordinatorCore::UsableCount() const {
+  int n = 0;
+  for (const auto& [w, m] : members_) n += Usable(w) ? 1 : 0;
+  return n;
+}
+
 void CoordinatorCore::Emit(Actions* out, CoordinatorAction a) { out->push_back(std::move(a)); }
 
 // The record as it is now (not as it will be when the shell gets to the action).
@@ -300,9 +306,7 @@ void CoordinatorCore::MaybeStart(Actions* out) {
       members_.size() < expected_joins_) {
     return;
   }
-  int usable = 0;
-  for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
-  if (usable < options_.min_workers) return;
+  if (UsableCount() < options_.min_workers) return;
   // A coordinator restarted off a noticed node (kMoveSelf): its first generation is that node's
   // hand-over, and says so.
   std::set<std::string> noticed;
@@ -339,9 +343,7 @@ int CoordinatorCore::GridWorld(int usable) const {
 // others in name order, up to the largest world a grid fits (GridWorld).
 std::vector<std::string> CoordinatorCore::NextGroup() const {
   std::vector<std::string> next;
-  int usable = 0;
-  for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
-  const size_t cap = static_cast<size_t>(GridWorld(usable));
+  const size_t cap = static_cast<size_t>(GridWorld(UsableCount()));
   for (const std::string& w : record_.active) {
     if (Usable(w) && next.size() < cap) next.push_back(w);
   }
@@ -560,10 +562,8 @@ void CoordinatorCore::StartStep(Actions* out) {
   if (record_.committed >= options_.steps) return Finish(out);
   // The coordinator moves first, where the job can go on without its node (else it stays, and
   // the hand-over below checkpoints and stops the job as preempted).
-  int usable = 0;
-  for (const auto& [w, m] : members_) usable += Usable(w) ? 1 : 0;
   if (!own_node_.empty() && draining_nodes_.count(own_node_) && !notice_window_open_ &&
-      usable >= options_.min_workers) {
+      UsableCount() >= options_.min_workers) {
     Save(out);
     Event(out,
           JobEvent("coordinator_moving").Set("node", own_node_).Set("step", record_.committed));

@@ -243,6 +243,7 @@ class CoordinatorCore {
   using Actions = std::vector<CoordinatorAction>;
 
   bool Usable(const std::string& worker) const;
+  int UsableCount() const;  // members Usable() holds for
   void Emit(Actions* out, CoordinatorAction a);
   void Save(Actions* out);
   void Event(Actions* out, runtime::SupervisionEvent event);
