@@ -44,6 +44,7 @@ namespace {
 using Kind = CoordinatorAction::Kind;
 using timer_atom = caf::atom_constant<caf::atom("tr_timer")>;
 using lease_tick_atom = caf::atom_constant<caf::atom("tr_leasetk")>;
+using head_tick_atom = caf::atom_constant<caf::atom("tr_headtk")>;
 
 // How long actions may wait for the lease before this incarnation gives up on it.
 constexpr std::chrono::seconds kLeaseWait{3};
@@ -71,7 +72,7 @@ struct Rank {
 
 class Coordinator {
  public:
-  Coordinator(caf::event_based_actor* self, std::string name, caf::actor driver)
+  Coordinator(runtime::Actor* self, std::string name, caf::actor driver)
       : self_(self), name_(std::move(name)), driver_(driver) {}
 
   // Parses the job, opens the store, builds the core and loads the record.
@@ -118,6 +119,12 @@ class Coordinator {
   void OnLease(uint64_t epoch, std::chrono::milliseconds length, CoreTime sent);
   void LeaseTick();
   void LoseLease(const std::string& why);
+  // The head is gone (its connection lost): actions under the lease wait, the ranks finish their
+  // step and wait for its commit, until this process has rejoined the head that takes over
+  // (HeadTick); its worker exits once head_grace has passed without one.
+  void HeadLost(const caf::error& reason);
+  void HeadTick();
+  void FollowHead(const caf::actor& head);
   void CommitCheckpoint(const CoordinatorAction& a);
   void InjectNodeFault(const std::string& worker, FaultKind kind);
   void Committed(const CoordinatorAction& a);
@@ -130,7 +137,7 @@ class Coordinator {
   // notice there moves the coordinator first.
   void FindOwnNode(const std::vector<runtime::MemberInfo>& table);
 
-  caf::event_based_actor* self_;
+  runtime::Actor* self_;
   const std::string name_;  // in the head's directory: what the lease is on
   caf::actor driver_;       // prints our lines, receives the report, relays joins and membership
   caf::actor head_;         // rank handles are looked up here (see runtime::directory_lookup_atom)
@@ -164,6 +171,7 @@ class Coordinator {
   bool lease_asked_ = false;
   std::optional<CoreTime> waiting_since_;  // queue_'s head has waited for the lease since
   std::optional<CoreTime> asking_since_;   // the lease is needed and asked for, unanswered, since
+  std::optional<CoreTime> head_lost_;      // the head's connection was lost at, until one is back
 };
 
 absl::Status Coordinator::Init(const std::string& spec_text) {
@@ -277,7 +285,7 @@ void Coordinator::RunQueued() {
 }
 
 void Coordinator::RenewLease() {
-  if (lease_asked_ || stopped_ || !head_) return;
+  if (lease_asked_ || stopped_ || !head_ || head_lost_) return;
   lease_asked_ = true;
   const CoreTime sent = Now();
   self_->request(head_, Rpc(), runtime::lease_atom::value, name_)
@@ -299,6 +307,12 @@ void Coordinator::OnLease(uint64_t epoch, std::chrono::milliseconds length, Core
   if (stopped_) return;
   if (epoch != epoch_) {
     if (absl::Status s = store_->Claim(epoch); !s.ok()) return LoseLease(s.ToString());
+    // Granted again by a head that took over: the ranks write under the new epoch too (their
+    // checkpoint writes come after this message).
+    if (epoch_ != 0) {
+      for (const auto& [w, r] : ranks_)
+        Send(w, caf::make_message(RankEpoch{core_->generation(), epoch}));
+    }
     epoch_ = epoch;
   }
   lease_length_ = length;
@@ -316,19 +330,60 @@ void Coordinator::OnLease(uint64_t epoch, std::chrono::milliseconds length, Core
 // renews it (no other incarnation was granted it in between).
 void Coordinator::LeaseTick() {
   if (stopped_) return;
-  if (!waiting_since_ && (epoch_ == 0 || LeaseHeld())) {
-    asking_since_.reset();
-  } else if (!asking_since_) {
-    asking_since_ = Now();
+  if (head_lost_) {
+    asking_since_.reset();  // no head to ask: waited out (HeadLost), not counted
+  } else {
+    if (!waiting_since_ && (epoch_ == 0 || LeaseHeld())) {
+      asking_since_.reset();
+    } else if (!asking_since_) {
+      asking_since_ = Now();
+    }
+    if (asking_since_ && Now() - *asking_since_ > kLeaseWait) {
+      return LoseLease(absl::StrCat("the head did not grant or renew it within ",
+                                    absl::FormatDuration(absl::FromChrono(kLeaseWait))));
+    }
+    RenewLease();
   }
-  if (asking_since_ && Now() - *asking_since_ > kLeaseWait) {
-    return LoseLease(absl::StrCat("the head did not grant or renew it within ",
-                                  absl::FormatDuration(absl::FromChrono(kLeaseWait))));
-  }
-  RenewLease();
   const auto every = std::max(lease_length_ / 4, std::chrono::milliseconds(20));
   self_->delayed_send(self_, lease_length_.count() > 0 ? every : std::chrono::milliseconds(50),
                       lease_tick_atom::value);
+}
+
+void Coordinator::FollowHead(const caf::actor& head) {
+  head_ = head;
+  self_->monitor(head_);
+  self_->send(head_, runtime::membership_subscribe_atom::value, caf::actor_cast<caf::actor>(self_));
+}
+
+void Coordinator::HeadLost(const caf::error& reason) {
+  if (stopped_ || head_lost_) return;
+  head_lost_ = Now();
+  runtime::SupervisionEvent e = JobEvent("head_lost", "coordinator");
+  e.generation = core_->generation();
+  e.Set("step", core_->committed());
+  e.reason = self_->system().render(reason);
+  LogEvent(std::move(e));
+  HeadTick();
+}
+
+// While the head is lost: this process's own rejoin (its worker's) names the head that took over.
+void Coordinator::HeadTick() {
+  if (stopped_ || !head_lost_) return;
+  caf::actor now = self_->cluster_head();
+  if (!now || now == head_) {
+    self_->delayed_send(self_, std::chrono::milliseconds(20), head_tick_atom::value);
+    return;
+  }
+  runtime::SupervisionEvent e = JobEvent("head_back", "coordinator");
+  e.generation = core_->generation();
+  e.Set("step", core_->committed());
+  e.Set("after_ms",
+        std::chrono::duration_cast<std::chrono::milliseconds>(Now() - *head_lost_).count());
+  LogEvent(std::move(e));
+  head_lost_.reset();
+  lease_asked_ = false;  // the old head's answer is an error at most
+  FollowHead(now);
+  RenewLease();
 }
 
 void Coordinator::LoseLease(const std::string& why) {
@@ -610,6 +665,7 @@ caf::behavior Coordinator::Behavior() {
   self_->send(driver_, CoordinatorHello{caf::actor_cast<caf::actor>(self_)});
   LeaseTick();  // asks the head for the lease once the driver has named it (KnownRanks)
   self_->set_down_handler([this](caf::down_msg& m) {
+    if (head_ && m.source == head_.address()) return HeadLost(m.reason);
     for (const auto& [w, r] : ranks_) {
       if (r.handle.address() == m.source) {
         Execute(core_->OnWorkerDown(
@@ -620,12 +676,11 @@ caf::behavior Coordinator::Behavior() {
   });
   return {
       [this](const KnownRanks& k) {
-        head_ = k.head;
+        FollowHead(k.head);
         RenewLease();
-        // Subscribe, then read the table, both from this actor: CAF keeps their order, so no
-        // membership event falls between the two (a restarted coordinator misses no death).
-        self_->send(head_, runtime::membership_subscribe_atom::value,
-                    caf::actor_cast<caf::actor>(self_));
+        // Subscribe (FollowHead), then read the table, both from this actor: CAF keeps their
+        // order, so no membership event falls between the two (a restarted coordinator misses no
+        // death).
         const size_t expected = static_cast<size_t>(k.count);
         self_->request(head_, Rpc(), runtime::members_table_atom::value)
             .then(
@@ -675,6 +730,7 @@ caf::behavior Coordinator::Behavior() {
       },
       [this](timer_atom, uint64_t timer) { Execute(core_->OnTimer(timer, Now())); },
       [this](lease_tick_atom) { LeaseTick(); },
+      [this](head_tick_atom) { HeadTick(); },
       [this](put_atom, const std::string& key, const std::string& value) {
         kv_[key] = value;
         return true;
@@ -714,6 +770,7 @@ void AddTrainingMessageTypes(runtime::ActorRegistry& r) {
   r.AddMessageType<StepDone>("troupe.StepDone");
   r.AddMessageType<CommitRank>("troupe.CommitRank");
   r.AddMessageType<AbortBelow>("troupe.AbortBelow");
+  r.AddMessageType<RankEpoch>("troupe.RankEpoch");
   r.AddMessageType<ArmKill>("troupe.ArmKill");
   r.AddMessageType<AskFinal>("troupe.AskFinal");
   r.AddMessageType<ShardWritten>("troupe.ShardWritten");

@@ -172,6 +172,15 @@ std::string DescribeEvent(const SupervisionEvent& e) {
                         "): ", e.reason, "; it stops, ", e.Field("held"),
                         " actions undone (no record, commit or checkpoint from it)");
   }
+  if (n == "head_lost") {
+    return absl::StrCat("the cluster's head is lost (", e.reason, ") at step ", e.Field("step"),
+                        ": training goes on while the lease runs, then waits at a step boundary "
+                        "for the head that takes over");
+  }
+  if (n == "head_back") {
+    return absl::StrCat("a head took over after ", e.Field("after_ms"), " ms (at step ",
+                        e.Field("step"), "): the job goes on under its lease");
+  }
   if (n == "recovered") {
     return absl::StrCat("recovered: ", e.Field("seconds"), " s from the fault (", e.Field("fault"),
                         ") to the commit of step ", e.Field("step"));

@@ -47,6 +47,11 @@
 //   lease_lost             the coordinator (pid) lost its lease (the head refused it or did not
 //                          renew it in time): epoch, held (actions left undone: nothing more is
 //                          recorded, committed or checkpointed by that incarnation)
+//   head_lost              the coordinator lost its connection to the cluster's head: step (the
+//                          committed one), reason; the job waits at a step boundary once its
+//                          lease runs out
+//   head_back              this process rejoined the head that took over: after_ms (since
+//                          head_lost), step
 //   recovered              the first commit after a fault: step, seconds (from the newest
 //                          fault_fired's at_ns to the commit), fault (its kind)
 //   process_exit           (runtime/events.h) a process died, as the head saw it

@@ -76,6 +76,12 @@ struct CommitRank {
 struct AbortBelow {
   uint64_t generation = 0;
 };
+// The coordinator holds its lease under a new epoch (a head took over and granted it again): the
+// rank's checkpoint writes from now on go under it (CheckpointStore::Claim).
+struct RankEpoch {
+  uint64_t generation = 0;
+  uint64_t epoch = 0;
+};
 struct ArmKill {
   int64_t step = 0;
   int32_t signal = 0;
@@ -161,6 +167,10 @@ typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AbortBelow& x) {
   return f(caf::meta::type_name("troupe.AbortBelow"), x.generation);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankEpoch& x) {
+  return f(caf::meta::type_name("troupe.RankEpoch"), x.generation, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ArmKill& x) {

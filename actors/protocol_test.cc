@@ -75,6 +75,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
             "troupe.StepDone");
   RoundTrip(CommitRank{7, 40}, "troupe.CommitRank");
   RoundTrip(AbortBelow{8}, "troupe.AbortBelow");
+  RoundTrip(RankEpoch{8, 1795710704042661}, "troupe.RankEpoch");
   RoundTrip(ArmKill{41, 9, 2}, "troupe.ArmKill");
   RoundTrip(AskFinal{7}, "troupe.AskFinal");
   RoundTrip(ShardWritten{7, 40, 2, info, err}, "troupe.ShardWritten");
@@ -86,7 +87,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   RoundTrip(AddNode{"join20"}, "troupe.AddNode");
   RoundTrip(JobFailed{err}, "troupe.JobFailed");
   RoundTrip(report, "troupe.JobReport");
-  EXPECT_EQ(count_, 17) << "one of each message in protocol.h";
+  EXPECT_EQ(count_, 18) << "one of each message in protocol.h";
 }
 
 TEST_F(ProtocolTest, LossesTravelAsExactDoubles) {

@@ -208,6 +208,13 @@ class RankState {
   }
 
   // Tasks (step thread).
+  void NewEpoch(uint64_t epoch) {
+    // Refused only when a later epoch has claimed the store: this rank's coordinator has been
+    // replaced, and its writes are refused from now on either way.
+    if (absl::Status s = store_->Claim(epoch); !s.ok()) {
+      runtime::LogWarn(worker_, absl::StrCat("lease epoch ", epoch, ": ", s.message()));
+    }
+  }
   void Configure(uint64_t gen, const GenerationPlan& plan_in, caf::actor coordinator) {
     coordinator_ = coordinator;
     const GenerationPlan* plan = &plan_in;
@@ -438,6 +445,10 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
                   /*always=*/true);
             },
             [st](const AbortBelow& m) { st->Abort(m.generation); },
+            [st](const RankEpoch& m) {
+              st->Post(
+                  m.generation, [st, m] { st->NewEpoch(m.epoch); }, /*always=*/true);
+            },
             [st](const ArmKill& m) { st->ArmKill(m.step, m.signal, m.fault_kind); },
             [st](const AskFinal& m) {
               st->Post(m.generation, [st, m] { st->Final(m.generation); });

@@ -80,6 +80,7 @@ struct DriverState {
   std::ostream* out = nullptr;
   DriverQueue* queue = nullptr;
   runtime::ClusterClient* client = nullptr;
+  caf::actor head;  // the driver actor's copy: the driver thread swaps the client's (Reconnect)
   caf::actor coordinator;
   std::map<std::string, JoinInfo> ranks;  // live rank actors by worker id
   std::promise<absl::StatusOr<JobReport>> result;
@@ -91,6 +92,9 @@ struct DriverState {
   std::shared_ptr<EventLog> events;
 };
 
+// (head_atom, head) to the driver actor: the head that took over, once the driver reconnected.
+using head_atom = caf::atom_constant<caf::atom("tr_drvhead")>;
+
 // Relays between the coordinator (wherever the supervisor placed it) and this process: prints its
 // lines, replays the known ranks to every new incarnation, carries out its requests.
 caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverState> st) {
@@ -98,24 +102,25 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
   auto forward = [self, st](const std::string& w, const JoinInfo& j) {
     self->send(st->coordinator, RankJoined{w, j.node, j.domain, j.rank});
   };
-  // Without the head nothing can be placed, restarted or reported: fail at once rather than wait
-  // out the silence limit.
-  self->monitor(st->client->head());
+  auto follow = [self, st](const caf::actor& head) {
+    st->head = head;
+    self->monitor(head);
+    self->send(head, runtime::membership_subscribe_atom::value, caf::actor_cast<caf::actor>(self));
+  };
+  follow(st->client->head());
+  // The head lost: the driver thread reconnects (AwaitReport) while the job pauses.
   self->set_down_handler([self, st](caf::down_msg& m) {
-    if (st->finished || m.source != st->client->head()) return;
-    st->finished = true;
-    st->result.set_value(absl::UnavailableError(absl::StrCat(
-        "training job failed: lost the cluster's head (", self->system().render(m.reason), ")")));
-    st->queue->Push({"done", ""});
+    if (st->finished || m.source != st->head.address()) return;
+    st->queue->Push({"head_lost", self->system().render(m.reason)});
   });
   return {
       [self, st, heard, forward](const CoordinatorHello& h) {
         heard();
         st->coordinator = h.coordinator;
-        self->send(h.coordinator,
-                   KnownRanks{static_cast<int32_t>(st->ranks.size()), st->client->head()});
+        self->send(h.coordinator, KnownRanks{static_cast<int32_t>(st->ranks.size()), st->head});
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
+      [follow](head_atom, const caf::actor& head) { follow(head); },
       [st, forward](const RankJoined& j) {
         st->ranks[j.worker] = JoinInfo{j.node, j.domain, j.rank_name};
         if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
@@ -265,6 +270,10 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
     lo.binary = options.binary;
     lo.workers = 0;
     lo.cluster.log_dir = spec.work_dir + "/logs";
+    lo.cluster.head_grace = options.head_grace;
+    // A head that dies is started again from its store (as systemd would): the job goes on.
+    lo.head_store = true;
+    lo.keep_head = true;
     lo.extra_args = options.runtime.TlsArgs();  // head, nodes and workers: the driver's files
     absl::StatusOr<std::unique_ptr<runtime::LocalCluster>> c_or = runtime::LocalCluster::Start(lo);
     if (!c_or.ok()) return c_or.status();
@@ -408,8 +417,10 @@ absl::Status StartJobSupervisor(runtime::Runtime& rt, const JobSpec& spec,
 
 // Until the coordinator reports: carries out its requests (nodes to add, ranks to spawn) and
 // gives up on a coordinator silent for timeouts.driver_silence.
-absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, JobCluster& cluster, DriverState& st,
-                                      DriverQueue& queue, RankSpawner& ranks,
+absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, const TrainOptions& options,
+                                      JobCluster& cluster, runtime::ClusterClient& client,
+                                      const caf::actor& driver, DriverState& st, DriverQueue& queue,
+                                      RankSpawner& ranks,
                                       std::future<absl::StatusOr<JobReport>>& result,
                                       std::ostream& out) {
   const int64_t silence_ns = absl::ToInt64Nanoseconds(spec.timeouts.driver_silence);
@@ -421,6 +432,20 @@ absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, JobCluster& cluster, 
         out << "warning: adding node " << req->arg << ": " << pid.status() << std::endl;
     } else if (req && req->kind == "spawn") {
       ranks.SpawnNew();
+    } else if (req && req->kind == "head_lost") {
+      out << "head lost (" << req->arg << "): rejoining " << client.address() << " within "
+          << absl::FormatDuration(absl::FromChrono(options.head_grace)) << std::endl;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (absl::Status s = client.Reconnect(options.head_grace); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("training job failed: ", s.message()));
+      }
+      caf::anon_send(driver, head_atom::value, client.head());
+      out << "head back: rejoined " << client.address() << " after "
+          << std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::steady_clock::now() - t0)
+                 .count()
+          << " ms" << std::endl;
+      st.last_heard_ns = absl::ToUnixNanos(absl::Now());
     }
     if (absl::ToUnixNanos(absl::Now()) - st.last_heard_ns.load() > silence_ns) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -489,11 +514,13 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   st->last_heard_ns = absl::ToUnixNanos(absl::Now());
   st->events = events;
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
+  // Messages between this process and the coordinator or ranks take connections of their own,
+  // not the head's: they go on while a lost head is replaced.
+  client->ConnectDirectly();
   caf::actor driver = (*rt)->system().spawn(DriverActor, st);
   // On every way out of here, the driver actor is gone before the locals it points to are (and
   // before the runtime's shutdown, which waits for every actor).
   StopOnExit stop_driver((*rt)->system(), driver);
-  client->Subscribe(driver);
 
   absl::Status ready =
       cluster->local != nullptr
@@ -504,7 +531,8 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   RankSpawner ranks(*client, spec, spec_text, cluster->local != nullptr, driver, out);
   ranks.SpawnNew();
   if (absl::Status s = StartJobSupervisor(**rt, spec, spec_text, driver); !s.ok()) return s;
-  absl::StatusOr<JobReport> report = AwaitReport(spec, *cluster, *st, queue, ranks, result, out);
+  absl::StatusOr<JobReport> report =
+      AwaitReport(spec, options, *cluster, *client, driver, *st, queue, ranks, result, out);
   if (report.ok()) PrintSummary(*report, out);
   return report;
 }

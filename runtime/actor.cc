@@ -52,6 +52,8 @@ Actor::~Actor() {
   if (!name_.empty()) ctx_->Untrack(stats_.get());
 }
 
+caf::actor Actor::cluster_head() { return ctx_->head(); }
+
 caf::invoke_message_result Actor::ConsumeInner(caf::mailbox_element& x, caf::message inner) {
   auto unwrapped =
       caf::make_mailbox_element(std::move(x.sender), x.mid, std::move(x.stages), std::move(inner));

@@ -4,12 +4,14 @@
 
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "internal/cluster_protocol.h"
 #include "internal/context.h"
+#include "internal/mesh.h"
 #include "internal/process.h"
 #include "internal/tls.h"
 #include "troupe/runtime/status.h"
@@ -108,7 +110,36 @@ absl::StatusOr<ClusterClient> ClusterClient::Connect(Runtime& runtime, const std
   auto head = internal::Connect(runtime, host, port, retry_for);
   if (!head.ok()) return head.status();
   runtime.internal_context()->SetHead(*head);
-  return ClusterClient(&runtime, *head, timeout);
+  return ClusterClient(&runtime, *head, host, port, timeout);
+}
+
+std::string ClusterClient::address() const { return absl::StrCat(host_, ":", port_); }
+
+void ClusterClient::ConnectDirectly() { internal::StartMesh(*runtime_, head_, "", true); }
+
+absl::Status ClusterClient::Reconnect(Duration grace) {
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  absl::Status last = absl::UnavailableError("nothing answered");
+  while (std::chrono::steady_clock::now() < deadline) {
+    absl::StatusOr<caf::actor> head =
+        internal::Connect(*runtime_, host_, port_, std::chrono::milliseconds(200));
+    // CAF answers from its cache of connections until it has processed the loss: the dead head.
+    if (head.ok() && *head == head_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    if (head.ok()) {
+      head_ = *head;
+      runtime_->internal_context()->SetHead(head_);
+      if (runtime_->internal_context()->mesh()) internal::StartMesh(*runtime_, head_, "", true);
+      return absl::OkStatus();
+    }
+    last = head.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return absl::UnavailableError(absl::StrCat("lost the cluster's head at ", address(),
+                                             " and no head took over within ",
+                                             FormatDuration(grace), "; last: ", last.message()));
 }
 
 namespace {

@@ -270,6 +270,16 @@ caf::actor Context::head() {
   return head_;
 }
 
+void Context::SetMesh(caf::actor mesh) {
+  std::lock_guard<std::mutex> lock(mu_);
+  mesh_ = std::move(mesh);
+}
+
+caf::actor Context::mesh() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return mesh_;
+}
+
 void Context::KeepAlive(std::shared_ptr<void> x) {
   std::lock_guard<std::mutex> lock(mu_);
   keep_alive_.push_back(std::move(x));
@@ -310,6 +320,7 @@ void Context::ClearDirectory() {
   std::lock_guard<std::mutex> lock(mu_);
   directory_.clear();
   head_ = nullptr;
+  mesh_ = nullptr;
 }
 
 }  // namespace internal

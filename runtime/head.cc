@@ -89,8 +89,8 @@ class HeadActor final : public caf::event_based_actor {
           return HandleRegisterNode(name, resources, labels, address, host, agent);
         },
         [this](reg_worker_atom, const std::string& id, const std::string& node, int64_t pid,
-               const caf::actor& worker) -> caf::result<uint64_t> {
-          return HandleRegisterWorker(id, node, pid, worker);
+               const caf::actor& worker, int32_t port) -> caf::result<uint64_t> {
+          return HandleRegisterWorker(id, node, pid, worker, port);
         },
         [this](heartbeat_atom, const std::string& id, const std::vector<ActorStat>& stats) {
           HandleHeartbeat(id, stats);
@@ -205,6 +205,14 @@ class HeadActor final : public caf::event_based_actor {
           "no lease on '", name, "': its worker ", it->second.worker, " is not alive")));
     }
     const Clock::duration length = options_.heartbeat_timeout;
+    // A lease its predecessor granted (this head cannot know whose) may still run: none until it
+    // has surely run out. The holder asks again (Unavailable) and keeps its epoch's successor.
+    if (const Clock::time_point now = Clock::now(); now < leases_from_) {
+      return StatusToError(absl::UnavailableError(absl::StrCat(
+          "no lease on '", name, "' for another ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(leases_from_ - now).count(),
+          "ms: this head took over from one whose leases may still run")));
+    }
     auto grant = leases_.Acquire(
         name, absl::StrCat(it->second.worker, " generation ", it->second.generation),
         it->second.worker, Clock::now(), length,
@@ -285,7 +293,7 @@ class HeadActor final : public caf::event_based_actor {
   }
 
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
-                                             int64_t pid, const caf::actor& worker) {
+                                             int64_t pid, const caf::actor& worker, int32_t port) {
     // A worker of a node declared dead would get nothing placed on it (the scheduler dropped its
     // node); the node joins again with new workers instead.
     // A worker once declared dead (here, or by the head before this one) stays dead: its node
@@ -313,6 +321,7 @@ class HeadActor final : public caf::event_based_actor {
     m.info.pid = pid;
     m.info.address = n->second.info.address;
     m.info.host = n->second.info.host;
+    m.info.port = port;
     m.handle = worker;
     m.last_seen = Clock::now();
     monitor(worker);
@@ -702,6 +711,7 @@ class HeadActor final : public caf::event_based_actor {
     if (!s.ok()) return StoreFailed(s.status());
     generation_ = s->generation;
     restored_ = std::move(s->members);
+    if (!restored_.empty()) leases_from_ = Clock::now() + options_.heartbeat_timeout;
     size_t alive = 0;
     for (const MemberInfo& m : restored_) alive += m.state != MemberState::kDead ? 1 : 0;
     aout(this) << "troupe-head: store epoch " << store_->epoch() << ": generation " << generation_
@@ -729,6 +739,7 @@ class HeadActor final : public caf::event_based_actor {
   std::vector<caf::actor> subscribers_;
   Clock::time_point last_tick_;  // when CheckHeartbeats last ran
   LeaseTable leases_;
+  Clock::time_point leases_from_;  // a head that took over grants none before (HandleLease)
 };
 
 }  // namespace

@@ -21,6 +21,8 @@ std::vector<std::string> LocalCluster::RoleArgs() const {
                                 FormatDuration(c.heartbeat_timeout),
                                 "--hung_timeout",
                                 FormatDuration(c.hung_timeout),
+                                "--head_grace",
+                                FormatDuration(c.head_grace),
                                 "--log_dir",
                                 c.log_dir};
   a.insert(a.end(), options_.extra_args.begin(), options_.extra_args.end());
@@ -42,6 +44,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   std::error_code ec;
   std::filesystem::create_directories(c->LogDir(), ec);
   if (absl::Status s = c->StartHead(0); !s.ok()) return s;
+  if (c->options_.keep_head) c->keeper_ = std::thread([raw = c.get()] { raw->KeepHead(); });
   if (c->options_.workers > 0) {
     auto node = c->AddNode("local", c->options_.workers,  // a cpu slot per worker
                            absl::StrCat("cpu=", std::max(1, c->options_.workers)));
@@ -85,6 +88,31 @@ absl::Status LocalCluster::StartHead(uint16_t port) {
   return absl::OkStatus();
 }
 
+void LocalCluster::KeepHead() {
+  while (true) {
+    int status = 0;
+    const pid_t pid = head_pid_.load();
+    if (pid <= 0 || waitpid(pid, &status, 0) != pid) return;
+    std::lock_guard<std::mutex> lock(head_mu_);
+    head_pid_ = 0;
+    if (stopping_) return;
+    const std::string why = internal::DescribeWaitStatus(status);
+    // A head that cannot start again (its port taken meanwhile): tried again shortly; the
+    // members wait out their head_grace meanwhile.
+    absl::Status started = StartHead(port_);
+    for (int i = 0; !started.ok() && i < 50 && !stopping_; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      started = StartHead(port_);
+    }
+    std::ofstream(LogDir() + "/head.err", std::ios::app)
+        << "troupe local cluster: the head " << why << "; "
+        << (started.ok() ? absl::StrCat("started again, pid ", head_pid_.load())
+                         : absl::StrCat("cannot start it again: ", started.message()))
+        << std::endl;
+    if (!started.ok()) return;
+  }
+}
+
 absl::Status LocalCluster::RestartHead() {
   if (head_pid_ > 0) {
     // A head just killed may take a moment to finish dying.
@@ -96,7 +124,7 @@ absl::Status LocalCluster::RestartHead() {
     }
     if (done != head_pid_) {
       return absl::FailedPreconditionError(
-          absl::StrCat("RestartHead: the head (pid ", head_pid_, ") is still running"));
+          absl::StrCat("RestartHead: the head (pid ", head_pid_.load(), ") is still running"));
     }
     head_pid_ = 0;
   }
@@ -145,7 +173,14 @@ LocalCluster::~LocalCluster() {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
   }
-  if (head_pid_) {
+  if (keeper_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(head_mu_);
+      stopping_ = true;
+      if (head_pid_ > 0) kill(head_pid_, SIGTERM);
+    }
+    keeper_.join();  // it reaps the head
+  } else if (head_pid_ > 0) {
     kill(head_pid_, SIGTERM);
     waitpid(head_pid_, nullptr, 0);
   }

@@ -236,7 +236,9 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
                  "--threads",
                  absl::StrCat(c.ro.threads),
                  "--head_grace",
-                 FormatDuration(c.co.head_grace)};
+                 FormatDuration(c.co.head_grace),
+                 "--address",
+                 c.advertise};
     if (!c.co.build_id.empty()) spec.args.insert(spec.args.end(), {"--build_id", c.co.build_id});
     for (const std::string& a : c.ro.TlsArgs()) spec.args.push_back(a);
     std::string visible;

@@ -24,6 +24,7 @@
 #include "internal/cluster_protocol.h"
 #include "internal/context.h"
 #include "internal/head.h"
+#include "internal/mesh.h"
 #include "internal/process.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
@@ -176,6 +177,12 @@ absl::StatusOr<caf::actor> RejoinHead(Runtime& runtime, const std::string& head_
   while (std::chrono::steady_clock::now() < deadline) {
     absl::StatusOr<caf::actor> head =
         Connect(runtime, hp.first, hp.second, std::chrono::milliseconds(200));
+    // CAF answers from its cache of connections until it has processed the loss: the dead head,
+    // whose proxy silently drops what it is sent. Asked again shortly.
+    if (head.ok() && *head == runtime.internal_context()->head()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
     if (head.ok()) {
       absl::StatusOr<uint64_t> joined =
           JoinCluster(runtime.system(), *head, options, kind, name, registration);
@@ -290,13 +297,15 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
 int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   RuntimeOptions ro;
   ClusterOptions co;
-  std::string head_addr, node, id;
+  std::string head_addr, node, id, address = "127.0.0.1";
   ConfigRegistry config;
   ro.Register(config);
   co.Register(config);
   config.AddString("head", &head_addr, "head address HOST:PORT");
   config.AddString("node", &node, "the node agent this worker belongs to");
   config.AddString("id", &id, "this worker's id");
+  config.AddString("address", &address,
+                   "where the cluster's other processes reach this worker (its node's address)");
   if (int rc = ParseCommandLine("worker", "usage: troupe worker (started by a node agent)", args,
                                 config);
       rc >= 0)
@@ -305,11 +314,16 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   if (!m.ok()) ExitRole("worker", id, m.status());
   auto& sys = m->runtime->system();
   caf::actor worker = sys.spawn(WorkerBehavior, m->runtime->internal_context());
-  auto joined = JoinCluster(
-      sys, m->head, co, "worker", id,
-      caf::make_message(reg_worker_atom::value, id, node, static_cast<int64_t>(getpid()), worker));
+  // The cluster's other processes connect here directly (internal/mesh.h).
+  absl::StatusOr<uint16_t> port = Publish(*m->runtime, worker, 0, address);
+  if (!port.ok()) ExitRole("worker", id, port.status());
+  const caf::message registration =
+      caf::make_message(reg_worker_atom::value, id, node, static_cast<int64_t>(getpid()), worker,
+                        static_cast<int32_t>(*port));
+  auto joined = JoinCluster(sys, m->head, co, "worker", id, registration);
   if (!joined.ok()) ExitRole("worker", id, joined.status());
   LogInfo(absl::StrCat("worker ", id), absl::StrCat("joined, pid ", getpid()));
+  StartMesh(*m->runtime, m->head, id, /*follow=*/false);
   HeartbeatSender heartbeats(*m->runtime, m->head, id, co.heartbeat_interval);
   caf::scoped_actor self{sys};
   caf::actor head = m->head;
@@ -320,9 +334,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
     LogWarn(absl::StrCat("worker ", id),
             absl::StrCat("lost the head; rejoining within ", FormatDuration(co.head_grace)));
     absl::StatusOr<caf::actor> again =
-        RejoinHead(*m->runtime, head_addr, co, "worker", id,
-                   caf::make_message(reg_worker_atom::value, id, node,
-                                     static_cast<int64_t>(getpid()), worker));
+        RejoinHead(*m->runtime, head_addr, co, "worker", id, registration);
     if (!again.ok()) ExitRole("worker", id, again.status());
     head = *again;
     heartbeats.SetHead(head);

@@ -30,6 +30,7 @@
 #include "internal/context.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/log.h"
+#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 namespace {
@@ -368,9 +369,8 @@ absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle, uin
   return bound;
 }
 
-absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, uint16_t port,
-                                   Duration retry_for) {
-  auto& sys = runtime.system();
+absl::StatusOr<std::pair<std::string, uint16_t>> DialVia(Runtime& runtime, const std::string& host,
+                                                         uint16_t port, Duration retry_for) {
   const auto until = std::chrono::steady_clock::now() + retry_for;
   const RuntimeOptions& o = runtime.options();
   std::string via_host = host;
@@ -420,6 +420,16 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
     via_host = "127.0.0.1";
     via_port = local;
   }
+  return std::make_pair(via_host, via_port);
+}
+
+absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, uint16_t port,
+                                   Duration retry_for) {
+  auto& sys = runtime.system();
+  const auto until = std::chrono::steady_clock::now() + retry_for;
+  const RuntimeOptions& o = runtime.options();
+  TROUPE_ASSIGN_OR_RETURN(auto via, DialVia(runtime, host, port, retry_for));
+  const auto& [via_host, via_port] = via;
   auto h = sys.middleman().remote_actor(via_host, via_port);
   // Nothing listens there yet (a head still starting): try again until `retry_for` has passed.
   while (!h && h.error() == caf::sec::cannot_connect_to_node &&

@@ -69,6 +69,10 @@ struct TrainFlags {
                            return f.ok() ? std::string() : std::string(f.status().message());
                          });
     config.AddString("report", &report_path, "write a one-line report here when done");
+    config.AddDuration("head_grace", &options.head_grace,
+                       "a job whose head is lost waits this long for one to take over, then "
+                       "fails naming it (the embedded cluster restarts its head at once)",
+                       runtime::Positive());
   }
 };
 

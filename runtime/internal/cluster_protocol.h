@@ -4,7 +4,7 @@
 // to the head (a member's join: hello, then its registration; see JoinCluster in roles.h):
 //   (cluster_hello_atom, uint32 version, build_id, kind, name)     -> uint32 version | error
 //   (reg_node_atom, name, resources, labels, address, host, agent) -> uint64 generation | error
-//   (reg_worker_atom, id, node, pid, worker)                       -> uint64 generation | error
+//   (reg_worker_atom, id, node, pid, worker, int32 port)           -> uint64 generation | error
 //   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
 //   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
 //                                                                  from the worker's node agent

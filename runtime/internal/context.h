@@ -48,6 +48,10 @@ class Context : public std::enable_shared_from_this<Context> {
   void SetHead(caf::actor head);
   caf::actor head();
 
+  // This process's mesh actor (internal/mesh.h), once started.
+  void SetMesh(caf::actor mesh);
+  caf::actor mesh();
+
   // Keeps `x` alive until the runtime shuts down (TLS relays).
   void KeepAlive(std::shared_ptr<void> x);
   void ReleaseKeepAlive();
@@ -67,6 +71,7 @@ class Context : public std::enable_shared_from_this<Context> {
   std::map<uint64_t, caf::actor> owned_;
   std::map<const ActorStats*, std::shared_ptr<ActorStats>> tracked_;
   caf::actor head_;
+  caf::actor mesh_;
   std::vector<std::shared_ptr<void>> keep_alive_;
   uint64_t next_owned_ = 0;
 };

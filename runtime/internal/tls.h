@@ -15,6 +15,7 @@
 #define TROUPE_RUNTIME_INTERNAL_TLS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,6 +33,13 @@ namespace troupe::runtime::internal {
 // Publishes `handle` on host:port, through TLS when the runtime has TLS configured.
 [[nodiscard]] absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle,
                                                uint16_t port, const std::string& host);
+// Where this process's CAF dials to reach host:port: host:port itself, or, with TLS, a local
+// dialer of ours that carries the connection over mutual TLS there (trying to reach it for up to
+// `retry_for`). For a caller that connects without blocking (the middleman actor's connect_atom).
+[[nodiscard]] absl::StatusOr<std::pair<std::string, uint16_t>> DialVia(Runtime& runtime,
+                                                                       const std::string& host,
+                                                                       uint16_t port,
+                                                                       Duration retry_for = {});
 // Connects to the actor published on host:port, through TLS when configured; while nothing
 // listens there, tries again for up to `retry_for`.
 [[nodiscard]] absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host,

@@ -92,7 +92,7 @@ class MultihostTest : public ::testing::Test {
     // head cannot hear from is not yet declared dead. (TCP's retransmission backoff stretches a
     // 1 s cut into up to ~1.5 s of silence: the 200, 400, 800 ms retries.)
     const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    if (absl::StartsWith(test, "TheHeadUnreachable")) {
+    if (absl::StartsWith(test, "TheHeadUnreachableFromOneHostWithin")) {
       head.insert(head.end(), {"--heartbeat_timeout", "5s"});
     }
     // The stall test: a handler running 1 s is reported hung (the stall lasts 3 s).
@@ -555,8 +555,11 @@ TEST_F(MultihostTest, TheHeadUnreachableFromOneHostWithinTheGraceWindowChangesNo
 }
 
 // The head unreachable from one worker host (the others reach both) for longer than its grace
-// window: that host's worker is fenced like a partitioned host's, and the job ends on the others.
+// window (the default 1 s heartbeat timeout): the job's own messages do not pass through the head,
+// so it trains on with that host until the head declares the host's worker silent; then the worker
+// is fenced like a partitioned host's, and the job ends on the others.
 TEST_F(MultihostTest, TheHeadUnreachableFromOneHostBeyondTheGraceWindowFencesIt) {
+  SetSteps(150);
   pid_t job = StartAndWaitForCommits("nohead");
   const int coordinator = CoordinatorHost("nohead");
   const int victim = coordinator == kHosts ? kHosts - 1 : kHosts;

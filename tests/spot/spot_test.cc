@@ -5,6 +5,7 @@
 // committed a few steps. Final weights are compared with a fault-free embedded run's CRC32C.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <regex>
 #include <set>
@@ -64,6 +66,7 @@ class SpotJobTest : public troupe::testing::JobTest {
     o.binary = TROUPE_BINARY;
     o.workers = 0;
     o.cluster.log_dir = base_ + "/cluster";
+    o.head_store = head_store_;
     auto local = LocalCluster::Start(o);
     EXPECT_TRUE(local.ok()) << local.status();
     if (!local.ok()) return c;
@@ -159,6 +162,7 @@ class SpotJobTest : public troupe::testing::JobTest {
     return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
   }
   std::chrono::steady_clock::time_point notice_at_;
+  bool head_store_ = false;  // StartCluster: a head that RestartHead restarts from its store
 };
 
 class SpotNoticeTest : public SpotJobTest {};
@@ -309,6 +313,97 @@ TEST_F(SpotHandoverTest, EveryNodeNoticedCheckpointsExitsAndTheSameCommandResume
       << EventLogText("all");
   EXPECT_EQ(again.report.steps_lost, 0) << again.output;
   EXPECT_EQ(again.report.crc, want) << again.output;
+}
+
+// A training job through its head's loss (a head with a store; the test restarts it as systemd or
+// a Kubernetes Deployment would). Its members keep running meanwhile and rejoin the new head:
+// the driver, the coordinator, every node agent and worker.
+class HeadFailoverTest : public SpotJobTest {
+ protected:
+  HeadFailoverTest() { head_store_ = true; }
+
+  // The membership table as "id kind state pid" lines, sorted (the head's order).
+  static std::string Members(const std::string& head) {
+    troupe::runtime::RuntimeOptions ro;
+    ro.network = true;
+    ro.log_events = false;
+    auto rt = troupe::runtime::Runtime::Create(troupe::runtime::ActorRegistry{}, ro);
+    if (!rt.ok()) return rt.status().ToString();
+    auto hp = troupe::runtime::ParseHostPort(head);
+    auto client = troupe::runtime::ClusterClient::Connect(**rt, hp->first, hp->second);
+    if (!client.ok()) return client.status().ToString();
+    auto members = client->Members();
+    if (!members.ok()) return members.status().ToString();
+    std::string out;
+    for (const troupe::runtime::MemberInfo& m : *members) {
+      absl::StrAppend(&out, m.id, " ", Name(m.kind), " ", Name(m.state), " pid ", m.pid, "\n");
+    }
+    return out;
+  }
+};
+
+// kill -9 of the head in the middle of a job; a head started again on its address (from its
+// store) 0.5 s later. The job finishes with no step lost and the fault-free run's weights; every
+// node and worker is a member again, the same processes as before (same pids: nothing was
+// restarted).
+TEST_F(HeadFailoverTest, KillDashNineOfTheHeadMidJobLosesNoStepAndEveryMemberRejoins) {
+  const std::string want = Reference();
+  SpotCluster c = StartCluster("sigterm");
+  ASSERT_NE(c.local, nullptr);
+  const std::string before = Members(c.head);
+  JobRun r = RunNoticed("headkill", c, [&] {
+    const pid_t head = c.local->head_pid();
+    ASSERT_EQ(kill(head, SIGKILL), 0);
+    std::this_thread::sleep_for(milliseconds(500));
+    ASSERT_TRUE(c.local->RestartHead().ok());
+  });
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.report.steps, steps_) << r.output;
+  EXPECT_LE(r.report.steps_lost, 1) << r.output;
+  EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  const std::vector<SupervisionEvent> events = Events("headkill");
+  ASSERT_EQ(FindEvents(events, "head_lost").size(), 1u) << EventLogText("headkill");
+  const std::vector<SupervisionEvent> back = FindEvents(events, "head_back");
+  ASSERT_EQ(back.size(), 1u) << EventLogText("headkill");
+  EXPECT_EQ(FindEvents(events, "lease_lost").size(), 0u) << EventLogText("headkill");
+  EXPECT_EQ(FindEvents(events, "coordinator_restarted").size(), 0u) << EventLogText("headkill");
+  ExpectExactlyOnce("headkill");
+  const std::string after = Members(c.head);
+  EXPECT_EQ(after, before) << "membership before the head's loss:\n"
+                           << before << "after:\n"
+                           << after;
+  std::cout << "membership before the head's loss:\n"
+            << before << "after (the restarted head's table):\n"
+            << after << "head back after " << back[0].Field("after_ms") << " ms" << std::endl;
+}
+
+// The head killed and not replaced: the job waits its --head_grace (3 s) for one, then fails
+// naming the head — not at once, and not after the job's silence limit.
+TEST_F(HeadFailoverTest, AJobWhoseHeadIsGoneLongerThanItsGraceFailsNamingIt) {
+  SpotCluster c = StartCluster("sigterm", 2, false);
+  ASSERT_NE(c.local, nullptr);
+  const std::string dir = base_ + "/gone";
+  const pid_t pid = Start(dir, {"--head", c.head, "--head_grace", "3s"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Commits(dir) < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_GE(Commits(dir), 3) << Slurp(dir + "/out.txt");
+  ASSERT_EQ(kill(c.local->head_pid(), SIGKILL), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(milliseconds(2000));
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "the job ended within 2 s of its head's loss\n"
+                                               << Slurp(dir + "/out.txt");
+  const int rc = Wait(pid, milliseconds(30000));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string out = Slurp(dir + "/out.txt");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("lost the cluster's head at " + c.head + " and no head took over within 3s"),
+            std::string::npos)
+      << out;
+  EXPECT_GE(s, 3.0) << out;
+  EXPECT_LT(s, 10.0) << "exited " << s << " s after the head was killed\n" << out;
 }
 
 std::string LastLine(const std::string& text) {

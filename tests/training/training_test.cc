@@ -293,25 +293,35 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
   EXPECT_TRUE(ProcessesWith(dir + "/logs").empty());
 }
 
-TEST_F(TrainingTest, LosingTheHeadFailsTheJobFastNamingIt) {
+// kill -9 of the embedded cluster's head in the middle of the job: the cluster starts it again
+// from its store (as systemd would); the driver, the coordinator and every node and worker rejoin
+// it, the job pauses at most at a step boundary, and it finishes with nothing lost and the
+// fault-free run's weights. (A head gone for longer than the grace: HeadFailoverTest.)
+TEST_F(TrainingTest, LosingTheHeadPausesTheJobUntilItsRestartedHeadTakesOver) {
+  const std::string want = Reference();
   const std::string dir = base_ + "/headloss";
-  pid_t pid = Start(dir, {"--workers", "2", "--steps", "100000"});
-  // Three steps committed (the coordinator's commit record has a line per commit).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Commits(dir) < 3 && std::chrono::steady_clock::now() < deadline) {
+  const pid_t pid = Start(dir, {"--workers", "2"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Commits(dir) < 2 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   const pid_t head = ChildWith(pid, " head ");
   ASSERT_GT(head, 0) << Slurp(dir + "/out.txt");
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(head, SIGKILL), 0);
-  const int rc = Wait(pid, milliseconds(30000));
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int rc = Wait(pid, milliseconds(120000));
   const std::string out = Slurp(dir + "/out.txt");
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(rc, -1) << "still running 30 s after its head was killed\n" << out;
-  EXPECT_NE(out.find("lost the cluster's head"), std::string::npos) << out;
-  EXPECT_LT(s, 6.0) << "exited " << s << " s after the head was killed\n" << out;
+  ASSERT_EQ(rc, 0) << out;
+  const Report report = ReadReport(dir + "/report");
+  EXPECT_EQ(report.steps, kSteps) << out;
+  EXPECT_EQ(report.steps_lost, 0) << out;
+  EXPECT_EQ(report.crc, want) << "final weights differ from the fault-free run\n" << out;
+  const std::vector<SupervisionEvent> events = Events("headloss");
+  const std::vector<SupervisionEvent> lost = FindEvents(events, "head_lost");
+  ASSERT_EQ(lost.size(), 1u) << EventLogText("headloss");
+  EXPECT_LT(std::stoi(lost[0].Field("step")), kSteps) << "the head was lost after the job's end";
+  EXPECT_EQ(FindEvents(events, "head_back").size(), 1u) << EventLogText("headloss");
+  EXPECT_NE(Slurp(dir + "/logs/head.err").find("started again"), std::string::npos);
+  ExpectExactlyOnce("headloss");
 }
 
 TEST_F(TrainingTest, SubmitsToARunningClusterWithHead) {

@@ -74,6 +74,11 @@ struct TrainOptions {
   std::string binary;  // embedded cluster: the program to run roles with ("" = this one)
   std::string head;    // "HOST:PORT" of a running cluster; "" = start the embedded one
   std::ostream* progress = nullptr;  // one line per step and per event; std::cout when null
+  // The head lost: the job pauses at a step boundary while the driver, the coordinator and every
+  // node and worker rejoin the head that takes over (restarted, or a standby on its address);
+  // the job fails, naming the head, when none has after this long. The embedded cluster's head
+  // is restarted from its store at once.
+  runtime::Duration head_grace = std::chrono::seconds(30);
   // The driver process's runtime, declared in `troupe train`'s config registry like every role's
   // (--tls_ca/--tls_cert/--tls_key or TROUPE_TLS_*, --threads, ...). With TLS the driver reaches
   // the head over mutual TLS, and an embedded cluster runs with the same certificate files.

@@ -62,6 +62,10 @@ class Actor : public caf::event_based_actor {
 
   caf::invoke_message_result consume(caf::mailbox_element& x) override;
 
+  // The cluster head this process is joined to now (null outside a cluster): another one once a
+  // head took over and this process rejoined it.
+  caf::actor cluster_head();
+
  protected:
   internal::Context& context() { return *ctx_; }
   const std::shared_ptr<internal::Context>& context_ptr() const { return ctx_; }

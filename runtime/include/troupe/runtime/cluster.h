@@ -28,10 +28,13 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -124,12 +127,15 @@ struct MemberInfo {
   // A worker carries its node's.
   std::string address;
   std::string host;
+  // A worker: the port it listens on at `address` for the cluster's other processes (direct
+  // connections, see ClusterClient::ConnectDirectly); 0 for a node.
+  int32_t port = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MemberInfo& x) {
   return f(caf::meta::type_name("troupe.MemberInfo"), x.id, x.kind, x.node, x.state, x.pid,
-           x.resources, x.labels, x.address, x.host);
+           x.resources, x.labels, x.address, x.host, x.port);
 }
 
 // What subscribers receive, as (membership_atom, MembershipEvent).
@@ -228,7 +234,7 @@ using lease_atom = caf::atom_constant<caf::atom("tr_lease")>;
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 6;
+inline constexpr uint32_t kClusterProtocolVersion = 7;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -281,13 +287,31 @@ class ClusterClient {
   [[nodiscard]] absl::StatusOr<uint64_t> Generation();
   // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.
   void Subscribe(const caf::actor& subscriber);
+  // Connects this process to every worker, now and as each joins (in the background), so that
+  // messages between this process and actors there do not pass through the head: they go on
+  // while the head is lost and replaced (Reconnect). A handle taken before the connection is up
+  // uses it too.
+  void ConnectDirectly();
+  // After the head was lost: connects again to the same address (the head restarted, or a
+  // standby took over there), trying until `grace` has passed; then head() is the new one (a
+  // subscriber must subscribe again). Unavailable naming the address and `grace` after it.
+  [[nodiscard]] absl::Status Reconnect(Duration grace);
   const caf::actor& head() const { return head_; }
+  // The head's address, as given to Connect ("HOST:PORT").
+  std::string address() const;
 
  private:
-  ClusterClient(Runtime* runtime, caf::actor head, Duration timeout)
-      : runtime_(runtime), head_(std::move(head)), timeout_(timeout) {}
+  ClusterClient(Runtime* runtime, caf::actor head, std::string host, uint16_t port,
+                Duration timeout)
+      : runtime_(runtime),
+        head_(std::move(head)),
+        host_(std::move(host)),
+        port_(port),
+        timeout_(timeout) {}
   Runtime* runtime_;
   caf::actor head_;
+  std::string host_;
+  uint16_t port_;
   Duration timeout_;
 };
 
@@ -314,6 +338,9 @@ class LocalCluster {
     // The head keeps its state in a store (<cluster dir>/head.db), so that RestartHead's head
     // goes on from it.
     bool head_store = false;
+    // Starts the head again (from its store) whenever it dies, as a supervisor (systemd, a
+    // Kubernetes Deployment) would; RestartHead is then not for the caller.
+    bool keep_head = false;
   };
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(Options options);
   ~LocalCluster();
@@ -344,12 +371,17 @@ class LocalCluster {
   std::vector<std::string> RoleArgs() const;
   // Starts the head on `port` (0: ephemeral) and waits for it to report the port it listens on.
   absl::Status StartHead(uint16_t port);
+  // keep_head: reaps the head and starts another, until the destructor says stop.
+  void KeepHead();
   Options options_;
   std::string dir_;
   uint16_t port_ = 0;
-  pid_t head_pid_ = 0;
+  std::atomic<pid_t> head_pid_{0};
   int head_starts_ = 0;
   std::map<std::string, pid_t> nodes_;
+  std::mutex head_mu_;  // keep_head: the keeper's restart against the destructor's stop
+  bool stopping_ = false;
+  std::thread keeper_;
 };
 
 }  // namespace troupe::runtime
