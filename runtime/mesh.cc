@@ -28,8 +28,8 @@ struct MeshState {
 // blocking, and no request of it has a deadline (a head gone by now drops a request without a
 // word, and CAF 0.17's clock would hold the actor alive past the runtime's shutdown until the
 // deadline fired).
-caf::behavior MeshActor(caf::stateful_actor<MeshState>* self, Runtime* runtime,
-                        std::string self_id, bool follow) {
+caf::behavior MeshActor(caf::stateful_actor<MeshState>* self, Runtime* runtime, std::string self_id,
+                        bool follow) {
   self->state.runtime = runtime;
   self->state.self_id = std::move(self_id);
   self->state.follow = follow;
@@ -42,8 +42,8 @@ caf::behavior MeshActor(caf::stateful_actor<MeshState>* self, Runtime* runtime,
     absl::StatusOr<std::pair<std::string, uint16_t>> via =
         DialVia(*st.runtime, m.address, static_cast<uint16_t>(m.port));
     if (!via.ok()) {
-      LogWarn(who(), absl::StrCat("no direct connection to worker ", m.id, ": ",
-                                  via.status().message()));
+      LogWarn(who(),
+              absl::StrCat("no direct connection to worker ", m.id, ": ", via.status().message()));
       return;
     }
     st.connecting.insert(m.id);

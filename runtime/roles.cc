@@ -16,9 +16,11 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "internal/cluster_protocol.h"
@@ -249,8 +251,14 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
   std::string store_path;
   config.AddString("store", &store_path,
-                   "the head's durable state (SQLite file): a restarted head goes on from it, "
-                   "under a new epoch that fences the old one; \"\": none");
+                   "the head's durable state: a SQLite file, or etcd://HOST:PORT[/PREFIX] (heads "
+                   "on several machines: one leads, the others stand by); a head that takes over "
+                   "goes on from it, under a new epoch that fences the old one; \"\": none");
+  Duration leader_ttl = std::chrono::seconds(5);
+  config.AddDuration("leader_ttl", &leader_ttl,
+                     "etcd store: a leading head that stops renewing its lease for this long is "
+                     "replaced by a standby",
+                     Positive());
   if (int rc =
           ParseCommandLine("head", "usage: troupe head [--port P] [--host ADDR]", args, config);
       rc >= 0)
@@ -263,7 +271,27 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
     return 2;
   }
   std::shared_ptr<HeadStore> store;
-  if (!store_path.empty()) {
+  if (absl::string_view etcd = store_path; absl::ConsumePrefix(&etcd, "etcd://")) {
+    EtcdStoreOptions eo;
+    const size_t slash = etcd.find('/');
+    eo.endpoint = absl::StrCat("http://", etcd.substr(0, slash));
+    if (slash != absl::string_view::npos) eo.prefix = std::string(etcd.substr(slash));
+    eo.address = absl::StrCat(host, ":", port);
+    eo.leader_ttl = leader_ttl;
+    eo.on_lost = [](const absl::Status& why) {
+      std::cerr << "troupe head: no longer the leader: " << why.message() << "; stopping"
+                << std::endl;
+      std::fflush(nullptr);
+      _exit(3);
+    };
+    auto opened = OpenEtcdHeadStore(eo);
+    if (!opened.ok()) {
+      LogError("head", std::string(opened.status().message()));
+      return opened.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    store = std::move(*opened);
+    std::cout << "troupe head: leading " << store_path << ", epoch " << store->epoch() << std::endl;
+  } else if (!store_path.empty()) {
     auto opened = OpenSqliteHeadStore(store_path);
     if (!opened.ok()) {
       LogError("head", std::string(opened.status().message()));

@@ -1,6 +1,7 @@
 // internal/head_store.h — where the head keeps what must outlive its process: its epoch, the
 // membership generation, the members it knew and the named-actor directory. One interface; SQLite
-// (Debian's libsqlite3-dev) is the embedded implementation (`troupe head --store FILE`).
+// (Debian's libsqlite3-dev) is the embedded implementation (`troupe head --store FILE`); etcd
+// (`--store etcd://HOST:PORT[/PREFIX]`) the one for a standby head on another machine.
 //
 // Fencing: opening a store claims it with an epoch one above every claim before; every write
 // checks, in its transaction, that no later claim has been made, and is refused otherwise
@@ -9,7 +10,9 @@
 #ifndef TROUPE_RUNTIME_INTERNAL_HEAD_STORE_H_
 #define TROUPE_RUNTIME_INTERNAL_HEAD_STORE_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +55,20 @@ class HeadStore {
 // error naming it.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<HeadStore>> OpenSqliteHeadStore(
     const std::string& path);
+
+// The store on etcd (runtime/etcd_store.cc), for heads on several machines: one leads, the others
+// stand by. Opening it waits until no other head's leader lease holds it (a standby waits here),
+// then claims it and keeps the lease alive; `on_lost` runs once if the leadership ends (the lease
+// ran out, or a write was refused by a later epoch: this head was stopped or cut off meanwhile).
+struct EtcdStoreOptions {
+  std::string endpoint;            // "http://HOST:PORT": an etcd client URL
+  std::string prefix = "/troupe";  // the cluster's keys
+  std::string address;             // this head's, written as the leader's
+  Duration leader_ttl = std::chrono::seconds(5);
+  std::function<void(const absl::Status&)> on_lost;
+};
+[[nodiscard]] absl::StatusOr<std::unique_ptr<HeadStore>> OpenEtcdHeadStore(
+    EtcdStoreOptions options);
 
 }  // namespace troupe::runtime::internal
 

@@ -3,9 +3,12 @@
 // refusal, preemption drain, and no orphans when a node agent dies.
 #include "troupe/runtime/cluster.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -498,6 +501,8 @@ class HeadFailoverTest : public ClusterTest {
     } while (Clock::now() < deadline);
     return out;
   }
+
+ public:
   static std::string Slurp(const std::string& path) {
     std::ifstream in(path);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -618,6 +623,177 @@ TEST_F(HeadFailoverTest, AStaleHeadIsFencedByItsSuccessorsEpoch) {
   EXPECT_EQ(waitpid(new_head, &status, WNOHANG), 0) << "the new head goes on";
   kill(new_head, SIGKILL);
   waitpid(new_head, nullptr, 0);
+}
+
+// A single-member etcd on loopback (Debian's etcd-server) for the heads of a test, with a fast
+// election so that a 1 s lease is allowed; stopped (and its data removed) at the end.
+class LocalEtcd {
+ public:
+  explicit LocalEtcd(const std::string& dir) : dir_(dir) {
+    const int client = FreePort(), peer = FreePort();
+    endpoint_ = "127.0.0.1:" + std::to_string(client);
+    pid_ = fork();
+    if (pid_ == 0) {
+      freopen((dir + "/etcd.log").c_str(), "w", stdout);
+      freopen((dir + "/etcd.log").c_str(), "a", stderr);
+      const std::string c = "http://" + endpoint_, p = "http://127.0.0.1:" + std::to_string(peer);
+      execlp("etcd", "etcd", "--data-dir", (dir + "/etcd").c_str(), "--listen-client-urls",
+             c.c_str(), "--advertise-client-urls", c.c_str(), "--listen-peer-urls", p.c_str(),
+             "--initial-advertise-peer-urls", p.c_str(), "--initial-cluster",
+             ("default=" + p).c_str(), "--heartbeat-interval", "10", "--election-timeout", "100",
+             static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    const std::string health =
+        "etcdctl --endpoints=" + endpoint_ + " endpoint health >/dev/null 2>&1";
+    for (int i = 0; i < 100 && !ready_; ++i) {
+      ready_ = std::system(health.c_str()) == 0;
+      if (!ready_) std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+  ~LocalEtcd() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    std::filesystem::remove_all(dir_ + "/etcd");
+  }
+  bool ready() const { return ready_; }
+  std::string store(const std::string& prefix) const { return "etcd://" + endpoint_ + prefix; }
+  std::string log() const { return HeadFailoverTest::Slurp(dir_ + "/etcd.log"); }
+
+  static int FreePort() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    close(fd);
+    return ntohs(a.sin_port);
+  }
+
+ private:
+  std::string dir_, endpoint_;
+  pid_t pid_ = 0;
+  bool ready_ = false;
+};
+
+// A process of the cluster binary with `args`, its output in <dir>/<name>.{out,err}.
+pid_t StartRole(const std::string& dir, const std::string& name, std::vector<std::string> args) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    freopen((dir + "/" + name + ".out").c_str(), "w", stdout);
+    freopen((dir + "/" + name + ".err").c_str(), "w", stderr);
+    std::vector<char*> argv = {const_cast<char*>(TROUPE_CLUSTER_APP)};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(TROUPE_CLUSTER_APP, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Polls <dir>/<file> for `text` for up to `timeout`.
+bool WaitForText(const std::string& path, const std::string& text,
+                 std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (HeadFailoverTest::Slurp(path).find(text) == std::string::npos) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return true;
+}
+
+// Two heads on one etcd store and one address (as behind a Kubernetes Service that routes to the
+// one listening): the leader listens, the standby waits. kill -9 of the leader: the standby
+// leads within its 1 s leader lease (plus a poll), listens on the address, and the node and its
+// workers rejoin it — the same processes.
+TEST_F(HeadFailoverTest, WithEtcdAStandbyLeadsWithinTheLeaderLeaseOfTheLeadersKillDashNine) {
+  const std::string dir = cluster_->LogDir() + "/etcd-kill";
+  std::filesystem::remove_all(dir);  // a file of an earlier run would satisfy WaitForText
+  std::filesystem::create_directories(dir);
+  LocalEtcd etcd(dir);
+  ASSERT_TRUE(etcd.ready()) << etcd.log();
+  const std::string port = std::to_string(LocalEtcd::FreePort());
+  const std::string head = "127.0.0.1:" + port;
+  auto start_head = [&](const std::string& name) {
+    return StartRole(
+        dir, name, {"head", "--port", port, "--store", etcd.store("/kill"), "--leader_ttl", "1s"});
+  };
+  const pid_t leader = start_head("a");
+  ASSERT_TRUE(WaitForText(dir + "/a.out", "troupe head: listening", milliseconds(10000)))
+      << Slurp(dir + "/a.err");
+  const pid_t standby = start_head("b");
+  ASSERT_TRUE(WaitForText(dir + "/b.err", "standby: ", milliseconds(10000)))
+      << Slurp(dir + "/b.err");
+  const pid_t node = StartRole(dir, "node",
+                               {"node", "--head", head, "--name", "n", "--workers", "2",
+                                "--log_dir", dir, "--head_grace", "10s"});
+  const std::string status = std::string(TROUPE_CLUSTER_APP) + " status --head " + head +
+                             " --wait_workers 2 --timeout 20s >" + dir + "/status.txt 2>&1";
+  ASSERT_EQ(std::system(status.c_str()), 0) << Slurp(dir + "/status.txt");
+  const std::string before = Slurp(dir + "/status.txt");
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(leader, SIGKILL), 0);
+  waitpid(leader, nullptr, 0);
+  ASSERT_TRUE(WaitForText(dir + "/b.out", "troupe head: listening", milliseconds(10000)))
+      << Slurp(dir + "/b.err");
+  const double lead_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  // It went on from the leader's state in etcd: the node and its two workers.
+  EXPECT_TRUE(WaitForText(dir + "/b.out", "store epoch 2: generation 3, 3 of 3 known members",
+                          milliseconds(5000)))
+      << Slurp(dir + "/b.out");
+  EXPECT_LT(lead_s, 2.5) << "the standby took " << lead_s << " s (leader lease 1 s)";
+  ASSERT_EQ(std::system(status.c_str()), 0) << Slurp(dir + "/status.txt");
+  const double rejoined_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(Slurp(dir + "/status.txt"), before);
+  std::cout << "standby leads " << lead_s << " s after the leader's kill -9; node and workers "
+            << "rejoined it after " << rejoined_s << " s" << std::endl;
+  kill(node, SIGKILL);
+  waitpid(node, nullptr, 0);
+  kill(standby, SIGKILL);
+  waitpid(standby, nullptr, 0);
+}
+
+// SIGSTOP of the leading head: its lease runs out and the standby (on another port) leads under
+// epoch 2. SIGCONT: the old leader's next write — its fenced leader mark — is refused by epoch,
+// and it stops, naming both epochs.
+TEST_F(HeadFailoverTest, WithEtcdAStoppedLeaderIsFencedByItsSuccessorsEpoch) {
+  const std::string dir = cluster_->LogDir() + "/etcd-stop";
+  std::filesystem::remove_all(dir);  // a file of an earlier run would satisfy WaitForText
+  std::filesystem::create_directories(dir);
+  LocalEtcd etcd(dir);
+  ASSERT_TRUE(etcd.ready()) << etcd.log();
+  auto start_head = [&](const std::string& name) {
+    return StartRole(dir, name,
+                     {"head", "--port", "0", "--store", etcd.store("/stop"), "--leader_ttl", "1s"});
+  };
+  const pid_t old_leader = start_head("old");
+  ASSERT_TRUE(WaitForText(dir + "/old.out", "epoch 1", milliseconds(10000)))
+      << Slurp(dir + "/old.err");
+  const pid_t standby = start_head("new");
+  ASSERT_TRUE(WaitForText(dir + "/new.err", "standby: ", milliseconds(10000)))
+      << Slurp(dir + "/new.err");
+  ASSERT_EQ(kill(old_leader, SIGSTOP), 0);
+  ASSERT_TRUE(WaitForText(dir + "/new.out", "epoch 2", milliseconds(10000)))
+      << Slurp(dir + "/new.err");
+  ASSERT_EQ(kill(old_leader, SIGCONT), 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 1000 && done == 0; ++i) {
+    done = waitpid(old_leader, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(done, old_leader) << "the stale head still runs\n" << Slurp(dir + "/old.err");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
+  EXPECT_NE(Slurp(dir + "/old.err")
+                .find("this head's epoch 1 was fenced: a head of epoch 2 has claimed the store "
+                      "since; its writes are refused"),
+            std::string::npos)
+      << Slurp(dir + "/old.err");
+  EXPECT_EQ(waitpid(standby, &status, WNOHANG), 0) << "the new leader goes on";
+  kill(standby, SIGKILL);
+  waitpid(standby, nullptr, 0);
 }
 
 // Without a head for longer than head_grace, node agents stop their workers and exit, naming why.
