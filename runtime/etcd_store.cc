@@ -103,9 +103,10 @@ class EtcdHeadStore : public HeadStore {
     return Fenced(Put(Key("generation"), absl::StrCat(generation)));
   }
   absl::Status PutMember(const MemberInfo& m) override {
-    const json j = {{"id", m.id},       {"kind", Name(m.kind)},       {"node", m.node},
-                    {"state", Name(m.state)}, {"pid", m.pid},         {"resources", m.resources},
-                    {"labels", m.labels}, {"address", m.address},     {"host", m.host}};
+    const json j = {
+        {"id", m.id},    {"kind", Name(m.kind)},     {"node", m.node},     {"state", Name(m.state)},
+        {"pid", m.pid},  {"resources", m.resources}, {"labels", m.labels}, {"address", m.address},
+        {"host", m.host}};
     return Fenced(Put(Key("members/" + m.id), j.dump()));
   }
   absl::Status PutActor(const StoredActor& a) override {
@@ -127,15 +128,17 @@ class EtcdHeadStore : public HeadStore {
     bool said = false;
     auto last_keepalive = std::chrono::steady_clock::now();
     while (true) {
-      json txn = {
-          {"compare",
-           {{{"target", "CREATE"}, {"key", B64(Key("leader"))}, {"result", "EQUAL"},
-             {"create_revision", "0"}}}},
-          {"success",
-           {{{"request_put",
-              {{"key", B64(Key("leader"))}, {"value", B64(o_.address)},
-               {"lease", absl::StrCat(lease_)}}}}}},
-          {"failure", {{{"request_range", {{"key", B64(Key("leader"))}}}}}}};
+      json txn = {{"compare",
+                   {{{"target", "CREATE"},
+                     {"key", B64(Key("leader"))},
+                     {"result", "EQUAL"},
+                     {"create_revision", "0"}}}},
+                  {"success",
+                   {{{"request_put",
+                      {{"key", B64(Key("leader"))},
+                       {"value", B64(o_.address)},
+                       {"lease", absl::StrCat(lease_)}}}}}},
+                  {"failure", {{{"request_range", {{"key", B64(Key("leader"))}}}}}}};
       absl::StatusOr<json> r = Call("/v3/kv/txn", txn);
       if (!r.ok()) return r.status();
       if (r->value("succeeded", false)) break;
@@ -196,17 +199,21 @@ class EtcdHeadStore : public HeadStore {
       absl::StatusOr<json> r = Range(Key("epoch"));
       if (!r.ok()) return r.status();
       uint64_t old = 0;
-      json cmp = {{"target", "CREATE"}, {"key", B64(Key("epoch"))}, {"result", "EQUAL"},
+      json cmp = {{"target", "CREATE"},
+                  {"key", B64(Key("epoch"))},
+                  {"result", "EQUAL"},
                   {"create_revision", "0"}};
       if (r->contains("kvs")) {
         const json& kv = (*r)["kvs"][0];
         (void)absl::SimpleAtoi(UnB64(kv["value"].get<std::string>()), &old);
-        cmp = {{"target", "MOD"}, {"key", B64(Key("epoch"))}, {"result", "EQUAL"},
+        cmp = {{"target", "MOD"},
+               {"key", B64(Key("epoch"))},
+               {"result", "EQUAL"},
                {"mod_revision", absl::StrCat(Int(kv, "mod_revision"))}};
       }
-      absl::StatusOr<json> t = Call(
-          "/v3/kv/txn",
-          {{"compare", {cmp}}, {"success", {Put(Key("epoch"), absl::StrCat(old + 1))}}});
+      absl::StatusOr<json> t =
+          Call("/v3/kv/txn",
+               {{"compare", {cmp}}, {"success", {Put(Key("epoch"), absl::StrCat(old + 1))}}});
       if (!t.ok()) return t.status();
       if (t->value("succeeded", false)) {
         epoch_ = old + 1;
@@ -219,8 +226,10 @@ class EtcdHeadStore : public HeadStore {
   absl::Status Fenced(const json& op) {
     absl::StatusOr<json> t =
         Call("/v3/kv/txn", {{"compare",
-                             {{{"target", "VALUE"}, {"key", B64(Key("epoch"))},
-                               {"result", "EQUAL"}, {"value", B64(absl::StrCat(epoch_))}}}},
+                             {{{"target", "VALUE"},
+                               {"key", B64(Key("epoch"))},
+                               {"result", "EQUAL"},
+                               {"value", B64(absl::StrCat(epoch_))}}}},
                             {"success", {op}},
                             {"failure", {{{"request_range", {{"key", B64(Key("epoch"))}}}}}}});
     if (!t.ok()) return t.status();
@@ -240,8 +249,9 @@ class EtcdHeadStore : public HeadStore {
     if (!k.ok()) return k.status();
     if (Int(k->value("result", json::object()), "TTL") <= 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat(Where(), ": this head's leader lease ran out (its process was stopped, or "
-                                "cut off from etcd, for longer than --leader_ttl)"));
+          absl::StrCat(Where(),
+                       ": this head's leader lease ran out (its process was stopped, or "
+                       "cut off from etcd, for longer than --leader_ttl)"));
     }
     return absl::OkStatus();
   }
@@ -279,20 +289,19 @@ class EtcdHeadStore : public HeadStore {
 absl::StatusOr<std::unique_ptr<HeadStore>> OpenEtcdHeadStore(EtcdStoreOptions options) {
   absl::string_view rest = options.endpoint;
   if (!absl::ConsumePrefix(&rest, "http://")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--store: expected etcd://HOST:PORT[/PREFIX] (etcd's client URL), got '", options.endpoint,
-        "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store: expected etcd://HOST:PORT[/PREFIX] (etcd's client URL), got '",
+                     options.endpoint, "'"));
   }
   const size_t colon = rest.rfind(':');
   int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) ||
-      port <= 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--store: expected a port in '",
-                                                   options.endpoint, "'"));
+  if (colon == std::string::npos || !absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store: expected a port in '", options.endpoint, "'"));
   }
   if (options.prefix.empty() || options.prefix[0] != '/') options.prefix = "/" + options.prefix;
-  auto store =
-      std::make_unique<EtcdHeadStore>(options, std::string(rest.substr(0, colon)), port);
+  auto store = std::make_unique<EtcdHeadStore>(options, std::string(rest.substr(0, colon)), port);
   if (absl::Status s = store->Lead(); !s.ok()) return s;
   return std::unique_ptr<HeadStore>(std::move(store));
 }

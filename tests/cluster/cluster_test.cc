@@ -503,6 +503,15 @@ class HeadFailoverTest : public ClusterTest {
   }
 
  public:
+  // `pid` once it has exited (its wait status in *status), or 0 after `timeout`.
+  static pid_t WaitForExit(pid_t pid, int* status, milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    pid_t done = 0;
+    while ((done = waitpid(pid, status, WNOHANG)) == 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return done;
+  }
   static std::string Slurp(const std::string& path) {
     std::ifstream in(path);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -606,11 +615,7 @@ TEST_F(HeadFailoverTest, AStaleHeadIsFencedByItsSuccessorsEpoch) {
     _exit(127);
   }
   int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 1000 && done == 0; ++i) {
-    done = waitpid(old_head, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(milliseconds(10));
-  }
+  const pid_t done = WaitForExit(old_head, &status, milliseconds(10000));
   ASSERT_EQ(done, old_head) << "the stale head still runs\n" << Slurp(dir + "/old.err");
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
   EXPECT_NE(Slurp(dir + "/old.err")
@@ -779,11 +784,7 @@ TEST_F(HeadFailoverTest, WithEtcdAStoppedLeaderIsFencedByItsSuccessorsEpoch) {
       << Slurp(dir + "/new.err");
   ASSERT_EQ(kill(old_leader, SIGCONT), 0);
   int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 1000 && done == 0; ++i) {
-    done = waitpid(old_leader, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(milliseconds(10));
-  }
+  const pid_t done = WaitForExit(old_leader, &status, milliseconds(10000));
   ASSERT_EQ(done, old_leader) << "the stale head still runs\n" << Slurp(dir + "/old.err");
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3) << status;
   EXPECT_NE(Slurp(dir + "/old.err")
@@ -807,11 +808,7 @@ TEST_F(HeadFailoverTest, WithoutAHeadPastTheGraceNodesAndWorkersStopNamingIt) {
   EXPECT_TRUE(ProcessAlive(agent)) << "within the grace the node waits for a head";
   EXPECT_TRUE(ProcessAlive(static_cast<pid_t>(worker)));
   int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 3000 && done == 0; ++i) {
-    done = waitpid(agent, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(milliseconds(10));
-  }
+  const pid_t done = WaitForExit(agent, &status, milliseconds(30000));
   ASSERT_EQ(done, agent) << "the node agent outlived head_grace by 10 s";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
   EXPECT_NE(Slurp(cluster_->LogDir() + "/node-a.err").find("no head took over within head_grace"),
