@@ -100,10 +100,15 @@ class MultihostTest : public ::testing::Test {
       head.insert(head.end(), {"--hung_timeout", "1s"});
     }
     if (absl::StartsWith(test, "MutualTls")) MakeCertificates();
+    // The head-loss test: a head with a store, started again on its host after a kill -9.
+    if (absl::StartsWith(test, "TheHeadKilled")) {
+      head.insert(head.end(), {"--store", dir_ + "/head.db"});
+    }
     // The failure-domain tests: two workers on each of h1 and h2, nothing on h3 and h4.
     if (absl::StartsWith(test, "TwoWorkersPerHost")) workers_ = {2, 2, 0, 0};
     Append(head, Tls("head"));
-    Run(HeadHost(), head, dir_ + "/logs/head.txt");
+    head_argv_ = head;
+    head_pid_ = Run(HeadHost(), head, dir_ + "/logs/head.txt");
     int total = 0;
     for (int i = 1; i <= kHosts; ++i) {
       const int n = workers_[i - 1];
@@ -337,6 +342,8 @@ class MultihostTest : public ::testing::Test {
 
   lab::Lab lab_{LabName()};
   std::string dir_, spec_, head_, certs_;
+  std::vector<std::string> head_argv_;  // how SetUp started the head (pid head_pid_)
+  pid_t head_pid_ = -1;
   std::vector<int> workers_ = std::vector<int>(kHosts, 1);  // node agent h<i>'s workers
   int steps_ = kSteps;
   std::map<std::string, std::chrono::steady_clock::time_point> started_;
@@ -567,6 +574,26 @@ TEST_F(MultihostTest, TheHeadUnreachableFromOneHostBeyondTheGraceWindowFencesIt)
   JobRun r = Finish("nohead", job);
   ExpectFinished("nohead", r, kHosts - 1, -1);
   EXPECT_TRUE(DeclaredSilent("nohead", victim)) << Logs();
+}
+
+// kill -9 of the head (on its own host) mid-run, started again there from its store 0.3 s later
+// as systemd would: the job's processes on the four worker hosts talk over their own
+// connections, rejoin the new head, and the job ends on all four with nothing lost and the
+// one-host weights.
+TEST_F(MultihostTest, TheHeadKilledAndRestartedMidRunLosesNothing) {
+  SetSteps(60);
+  pid_t job = StartAndWaitForCommits("headkill");
+  ASSERT_GT(head_pid_, 0);
+  ASSERT_EQ(kill(head_pid_, SIGKILL), 0);
+  waitpid(head_pid_, nullptr, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  head_pid_ = Run(HeadHost(), head_argv_, dir_ + "/logs/head2.txt");
+  JobRun r = Finish("headkill", job);
+  ExpectFinished("headkill", r, kHosts, 0);
+  EXPECT_TRUE(HasEvent("headkill", "head_lost", {})) << Logs();
+  EXPECT_TRUE(HasEvent("headkill", "head_back", {})) << Logs();
+  EXPECT_FALSE(HasEvent("headkill", "lease_lost", {})) << Logs();
+  EXPECT_EQ(r.report.generations, 1) << r.output << Logs();
 }
 
 // A flapping link: one worker host's link down and up every 1.5 s, four times, mid-run. Each cut
