@@ -123,11 +123,6 @@ absl::Status ClusterClient::Reconnect(Duration grace) {
   while (std::chrono::steady_clock::now() < deadline) {
     absl::StatusOr<caf::actor> head =
         internal::Connect(*runtime_, host_, port_, std::chrono::milliseconds(200));
-    // CAF answers from its cache of connections until it has processed the loss: the dead head.
-    if (head.ok() && *head == head_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
     if (head.ok()) {
       head_ = *head;
       runtime_->internal_context()->SetHead(head_);

@@ -179,12 +179,6 @@ absl::StatusOr<caf::actor> RejoinHead(Runtime& runtime, const std::string& head_
   while (std::chrono::steady_clock::now() < deadline) {
     absl::StatusOr<caf::actor> head =
         Connect(runtime, hp.first, hp.second, std::chrono::milliseconds(200));
-    // CAF answers from its cache of connections until it has processed the loss: the dead head,
-    // whose proxy silently drops what it is sent. Asked again shortly.
-    if (head.ok() && *head == runtime.internal_context()->head()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      continue;
-    }
     if (head.ok()) {
       absl::StatusOr<uint64_t> joined =
           JoinCluster(runtime.system(), *head, options, kind, name, registration);

@@ -431,6 +431,21 @@ absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host, ui
   TROUPE_ASSIGN_OR_RETURN(auto via, DialVia(runtime, host, port, retry_for));
   const auto& [via_host, via_port] = via;
   auto h = sys.middleman().remote_actor(via_host, via_port);
+  // CAF answers from its cache of connections until it has processed a lost one: the dead actor,
+  // whose proxy drops what it is sent without an error (a rejoin once waited out a 10 s deadline
+  // that way). Asked again once the loss is processed, which takes milliseconds.
+  auto lost = [](const caf::actor& a) {
+    return a &&
+           caf::actor_cast<caf::abstract_actor*>(a)->getf(caf::abstract_actor::is_terminated_flag);
+  };
+  for (int i = 0; h && lost(*h) && i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    h = sys.middleman().remote_actor(via_host, via_port);
+  }
+  if (h && lost(*h)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach ", host, ":", port, ": its connection was lost"));
+  }
   // Nothing listens there yet (a head still starting): try again until `retry_for` has passed.
   while (!h && h.error() == caf::sec::cannot_connect_to_node &&
          std::chrono::steady_clock::now() < until) {
