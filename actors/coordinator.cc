@@ -88,6 +88,22 @@ class Coordinator {
     events_->Write(e);
     Print(EventProgressLine(e));
   }
+  // A rank's step, for the job's trace and metrics (the log only: no progress line).
+  void NoteRankStep(const StepDone& m) {
+    runtime::SupervisionEvent e = JobEvent("rank_step", m.worker);
+    e.generation = m.generation;
+    e.Set("step", m.step + 1)  // the step it computes, counted from 1 as progress lines do
+        .Set("start_ns", m.start_ns)
+        .Set("step_s", absl::StrFormat("%.6f", m.step_seconds))
+        .Set("compute_s", absl::StrFormat("%.6f", m.compute_seconds))
+        .Set("collective_s", absl::StrFormat("%.6f", m.collective_seconds))
+        .Set("collective_bytes", static_cast<int64_t>(m.collective_bytes));
+    const std::vector<std::string>& active = core_->record().active;
+    if (auto r = std::find(active.begin(), active.end(), m.worker); r != active.end()) {
+      e.Set("rank", static_cast<int64_t>(r - active.begin()));
+    }
+    events_->Write(e);
+  }
   // A fault this process carries out, written down before it happens (the progress line to the
   // driver might not leave the process before SIGKILL does).
   void FaultFired(FaultKind kind, int64_t step, const std::string& node = "") {
@@ -151,6 +167,7 @@ class Coordinator {
   std::map<std::string, Rank> ranks_;
   std::ofstream commits_;
   absl::Time step_start_;
+  std::map<int64_t, absl::Time> checkpoint_asked_;  // checkpoint step -> when ranks were told
   bool stepping_ = false;
   double compute_seconds_ = 0;
   int64_t tokens_ = 0;
@@ -423,6 +440,7 @@ void Coordinator::Do(const CoordinatorAction& a) {
       stepping_ = true;
       return Send(a.worker, caf::make_message(RunStep{a.generation, a.step}));
     case Kind::kCommit:
+      if (a.step >= 0) checkpoint_asked_.emplace(a.step, absl::Now());
       return Send(a.worker, caf::make_message(CommitRank{a.generation, a.step}));
     case Kind::kCheckpoint:
       return CommitCheckpoint(a);
@@ -526,6 +544,13 @@ void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
     runtime::SupervisionEvent e = JobEvent("checkpoint_committed");
     e.generation = a.generation;
     e.Set("step", a.step).Set("path", store_->StepDir(a.step)).Set("world", a.world);
+    uint64_t bytes = 0;
+    for (const ShardFileInfo& f : a.shards) bytes += f.byte_size;
+    e.Set("bytes", static_cast<int64_t>(bytes));
+    if (auto asked = checkpoint_asked_.find(a.step); asked != checkpoint_asked_.end()) {
+      e.Set("seconds", absl::StrFormat("%.6f", absl::ToDoubleSeconds(absl::Now() - asked->second)));
+    }
+    checkpoint_asked_.erase(checkpoint_asked_.begin(), checkpoint_asked_.upper_bound(a.step));
     LogEvent(std::move(e));
   }
   Execute(core_->OnCheckpointCommitted(a.step, s, Now()));
@@ -540,9 +565,18 @@ void Coordinator::Committed(const CoordinatorAction& a) {
   tokens_ += step_tokens;
   stepping_ = false;
   report_.losses.push_back(a.loss);
+  const double tokens_per_s = step_tokens / std::max(secs, 1e-9);
   std::string line =
       absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d", a.step, spec_.steps,
-                      a.loss, step_tokens / std::max(secs, 1e-9), a.world, a.generation);
+                      a.loss, tokens_per_s, a.world, a.generation);
+  runtime::SupervisionEvent step = JobEvent("step");
+  step.generation = a.generation;
+  step.Set("step", a.step)
+      .Set("loss", absl::StrFormat("%.6f", a.loss))
+      .Set("tokens_per_s", absl::StrFormat("%.1f", tokens_per_s))
+      .Set("step_s", absl::StrFormat("%.6f", secs))
+      .Set("world", a.world);
+  events_->Write(step);
   if (a.recovered) {
     // From the newest fault_fired event (the dying process wrote it, with its time) to now.
     std::optional<runtime::SupervisionEvent> fault =
@@ -705,6 +739,11 @@ caf::behavior Coordinator::Behavior() {
                 });
       },
       [this](const RankJoined& j) { HandleJoin(j); },
+      // `troupe job stop` (through the head and the driver): every rank stopped, the record kept.
+      [this](runtime::job_stop_atom, const std::string& id) {
+        Stop(caf::make_message(JobFailed{WireStatus::From(absl::CancelledError(absl::StrCat(
+            "job ", id, " stopped by `troupe job stop` at step ", core_->committed())))}));
+      },
       [this](runtime::membership_atom, const runtime::MembershipEvent& e) { HandleMembership(e); },
       [this](const RankConfigured& m) {
         Execute(core_->OnConfigured(m.generation, m.worker, m.status.ToStatus(), Now(), m.blamed));
@@ -714,6 +753,7 @@ caf::behavior Coordinator::Behavior() {
           rank_compute_seconds_ += m.compute_seconds;
           rank_schedule_seconds_ += m.schedule_seconds;
         }
+        if (m.status.ToStatus().ok()) NoteRankStep(m);
         std::map<int32_t, double> losses;
         for (size_t i = 0; i < m.microbatches.size() && i < m.losses.size(); ++i) {
           losses[m.microbatches[i]] = m.losses[i];

@@ -363,23 +363,33 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
       MicrobatchBlocks(options_.microbatches, layout_.world / stages_);
   if (!blocks.ok()) return blocks.status();
   StepOutcome out;
+  Stopwatch collective;  // restarted before each collective phase
+  auto collected = [&] { out.collective_seconds += collective.Seconds(); };
   if (stages_ == 1) {
     const auto [lo, hi] = (*blocks)[rank_];
     out.block_size = hi - lo;
     if (absl::Status s = AccumulateSubtree(step, lo, hi, &out); !s.ok()) return s;
+    collective = Stopwatch();
     if (absl::Status s = ReduceScatterGradient(step, lo, hi); !s.ok()) return s;
+    collected();
   } else {
     const GridPosition pos = GridPositionOf(rank_, layout_.world, stages_);
     const auto [lo, hi] = (*blocks)[pos.replica];
     out.block_size = hi - lo;
     if (absl::Status s = RunStageSchedule(step, lo, hi, pos, &out); !s.ok()) return s;
+    collective = Stopwatch();
     if (absl::Status s = ExchangeStageGradients(step, *blocks, pos); !s.ok()) return s;
+    collected();
   }
+  collective = Stopwatch();
   absl::StatusOr<double> grad_norm = GlobalGradNorm();
   if (!grad_norm.ok()) return grad_norm.status();
+  collected();
   out.grad_norm = *grad_norm;
   if (absl::Status s = StageAdamW(step, out.grad_norm); !s.ok()) return s;
+  collective = Stopwatch();
   if (absl::Status s = ShareStagedState(step); !s.ok()) return s;
+  collected();
   staged_ = Staged::kStep;
   staged_layout_ = layout_;
   staged_rank_ = rank_;

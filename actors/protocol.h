@@ -68,6 +68,12 @@ struct StepDone {
   int32_t blamed = -1;
   double compute_seconds = 0;  // StepOutcome's: the pipeline bubble is the rest of
   double schedule_seconds = 0;
+  // For the job's trace and metrics: when the rank began the step (wall clock), how long it
+  // took, and its collectives' share (StepOutcome's) and bytes sent.
+  int64_t start_ns = 0;
+  double step_seconds = 0;
+  double collective_seconds = 0;
+  uint64_t collective_bytes = 0;
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -158,7 +164,8 @@ typename Inspector::result_type inspect(Inspector& f, RunStep& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
-           x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds);
+           x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds,
+           x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {

@@ -282,6 +282,8 @@ class RankState {
   }
 
   void Step(uint64_t gen, int64_t step) {
+    const absl::Time start = absl::Now();
+    const uint64_t sent = comm_ != nullptr ? comm_->stats().bytes_sent : 0;
     absl::StatusOr<StepOutcome> out =
         step == rank_->committed_steps()
             ? rank_->RunStep()
@@ -301,6 +303,10 @@ class RankState {
       done.grad_norm = out->grad_norm;
       done.compute_seconds = out->compute_seconds;
       done.schedule_seconds = out->schedule_seconds;
+      done.start_ns = absl::ToUnixNanos(start);
+      done.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      done.collective_seconds = out->collective_seconds;
+      if (comm_ != nullptr) done.collective_bytes = comm_->stats().bytes_sent - sent;
       if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
     caf::anon_send(coordinator_, std::move(done));

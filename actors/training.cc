@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
 #include "job_events.h"
+#include "job_reporter.h"
 #include "protocol.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/cluster.h"
@@ -90,6 +91,7 @@ struct DriverState {
   // starts, exits and restarts) and a process_exit event for every worker or node the head
   // reports dead; the coordinator and the ranks append their own.
   std::shared_ptr<EventLog> events;
+  JobReporter* reporter = nullptr;
 };
 
 // (head_atom, head) to the driver actor: the head that took over, once the driver reconnected.
@@ -121,6 +123,17 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
       [follow](head_atom, const caf::actor& head) { follow(head); },
+      // `troupe job stop`, relayed by the head: the coordinator stops every rank and reports.
+      [st](runtime::job_stop_atom, const std::string& id) {
+        *st->out << "job " << id << ": stop asked (troupe job stop)" << std::endl;
+        if (st->coordinator) {
+          caf::anon_send(st->coordinator, runtime::job_stop_atom::value, id);
+        } else if (!st->finished) {
+          st->finished = true;
+          st->result.set_value(absl::CancelledError("stopped by `troupe job stop`"));
+          st->queue->Push({"done", ""});
+        }
+      },
       [st, forward](const RankJoined& j) {
         st->ranks[j.worker] = JoinInfo{j.node, j.domain, j.rank_name};
         if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
@@ -440,6 +453,7 @@ absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, const TrainOptions& o
         return absl::Status(s.code(), absl::StrCat("training job failed: ", s.message()));
       }
       caf::anon_send(driver, head_atom::value, client.head());
+      if (st.reporter != nullptr) st.reporter->SetHead(client.head());
       out << "head back: rejoined " << client.address() << " after "
           << std::chrono::duration_cast<std::chrono::milliseconds>(
                  std::chrono::steady_clock::now() - t0)
@@ -485,10 +499,35 @@ void PrintSummary(const JobReport& r, std::ostream& out) {
       << std::endl;
 }
 
+// From the cluster's workers to the job's report: ranks, the coordinator, the wait.
+absl::StatusOr<JobReport> Drive(const JobSpec& spec, const std::string& spec_text,
+                                const TrainOptions& options, JobCluster& cluster,
+                                runtime::ClusterClient& client, runtime::Runtime& rt,
+                                const caf::actor& driver, DriverState& st, DriverQueue& queue,
+                                std::future<absl::StatusOr<JobReport>>& result, std::ostream& out) {
+  absl::Status ready =
+      cluster.local != nullptr
+          ? WaitForWorkers(client, spec, static_cast<size_t>(spec.workers) + 1, "embedded cluster")
+          : WaitForWorkers(client, spec, static_cast<size_t>(spec.min_workers),
+                           absl::StrCat("the cluster at ", options.head));
+  if (!ready.ok()) return ready;
+  RankSpawner ranks(client, spec, spec_text, cluster.local != nullptr, driver, out);
+  ranks.SpawnNew();
+  if (absl::Status s = StartJobSupervisor(rt, spec, spec_text, driver); !s.ok()) return s;
+  absl::StatusOr<JobReport> report =
+      AwaitReport(spec, options, cluster, client, driver, st, queue, ranks, result, out);
+  if (report.ok()) PrintSummary(*report, out);
+  return report;
+}
+
 }  // namespace
 
 absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options) {
-  std::ostream& out = options.progress != nullptr ? *options.progress : std::cout;
+  // Every line printed also goes to the job's record on the head (`troupe job logs`).
+  JobReporter reporter(spec, options.job_id);
+  LineTee tee(options.progress != nullptr ? *options.progress : std::cout,
+              [&reporter](std::string line) { reporter.Line(std::move(line)); });
+  std::ostream out(&tee);
   if (absl::Status s = PrepareJob(spec, out); !s.ok()) return s;
   const std::string spec_text = spec.ToToml();
   absl::StatusOr<JobCluster> cluster = StartCluster(spec, options, out);
@@ -521,19 +560,14 @@ absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& optio
   // On every way out of here, the driver actor is gone before the locals it points to are (and
   // before the runtime's shutdown, which waits for every actor).
   StopOnExit stop_driver((*rt)->system(), driver);
-
-  absl::Status ready =
-      cluster->local != nullptr
-          ? WaitForWorkers(*client, spec, static_cast<size_t>(spec.workers) + 1, "embedded cluster")
-          : WaitForWorkers(*client, spec, static_cast<size_t>(spec.min_workers),
-                           absl::StrCat("the cluster at ", options.head));
-  if (!ready.ok()) return ready;
-  RankSpawner ranks(*client, spec, spec_text, cluster->local != nullptr, driver, out);
-  ranks.SpawnNew();
-  if (absl::Status s = StartJobSupervisor(**rt, spec, spec_text, driver); !s.ok()) return s;
+  if (absl::Status s = reporter.Connect((*rt)->system(), client->head(), driver); !s.ok()) {
+    return s;
+  }
+  st->reporter = &reporter;
+  out << "job " << reporter.id() << " on the head at " << client->address() << std::endl;
   absl::StatusOr<JobReport> report =
-      AwaitReport(spec, options, *cluster, *client, driver, *st, queue, ranks, result, out);
-  if (report.ok()) PrintSummary(*report, out);
+      Drive(spec, spec_text, options, *cluster, *client, **rt, driver, *st, queue, result, out);
+  reporter.End(report);
   return report;
 }
 

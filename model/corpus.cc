@@ -57,22 +57,25 @@ std::vector<std::string> FortunesCorpusFiles(const std::string& dir) {
   return files;
 }
 
-absl::StatusOr<std::vector<std::string>> ReadDocuments(const std::vector<std::string>& paths) {
+absl::StatusOr<std::vector<std::string>> ReadDocuments(
+    const std::vector<std::string>& paths, const std::function<void(int64_t bytes)>& on_file_read) {
   std::vector<std::string> docs;
   for (const auto& path : paths) {
     absl::StatusOr<std::string> text = internal::ReadWholeFile(path);
     if (!text.ok()) return text.status();
+    if (on_file_read) on_file_read(static_cast<int64_t>(text->size()));
     SplitDocuments(*text, docs);
   }
   return docs;
 }
 
-absl::StatusOr<PreparedDataset> PrepareDataset(const std::vector<std::string>& input_paths,
-                                               const std::string& out_dir, int32_t vocab_size) {
+absl::StatusOr<PreparedDataset> PrepareDataset(
+    const std::vector<std::string>& input_paths, const std::string& out_dir, int32_t vocab_size,
+    const std::function<void(int64_t bytes)>& on_file_read) {
   if (input_paths.empty()) {
     return absl::InvalidArgumentError("--input: expected at least one text file, got none");
   }
-  absl::StatusOr<std::vector<std::string>> docs = ReadDocuments(input_paths);
+  absl::StatusOr<std::vector<std::string>> docs = ReadDocuments(input_paths, on_file_read);
   if (!docs.ok()) return docs.status();
   if (docs->empty()) {
     return absl::InvalidArgumentError(

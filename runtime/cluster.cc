@@ -206,6 +206,24 @@ absl::StatusOr<uint64_t> ClusterClient::Generation() {
   return std::get<0>(*r);
 }
 
+absl::StatusOr<std::string> ClusterClient::SubmitJob(const std::string& name,
+                                                     const std::string& spec_toml, int64_t steps) {
+  auto r = Ask<std::string>(runtime_->system(), head_, timeout_, job_submit_atom::value, name,
+                            spec_toml, steps);
+  if (!r.ok()) return r.status();
+  return std::get<0>(*r);
+}
+
+absl::Status ClusterClient::StopJob(const std::string& id) {
+  return Ask<bool>(runtime_->system(), head_, timeout_, job_stop_atom::value, id).status();
+}
+
+absl::StatusOr<std::string> ClusterClient::View(const std::string& what, const std::string& arg) {
+  auto r = Ask<std::string>(runtime_->system(), head_, timeout_, ops_view_atom::value, what, arg);
+  if (!r.ok()) return r.status();
+  return std::get<0>(*r);
+}
+
 void ClusterClient::Subscribe(const caf::actor& subscriber) {
   caf::anon_send(head_, internal::subscribe_atom::value, subscriber);
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "caf/abstract_actor.hpp"
 #include "caf/actor.hpp"
 
@@ -154,7 +155,12 @@ bool ParseEvent(const std::string& line, SupervisionEvent* e) {
       out.reason = value;
     } else if (key == "decision") {
       out.decision = value;
-    } else if (key != "ts") {
+    } else if (key == "ts") {
+      absl::Time t;
+      std::string err;
+      ok = absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", value, &t, &err);
+      out.wall_time = absl::ToChronoTime(t);
+    } else {
       out.fields[key] = value;
     }
     if (!ok) return false;

@@ -3,8 +3,8 @@
 //
 // Keys under the prefix P: P/epoch (the highest claim), P/leader (the leading head's address,
 // under its lease), P/leader_seen (the leader's fenced mark, rewritten each keep-alive),
-// P/generation, P/members/<id> and P/actors/<name> (JSON). Every write is one transaction that
-// compares P/epoch with this head's epoch first.
+// P/generation, P/members/<id>, P/actors/<name> and P/jobs/<id> (JSON). Every write is one
+// transaction that compares P/epoch with this head's epoch first.
 #include <httplib.h>
 
 #include <atomic>
@@ -96,6 +96,13 @@ class EtcdHeadStore : public HeadStore {
       s.actors.push_back(
           {a.value("name", ""), a.value("worker", ""), a.value("generation", uint64_t{0})});
     }
+    absl::StatusOr<json> jobs = Range(Key("jobs/"), /*prefix=*/true);
+    if (!jobs.ok()) return jobs.status();
+    const std::string jobs_key = Key("jobs/");
+    for (const json& kv : jobs->value("kvs", json::array())) {
+      s.jobs.emplace_back(UnB64(kv["key"].get<std::string>()).substr(jobs_key.size()),
+                          UnB64(kv["value"].get<std::string>()));
+    }
     return s;
   }
 
@@ -108,6 +115,9 @@ class EtcdHeadStore : public HeadStore {
         {"pid", m.pid},  {"resources", m.resources}, {"labels", m.labels}, {"address", m.address},
         {"host", m.host}};
     return Fenced(Put(Key("members/" + m.id), j.dump()));
+  }
+  absl::Status PutJob(const std::string& id, const std::string& record) override {
+    return Fenced(Put(Key("jobs/" + id), record));
   }
   absl::Status PutActor(const StoredActor& a) override {
     const json j = {{"name", a.name}, {"worker", a.worker}, {"generation", a.generation}};

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
 #include "internal/cluster_protocol.h"
+#include "internal/jobs.h"
 #include "internal/lease.h"
 #include "internal/resources.h"
 #include "troupe/runtime/status.h"
@@ -156,6 +157,69 @@ class HeadActor final : public caf::event_based_actor {
         [this](node_fault_atom, const std::string& node, const NodeFault& f) -> caf::result<bool> {
           return HandleNodeFault(node, f);
         },
+        [this](job_submit_atom, const std::string& name, const std::string& spec,
+               int64_t steps) -> std::string {
+          const std::string id = jobs_.Submit(name, spec, steps, Now());
+          aout(this) << "troupe-head: job " << id << " submitted (" << name << ", " << steps
+                     << " steps)" << std::endl;
+          PutJob(id);
+          PlaceJobs();
+          return id;
+        },
+        [this](job_register_atom, const std::string& id, const std::string& name,
+               const std::string& spec, int64_t steps, int64_t pid, const std::string& node,
+               const caf::actor& driver) -> caf::result<std::string> {
+          absl::StatusOr<std::string> r = jobs_.Register(id, name, spec, steps, pid, node, Now());
+          if (!r.ok()) return StatusToError(r.status());
+          drivers_[*r] = driver;
+          aout(this) << "troupe-head: job " << *r << " running, its driver pid " << pid
+                     << (node.empty() ? "" : " on ") << node << std::endl;
+          PutJob(*r);
+          return *r;
+        },
+        [this](job_events_atom, const std::string& id, const std::vector<std::string>& lines) {
+          jobs_.Ingest(id, lines);
+        },
+        [this](job_log_atom, const std::string& id, const std::vector<std::string>& lines) {
+          jobs_.Log(id, lines);
+        },
+        [this](job_end_atom, const std::string& id, const std::string& state,
+               const std::string& error, const std::string& report) -> bool {
+          JobState s = state == "succeeded"   ? JobState::kSucceeded
+                       : state == "stopped"   ? JobState::kStopped
+                       : state == "preempted" ? JobState::kPreempted
+                                              : JobState::kFailed;
+          EndJob(id, s, error, report);
+          return true;
+        },
+        [this](job_exit_atom, const std::string& id, int64_t pid, int32_t wait_status,
+               const std::string& tail) {
+          SupervisionEvent e = ProcessExitEvent("head", id, pid, wait_status, false);
+          std::string why =
+              absl::StrCat("its driver (pid ", pid, ") ", e.reason, " before the job ended");
+          if (!tail.empty()) absl::StrAppend(&why, "; its last lines:\n", tail);
+          EndJob(id, JobState::kFailed, why, "");
+        },
+        [this](job_stop_atom, const std::string& id) -> caf::result<bool> {
+          Job* j = jobs_.Find(id);
+          if (j == nullptr) {
+            return StatusToError(absl::NotFoundError(absl::StrCat("no job '", id, "'")));
+          }
+          if (JobEnded(j->state)) return false;
+          auto d = drivers_.find(id);
+          if (j->state == JobState::kPending || d == drivers_.end()) {
+            EndJob(id, JobState::kStopped, "stopped by `troupe job stop` before it ran", "");
+          } else {
+            send(d->second, job_stop_atom::value, id);
+          }
+          return true;
+        },
+        [this](ops_view_atom, const std::string& what,
+               const std::string& arg) -> caf::result<std::string> {
+          absl::StatusOr<std::string> v = View(what, arg);
+          if (!v.ok()) return StatusToError(v.status());
+          return *v;
+        },
         [this](tick_atom) {
           CheckHeartbeats();
           delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
@@ -289,6 +353,7 @@ class HeadActor final : public caf::event_based_actor {
     Publish(MembershipKind::kNodeAlive, name, name, 0,
             absl::StrCat("resources ", resources, " labels ", labels, " address ", address,
                          " host ", host));
+    PlaceJobs();
     return generation_;
   }
 
@@ -473,6 +538,11 @@ class HeadActor final : public caf::event_based_actor {
       }
     }
     it->second.info.state = MemberState::kDead;
+    for (const auto& [id, j] : jobs_.jobs()) {
+      if (j.submitted && j.node == node && !JobEnded(j.state)) {
+        EndJob(id, JobState::kFailed, absl::StrCat("its driver's node ", node, " ", why), "");
+      }
+    }
     // Its actors were released above (their workers died with it); nothing is left to move.
     (void)sched_.RemoveNodes({node});
     // A node that left exits 0 right after; otherwise nobody here can see how it ended.
@@ -704,6 +774,152 @@ class HeadActor final : public caf::event_based_actor {
     return d->bundle_nodes;
   }
 
+  static double Now() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+  void PutJob(const std::string& id) {
+    if (const Job* j = jobs_.Find(id); store_ && j != nullptr) {
+      StoreFailed(store_->PutJob(id, JobTable::Record(*j)));
+    }
+  }
+
+  void EndJob(const std::string& id, JobState state, const std::string& error,
+              const std::string& report) {
+    Job* j = jobs_.Find(id);
+    if (j == nullptr || JobEnded(j->state)) return;
+    jobs_.End(id, state, error, report, Now());
+    drivers_.erase(id);
+    aout(this) << "troupe-head: job " << id << " " << JobStateName(state)
+               << (error.empty() ? "" : ": ") << error << std::endl;
+    PutJob(id);
+  }
+
+  // Submitted jobs whose driver has no node yet: each to the alive node running the fewest
+  // drivers, on-demand nodes first (a spot node's preemption would take the driver with it).
+  void PlaceJobs() {
+    for (const std::string& id : jobs_.Unplaced()) {
+      const Member* best = nullptr;
+      auto drivers_on = [this](const std::string& node) {
+        size_t n = 0;
+        for (const auto& [jid, j] : jobs_.jobs()) n += j.node == node && !JobEnded(j.state);
+        return n;
+      };
+      auto rank = [&](const Member& m) {
+        return std::make_pair(IsSpot(m.info.labels), drivers_on(m.info.id));
+      };
+      for (const auto& [name, m] : members_) {
+        if (m.info.kind != MemberKind::kNode || m.info.state != MemberState::kAlive) continue;
+        if (best == nullptr || rank(m) < rank(*best)) best = &m;
+      }
+      if (best == nullptr) return;  // placed when a node joins
+      jobs_.Placed(id, best->info.id);
+      PutJob(id);
+      aout(this) << "troupe-head: job " << id << ": its driver starts on node " << best->info.id
+                 << std::endl;
+      send(best->handle, job_run_atom::value, id, jobs_.Find(id)->spec_toml);
+    }
+  }
+
+  static bool IsSpot(const std::string& labels) {
+    for (absl::string_view kv : absl::StrSplit(labels, ',', absl::SkipEmpty())) {
+      if (kv == "spot=true") return true;
+    }
+    return false;
+  }
+
+  absl::StatusOr<std::string> View(const std::string& what, const std::string& arg) {
+    using json = nlohmann::json;
+    if (what == "cluster") return ClusterView().dump();
+    if (what == "metrics") return Metrics();
+    if (what == "jobs") {
+      json list = json::array();
+      for (const auto& [id, j] : jobs_.jobs()) list.push_back(JobTable::Summary(j));
+      return json{{"jobs", list}}.dump();
+    }
+    Job* j = jobs_.Find(arg);
+    if ((what == "job" || what == "logs") && j == nullptr) {
+      return absl::NotFoundError(absl::StrCat("no job '", arg, "' on this head"));
+    }
+    if (what == "job") return JobTable::Full(*j).dump();
+    if (what == "logs") {
+      std::string out;
+      for (const std::string& l : j->logs) absl::StrAppend(&out, l, "\n");
+      return out;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown view '", what, "': expected cluster, jobs, job ID, logs ID or metrics"));
+  }
+
+  nlohmann::json ClusterView() {
+    using json = nlohmann::json;
+    json nodes = json::array();
+    for (const auto& [name, m] : members_) {
+      if (m.info.kind != MemberKind::kNode) continue;
+      json node = {{"name", name},
+                   {"state", Name(m.info.state)},
+                   {"host", m.info.host},
+                   {"address", m.info.address},
+                   {"spot", IsSpot(m.info.labels)},
+                   {"resources", json::object()},
+                   {"used", json::object()},
+                   {"labels", json::object()},
+                   {"workers", json::array()}};
+      if (std::optional<scheduler::NodeView> v = sched_.Node(name)) {
+        for (const auto& [r, total] : v->total) {
+          node["resources"][r] = total;
+          node["used"][r] = total - (v->free.count(r) ? v->free.at(r) : 0.0);
+        }
+        for (const auto& [k, l] : v->labels) {
+          if (k != kNodeLabel) node["labels"][k] = l;
+        }
+      }
+      for (const auto& [id, w] : members_) {
+        if (w.info.kind != MemberKind::kWorker || w.info.node != name) continue;
+        json actors = json::array();
+        for (const auto& [actor, named] : directory_) {
+          if (named.worker == id) actors.push_back(actor);
+        }
+        node["workers"].push_back(
+            {{"id", id}, {"state", Name(w.info.state)}, {"pid", w.info.pid}, {"actors", actors}});
+      }
+      nodes.push_back(std::move(node));
+    }
+    json groups = json::array();
+    for (const std::string& g : sched_.GroupIds()) {
+      groups.push_back(
+          {{"name", g}, {"bundles", sched_.GroupNodes(g).value_or(std::vector<std::string>{})}});
+    }
+    return {{"generation", generation_},
+            {"epoch", store_ ? store_->epoch() : 0},
+            {"nodes", std::move(nodes)},
+            {"placement_groups", std::move(groups)}};
+  }
+
+  // Prometheus text format: the cluster's own series, then every job's (internal/jobs.h).
+  std::string Metrics() {
+    std::map<std::pair<std::string, std::string>, int> by_state;
+    for (MemberKind k : {MemberKind::kNode, MemberKind::kWorker}) {
+      for (MemberState s : {MemberState::kJoining, MemberState::kAlive, MemberState::kDraining,
+                            MemberState::kDead}) {
+        by_state[{Name(k), Name(s)}] = 0;
+      }
+    }
+    for (const auto& [id, m] : members_) ++by_state[{Name(m.info.kind), Name(m.info.state)}];
+    std::string out =
+        "# HELP troupe_members Cluster members by kind and state.\n"
+        "# TYPE troupe_members gauge\n";
+    for (const auto& [ks, n] : by_state) {
+      absl::StrAppend(&out, "troupe_members{kind=\"", ks.first, "\",state=\"", ks.second, "\"} ", n,
+                      "\n");
+    }
+    absl::StrAppend(&out,
+                    "# HELP troupe_membership_generation The membership generation (bumped on "
+                    "every change).\n# TYPE troupe_membership_generation gauge\n"
+                    "troupe_membership_generation ",
+                    generation_, "\n");
+    absl::StrAppend(&out, jobs_.Metrics());
+    return out;
+  }
+
   // The state a previous head left in the store: the generation goes on from it, and what it knew
   // is kept for its successor's report (members re-register as they reconnect).
   void Restore() {
@@ -711,6 +927,7 @@ class HeadActor final : public caf::event_based_actor {
     if (!s.ok()) return StoreFailed(s.status());
     generation_ = s->generation;
     restored_ = std::move(s->members);
+    for (const auto& [id, record] : s->jobs) StoreFailed(jobs_.Restore(id, record));
     if (!restored_.empty()) leases_from_ = Clock::now() + options_.heartbeat_timeout;
     size_t alive = 0;
     for (const MemberInfo& m : restored_) alive += m.state != MemberState::kDead ? 1 : 0;
@@ -739,6 +956,8 @@ class HeadActor final : public caf::event_based_actor {
   std::vector<caf::actor> subscribers_;
   Clock::time_point last_tick_;  // when CheckHeartbeats last ran
   LeaseTable leases_;
+  JobTable jobs_;
+  std::map<std::string, caf::actor> drivers_;  // running jobs' drivers, by job id
   Clock::time_point leases_from_;  // a head that took over grants none before (HandleLease)
 };
 

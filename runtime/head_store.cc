@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS troupe_members(id TEXT PRIMARY KEY, kind TEXT NOT NUL
   labels TEXT NOT NULL, address TEXT NOT NULL, host TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS troupe_actors(name TEXT PRIMARY KEY, worker TEXT NOT NULL,
   generation INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS troupe_jobs(id TEXT PRIMARY KEY, record TEXT NOT NULL);
 )";
 
 // One prepared statement, finalized on every path.
@@ -97,6 +98,9 @@ class SqliteHeadStore : public HeadStore {
     while (a.Step() == SQLITE_ROW) {
       s.actors.push_back({a.Text(0), a.Text(1), static_cast<uint64_t>(a.Int(2))});
     }
+    Statement j(db_, "SELECT id, record FROM troupe_jobs ORDER BY id");
+    if (!j.ok()) return Error("reading the jobs");
+    while (j.Step() == SQLITE_ROW) s.jobs.emplace_back(j.Text(0), j.Text(1));
     return s;
   }
 
@@ -134,6 +138,15 @@ class SqliteHeadStore : public HeadStore {
       if (!s.ok()) return Error("removing an actor");
       s.Bind(1, name);
       return s.Step() == SQLITE_DONE ? absl::OkStatus() : Error("removing actor " + name);
+    });
+  }
+
+  absl::Status PutJob(const std::string& id, const std::string& record) override {
+    return InTransaction(true, [&]() -> absl::Status {
+      Statement s(db_, "INSERT OR REPLACE INTO troupe_jobs VALUES (?, ?)");
+      if (!s.ok()) return Error("writing a job");
+      s.Bind(1, id).Bind(2, record);
+      return s.Step() == SQLITE_DONE ? absl::OkStatus() : Error("writing job " + id);
     });
   }
 

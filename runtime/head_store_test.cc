@@ -43,6 +43,8 @@ TEST_F(HeadStoreTest, EachOpeningClaimsANewEpochAndTheStateOutlivesTheProcess) {
     ASSERT_TRUE((*s)->PutActor({"job.coordinator", "n1/w0", 3}).ok());
     ASSERT_TRUE((*s)->PutActor({"job.rank.0", "n1/w0", 1}).ok());
     ASSERT_TRUE((*s)->RemoveActor("job.rank.0").ok());
+    ASSERT_TRUE((*s)->PutJob("job-1", R"({"state": "pending"})").ok());
+    ASSERT_TRUE((*s)->PutJob("job-1", R"({"state": "running"})").ok());
   }
   auto s = OpenSqliteHeadStore(path_);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -57,6 +59,8 @@ TEST_F(HeadStoreTest, EachOpeningClaimsANewEpochAndTheStateOutlivesTheProcess) {
   EXPECT_EQ(state->members[1].state, MemberState::kDead);
   EXPECT_EQ(state->members[1].pid, 4242);
   EXPECT_EQ(state->actors, (std::vector<StoredActor>{{"job.coordinator", "n1/w0", 3}}));
+  using Jobs = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(state->jobs, (Jobs{{"job-1", R"({"state": "running"})"}}));
 }
 
 TEST_F(HeadStoreTest, AHeadThatAnotherClaimedTheStoreFromIsRefusedItsWrites) {
@@ -71,6 +75,7 @@ TEST_F(HeadStoreTest, AHeadThatAnotherClaimedTheStoreFromIsRefusedItsWrites) {
                                    ": this head's epoch 1 was fenced: a head of epoch 2 has "
                                    "claimed the store since; its writes are refused");
   EXPECT_FALSE((*old_head)->PutGeneration(8).ok());
+  EXPECT_FALSE((*old_head)->PutJob("job-1", "{}").ok());
   ASSERT_TRUE((*new_head)->PutMember(Node("fresh")).ok());
   absl::StatusOr<HeadStore::State> state = (*new_head)->Load();
   ASSERT_TRUE(state.ok()) << state.status();

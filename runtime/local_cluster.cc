@@ -58,7 +58,10 @@ absl::Status LocalCluster::StartHead(uint16_t port) {
   const std::string port_file = absl::StrCat(dir_, "/head-", head_starts_, ".port");
   internal::ProcessSpec head;
   head.path = options_.binary;
-  head.args = {"head", "--port", absl::StrCat(port), "--port_file", port_file};
+  const std::string http_file = absl::StrCat(dir_, "/head-", head_starts_, ".http");
+  head.args = {"head",        "--port",      absl::StrCat(port),
+               "--port_file", port_file,     "--http_port_file",
+               http_file,     "--http_port", absl::StrCat(http_port_)};
   if (options_.head_store) head.args.insert(head.args.end(), {"--store", dir_ + "/head.db"});
   for (auto& a : RoleArgs()) head.args.push_back(a);
   for (auto& a : options_.head_args) head.args.push_back(a);
@@ -85,6 +88,9 @@ absl::Status LocalCluster::StartHead(uint16_t port) {
   }
   if (bound == 0) return absl::DeadlineExceededError("head did not report its port in 10s");
   port_ = bound;
+  std::ifstream http(http_file);  // written before the port file
+  int h = 0;
+  if (http >> h) http_port_ = h;
   return absl::OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -41,6 +42,9 @@ struct Workers {
   std::atomic<bool> rejoin{false};  // the head declared this node dead; join again
   int64_t incarnation = 0;          // joins so far - 1: worker ids start at incarnation * workers
   std::optional<PreemptionNotice> notice;  // from the cloud's metadata (under mu), until drained
+  // Jobs' drivers (`troupe train --job ID`) the head placed here: to start (under mu), running.
+  std::vector<std::pair<std::string, std::string>> jobs_to_start;  // (id, spec TOML)
+  std::map<pid_t, std::string> jobs;                               // pid -> job id
 
   pid_t PidOf(const std::string& id) {
     std::lock_guard<std::mutex> l(mu);
@@ -69,6 +73,10 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
         }
       },
       [w](release_atom) { w->release = true; },
+      [w](job_run_atom, const std::string& id, const std::string& spec) {
+        std::lock_guard<std::mutex> l(w->mu);
+        w->jobs_to_start.emplace_back(id, spec);
+      },
       [w](rejoin_atom) { w->rejoin = true; },
       // Chaos on this host: a preemption notice, delivered as the cloud's would be (SIGTERM to
       // this agent), or a network fault on its links.
@@ -110,6 +118,12 @@ void Reap(Workers& w, const caf::actor& head, Context& ctx, const std::string& n
     bool fenced = false;
     {
       std::lock_guard<std::mutex> l(w.mu);
+      if (auto job = w.jobs.find(pid); job != w.jobs.end()) {
+        caf::anon_send(head, job_exit_atom::value, job->second, static_cast<int64_t>(pid),
+                       static_cast<int32_t>(status), TailFile(w.stderr_paths[job->second], 20));
+        w.jobs.erase(job);
+        continue;
+      }
       auto it = w.ids.find(pid);
       if (it == w.ids.end()) continue;
       id = it->second;
@@ -260,6 +274,44 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
   }
 }
 
+// The drivers of the jobs the head placed here since the last call: `troupe train --job ID` with
+// the job's spec, this node's head and certificates; its output in <log_dir>/<node>-<id>.out/.err.
+void StartJobDrivers(const NodeConfig& c, Workers& w, const caf::actor& head) {
+  std::vector<std::pair<std::string, std::string>> start;
+  {
+    std::lock_guard<std::mutex> l(w.mu);
+    start.swap(w.jobs_to_start);
+  }
+  for (const auto& [id, spec_toml] : start) {
+    const std::string file = absl::StrCat(c.co.log_dir, "/", c.name, "-", id);
+    std::ofstream(file + ".toml") << spec_toml;
+    ProcessSpec spec;
+    spec.args = {"train",
+                 "--head",
+                 c.head_addr,
+                 "--job",
+                 id,
+                 "--spec",
+                 file + ".toml",
+                 "--head_grace",
+                 FormatDuration(c.co.head_grace)};
+    for (const std::string& a : c.ro.TlsArgs()) spec.args.push_back(a);
+    spec.stdout_path = file + ".out";
+    spec.stderr_path = file + ".err";
+    absl::StatusOr<pid_t> pid = StartProcess(spec);
+    if (!pid.ok()) {
+      caf::anon_send(head, job_exit_atom::value, id, int64_t{0}, int32_t{127 << 8},
+                     std::string(pid.status().message()));
+      continue;
+    }
+    std::cout << "troupe node " << c.name << ": job " << id << ": its driver runs as pid " << *pid
+              << std::endl;
+    std::lock_guard<std::mutex> l(w.mu);
+    w.jobs[*pid] = id;
+    w.stderr_paths[id] = spec.stderr_path;
+  }
+}
+
 // The registration a node agent sends after its hello (see JoinCluster).
 caf::message Registration(const NodeConfig& c, const caf::actor& agent) {
   return caf::make_message(reg_node_atom::value, c.name, c.resources, c.labels, c.advertise,
@@ -309,6 +361,7 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
     timespec ts{0, 20 * 1000 * 1000};
     int sig = sigtimedwait(&set, nullptr, &ts);
     if (sig == SIGCHLD) Reap(w, head, ctx, c.name);
+    StartJobDrivers(c, w, head);
     if (w.rejoin.exchange(false) && !draining) Rejoin(c, w, head, agent, ctx, sys);
     std::optional<PreemptionNotice> notice;
     {

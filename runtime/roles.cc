@@ -19,6 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "caf/all.hpp"
@@ -27,9 +29,11 @@
 #include "internal/context.h"
 #include "internal/head.h"
 #include "internal/mesh.h"
+#include "internal/ops_http.h"
 #include "internal/process.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
+#include "nlohmann/json.hpp"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
 
@@ -243,6 +247,13 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   config.AddInt("port", &port, "port to listen on (0: ephemeral, reported)", InRange(0, 65535));
   config.AddString("host", &host, "address to listen on");
   config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
+  int64_t http_port = 0;
+  std::string http_port_file;
+  config.AddInt("http_port", &http_port,
+                "port of the dashboard, the JSON API and /metrics, on --host (0: ephemeral, "
+                "reported; -1: none); HTTPS with client certificates when TLS is on",
+                InRange(-1, 65535));
+  config.AddString("http_port_file", &http_port_file, "write the HTTP port chosen here");
   std::string store_path;
   config.AddString("store", &store_path,
                    "the head's durable state: a SQLite file, or etcd://HOST:PORT[/PREFIX] (heads "
@@ -304,11 +315,26 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
             << (ro.tls() ? " (mutual TLS)"
                          : " (plain TCP without TLS: for loopback and trusted local networks only)")
             << " build_id=" << co.EffectiveBuildId() << std::endl;
-  if (!port_file.empty()) {
-    std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << *bound << "\n";
-    std::rename(tmp.c_str(), port_file.c_str());
+  std::unique_ptr<OpsHttp> http;
+  if (http_port >= 0) {
+    auto started = OpsHttp::Start((*rt)->system(), head, host, static_cast<int>(http_port), ro);
+    if (!started.ok()) {
+      LogError("head", std::string(started.status().message()));
+      return 1;
+    }
+    http = std::move(*started);
+    std::cout << "troupe head: dashboard, JSON API and /metrics at "
+              << (ro.tls() ? "https" : "http") << "://" << host << ":" << http->port() << "/"
+              << std::endl;
   }
+  auto write_port = [](const std::string& file, int port) {
+    if (file.empty()) return;
+    std::string tmp = file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), file.c_str());
+  };
+  if (http) write_port(http_port_file, http->port());
+  write_port(port_file, *bound);
   int sig = WaitForStopSignal();
   std::cout << "troupe head: stopping on signal " << sig << std::endl;
   caf::anon_send_exit(head, caf::exit_reason::user_shutdown);
@@ -395,12 +421,65 @@ int UpMain(const std::vector<std::string>& args) {
   std::cout << "troupe up: head at 127.0.0.1:" << (*cluster)->port() << " (pid "
             << (*cluster)->head_pid() << ", " << (ro.tls() ? "mutual TLS" : "plain TCP")
             << "), node 'local' with " << workers << " workers; logs in " << co.log_dir
-            << "; Ctrl-C to stop" << std::endl;
+            << "; dashboard at " << (ro.tls() ? "https" : "http")
+            << "://127.0.0.1:" << (*cluster)->http_port() << "/; Ctrl-C to stop" << std::endl;
   WaitForStopSignal();
   std::cout << "troupe up: tearing down" << std::endl;
   cluster->reset();
   return 0;
 }
+
+namespace {
+
+// `troupe status`: a line per node, worker, placement group and job, each `kind name state`
+// then key=value fields (a value with spaces quoted), for people and for grep alike.
+std::string FormatStatus(const nlohmann::json& cluster, const nlohmann::json& jobs) {
+  auto quote = [](const std::string& v) {
+    return v.empty()                          ? std::string("-")
+           : v.find(' ') == std::string::npos ? v
+                                              : absl::StrCat("\"", v, "\"");
+  };
+  auto join = [](const nlohmann::json& list) {
+    std::vector<std::string> items;
+    for (const auto& i : list) items.push_back(i.get<std::string>());
+    return items.empty() ? std::string("-") : absl::StrJoin(items, ",");
+  };
+  std::string out;
+  for (const auto& n : cluster["nodes"]) {
+    absl::StrAppend(&out, "node ", n["name"].get<std::string>(), " ", n["state"].get<std::string>(),
+                    " address=", quote(n["address"]), " host=", quote(n["host"]));
+    for (const auto& [r, total] : n["resources"].items()) {
+      absl::StrAppend(&out, " ", r, "=", n["used"].value(r, 0.0), "/", total.get<double>());
+    }
+    std::vector<std::string> labels;
+    for (const auto& [k, v] : n["labels"].items()) labels.push_back(k + "=" + v.get<std::string>());
+    absl::StrAppend(&out, " labels=", labels.empty() ? "-" : absl::StrJoin(labels, ","),
+                    " spot=", n["spot"].get<bool>() ? "true" : "false", "\n");
+    for (const auto& w : n["workers"]) {
+      absl::StrAppend(&out, "  worker ", w["id"].get<std::string>(), " ",
+                      w["state"].get<std::string>(), " pid=", w["pid"].get<int64_t>(),
+                      " actors=", join(w["actors"]), "\n");
+    }
+  }
+  for (const auto& g : cluster["placement_groups"]) {
+    absl::StrAppend(&out, "placement_group ", g["name"].get<std::string>(),
+                    " nodes=", join(g["bundles"]), "\n");
+  }
+  for (const auto& j : jobs["jobs"]) {
+    absl::StrAppend(&out, "job ", j["id"].get<std::string>(), " ", j["state"].get<std::string>(),
+                    " name=", quote(j["name"]), " step=", j["step"].get<int64_t>(), "/",
+                    j["steps"].get<int64_t>(),
+                    absl::StrFormat(" loss=%.4f tokens_per_s=%.0f", j["loss"].get<double>(),
+                                    j["tokens_per_s"].get<double>()),
+                    " world=", j["world"].get<int64_t>(),
+                    " generation=", j["generation"].get<int64_t>(),
+                    " steps_lost=", j["steps_lost"].get<int64_t>(), " node=", quote(j["node"]),
+                    " last_event=", quote(j["last_event"]), "\n");
+  }
+  return out;
+}
+
+}  // namespace
 
 int StatusMain(const std::vector<std::string>& args) {
   RuntimeOptions ro;
@@ -415,8 +494,10 @@ int StatusMain(const std::vector<std::string>& args) {
   config.AddDuration("timeout", &timeout, "how long --wait_workers waits", Positive());
   if (int rc = ParseCommandLine("status",
                                 "usage: troupe status --head HOST:P [--wait_workers N]\n"
-                                "Prints the cluster's members, one per line: id kind state node "
-                                "address host resources labels.",
+                                "Prints the cluster: a line per node (state, address, resources "
+                                "used/total, labels, spot), worker (pid, actors), placement group "
+                                "and job (state, step, loss, tokens/s, world, generation, last "
+                                "event).",
                                 args, config);
       rc >= 0)
     return rc;
@@ -449,13 +530,14 @@ int StatusMain(const std::vector<std::string>& args) {
       alive += m.kind == MemberKind::kWorker && m.state == MemberState::kAlive;
     }
     if (alive >= wait_workers) {
-      for (const MemberInfo& m : *members) {
-        std::cout << m.id << " " << Name(m.kind) << " " << Name(m.state) << " " << m.node << " "
-                  << (m.address.empty() ? "-" : m.address) << " " << (m.host.empty() ? "-" : m.host)
-                  << " " << (m.resources.empty() ? "-" : m.resources) << " "
-                  << (m.labels.empty() ? "-" : m.labels) << "\n";
+      auto cluster = client->View("cluster");
+      auto jobs = cluster.ok() ? client->View("jobs") : cluster;
+      if (!jobs.ok()) {
+        LogError("status", std::string(jobs.status().message()));
+        return 1;
       }
-      std::cout << std::flush;
+      std::cout << FormatStatus(nlohmann::json::parse(*cluster), nlohmann::json::parse(*jobs))
+                << std::flush;
       return 0;
     }
     if (std::chrono::steady_clock::now() > until) {

@@ -61,9 +61,10 @@ TEST(ClusterCommandTest, UpStartsAClusterAndTearsItDownOnSigterm) {
   ASSERT_EQ(
       Shell(std::string(TROUPE_BINARY) + " status --head " + head + " --wait_workers 2", &out), 0)
       << out;
-  EXPECT_NE(out.find("local node alive local 127.0.0.1 "), std::string::npos) << out;
-  EXPECT_NE(out.find("local/w0 worker alive local 127.0.0.1 "), std::string::npos) << out;
-  EXPECT_NE(out.find("local/w1 worker alive local 127.0.0.1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("node local alive address=127.0.0.1 host="), std::string::npos) << out;
+  EXPECT_NE(out.find(" cpu=0/2 labels=- spot=false\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("  worker local/w0 alive pid="), std::string::npos) << out;
+  EXPECT_NE(out.find("  worker local/w1 alive pid="), std::string::npos) << out;
   // A third never comes: it says so and fails.
   EXPECT_EQ(Shell(std::string(TROUPE_BINARY) + " status --head " + head +
                       " --wait_workers 3 --timeout 300ms",

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "troupe/actors/job_spec.h"
+#include "troupe/runtime/config.h"
+
 namespace troupe::tools {
 
 using Args = std::vector<std::string>;
@@ -16,6 +20,21 @@ int RunData(const Args& args);
 
 // troupe train [--spec FILE] [--head HOST:P] [--workers N] [--chaos KIND@STEP]...
 int RunTrain(const Args& args);
+
+// troupe job submit|list|status|logs|wait|stop|trace|plot ... (jobs on a cluster's head)
+int RunJob(const Args& args);
+
+// The job spec options `troupe train` and `troupe job submit` share: --spec, then the flags
+// that override its fields (--workers, --steps, --work_dir, --data_dir, --chaos).
+struct SpecFlags {
+  std::string spec_path, work_dir, data_dir;
+  int64_t workers = 0, steps = 0;  // 0: as the job spec says
+  std::vector<std::string> chaos;
+
+  void Register(runtime::ConfigRegistry& config);
+  // The job spec from --spec, with the flags' fields applied and the whole validated again.
+  [[nodiscard]] absl::StatusOr<actors::JobSpec> Make() const;
+};
 
 // troupe sim spot --trace FILE [--mix OD:SPOT,...] [--measure]
 int RunSim(const Args& args);

@@ -1,8 +1,12 @@
 // troupe data prepare: text files -> BPE tokenizer + token shards (see model/corpus.h).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
 #include "commands.h"
+#include "progress_bar.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/config.h"
 
@@ -30,8 +34,16 @@ int Prepare(const Args& args) {
     return 2;
   }
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<model::PreparedDataset> ds =
-      model::PrepareDataset(inputs, out, static_cast<int32_t>(vocab));
+  // The bar covers reading the inputs; a file that cannot be stat'ed fails in the read below.
+  int64_t input_bytes = 0;
+  for (const std::string& path : inputs) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) input_bytes += st.st_size;
+  }
+  ProgressBar bar("reading inputs", input_bytes, stderr, ::isatty(fileno(stderr)));
+  absl::StatusOr<model::PreparedDataset> ds = model::PrepareDataset(
+      inputs, out, static_cast<int32_t>(vocab), [&bar](int64_t bytes) { bar.Add(bytes); });
+  bar.Done();
   if (!ds.ok()) {
     std::fprintf(stderr, "troupe data prepare: %s\n", ds.status().ToString().c_str());
     return 1;

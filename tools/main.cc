@@ -27,6 +27,10 @@ constexpr Command kCommands[] = {
      "train [--spec job.toml] [--head HOST:P] [--workers N] [--steps N] "
      "[--chaos kill-worker@10] [--report FILE] [--tls_ca F --tls_cert F --tls_key F]",
      RunTrain},
+    {"job",
+     "job submit|list|status|logs|wait|stop|trace|plot ... --head HOST:P   (jobs that run on "
+     "the cluster; `troupe job --help`)",
+     RunJob},
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
     {"sim",
      "sim spot --trace FILE [--mix OD:SPOT,...] [--measure]   (goodput and cost of spot mixes "
@@ -43,8 +47,8 @@ constexpr Command kCommands[] = {
      Up},
     {"certs", "certs --dir DIR [--members head,node-a,driver,...]", Certs},
     {"status",
-     "status --head HOST:P [--wait_workers N] [--timeout 60s]   (the cluster's members, one per "
-     "line)",
+     "status --head HOST:P [--wait_workers N] [--timeout 60s]   (nodes, workers and their "
+     "actors, placement groups, jobs)",
      Status},
     {"relay",
      "relay --queue N --delay 5ms [--jitter 1ms] [--run_for 3s]   (root: holds the packets of "

@@ -40,14 +40,13 @@ constexpr int kExitPreempted = 75;
 
 // What `troupe train` reads from its command line, and where each option is declared.
 struct TrainFlags {
-  std::string spec_path, head, report_path, work_dir, data_dir;
-  int64_t workers = 0, steps = 0;  // 0: as the job spec says
-  std::vector<std::string> chaos;
+  SpecFlags spec;
+  std::string head, report_path, job;
   actors::TrainOptions options;
 
   void Register(runtime::ConfigRegistry& config) {
     options.runtime.Register(config);  // --tls_ca/--tls_cert/--tls_key, --threads, ... as roles
-    config.AddString("spec", &spec_path, "job spec file (TOML); \"\": the defaults");
+    spec.Register(config);
     config.AddString("head", &head,
                      "HOST:PORT of a running cluster's head to submit to; \"\": start an "
                      "embedded cluster on this machine",
@@ -56,18 +55,9 @@ struct TrainFlags {
                                   ? std::string()
                                   : std::string("expected HOST:PORT (e.g. 127.0.0.1:7000)");
                      });
-    config.AddInt("workers", &workers, "worker processes ([elastic] workers; 0: the spec's)",
-                  runtime::AtLeast(1));
-    config.AddInt("steps", &steps, "steps to train ([job] steps; 0: the spec's)",
-                  runtime::AtLeast(1));
-    config.AddString("work_dir", &work_dir, "job directory ([job] work_dir; \"\": the spec's)");
-    config.AddString("data_dir", &data_dir,
-                     "token shards ([model] data_dir; \"\": the spec's, or <work_dir>/data)");
-    config.AddStringList("chaos", &chaos, "faults to inject, KIND@STEP[:ARG] (added to the spec's)",
-                         [](const std::string& v) {
-                           absl::StatusOr<actors::Fault> f = actors::ParseFault(v);
-                           return f.ok() ? std::string() : std::string(f.status().message());
-                         });
+    config.AddString("job", &job,
+                     "the id of the submitted job this driver runs (set by the node agent that "
+                     "`troupe job submit` had start it); \"\": a job of its own");
     config.AddString("report", &report_path, "write a one-line report here when done");
     config.AddDuration("head_grace", &options.head_grace,
                        "a job whose head is lost waits this long for one to take over, then "
@@ -76,24 +66,40 @@ struct TrainFlags {
   }
 };
 
-// The job spec from --spec, with the flags' fields applied and the whole validated again.
-absl::StatusOr<actors::JobSpec> MakeSpec(const TrainFlags& f) {
-  absl::StatusOr<actors::JobSpec> spec = f.spec_path.empty()
-                                             ? actors::ParseJobSpec("", "(defaults)")
-                                             : actors::LoadJobSpec(f.spec_path);
+}  // namespace
+
+void SpecFlags::Register(runtime::ConfigRegistry& config) {
+  config.AddString("spec", &spec_path, "job spec file (TOML); \"\": the defaults");
+  config.AddInt("workers", &workers, "worker processes ([elastic] workers; 0: the spec's)",
+                runtime::AtLeast(1));
+  config.AddInt("steps", &steps, "steps to train ([job] steps; 0: the spec's)",
+                runtime::AtLeast(1));
+  config.AddString("work_dir", &work_dir, "job directory ([job] work_dir; \"\": the spec's)");
+  config.AddString("data_dir", &data_dir,
+                   "token shards ([model] data_dir; \"\": the spec's, or <work_dir>/data)");
+  config.AddStringList("chaos", &chaos, "faults to inject, KIND@STEP[:ARG] (added to the spec's)",
+                       [](const std::string& v) {
+                         absl::StatusOr<actors::Fault> f = actors::ParseFault(v);
+                         return f.ok() ? std::string() : std::string(f.status().message());
+                       });
+}
+
+absl::StatusOr<actors::JobSpec> SpecFlags::Make() const {
+  absl::StatusOr<actors::JobSpec> spec =
+      spec_path.empty() ? actors::ParseJobSpec("", "(defaults)") : actors::LoadJobSpec(spec_path);
   if (!spec.ok()) return spec.status();
-  if (f.workers > 0) {
-    spec->workers = static_cast<int32_t>(f.workers);
+  if (workers > 0) {
+    spec->workers = static_cast<int32_t>(workers);
     spec->max_workers = std::max(spec->max_workers, spec->workers);
     spec->min_workers = std::min(spec->min_workers, spec->workers);
   }
-  if (f.steps > 0) {
-    spec->steps = f.steps;
-    spec->schedule.total_steps = f.steps;
+  if (steps > 0) {
+    spec->steps = steps;
+    spec->schedule.total_steps = steps;
   }
-  if (!f.work_dir.empty()) spec->work_dir = f.work_dir;
-  if (!f.data_dir.empty()) spec->model.data_dir = f.data_dir;
-  for (const std::string& c : f.chaos) {
+  if (!work_dir.empty()) spec->work_dir = work_dir;
+  if (!data_dir.empty()) spec->model.data_dir = data_dir;
+  for (const std::string& c : chaos) {
     absl::StatusOr<actors::Fault> fault = actors::ParseFault(c);
     if (!fault.ok()) return fault.status();
     spec->faults.push_back(*fault);
@@ -102,19 +108,18 @@ absl::StatusOr<actors::JobSpec> MakeSpec(const TrainFlags& f) {
   return actors::ParseJobSpec(spec->ToToml(), "flags + spec");
 }
 
-}  // namespace
-
 int RunTrain(const Args& args) {
   TrainFlags flags;
   runtime::ConfigRegistry config;
   flags.Register(config);
   if (int rc = runtime::ParseCommandLine("train", kUsage, args, config); rc >= 0) return rc;
-  absl::StatusOr<actors::JobSpec> spec = MakeSpec(flags);
+  absl::StatusOr<actors::JobSpec> spec = flags.spec.Make();
   if (!spec.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", std::string(spec.status().message()).c_str());
     return 2;
   }
   flags.options.head = flags.head;
+  flags.options.job_id = flags.job;
   absl::StatusOr<actors::JobReport> report = actors::RunTrainingJob(*spec, flags.options);
   if (!report.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", report.status().ToString().c_str());

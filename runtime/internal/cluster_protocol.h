@@ -60,6 +60,10 @@ using reg_actor_atom = caf::atom_constant<caf::atom("tr_regact")>;
 using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
 using pg_atom = caf::atom_constant<caf::atom("tr_pg")>;
 using flush_atom = caf::atom_constant<caf::atom("tr_flush")>;
+// head -> node agent: (job_run_atom, job id, spec TOML) start the job's driver process;
+// node agent -> head: (job_exit_atom, job id, int64 pid, int32 wait status, stderr tail) it ended.
+using job_run_atom = caf::atom_constant<caf::atom("tr_jrun")>;
+using job_exit_atom = caf::atom_constant<caf::atom("tr_jexit")>;
 // head -> whoever asked for a spawn: (rdown_atom, name, uint64 gen, caf::error reason, detail)
 // when that actor exits or its worker dies (a proxy on a third process may never learn it).
 using rdown_atom = caf::atom_constant<caf::atom("tr_rdown")>;

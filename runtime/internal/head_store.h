@@ -1,6 +1,7 @@
 // internal/head_store.h — where the head keeps what must outlive its process: its epoch, the
-// membership generation, the members it knew and the named-actor directory. One interface; SQLite
-// (Debian's libsqlite3-dev) is the embedded implementation (`troupe head --store FILE`); etcd
+// membership generation, the members it knew, the named-actor directory and the jobs. One
+// interface; SQLite (Debian's libsqlite3-dev) is the embedded implementation (`troupe head --store
+// FILE`); etcd
 // (`--store etcd://HOST:PORT[/PREFIX]`) the one for a standby head on another machine.
 //
 // Fencing: opening a store claims it with an epoch one above every claim before; every write
@@ -42,6 +43,8 @@ class HeadStore {
     uint64_t generation = 0;          // the newest membership generation written
     std::vector<MemberInfo> members;  // by id
     std::vector<StoredActor> actors;  // by name
+    // Jobs (runtime/internal/jobs.h): each one's record as JSON text, by id.
+    std::vector<std::pair<std::string, std::string>> jobs;
   };
   [[nodiscard]] virtual absl::StatusOr<State> Load() = 0;
 
@@ -49,6 +52,7 @@ class HeadStore {
   [[nodiscard]] virtual absl::Status PutMember(const MemberInfo& member) = 0;
   [[nodiscard]] virtual absl::Status PutActor(const StoredActor& actor) = 0;
   [[nodiscard]] virtual absl::Status RemoveActor(const std::string& name) = 0;
+  [[nodiscard]] virtual absl::Status PutJob(const std::string& id, const std::string& record) = 0;
 };
 
 // Opens (creating) the SQLite store at `path` and claims it. An unreadable or foreign file is an

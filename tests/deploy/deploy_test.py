@@ -68,6 +68,13 @@ def kubernetes(src):
     head_args = dep["template"]["spec"]["containers"][0]["args"]
     if "--store" not in head_args:
         fail("the head has no store: a restarted head would lose the membership")
+    http = head_args[head_args.index("--http_port") + 1] if "--http_port" in head_args else None
+    notes = dep["template"]["metadata"].get("annotations", {})
+    if (notes.get("prometheus.io/scrape") != "true" or notes.get("prometheus.io/port") != http
+            or notes.get("prometheus.io/path") != "/metrics"):
+        fail(f"the head's pod is not annotated for scraping /metrics on --http_port {http}: {notes}")
+    if not any(str(p["port"]) == http for p in svc["ports"]):
+        fail(f"the head's Service does not expose --http_port {http}")
     print("kubernetes: schemas and settings hold")
 
 
@@ -88,12 +95,15 @@ def dockerfile(src):
 FAKE_TROUPE = """#!/bin/bash
 echo "troupe $*" >> "$FAKE_LOG"
 case "$1" in
-  # A job runs a while: until the head and the node agents have started.
-  train) for _ in $(seq 100); do
-           grep -q "^troupe head" "$FAKE_LOG" && grep -q "^srun" "$FAKE_LOG" && break
-           sleep 0.05
-         done
-         exit "${FAKE_TRAIN_RC:-0}" ;;
+  # A submitted job runs a while: until the head and the node agents have started.
+  job) case "$2" in
+         submit) echo job-1 ;;
+         wait) for _ in $(seq 100); do
+                 grep -q "^troupe head" "$FAKE_LOG" && grep -q "^srun" "$FAKE_LOG" && break
+                 sleep 0.05
+               done
+               exit "${FAKE_JOB_RC:-0}" ;;
+       esac ;;
   *) sleep 60 & trap 'kill $! 2>/dev/null; exit 0' TERM; wait ;;
 esac
 """
@@ -107,7 +117,7 @@ echo "scontrol $*" >> "$FAKE_LOG"
 """
 
 
-def slurm_run(src, train_rc, d):
+def slurm_run(src, job_rc, d):
     bin_dir = os.path.join(d, "bin")
     os.makedirs(bin_dir)
     for name, text in (("troupe", FAKE_TROUPE), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
@@ -117,7 +127,7 @@ def slurm_run(src, train_rc, d):
         os.chmod(p, 0o755)
     log = os.path.join(d, "calls.log")
     env = dict(os.environ, PATH=bin_dir + ":" + os.environ["PATH"], FAKE_LOG=log,
-               FAKE_TRAIN_RC=str(train_rc), TROUPE="troupe", SLURM_JOB_ID="42",
+               FAKE_JOB_RC=str(job_rc), TROUPE="troupe", SLURM_JOB_ID="42",
                SLURM_JOB_NODELIST="gpu[001-003]", SLURM_JOB_NUM_NODES="3", SLURM_SUBMIT_DIR=d)
     r = run(["bash", os.path.join(src, "deploy/slurm/troupe.sbatch"), "job.toml"], env=env, cwd=d)
     calls = open(log).read() if os.path.exists(log) else ""
@@ -141,7 +151,8 @@ def slurm_check(src, d):
     want = [
         f"troupe head --host 0.0.0.0 --port 7000 --store {state}/head.db",
         "srun --nodes=3 --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c",
-        f"troupe train --head gpu001:7000 --spec job.toml --report {state}/report",
+        "troupe job submit --head gpu001:7000 --spec job.toml",
+        "troupe job wait job-1 --head gpu001:7000",
     ]
     for w in want:
         if w not in calls:

@@ -143,6 +143,9 @@ struct StepOutcome {
   // schedule_seconds, compute_seconds of them in the model; the rest is waiting (the bubble).
   double compute_seconds = 0;
   double schedule_seconds = 0;
+  // Waiting on the step's collectives (the gradient exchange, the norm, the share of the new
+  // state), from each one's start to its end.
+  double collective_seconds = 0;
 };
 
 class ElasticRank {

@@ -79,6 +79,9 @@ struct TrainOptions {
   // the job fails, naming the head, when none has after this long. The embedded cluster's head
   // is restarted from its store at once.
   runtime::Duration head_grace = std::chrono::seconds(30);
+  // Every job is registered with its cluster's head (`troupe job list`, the dashboard, /metrics);
+  // this is the id of the submitted job (`troupe job submit`) this driver runs, "" for a new one.
+  std::string job_id;
   // The driver process's runtime, declared in `troupe train`'s config registry like every role's
   // (--tls_ca/--tls_cert/--tls_key or TROUPE_TLS_*, --threads, ...). With TLS the driver reaches
   // the head over mutual TLS, and an embedded cluster runs with the same certificate files.

@@ -13,6 +13,7 @@
 #define TROUPE_MODEL_CORPUS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,9 +27,11 @@ inline constexpr char kFortunesDir[] = "/usr/share/games/fortunes";
 // The fortune text files (no .dat/.u8 companions), sorted by name; empty if not installed.
 std::vector<std::string> FortunesCorpusFiles(const std::string& dir = kFortunesDir);
 
-// Reads the files and splits them into documents (empty documents dropped).
+// Reads the files and splits them into documents (empty documents dropped). Calls
+// on_file_read(bytes) after each file, for progress reports.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ReadDocuments(
-    const std::vector<std::string>& paths);
+    const std::vector<std::string>& paths,
+    const std::function<void(int64_t bytes)>& on_file_read = {});
 
 struct PreparedDataset {
   std::string tokenizer_path;
@@ -44,8 +47,10 @@ struct PreparedDataset {
 // Trains a BPE tokenizer of vocab_size on the documents, encodes every document followed by the
 // end-of-text token, and writes out_dir/tokenizer.bin, out_dir/train-00000.tok and
 // out_dir/val-00000.tok (every 20th document goes to validation). Creates out_dir if needed.
+// on_file_read: as for ReadDocuments.
 [[nodiscard]] absl::StatusOr<PreparedDataset> PrepareDataset(
-    const std::vector<std::string>& input_paths, const std::string& out_dir, int32_t vocab_size);
+    const std::vector<std::string>& input_paths, const std::string& out_dir, int32_t vocab_size,
+    const std::function<void(int64_t bytes)>& on_file_read = {});
 
 }  // namespace troupe::model
 

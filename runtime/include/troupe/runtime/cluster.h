@@ -228,13 +228,35 @@ using node_fault_atom = caf::atom_constant<caf::atom("tr_nfault")>;
 // again: stop acting).
 using lease_atom = caf::atom_constant<caf::atom("tr_lease")>;
 
+// Jobs, kept by the head (submit, status, logs, stop) and read by `troupe job`, `troupe status`,
+// the head's dashboard and /metrics. From `troupe job` (ClusterClient) and from a job's driver:
+//   (job_submit_atom, name, spec TOML, int64 steps)     -> std::string id: pending until a node
+//       agent runs its driver (`troupe train --job ID`) on an on-demand node where there is one
+//   (job_register_atom, id, name, spec TOML, int64 steps, int64 pid, node, caf::actor driver)
+//       -> std::string id: a driver starts; id "" registers a job that was not submitted
+//   (job_events_atom, id, std::vector<std::string> lines)  the job's event log, from its start
+//   (job_log_atom, id, std::vector<std::string> lines)     the driver's progress lines
+//   (job_end_atom, id, state "succeeded"|"failed"|"stopped"|"preempted", error, report JSON)
+//       -> bool
+//   (job_stop_atom, id) -> bool: the head relays (job_stop_atom, id) to the job's driver, which
+//       stops the job at once (every rank stopped, the coordinator's record kept)
+//   (ops_view_atom, what, arg) -> std::string: "cluster", "jobs", "job" ID (JSON), "logs" ID,
+//       "metrics" (Prometheus text): what the head's HTTP API serves (runtime/ops_http.cc)
+using job_submit_atom = caf::atom_constant<caf::atom("tr_jsubmit")>;
+using job_register_atom = caf::atom_constant<caf::atom("tr_jreg")>;
+using job_events_atom = caf::atom_constant<caf::atom("tr_jevents")>;
+using job_log_atom = caf::atom_constant<caf::atom("tr_jlog")>;
+using job_end_atom = caf::atom_constant<caf::atom("tr_jend")>;
+using job_stop_atom = caf::atom_constant<caf::atom("tr_jstop")>;
+using ops_view_atom = caf::atom_constant<caf::atom("tr_view")>;
+
 // The version of the messages between head, node agents and workers. Every member's join starts
 // with (cluster_hello_atom, uint32 protocol version, build id, kind "node"|"worker", name), a
 // message whose shape never changes: the head answers with its own version (uint32), or refuses a
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 7;
+inline constexpr uint32_t kClusterProtocolVersion = 8;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -285,6 +307,13 @@ class ClusterClient {
   [[nodiscard]] absl::StatusOr<std::string> WhereIs(const std::string& name);
   [[nodiscard]] absl::StatusOr<std::vector<MemberInfo>> Members();
   [[nodiscard]] absl::StatusOr<uint64_t> Generation();
+  // Jobs (see job_submit_atom): a submitted job's id; a stop asked; a view of the head's state
+  // (ops_view_atom: JSON, or text for "logs" and "metrics").
+  [[nodiscard]] absl::StatusOr<std::string> SubmitJob(const std::string& name,
+                                                      const std::string& spec_toml, int64_t steps);
+  [[nodiscard]] absl::Status StopJob(const std::string& id);
+  [[nodiscard]] absl::StatusOr<std::string> View(const std::string& what,
+                                                 const std::string& arg = "");
   // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.
   void Subscribe(const caf::actor& subscriber);
   // Connects this process to every worker, now and as each joins (in the background), so that
@@ -357,6 +386,9 @@ class LocalCluster {
   // old one's state, under a new epoch.
   [[nodiscard]] absl::Status RestartHead();
   uint16_t port() const { return port_; }
+  // The head's dashboard, JSON API and /metrics (troupe head --http_port), on 127.0.0.1; a
+  // restarted head keeps it.
+  int http_port() const { return http_port_; }
   pid_t head_pid() const { return head_pid_; }
   // Node agent pids by node name.
   const std::map<std::string, pid_t>& nodes() const { return nodes_; }
@@ -376,6 +408,7 @@ class LocalCluster {
   Options options_;
   std::string dir_;
   uint16_t port_ = 0;
+  int http_port_ = 0;  // 0: an ephemeral one, until the first head has chosen it
   std::atomic<pid_t> head_pid_{0};
   int head_starts_ = 0;
   std::map<std::string, pid_t> nodes_;

@@ -77,8 +77,8 @@ using EventSink = std::function<void(const SupervisionEvent&)>;
 // The one-line form: ts=... supervisor=... child=... gen=... event=... [pid=...] [cause=...
 // [exit_code=...]] [signal=...] [key=value of `fields`, in key order] reason=... decision=...
 std::string FormatEvent(const SupervisionEvent& e);
-// Reads a FormatEvent line back (every field but wall_time); false if it is not one.
-// ParseEvent(FormatEvent(e)) gives e back (but wall_time), fields included.
+// Reads a FormatEvent line back; false if it is not one.
+// ParseEvent(FormatEvent(e)) gives e back, fields included (wall_time to the microsecond).
 bool ParseEvent(const std::string& line, SupervisionEvent* e);
 
 // A process_exit event for a wait(2) status: kExited or kSignaled (kFenced when `fenced`: the
