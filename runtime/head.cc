@@ -172,6 +172,7 @@ class HeadActor final : public caf::event_based_actor {
           absl::StatusOr<std::string> r = jobs_.Register(id, name, spec, steps, pid, node, Now());
           if (!r.ok()) return StatusToError(r.status());
           drivers_[*r] = driver;
+          monitor(driver);
           aout(this) << "troupe-head: job " << *r << " running, its driver pid " << pid
                      << (node.empty() ? "" : " on ") << node << std::endl;
           PutJob(*r);
@@ -552,6 +553,18 @@ class HeadActor final : public caf::event_based_actor {
   }
 
   void HandleDown(const caf::down_msg& dm) {
+    // A job whose driver is gone before it said how the job ended (`troupe train` killed; a
+    // submitted job's driver is reported by its node agent, with its exit status).
+    for (const auto& [jid, driver] : drivers_) {
+      const Job* j = jobs_.Find(jid);
+      if (driver.address() != dm.source || j == nullptr || j->submitted) continue;
+      const std::string id = jid;  // EndJob erases the entry
+      EndJob(
+          id, JobState::kFailed,
+          absl::StrCat("its driver is gone (", caf::to_string(dm.reason), ") before the job ended"),
+          "");
+      break;
+    }
     subscribers_.erase(
         std::remove_if(subscribers_.begin(), subscribers_.end(),
                        [&](const caf::actor& a) { return a.address() == dm.source; }),

@@ -550,9 +550,12 @@ int StatusMain(const std::vector<std::string>& args) {
 }
 
 int CertsMain(const std::vector<std::string>& args) {
-  std::string dir, members = "head,node";
+  std::string dir, members = "head,node", ca_dir;
   ConfigRegistry config;
   config.AddString("dir", &dir, "where to write ca.pem, ca.key and <member>.{pem,key}");
+  config.AddString("ca", &ca_dir,
+                   "issue the certificates with the CA in this directory (ca.pem, ca.key) "
+                   "instead of a new one; its key is not copied");
   config.AddString("members", &members,
                    "comma-separated members, NAME or NAME=ADDR[+ADDR...] (the addresses others "
                    "dial it at; none: loopback)");
@@ -569,12 +572,12 @@ int CertsMain(const std::vector<std::string>& args) {
     return 2;
   }
   std::vector<std::string> names = absl::StrSplit(members, ',', absl::SkipEmpty());
-  if (absl::Status s = GenerateClusterCertificates(dir, names); !s.ok()) {
+  if (absl::Status s = GenerateClusterCertificates(dir, names, ca_dir); !s.ok()) {
     LogError("certs", std::string(s.message()));
     return 1;
   }
   std::cout << "troupe certs: wrote " << dir << "/ca.pem and certificates for " << members
-            << std::endl;
+            << (ca_dir.empty() ? "" : " issued by the CA in " + ca_dir) << std::endl;
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <netinet/tcp.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
@@ -55,13 +56,13 @@ absl::StatusOr<Cert> ReadCert(const std::string& path, const char* what) {
   return c;
 }
 
-absl::StatusOr<Key> ReadKey(const std::string& path) {
+absl::StatusOr<Key> ReadKey(const std::string& path, const char* what = "--tls_key") {
   File f(std::fopen(path.c_str(), "r"));
-  if (!f) return absl::InvalidArgumentError(absl::StrCat("--tls_key '", path, "': cannot open"));
+  if (!f) return absl::InvalidArgumentError(absl::StrCat(what, " '", path, "': cannot open"));
   Key k(PEM_read_PrivateKey(f.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
   if (!k) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--tls_key '", path, "': expected an unencrypted PEM private key"));
+        absl::StrCat(what, " '", path, "': expected an unencrypted PEM private key"));
   }
   return k;
 }
@@ -156,7 +157,8 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseMember(const std::strin
 }  // namespace
 
 absl::Status GenerateClusterCertificates(const std::string& dir,
-                                         const std::vector<std::string>& members) {
+                                         const std::vector<std::string>& members,
+                                         const std::string& ca_dir) {
   for (size_t i = 1; i <= dir.size(); ++i) {  // mkdir -p
     if (i == dir.size() || dir[i] == '/') {
       std::string part = dir.substr(0, i);
@@ -166,18 +168,35 @@ absl::Status GenerateClusterCertificates(const std::string& dir,
       }
     }
   }
-  Key ca_key = NewKey();
-  if (!ca_key) return absl::InternalError("cannot generate a key (OpenSSL)");
   std::vector<std::pair<std::string, std::string>> parsed;  // name, subjectAltName
   for (const std::string& m : members) {
     absl::StatusOr<std::pair<std::string, std::string>> p = ParseMember(m);
     if (!p.ok()) return p.status();
     parsed.push_back(*p);
   }
-  Cert ca = MakeCert("troupe cluster CA", "", ca_key.get(), nullptr, nullptr, 1);
-  if (auto s = WritePem(dir + "/ca.pem", nullptr, ca.get()); !s.ok()) return s;
-  if (auto s = WritePem(dir + "/ca.key", ca_key.get(), nullptr); !s.ok()) return s;
+  Key ca_key(nullptr, EVP_PKEY_free);
+  Cert ca(nullptr, X509_free);
   long serial = 2;
+  if (ca_dir.empty()) {
+    ca_key = NewKey();
+    if (!ca_key) return absl::InternalError("cannot generate a key (OpenSSL)");
+    ca = MakeCert("troupe cluster CA", "", ca_key.get(), nullptr, nullptr, 1);
+    if (auto s = WritePem(dir + "/ca.key", ca_key.get(), nullptr); !s.ok()) return s;
+  } else {
+    // An existing CA (a Kubernetes Secret): its key stays where it is; the serials of the
+    // certificates it issues here, at different times and places, are random.
+    absl::StatusOr<Cert> c = ReadCert(ca_dir + "/ca.pem", "--ca");
+    if (!c.ok()) return c.status();
+    absl::StatusOr<Key> k = ReadKey(ca_dir + "/ca.key", "--ca");
+    if (!k.ok()) return k.status();
+    ca = std::move(*c);
+    ca_key = std::move(*k);
+    if (RAND_bytes(reinterpret_cast<unsigned char*>(&serial), sizeof serial) != 1) {
+      return absl::InternalError("cannot draw a serial number (OpenSSL)");
+    }
+    serial = (serial & 0x3fffffffffffffffL) | 1;
+  }
+  if (auto s = WritePem(dir + "/ca.pem", nullptr, ca.get()); !s.ok()) return s;
   for (const auto& [m, san] : parsed) {
     Key key = NewKey();
     Cert cert = MakeCert(m, san, key.get(), ca.get(), ca_key.get(), serial++);

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """DeployTest: deploy/ checked offline (no cluster or container engine is reachable here).
 
-  deploy_test.py CASE SOURCE_DIR
+  deploy_test.py CASE SOURCE_DIR [TROUPE_BINARY]
 CASE: kubernetes (the manifests against Kubernetes' schemas, kubernetes-validate --strict, and
-the settings the manifests promise), dockerfile (hadolint), slurm (the batch script against a
+the settings the manifests promise; each pod's init container's certificate command run with
+TROUPE_BINARY and its certificate checked with openssl), dockerfile (hadolint), slurm (the batch script against a
 fake srun/scontrol/troupe), slurm_requeue (a preempted job, exit 75, is requeued), slurm_failure
 (a failed job's exit status is the script's). The validators come from PyPI into
 /opt/troupe/deploy-tools (scripts/setup); a missing one fails the test, naming it.
@@ -33,7 +34,7 @@ def run(cmd, env=None, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, **kw)
 
 
-def kubernetes(src):
+def kubernetes(src, binary):
     files = sorted(os.path.join(src, "deploy/kubernetes", f)
                    for f in os.listdir(os.path.join(src, "deploy/kubernetes")) if f.endswith(".yaml"))
     if len(files) < 3:
@@ -75,7 +76,46 @@ def kubernetes(src):
         fail(f"the head's pod is not annotated for scraping /metrics on --http_port {http}: {notes}")
     if not any(str(p["port"]) == http for p in svc["ports"]):
         fail(f"the head's Service does not expose --http_port {http}")
+    for kind, name, member in (("Deployment", "troupe-head", "head"),
+                               ("DaemonSet", "troupe-node", "node")):
+        pod = docs[(kind, name)]["spec"]["template"]["spec"]
+        certificates(pod, member, binary)
     print("kubernetes: schemas and settings hold")
+
+
+def certificates(pod, member, binary):
+    """The pod's init container issues its certificate from the Secret troupe-ca; the main
+    container reads it (TROUPE_TLS_*). The init container's own command is run here, with the
+    real binary, and the certificate checked with openssl."""
+    init = pod.get("initContainers", [{}])[0]
+    args = init.get("args", [])
+    if args[:1] != ["certs"] or "--ca" not in args:
+        fail(f"{member}: no init container issuing the pod's certificate: {init}")
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    ca_dir, tls_dir = args[args.index("--ca") + 1], args[args.index("--dir") + 1]
+    if vols.get(mounts.get(ca_dir), {}).get("secret", {}).get("secretName") != "troupe-ca":
+        fail(f"{member}: --ca {ca_dir} is not the Secret troupe-ca")
+    env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
+    if env.get("TROUPE_TLS_CERT") != f"{tls_dir}/{member}.pem" or \
+            env.get("TROUPE_TLS_CA") != f"{tls_dir}/ca.pem":
+        fail(f"{member}: the container does not use the issued certificate: {env}")
+    with tempfile.TemporaryDirectory(prefix="troupe-deploy-certs.") as d:
+        run([binary, "certs", "--dir", f"{d}/secret", "--members", "operator"])
+        members = args[args.index("--members") + 1].replace("$(POD_IP)", "10.1.2.3")
+        r = run([binary] + [a.replace(ca_dir, f"{d}/secret").replace(tls_dir, f"{d}/tls")
+                            .replace("$(POD_IP)", "10.1.2.3") for a in args])
+        if r.returncode != 0:
+            fail(f"{member}: the init container's command failed: {r.stdout}{r.stderr}")
+        if os.path.exists(f"{d}/tls/ca.key"):
+            fail(f"{member}: the CA's key was copied into the pod's certificates")
+        v = run(["openssl", "verify", "-CAfile", f"{d}/tls/ca.pem", f"{d}/tls/{member}.pem"])
+        san = run(["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in",
+                   f"{d}/tls/{member}.pem"]).stdout
+        if v.returncode != 0 or "IP Address:10.1.2.3" not in san or \
+                ("head" in member and "DNS:troupe-head" not in san):
+            fail(f"{member} ({members}): {v.stdout}{v.stderr} {san}")
+    print(f"{member}: its init container issues a certificate of the Secret's CA naming {san.split(chr(10))[1].strip()}")
 
 
 def dockerfile(src):
@@ -184,6 +224,11 @@ def slurm_failure(src):
 if __name__ == "__main__":
     cases = {"kubernetes": kubernetes, "dockerfile": dockerfile, "slurm": slurm,
              "slurm_requeue": slurm_requeue, "slurm_failure": slurm_failure}
-    if len(sys.argv) != 3 or sys.argv[1] not in cases:
-        fail(f"usage: deploy_test.py {{{'|'.join(cases)}}} SOURCE_DIR")
-    cases[sys.argv[1]](sys.argv[2])
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in cases:
+        fail(f"usage: deploy_test.py {{{'|'.join(cases)}}} SOURCE_DIR [TROUPE_BINARY]")
+    if sys.argv[1] == "kubernetes":
+        if len(sys.argv) != 4:
+            fail("kubernetes: expected the troupe binary (it runs the init containers' command)")
+        kubernetes(sys.argv[2], sys.argv[3])
+    else:
+        cases[sys.argv[1]](sys.argv[2])

@@ -268,9 +268,12 @@ void RegisterClusterTypes(caf::actor_system_config& cfg);
 // "NAME" or "NAME=ADDR[+ADDR...]": its certificate names NAME and the addresses (IPs or host
 // names) others dial it at — loopback when none are given. A process dialing a peer over TLS
 // refuses a certificate that does not name the address it dialed. InvalidArgument naming
-// --members for a malformed member.
+// --members for a malformed member. With `ca_dir`, the CA there (ca.pem, ca.key: e.g. a
+// Kubernetes Secret) issues the certificates instead, and only its ca.pem is copied into `dir`
+// (a pod's init container issues the pod's own certificate, naming the pod's IP).
 [[nodiscard]] absl::Status GenerateClusterCertificates(const std::string& dir,
-                                                       const std::vector<std::string>& members);
+                                                       const std::vector<std::string>& members,
+                                                       const std::string& ca_dir = "");
 
 // A head address "HOST:PORT" (what --head takes) as (host, port); InvalidArgument naming --head,
 // the expected form and the text otherwise.
