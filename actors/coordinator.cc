@@ -697,9 +697,20 @@ void Coordinator::HandleMembership(const runtime::MembershipEvent& e) {
 
 caf::behavior Coordinator::Behavior() {
   self_->send(driver_, CoordinatorHello{caf::actor_cast<caf::actor>(self_)});
+  // The driver is the job's owner (its supervisor, its report's reader): without it the job
+  // would run on, unseen, holding its workers.
+  self_->monitor(driver_);
   LeaseTick();  // asks the head for the lease once the driver has named it (KnownRanks)
   self_->set_down_handler([this](caf::down_msg& m) {
     if (head_ && m.source == head_.address()) return HeadLost(m.reason);
+    if (m.source == driver_.address()) {
+      runtime::SupervisionEvent e = JobEvent("driver_lost");
+      e.generation = core_->generation();
+      e.Set("step", core_->committed()).reason = self_->system().render(m.reason);
+      LogEvent(e);
+      return Stop(caf::make_message(JobFailed{WireStatus::From(absl::UnavailableError(
+          absl::StrCat("the job's driver is gone (", e.reason, "): every rank stopped")))}));
+    }
     for (const auto& [w, r] : ranks_) {
       if (r.handle.address() == m.source) {
         Execute(core_->OnWorkerDown(

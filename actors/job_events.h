@@ -50,6 +50,8 @@
 //   head_lost              the coordinator lost its connection to the cluster's head: step (the
 //                          committed one), reason; the job waits at a step boundary once its
 //                          lease runs out
+//   driver_lost            the job's driver (its process, or the connection to it) is gone: the
+//                          coordinator stops every rank and quits (step: the committed one)
 //   head_back              this process rejoined the head that took over: after_ms (since
 //                          head_lost), step
 //   recovered              the first commit after a fault: step, seconds (from the newest

@@ -11,6 +11,8 @@ CASE:
              without a fault (deterministic mode: any world size and failures give the same
              weights); list, logs and wait agree.
   job_stop   JobApiTest: `troupe job stop` ends a running job: state stopped, every rank gone.
+  driver_kill  JobApiTest: kill -9 of a `troupe train --head` driver fails its job, naming the
+             driver, and its coordinator stops every rank.
   metrics    MetricsTest: /metrics scraped twice during a job with a fault, parsed with
              prometheus-client's parser: every family present, counters only grow, histograms
              consistent, one recovery whose duration is the job's `recovered` line's figure.
@@ -205,6 +207,33 @@ def job_stop(c, art):
         return not held or None
     wait_for("every rank and the coordinator to be gone", ranks_gone, 20)
     print(f"{job_id} stopped at step {j['step']}: {j['error']}")
+
+
+def driver_kill(c, art):
+    """A `troupe train --head` driver killed (kill -9): its job fails naming the driver, and the
+    coordinator stops every rank, so the workers are free for the next job."""
+    log = open(os.path.join(c.tmp, "driver.log"), "w")
+    d = subprocess.Popen([c.binary, "train", "--head", c.head, "--workers", "4", "--steps",
+                          "100000", "--work_dir", os.path.join(c.tmp, "own")],
+                         stdout=log, stderr=log, start_new_session=True)
+    c.procs.append(d)
+    jobs = wait_for("the driver's job", lambda: json.loads(c.get("/api/jobs"))["jobs"] or None, 30)
+    job_id = jobs[0]["id"]
+    if jobs[0]["submitted"]:
+        fail(f"a `troupe train` job is listed as submitted: {jobs[0]}")
+    c.wait_step(job_id, 3)
+    os.kill(d.pid, signal.SIGKILL)
+    d.wait()
+
+    def all_gone():
+        cl = json.loads(c.get("/api/cluster"))
+        held = [a for n in cl["nodes"] for w in n["workers"] for a in w["actors"]]
+        return (not held and c.job(job_id)["state"] == "failed") or None
+    wait_for("the job failed and every rank gone", all_gone, 20)
+    j = c.job(job_id)
+    if "driver" not in j["error"]:
+        fail(f"the job's error does not name its driver: {j['error']}")
+    print(f"{job_id}: {j['error']}; its ranks and coordinator stopped")
 
 
 def scrape(c):
