@@ -92,6 +92,14 @@ struct DriverState {
   // reports dead; the coordinator and the ranks append their own.
   std::shared_ptr<EventLog> events;
   JobReporter* reporter = nullptr;
+
+  // How the job ended, once: to the driver thread waiting in AwaitReport.
+  void Finish(absl::StatusOr<JobReport> r) {
+    if (finished) return;
+    finished = true;
+    result.set_value(std::move(r));
+    queue->Push({"done", ""});
+  }
 };
 
 // (head_atom, head) to the driver actor: the head that took over, once the driver reconnected.
@@ -128,10 +136,8 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         *st->out << "job " << id << ": stop asked (troupe job stop)" << std::endl;
         if (st->coordinator) {
           caf::anon_send(st->coordinator, runtime::job_stop_atom::value, id);
-        } else if (!st->finished) {
-          st->finished = true;
-          st->result.set_value(absl::CancelledError("stopped by `troupe job stop`"));
-          st->queue->Push({"done", ""});
+        } else {
+          st->Finish(absl::CancelledError("stopped by `troupe job stop`"));
         }
       },
       [st, forward](const RankJoined& j) {
@@ -156,22 +162,13 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
       [st](const AddNode& a) {
         st->queue->Push({"add_node", a.name});
       },
-      [st](const JobReport& r) {
-        if (st->finished) return;
-        st->finished = true;
-        st->result.set_value(r);
-        st->queue->Push({"done", ""});
-      },
+      [st](const JobReport& r) { st->Finish(r); },
       [st](const JobFailed& f) {
-        if (st->finished) return;
-        st->finished = true;
         const absl::Status s = f.status.ToStatus();
         // A preemption is no failure: it says so as it is (IsPreempted).
-        st->result.set_value(
-            IsPreempted(s)
-                ? s
-                : absl::Status(s.code(), absl::StrCat("training job failed: ", s.message())));
-        st->queue->Push({"done", ""});
+        st->Finish(IsPreempted(s) ? s
+                                  : absl::Status(s.code(), absl::StrCat("training job failed: ",
+                                                                        s.message())));
       },
   };
 }

@@ -186,11 +186,7 @@ class HeadActor final : public caf::event_based_actor {
         },
         [this](job_end_atom, const std::string& id, const std::string& state,
                const std::string& error, const std::string& report) -> bool {
-          JobState s = state == "succeeded"   ? JobState::kSucceeded
-                       : state == "stopped"   ? JobState::kStopped
-                       : state == "preempted" ? JobState::kPreempted
-                                              : JobState::kFailed;
-          EndJob(id, s, error, report);
+          EndJob(id, ParseJobState(state).value_or(JobState::kFailed), error, report);
           return true;
         },
         [this](job_exit_atom, const std::string& id, int64_t pid, int32_t wait_status,
@@ -801,8 +797,8 @@ class HeadActor final : public caf::event_based_actor {
     if (j == nullptr || JobEnded(j->state)) return;
     jobs_.End(id, state, error, report, Now());
     drivers_.erase(id);
-    aout(this) << "troupe-head: job " << id << " " << JobStateName(state)
-               << (error.empty() ? "" : ": ") << error << std::endl;
+    aout(this) << "troupe-head: job " << id << " " << Name(state) << (error.empty() ? "" : ": ")
+               << error << std::endl;
     PutJob(id);
   }
 
@@ -817,7 +813,7 @@ class HeadActor final : public caf::event_based_actor {
         return n;
       };
       auto rank = [&](const Member& m) {
-        return std::make_pair(IsSpot(m.info.labels), drivers_on(m.info.id));
+        return std::make_pair(IsSpot(m.info), drivers_on(m.info.id));
       };
       for (const auto& [name, m] : members_) {
         if (m.info.kind != MemberKind::kNode || m.info.state != MemberState::kAlive) continue;
@@ -832,11 +828,12 @@ class HeadActor final : public caf::event_based_actor {
     }
   }
 
-  static bool IsSpot(const std::string& labels) {
-    for (absl::string_view kv : absl::StrSplit(labels, ',', absl::SkipEmpty())) {
-      if (kv == "spot=true") return true;
-    }
-    return false;
+  // A node labelled spot=true, its labels read as at its registration (ParseNodeSpec).
+  static bool IsSpot(const MemberInfo& node) {
+    absl::StatusOr<std::map<std::string, std::string>> labels = ParseLabels(node.labels, "labels");
+    if (!labels.ok()) return false;
+    auto spot = labels->find(scheduler::kSpotLabel);
+    return spot != labels->end() && spot->second == "true";
   }
 
   absl::StatusOr<std::string> View(const std::string& what, const std::string& arg) {
@@ -871,7 +868,7 @@ class HeadActor final : public caf::event_based_actor {
                    {"state", Name(m.info.state)},
                    {"host", m.info.host},
                    {"address", m.info.address},
-                   {"spot", IsSpot(m.info.labels)},
+                   {"spot", IsSpot(m.info)},
                    {"resources", json::object()},
                    {"used", json::object()},
                    {"labels", json::object()},

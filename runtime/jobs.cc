@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "internal/enum_text.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -15,6 +16,12 @@ using json = nlohmann::json;
 // small, and a dashboard or trace shows the latest.
 constexpr size_t kKeep = 20000;
 constexpr size_t kKeepLogs = 5000;
+
+// The number of an id "job-N" (0 for another form): ids handed out later are above it.
+int64_t IdNumber(const std::string& id) {
+  int64_t n = 0;
+  return absl::SimpleAtoi(absl::string_view(id).substr(4), &n) ? n : 0;
+}
 
 void Push(json& list, json entry) {
   if (list.size() >= kKeep) list.erase(list.begin());
@@ -68,7 +75,7 @@ void Histo(std::string* out, const char* name, const std::string& labels, const 
 
 }  // namespace
 
-const char* JobStateName(JobState s) {
+const char* Name(JobState s) {
   switch (s) {
     case JobState::kPending:
       return "pending";
@@ -84,6 +91,10 @@ const char* JobStateName(JobState s) {
       return "preempted";
   }
   return "?";
+}
+
+absl::StatusOr<JobState> ParseJobState(const std::string& text) {
+  return ParseEnum("job state", text, kJobStates);
 }
 
 bool JobEnded(JobState s) { return s != JobState::kPending && s != JobState::kRunning; }
@@ -128,12 +139,11 @@ absl::StatusOr<std::string> JobTable::Register(const std::string& id, const std:
       known.submitted = true;
       known.submitted_at = now;
       j = &jobs_.emplace(id, std::move(known)).first->second;
-      int64_t n = 0;
-      if (absl::SimpleAtoi(absl::string_view(id).substr(4), &n)) next_ = std::max(next_, n + 1);
+      next_ = std::max(next_, IdNumber(id) + 1);
     }
     if (JobEnded(j->state)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("job '", id, "' has ended (", JobStateName(j->state), ")"));
+          absl::StrCat("job '", id, "' has ended (", Name(j->state), ")"));
     }
   }
   // Everything the event log rebuilds starts empty: the driver sends it from its beginning.
@@ -267,7 +277,7 @@ std::vector<std::string> JobTable::Unplaced() const {
 json JobTable::Summary(const Job& j) {
   json s = {{"id", j.id},
             {"name", j.name},
-            {"state", JobStateName(j.state)},
+            {"state", Name(j.state)},
             {"submitted", j.submitted},
             {"node", j.node},
             {"driver_pid", j.driver_pid},
@@ -338,16 +348,11 @@ absl::Status JobTable::Restore(const std::string& id, const std::string& record)
     j.started_at = r.value("started_at", 0.0);
     j.ended_at = r.value("ended_at", 0.0);
     if (r.contains("report")) j.report = r["report"];
-    const std::string state = r.value("state", "");
-    for (JobState s : {JobState::kPending, JobState::kRunning, JobState::kSucceeded,
-                       JobState::kFailed, JobState::kStopped, JobState::kPreempted}) {
-      if (state == JobStateName(s)) j.state = s;
-    }
+    j.state = ParseJobState(r.value("state", "")).value_or(JobState::kPending);
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat("job '", id, "': its stored record: ", e.what()));
   }
-  int64_t n = 0;
-  if (absl::SimpleAtoi(absl::string_view(id).substr(4), &n)) next_ = std::max(next_, n + 1);
+  next_ = std::max(next_, IdNumber(id) + 1);
   jobs_[id] = std::move(j);
   return absl::OkStatus();
 }
@@ -355,11 +360,8 @@ absl::Status JobTable::Restore(const std::string& id, const std::string& record)
 std::string JobTable::Metrics() const {
   std::string out;
   std::map<std::string, int> by_state;
-  for (JobState s : {JobState::kPending, JobState::kRunning, JobState::kSucceeded,
-                     JobState::kFailed, JobState::kStopped, JobState::kPreempted}) {
-    by_state[JobStateName(s)] = 0;
-  }
-  for (const auto& [id, j] : jobs_) ++by_state[JobStateName(j.state)];
+  for (JobState s : kJobStates) by_state[Name(s)] = 0;
+  for (const auto& [id, j] : jobs_) ++by_state[Name(j.state)];
   Family(&out, "troupe_jobs", "gauge", "Jobs on this head by state.");
   for (const auto& [s, n] : by_state)
     absl::StrAppend(&out, "troupe_jobs{state=\"", s, "\"} ", n, "\n");

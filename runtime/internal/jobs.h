@@ -29,7 +29,13 @@ namespace troupe::runtime::internal {
 // kPreempted: every worker was noticed; the committed step is checkpointed, and the same job
 // submitted again resumes from it (`troupe job wait` exits 75 for it, as `troupe train` does).
 enum class JobState { kPending, kRunning, kSucceeded, kFailed, kStopped, kPreempted };
-const char* JobStateName(JobState s);
+inline constexpr JobState kJobStates[] = {JobState::kPending,   JobState::kRunning,
+                                          JobState::kSucceeded, JobState::kFailed,
+                                          JobState::kStopped,   JobState::kPreempted};
+// "pending", "running", ...: the state as the API, the store and `troupe job` spell it.
+const char* Name(JobState s);
+// The inverse of Name (internal/enum_text.h); InvalidArgument naming "job state" otherwise.
+absl::StatusOr<JobState> ParseJobState(const std::string& text);
 bool JobEnded(JobState s);
 
 // A Prometheus histogram (cumulative buckets, _sum and _count).
