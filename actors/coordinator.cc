@@ -622,7 +622,8 @@ void Coordinator::Stop(caf::message to_driver) {
 void Coordinator::FindOwnNode(const std::vector<runtime::MemberInfo>& table) {
   self_->request(head_, Rpc(), runtime::directory_lookup_atom::value, name_)
       .then(
-          [this, table](const caf::actor&, uint64_t, const std::string& worker) {
+          [this, table](const caf::actor&, uint64_t, const std::string& worker,
+                        const std::string& /*direct*/) {
             for (const runtime::MemberInfo& m : table) {
               if (m.kind == runtime::MemberKind::kWorker && m.id == worker) {
                 core_->SetOwnNode(m.node);
@@ -654,7 +655,7 @@ void Coordinator::HandleJoin(const RankJoined& j) {
   if (ranks_.count(j.worker) || stopped_ || !head_) return;
   self_->request(head_, Rpc(), runtime::directory_lookup_atom::value, j.rank_name)
       .then(
-          [this, j](const caf::actor& rank, uint64_t, const std::string&) {
+          [this, j](const caf::actor& rank, uint64_t, const std::string&, const std::string&) {
             if (ranks_.count(j.worker)) return;
             ranks_[j.worker] = Rank{rank, j.node, j.rank_name};
             self_->monitor(rank);

@@ -162,11 +162,11 @@ absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf
 absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
                                               const std::string& name, const Placement& placement) {
   uint64_t gen = name.empty() ? 1 : runtime_->internal_context()->NextGeneration(name);
-  auto r =
-      Ask<caf::actor, std::string>(runtime_->system(), head_, timeout_, internal::spawn_atom::value,
-                                   type, args, name, gen, placement);
+  auto r = Ask<caf::actor, std::string, std::string>(runtime_->system(), head_, timeout_,
+                                                     internal::spawn_atom::value, type, args, name,
+                                                     gen, placement);
   if (!r.ok()) return r.status();
-  return ActorRef{name, gen, std::get<0>(*r)};
+  return ActorRef{name, gen, std::get<0>(*r), std::get<2>(*r)};
 }
 
 absl::StatusOr<std::vector<std::string>> ClusterClient::CreatePlacementGroup(
@@ -180,15 +180,15 @@ absl::StatusOr<std::vector<std::string>> ClusterClient::CreatePlacementGroup(
 }
 
 absl::StatusOr<ActorRef> ClusterClient::Lookup(const std::string& name) {
-  auto r = Ask<caf::actor, uint64_t, std::string>(runtime_->system(), head_, timeout_,
-                                                  internal::lookup_atom::value, name);
+  auto r = Ask<caf::actor, uint64_t, std::string, std::string>(runtime_->system(), head_, timeout_,
+                                                               internal::lookup_atom::value, name);
   if (!r.ok()) return absl::NotFoundError(r.status().message());
-  return ActorRef{name, std::get<1>(*r), std::get<0>(*r)};
+  return ActorRef{name, std::get<1>(*r), std::get<0>(*r), std::get<3>(*r)};
 }
 
 absl::StatusOr<std::string> ClusterClient::WhereIs(const std::string& name) {
-  auto r = Ask<caf::actor, uint64_t, std::string>(runtime_->system(), head_, timeout_,
-                                                  internal::lookup_atom::value, name);
+  auto r = Ask<caf::actor, uint64_t, std::string, std::string>(runtime_->system(), head_, timeout_,
+                                                               internal::lookup_atom::value, name);
   if (!r.ok()) return absl::NotFoundError(r.status().message());
   return std::get<2>(*r);
 }

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <list>
@@ -18,6 +19,7 @@
 #include "caf/actor_companion.hpp"
 #include "caf/all.hpp"
 #include "direct_wire.h"
+#include "internal/tls.h"
 #include "troupe/runtime/runtime.h"
 #include "troupe/runtime/status.h"
 
@@ -79,8 +81,10 @@ void ReleaseUnit(InlineUnit* unit) {
 
 // The connection's socket, shared with the reply sink (which may write from any thread).
 struct Wire {
+  explicit Wire(int socket) : fd(socket), stream(socket) {}
   std::mutex mu;
   int fd = -1;
+  direct::Stream stream;
   std::atomic<bool> broken{false};
   // A reply that cannot be written within this long (the client stopped reading) cuts the
   // connection, so no thread, CAF workers included, waits on a client for longer.
@@ -88,8 +92,7 @@ struct Wire {
   absl::Status Write(const char* data, size_t size) {
     std::lock_guard<std::mutex> l(mu);
     if (fd < 0 || broken.load()) return absl::UnavailableError("connection closed");
-    absl::Status s =
-        direct::WriteAll(fd, data, size, std::chrono::steady_clock::now() + kWriteTimeout);
+    absl::Status s = stream.WriteAll(data, size, std::chrono::steady_clock::now() + kWriteTimeout);
     if (!s.ok()) {
       broken.store(true);
       shutdown(fd, SHUT_RDWR);  // also wakes the connection thread if it is reading
@@ -120,18 +123,24 @@ absl::Status FromCafError(const caf::error& err, const std::string& actor) {
 
 class DirectServer::Impl {
  public:
+  struct Hello {
+    std::string name;
+    uint64_t generation = 0;  // 0: whichever incarnation holds the name
+  };
   Impl(Runtime& rt, DirectServerOptions o) : rt_(rt), sys_(rt.system()), options_(std::move(o)) {}
   ~Impl();
   absl::Status Listen();
   uint16_t port() const { return port_; }
   std::string DebugString() const {
-    return absl::StrCat("DirectServer{port=", port_, " accepted=", accepted_.load(),
-                        " protocol_errors=", protocol_errors_.load(), "}");
+    return absl::StrCat(
+        "DirectServer{port=", port_, " tls=", tls_ ? "on" : "off", " accepted=", accepted_.load(),
+        " protocol_errors=", protocol_errors_.load(), " tls_refused=", tls_refused_.load(), "}");
   }
 
  private:
   struct Connection {
-    std::shared_ptr<Wire> wire = std::make_shared<Wire>();
+    explicit Connection(int fd) : wire(std::make_shared<Wire>(fd)) {}
+    std::shared_ptr<Wire> wire;
     std::thread thread;
     std::atomic<bool> finished{false};
   };
@@ -140,12 +149,16 @@ class DirectServer::Impl {
   // The connection thread: handshake, then calls until the peer leaves or breaks the protocol.
   void Serve(Connection* c);
   caf::actor MakeReplySink(std::shared_ptr<Wire> wire, std::string actor);
-  void ServeCalls(Wire& wire, const std::string& name, const caf::strong_actor_ptr& sink,
+  void ServeCalls(Wire& wire, const Hello& hello, const caf::strong_actor_ptr& sink,
                   InlineUnit* unit);
   absl::StatusOr<caf::message> DecodeMessage(const char* data, size_t size,
                                              const std::string& name);
-  // Reads and checks the hello frame; returns the bound actor name or an error to send.
-  absl::StatusOr<std::string> Handshake(int fd);
+  // TLS first when the runtime has it; then reads and checks the hello frame: the actor the
+  // connection is bound to, or an error to send.
+  absl::StatusOr<Hello> Handshake(Wire& wire);
+  // The incarnation a connection is bound to: NotFound once the name is gone or another
+  // generation holds it.
+  absl::StatusOr<ActorRef> Resolve(const Hello& hello);
   void Dispatch(const caf::actor& target, caf::message msg, uint32_t call_id,
                 const caf::strong_actor_ptr& sink, InlineUnit* unit);
   void ProtocolError(Wire& wire, const absl::Status& s);
@@ -161,9 +174,16 @@ class DirectServer::Impl {
   std::list<std::unique_ptr<Connection>> conns_;
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> protocol_errors_{0};
+  std::atomic<uint64_t> tls_refused_{0};
+  std::shared_ptr<SSL_CTX> tls_;  // set when the runtime has the cluster's TLS files
 };
 
 absl::Status DirectServer::Impl::Listen() {
+  if (rt_.options().tls()) {
+    auto ctx = internal::DirectTlsContext(rt_.options(), /*server=*/true);
+    if (!ctx.ok()) return ctx.status();
+    tls_ = *ctx;
+  }
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -237,8 +257,7 @@ void DirectServer::Impl::AcceptLoop() {
         ++it;
       }
     }
-    auto c = std::make_unique<Connection>();
-    c->wire->fd = fd;
+    auto c = std::make_unique<Connection>(fd);
     Connection* raw = c.get();
     c->thread = std::thread([this, raw] { Serve(raw); });
     conns_.push_back(std::move(c));
@@ -251,38 +270,75 @@ void DirectServer::Impl::ProtocolError(Wire& wire, const absl::Status& s) {
   (void)wire.Write(frame.data(), frame.size());
 }
 
-absl::StatusOr<std::string> DirectServer::Impl::Handshake(int fd) {
+absl::StatusOr<DirectServer::Impl::Hello> DirectServer::Impl::Handshake(Wire& wire) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  if (tls_) {
+    if (absl::Status s = wire.stream.StartTls(tls_.get(), /*server=*/true, deadline); !s.ok()) {
+      tls_refused_.fetch_add(1);
+      return s;
+    }
+  }
   FrameHeader h;
   std::vector<char> payload;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  if (absl::Status s = direct::ReadFrame(fd, options_.max_frame_bytes, deadline, &h, &payload);
+  if (absl::Status s =
+          direct::ReadFrame(wire.stream, options_.max_frame_bytes, deadline, &h, &payload);
       !s.ok()) {
     return s;
   }
-  if (h.kind != FrameKind::kHello || h.length == 0 || h.length > direct::kMaxActorName) {
+  if (h.kind != FrameKind::kHello || h.length == 0 ||
+      h.length > direct::kMaxActorName + 1 + sizeof(uint64_t)) {
     return absl::InvalidArgumentError(
         absl::StrCat("direct channel: expected a hello frame (kind 1) naming an actor in 1..",
                      direct::kMaxActorName, " bytes, got kind ", static_cast<int>(h.kind), " with ",
                      h.length, " bytes"));
   }
-  return std::string(payload.begin(), payload.end());
+  Hello hello;
+  auto nul = std::find(payload.begin(), payload.end(), '\0');
+  hello.name.assign(payload.begin(), nul);
+  if (nul != payload.end()) {
+    if (payload.end() - nul != 1 + sizeof(uint64_t) || hello.name.empty()) {
+      return absl::InvalidArgumentError(
+          "direct channel: a hello frame's name must be followed by nothing or by a NUL byte and "
+          "an 8-byte generation");
+    }
+    for (size_t i = 0; i < sizeof(uint64_t); ++i) {
+      hello.generation |= uint64_t{static_cast<uint8_t>(nul[1 + i])} << (8 * i);
+    }
+  }
+  if (hello.name.size() > direct::kMaxActorName) {
+    return absl::InvalidArgumentError(absl::StrCat("direct channel: actor name has ",
+                                                   hello.name.size(), " bytes, expected 1..",
+                                                   direct::kMaxActorName));
+  }
+  return hello;
+}
+
+absl::StatusOr<ActorRef> DirectServer::Impl::Resolve(const Hello& hello) {
+  auto ref = rt_.Lookup(hello.name);
+  if (ref.ok() && hello.generation != 0 && ref->generation != hello.generation) {
+    return absl::NotFoundError(absl::StrCat("actor '", hello.name, "' generation ",
+                                            hello.generation, " is gone (the name has generation ",
+                                            ref->generation, " now): look it up again"));
+  }
+  return ref;
 }
 
 void DirectServer::Impl::Serve(Connection* c) {
   Wire& wire = *c->wire;
-  auto name = Handshake(wire.fd);
-  if (!name.ok()) {
-    if (absl::IsInvalidArgument(name.status())) ProtocolError(wire, name.status());
-  } else if (auto ref = rt_.Lookup(*name); !ref.ok()) {
+  auto hello = Handshake(wire);
+  absl::StatusOr<ActorRef> ref = hello.ok() ? Resolve(*hello) : hello.status();
+  if (!hello.ok()) {
+    if (absl::IsInvalidArgument(hello.status())) ProtocolError(wire, hello.status());
+  } else if (!ref.ok()) {
     auto frame = ErrorFrame(ref.status(), 0);
     (void)wire.Write(frame.data(), frame.size());
   } else {
     char ok[kHeaderBytes];
     direct::EncodeHeader({FrameKind::kHelloOk, 0, 0}, ok);
     (void)wire.Write(ok, sizeof(ok));
-    caf::actor sink = MakeReplySink(c->wire, *name);
+    caf::actor sink = MakeReplySink(c->wire, hello->name);
     InlineUnit* unit = AcquireUnit(&sys_);
-    ServeCalls(wire, *name, caf::actor_cast<caf::strong_actor_ptr>(sink), unit);
+    ServeCalls(wire, *hello, caf::actor_cast<caf::strong_actor_ptr>(sink), unit);
     ReleaseUnit(unit);
     // The companion cleans itself up when its last handle goes.
     caf::actor_cast<caf::actor_companion*>(sink)->on_enqueue(nullptr);
@@ -322,9 +378,9 @@ caf::actor DirectServer::Impl::MakeReplySink(std::shared_ptr<Wire> wire, std::st
   return handle;
 }
 
-void DirectServer::Impl::ServeCalls(Wire& wire, const std::string& name,
+void DirectServer::Impl::ServeCalls(Wire& wire, const Hello& hello,
                                     const caf::strong_actor_ptr& sink, InlineUnit* unit) {
-  direct::FrameReader reader(wire.fd, options_.max_frame_bytes);
+  direct::FrameReader reader(&wire.stream, options_.max_frame_bytes);
   FrameHeader h;
   const char* payload = nullptr;
   while (!wire.broken.load()) {
@@ -338,8 +394,8 @@ void DirectServer::Impl::ServeCalls(Wire& wire, const std::string& name,
       return;
     }
     // A bad payload or a vanished actor fails this call only: the stream is still in step.
-    auto msg = DecodeMessage(payload, h.length, name);
-    auto target = msg.ok() ? rt_.Lookup(name) : msg.status();
+    auto msg = DecodeMessage(payload, h.length, hello.name);
+    auto target = msg.ok() ? Resolve(hello) : msg.status();
     if (!target.ok()) {
       auto frame = ErrorFrame(target.status(), h.call_id);
       (void)wire.Write(frame.data(), frame.size());

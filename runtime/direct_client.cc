@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "caf/all.hpp"
 #include "direct_wire.h"
+#include "internal/tls.h"
 #include "troupe/runtime/direct.h"
 #include "troupe/runtime/runtime.h"
 
@@ -49,9 +50,10 @@ absl::StatusOr<std::unique_ptr<DirectClient>> DirectClient::Connect(Runtime& run
 }
 
 void DirectClient::Drop() {
+  reader_.reset();
+  stream_.reset();
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
-  reader_.reset();
 }
 
 absl::Status DirectClient::EnsureConnected() {
@@ -61,14 +63,32 @@ absl::Status DirectClient::EnsureConnected() {
       !s.ok()) {
     return s;
   }
-  std::vector<char> hello(kHeaderBytes + actor_.size());
-  direct::EncodeHeader({FrameKind::kHello, static_cast<uint32_t>(actor_.size()), 0}, hello.data());
-  std::copy(actor_.begin(), actor_.end(), hello.begin() + kHeaderBytes);
+  std::vector<char> hello(kHeaderBytes);
+  hello.insert(hello.end(), actor_.begin(), actor_.end());
+  if (options_.generation != 0) {
+    hello.push_back('\0');
+    for (size_t i = 0; i < sizeof(uint64_t); ++i) {
+      hello.push_back(static_cast<char>((options_.generation >> (8 * i)) & 0xff));
+    }
+  }
+  direct::EncodeHeader({FrameKind::kHello, static_cast<uint32_t>(hello.size() - kHeaderBytes), 0},
+                       hello.data());
   FrameHeader h;
   std::vector<char> payload;
   auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
-  absl::Status s = direct::WriteAll(fd, hello.data(), hello.size(), deadline);
-  if (s.ok()) s = direct::ReadFrame(fd, options_.max_frame_bytes, deadline, &h, &payload);
+  auto stream = std::make_unique<direct::Stream>(fd);
+  absl::Status s;
+  if (runtime_->options().tls()) {
+    auto ctx = internal::DirectTlsContext(runtime_->options(), /*server=*/false);
+    s = ctx.ok() ? stream->StartTls(ctx->get(), /*server=*/false, deadline, host_) : ctx.status();
+    if (absl::IsUnavailable(s)) {
+      s = absl::UnauthenticatedError(absl::StrCat(
+          "direct channel to ", host_, ":", port_, ": the server ended the TLS handshake (",
+          s.message(), "): is it a member of this cluster, with TLS?"));
+    }
+  }
+  if (s.ok()) s = stream->WriteAll(hello.data(), hello.size(), deadline);
+  if (s.ok()) s = direct::ReadFrame(*stream, options_.max_frame_bytes, deadline, &h, &payload);
   if (s.ok() && h.kind == FrameKind::kError)
     s = direct::DecodeErrorPayload(payload.data(), payload.size());
   if (s.ok() && h.kind != FrameKind::kHelloOk) {
@@ -76,6 +96,7 @@ absl::Status DirectClient::EnsureConnected() {
                                          static_cast<int>(h.kind)));
   }
   if (!s.ok()) {
+    stream.reset();
     close(fd);
     if (absl::IsDeadlineExceeded(s)) {
       return absl::UnavailableError(absl::StrCat("direct channel to ", host_, ":", port_,
@@ -86,7 +107,8 @@ absl::Status DirectClient::EnsureConnected() {
   }
   if (calls_ > 0) ++reconnects_;
   fd_ = fd;
-  reader_ = std::make_unique<direct::FrameReader>(fd, options_.max_frame_bytes);
+  stream_ = std::move(stream);
+  reader_ = std::make_unique<direct::FrameReader>(stream_.get(), options_.max_frame_bytes);
   return absl::OkStatus();
 }
 
@@ -114,7 +136,7 @@ absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request, Dur
   direct::EncodeHeader({FrameKind::kCall, static_cast<uint32_t>(length), id}, out_.data());
   auto where = [&] { return absl::StrCat("direct call to '", actor_, "' at ", host_, ":", port_); };
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  absl::Status s = direct::WriteAll(fd_, out_.data(), out_.size(), deadline);
+  absl::Status s = stream_->WriteAll(out_.data(), out_.size(), deadline);
   FrameHeader h;
   const char* payload = nullptr;
   if (s.ok()) s = reader_->Next(deadline, &h, &payload);

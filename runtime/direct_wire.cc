@@ -6,6 +6,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -41,17 +44,6 @@ int PollTimeout(Deadline deadline) {
       deadline - std::chrono::steady_clock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
-}
-
-absl::Status WaitReadable(int fd, Deadline deadline) {
-  for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    int timeout = PollTimeout(deadline);
-    int rc = poll(&p, 1, timeout);
-    if (rc > 0) return absl::OkStatus();
-    if (rc == 0) return absl::DeadlineExceededError("no data before the deadline");
-    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", strerror(errno)));
-  }
 }
 
 }  // namespace
@@ -120,55 +112,220 @@ absl::Status DecodeErrorPayload(const char* data, size_t size) {
   return absl::Status(static_cast<absl::StatusCode>(code), std::string(data + 4, size - 4));
 }
 
-absl::Status WriteAll(int fd, const char* data, size_t size, Deadline deadline) {
+namespace {
+
+// A socket BIO of ours: the same calls as OpenSSL's, but never blocking (MSG_DONTWAIT, so the
+// fd's own mode does not matter) and never raising SIGPIPE (MSG_NOSIGNAL).
+int BioWrite(BIO* b, const char* data, size_t size, size_t* written) {
+  BIO_clear_retry_flags(b);
+  int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
+  ssize_t n = send(fd, data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n >= 0) {
+    *written = static_cast<size_t>(n);
+    return 1;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) BIO_set_retry_write(b);
+  return 0;
+}
+
+int BioRead(BIO* b, char* data, size_t size, size_t* read) {
+  BIO_clear_retry_flags(b);
+  int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
+  ssize_t n = recv(fd, data, size, MSG_DONTWAIT);
+  if (n > 0) {
+    *read = static_cast<size_t>(n);
+    return 1;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) BIO_set_retry_read(b);
+  return 0;
+}
+
+long BioCtrl(BIO*, int cmd, long, void*) { return cmd == BIO_CTRL_FLUSH ? 1 : 0; }
+
+int BioCreate(BIO* b) {
+  BIO_set_init(b, 1);
+  return 1;
+}
+
+BIO* NewSocketBio(int fd) {
+  static BIO_METHOD* method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "troupe-direct");
+    BIO_meth_set_write_ex(m, BioWrite);
+    BIO_meth_set_read_ex(m, BioRead);
+    BIO_meth_set_ctrl(m, BioCtrl);
+    BIO_meth_set_create(m, BioCreate);
+    return m;
+  }();
+  BIO* b = BIO_new(method);
+  if (b != nullptr) BIO_set_data(b, reinterpret_cast<void*>(static_cast<intptr_t>(fd)));
+  return b;
+}
+
+absl::Status WaitFor(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = poll(&p, 1, PollTimeout(deadline));
+    if (rc > 0) return absl::OkStatus();
+    if (rc == 0) return absl::DeadlineExceededError("no progress before the deadline");
+    if (errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", strerror(errno)));
+  }
+}
+
+// OpenSSL's reason for the last failure on this thread.
+std::string SslReason() {
+  unsigned long e = ERR_get_error();
+  if (e == 0) return strerror(errno);
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof(buf));
+  ERR_clear_error();
+  return buf;
+}
+
+}  // namespace
+
+Stream::~Stream() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+}
+
+absl::Status Stream::StartTls(SSL_CTX* ctx, bool server, Deadline deadline,
+                              const std::string& peer_host) {
+  SSL* ssl = SSL_new(ctx);
+  BIO* bio = ssl != nullptr ? NewSocketBio(fd_) : nullptr;
+  if (bio == nullptr) {
+    if (ssl != nullptr) SSL_free(ssl);
+    return absl::InternalError("direct channel: cannot create a TLS session");
+  }
+  SSL_set_bio(ssl, bio, bio);
+  if (!server && !peer_host.empty()) {
+    X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+    in6_addr ip;
+    if (inet_pton(AF_INET, peer_host.c_str(), &ip) == 1 ||
+        inet_pton(AF_INET6, peer_host.c_str(), &ip) == 1) {
+      X509_VERIFY_PARAM_set1_ip_asc(param, peer_host.c_str());
+    } else {
+      X509_VERIFY_PARAM_set1_host(param, peer_host.c_str(), 0);
+    }
+  }
+  for (;;) {
+    ERR_clear_error();
+    int rc = server ? SSL_accept(ssl) : SSL_connect(ssl);
+    if (rc == 1) break;
+    int err = SSL_get_error(ssl, rc);
+    absl::Status s;
+    if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+      s = WaitFor(fd_, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
+      if (s.ok()) continue;
+    } else if (err == SSL_ERROR_SSL) {
+      long verify = SSL_get_verify_result(ssl);
+      s = absl::UnauthenticatedError(absl::StrCat(
+          "direct channel: TLS handshake failed: ", SslReason(),
+          verify != X509_V_OK ? absl::StrCat(" (", X509_verify_cert_error_string(verify), ")")
+                              : ""));
+    } else {
+      s = absl::UnavailableError("direct channel: the peer left during the TLS handshake");
+    }
+    SSL_free(ssl);
+    return s;
+  }
+  std::lock_guard<std::mutex> l(ssl_mu_);
+  ssl_ = ssl;
+  return absl::OkStatus();
+}
+
+absl::Status Stream::WriteAll(const char* data, size_t size, Deadline deadline) {
   while (size > 0) {
-    ssize_t n = send(fd, data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
+    short wait = POLLOUT;
+    if (ssl_ != nullptr) {
+      int err;
+      {
+        std::lock_guard<std::mutex> l(ssl_mu_);
+        ERR_clear_error();
+        size_t n = 0;
+        if (SSL_write_ex(ssl_, data, size, &n) == 1) {
+          data += n;
+          size -= n;
+          continue;
+        }
+        err = SSL_get_error(ssl_, 0);
+      }
+      if (err == SSL_ERROR_WANT_READ) {
+        wait = POLLIN;
+      } else if (err != SSL_ERROR_WANT_WRITE) {
+        return absl::UnavailableError(absl::StrCat("TLS write: ", SslReason()));
+      }
+    } else {
+      ssize_t n = send(fd_, data, size, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n >= 0) {
+        data += n;
+        size -= static_cast<size_t>(n);
+        continue;
+      }
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
         return absl::UnavailableError(absl::StrCat("send: ", strerror(errno)));
       }
-      pollfd p{fd, POLLOUT, 0};
-      int rc = poll(&p, 1, PollTimeout(deadline));
-      if (rc == 0) return absl::UnavailableError("send: the peer is not reading");
-      if (rc < 0 && errno != EINTR) {
-        return absl::UnavailableError(absl::StrCat("poll: ", strerror(errno)));
+    }
+    absl::Status s = WaitFor(fd_, wait, deadline);
+    if (absl::IsDeadlineExceeded(s)) return absl::UnavailableError("send: the peer is not reading");
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Stream::ReadSome(char* data, size_t size, Deadline deadline, size_t* got) {
+  if (ssl_ == nullptr) {
+    for (;;) {
+      if (deadline != Deadline::max()) {
+        if (absl::Status s = WaitFor(fd_, POLLIN, deadline); !s.ok()) return s;
       }
-      continue;
+      ssize_t n = recv(fd_, data, size, 0);
+      if (n > 0) {
+        *got = static_cast<size_t>(n);
+        return absl::OkStatus();
+      }
+      if (n == 0) return absl::UnavailableError("connection closed by the peer");
+      if (errno != EINTR && errno != EAGAIN) {
+        return absl::UnavailableError(absl::StrCat("recv: ", strerror(errno)));
+      }
     }
-    data += n;
-    size -= static_cast<size_t>(n);
   }
-  return absl::OkStatus();
+  for (;;) {
+    int err;
+    {
+      std::lock_guard<std::mutex> l(ssl_mu_);
+      ERR_clear_error();
+      if (SSL_read_ex(ssl_, data, size, got) == 1) return absl::OkStatus();
+      err = SSL_get_error(ssl_, 0);
+    }
+    if (err == SSL_ERROR_ZERO_RETURN)
+      return absl::UnavailableError("connection closed by the peer");
+    if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+      return absl::UnavailableError(absl::StrCat("TLS read: ", SslReason()));
+    }
+    if (absl::Status s = WaitFor(fd_, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline);
+        !s.ok()) {
+      return s;
+    }
+  }
 }
 
-absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline) {
-  const bool blocking = deadline == Deadline::max();
+absl::Status ReadFull(Stream& stream, char* data, size_t size, Deadline deadline) {
   while (size > 0) {
-    ssize_t n = recv(fd, data, size, blocking ? 0 : MSG_DONTWAIT);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) return absl::UnavailableError("connection closed by the peer");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (absl::Status s = WaitReadable(fd, deadline); !s.ok()) return s;
-      continue;
-    }
-    return absl::UnavailableError(absl::StrCat("recv: ", strerror(errno)));
+    size_t n = 0;
+    if (absl::Status s = stream.ReadSome(data, size, deadline, &n); !s.ok()) return s;
+    data += n;
+    size -= n;
   }
   return absl::OkStatus();
 }
 
-absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline, FrameHeader* h,
+absl::Status ReadFrame(Stream& stream, uint32_t max_payload, Deadline deadline, FrameHeader* h,
                        std::vector<char>* payload) {
   char header[kHeaderBytes];
-  if (absl::Status s = ReadFull(fd, header, kHeaderBytes, deadline); !s.ok()) return s;
+  if (absl::Status s = ReadFull(stream, header, kHeaderBytes, deadline); !s.ok()) return s;
   if (absl::Status s = DecodeHeader(header, max_payload, h); !s.ok()) return s;
   payload->resize(h->length);
-  return ReadFull(fd, payload->data(), h->length, deadline);
+  return ReadFull(stream, payload->data(), h->length, deadline);
 }
 
 absl::Status FrameReader::Fill(size_t need, Deadline deadline) {
@@ -180,17 +337,12 @@ absl::Status FrameReader::Fill(size_t need, Deadline deadline) {
     if (buf_.size() < need) buf_.resize(std::max<size_t>(need, 64 * 1024));
   }
   while (end_ - start_ < need) {
-    if (deadline != Deadline::max()) {
-      if (absl::Status s = WaitReadable(fd_, deadline); !s.ok()) return s;
+    size_t n = 0;
+    if (absl::Status s = stream_->ReadSome(buf_.data() + end_, buf_.size() - end_, deadline, &n);
+        !s.ok()) {
+      return s;
     }
-    ssize_t n = recv(fd_, buf_.data() + end_, buf_.size() - end_, 0);
-    if (n > 0) {
-      end_ += static_cast<size_t>(n);
-    } else if (n == 0) {
-      return absl::UnavailableError("connection closed by the peer");
-    } else if (errno != EINTR && errno != EAGAIN) {
-      return absl::UnavailableError(absl::StrCat("recv: ", strerror(errno)));
-    }
+    end_ += n;
   }
   return absl::OkStatus();
 }

@@ -10,10 +10,12 @@
 //   8       4     length   payload bytes, at most the receiver's cap
 //   12      4     call id  echoed in the reply (0 for hello frames)
 //
-// Payloads: kHello = the target actor's name; kHelloOk = empty; kCall / kReply = a caf::message
-// in CAF's binary format; kError = 4-byte absl::StatusCode + the message text.
-// A header that fails validation is a protocol error: the receiver sends one kError frame saying
-// why and closes the connection. No CAF here, so this part is testable on its own.
+// Payloads: kHello = the target actor's name, optionally followed by a NUL byte and the 8-byte
+// little-endian generation it must have (absent or 0: whichever incarnation holds the name);
+// kHelloOk = empty; kCall / kReply = a caf::message in CAF's binary format; kError = 4-byte
+// absl::StatusCode + the message text. A header that fails validation is a protocol error: the
+// receiver sends one kError frame saying why and closes the connection. No CAF here, so this part
+// is testable on its own.
 //
 //   char buf[kHeaderBytes];
 //   EncodeHeader({FrameKind::kCall, payload_size, call_id}, buf);
@@ -22,9 +24,12 @@
 #ifndef TROUPE_RUNTIME_DIRECT_WIRE_H_
 #define TROUPE_RUNTIME_DIRECT_WIRE_H_
 
+#include <openssl/ssl.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -65,29 +70,57 @@ void AppendErrorFrame(const absl::Status& status, uint32_t call_id, std::vector<
 
 using Deadline = std::chrono::steady_clock::time_point;
 
-// Socket helpers. All return Unavailable on a closed or reset connection, DeadlineExceeded
-// when `deadline` passes first (Deadline::max() = no deadline); WriteAll gives up with
-// Unavailable when the whole buffer is not written by `deadline` (a peer that stops reading).
-[[nodiscard]] absl::Status WriteAll(int fd, const char* data, size_t size,
-                                    Deadline deadline = Deadline::max());
+// One connection's byte stream: a connected TCP socket, with TLS over it once StartTls succeeded.
+// A read and a write may run on two threads at once (the server's connection thread reads while
+// a CAF worker writes a reply); TLS calls are serialized inside. Every call returns Unavailable on
+// a closed or reset connection and DeadlineExceeded when `deadline` passes first
+// (Deadline::max() = no deadline). The fd stays the owner's to close; the TLS session is freed
+// with the Stream. A write never raises SIGPIPE.
+class Stream {
+ public:
+  explicit Stream(int fd) : fd_(fd) {}
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  int fd() const { return fd_; }
+  bool tls() const { return ssl_ != nullptr; }
+  // Mutual TLS as server or client with `ctx` (whose settings verify the peer; a client also
+  // requires the server's certificate to name `peer_host`, the address it dialed):
+  // Unauthenticated naming OpenSSL's reason when the handshake fails (no or a foreign
+  // certificate, garbage), Unavailable when the peer leaves, DeadlineExceeded when it stalls.
+  [[nodiscard]] absl::Status StartTls(SSL_CTX* ctx, bool server, Deadline deadline,
+                                      const std::string& peer_host = "");
+  // Writes all `size` bytes; a peer that does not take them by `deadline` (it stopped reading)
+  // fails it with Unavailable.
+  [[nodiscard]] absl::Status WriteAll(const char* data, size_t size,
+                                      Deadline deadline = Deadline::max());
+  // Reads at least one byte and at most `size` into `data`.
+  [[nodiscard]] absl::Status ReadSome(char* data, size_t size, Deadline deadline, size_t* got);
+
+ private:
+  int fd_;
+  SSL* ssl_ = nullptr;
+  std::mutex ssl_mu_;  // one OpenSSL call at a time on ssl_
+};
+
 // Reads exactly `size` bytes.
-[[nodiscard]] absl::Status ReadFull(int fd, char* data, size_t size, Deadline deadline);
+[[nodiscard]] absl::Status ReadFull(Stream& s, char* data, size_t size, Deadline deadline);
 // Reads one frame: header into `h`, payload into `payload`; protocol errors are InvalidArgument.
-[[nodiscard]] absl::Status ReadFrame(int fd, uint32_t max_payload, Deadline deadline,
+[[nodiscard]] absl::Status ReadFrame(Stream& s, uint32_t max_payload, Deadline deadline,
                                      FrameHeader* h, std::vector<char>* payload);
 
-// Reads frames from one socket through a buffer, so a small frame costs one recv() (plus one
-// poll() when there is a deadline). Not thread-safe; one per connection and direction.
+// Reads frames from one stream through a buffer, so a small frame costs one recv() (plus one
+// poll() when there is a deadline or TLS). Not thread-safe; one per connection and direction.
 class FrameReader {
  public:
-  FrameReader(int fd, uint32_t max_payload) : fd_(fd), max_payload_(max_payload) {}
+  FrameReader(Stream* stream, uint32_t max_payload) : stream_(stream), max_payload_(max_payload) {}
   // The next frame; `*payload` points into the buffer and stays valid until the next call.
   [[nodiscard]] absl::Status Next(Deadline deadline, FrameHeader* h, const char** payload);
 
  private:
   [[nodiscard]] absl::Status Fill(size_t need,
                                   Deadline deadline);  // until `need` unread bytes are buffered
-  int fd_;
+  Stream* stream_;
   uint32_t max_payload_;
   std::vector<char> buf_;
   size_t start_ = 0, end_ = 0;  // unread bytes are buf_[start_, end_)

@@ -90,8 +90,9 @@ class HeadActor final : public caf::event_based_actor {
           return HandleRegisterNode(name, resources, labels, address, host, agent);
         },
         [this](reg_worker_atom, const std::string& id, const std::string& node, int64_t pid,
-               const caf::actor& worker, int32_t port) -> caf::result<uint64_t> {
-          return HandleRegisterWorker(id, node, pid, worker, port);
+               const caf::actor& worker, int32_t port,
+               int32_t direct_port) -> caf::result<uint64_t> {
+          return HandleRegisterWorker(id, node, pid, worker, port, direct_port);
         },
         [this](heartbeat_atom, const std::string& id, const std::vector<ActorStat>& stats) {
           HandleHeartbeat(id, stats);
@@ -124,7 +125,7 @@ class HeadActor final : public caf::event_based_actor {
         [this](leave_atom, const std::string& node) { MarkNodeDead(node, "left"); },
         [this](spawn_atom, const std::string& type, const caf::message& args,
                const std::string& name, uint64_t gen,
-               const Placement& where) -> caf::result<caf::actor, std::string> {
+               const Placement& where) -> caf::result<caf::actor, std::string, std::string> {
           return HandleSpawn(type, args, name, gen, where);
         },
         [this](pg_atom, const std::string& name, const std::vector<std::string>& bundles,
@@ -132,14 +133,15 @@ class HeadActor final : public caf::event_based_actor {
                const std::string& domain_key) -> caf::result<std::vector<std::string>> {
           return HandlePlacementGroup(name, bundles, strategy, domain_key);
         },
-        [this](lookup_atom,
-               const std::string& name) -> caf::result<caf::actor, uint64_t, std::string> {
+        [this](lookup_atom, const std::string& name)
+            -> caf::result<caf::actor, uint64_t, std::string, std::string> {
           auto it = directory_.find(name);
           if (it == directory_.end()) {
             return StatusToError(
                 absl::NotFoundError(absl::StrCat("no actor named '", name, "' in the cluster")));
           }
-          return {it->second.handle, it->second.generation, it->second.worker};
+          return {it->second.handle, it->second.generation, it->second.worker,
+                  DirectEndpoint(it->second.worker)};
         },
         [this](members_atom) {
           std::vector<MemberInfo> out;
@@ -355,7 +357,8 @@ class HeadActor final : public caf::event_based_actor {
   }
 
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
-                                             int64_t pid, const caf::actor& worker, int32_t port) {
+                                             int64_t pid, const caf::actor& worker, int32_t port,
+                                             int32_t direct_port) {
     // A worker of a node declared dead would get nothing placed on it (the scheduler dropped its
     // node); the node joins again with new workers instead.
     // A worker once declared dead (here, or by the head before this one) stays dead: its node
@@ -384,6 +387,7 @@ class HeadActor final : public caf::event_based_actor {
     m.info.address = n->second.info.address;
     m.info.host = n->second.info.host;
     m.info.port = port;
+    m.info.direct_port = direct_port;
     m.handle = worker;
     m.last_seen = Clock::now();
     monitor(worker);
@@ -631,10 +635,18 @@ class HeadActor final : public caf::event_based_actor {
     }
   }
 
-  caf::result<caf::actor, std::string> HandleSpawn(const std::string& type,
-                                                   const caf::message& args,
-                                                   const std::string& name, uint64_t gen,
-                                                   const Placement& where) {
+  // A worker's direct channel as ActorRef::direct has it: "ADDRESS:PORT", "" if it has none.
+  std::string DirectEndpoint(const std::string& worker) const {
+    auto w = members_.find(worker);
+    if (w == members_.end() || w->second.info.direct_port <= 0) return "";
+    return absl::StrCat(w->second.info.address, ":", w->second.info.direct_port);
+  }
+
+  caf::result<caf::actor, std::string, std::string> HandleSpawn(const std::string& type,
+                                                                const caf::message& args,
+                                                                const std::string& name,
+                                                                uint64_t gen,
+                                                                const Placement& where) {
     std::string id = name.empty() ? absl::StrCat("anon-", ++anonymous_) : name;
     if (directory_.count(id)) {
       // A restart of a named actor whose old incarnation the head has not seen die yet.
@@ -681,14 +693,14 @@ class HeadActor final : public caf::event_based_actor {
     std::string worker_id = best->info.id;
     // Before make_response_promise, which takes the sender out of the current message.
     caf::actor requester = caf::actor_cast<caf::actor>(current_sender());
-    auto rp = make_response_promise<caf::actor, std::string>();
+    auto rp = make_response_promise<caf::actor, std::string, std::string>();
     request(best->handle, options_.spawn_timeout, spawn_atom::value, type, args, name, gen)
         .then(
             [this, rp, id, gen, worker_id, requester](const caf::actor& h) mutable {
               directory_[id] = Named{h, gen, worker_id, requester};
               if (store_) StoreFailed(store_->PutActor({id, worker_id, gen}));
               monitor(h);
-              rp.deliver(h, worker_id);
+              rp.deliver(h, worker_id, DirectEndpoint(worker_id));
             },
             [this, rp, id, worker_id](caf::error& e) mutable {
               (void)sched_.ReleaseActor(id);

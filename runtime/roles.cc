@@ -34,6 +34,7 @@
 #include "internal/spawn.h"
 #include "internal/tls.h"
 #include "nlohmann/json.hpp"
+#include "troupe/runtime/direct.h"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
 
@@ -365,9 +366,15 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   // The cluster's other processes connect here directly (internal/mesh.h).
   absl::StatusOr<uint16_t> port = Publish(*m->runtime, worker, 0, address);
   if (!port.ok()) ExitRole("worker", id, port.status());
+  // Runtime::Call reaches this worker's actors here (ActorRef::direct), over mutual TLS when the
+  // cluster has it.
+  DirectServerOptions direct_options;
+  direct_options.host = address;
+  auto direct = DirectServer::Start(*m->runtime, direct_options);
+  if (!direct.ok()) ExitRole("worker", id, direct.status());
   const caf::message registration =
       caf::make_message(reg_worker_atom::value, id, node, static_cast<int64_t>(getpid()), worker,
-                        static_cast<int32_t>(*port));
+                        static_cast<int32_t>(*port), static_cast<int32_t>((*direct)->port()));
   auto joined = JoinCluster(sys, m->head, co, "worker", id, registration);
   if (!joined.ok()) ExitRole("worker", id, joined.status());
   LogInfo(absl::StrCat("worker ", id), absl::StrCat("joined, pid ", getpid()));

@@ -7,6 +7,7 @@
 #include "caf/io/all.hpp"
 #include "caf/scheduler/test_coordinator.hpp"
 #include "internal/context.h"
+#include "internal/direct_pool.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
 #include "troupe/runtime/cluster.h"
@@ -83,6 +84,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
     RegisterClusterTypes(*rt->config_);
   }
   rt->system_ = std::make_unique<caf::actor_system>(*rt->config_);
+  rt->direct_pool_ = std::make_unique<internal::DirectPool>(*rt);
   if (!options.log_events) rt->ctx_->SetEventSink([](const SupervisionEvent&) {});
   std::weak_ptr<internal::Context> weak = rt->ctx_;
   rt->ctx_->faults().SetKiller([weak](const std::string& name) -> absl::Status {
@@ -176,6 +178,7 @@ void Runtime::Shutdown() {
     sched.run();
   }
   ctx_->ClearDirectory();
+  direct_pool_.reset();
   system_.reset();  // waits for every actor
   ctx_->ReleaseKeepAlive();
   config_.reset();

@@ -173,7 +173,8 @@ class SupervisorActor final : public Actor {
     request(head, std::chrono::seconds(10), internal::spawn_atom::value, c.type, c.args, c.name,
             gen, *c.placement)
         .then(
-            [this, i, gen](const caf::actor& h, const std::string& worker) {
+            [this, i, gen](const caf::actor& h, const std::string& worker,
+                           const std::string& /*direct*/) {
               starting_ = false;
               handles_[i] = h;
               monitor(h);

@@ -22,7 +22,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -333,6 +335,23 @@ class Relay {
 };
 
 }  // namespace
+
+absl::StatusOr<std::shared_ptr<SSL_CTX>> DirectTlsContext(const RuntimeOptions& o, bool server) {
+  static std::mutex mu;
+  static auto* made = new std::map<std::string, SslCtx>;
+  std::string key = absl::StrCat(server ? "s|" : "c|", o.tls_ca, "|", o.tls_cert, "|", o.tls_key);
+  std::lock_guard<std::mutex> l(mu);
+  if (auto it = made->find(key); it != made->end()) return it->second;
+  auto ctx = MakeContext(o, server);
+  if (!ctx.ok()) return ctx.status();
+  // Whole records per recv(), and no session tickets after the handshake: connections are
+  // pooled, not resumed.
+  SSL_CTX_set_read_ahead(ctx->get(), 1);
+  if (server) SSL_CTX_set_num_tickets(ctx->get(), 0);
+  SSL_CTX_set_min_proto_version(ctx->get(), TLS1_3_VERSION);
+  (*made)[key] = *ctx;
+  return *ctx;
+}
 
 absl::Status CheckTlsFiles(const std::string& ca, const std::string& cert, const std::string& key) {
   auto c = ReadCert(ca, "--tls_ca");

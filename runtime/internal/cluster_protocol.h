@@ -4,7 +4,8 @@
 // to the head (a member's join: hello, then its registration; see JoinCluster in roles.h):
 //   (cluster_hello_atom, uint32 version, build_id, kind, name)     -> uint32 version | error
 //   (reg_node_atom, name, resources, labels, address, host, agent) -> uint64 generation | error
-//   (reg_worker_atom, id, node, pid, worker, int32 port)           -> uint64 generation | error
+//   (reg_worker_atom, id, node, pid, worker, int32 port, int32 direct_port)
+//                                                                  -> uint64 generation | error
 //   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
 //   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
 //                                                                  from the worker's node agent
@@ -13,11 +14,13 @@
 //   (drain_atom, node, int64 grace_ms, notice)                     node got a preemption notice
 //                                                                  (SIGTERM, aws …, gce …)
 //   (leave_atom, node)                                             node leaves now
-//   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id) | error
+//   (spawn_atom, type, args, name, uint64 gen, Placement)          -> (actor, worker id, direct)
+//                                                                  | error
 //   (pg_atom, name, std::vector<std::string> bundles, GroupStrategy, domain_key)
 //                                                                  -> std::vector<std::string>
 //                                                                  nodes
-//   (lookup_atom, name)                                            -> (actor, uint64 gen, worker)
+//   (lookup_atom, name)                                -> (actor, uint64 gen, worker, direct)
+//   (direct: the hosting worker's direct channel "HOST:PORT", ActorRef::direct; "" if none)
 //   (members_atom)                                                 -> std::vector<MemberInfo>
 //   (generation_atom)                                              -> uint64
 //   (subscribe_atom, actor)

@@ -14,6 +14,9 @@
 #ifndef TROUPE_RUNTIME_INTERNAL_TLS_H_
 #define TROUPE_RUNTIME_INTERNAL_TLS_H_
 
+#include <openssl/ssl.h>
+
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +47,12 @@ namespace troupe::runtime::internal {
 // listens there, tries again for up to `retry_for`.
 [[nodiscard]] absl::StatusOr<caf::actor> Connect(Runtime& runtime, const std::string& host,
                                                  uint16_t port, Duration retry_for = {});
+
+// The direct channel's TLS context (troupe/runtime/direct.h) for this process's certificate: the
+// peer must present one signed by the cluster CA, as on the control plane. One per side and set
+// of files, made on first use.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<SSL_CTX>> DirectTlsContext(const RuntimeOptions& o,
+                                                                        bool server);
 
 }  // namespace troupe::runtime::internal
 

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -295,6 +296,89 @@ TEST_F(ClusterTest, SchedulerExplainsUnschedulableAndSpreadsStrictGroups) {
   cpu2.resources = "cpu=2";
   auto busy = client_->Spawn("echo", {}, "big", cpu2);
   EXPECT_EQ(busy.status().code(), absl::StatusCode::kResourceExhausted) << busy.status();
+}
+
+int64_t CallValue(const absl::StatusOr<caf::message>& reply) {
+  return reply.ok() && reply->match_elements<int64_t>() ? reply->get_as<int64_t>(0) : -1;
+}
+
+// Runtime::Call on an ActorRef from the head goes over the hosting worker's direct channel, which
+// the head hands out with the ref: it works with the ref's CAF handle cleared, so nothing else
+// carried it.
+TEST_F(ClusterTest, CallsThroughAnActorRefUseItsWorkersDirectChannel) {
+  StartNode("node-a", 1);
+  auto ref = client_->Spawn("echo", caf::make_message(), "echo-direct");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  MemberInfo w = Member("node-a/w0");
+  ASSERT_GT(w.direct_port, 0);
+  EXPECT_EQ(ref->direct, absl::StrCat(w.address, ":", w.direct_port));
+  EXPECT_EQ(CallValue(rt_->Call(*ref, caf::make_message(echo_atom::value, int64_t{41}))), 41);
+  ActorRef bare = *ref;
+  bare.handle = caf::actor{};
+  EXPECT_EQ(CallValue(rt_->Call(bare, caf::make_message(echo_atom::value, int64_t{42}))), 42);
+  auto looked_up = client_->Lookup("echo-direct");
+  ASSERT_TRUE(looked_up.ok()) << looked_up.status();
+  EXPECT_EQ(looked_up->direct, ref->direct);
+  EXPECT_EQ(looked_up->generation, ref->generation);
+  // The actor's own error keeps its code; a message it does not handle is refused, not hung on.
+  auto unhandled = rt_->Call(*ref, caf::make_message(std::string("what?")));
+  EXPECT_FALSE(unhandled.ok());
+  EXPECT_NE(unhandled.status().code(), absl::StatusCode::kUnavailable) << unhandled.status();
+  // Calls from several threads at once each get their own reply.
+  std::vector<std::thread> callers;
+  std::atomic<int> right{0};
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      for (int64_t i = 0; i < 200; ++i) {
+        int64_t x = t * 1000 + i;
+        if (CallValue(rt_->Call(*ref, caf::make_message(echo_atom::value, x))) == x) ++right;
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(right.load(), 800);
+}
+
+// A ref names one incarnation: once the name is spawned again, a call through the old ref fails
+// with NotFound at once (it does not reach the new one), and the name's new ref is called.
+TEST_F(ClusterTest, ACallThroughARefToAReplacedIncarnationIsNotFound) {
+  StartNode("node-a", 1);
+  auto first = client_->Spawn("echo", caf::make_message(), "echo-gen", "worker=node-a/w0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(CallValue(rt_->Call(*first, caf::make_message(echo_atom::value, int64_t{1}))), 1);
+  auto second = client_->Spawn("echo", caf::make_message(), "echo-gen", "worker=node-a/w0");
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_NE(second->generation, first->generation);
+  auto start = Clock::now();
+  auto stale = rt_->Call(*first, caf::make_message(echo_atom::value, int64_t{2}));
+  EXPECT_TRUE(absl::IsNotFound(stale.status())) << stale.status();
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_EQ(CallValue(rt_->Call(*second, caf::make_message(echo_atom::value, int64_t{3}))), 3);
+  auto again = client_->Lookup("echo-gen");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(CallValue(rt_->Call(*again, caf::make_message(echo_atom::value, int64_t{4}))), 4);
+}
+
+// A worker killed with -9 fails the next call through its actor's ref with Unavailable well
+// within the call's deadline (the connection is reset; nothing waits it out).
+TEST_F(ClusterTest, ACallToAKilledWorkersActorFailsFastWithUnavailable) {
+  StartNode("node-a", 1);
+  auto ref = client_->Spawn("echo", caf::make_message(), "echo-doomed");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  EXPECT_EQ(CallValue(rt_->Call(*ref, caf::make_message(echo_atom::value, int64_t{5}))), 5);
+  pid_t victim = static_cast<pid_t>(Member("node-a/w0").pid);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  auto start = Clock::now();
+  auto dead =
+      rt_->Call(*ref, caf::make_message(echo_atom::value, int64_t{6}), std::chrono::seconds(10));
+  auto took = Clock::now() - start;
+  EXPECT_TRUE(absl::IsUnavailable(dead.status())) << dead.status();
+  EXPECT_LT(took, milliseconds(1000));
+  auto again =
+      rt_->Call(*ref, caf::make_message(echo_atom::value, int64_t{7}), std::chrono::seconds(10));
+  EXPECT_TRUE(absl::IsUnavailable(again.status())) << again.status();
+  EXPECT_LT(Clock::now() - start, milliseconds(2000));
 }
 
 TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsewhere) {

@@ -174,6 +174,42 @@ TEST_F(SecurityTest, AHeadWhoseCertificateNamesAnotherAddressIsRefused) {
   ExpectHeadServes();  // the head whose certificate names 127.0.0.1 still serves
 }
 
+// Runtime::Call goes over the worker's direct channel, which is mutual TLS too: this driver's
+// certificate is accepted; a runtime without TLS, or with another cluster's certificate, gets no
+// reply — its call fails, the handshake refused — and the worker goes on serving.
+TEST_F(SecurityTest, CallsToAWorkersActorAreMutualTlsAndRefuseOutsiders) {
+  auto ref = client_->Spawn("echo", {}, "echo-tls");
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  ASSERT_FALSE(ref->direct.empty());
+  auto echo = [&](Runtime& rt) {
+    return rt.Call(*ref, caf::make_message(echo_atom::value, int64_t{7}));
+  };
+  auto reply = echo(*rt_);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->get_as<int64_t>(0), 7);
+
+  RuntimeOptions plain;
+  plain.network = true;
+  auto outsider = Runtime::Create(ActorRegistry{}, plain);
+  ASSERT_TRUE(outsider.ok()) << outsider.status();
+  auto refused = echo(**outsider);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsUnavailable(refused.status())) << refused.status();
+
+  RuntimeOptions foreign = plain;
+  foreign.tls_ca = dir_ + "/b/ca.pem";
+  foreign.tls_cert = dir_ + "/b/node.pem";
+  foreign.tls_key = dir_ + "/b/node.key";
+  auto stranger = Runtime::Create(ActorRegistry{}, foreign);
+  ASSERT_TRUE(stranger.ok()) << stranger.status();
+  auto unauthenticated = echo(**stranger);
+  EXPECT_TRUE(absl::IsUnauthenticated(unauthenticated.status())) << unauthenticated.status();
+
+  reply = echo(*rt_);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->get_as<int64_t>(0), 7);
+}
+
 TEST(CertificatesTest, MembersAreNamesWithOptionalAddresses) {
   const std::string dir = "/tmp/troupe-certs-" + std::to_string(getpid());
   EXPECT_TRUE(GenerateClusterCertificates(dir, {"n1=10.0.0.1+n1.example.org", "n2"}).ok());

@@ -303,9 +303,10 @@ TEST_F(DirectTest, MalformedPayloadIsAnErrorReply) {
   direct::FrameHeader h;
   std::vector<char> payload;
   auto deadline = Clock::now() + milliseconds(2000);
-  ASSERT_TRUE(direct::ReadFrame(fd, 4096, deadline, &h, &payload).ok());
+  direct::Stream stream(fd);
+  ASSERT_TRUE(direct::ReadFrame(stream, 4096, deadline, &h, &payload).ok());
   EXPECT_EQ(h.kind, direct::FrameKind::kHelloOk);
-  ASSERT_TRUE(direct::ReadFrame(fd, 4096, deadline, &h, &payload).ok());
+  ASSERT_TRUE(direct::ReadFrame(stream, 4096, deadline, &h, &payload).ok());
   EXPECT_EQ(h.kind, direct::FrameKind::kError);
   EXPECT_EQ(h.call_id, 42u);
   absl::Status s = direct::DecodeErrorPayload(payload.data(), payload.size());

@@ -47,6 +47,10 @@ struct ActorRef {
   std::string name;
   uint64_t generation = 0;
   caf::actor handle;
+  // "HOST:PORT" of the direct channel of the process hosting it (troupe/runtime/direct.h), as
+  // the cluster's head hands it out with Spawn and Lookup; "" for an actor of this process or one
+  // whose process has none. Runtime::Call uses it.
+  std::string direct = {};
 };
 
 class Actor : public caf::event_based_actor {

@@ -130,12 +130,14 @@ struct MemberInfo {
   // A worker: the port it listens on at `address` for the cluster's other processes (direct
   // connections, see ClusterClient::ConnectDirectly); 0 for a node.
   int32_t port = 0;
+  // A worker: the port of its direct channel at `address` (Runtime::Call); 0 for a node.
+  int32_t direct_port = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, MemberInfo& x) {
   return f(caf::meta::type_name("troupe.MemberInfo"), x.id, x.kind, x.node, x.state, x.pid,
-           x.resources, x.labels, x.address, x.host, x.port);
+           x.resources, x.labels, x.address, x.host, x.port, x.direct_port);
 }
 
 // What subscribers receive, as (membership_atom, MembershipEvent).
@@ -171,7 +173,8 @@ using membership_atom = caf::atom_constant<caf::atom("tr_member")>;
 
 // The head's named-actor directory, for actors that talk to the head themselves: a request
 // (directory_lookup_atom, name) to ClusterClient::head() is answered with (caf::actor,
-// uint64_t generation, std::string worker), or an error when no such actor is alive. Take
+// uint64_t generation, std::string worker, std::string direct) — direct as in ActorRef — or an
+// error when no such actor is alive. Take
 // handles of other processes' actors from the head: CAF 0.17 routes a message through the
 // process it learned the handle from, and drops it when that route takes more than one hop.
 using directory_lookup_atom = caf::atom_constant<caf::atom("tr_lookup")>;

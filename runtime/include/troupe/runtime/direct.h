@@ -18,8 +18,13 @@
 // deadline; a dead or silent peer fails it with Unavailable (the next Call reconnects).
 // Messages must hold only serializable values (no actor handles); their types must be
 // registered with the same names on both sides, as for CAF's middleman.
-// The channel is plain TCP without authentication: it listens on loopback by default; bind it
-// elsewhere only on a trusted network (the cluster's mutual TLS does not cover it).
+// A runtime with the cluster's TLS files (RuntimeOptions::tls) serves and calls over mutual TLS
+// 1.3: each side presents its certificate and verifies the other's against the cluster CA before
+// the first frame; a peer without one is cut off after the failed handshake. Without them the
+// channel is plain TCP, for loopback or a trusted network only, as the rest of a plain cluster.
+//
+// Inside a cluster every worker serves its actors this way, and Runtime::Call uses it for an
+// ActorRef of another process (ActorRef::direct); this API is for a process of one's own.
 //
 //   // Serving process: its named actors become reachable on a port.
 //   auto server = troupe::runtime::DirectServer::Start(*runtime);          // port 0: ephemeral
@@ -49,6 +54,7 @@ namespace troupe::runtime {
 class Runtime;
 namespace direct {
 class FrameReader;
+class Stream;
 }  // namespace direct
 
 struct DirectServerOptions {
@@ -88,6 +94,9 @@ struct DirectClientOptions {
   Duration call_timeout = std::chrono::seconds(5);     // default deadline of Call()
   Duration connect_timeout = std::chrono::seconds(2);  // connect + hello
   uint32_t max_frame_bytes = 1u << 20;
+  // The incarnation to call: a call reaching another one (the actor restarted) fails with
+  // NotFound instead of reaching it. 0: whichever incarnation holds the name.
+  uint64_t generation = 0;
 };
 
 // A channel to one named actor of a DirectServer. Call() is synchronous and thread-safe (calls
@@ -126,6 +135,7 @@ class DirectClient {
   DirectClientOptions options_;
   std::mutex mu_;  // one call at a time on the socket
   int fd_ = -1;
+  std::unique_ptr<direct::Stream> stream_;  // over fd_, TLS when the runtime has it
   uint32_t next_call_id_ = 1;
   uint64_t calls_ = 0;
   uint64_t reconnects_ = 0;

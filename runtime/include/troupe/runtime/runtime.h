@@ -36,7 +36,8 @@ namespace troupe::runtime {
 
 namespace internal {
 class Context;
-}
+class DirectPool;
+}  // namespace internal
 
 class Runtime {
  public:
@@ -77,6 +78,18 @@ class Runtime {
     return absl::OkStatus();
   }
 
+  // Calls the incarnation `to` names with `request` and returns its reply within `timeout`. An
+  // actor of another process is called over the direct channel of the process hosting it
+  // (ActorRef::direct; mutual TLS when this runtime has the cluster's TLS files): the calling
+  // thread writes the request and reads the reply on a pooled connection, no other thread
+  // involved. Otherwise the request goes through CAF. Thread-safe.
+  // Errors: NotFound (that incarnation is gone: it exited, or restarted and has another
+  // generation: Lookup the name again), Unavailable (its process is dead or cannot be reached,
+  // or no reply within `timeout`), InvalidArgument (it does not handle the message), or the
+  // actor's own error with its code (runtime::StatusToError, status.h).
+  [[nodiscard]] absl::StatusOr<caf::message> Call(const ActorRef& to, const caf::message& request,
+                                                  Duration timeout = std::chrono::seconds(5));
+
   FaultInjector& faults();
   void SetEventSink(EventSink sink);
   // Stops supervisors (reverse start order) and spawned actors, waits for all actors.
@@ -92,6 +105,7 @@ class Runtime {
   std::shared_ptr<internal::Context> ctx_;
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
+  std::unique_ptr<internal::DirectPool> direct_pool_;  // Call's idle connections
   bool shut_down_ = false;
 };
 
