@@ -14,9 +14,8 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 CheckpointWriter::CheckpointWriter(CheckpointStore* store, CheckpointWriterOptions options)
     : store_(store), options_(options) {
-  free_.push_back(std::make_unique<Snapshot>());
-  free_.push_back(std::make_unique<Snapshot>());
   thread_ = std::thread([this] { Run(); });
+  copy_thread_ = std::thread([this] { RunCopies(); });
 }
 
 CheckpointWriter::~CheckpointWriter() {
@@ -24,12 +23,11 @@ CheckpointWriter::~CheckpointWriter() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  copy_thread_.join();  // first: a snapshot it copies still reaches the queue
   thread_.join();
 }
 
-void CheckpointWriter::Copy(const CheckpointManifest& meta, absl::Span<const ShardView> shards,
-                            Snapshot* out) {
-  out->meta = meta;
+void CheckpointWriter::Copy(absl::Span<const ShardView> shards, Snapshot* out) {
   size_t total = 0;
   for (const ShardView& s : shards) {
     const size_t sections = 1 + (s.adam_m != nullptr) + (s.adam_v != nullptr);
@@ -60,35 +58,62 @@ absl::Status CheckpointWriter::Submit(const CheckpointManifest& meta,
       return absl::InvalidArgumentError("CheckpointWriter::Submit: empty or null shard range");
     }
   }
-  std::unique_ptr<Snapshot> buffer;
-  {
-    absl::MutexLock lock(&mu_);
-    if (queued_ != nullptr && options_.when_busy == CheckpointWriterOptions::WhenBusy::kWait) {
-      const auto start = std::chrono::steady_clock::now();
-      mu_.Await(absl::Condition(
-          +[](std::unique_ptr<Snapshot>* q) { return *q == nullptr; }, &queued_));
-      stats_.wait_seconds += SecondsSince(start);
-    }
-    // After the wait: every write before the one now in flight has finished and reported.
-    if (!error_.ok()) {
-      absl::Status error = error_;
-      error_ = absl::OkStatus();
-      return error;
-    }
-    if (queued_ != nullptr) {  // kSupersede: reuse the queued snapshot's buffer
-      buffer = std::move(queued_);
-      ++stats_.superseded;
-    } else {
-      // Two buffers: one may be writing, the queue is empty, so one is free.
-      buffer = std::move(free_.back());
-      free_.pop_back();
-    }
-  }
-  Copy(meta, shards, buffer.get());  // outside the lock: the writer never sees this buffer
+  WaitForSnapshot();  // the previous snapshot's copy, if the caller did not wait for it
   absl::MutexLock lock(&mu_);
-  queued_ = std::move(buffer);
+  if (queued_ != nullptr && options_.when_busy == CheckpointWriterOptions::WhenBusy::kWait) {
+    const auto start = std::chrono::steady_clock::now();
+    mu_.Await(absl::Condition(
+        +[](std::unique_ptr<Snapshot>* q) { return *q == nullptr; }, &queued_));
+    stats_.wait_seconds += SecondsSince(start);
+  }
+  // After the wait: every write before the one now in flight has finished and reported.
+  if (!error_.ok()) {
+    absl::Status error = error_;
+    error_ = absl::OkStatus();
+    return error;
+  }
+  std::unique_ptr<Snapshot> buffer;
+  if (queued_ != nullptr) {  // kSupersede: reuse the queued snapshot's buffer
+    buffer = std::move(queued_);
+    ++stats_.superseded;
+  } else if (!free_.empty()) {
+    buffer = std::move(free_.back());
+    free_.pop_back();
+  } else {  // at most two exist: one writing, this one
+    buffer = std::make_unique<Snapshot>();
+  }
+  buffer->meta = meta;
+  copy_from_.assign(shards.begin(), shards.end());
+  copying_ = std::move(buffer);
   ++stats_.submitted;
   return absl::OkStatus();
+}
+
+void CheckpointWriter::WaitForSnapshot() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](std::unique_ptr<Snapshot>* c) { return *c == nullptr; }, &copying_));
+}
+
+void CheckpointWriter::RunCopies() {
+  for (;;) {
+    Snapshot* snapshot;
+    std::vector<ShardView> from;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CheckpointWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+            return w->copying_ != nullptr || w->stopping_;
+          },
+          this));
+      if (copying_ == nullptr) return;  // stopping with nothing left
+      snapshot = copying_.get();
+      from.swap(copy_from_);
+    }
+    Copy(from, snapshot);  // outside the lock: only this thread touches the buffer now
+    absl::MutexLock lock(&mu_);
+    queued_ = std::move(copying_);  // Submit left the queue empty (it waited, or took it over)
+  }
 }
 
 void CheckpointWriter::Run() {
@@ -98,7 +123,7 @@ void CheckpointWriter::Run() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](CheckpointWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
-            return w->queued_ != nullptr || w->stopping_;
+            return w->queued_ != nullptr || (w->stopping_ && w->copying_ == nullptr);
           },
           this));
       if (queued_ == nullptr) return;  // stopping with nothing left
@@ -125,8 +150,9 @@ void CheckpointWriter::Run() {
 absl::Status CheckpointWriter::Flush() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](CheckpointWriter* w)
-           ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return w->queued_ == nullptr && !w->writing_; },
+      +[](CheckpointWriter* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+        return w->copying_ == nullptr && w->queued_ == nullptr && !w->writing_;
+      },
       this));
   absl::Status error = error_;
   error_ = absl::OkStatus();

@@ -70,6 +70,7 @@ TEST(CheckpointWriterTest, WritesEverySnapshotAsItWasAtSubmit) {
     live = MakeState(kN, static_cast<uint32_t>(step));
     expected.push_back(live);
     ASSERT_TRUE(writer.Submit(Meta(kN, step, 2), SplitEven(live, 2)).ok());
+    writer.WaitForSnapshot();
     // Training goes on and overwrites its buffers at once: the snapshot must not change.
     std::fill(live.params.begin(), live.params.end(), -1.0f);
     std::fill(live.v.begin(), live.v.end(), -2.0f);

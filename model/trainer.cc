@@ -27,7 +27,7 @@ Trainer::Trainer(const TrainerOptions& options, Gpt model, const DataSource* dat
       v_(model_.num_params(), 0.0f),
       step_grad_(model_.num_params(), 0.0f) {}
 
-absl::StatusOr<double> Trainer::Step() {
+absl::StatusOr<double> Trainer::Step(const std::function<void()>& before_update) {
   const DataSourceOptions& d = data_->options();
   const int64_t tokens_per_step = int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len;
   const float loss_weight = 1.0f / static_cast<float>(tokens_per_step);
@@ -48,6 +48,7 @@ absl::StatusOr<double> Trainer::Step() {
   last_grad_norm_ = GradNorm(step_grad_.data(), model_.num_params());
   const kernels::AdamWScalars scalars =
       StepScalars(options_.adamw, options_.schedule, step_, last_grad_norm_);
+  if (before_update) before_update();
   AdamWUpdateRange(model_.layout(), 0, model_.num_params(), model_.params(), step_grad_.data(),
                    m_.data(), v_.data(), options_.adamw, scalars);
   ++step_;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "test_files.h"
 #include "troupe/model/rng.h"
@@ -53,6 +55,39 @@ TEST(TrainerTest, LossFallsAndSaveRestoreResumesBitIdentically) {
   const absl::Status s = c->Restore(dir + "/state.bin");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("config: expected"), absl::string_view::npos) << s;
+}
+
+// before_update runs once per step, after the passes and before AdamW: the parameters and
+// moments it sees are still the step's inputs (what a checkpoint of the previous step holds), and
+// a step with it is bit-identical to one without.
+TEST(TrainerTest, BeforeUpdateRunsOnceAfterThePassesBeforeTheStateChanges) {
+  const std::string dir = testing::MakeTempDir();
+  const int32_t vocab = 29;
+  auto data = DataSource::Open({WriteShard(dir, vocab)}, vocab, {16, 4, 2, 5});
+  ASSERT_TRUE(data.ok()) << data.status();
+  TrainerOptions options;
+  options.config = {vocab, 16, 1, 2, 16};
+  auto with = Trainer::Create(options, &*data);
+  auto without = Trainer::Create(options, &*data);
+  ASSERT_TRUE(with.ok() && without.ok());
+  const int64_t n = with->model().num_params();
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> params(with->model().params(), with->model().params() + n);
+    const std::vector<float> v = with->adam_v();
+    int calls = 0;
+    bool unchanged = false;
+    absl::StatusOr<double> loss = with->Step([&] {
+      ++calls;
+      unchanged = std::memcmp(params.data(), with->model().params(), n * sizeof(float)) == 0 &&
+                  with->adam_v() == v;
+    });
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_EQ(calls, 1);
+    EXPECT_TRUE(unchanged) << "step " << step;
+    EXPECT_NE(0, std::memcmp(params.data(), with->model().params(), n * sizeof(float)));
+    EXPECT_EQ(*loss, *without->Step());
+  }
+  EXPECT_EQ(0, std::memcmp(with->model().params(), without->model().params(), n * sizeof(float)));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #define TROUPE_MODEL_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,10 @@ class Trainer {
   [[nodiscard]] static absl::StatusOr<Trainer> Create(const TrainerOptions& options,
                                                       const DataSource* data);
 
-  // Runs step step() and advances; returns the step's mean loss.
-  [[nodiscard]] absl::StatusOr<double> Step();
+  // Runs step step() and advances; returns the step's mean loss. `before_update`, if set, runs
+  // after the passes (which only read the parameters and moments) and before AdamW changes them:
+  // e.g. CheckpointWriter::WaitForSnapshot, whose copy of the state then overlaps the passes.
+  [[nodiscard]] absl::StatusOr<double> Step(const std::function<void()>& before_update = {});
 
   int64_t step() const { return step_; }
   double last_grad_norm() const { return last_grad_norm_; }
