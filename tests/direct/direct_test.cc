@@ -243,6 +243,35 @@ TEST_F(DirectTest, OversizedLengthIsCutOffBeforeAndAfterHello) {
   EXPECT_EQ(EchoValue(client->Call(caf::make_message(echo_atom::value, int64_t{3}))), 3);
 }
 
+// A hello may bind the connection to one incarnation: the right generation is served, another
+// is NotFound naming both, and a generation of the wrong length is a protocol error.
+TEST_F(DirectTest, AHelloBindsAGenerationAndAMalformedOneIsCutOff) {
+  ServerProcess server;
+  DirectClientOptions o;
+  o.generation = 1;  // echo-1's first and only incarnation
+  auto bound = Connect(server, o);
+  ASSERT_NE(bound, nullptr);
+  EXPECT_EQ(EchoValue(bound->Call(caf::make_message(echo_atom::value, int64_t{5}))), 5);
+  o.generation = 99;
+  auto stale = DirectClient::Connect(*runtime_, "127.0.0.1", server.port(), "echo-1", o);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_TRUE(absl::IsNotFound(stale.status())) << stale.status();
+  EXPECT_NE(stale.status().message().find("generation 99 is gone"), std::string::npos)
+      << stale.status();
+  int fd = RawSocket(server);
+  std::string hello(direct::kHeaderBytes, '\0');
+  const std::string payload = std::string("echo-1") + '\0' + "abc";  // 3 bytes, not 8
+  direct::EncodeHeader({direct::FrameKind::kHello, static_cast<uint32_t>(payload.size()), 0},
+                       hello.data());
+  hello += payload;
+  ASSERT_EQ(write(fd, hello.data(), hello.size()), static_cast<ssize_t>(hello.size()));
+  auto [bytes, closed] = ReadUntilClosed(fd, milliseconds(1000));
+  EXPECT_TRUE(closed);
+  EXPECT_NE(ErrorText(bytes).find("8-byte generation"), std::string::npos) << ErrorText(bytes);
+  close(fd);
+  EXPECT_EQ(EchoValue(bound->Call(caf::make_message(echo_atom::value, int64_t{6}))), 6);
+}
+
 // The server's writes time out after 2 s of no progress and the connection is cut.
 TEST_F(DirectTest, ClientThatNeverReadsIsCutOff) {
   ServerProcess server;
