@@ -9,7 +9,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <list>
@@ -285,30 +284,16 @@ absl::StatusOr<DirectServer::Impl::Hello> DirectServer::Impl::Handshake(Wire& wi
       !s.ok()) {
     return s;
   }
-  if (h.kind != FrameKind::kHello || h.length == 0 ||
-      h.length > direct::kMaxActorName + 1 + sizeof(uint64_t)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("direct channel: expected a hello frame (kind 1) naming an actor in 1..",
-                     direct::kMaxActorName, " bytes, got kind ", static_cast<int>(h.kind), " with ",
-                     h.length, " bytes"));
+  if (h.kind != FrameKind::kHello || h.length == 0 || h.length > direct::kMaxHelloBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "direct channel: expected a hello frame (kind 1) of 1..", direct::kMaxHelloBytes,
+        " bytes, got kind ", static_cast<int>(h.kind), " with ", h.length, " bytes"));
   }
   Hello hello;
-  auto nul = std::find(payload.begin(), payload.end(), '\0');
-  hello.name.assign(payload.begin(), nul);
-  if (nul != payload.end()) {
-    if (payload.end() - nul != 1 + sizeof(uint64_t) || hello.name.empty()) {
-      return absl::InvalidArgumentError(
-          "direct channel: a hello frame's name must be followed by nothing or by a NUL byte and "
-          "an 8-byte generation");
-    }
-    for (size_t i = 0; i < sizeof(uint64_t); ++i) {
-      hello.generation |= uint64_t{static_cast<uint8_t>(nul[1 + i])} << (8 * i);
-    }
-  }
-  if (hello.name.size() > direct::kMaxActorName) {
-    return absl::InvalidArgumentError(absl::StrCat("direct channel: actor name has ",
-                                                   hello.name.size(), " bytes, expected 1..",
-                                                   direct::kMaxActorName));
+  if (absl::Status s = direct::DecodeHelloPayload(payload.data(), payload.size(), &hello.name,
+                                                  &hello.generation);
+      !s.ok()) {
+    return s;
   }
   return hello;
 }

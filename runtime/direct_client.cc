@@ -43,6 +43,9 @@ absl::StatusOr<std::unique_ptr<DirectClient>> DirectClient::Connect(Runtime& run
                                                    direct::kMaxActorName, " bytes, got ",
                                                    actor.size()));
   }
+  if (actor.find('\0') != std::string::npos) {  // the hello frame ends the name at a NUL
+    return absl::InvalidArgumentError("DirectClient: actor name must not contain a NUL byte");
+  }
   std::unique_ptr<DirectClient> c(new DirectClient(runtime, host, port, actor, options));
   std::lock_guard<std::mutex> l(c->mu_);
   if (absl::Status s = c->EnsureConnected(); !s.ok()) return s;
@@ -63,16 +66,8 @@ absl::Status DirectClient::EnsureConnected() {
       !s.ok()) {
     return s;
   }
-  std::vector<char> hello(kHeaderBytes);
-  hello.insert(hello.end(), actor_.begin(), actor_.end());
-  if (options_.generation != 0) {
-    hello.push_back('\0');
-    for (size_t i = 0; i < sizeof(uint64_t); ++i) {
-      hello.push_back(static_cast<char>((options_.generation >> (8 * i)) & 0xff));
-    }
-  }
-  direct::EncodeHeader({FrameKind::kHello, static_cast<uint32_t>(hello.size() - kHeaderBytes), 0},
-                       hello.data());
+  std::vector<char> hello;
+  direct::AppendHelloFrame(actor_, options_.generation, &hello);
   FrameHeader h;
   std::vector<char> payload;
   auto deadline = std::chrono::steady_clock::now() + options_.connect_timeout;

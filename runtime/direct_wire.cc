@@ -31,6 +31,13 @@ uint32_t Get32(const char* p) {
   return v;
 }
 
+void Put64(uint64_t v, char* p) {
+  Put32(static_cast<uint32_t>(v), p);
+  Put32(static_cast<uint32_t>(v >> 32), p + 4);
+}
+
+uint64_t Get64(const char* p) { return uint64_t{Get32(p)} | (uint64_t{Get32(p + 4)} << 32); }
+
 std::string Hex(uint32_t v) {
   char buf[16];
   snprintf(buf, sizeof(buf), "0x%08x", v);
@@ -86,6 +93,38 @@ absl::Status DecodeHeader(const char* in, uint32_t max_payload, FrameHeader* out
   out->kind = static_cast<FrameKind>(kind);
   out->length = length;
   out->call_id = Get32(in + 12);
+  return absl::OkStatus();
+}
+
+void AppendHelloFrame(const std::string& actor, uint64_t generation, std::vector<char>* out) {
+  const size_t length = actor.size() + (generation != 0 ? 1 + sizeof(uint64_t) : 0);
+  size_t at = out->size();
+  out->resize(at + kHeaderBytes + length);
+  char* p = out->data() + at;
+  EncodeHeader({FrameKind::kHello, static_cast<uint32_t>(length), 0}, p);
+  std::memcpy(p + kHeaderBytes, actor.data(), actor.size());
+  if (generation != 0) {
+    p[kHeaderBytes + actor.size()] = '\0';
+    Put64(generation, p + kHeaderBytes + actor.size() + 1);
+  }
+}
+
+absl::Status DecodeHelloPayload(const char* data, size_t size, std::string* actor,
+                                uint64_t* generation) {
+  const char* nul = static_cast<const char*>(std::memchr(data, '\0', size));
+  const size_t name_bytes = nul != nullptr ? static_cast<size_t>(nul - data) : size;
+  if (name_bytes == 0 || name_bytes > kMaxActorName) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("direct channel: a hello frame names an actor in 1..", kMaxActorName,
+                     " bytes, got ", name_bytes));
+  }
+  if (nul != nullptr && size - name_bytes != 1 + sizeof(uint64_t)) {
+    return absl::InvalidArgumentError(
+        "direct channel: a hello frame's name must be followed by nothing or by a NUL byte and "
+        "an 8-byte generation");
+  }
+  actor->assign(data, name_bytes);
+  *generation = nul != nullptr ? Get64(nul + 1) : 0;
   return absl::OkStatus();
 }
 

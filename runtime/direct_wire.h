@@ -63,6 +63,16 @@ void EncodeHeader(const FrameHeader& h, char* out);
 // arrived (bad magic, version, kind, reserved bits, or a length above `max_payload`).
 [[nodiscard]] absl::Status DecodeHeader(const char* in, uint32_t max_payload, FrameHeader* out);
 
+// Appends a complete kHello frame binding a connection to `actor` (1..kMaxActorName bytes, no
+// NUL) and, when `generation` is not 0, to that incarnation only.
+void AppendHelloFrame(const std::string& actor, uint64_t generation, std::vector<char>* out);
+// Decodes a kHello payload; InvalidArgument saying what is wrong (empty or oversized name, a
+// generation that is not 8 bytes).
+[[nodiscard]] absl::Status DecodeHelloPayload(const char* data, size_t size, std::string* actor,
+                                              uint64_t* generation);
+// The largest kHello payload: a name, a NUL and a generation.
+constexpr size_t kMaxHelloBytes = kMaxActorName + 1 + sizeof(uint64_t);
+
 // Appends a complete kError frame carrying `status` to `out`.
 void AppendErrorFrame(const absl::Status& status, uint32_t call_id, std::vector<char>* out);
 // Decodes a kError payload back into a status (DataLoss if it is too short).

@@ -1,5 +1,5 @@
 // The direct channel's frame header: round trip, and every kind of bad header rejected with a
-// message naming the field.
+// message naming the field; the error and hello payloads.
 #include "direct_wire.h"
 
 #include <gtest/gtest.h>
@@ -62,6 +62,37 @@ TEST(DirectWire, ErrorFrameCarriesCodeAndText) {
   EXPECT_TRUE(absl::IsNotFound(s));
   EXPECT_EQ(s.message(), "no actor named 'x'");
   EXPECT_TRUE(absl::IsDataLoss(DecodeErrorPayload(out.data(), 3)));
+}
+
+TEST(DirectWire, HelloFrameCarriesTheNameAndAnOptionalGeneration) {
+  for (uint64_t generation : {uint64_t{0}, uint64_t{7}, ~uint64_t{0}}) {
+    std::vector<char> out;
+    AppendHelloFrame("echo-1", generation, &out);
+    FrameHeader h;
+    ASSERT_TRUE(DecodeHeader(out.data(), kDefaultMaxPayload, &h).ok());
+    EXPECT_EQ(h.kind, FrameKind::kHello);
+    ASSERT_EQ(out.size(), kHeaderBytes + h.length);
+    EXPECT_EQ(h.length, generation == 0 ? 6u : 15u);
+    std::string name;
+    uint64_t got = 1;
+    ASSERT_TRUE(DecodeHelloPayload(out.data() + kHeaderBytes, h.length, &name, &got).ok());
+    EXPECT_EQ(name, "echo-1");
+    EXPECT_EQ(got, generation);
+  }
+  std::string name;
+  uint64_t generation = 0;
+  const std::string short_generation = std::string("echo-1") + '\0' + "abc";
+  absl::Status s =
+      DecodeHelloPayload(short_generation.data(), short_generation.size(), &name, &generation);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_NE(s.message().find("8-byte generation"), std::string::npos) << s;
+  const std::string no_name = std::string(1, '\0') + std::string(8, 'g');
+  s = DecodeHelloPayload(no_name.data(), no_name.size(), &name, &generation);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_NE(s.message().find("got 0"), std::string::npos) << s;
+  const std::string long_name(kMaxActorName + 1, 'n');
+  s = DecodeHelloPayload(long_name.data(), long_name.size(), &name, &generation);
+  EXPECT_NE(s.message().find("got 257"), std::string::npos) << s;
 }
 
 }  // namespace
