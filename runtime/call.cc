@@ -49,26 +49,37 @@ absl::StatusOr<caf::message> CallThroughCaf(caf::actor_system& sys, const ActorR
   }
   caf::message reply = future.get();
   if (reply.match_elements<caf::error>()) {
-    const auto& err = reply.get_as<caf::error>(0);
-    if (err == caf::sec::request_receiver_down) {
-      return absl::NotFoundError(absl::StrCat("actor '", to.name, "' has exited"));
-    }
-    absl::Status s = ErrorToStatus(err);
-    return absl::Status(s.code(), absl::StrCat("actor '", to.name, "' failed: ", s.message()));
+    return internal::ActorErrorToStatus(reply.get_as<caf::error>(0), to.name);
   }
   return reply;
 }
 
 }  // namespace
 
+namespace internal {
+
+absl::Status ActorErrorToStatus(const caf::error& err, const std::string& actor) {
+  if (err == caf::sec::request_receiver_down) {
+    return absl::NotFoundError(absl::StrCat("actor '", actor, "' has exited"));
+  }
+  absl::Status s = ErrorToStatus(err);
+  return absl::Status(s.code(), absl::StrCat("actor '", actor, "' failed: ", s.message()));
+}
+
+absl::Status GenerationGone(const std::string& name, uint64_t wanted, uint64_t now) {
+  return absl::NotFoundError(absl::StrCat("actor '", name, "' generation ", wanted,
+                                          " is gone (the name has generation ", now,
+                                          " now): look it up again"));
+}
+
+}  // namespace internal
+
 absl::StatusOr<caf::message> Runtime::Call(const ActorRef& to, const caf::message& request,
                                            Duration timeout) {
   if (shut_down_) return absl::FailedPreconditionError("Call: the runtime is shut down");
   if (auto local = ctx_->Lookup(to.name)) {
     if (to.generation != 0 && local->generation != to.generation) {
-      return absl::NotFoundError(absl::StrCat("actor '", to.name, "' generation ", to.generation,
-                                              " is gone (the name has generation ",
-                                              local->generation, " now): look it up again"));
+      return internal::GenerationGone(to.name, to.generation, local->generation);
     }
     if (local->handle == to.handle) return CallThroughCaf(*system_, to, request, timeout);
   }

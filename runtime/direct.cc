@@ -18,6 +18,7 @@
 #include "caf/actor_companion.hpp"
 #include "caf/all.hpp"
 #include "direct_wire.h"
+#include "internal/direct_pool.h"
 #include "internal/tls.h"
 #include "troupe/runtime/runtime.h"
 #include "troupe/runtime/status.h"
@@ -104,16 +105,6 @@ std::vector<char> ErrorFrame(const absl::Status& s, uint32_t call_id) {
   std::vector<char> out;
   direct::AppendErrorFrame(s, call_id, &out);
   return out;
-}
-
-// An actor's error reply as the Status the client gets: its code kept (StatusToError), the
-// actor named.
-absl::Status FromCafError(const caf::error& err, const std::string& actor) {
-  if (err == caf::sec::request_receiver_down) {
-    return absl::NotFoundError(absl::StrCat("actor '", actor, "' has exited"));
-  }
-  absl::Status s = ErrorToStatus(err);
-  return absl::Status(s.code(), absl::StrCat("actor '", actor, "' failed: ", s.message()));
 }
 
 }  // namespace
@@ -301,9 +292,7 @@ absl::StatusOr<DirectServer::Impl::Hello> DirectServer::Impl::Handshake(Wire& wi
 absl::StatusOr<ActorRef> DirectServer::Impl::Resolve(const Hello& hello) {
   auto ref = rt_.Lookup(hello.name);
   if (ref.ok() && hello.generation != 0 && ref->generation != hello.generation) {
-    return absl::NotFoundError(absl::StrCat("actor '", hello.name, "' generation ",
-                                            hello.generation, " is gone (the name has generation ",
-                                            ref->generation, " now): look it up again"));
+    return internal::GenerationGone(hello.name, hello.generation, ref->generation);
   }
   return ref;
 }
@@ -347,7 +336,7 @@ caf::actor DirectServer::Impl::MakeReplySink(std::shared_ptr<Wire> wire, std::st
     caf::message reply = ptr->move_content_to_message();
     std::vector<char> out(kHeaderBytes);
     if (reply.match_elements<caf::error>()) {
-      out = ErrorFrame(FromCafError(reply.get_as<caf::error>(0), actor), call_id);
+      out = ErrorFrame(internal::ActorErrorToStatus(reply.get_as<caf::error>(0), actor), call_id);
     } else if (caf::binary_serializer ser{*sys, out}; auto err = ser(reply)) {
       out = ErrorFrame(absl::InternalError(absl::StrCat("cannot serialize the reply of '", actor,
                                                         "': ", sys->render(err))),

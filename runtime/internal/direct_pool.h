@@ -1,4 +1,5 @@
-// internal/direct_pool.h — Runtime::Call's idle direct connections (see runtime/call.cc).
+// internal/direct_pool.h — Runtime::Call's idle direct connections (see runtime/call.cc), and
+// the errors a call and the direct server (direct.cc) report the same way.
 #ifndef TROUPE_RUNTIME_INTERNAL_DIRECT_POOL_H_
 #define TROUPE_RUNTIME_INTERNAL_DIRECT_POOL_H_
 
@@ -12,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "caf/error.hpp"
 #include "caf/message.hpp"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/cluster.h"
@@ -20,6 +22,12 @@
 namespace troupe::runtime {
 class Runtime;
 namespace internal {
+
+// An actor's error reply as the Status its caller gets: its code kept (StatusToError), the actor
+// named; an actor gone before it answered is NotFound.
+absl::Status ActorErrorToStatus(const caf::error& err, const std::string& actor);
+// A call bound to generation `wanted` of `name`, which generation `now` holds: NotFound.
+absl::Status GenerationGone(const std::string& name, uint64_t wanted, uint64_t now);
 
 // Idle direct connections by (endpoint, actor, generation). A call takes one (or opens one) and
 // gives it back, so calls from several threads run side by side, each on its own socket.
