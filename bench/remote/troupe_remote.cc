@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -86,8 +87,9 @@ int Cluster(double seconds, bool tls, bool through_caf) {
   ro.log_events = false;
   rt::LocalCluster::Options o;
   o.workers = 1;
+  char dir[] =
+      "/tmp/troupe-bench-certs-XXXXXX";  // with --tls: the certificates, removed at the end
   if (tls) {
-    char dir[] = "/tmp/troupe-bench-certs-XXXXXX";
     if (mkdtemp(dir) == nullptr) return Fail(absl::InternalError("mkdtemp"));
     if (absl::Status s = rt::GenerateClusterCertificates(dir, {"member"}); !s.ok()) return Fail(s);
     ro.tls_ca = std::string(dir) + "/ca.pem";
@@ -121,6 +123,7 @@ int Cluster(double seconds, bool tls, bool through_caf) {
         return reply.ok() && reply->match_elements<int64_t>() && reply->get_as<int64_t>(0) == x;
       },
       seconds);
+  if (tls) std::filesystem::remove_all(dir);  // every process has read them by now
   int rc = bench_remote::Print(stats);
   std::fflush(nullptr);
   _exit(rc);  // the cluster's processes die with this one
