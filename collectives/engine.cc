@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <time.h>
+
 #include <cstring>
 
 #include "absl/strings/cord.h"
@@ -58,6 +60,14 @@ void Communicator::AbortForGeneration(uint64_t new_generation) {
 namespace {
 
 constexpr auto kExecutorPoll = std::chrono::milliseconds(1);
+
+// The clock deadlines are set by: a few milliseconds coarse (a timeout is seconds), read without
+// the cost of a precise clock read at every operation.
+absl::Time CoarseNow() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return absl::TimeFromTimespec(ts);
+}
 
 absl::Status CheckBuffer(const char* op, const char* name, const Buffer& b) {
   if (b.count > 0 && b.data == nullptr) {
@@ -148,29 +158,29 @@ void Engine::Abort(absl::Status status) {
   cv_.notify_all();
 }
 
-Work Engine::Submit(const CollectiveOptions& o, Fn fn, PostFn post) {
+Work Engine::Submit(Item item) {
   auto state = std::make_shared<Work::State>();
   state->helper = helper_;
+  item.state = state;
+  item.deadline = CoarseNow() + item.o.timeout;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
     // Only collectives take a sequence number (their message tags derive from it): ranks issue
     // different point-to-point operations, and counting those would shift every later collective's
     // tags on some ranks only.
-    const uint64_t seq = fn ? next_seq_++ : 0;
-    queue_.push_back(Item{std::move(fn), std::move(post), seq, absl::Now() + o.timeout, state});
+    item.seq = item.point_to_point() ? 0 : next_seq_++;
+    item.ticket = next_ticket_++;
+    queue_.push_back(std::move(item));
   }
   // No notify: a caller that waits runs the operation itself (a thread hand-off costs tens of
   // microseconds on a busy 2-vCPU host); the executor thread polls the queue every
-  // kExecutorPoll and runs operations nobody waits for yet (asynchronous progress).
+  // kExecutorPoll and runs operations nobody has come to wait for since (asynchronous progress).
   return Work(state);
 }
 
 void Engine::Complete(Item& item, absl::Status st) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ++ops_completed_;
-  }
+  ops_completed_.fetch_add(1, std::memory_order_relaxed);
   item.state->status = std::move(st);
   item.state->done.Notify();
 }
@@ -238,8 +248,8 @@ bool Engine::RunOne() {
   c.t = transport_.get();
   c.seq = item.seq;
   c.deadline = item.deadline;
-  if (item.post) {
-    absl::StatusOr<ReqId> id = item.post(c);
+  if (item.point_to_point()) {
+    absl::StatusOr<ReqId> id = Post(c, item);
     if (!id.ok()) {
       FailOp(id.status());
       Complete(item, failed_copy());
@@ -249,7 +259,7 @@ bool Engine::RunOne() {
     }
     return true;
   }
-  absl::Status st = item.fn(c);
+  absl::Status st = Execute(c, item);
   if (!st.ok()) {
     FailOp(st);
     st = failed_copy();
@@ -268,7 +278,9 @@ void Engine::Help(const Work::State* target) {
 }
 
 void Engine::Run() {
+  uint64_t seen = 0;  // tickets below this were queued before the previous poll
   for (;;) {
+    bool stop, stale;
     {
       std::unique_lock<std::mutex> l(mu_);
       if (has_p2p_ && queue_.empty() && !stop_) {
@@ -277,8 +289,21 @@ void Engine::Run() {
         cv_.wait_for(l, kExecutorPoll, [&] { return stop_ || has_p2p_.load(); });
       }
       if (stop_ && queue_.empty() && !has_p2p_) break;
+      stop = stop_;
+      // Only an operation that waited a whole poll is taken: one just queued is the caller's to
+      // run when it waits, and taking it would make that caller sleep on exec_mu_ instead.
+      stale = !queue_.empty() && queue_.front().ticket < seen;
+      seen = next_ticket_;
     }
-    std::unique_lock<std::mutex> ex(exec_mu_);
+    if (!stale && !has_p2p_ && !stop) continue;
+    // A caller that holds exec_mu_ is running operations: nothing to do (blocking here would
+    // wake this thread after each of them, on the vCPU a peer rank may be polling on).
+    std::unique_lock<std::mutex> ex(exec_mu_, std::defer_lock);
+    if (stop) {
+      ex.lock();
+    } else if (!ex.try_lock()) {
+      continue;
+    }
     while (RunOne()) {
       std::lock_guard<std::mutex> l(mu_);
       if (queue_.empty()) break;
@@ -305,7 +330,38 @@ Work Engine::AllReduce(Buffer in, Buffer out, ReduceOp op, const CollectiveOptio
           absl::InvalidArgumentError("AllReduce: compression expects op kSum or kAvg, got kMax"));
     }
   }
-  return Submit(o, [=](const OpContext& c) { return RunAllReduce(c, in, out, op, o); });
+  Item item;
+  item.kind = Kind::kAllReduce;
+  item.in = in;
+  item.out = out;
+  item.op = op;
+  item.o = o;
+  return Submit(std::move(item));
+}
+
+absl::Status Engine::Execute(const OpContext& c, const Item& item) {
+  switch (item.kind) {
+    case Kind::kAllReduce:
+      return RunAllReduce(c, item.in, item.out, item.op, item.o);
+    case Kind::kReduceScatter:
+      return RunReduceScatter(c, item.in, item.out, item.op, item.o);
+    case Kind::kAllGather:
+      return RunAllGather(c, item.in, item.out);
+    case Kind::kBroadcast:
+      return RunBroadcast(c, item.in, item.peer, item.o);
+    case Kind::kBarrier:
+      return DisseminationBarrier(c, 0);
+    case Kind::kSend:
+    case Kind::kRecv:
+      break;
+  }
+  return absl::InternalError("collectives: a point-to-point operation run as a collective");
+}
+
+absl::StatusOr<ReqId> Engine::Post(const OpContext& c, const Item& item) {
+  const Buffer& b = item.in;
+  return item.kind == Kind::kSend ? c.t->PostSend(item.peer, UserTag(item.tag), b.data, b.bytes())
+                                  : c.t->PostRecv(item.peer, UserTag(item.tag), b.data, b.bytes());
 }
 
 absl::Status Engine::RunAllReduce(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
@@ -376,7 +432,13 @@ Work Engine::ReduceScatter(Buffer in, Buffer out, ReduceOp op, const CollectiveO
     return Work::Done(absl::InvalidArgumentError(
         "ReduceScatter: compression expected kNone (supported by AllReduce only)"));
   }
-  return Submit(o, [=](const OpContext& c) { return RunReduceScatter(c, in, out, op, o); });
+  Item item;
+  item.kind = Kind::kReduceScatter;
+  item.in = in;
+  item.out = out;
+  item.op = op;
+  item.o = o;
+  return Submit(std::move(item));
 }
 
 absl::Status Engine::RunReduceScatter(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
@@ -416,16 +478,23 @@ Work Engine::AllGather(Buffer in, Buffer out, const CollectiveOptions& o) {
                              out.count)}) {
     if (!st.ok()) return Work::Done(st);
   }
-  return Submit(o, [=](const OpContext& c) {
-    const int n = size(), r = rank();
-    const size_t bytes = in.bytes();
-    uint8_t* w = static_cast<uint8_t*>(out.data);
-    if (bytes == 0) return absl::OkStatus();
-    if (in.data != w + r * bytes) std::memmove(w + r * bytes, in.data, bytes);
-    std::vector<size_t> off(n + 1);
-    for (int i = 0; i <= n; ++i) off[i] = bytes * i;
-    return AllGatherSegments(c, w, off, 0);
-  });
+  Item item;
+  item.kind = Kind::kAllGather;
+  item.in = in;
+  item.out = out;
+  item.o = o;
+  return Submit(std::move(item));
+}
+
+absl::Status Engine::RunAllGather(const OpContext& c, Buffer in, Buffer out) {
+  const int n = size(), r = rank();
+  const size_t bytes = in.bytes();
+  uint8_t* w = static_cast<uint8_t*>(out.data);
+  if (bytes == 0) return absl::OkStatus();
+  if (in.data != w + r * bytes) std::memmove(w + r * bytes, in.data, bytes);
+  std::vector<size_t> off(n + 1);
+  for (int i = 0; i <= n; ++i) off[i] = bytes * i;
+  return AllGatherSegments(c, w, off, 0);
 }
 
 Work Engine::Broadcast(Buffer buf, int root, const CollectiveOptions& o) {
@@ -434,13 +503,21 @@ Work Engine::Broadcast(Buffer buf, int root, const CollectiveOptions& o) {
     return Work::Done(absl::InvalidArgumentError(
         absl::StrCat("Broadcast: root expected in [0, ", size(), "), got ", root)));
   }
-  return Submit(o, [=](const OpContext& c) {
-    uint8_t* p = static_cast<uint8_t*>(buf.data);
-    if (buf.bytes() <= o.small_bytes || size() <= 2) {
-      return BinomialBroadcast(c, p, buf.bytes(), root, 0);
-    }
-    return ScatterAllGatherBroadcast(c, p, buf.bytes(), root, 0);
-  });
+  Item item;
+  item.kind = Kind::kBroadcast;
+  item.in = buf;
+  item.peer = root;
+  item.o = o;
+  return Submit(std::move(item));
+}
+
+absl::Status Engine::RunBroadcast(const OpContext& c, Buffer buf, int root,
+                                  const CollectiveOptions& o) {
+  uint8_t* p = static_cast<uint8_t*>(buf.data);
+  if (buf.bytes() <= o.small_bytes || size() <= 2) {
+    return BinomialBroadcast(c, p, buf.bytes(), root, 0);
+  }
+  return ScatterAllGatherBroadcast(c, p, buf.bytes(), root, 0);
 }
 
 Work Engine::Send(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o) {
@@ -449,9 +526,13 @@ Work Engine::Send(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o
     return Work::Done(absl::InvalidArgumentError(absl::StrCat(
         "Send: peer expected in [0, ", size(), ") and not this rank ", rank(), ", got ", peer)));
   }
-  return Submit(o, nullptr, [=](const OpContext& c) {
-    return c.t->PostSend(peer, UserTag(tag), buf.data, buf.bytes());
-  });
+  Item item;
+  item.kind = Kind::kSend;
+  item.in = buf;
+  item.peer = peer;
+  item.tag = tag;
+  item.o = o;
+  return Submit(std::move(item));
 }
 
 Work Engine::Recv(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o) {
@@ -460,13 +541,20 @@ Work Engine::Recv(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o
     return Work::Done(absl::InvalidArgumentError(absl::StrCat(
         "Recv: peer expected in [0, ", size(), ") and not this rank ", rank(), ", got ", peer)));
   }
-  return Submit(o, nullptr, [=](const OpContext& c) {
-    return c.t->PostRecv(peer, UserTag(tag), buf.data, buf.bytes());
-  });
+  Item item;
+  item.kind = Kind::kRecv;
+  item.in = buf;
+  item.peer = peer;
+  item.tag = tag;
+  item.o = o;
+  return Submit(std::move(item));
 }
 
 Work Engine::Barrier(const CollectiveOptions& o) {
-  return Submit(o, [](const OpContext& c) { return DisseminationBarrier(c, 0); });
+  Item item;
+  item.kind = Kind::kBarrier;
+  item.o = o;
+  return Submit(std::move(item));
 }
 
 CommStats Engine::stats() const {
@@ -474,8 +562,7 @@ CommStats Engine::stats() const {
   s.bytes_sent = transport_->bytes_sent();
   s.bytes_received = transport_->bytes_received();
   s.messages_sent = transport_->messages_sent();
-  std::lock_guard<std::mutex> l(mu_);
-  s.ops_completed = ops_completed_;
+  s.ops_completed = ops_completed_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -13,7 +13,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -52,17 +51,35 @@ class Engine : public Communicator {
   void Shutdown();
 
  private:
-  using Fn = std::function<absl::Status(const OpContext&)>;
-  using PostFn = std::function<absl::StatusOr<ReqId>(const OpContext&)>;
+  // One queued operation, described by value (no closure to allocate per operation).
+  enum class Kind : uint8_t {
+    kAllReduce,
+    kReduceScatter,
+    kAllGather,
+    kBroadcast,
+    kBarrier,
+    kSend,
+    kRecv
+  };
   struct Item {
-    Fn fn;
-    PostFn post;  // point-to-point: posted, then completed in the background
-    uint64_t seq;
+    Kind kind = Kind::kBarrier;
+    Buffer in, out;  // Broadcast / Send / Recv: `in`
+    ReduceOp op = ReduceOp::kSum;
+    int peer = 0;  // Broadcast: the root; Send / Recv: the peer
+    uint32_t tag = 0;
+    CollectiveOptions o;
+    uint64_t seq = 0;
+    uint64_t ticket = 0;  // order of submission, every operation
     absl::Time deadline;
     std::shared_ptr<Work::State> state;
+    bool point_to_point() const { return kind == Kind::kSend || kind == Kind::kRecv; }
   };
   struct HelperImpl;
-  Work Submit(const CollectiveOptions& o, Fn fn, PostFn post = nullptr);
+  Work Submit(Item item);
+  // Runs a collective on the calling (executing) thread.
+  [[nodiscard]] absl::Status Execute(const OpContext& c, const Item& item);
+  // Posts a point-to-point operation; it completes in the background.
+  [[nodiscard]] absl::StatusOr<ReqId> Post(const OpContext& c, const Item& item);
   void Run();
   // Runs queued operations in order on the calling thread until `target` completed.
   void Help(const Work::State* target);
@@ -80,6 +97,9 @@ class Engine : public Communicator {
                                           const CollectiveOptions& o);
   [[nodiscard]] absl::Status RunReduceScatter(const OpContext& c, Buffer in, Buffer out,
                                               ReduceOp op, const CollectiveOptions& o);
+  [[nodiscard]] absl::Status RunAllGather(const OpContext& c, Buffer in, Buffer out);
+  [[nodiscard]] absl::Status RunBroadcast(const OpContext& c, Buffer buf, int root,
+                                          const CollectiveOptions& o);
 
   std::unique_ptr<Transport> transport_;
   const uint64_t generation_;
@@ -93,7 +113,8 @@ class Engine : public Communicator {
   std::shared_ptr<HelperImpl> helper_;
   absl::Status failed_;
   bool stop_ = false;
-  uint64_t next_seq_ = 0, ops_completed_ = 0;
+  uint64_t next_seq_ = 0, next_ticket_ = 0;
+  std::atomic<uint64_t> ops_completed_{0};
   std::thread thread_;
 };
 

@@ -18,11 +18,11 @@
 #include <mutex>
 #include <random>
 #include <sstream>
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "engine.h"
 #include "liveness.h"
+#include "mailbox.h"
 #include "net.h"
 
 namespace troupe::collectives {
@@ -38,13 +38,16 @@ namespace {
   } while (0)
 
 struct Req {
+  bool live = false;  // handed out and not yet reaped
   bool done = false;
   bool recv = false;
+  bool box = false;  // through the shared-memory mailboxes, not UCX
   ucs_status_t status = UCS_OK;
   void* ucx = nullptr;  // UCX request, freed when reaped
+  void* buf = nullptr;  // mailbox request: the user's buffer
   int peer = 0;
   size_t bytes = 0;
-  uint64_t tag = 0;  // the 48-bit message tag, for diagnostics
+  uint64_t tag = 0;  // the 48-bit message tag
 };
 
 void OnSend(void* /*request*/, ucs_status_t status, void* user) {
@@ -65,7 +68,9 @@ uint64_t WireTag(int src, uint64_t tag) { return (uint64_t(src) << kTagBits) | (
 
 class UcxTransport : public Transport {
  public:
-  UcxTransport(int rank, int size) : rank_(rank), size_(size) {}
+  UcxTransport(int rank, int size) : rank_(rank), size_(size) {
+    reqs_.push_back(std::make_unique<Req>());  // id 0
+  }
   ~UcxTransport() override {
     if (dirty_ || !reqs_.empty()) {
       // A failed worker is leaked on purpose: destroying it purges requests still pending to
@@ -73,7 +78,9 @@ class UcxTransport : public Transport {
       // and never progressing it again guarantees no late transfer lands in a user buffer.
       // Failures are rare (one per membership change); the cost is the worker's memory.
       for (auto& r : abandoned_) r.release();
-      for (auto& [id, r] : reqs_) r.release();
+      for (auto& r : reqs_) {
+        if (r->live && r->ucx != nullptr) r.release();
+      }
       return;
     }
     for (int j = 0; j < size_ && j < static_cast<int>(eps_.size()); ++j) {
@@ -184,7 +191,9 @@ class UcxTransport : public Transport {
   std::string Describe() {
     std::string out = absl::StrCat(
         "single copy (cross-memory attach, kSingleCopy above CollectiveOptions::small_bytes): ",
-        single_copy_ ? "on" : "off", "\n");
+        single_copy_ ? "on" : "off", "\n", "shared-memory mailboxes (collective messages up to ",
+        Mailboxes::kPayloadBytes,
+        " bytes between ranks of this host): ", boxes_ != nullptr ? "on" : "off", "\n");
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || eps_[j] == nullptr) continue;
       char* buf = nullptr;
@@ -205,33 +214,58 @@ class UcxTransport : public Transport {
 
   absl::StatusOr<ReqId> PostSend(int peer, uint64_t tag, const void* buf, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
-    auto req = NewReq();
+    auto [id, req] = NewReq();
     req->peer = peer;
     req->bytes = bytes;
     req->tag = tag;
+    if (ViaBox(peer, tag, bytes)) {
+      CountSend(bytes);
+      req->box = true;
+      req->buf = const_cast<void*>(buf);
+      // In order per peer: behind any send to it still waiting for a slot.
+      if (box_queued_[peer] == 0 && boxes_->TrySend(peer, tag, buf, bytes)) {
+        req->done = true;
+      } else {
+        ++box_queued_[peer];
+        box_sends_.push_back(id);
+      }
+      return id;
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = OnSend;
-    p.user_data = req.get();
+    p.user_data = req;
     CountSend(bytes);
     void* r = ucp_tag_send_nbx(eps_[peer], buf, bytes, WireTag(rank_, tag), &p);
-    return Track(std::move(req), r, "send", peer);
+    return Track(id, r, "send", peer);
   }
 
   absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
-    auto req = NewReq();
+    auto [id, req] = NewReq();
     req->peer = peer;
     req->recv = true;
     req->bytes = bytes;
     req->tag = tag;
+    if (ViaBox(peer, tag, bytes)) {
+      req->box = true;
+      req->buf = buf;
+      absl::StatusOr<bool> got = boxes_->TryRecv(peer, tag, buf, bytes);
+      if (!got.ok()) return FailWith(got.status());
+      if (*got) {
+        req->done = true;
+      } else {
+        box_recvs_.push_back(id);
+      }
+      return id;
+    }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = OnRecv;
-    p.user_data = req.get();
+    p.user_data = req;
     void* r = ucp_tag_recv_nbx(lanes_[lane_of_[peer]].worker, buf, bytes, WireTag(peer, tag),
                                ~uint64_t{0}, &p);
-    return Track(std::move(req), r, "recv", peer);
+    return Track(id, r, "recv", peer);
   }
 
   absl::Status WaitAll(absl::Span<const ReqId> ids, absl::Time deadline) override {
@@ -239,7 +273,7 @@ class UcxTransport : public Transport {
     for (uint64_t iter = 0;; ++iter) {
       bool all = true;
       for (ReqId id : ids) {
-        Req* r = reqs_[id].get();
+        const Req* r = reqs_[id].get();
         if (!r->done) {
           all = false;
           break;
@@ -264,7 +298,7 @@ class UcxTransport : public Transport {
   absl::StatusOr<bool> Test(ReqId id) override {
     if (auto st = failure(); !st.ok()) return st;
     Progress();
-    Req* r = reqs_[id].get();
+    const Req* r = reqs_[id].get();
     if (!r->done) return false;
     if (r->status != UCS_OK) return FailWith(PeerError(r));
     Reap(id);
@@ -273,10 +307,14 @@ class UcxTransport : public Transport {
 
   void CancelAll() override {
     dirty_ = true;
-    // Receives are cancelled; sends to a dead or departed peer cannot be, so they are
+    // Mailbox requests are dropped: only this thread ever copies into or out of their buffers.
+    box_sends_.clear();
+    box_recvs_.clear();
+    std::fill(box_queued_.begin(), box_queued_.end(), 0);
+    // UCX receives are cancelled; sends to a dead or departed peer cannot be, so they are
     // abandoned (kept alive until the worker goes away; nothing will read them after this).
-    for (auto& [id, r] : reqs_) {
-      if (!r->done && r->recv && r->ucx != nullptr) {
+    for (auto& r : reqs_) {
+      if (r->live && !r->done && r->recv && r->ucx != nullptr) {
         ucp_request_cancel(lanes_[lane_of_[r->peer]].worker, r->ucx);
       }
     }
@@ -286,18 +324,23 @@ class UcxTransport : public Transport {
     const absl::Time until = absl::Now() + absl::Milliseconds(20);
     for (;;) {
       bool pending = false;
-      for (auto& [id, r] : reqs_) pending |= r->recv && !r->done;
+      for (auto& r : reqs_) pending |= r->live && r->ucx != nullptr && r->recv && !r->done;
       if (!pending || absl::Now() > until) break;
-      Progress();
+      ProgressUcx();
     }
-    for (auto& [id, r] : reqs_) {
-      if (r->done) {
+    for (ReqId id = 1; id < reqs_.size(); ++id) {
+      std::unique_ptr<Req>& r = reqs_[id];
+      if (!r->live) continue;
+      if (r->done || r->ucx == nullptr) {
         if (r->ucx != nullptr) ucp_request_free(r->ucx);
+        r->live = false;
       } else {
         abandoned_.push_back(std::move(r));
+        r = std::make_unique<Req>();
       }
+      free_ids_.push_back(id);
     }
-    reqs_.clear();
+    live_ucx_ = 0;
   }
 
   void Fail(absl::Status status) override {
@@ -306,43 +349,63 @@ class UcxTransport : public Transport {
     has_failed_.store(true, std::memory_order_release);
   }
 
-  // Single copy through Linux cross-memory attach (process_vm_readv), for peers on this host
-  // whose memory this process may read (same user; ptrace policy, e.g. Yama or a container's
-  // seccomp profile, may forbid it). Each rank publishes its boot id, pid and the address of a
-  // random cookie; a rank that reads every peer's cookie back says so, and single copy is on only
-  // if every rank did. Not used across pid namespaces or hosts (the cookie read fails).
-  absl::Status ProbeSingleCopy(Bootstrap* boot, const std::string& prefix, absl::Time deadline) {
+  // The ranks of this host, found out together in one bootstrap round over them:
+  // - Single copy through Linux cross-memory attach (process_vm_readv), when every rank is on
+  //   this host and may read the others' memory (same user; ptrace policy, e.g. Yama or a
+  //   container's seccomp profile, may forbid it). Each rank publishes its boot id, pid and the
+  //   address of a random cookie; a rank that reads every peer's cookie back says so, and single
+  //   copy is on only if every rank did (the cookie read fails across pid namespaces).
+  // - Shared-memory mailboxes (mailbox.h): each rank publishes its inbox's id and attaches its
+  //   peers'; they are used only if every rank of this host attached every other's, so the ranks
+  //   of a host agree on how each message travels.
+  absl::Status ProbeLocalPeers(Bootstrap* boot, const std::string& prefix, bool want_single_copy,
+                               bool want_mailboxes, absl::Time deadline) {
+    std::vector<int> local;
+    for (int j = 0; j < size_; ++j) {
+      if (lane_of_[j] == kLocal) local.push_back(j);
+    }
+    if (local.size() < 2) return absl::OkStatus();
     std::random_device rd;
     for (auto& w : cookie_) w = (uint64_t{rd()} << 32) | rd();
+    if (want_mailboxes) {
+      auto boxes = Mailboxes::Create(rank_, local);
+      if (boxes.ok()) boxes_ = std::move(*boxes);  // else off: this rank reports no mailboxes
+    }
     const std::string me =
         absl::StrCat(BootId(), " ", getpid(), " ", reinterpret_cast<uintptr_t>(cookie_), " ",
-                     cookie_[0], " ", cookie_[1]);
-    if (auto st = boot->Publish(absl::StrCat(prefix, "/cma/", rank_), me); !st.ok()) return st;
+                     cookie_[0], " ", cookie_[1], " ", boxes_ != nullptr ? boxes_->inbox_id() : -1);
+    if (auto st = boot->Publish(absl::StrCat(prefix, "/local/", rank_), me); !st.ok()) return st;
     pids_.assign(size_, 0);
-    bool readable = true;
-    for (int j = 0; j < size_; ++j) {
+    bool readable = want_single_copy, attached = boxes_ != nullptr;
+    for (int j : local) {
       if (j == rank_) continue;
-      auto peer = boot->Lookup(absl::StrCat(prefix, "/cma/", j), deadline);
+      auto peer = boot->Lookup(absl::StrCat(prefix, "/local/", j), deadline);
       if (!peer.ok()) return peer.status();
       std::istringstream in(*peer);
       std::string boot_id;
       uint64_t addr = 0, want[2] = {0, 0}, got[2] = {1, 1};
-      in >> boot_id >> pids_[j] >> addr >> want[0] >> want[1];
+      int inbox = -1;
+      in >> boot_id >> pids_[j] >> addr >> want[0] >> want[1] >> inbox;
       readable = readable && in && boot_id == BootId() &&
                  ReadFrom(pids_[j], addr, got, sizeof(got)) && got[0] == want[0] &&
                  got[1] == want[1];
+      attached = attached && in && inbox >= 0 && boxes_->Attach(j, inbox).ok();
     }
-    if (auto st = boot->Publish(absl::StrCat(prefix, "/cma-ok/", rank_), readable ? "1" : "0");
+    if (auto st = boot->Publish(absl::StrCat(prefix, "/local-ok/", rank_),
+                                absl::StrCat(readable ? 1 : 0, " ", attached ? 1 : 0));
         !st.ok()) {
       return st;
     }
-    bool all = true;
-    for (int j = 0; j < size_; ++j) {
-      auto ok = boot->Lookup(absl::StrCat(prefix, "/cma-ok/", j), deadline);
+    bool all_read = true, all_attached = true;
+    for (int j : local) {
+      auto ok = boot->Lookup(absl::StrCat(prefix, "/local-ok/", j), deadline);
       if (!ok.ok()) return ok.status();
-      all = all && *ok == "1";
+      all_read = all_read && (*ok)[0] == '1';
+      all_attached = all_attached && ok->size() == 3 && (*ok)[2] == '1';
     }
-    single_copy_ = all && size_ > 1;
+    single_copy_ = all_read && static_cast<int>(local.size()) == size_;
+    if (!all_attached) boxes_.reset();
+    box_queued_.assign(size_, 0);
     return absl::OkStatus();
   }
 
@@ -460,16 +523,27 @@ class UcxTransport : public Transport {
                      r->peer);
   }
 
-  std::unique_ptr<Req> NewReq() {
-    if (free_.empty()) return std::make_unique<Req>();
-    std::unique_ptr<Req> r = std::move(free_.back());
-    free_.pop_back();
-    *r = Req{};
-    return r;
+  // A fresh request and its id (an index into reqs_, reused once reaped: no allocation per
+  // message once the table has grown to the most requests in flight).
+  std::pair<ReqId, Req*> NewReq() {
+    ReqId id;
+    if (free_ids_.empty()) {
+      id = reqs_.size();
+      reqs_.push_back(std::make_unique<Req>());
+    } else {
+      id = free_ids_.back();
+      free_ids_.pop_back();
+      *reqs_[id] = Req{};
+    }
+    reqs_[id]->live = true;
+    return {id, reqs_[id].get()};
   }
 
-  absl::StatusOr<ReqId> Track(std::unique_ptr<Req> req, void* r, const char* what, int peer) {
+  absl::StatusOr<ReqId> Track(ReqId id, void* r, const char* what, int peer) {
+    Req* req = reqs_[id].get();
     if (UCS_PTR_IS_ERR(r)) {
+      req->live = false;
+      free_ids_.push_back(id);
       return FailWith(BlamePeer(
           absl::UnavailableError(absl::StrCat("collectives: ", what, " with peer rank ", peer,
                                               " failed: ", ucs_status_string(UCS_PTR_STATUS(r)))),
@@ -479,19 +553,69 @@ class UcxTransport : public Transport {
       req->done = true;
     } else {
       req->ucx = r;
+      ++live_ucx_;
     }
-    const ReqId id = ++next_id_;
-    reqs_.emplace(id, std::move(req));
     return id;
   }
 
   void Reap(ReqId id) {
-    auto it = reqs_.find(id);
-    if (it == reqs_.end()) return;
-    if (it->second->recv) CountRecv(it->second->bytes);  // counted once it has arrived
-    if (it->second->ucx != nullptr) ucp_request_free(it->second->ucx);
-    free_.push_back(std::move(it->second));
-    reqs_.erase(it);
+    Req* r = reqs_[id].get();
+    if (!r->live) return;
+    if (r->recv) CountRecv(r->bytes);  // counted once it has arrived
+    if (r->ucx != nullptr) {
+      ucp_request_free(r->ucx);
+      --live_ucx_;
+    }
+    r->live = false;
+    free_ids_.push_back(id);
+  }
+
+  // Collective messages between ranks of this host small enough for a mailbox slot. User
+  // point-to-point messages stay on UCX: a receive there may be larger than its message, and
+  // both sides must route a message the same way.
+  bool ViaBox(int peer, uint64_t tag, size_t bytes) const {
+    return boxes_ != nullptr && lane_of_[peer] == kLocal && (tag >> 47) == 0 && bytes > 0 &&
+           bytes <= Mailboxes::kPayloadBytes;
+  }
+
+  // Moves what can move through the mailboxes: queued sends whose slot freed up (in order per
+  // peer), receives whose message arrived. The number of requests completed.
+  unsigned ProgressBoxes() {
+    unsigned n = 0;
+    if (!box_sends_.empty()) {
+      size_t keep = 0;
+      blocked_.clear();
+      for (ReqId id : box_sends_) {
+        Req* r = reqs_[id].get();
+        const bool behind = std::find(blocked_.begin(), blocked_.end(), r->peer) != blocked_.end();
+        if (!behind && boxes_->TrySend(r->peer, r->tag, r->buf, r->bytes)) {
+          r->done = true;
+          --box_queued_[r->peer];
+          ++n;
+        } else {
+          if (!behind) blocked_.push_back(r->peer);
+          box_sends_[keep++] = id;
+        }
+      }
+      box_sends_.resize(keep);
+    }
+    size_t keep = 0;
+    for (ReqId id : box_recvs_) {
+      Req* r = reqs_[id].get();
+      absl::StatusOr<bool> got = boxes_->TryRecv(r->peer, r->tag, r->buf, r->bytes);
+      if (!got.ok()) {
+        (void)FailWith(got.status());
+        return n;
+      }
+      if (*got) {
+        r->done = true;
+        ++n;
+      } else {
+        box_recvs_[keep++] = id;
+      }
+    }
+    box_recvs_.resize(keep);
+    return n;
   }
 
   struct Lane {
@@ -516,12 +640,19 @@ class UcxTransport : public Transport {
     nanosleep(&nap, nullptr);
   }
 
-  // Progresses the lanes in use; the number of events.
-  unsigned Progress() {
+  unsigned ProgressUcx() {
     unsigned n = 0;
     for (Lane& lane : lanes_) {
       if (lane.used) n += ucp_worker_progress(lane.worker);
     }
+    return n;
+  }
+
+  // Progresses the mailboxes and the UCX lanes in use; the number of events. With no UCX request
+  // in flight, UCX is progressed only every 64th call (what arrives there waits in its queues).
+  unsigned Progress() {
+    unsigned n = boxes_ != nullptr ? ProgressBoxes() : 0;
+    if (live_ucx_ > 0 || (++ucx_skips_ & 63) == 0) n += ProgressUcx();
     return n;
   }
 
@@ -531,9 +662,18 @@ class UcxTransport : public Transport {
   Lane lanes_[2];
   std::vector<LaneKind> lane_of_;  // by peer rank
   std::vector<ucp_ep_h> eps_;
-  std::unordered_map<ReqId, std::unique_ptr<Req>> reqs_;
+  // Requests by id, reused once reaped (free_ids_); id 0 is never handed out. Pointers are
+  // stable: UCX's callbacks hold them.
+  std::vector<std::unique_ptr<Req>> reqs_;
+  std::vector<ReqId> free_ids_;
   std::list<std::unique_ptr<Req>> abandoned_;
-  std::vector<std::unique_ptr<Req>> free_;
+  int live_ucx_ = 0;  // requests handed to UCX and not yet reaped
+  unsigned ucx_skips_ = 0;
+  // Shared-memory mailboxes to the ranks of this host (null: off); requests waiting on them.
+  std::unique_ptr<Mailboxes> boxes_;
+  std::vector<ReqId> box_sends_, box_recvs_;
+  std::vector<int> box_queued_;  // by peer: sends in box_sends_
+  std::vector<int> blocked_;     // ProgressBoxes: peers whose oldest queued send is still waiting
   bool single_copy_ = false;
   std::vector<pid_t> pids_;      // peers' pids, for ReadPeer
   uint64_t cookie_[2] = {0, 0};  // reaped requests, reused (no malloc per message)
@@ -545,7 +685,6 @@ class UcxTransport : public Transport {
   // one) — OpenMPI's yield-when-idle rule.
   int spins_before_yield_ = 64;
   int usable_cpus_ = 1;
-  ReqId next_id_ = 0;
   std::vector<Region> scratch_;
   std::mutex fail_mu_;
   absl::Status failed_;
@@ -736,10 +875,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
       deadline);
   if (!live.ok()) return live.status();
   if (absl::Status st = t->Connect(peers->addrs, peers->lanes); !st.ok()) return st;
-  // Single copy needs every rank on this host.
-  if (o.single_copy && !peers->multi_host) {
-    if (absl::Status st = t->ProbeSingleCopy(boot, prefix, deadline); !st.ok()) return st;
-  }
+  if (absl::Status st = t->ProbeLocalPeers(boot, prefix, o.single_copy && !peers->multi_host,
+                                           o.mailboxes, deadline);
+      !st.ok())
+    return st;
   auto engine = std::make_unique<UcxEngine>(std::move(t), o.generation);
   engine->SetLiveness(std::move(*live));
   sink->Attach(engine.get());

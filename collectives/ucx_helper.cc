@@ -1,5 +1,7 @@
 // A rank of a multi-process UCX test: the test driver fork/execs one per rank.
 //   ucx_helper <bootstrap> <rank> <size> <scenario> [args...]
+// Scenarios: matrix <max count> [no-mailboxes]; chaos <victim> <liveness ms> [count];
+// compress.
 // <bootstrap>: PORT (a bootstrap server on 127.0.0.1), HOST:PORT, or listen:HOST:PORT (this rank
 // also serves the bootstrap there: for ranks on several hosts).
 // Prints result lines on stdout ("OK ...", "FAIL ...", "PROGRESS", "ERROR <mono_ns> ...") and
@@ -7,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -47,8 +50,10 @@ struct Ctx {
 };
 
 std::unique_ptr<Communicator> Make(Ctx& c, int rank, int size, uint64_t gen,
-                                   absl::Duration liveness = absl::Seconds(5)) {
+                                   absl::Duration liveness = absl::Seconds(5),
+                                   bool mailboxes = true) {
   UcxOptions o;
+  o.mailboxes = mailboxes;
   o.rank = rank;
   o.size = size;
   o.generation = gen;
@@ -99,8 +104,8 @@ bool CheckReduce(Communicator& comm, bool scatter, size_t count, DType dt, Reduc
   return true;
 }
 
-int Matrix(Ctx& c, size_t max_count) {
-  auto comm = Make(c, c.rank, c.size, 0);
+int Matrix(Ctx& c, size_t max_count, bool mailboxes) {
+  auto comm = Make(c, c.rank, c.size, 0, absl::Seconds(5), mailboxes);
   const int n = c.size, r = c.rank;
   bool ok = true;
   for (size_t count : {size_t{1}, size_t{7}, size_t{4099}, size_t{65537}, size_t{262147},
@@ -147,19 +152,23 @@ int Matrix(Ctx& c, size_t max_count) {
   if (absl::StrContains(transports, "single copy (cross-memory attach, ")) {
     Say(absl::StrContains(transports, "): on") ? "SINGLE_COPY on" : "SINGLE_COPY off");
   }
+  if (absl::StrContains(transports, "shared-memory mailboxes (")) {
+    Say(absl::StrContains(transports, "this host): on") ? "MAILBOXES on" : "MAILBOXES off");
+  }
   return ok ? 0 : 1;
 }
 
-// Loops 64 MiB all-reduces until one fails; reports when and how; then rebuilds a communicator
-// over the survivors (generation 1) and checks an all-reduce there.
-int Chaos(Ctx& c, int victim, absl::Duration liveness) {
+// Loops all-reduces of `count` floats until one fails; reports when and how; then rebuilds a
+// communicator over the survivors (generation 1) and checks an all-reduce there.
+int Chaos(Ctx& c, int victim, absl::Duration liveness, size_t count) {
   auto comm = Make(c, c.rank, c.size, 0, liveness);
-  const size_t count = size_t{16} << 20;
   std::vector<float> buf(count, 1.0f);
   std::atomic<bool> stop{false};
   std::thread watch([&] {
-    // At least one 1 MiB piece of data (not only the small control messages) has arrived.
-    while (!stop && comm->stats().bytes_received < (size_t{1} << 20)) usleep(200);
+    // At least one 1 MiB piece of data (not only the small control messages) has arrived, or
+    // a thousand small all-reduces' worth.
+    const size_t enough = std::min(size_t{1} << 20, count * sizeof(float) * 1000);
+    while (!stop && comm->stats().bytes_received < enough) usleep(200);
     if (!stop) Say("PROGRESS");
   });
   CollectiveOptions o;
@@ -289,9 +298,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   c.boot = std::move(*boot);
-  if (scenario == "matrix") return Matrix(c, std::strtoull(argv[5], nullptr, 10));
+  if (scenario == "matrix") {
+    return Matrix(c, std::strtoull(argv[5], nullptr, 10),
+                  !(argc > 6 && std::string(argv[6]) == "no-mailboxes"));
+  }
   if (scenario == "chaos") {
-    return Chaos(c, std::atoi(argv[5]), absl::Milliseconds(std::atoi(argv[6])));
+    return Chaos(c, std::atoi(argv[5]), absl::Milliseconds(std::atoi(argv[6])),
+                 argc > 7 ? std::strtoull(argv[7], nullptr, 10) : size_t{16} << 20);
   }
   if (scenario == "compress") return RunCompression(c);
   Say("FAIL unknown scenario " + scenario);

@@ -22,8 +22,10 @@
 namespace troupe::collectives {
 namespace {
 
-void RunMatrix(int n, size_t max_count) {
-  Ranks ranks(n, {"matrix", std::to_string(max_count)});
+void RunMatrix(int n, size_t max_count, bool mailboxes = true) {
+  std::vector<std::string> args = {"matrix", std::to_string(max_count)};
+  if (!mailboxes) args.push_back("no-mailboxes");
+  Ranks ranks(n, args);
   for (int r = 0; r < n; ++r) {
     int st = ranks[r].Wait();
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " status " << st << "\n"
@@ -35,12 +37,21 @@ void RunMatrix(int n, size_t max_count) {
                 ranks[r].lines.end())
           << ranks[r].Output();
     }
+    // Every rank is on this host: the small messages above went through the shared-memory
+    // mailboxes, or (switched off) through UCX.
+    EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(),
+                        mailboxes ? "MAILBOXES on" : "MAILBOXES off"),
+              ranks[r].lines.end())
+        << ranks[r].Output();
   }
 }
 
 TEST(UcxProcesses, Matrix2RanksUpTo64MiB) { RunMatrix(2, size_t{16} << 20); }
 TEST(UcxProcesses, Matrix4RanksUpTo64MiB) { RunMatrix(4, size_t{16} << 20); }
 TEST(UcxProcesses, Matrix8RanksUpTo1MiB) { RunMatrix(8, size_t{262147}); }
+TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
+  RunMatrix(4, size_t{262147}, /*mailboxes=*/false);
+}
 
 TEST(UcxProcesses, TopKWithErrorFeedbackCutsBytesAndKeepsTheLoss) {
   Ranks ranks(4, {"compress"});

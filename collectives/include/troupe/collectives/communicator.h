@@ -111,20 +111,28 @@ class Work {
   // update per construction in Debian's Abseil, a quarter of an 8-byte all-reduce's time.
   class Flag {
    public:
+    // The lock and the wake-up only when a thread sleeps on it (most waiters ran the operation
+    // themselves): both sides' sequentially consistent accesses order the flag against the count.
     void Notify() {
+      set_.store(true);
+      if (sleepers_.load() == 0) return;
       std::lock_guard<std::mutex> l(mu_);
-      set_.store(true, std::memory_order_release);
       cv_.notify_all();
     }
     bool HasBeenNotified() const { return set_.load(std::memory_order_acquire); }
     void WaitForNotification() {
       if (HasBeenNotified()) return;
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [this] { return HasBeenNotified(); });
+      sleepers_.fetch_add(1);
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return set_.load(); });
+      }
+      sleepers_.fetch_sub(1);
     }
 
    private:
     std::atomic<bool> set_{false};
+    std::atomic<int> sleepers_{0};
     std::mutex mu_;
     std::condition_variable cv_;
   };

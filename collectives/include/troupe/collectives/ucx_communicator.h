@@ -10,6 +10,7 @@
 //
 // Large all-reduces between ranks that are all on one host read the peers' buffers directly
 // (Linux cross-memory attach): one copy per byte instead of two through shared-memory queues.
+// Small messages between ranks of one host go through shared-memory mailboxes instead of UCX.
 //
 // Failure detection does not rely on UCX: UCP_ERR_HANDLING_MODE_PEER would drop the
 // shared-memory transports (STACK.md). Instead every pair of ranks keeps a TCP liveness
@@ -70,6 +71,11 @@ struct UcxOptions {
   // whose memory this process may read (process_vm_readv; probed at creation, off where the
   // ptrace policy forbids it). A peer killed in the middle of a read is an Unavailable error.
   bool single_copy = true;
+  // Small collective messages between ranks of this host (up to 8 KiB) through shared-memory
+  // mailboxes (System V segments, gone with the last process that maps them), copied by the
+  // ranks' own threads: no UCX on the path of a small all-reduce or barrier. Used only where
+  // every rank of the host could attach every other's inbox; off, those messages take UCX.
+  bool mailboxes = true;
   // Called on the liveness thread, once per dead peer, with the Unavailable status (blaming the
   // peer) that fails this communicator: e.g. to abort a device (NCCL) communicator of the same
   // group, whose own transport may not notice the death. Must not block.

@@ -1,0 +1,133 @@
+#include "mailbox.h"
+
+#include <sys/ipc.h>
+#include <sys/shm.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace troupe::collectives {
+
+struct alignas(64) Mailboxes::Slot {
+  std::atomic<uint64_t> seq;
+  uint64_t tag;
+  uint64_t bytes;
+  uint8_t payload[kPayloadBytes];
+};
+
+namespace {
+static_assert(Mailboxes::kSlots <= 64, "recv_done_ is a 64-bit mask");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "seq is shared between processes");
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mailboxes>> Mailboxes::Create(int rank,
+                                                             const std::vector<int>& local_ranks) {
+  static_assert(sizeof(Slot) == kSlotBytes);
+  auto m = std::unique_ptr<Mailboxes>(new Mailboxes());
+  m->rank_ = rank;
+  int top = rank;
+  for (int r : local_ranks) top = std::max(top, r);
+  m->local_index_.assign(top + 1, -1);
+  for (size_t i = 0; i < local_ranks.size(); ++i) m->local_index_[local_ranks[i]] = i;
+  if (m->local_index_[rank] < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Mailboxes: rank ", rank, " missing from its own host's ranks"));
+  }
+  m->my_index_ = m->local_index_[rank];
+  m->outboxes_.assign(top + 1, nullptr);
+  m->send_seq_.assign(top + 1, 1);
+  m->recv_head_.assign(top + 1, 1);
+  m->recv_done_.assign(top + 1, 0);
+  const size_t bytes = std::max<size_t>(local_ranks.size(), 1) * kSlots * kSlotBytes;
+  m->inbox_id_ = shmget(IPC_PRIVATE, bytes, IPC_CREAT | 0600);
+  if (m->inbox_id_ < 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Mailboxes: shmget of ", bytes, " bytes failed: ", std::strerror(errno)));
+  }
+  void* p = shmat(m->inbox_id_, nullptr, 0);
+  const int err = errno;
+  // Removed at once: the segment lives while attached, and goes with the last process to detach.
+  shmctl(m->inbox_id_, IPC_RMID, nullptr);
+  if (p == reinterpret_cast<void*>(-1)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Mailboxes: shmat of this rank's inbox failed: ", std::strerror(err)));
+  }
+  m->inbox_ = p;  // zero-filled by the kernel: every slot free
+  return m;
+}
+
+Mailboxes::~Mailboxes() {
+  for (void* p : outboxes_) {
+    if (p != nullptr) shmdt(p);
+  }
+  if (inbox_ != nullptr) shmdt(inbox_);
+}
+
+absl::Status Mailboxes::Attach(int rank, int shm_id) {
+  if (rank < 0 || rank >= static_cast<int>(local_index_.size()) || local_index_[rank] < 0 ||
+      rank == rank_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Mailboxes: rank ", rank, " is not another rank of this host"));
+  }
+  void* p = shmat(shm_id, nullptr, 0);
+  if (p == reinterpret_cast<void*>(-1)) {
+    return absl::UnavailableError(absl::StrCat("Mailboxes: attaching rank ", rank,
+                                               "'s inbox (shm id ", shm_id,
+                                               ") failed: ", std::strerror(errno)));
+  }
+  outboxes_[rank] = p;
+  return absl::OkStatus();
+}
+
+Mailboxes::Slot* Mailboxes::SendSlot(int peer, uint64_t seq) const {
+  auto* channel = static_cast<Slot*>(outboxes_[peer]) + my_index_ * kSlots;
+  return channel + seq % kSlots;
+}
+
+Mailboxes::Slot* Mailboxes::RecvSlot(int peer, uint64_t seq) const {
+  auto* channel = static_cast<Slot*>(inbox_) + local_index_[peer] * kSlots;
+  return channel + seq % kSlots;
+}
+
+bool Mailboxes::TrySend(int peer, uint64_t tag, const void* buf, size_t bytes) {
+  const uint64_t seq = send_seq_[peer];
+  Slot* s = SendSlot(peer, seq);
+  if (s->seq.load(std::memory_order_acquire) != 0) return false;  // not yet copied out
+  s->tag = tag;
+  s->bytes = bytes;
+  std::memcpy(s->payload, buf, bytes);
+  s->seq.store(seq, std::memory_order_release);
+  send_seq_[peer] = seq + 1;
+  return true;
+}
+
+absl::StatusOr<bool> Mailboxes::TryRecv(int peer, uint64_t tag, void* buf, size_t bytes) {
+  const uint64_t head = recv_head_[peer];
+  uint64_t& done = recv_done_[peer];
+  for (int k = 0; k < kSlots; ++k) {
+    if (done >> k & 1) continue;  // received out of order already
+    Slot* s = RecvSlot(peer, head + k);
+    // The sender fills a channel's slots in order: the first empty one ends what has arrived.
+    if (s->seq.load(std::memory_order_acquire) != head + k) return false;
+    if (s->tag != tag) continue;
+    if (s->bytes != bytes) {
+      return absl::InternalError(absl::StrCat("collectives: rank ", rank_, " expected a ", bytes,
+                                              "-byte message from rank ", peer, " (tag ", tag,
+                                              "), got ", s->bytes, " bytes"));
+    }
+    std::memcpy(buf, s->payload, bytes);
+    s->seq.store(0, std::memory_order_release);
+    done |= uint64_t{1} << k;
+    while (done & 1) {  // advance past the prefix received
+      done >>= 1;
+      ++recv_head_[peer];
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace troupe::collectives

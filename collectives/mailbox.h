@@ -1,0 +1,79 @@
+// Private: shared-memory mailboxes for the small messages between ranks of one host, the path
+// every small collective takes (OpenMPI's vader "fast box" plays the same part). A message goes
+// from the sender's buffer into a slot of the receiver's inbox and from there into the receive
+// buffer: two copies by the two ranks' own threads, a release store and an acquire load, no
+// system call and no UCX; a message that fits beside a slot's header travels in one cache line.
+//
+// Layout: each rank owns an inbox, a System V segment marked for removal as soon as it is
+// created (Linux lets the peers attach it until the last one detaches, so no process death, not
+// even the owner's, leaves it behind). The inbox holds one channel per sender of the same host,
+// kSlots slots each. Message k (k = 1, 2, ...) of a channel goes into slot k % kSlots; the slot's
+// `seq` word says what it holds: 0 free, k full (written last, with release order, by the sender;
+// cleared by the receiver once it copied the message out).
+//
+// Matching: a receive takes the oldest message of its channel whose tag matches (per sender and
+// tag the messages are received in the order they were sent), so receives may be posted in any
+// order. A sender whose slot is still full gets false and retries later: the caller queues it.
+// Both sides must route a message here or elsewhere the same way: by size (<= kPayloadBytes).
+//
+// Threads: TrySend / TryRecv of one Mailboxes are called by one thread at a time (the engine's
+// executor); the peer's process is the only other party to a channel.
+#ifndef TROUPE_COLLECTIVES_MAILBOX_H_
+#define TROUPE_COLLECTIVES_MAILBOX_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace troupe::collectives {
+
+class Mailboxes {
+ public:
+  static constexpr int kSlots = 16;
+  static constexpr size_t kSlotBytes = 8192 + 64;
+  static constexpr size_t kHeaderBytes = 24;  // seq, tag, bytes (+ pad)
+  static constexpr size_t kPayloadBytes = kSlotBytes - kHeaderBytes;
+
+  // This rank's inbox, with a channel for each of `local_ranks` (the ranks of this host, by rank,
+  // this one included and given none).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Mailboxes>> Create(
+      int rank, const std::vector<int>& local_ranks);
+  ~Mailboxes();
+
+  // The System V id a peer of this host attaches this inbox by.
+  int inbox_id() const { return inbox_id_; }
+  // Maps peer `rank`'s inbox (its inbox_id()), to send to it.
+  [[nodiscard]] absl::Status Attach(int rank, int shm_id);
+
+  // Copies `bytes` (<= kPayloadBytes) into `peer`'s inbox; false when its slot is still full.
+  bool TrySend(int peer, uint64_t tag, const void* buf, size_t bytes);
+  // Copies the oldest message from `peer` with `tag` into `buf`: true when one was there, false
+  // when none has arrived, an error when it is not `bytes` long (sender and receiver disagree).
+  [[nodiscard]] absl::StatusOr<bool> TryRecv(int peer, uint64_t tag, void* buf, size_t bytes);
+
+ private:
+  struct Slot;
+  struct Channel;
+  Mailboxes() = default;
+  Slot* SendSlot(int peer, uint64_t seq) const;
+  Slot* RecvSlot(int peer, uint64_t seq) const;
+
+  int rank_ = 0;
+  int inbox_id_ = -1;
+  void* inbox_ = nullptr;
+  std::vector<int> local_index_;  // by rank: index among local_ranks, -1 elsewhere
+  std::vector<void*> outboxes_;   // by rank: the peer's inbox, once attached
+  int my_index_ = 0;
+  // Per peer rank: the next sequence number to send; the oldest not yet received and a bit mask of
+  // the ones after it already received (out of order).
+  std::vector<uint64_t> send_seq_, recv_head_, recv_done_;
+};
+
+}  // namespace troupe::collectives
+
+#endif  // TROUPE_COLLECTIVES_MAILBOX_H_
