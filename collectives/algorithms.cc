@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "mailbox.h"
 #include "reduce.h"
 
 namespace troupe::collectives {
@@ -77,6 +78,78 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
   }
   // Nobody returns (and lets its caller reuse the buffer) while another rank may still read it.
   return DisseminationBarrier(c, phase + 2);
+}
+
+absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
+                             ReduceOp op, bool gather) {
+  const int n = c.t->size(), r = c.t->rank();
+  Mailboxes& m = *c.t->HostShared();
+  // Floats per segment per step: a slot holds one piece of every segment, 64-byte aligned.
+  const size_t piece = Mailboxes::kStageBytes / sizeof(float) / n / 16 * 16;
+  size_t max_seg = 0;
+  for (int q = 0; q < n; ++q) max_seg = std::max(max_seg, off[q + 1] - off[q]);
+  auto len = [&](int q, size_t step) {
+    const size_t seg = off[q + 1] - off[q];
+    return step * piece >= seg ? 0 : std::min(piece, seg - step * piece);
+  };
+  auto all_reached = [&](Mailboxes::Counter k, uint64_t v) {
+    for (int q = 0; q < n; ++q) {
+      if (m.counter(q, k).load(std::memory_order_acquire) < v) return false;
+    }
+    return true;
+  };
+  size_t received = 0;
+  for (size_t step = 0; step * piece < max_seg; ++step) {
+    // g numbers the chunks this group staged since it was created (every rank runs the same
+    // operations); slots go round.
+    const uint64_t g = m.counter(r, Mailboxes::kStaged).load(std::memory_order_relaxed);
+    const int slot = static_cast<int>(g % Mailboxes::kStageSlots);
+    if (g >= Mailboxes::kStageSlots) {  // every rank is done with the slot's previous chunk
+      if (auto st = c.t->WaitUntil(
+              [&] { return all_reached(Mailboxes::kCopiedOut, g - Mailboxes::kStageSlots + 1); },
+              c.deadline);
+          !st.ok()) {
+        return st;
+      }
+    }
+    float* mine = reinterpret_cast<float*>(m.stage(r, slot));
+    for (int q = 0; q < n; ++q) {
+      std::memcpy(mine + q * piece, w + off[q] + step * piece, len(q, step) * sizeof(float));
+    }
+    m.counter(r, Mailboxes::kStaged).store(g + 1, std::memory_order_release);
+    if (auto st =
+            c.t->WaitUntil([&] { return all_reached(Mailboxes::kStaged, g + 1); }, c.deadline);
+        !st.ok()) {
+      return st;
+    }
+    // This rank's piece: the others read their own pieces of this slot, never this one.
+    float* acc = mine + r * piece;
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      ReduceInto(acc, reinterpret_cast<const float*>(m.stage(q, slot)) + r * piece, len(r, step),
+                 op);
+      received += len(r, step) * sizeof(float);
+    }
+    m.counter(r, Mailboxes::kReduced).store(g + 1, std::memory_order_release);
+    if (gather) {
+      if (auto st =
+              c.t->WaitUntil([&] { return all_reached(Mailboxes::kReduced, g + 1); }, c.deadline);
+          !st.ok()) {
+        return st;
+      }
+      for (int q = 0; q < n; ++q) {
+        std::memcpy(w + off[q] + step * piece,
+                    reinterpret_cast<const float*>(m.stage(q, slot)) + q * piece,
+                    len(q, step) * sizeof(float));
+        if (q != r) received += len(q, step) * sizeof(float);
+      }
+    } else {
+      std::memcpy(w + off[r] + step * piece, acc, len(r, step) * sizeof(float));
+    }
+    m.counter(r, Mailboxes::kCopiedOut).store(g + 1, std::memory_order_release);
+  }
+  c.t->CountRecv(received);
+  return absl::OkStatus();
 }
 
 uint64_t CanonicalMid(uint64_t lo, uint64_t hi) {

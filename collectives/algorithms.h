@@ -7,6 +7,8 @@
 //   single-copy all-reduce            each rank reduces its segment reading the others'
 //                                      buffers directly (Transport::ReadPeer), then reads their
 //                                      reduced segments; one copy per byte; same host only
+//   staged all-reduce                  the same through shared staging slots, piece by piece;
+//                                      every rank on one host
 //   ordered reduce-scatter             partials keyed by contribution interval, combined by the
 //                                      owner in canonical tree order (PlanCanonicalCombine, which
 //                                      the NCCL communicator runs too): bit-exact for any n
@@ -62,6 +64,14 @@ inline constexpr int kDirectAllGatherRanks = 8;
 [[nodiscard]] absl::Status SingleCopyAllReduce(const OpContext& c, float* w,
                                                const std::vector<size_t>& off, ReduceOp op,
                                                bool gather, uint32_t phase);
+// The same result through the ranks' shared segments (needs c.t->HostShared()): step by step, each
+// rank copies a piece of every segment of w into its staging slot, reduces its own segment's piece
+// reading the peers' slots, and (with `gather`) copies every rank's reduced piece back into w.
+// Plain loads and stores at memory speed with the pieces still in cache, and no system call
+// (single copy's process_vm_readv pins every page it reads).
+[[nodiscard]] absl::Status StagedAllReduce(const OpContext& c, float* w,
+                                           const std::vector<size_t>& off, ReduceOp op,
+                                           bool gather);
 // In place; every rank ends with the bit-identical reduction.
 [[nodiscard]] absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count,
                                                       ReduceOp op, uint32_t phase);

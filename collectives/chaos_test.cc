@@ -19,9 +19,12 @@ constexpr int kRanks = 4;
 constexpr int kVictim = 2;
 constexpr int kLivenessMs = 2000;
 
-void RunChaos(int signal, int64_t limit_ms, size_t count = size_t{16} << 20) {
-  Ranks ranks(kRanks, {"chaos", std::to_string(kVictim), std::to_string(kLivenessMs),
-                       std::to_string(count)});
+void RunChaos(int signal, int64_t limit_ms, size_t count = size_t{16} << 20,
+              bool mailboxes = true) {
+  std::vector<std::string> args = {"chaos", std::to_string(kVictim), std::to_string(kLivenessMs),
+                                   std::to_string(count)};
+  if (!mailboxes) args.push_back("no-mailboxes");
+  Ranks ranks(kRanks, args);
   std::string line;
   // Wait until the victim has received at least one chunk of an all-reduce.
   while (line != "PROGRESS") ASSERT_TRUE(ranks[kVictim].ReadLine(&line)) << "victim exited";
@@ -54,6 +57,11 @@ void RunChaos(int signal, int64_t limit_ms, size_t count = size_t{16} << 20) {
 }
 
 TEST(Chaos, KillNineDuring64MiBAllReduceIsDetectedWithin500ms) { RunChaos(SIGKILL, 500); }
+// The same with the shared segments off: the survivors are reading the victim's buffer with
+// cross-memory attach when it dies.
+TEST(Chaos, KillNineDuring64MiBSingleCopyReadsIsDetectedWithin500ms) {
+  RunChaos(SIGKILL, 500, size_t{16} << 20, /*mailboxes=*/false);
+}
 
 TEST(Chaos, SigstopDuring64MiBAllReduceIsDetectedWithinLivenessTimeout) {
   RunChaos(SIGSTOP, kLivenessMs + 500);

@@ -97,6 +97,9 @@ class Engine : public Communicator {
                                           const CollectiveOptions& o);
   [[nodiscard]] absl::Status RunReduceScatter(const OpContext& c, Buffer in, Buffer out,
                                               ReduceOp op, const CollectiveOptions& o);
+  [[nodiscard]] absl::Status SameHostAllReduce(const OpContext& c, float* w,
+                                               const std::vector<size_t>& off, ReduceOp op,
+                                               bool gather);
   [[nodiscard]] absl::Status RunAllGather(const OpContext& c, Buffer in, Buffer out);
   [[nodiscard]] absl::Status RunBroadcast(const OpContext& c, Buffer buf, int root,
                                           const CollectiveOptions& o);

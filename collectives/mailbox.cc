@@ -19,6 +19,9 @@ struct alignas(64) Mailboxes::Slot {
 };
 
 namespace {
+// Segment layout: the counters' page, the staging slots, then one channel per sender.
+constexpr size_t kCountersBytes = 4096;
+constexpr size_t kChannelsOffset = kCountersBytes + Mailboxes::kStageSlots * Mailboxes::kStageBytes;
 static_assert(Mailboxes::kSlots <= 64, "recv_done_ is a 64-bit mask");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "seq is shared between processes");
 }  // namespace
@@ -41,7 +44,8 @@ absl::StatusOr<std::unique_ptr<Mailboxes>> Mailboxes::Create(int rank,
   m->send_seq_.assign(top + 1, 1);
   m->recv_head_.assign(top + 1, 1);
   m->recv_done_.assign(top + 1, 0);
-  const size_t bytes = std::max<size_t>(local_ranks.size(), 1) * kSlots * kSlotBytes;
+  const size_t bytes =
+      kChannelsOffset + std::max<size_t>(local_ranks.size(), 1) * kSlots * kSlotBytes;
   m->inbox_id_ = shmget(IPC_PRIVATE, bytes, IPC_CREAT | 0600);
   if (m->inbox_id_ < 0) {
     return absl::ResourceExhaustedError(
@@ -83,13 +87,22 @@ absl::Status Mailboxes::Attach(int rank, int shm_id) {
 }
 
 Mailboxes::Slot* Mailboxes::SendSlot(int peer, uint64_t seq) const {
-  auto* channel = static_cast<Slot*>(outboxes_[peer]) + my_index_ * kSlots;
+  auto* channel = reinterpret_cast<Slot*>(segment(peer) + kChannelsOffset) + my_index_ * kSlots;
   return channel + seq % kSlots;
 }
 
 Mailboxes::Slot* Mailboxes::RecvSlot(int peer, uint64_t seq) const {
-  auto* channel = static_cast<Slot*>(inbox_) + local_index_[peer] * kSlots;
+  auto* channel =
+      reinterpret_cast<Slot*>(segment(rank_) + kChannelsOffset) + local_index_[peer] * kSlots;
   return channel + seq % kSlots;
+}
+
+uint8_t* Mailboxes::stage(int rank, int slot) const {
+  return segment(rank) + kCountersBytes + slot * kStageBytes;
+}
+
+std::atomic<uint64_t>& Mailboxes::counter(int rank, Counter which) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + which * 64);
 }
 
 bool Mailboxes::TrySend(int peer, uint64_t tag, const void* buf, size_t bytes) {

@@ -4,8 +4,8 @@
 // buffer: two copies by the two ranks' own threads, a release store and an acquire load, no
 // system call and no UCX; a message that fits beside a slot's header travels in one cache line.
 //
-// Layout: each rank owns an inbox, a System V segment marked for removal as soon as it is
-// created (Linux lets the peers attach it until the last one detaches, so no process death, not
+// Layout: each rank owns a segment (its inbox), a System V segment marked for removal as soon as it
+// is created (Linux lets the peers attach it until the last one detaches, so no process death, not
 // even the owner's, leaves it behind). The inbox holds one channel per sender of the same host,
 // kSlots slots each. Message k (k = 1, 2, ...) of a channel goes into slot k % kSlots; the slot's
 // `seq` word says what it holds: 0 free, k full (written last, with release order, by the sender;
@@ -56,10 +56,23 @@ class Mailboxes {
   // when none has arrived, an error when it is not `bytes` long (sender and receiver disagree).
   [[nodiscard]] absl::StatusOr<bool> TryRecv(int peer, uint64_t tag, void* buf, size_t bytes);
 
+  // The staging area of the same-host all-reduce (StagedAllReduce in algorithms.h), in the same
+  // segment: kStageSlots slots of kStageBytes, and three counters on cache lines of their own,
+  // each written by its owner only and read by the peers: chunks staged, reduced, copied out.
+  static constexpr int kStageSlots = 4;
+  static constexpr size_t kStageBytes = 256 * 1024;
+  enum Counter { kStaged = 0, kReduced = 1, kCopiedOut = 2 };
+  // Of this rank or an attached peer.
+  uint8_t* stage(int rank, int slot) const;
+  std::atomic<uint64_t>& counter(int rank, Counter which) const;
+
  private:
   struct Slot;
   struct Channel;
   Mailboxes() = default;
+  uint8_t* segment(int rank) const {
+    return static_cast<uint8_t*>(rank == rank_ ? inbox_ : outboxes_[rank]);
+  }
   Slot* SendSlot(int peer, uint64_t seq) const;
   Slot* RecvSlot(int peer, uint64_t seq) const;
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -27,6 +28,8 @@ inline uint64_t OpTag(uint64_t seq, uint32_t sub) {
 inline uint64_t UserTag(uint32_t tag) { return (uint64_t{1} << 47) | (tag & 0x7fffffffu); }
 
 using ReqId = uint64_t;
+
+class Mailboxes;
 
 class Transport {
  public:
@@ -63,6 +66,16 @@ class Transport {
     return absl::UnimplementedError("collectives: this transport cannot read peers' memory");
   }
 
+  // The shared-memory segments of the ranks, when every rank is on this host and each has mapped
+  // every other's (StagedAllReduce); null otherwise.
+  virtual Mailboxes* HostShared() { return nullptr; }
+  // Polls `ready` until it holds (executor thread only), with WaitAll's idle policy; fails like
+  // WaitAll when the transport failed or the deadline passed.
+  [[nodiscard]] virtual absl::Status WaitUntil(absl::FunctionRef<bool()> /*ready*/,
+                                               absl::Time /*deadline*/) {
+    return absl::UnimplementedError("collectives: this transport has no shared segments");
+  }
+
   // A reusable scratch area of at least `bytes` (registered with the NIC where that matters).
   // `slot` selects one of several independent areas. Valid until the next call with that slot.
   virtual void* Scratch(int slot, size_t bytes) = 0;
@@ -71,7 +84,8 @@ class Transport {
   uint64_t bytes_received() const { return bytes_received_.load(std::memory_order_relaxed); }
   uint64_t messages_sent() const { return messages_sent_.load(std::memory_order_relaxed); }
 
- protected:
+  // Counted by the transport's own Post*/ReadPeer, and by algorithms that move data through
+  // shared memory themselves.
   void CountSend(size_t n) {
     bytes_sent_.fetch_add(n, std::memory_order_relaxed);
     messages_sent_.fetch_add(1, std::memory_order_relaxed);

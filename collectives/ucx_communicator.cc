@@ -191,8 +191,10 @@ class UcxTransport : public Transport {
   std::string Describe() {
     std::string out = absl::StrCat(
         "single copy (cross-memory attach, kSingleCopy above CollectiveOptions::small_bytes): ",
-        single_copy_ ? "on" : "off", "\n", "shared-memory mailboxes (collective messages up to ",
-        Mailboxes::kPayloadBytes,
+        single_copy_ ? "on" : "off", "\n",
+        "staged all-reduce (kSingleCopy through the shared segments, preferred): ",
+        HostShared() != nullptr ? "on" : "off", "\n",
+        "shared-memory mailboxes (collective messages up to ", Mailboxes::kPayloadBytes,
         " bytes between ranks of this host): ", boxes_ != nullptr ? "on" : "off", "\n");
     for (int j = 0; j < size_; ++j) {
       if (j == rank_ || eps_[j] == nullptr) continue;
@@ -403,13 +405,30 @@ class UcxTransport : public Transport {
       all_read = all_read && (*ok)[0] == '1';
       all_attached = all_attached && ok->size() == 3 && (*ok)[2] == '1';
     }
-    single_copy_ = all_read && static_cast<int>(local.size()) == size_;
+    all_local_ = static_cast<int>(local.size()) == size_;
+    single_copy_ = all_read && all_local_;
     if (!all_attached) boxes_.reset();
     box_queued_.assign(size_, 0);
     return absl::OkStatus();
   }
 
   bool CanReadPeers() const override { return single_copy_; }
+
+  Mailboxes* HostShared() override { return all_local_ ? boxes_.get() : nullptr; }
+
+  absl::Status WaitUntil(absl::FunctionRef<bool()> ready, absl::Time deadline) override {
+    int idle = 0;
+    for (uint64_t iter = 0; !ready(); ++iter) {
+      if (auto st = failure(); !st.ok()) return st;
+      if ((iter & 255) == 255 && absl::Now() > deadline) {
+        return FailWith(absl::DeadlineExceededError(
+            absl::StrCat("collectives: rank ", rank_,
+                         " operation deadline passed waiting for the peers' shared segments")));
+      }
+      IdleWait(++idle);
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
@@ -675,6 +694,7 @@ class UcxTransport : public Transport {
   std::vector<int> box_queued_;  // by peer: sends in box_sends_
   std::vector<int> blocked_;     // ProgressBoxes: peers whose oldest queued send is still waiting
   bool single_copy_ = false;
+  bool all_local_ = false;       // every rank is on this host
   std::vector<pid_t> pids_;      // peers' pids, for ReadPeer
   uint64_t cookie_[2] = {0, 0};  // reaped requests, reused (no malloc per message)
   // Idle progress polls before WaitAll yields the CPU: spin while every rank may have a vCPU of

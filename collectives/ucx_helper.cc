@@ -1,6 +1,7 @@
 // A rank of a multi-process UCX test: the test driver fork/execs one per rank.
 //   ucx_helper <bootstrap> <rank> <size> <scenario> [args...]
-// Scenarios: matrix <max count> [no-mailboxes]; chaos <victim> <liveness ms> [count];
+// Scenarios: matrix <max count> [no-mailboxes]; chaos <victim> <liveness ms> [count
+// [no-mailboxes]];
 // compress.
 // <bootstrap>: PORT (a bootstrap server on 127.0.0.1), HOST:PORT, or listen:HOST:PORT (this rank
 // also serves the bootstrap there: for ranks on several hosts).
@@ -149,19 +150,23 @@ int Matrix(Ctx& c, size_t max_count, bool mailboxes) {
   for (absl::string_view line : absl::StrSplit(transports, '\n')) {
     if (!line.empty()) Say(absl::StrCat("DESCRIBE ", line));
   }
-  if (absl::StrContains(transports, "single copy (cross-memory attach, ")) {
-    Say(absl::StrContains(transports, "): on") ? "SINGLE_COPY on" : "SINGLE_COPY off");
-  }
-  if (absl::StrContains(transports, "shared-memory mailboxes (")) {
-    Say(absl::StrContains(transports, "this host): on") ? "MAILBOXES on" : "MAILBOXES off");
+  for (absl::string_view line : absl::StrSplit(transports, '\n')) {
+    for (const auto& [prefix, name] :
+         {std::pair<const char*, const char*>{"single copy (", "SINGLE_COPY"},
+          {"staged all-reduce (", "STAGED"},
+          {"shared-memory mailboxes (", "MAILBOXES"}}) {
+      if (absl::StartsWith(line, prefix)) {
+        Say(absl::StrCat(name, absl::EndsWith(line, ": on") ? " on" : " off"));
+      }
+    }
   }
   return ok ? 0 : 1;
 }
 
 // Loops all-reduces of `count` floats until one fails; reports when and how; then rebuilds a
 // communicator over the survivors (generation 1) and checks an all-reduce there.
-int Chaos(Ctx& c, int victim, absl::Duration liveness, size_t count) {
-  auto comm = Make(c, c.rank, c.size, 0, liveness);
+int Chaos(Ctx& c, int victim, absl::Duration liveness, size_t count, bool mailboxes) {
+  auto comm = Make(c, c.rank, c.size, 0, liveness, mailboxes);
   std::vector<float> buf(count, 1.0f);
   std::atomic<bool> stop{false};
   std::thread watch([&] {
@@ -304,7 +309,8 @@ int main(int argc, char** argv) {
   }
   if (scenario == "chaos") {
     return Chaos(c, std::atoi(argv[5]), absl::Milliseconds(std::atoi(argv[6])),
-                 argc > 7 ? std::strtoull(argv[7], nullptr, 10) : size_t{16} << 20);
+                 argc > 7 ? std::strtoull(argv[7], nullptr, 10) : size_t{16} << 20,
+                 !(argc > 8 && std::string(argv[8]) == "no-mailboxes"));
   }
   if (scenario == "compress") return RunCompression(c);
   Say("FAIL unknown scenario " + scenario);

@@ -31,12 +31,17 @@ void RunMatrix(int n, size_t max_count, bool mailboxes = true) {
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " status " << st << "\n"
                                                        << ranks[r].Output();
     // Processes of one user on one host may read each other's memory (as root always), so the
-    // large all-reduces above ran single-copy; elsewhere they fall back to the ring.
+    // large all-reduces above ran single-copy where the shared segments were off; with them on,
+    // staged through them.
     if (geteuid() == 0) {
       EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(), "SINGLE_COPY on"),
                 ranks[r].lines.end())
           << ranks[r].Output();
     }
+    EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(),
+                        mailboxes ? "STAGED on" : "STAGED off"),
+              ranks[r].lines.end())
+        << ranks[r].Output();
     // Every rank is on this host: the small messages above went through the shared-memory
     // mailboxes, or (switched off) through UCX.
     EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(),

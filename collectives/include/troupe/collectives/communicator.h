@@ -44,11 +44,12 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 // `CollectiveOptions::small_bytes`, ring reduce-scatter + all-gather above).
 // kOrdered is the deterministic mode: each element is reduced by the canonical tree over
 // contribution intervals (ARCHITECTURE.md, "Determinism"), bit-exact for any group size.
-// kSingleCopy (AllReduce, ReduceScatter): every rank reduces its segment by reading the other
-// ranks' buffers straight from their memory, then reads their reduced segments — one copy per
-// byte instead of the two that moving data through shared-memory queues costs. Needs peers whose
-// memory the backend can read (UCX: same host, Linux cross-memory attach, probed at creation;
-// in-process: always); elsewhere it runs kRing. kAuto picks it above `small_bytes` where it can.
+// kSingleCopy (AllReduce, ReduceScatter), the same-host algorithm: every rank reduces its segment
+// reading the other ranks' data in memory they share, then takes their reduced segments — no
+// message queues in between. UCX with every rank on one host: piece by piece through the ranks'
+// shared staging segments (mailboxes on), else reading the peers' buffers directly (Linux
+// cross-memory attach, probed at creation); in-process: the peers' buffers. Elsewhere it runs
+// kRing. kAuto picks it above `small_bytes` where it can.
 enum class Algorithm : uint8_t {
   kAuto = 0,
   kRing = 1,
