@@ -112,8 +112,10 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
         return st;
       }
     }
+    // The other ranks' pieces go into the slot; this rank's own piece stays in w.
     float* mine = reinterpret_cast<float*>(m.stage(r, slot));
     for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
       std::memcpy(mine + q * piece, w + off[q] + step * piece, len(q, step) * sizeof(float));
     }
     m.counter(r, Mailboxes::kStaged).store(g + 1, std::memory_order_release);
@@ -122,14 +124,16 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
         !st.ok()) {
       return st;
     }
-    // This rank's piece: the others read their own pieces of this slot, never this one.
-    float* acc = mine + r * piece;
+    // This rank's piece, reduced in w; with `gather` published in the slot's own piece, which
+    // the others read only after kReduced.
+    float* acc = w + off[r] + step * piece;
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
       ReduceInto(acc, reinterpret_cast<const float*>(m.stage(q, slot)) + r * piece, len(r, step),
                  op);
       received += len(r, step) * sizeof(float);
     }
+    if (gather) std::memcpy(mine + r * piece, acc, len(r, step) * sizeof(float));
     m.counter(r, Mailboxes::kReduced).store(g + 1, std::memory_order_release);
     if (gather) {
       if (auto st =
@@ -138,13 +142,12 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
         return st;
       }
       for (int q = 0; q < n; ++q) {
+        if (q == r) continue;
         std::memcpy(w + off[q] + step * piece,
                     reinterpret_cast<const float*>(m.stage(q, slot)) + q * piece,
                     len(q, step) * sizeof(float));
-        if (q != r) received += len(q, step) * sizeof(float);
+        received += len(q, step) * sizeof(float);
       }
-    } else {
-      std::memcpy(w + off[r] + step * piece, acc, len(r, step) * sizeof(float));
     }
     m.counter(r, Mailboxes::kCopiedOut).store(g + 1, std::memory_order_release);
   }

@@ -65,8 +65,9 @@ inline constexpr int kDirectAllGatherRanks = 8;
                                                const std::vector<size_t>& off, ReduceOp op,
                                                bool gather, uint32_t phase);
 // The same result through the ranks' shared segments (needs c.t->HostShared()): step by step, each
-// rank copies a piece of every segment of w into its staging slot, reduces its own segment's piece
-// reading the peers' slots, and (with `gather`) copies every rank's reduced piece back into w.
+// rank copies a piece of every other rank's segment of w into its staging slot, reduces its own
+// segment's piece in w reading the peers' slots, and (with `gather`) publishes it in its slot and
+// copies the others' reduced pieces into w.
 // Plain loads and stores at memory speed with the pieces still in cache, and no system call
 // (single copy's process_vm_readv pins every page it reads).
 [[nodiscard]] absl::Status StagedAllReduce(const OpContext& c, float* w,

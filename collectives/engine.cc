@@ -111,6 +111,8 @@ void FromWork(const float* w, const Buffer& out, size_t count) {
 
 }  // namespace
 
+// What a waiting caller helps through. Its mutex is the engine's execution lock (held by whoever
+// runs operations), so that destroying the engine waits for helping threads to leave.
 struct Engine::HelperImpl : Work::Helper {
   std::mutex mu;
   Engine* engine = nullptr;
@@ -158,20 +160,20 @@ void Engine::Abort(absl::Status status) {
   cv_.notify_all();
 }
 
-Work Engine::Submit(Item item) {
+Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uint32_t tag,
+                    const CollectiveOptions& o) {
   auto state = std::make_shared<Work::State>();
   state->helper = helper_;
-  item.state = state;
-  item.deadline = CoarseNow() + item.o.timeout;
+  const absl::Time deadline = CoarseNow() + o.timeout;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
     // Only collectives take a sequence number (their message tags derive from it): ranks issue
     // different point-to-point operations, and counting those would shift every later collective's
     // tags on some ranks only.
-    item.seq = item.point_to_point() ? 0 : next_seq_++;
-    item.ticket = next_ticket_++;
-    queue_.push_back(std::move(item));
+    const bool p2p = kind == Kind::kSend || kind == Kind::kRecv;
+    queue_.push_back(Item{kind, in, out, op, peer, tag, o, p2p ? 0 : next_seq_++, next_ticket_++,
+                          deadline, state});
   }
   // No notify: a caller that waits runs the operation itself (a thread hand-off costs tens of
   // microseconds on a busy 2-vCPU host); the executor thread polls the queue every
@@ -223,23 +225,18 @@ bool Engine::PollPointToPoint() {
 }
 
 bool Engine::RunOne() {
-  Item item;
-  absl::Status failed;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (queue_.empty()) {
-      if (p2p_.empty()) return false;
-    } else {
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      failed = failed_;
-    }
-  }
-  if (!item.state) {  // nothing queued: progress the pending point-to-point requests
+  std::unique_lock<std::mutex> l(mu_);
+  if (queue_.empty()) {  // nothing queued: progress the pending point-to-point requests
+    l.unlock();
+    if (p2p_.empty()) return false;
     if (!PollPointToPoint()) std::this_thread::yield();
     has_p2p_ = !p2p_.empty();
     return true;
   }
+  Item item = std::move(queue_.front());
+  queue_.pop_front();
+  const absl::Status failed = failed_;
+  l.unlock();
   if (!failed.ok()) {
     Complete(item, failed);
     return true;
@@ -271,7 +268,6 @@ bool Engine::RunOne() {
 }
 
 void Engine::Help(const Work::State* target) {
-  std::unique_lock<std::mutex> ex(exec_mu_);
   while (!target->done.HasBeenNotified()) {
     if (!RunOne()) return;  // the executor thread owns it now; the caller blocks on `done`
   }
@@ -291,14 +287,14 @@ void Engine::Run() {
       if (stop_ && queue_.empty() && !has_p2p_) break;
       stop = stop_;
       // Only an operation that waited a whole poll is taken: one just queued is the caller's to
-      // run when it waits, and taking it would make that caller sleep on exec_mu_ instead.
+      // run when it waits, and taking it would make that caller sleep on the execution lock.
       stale = !queue_.empty() && queue_.front().ticket < seen;
       seen = next_ticket_;
     }
     if (!stale && !has_p2p_ && !stop) continue;
-    // A caller that holds exec_mu_ is running operations: nothing to do (blocking here would
-    // wake this thread after each of them, on the vCPU a peer rank may be polling on).
-    std::unique_lock<std::mutex> ex(exec_mu_, std::defer_lock);
+    // A caller that holds the execution lock is running operations: nothing to do (blocking here
+    // would wake this thread after each of them, on the vCPU a peer rank may be polling on).
+    std::unique_lock<std::mutex> ex(helper_->mu, std::defer_lock);
     if (stop) {
       ex.lock();
     } else if (!ex.try_lock()) {
@@ -309,7 +305,7 @@ void Engine::Run() {
       if (queue_.empty()) break;
     }
   }
-  std::unique_lock<std::mutex> ex(exec_mu_);
+  std::unique_lock<std::mutex> ex(helper_->mu);
   for (auto& [id, item] : p2p_) Complete(item, failed_copy());
   p2p_.clear();
 }
@@ -330,13 +326,7 @@ Work Engine::AllReduce(Buffer in, Buffer out, ReduceOp op, const CollectiveOptio
           absl::InvalidArgumentError("AllReduce: compression expects op kSum or kAvg, got kMax"));
     }
   }
-  Item item;
-  item.kind = Kind::kAllReduce;
-  item.in = in;
-  item.out = out;
-  item.op = op;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kAllReduce, in, out, op, 0, 0, o);
 }
 
 absl::Status Engine::Execute(const OpContext& c, const Item& item) {
@@ -443,13 +433,7 @@ Work Engine::ReduceScatter(Buffer in, Buffer out, ReduceOp op, const CollectiveO
     return Work::Done(absl::InvalidArgumentError(
         "ReduceScatter: compression expected kNone (supported by AllReduce only)"));
   }
-  Item item;
-  item.kind = Kind::kReduceScatter;
-  item.in = in;
-  item.out = out;
-  item.op = op;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kReduceScatter, in, out, op, 0, 0, o);
 }
 
 absl::Status Engine::RunReduceScatter(const OpContext& c, Buffer in, Buffer out, ReduceOp op,
@@ -489,12 +473,7 @@ Work Engine::AllGather(Buffer in, Buffer out, const CollectiveOptions& o) {
                              out.count)}) {
     if (!st.ok()) return Work::Done(st);
   }
-  Item item;
-  item.kind = Kind::kAllGather;
-  item.in = in;
-  item.out = out;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kAllGather, in, out, ReduceOp::kSum, 0, 0, o);
 }
 
 absl::Status Engine::RunAllGather(const OpContext& c, Buffer in, Buffer out) {
@@ -514,12 +493,7 @@ Work Engine::Broadcast(Buffer buf, int root, const CollectiveOptions& o) {
     return Work::Done(absl::InvalidArgumentError(
         absl::StrCat("Broadcast: root expected in [0, ", size(), "), got ", root)));
   }
-  Item item;
-  item.kind = Kind::kBroadcast;
-  item.in = buf;
-  item.peer = root;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kBroadcast, buf, Buffer{}, ReduceOp::kSum, root, 0, o);
 }
 
 absl::Status Engine::RunBroadcast(const OpContext& c, Buffer buf, int root,
@@ -537,13 +511,7 @@ Work Engine::Send(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o
     return Work::Done(absl::InvalidArgumentError(absl::StrCat(
         "Send: peer expected in [0, ", size(), ") and not this rank ", rank(), ", got ", peer)));
   }
-  Item item;
-  item.kind = Kind::kSend;
-  item.in = buf;
-  item.peer = peer;
-  item.tag = tag;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kSend, buf, Buffer{}, ReduceOp::kSum, peer, tag, o);
 }
 
 Work Engine::Recv(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o) {
@@ -552,20 +520,11 @@ Work Engine::Recv(Buffer buf, int peer, uint32_t tag, const CollectiveOptions& o
     return Work::Done(absl::InvalidArgumentError(absl::StrCat(
         "Recv: peer expected in [0, ", size(), ") and not this rank ", rank(), ", got ", peer)));
   }
-  Item item;
-  item.kind = Kind::kRecv;
-  item.in = buf;
-  item.peer = peer;
-  item.tag = tag;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kRecv, buf, Buffer{}, ReduceOp::kSum, peer, tag, o);
 }
 
 Work Engine::Barrier(const CollectiveOptions& o) {
-  Item item;
-  item.kind = Kind::kBarrier;
-  item.o = o;
-  return Submit(std::move(item));
+  return Submit(Kind::kBarrier, Buffer{}, Buffer{}, ReduceOp::kSum, 0, 0, o);
 }
 
 CommStats Engine::stats() const {

@@ -75,16 +75,18 @@ class Engine : public Communicator {
     bool point_to_point() const { return kind == Kind::kSend || kind == Kind::kRecv; }
   };
   struct HelperImpl;
-  Work Submit(Item item);
+  Work Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uint32_t tag,
+              const CollectiveOptions& o);
   // Runs a collective on the calling (executing) thread.
   [[nodiscard]] absl::Status Execute(const OpContext& c, const Item& item);
   // Posts a point-to-point operation; it completes in the background.
   [[nodiscard]] absl::StatusOr<ReqId> Post(const OpContext& c, const Item& item);
   void Run();
-  // Runs queued operations in order on the calling thread until `target` completed.
+  // Runs queued operations in order on the calling thread until `target` completed. Caller holds
+  // the execution lock (helper_->mu).
   void Help(const Work::State* target);
-  // Executes one queued operation or polls pending point-to-point requests. Caller holds
-  // exec_mu_. Returns false when there was nothing to do.
+  // Executes one queued operation or polls pending point-to-point requests. Caller holds the
+  // execution lock. Returns false when there was nothing to do.
   bool RunOne();
   // Completes finished point-to-point requests; returns true if any completed.
   bool PollPointToPoint();
@@ -110,8 +112,7 @@ class Engine : public Communicator {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
-  std::mutex exec_mu_;                       // held by whoever runs operations
-  std::vector<std::pair<ReqId, Item>> p2p_;  // guarded by exec_mu_
+  std::vector<std::pair<ReqId, Item>> p2p_;  // guarded by the execution lock (helper_->mu)
   std::atomic<bool> has_p2p_{false};
   std::shared_ptr<HelperImpl> helper_;
   absl::Status failed_;

@@ -44,8 +44,10 @@ absl::StatusOr<std::unique_ptr<Mailboxes>> Mailboxes::Create(int rank,
   m->send_seq_.assign(top + 1, 1);
   m->recv_head_.assign(top + 1, 1);
   m->recv_done_.assign(top + 1, 0);
-  const size_t bytes =
-      kChannelsOffset + std::max<size_t>(local_ranks.size(), 1) * kSlots * kSlotBytes;
+  m->local_count_ = local_ranks.size();
+  m->acked_.assign(top + 1, 1);
+  // Channels, then each channel's head (on a cache line of its own).
+  const size_t bytes = kChannelsOffset + local_ranks.size() * (kSlots * kSlotBytes + 64);
   m->inbox_id_ = shmget(IPC_PRIVATE, bytes, IPC_CREAT | 0600);
   if (m->inbox_id_ < 0) {
     return absl::ResourceExhaustedError(
@@ -59,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Mailboxes>> Mailboxes::Create(int rank,
     return absl::ResourceExhaustedError(
         absl::StrCat("Mailboxes: shmat of this rank's inbox failed: ", std::strerror(err)));
   }
-  m->inbox_ = p;  // zero-filled by the kernel: every slot free
+  m->inbox_ = p;  // zero-filled by the kernel: no slot holds a message (they are numbered from 1)
   return m;
 }
 
@@ -101,14 +103,22 @@ uint8_t* Mailboxes::stage(int rank, int slot) const {
   return segment(rank) + kCountersBytes + slot * kStageBytes;
 }
 
+std::atomic<uint64_t>& Mailboxes::Head(uint8_t* segment, int sender) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(
+      segment + kChannelsOffset + local_count_ * kSlots * kSlotBytes + sender * 64);
+}
+
 std::atomic<uint64_t>& Mailboxes::counter(int rank, Counter which) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + which * 64);
 }
 
 bool Mailboxes::TrySend(int peer, uint64_t tag, const void* buf, size_t bytes) {
   const uint64_t seq = send_seq_[peer];
+  if (seq - acked_[peer] >= kSlots) {  // the slot's previous message may not be copied out yet
+    acked_[peer] = Head(segment(peer), my_index_).load(std::memory_order_acquire);
+    if (seq - acked_[peer] >= kSlots) return false;
+  }
   Slot* s = SendSlot(peer, seq);
-  if (s->seq.load(std::memory_order_acquire) != 0) return false;  // not yet copied out
   s->tag = tag;
   s->bytes = bytes;
   std::memcpy(s->payload, buf, bytes);
@@ -123,7 +133,8 @@ absl::StatusOr<bool> Mailboxes::TryRecv(int peer, uint64_t tag, void* buf, size_
   for (int k = 0; k < kSlots; ++k) {
     if (done >> k & 1) continue;  // received out of order already
     Slot* s = RecvSlot(peer, head + k);
-    // The sender fills a channel's slots in order: the first empty one ends what has arrived.
+    // The sender fills a channel's slots in order: the first one without its message (it holds
+    // an older one) ends what has arrived.
     if (s->seq.load(std::memory_order_acquire) != head + k) return false;
     if (s->tag != tag) continue;
     if (s->bytes != bytes) {
@@ -132,11 +143,13 @@ absl::StatusOr<bool> Mailboxes::TryRecv(int peer, uint64_t tag, void* buf, size_
                                               "), got ", s->bytes, " bytes"));
     }
     std::memcpy(buf, s->payload, bytes);
-    s->seq.store(0, std::memory_order_release);
     done |= uint64_t{1} << k;
-    while (done & 1) {  // advance past the prefix received
-      done >>= 1;
-      ++recv_head_[peer];
+    if (done & 1) {  // advance past the prefix received, and let the sender reuse those slots
+      while (done & 1) {
+        done >>= 1;
+        ++recv_head_[peer];
+      }
+      Head(segment(rank_), local_index_[peer]).store(recv_head_[peer], std::memory_order_release);
     }
     return true;
   }

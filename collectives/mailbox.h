@@ -7,9 +7,11 @@
 // Layout: each rank owns a segment (its inbox), a System V segment marked for removal as soon as it
 // is created (Linux lets the peers attach it until the last one detaches, so no process death, not
 // even the owner's, leaves it behind). The inbox holds one channel per sender of the same host,
-// kSlots slots each. Message k (k = 1, 2, ...) of a channel goes into slot k % kSlots; the slot's
-// `seq` word says what it holds: 0 free, k full (written last, with release order, by the sender;
-// cleared by the receiver once it copied the message out).
+// kSlots slots each, and each channel's head. Message k (k = 1, 2, ...) of a channel goes into
+// slot k % kSlots; the slot's `seq` word, written last with release order, says which message it
+// holds. Only the sender writes a slot, only the receiver the head: the number of the oldest
+// message not yet copied out, which the sender reads before it reuses a slot (once per kSlots
+// messages) — one cache line crosses between the two cores per message.
 //
 // Matching: a receive takes the oldest message of its channel whose tag matches (per sender and
 // tag the messages are received in the order they were sent), so receives may be posted in any
@@ -73,6 +75,7 @@ class Mailboxes {
   uint8_t* segment(int rank) const {
     return static_cast<uint8_t*>(rank == rank_ ? inbox_ : outboxes_[rank]);
   }
+  std::atomic<uint64_t>& Head(uint8_t* segment, int sender) const;
   Slot* SendSlot(int peer, uint64_t seq) const;
   Slot* RecvSlot(int peer, uint64_t seq) const;
 
@@ -85,6 +88,8 @@ class Mailboxes {
   // Per peer rank: the next sequence number to send; the oldest not yet received and a bit mask of
   // the ones after it already received (out of order).
   std::vector<uint64_t> send_seq_, recv_head_, recv_done_;
+  std::vector<uint64_t> acked_;  // per peer: its head as last read (no message before it pending)
+  size_t local_count_ = 0;
 };
 
 }  // namespace troupe::collectives
