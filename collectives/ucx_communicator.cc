@@ -72,7 +72,7 @@ class UcxTransport : public Transport {
     reqs_.push_back(std::make_unique<Req>());  // id 0
   }
   ~UcxTransport() override {
-    if (dirty_ || !reqs_.empty()) {
+    if (dirty_ || live_ucx_ > 0) {
       // A failed worker is leaked on purpose: destroying it purges requests still pending to
       // a dead peer, which trips assertions inside UCX 1.13 without UCP_ERR_HANDLING_MODE_PEER,
       // and never progressing it again guarantees no late transfer lands in a user buffer.
