@@ -2,11 +2,12 @@
 //   ucx_helper <bootstrap> <rank> <size> <scenario> [args...]
 // Scenarios: matrix <max count> [no-mailboxes]; chaos <victim> <liveness ms> [count
 // [no-mailboxes]];
-// compress.
+// compress; churn.
 // <bootstrap>: PORT (a bootstrap server on 127.0.0.1), HOST:PORT, or listen:HOST:PORT (this rank
 // also serves the bootstrap there: for ranks on several hosts).
 // Prints result lines on stdout ("OK ...", "FAIL ...", "PROGRESS", "ERROR <mono_ns> ...") and
 // exits 0 only if the scenario passed.
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -197,6 +198,38 @@ int Chaos(Ctx& c, int victim, absl::Duration liveness, size_t count, bool mailbo
   return 0;
 }
 
+// Open file descriptors of this process.
+int OpenFds() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n;
+}
+
+// Communicators of successive generations created, used (small and staged all-reduces) and
+// destroyed healthy: nothing of theirs (UCX workers and their files, shared segments) may stay.
+int Churn(Ctx& c) {
+  std::vector<float> buf(size_t{1} << 20, 1.0f);
+  auto use = [&](uint64_t gen) {
+    auto comm = Make(c, c.rank, c.size, gen);
+    return comm->AllReduce(Buffer::F32(buf.data(), 2), Buffer::F32(buf.data(), 2), ReduceOp::kMax,
+                           {})
+               .Wait()
+               .ok() &&
+           comm->AllReduce(Buffer::F32(buf), Buffer::F32(buf), ReduceOp::kMax, {}).Wait().ok();
+  };
+  if (!use(0)) return 1;  // the first one also opens what UCX keeps for the process
+  const int before = OpenFds();
+  for (uint64_t gen = 1; gen <= 10; ++gen) {
+    if (!use(gen)) return 1;
+  }
+  const int after = OpenFds();
+  Say(absl::StrCat("CHURN fds ", before, " -> ", after));
+  return after <= before ? 0 : 1;
+}
+
 // Data-parallel least squares over the ranks: full gradient all-reduce vs top-k 1% with error
 // feedback, same steps and learning rate. Prints both final losses and the bytes each run
 // handed to UCX's send calls.
@@ -313,6 +346,7 @@ int main(int argc, char** argv) {
                  !(argc > 8 && std::string(argv[8]) == "no-mailboxes"));
   }
   if (scenario == "compress") return RunCompression(c);
+  if (scenario == "churn") return Churn(c);
   Say("FAIL unknown scenario " + scenario);
   return 2;
 }

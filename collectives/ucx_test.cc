@@ -58,6 +58,15 @@ TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
   RunMatrix(4, size_t{262147}, /*mailboxes=*/false);
 }
 
+TEST(UcxProcesses, CommunicatorsDestroyedHealthyLeaveNoFileBehind) {
+  Ranks ranks(2, {"churn"});
+  for (int r = 0; r < 2; ++r) {
+    int st = ranks[r].Wait();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "ten communicators created and destroyed: " << ranks[r].Output();
+  }
+}
+
 TEST(UcxProcesses, TopKWithErrorFeedbackCutsBytesAndKeepsTheLoss) {
   Ranks ranks(4, {"compress"});
   for (int r = 0; r < 4; ++r) {
