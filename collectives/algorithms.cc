@@ -92,11 +92,16 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     const size_t seg = off[q + 1] - off[q];
     return step * piece >= seg ? 0 : std::min(piece, seg - step * piece);
   };
-  auto all_reached = [&](Mailboxes::Counter k, uint64_t v) {
-    for (int q = 0; q < n; ++q) {
-      if (m.counter(q, k).load(std::memory_order_acquire) < v) return false;
-    }
-    return true;
+  // Waits until every rank's counter `k` reached `v`.
+  auto await_all = [&](Mailboxes::Counter k, uint64_t v) {
+    return c.t->WaitUntil(
+        [&] {
+          for (int q = 0; q < n; ++q) {
+            if (m.counter(q, k).load(std::memory_order_acquire) < v) return false;
+          }
+          return true;
+        },
+        c.deadline);
   };
   size_t received = 0;
   for (size_t step = 0; step * piece < max_seg; ++step) {
@@ -105,10 +110,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     const uint64_t g = m.counter(r, Mailboxes::kStaged).load(std::memory_order_relaxed);
     const int slot = static_cast<int>(g % Mailboxes::kStageSlots);
     if (g >= Mailboxes::kStageSlots) {  // every rank is done with the slot's previous chunk
-      if (auto st = c.t->WaitUntil(
-              [&] { return all_reached(Mailboxes::kCopiedOut, g - Mailboxes::kStageSlots + 1); },
-              c.deadline);
-          !st.ok()) {
+      if (auto st = await_all(Mailboxes::kCopiedOut, g - Mailboxes::kStageSlots + 1); !st.ok()) {
         return st;
       }
     }
@@ -119,11 +121,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
       std::memcpy(mine + q * piece, w + off[q] + step * piece, len(q, step) * sizeof(float));
     }
     m.counter(r, Mailboxes::kStaged).store(g + 1, std::memory_order_release);
-    if (auto st =
-            c.t->WaitUntil([&] { return all_reached(Mailboxes::kStaged, g + 1); }, c.deadline);
-        !st.ok()) {
-      return st;
-    }
+    if (auto st = await_all(Mailboxes::kStaged, g + 1); !st.ok()) return st;
     // This rank's piece, reduced in w; with `gather` published in the slot's own piece, which
     // the others read only after kReduced.
     float* acc = w + off[r] + step * piece;
@@ -136,11 +134,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     if (gather) std::memcpy(mine + r * piece, acc, len(r, step) * sizeof(float));
     m.counter(r, Mailboxes::kReduced).store(g + 1, std::memory_order_release);
     if (gather) {
-      if (auto st =
-              c.t->WaitUntil([&] { return all_reached(Mailboxes::kReduced, g + 1); }, c.deadline);
-          !st.ok()) {
-        return st;
-      }
+      if (auto st = await_all(Mailboxes::kReduced, g + 1); !st.ok()) return st;
       for (int q = 0; q < n; ++q) {
         if (q == r) continue;
         std::memcpy(w + off[q] + step * piece,

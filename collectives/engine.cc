@@ -171,9 +171,8 @@ Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uin
     // Only collectives take a sequence number (their message tags derive from it): ranks issue
     // different point-to-point operations, and counting those would shift every later collective's
     // tags on some ranks only.
-    const bool p2p = kind == Kind::kSend || kind == Kind::kRecv;
-    queue_.push_back(Item{kind, in, out, op, peer, tag, o, p2p ? 0 : next_seq_++, next_ticket_++,
-                          deadline, state});
+    queue_.push_back(Item{kind, in, out, op, peer, tag, o, PointToPoint(kind) ? 0 : next_seq_++,
+                          next_ticket_++, deadline, state});
   }
   // No notify: a caller that waits runs the operation itself (a thread hand-off costs tens of
   // microseconds on a busy 2-vCPU host); the executor thread polls the queue every
@@ -245,7 +244,7 @@ bool Engine::RunOne() {
   c.t = transport_.get();
   c.seq = item.seq;
   c.deadline = item.deadline;
-  if (item.point_to_point()) {
+  if (PointToPoint(item.kind)) {
     absl::StatusOr<ReqId> id = Post(c, item);
     if (!id.ok()) {
       FailOp(id.status());

@@ -72,8 +72,8 @@ class Engine : public Communicator {
     uint64_t ticket = 0;  // order of submission, every operation
     absl::Time deadline;
     std::shared_ptr<Work::State> state;
-    bool point_to_point() const { return kind == Kind::kSend || kind == Kind::kRecv; }
   };
+  static bool PointToPoint(Kind k) { return k == Kind::kSend || k == Kind::kRecv; }
   struct HelperImpl;
   Work Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uint32_t tag,
               const CollectiveOptions& o);

@@ -70,7 +70,6 @@ class Mailboxes {
 
  private:
   struct Slot;
-  struct Channel;
   Mailboxes() = default;
   uint8_t* segment(int rank) const {
     return static_cast<uint8_t*>(rank == rank_ ? inbox_ : outboxes_[rank]);

@@ -41,7 +41,6 @@ struct Req {
   bool live = false;  // handed out and not yet reaped
   bool done = false;
   bool recv = false;
-  bool box = false;  // through the shared-memory mailboxes, not UCX
   ucs_status_t status = UCS_OK;
   void* ucx = nullptr;  // UCX request, freed when reaped
   void* buf = nullptr;  // mailbox request: the user's buffer
@@ -222,7 +221,6 @@ class UcxTransport : public Transport {
     req->tag = tag;
     if (ViaBox(peer, tag, bytes)) {
       CountSend(bytes);
-      req->box = true;
       req->buf = const_cast<void*>(buf);
       // In order per peer: behind any send to it still waiting for a slot.
       if (box_queued_[peer] == 0 && boxes_->TrySend(peer, tag, buf, bytes)) {
@@ -250,7 +248,6 @@ class UcxTransport : public Transport {
     req->bytes = bytes;
     req->tag = tag;
     if (ViaBox(peer, tag, bytes)) {
-      req->box = true;
       req->buf = buf;
       absl::StatusOr<bool> got = boxes_->TryRecv(peer, tag, buf, bytes);
       if (!got.ok()) return FailWith(got.status());
