@@ -19,18 +19,18 @@ absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbyte
                       void* rbuf, size_t rbytes, uint64_t tag) {
   ReqId reqs[2];
   int k = 0;
-  if (rbytes > 0) {
-    auto r = c.t->PostRecv(from, tag, rbuf, rbytes);
-    if (!r.ok()) return r.status();
-    reqs[k++] = *r;
-  }
   if (sbytes > 0) {
     auto s = c.t->PostSend(to, tag, sbuf, sbytes);
-    if (!s.ok()) {
-      if (k > 0) (void)c.t->WaitAll(absl::MakeSpan(reqs, k), absl::Now());
-      return s.status();
-    }
+    if (!s.ok()) return s.status();
     reqs[k++] = *s;
+  }
+  if (rbytes > 0) {
+    auto r = c.t->PostRecv(from, tag, rbuf, rbytes);
+    if (!r.ok()) {
+      if (k > 0) (void)c.t->WaitAll(absl::MakeSpan(reqs, k), absl::Now());
+      return r.status();
+    }
+    reqs[k++] = *r;
   }
   return c.t->WaitAll(absl::MakeSpan(reqs, k), c.deadline);
 }

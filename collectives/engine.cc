@@ -1,6 +1,9 @@
 #include "engine.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cstring>
 
@@ -25,6 +28,31 @@ std::optional<int> BlamedPeer(const absl::Status& status) {
   int rank;
   if (!payload || !absl::SimpleAtoi(std::string(*payload), &rank)) return std::nullopt;
   return rank;
+}
+
+namespace {
+void Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op | FUTEX_PRIVATE_FLAG, value, nullptr,
+          nullptr, 0);
+}
+}  // namespace
+
+void Work::Flag::Notify() {
+  if (word_.exchange(kSet, std::memory_order_acq_rel) == kSleeping) {
+    Futex(&word_, FUTEX_WAKE, INT32_MAX);
+  }
+}
+
+void Work::Flag::WaitForNotification() {
+  uint32_t w = word_.load(std::memory_order_acquire);
+  while (w != kSet) {
+    // Announce the sleeper (the notifier then wakes it), unless the flag changed meanwhile.
+    if (w == kUnset && !word_.compare_exchange_weak(w, kSleeping, std::memory_order_acq_rel)) {
+      continue;
+    }
+    Futex(&word_, FUTEX_WAIT, kSleeping);  // returns at once unless the word is still kSleeping
+    w = word_.load(std::memory_order_acquire);
+  }
 }
 
 absl::Status Work::Wait() const {
@@ -139,7 +167,7 @@ void Engine::Shutdown() {
     helper_->engine = nullptr;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -147,13 +175,13 @@ void Engine::Shutdown() {
 }
 
 absl::Status Engine::failed_copy() const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<SpinLock> l(mu_);
   return failed_;
 }
 
 void Engine::Abort(absl::Status status) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     if (failed_.ok()) failed_ = status;
   }
   transport_->Fail(std::move(status));
@@ -166,7 +194,7 @@ Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uin
   state->helper = helper_;
   const absl::Time deadline = CoarseNow() + o.timeout;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
     // Only collectives take a sequence number (their message tags derive from it): ranks issue
     // different point-to-point operations, and counting those would shift every later collective's
@@ -177,11 +205,13 @@ Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uin
   // No notify: a caller that waits runs the operation itself (a thread hand-off costs tens of
   // microseconds on a busy 2-vCPU host); the executor thread polls the queue every
   // kExecutorPoll and runs operations nobody has come to wait for since (asynchronous progress).
-  return Work(state);
+  return Work(std::move(state));
 }
 
 void Engine::Complete(Item& item, absl::Status st) {
-  ops_completed_.fetch_add(1, std::memory_order_relaxed);
+  // Under the execution lock: one writer.
+  ops_completed_.store(ops_completed_.load(std::memory_order_relaxed) + 1,
+                       std::memory_order_relaxed);
   item.state->status = std::move(st);
   item.state->done.Notify();
 }
@@ -190,7 +220,7 @@ void Engine::FailOp(absl::Status st) {
   transport_->CancelAll();
   absl::Status sticky;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<SpinLock> l(mu_);
     if (failed_.ok()) failed_ = st;
     sticky = failed_;  // a concurrent Abort's status names the real cause
   }
@@ -224,16 +254,15 @@ bool Engine::PollPointToPoint() {
 }
 
 bool Engine::RunOne() {
-  std::unique_lock<std::mutex> l(mu_);
+  std::unique_lock<SpinLock> l(mu_);
   if (queue_.empty()) {  // nothing queued: progress the pending point-to-point requests
     l.unlock();
     if (p2p_.empty()) return false;
     if (!PollPointToPoint()) std::this_thread::yield();
-    has_p2p_ = !p2p_.empty();
+    PublishP2p();
     return true;
   }
-  Item item = std::move(queue_.front());
-  queue_.pop_front();
+  Item item = queue_.pop_front();
   const absl::Status failed = failed_;
   l.unlock();
   if (!failed.ok()) {
@@ -262,7 +291,7 @@ bool Engine::RunOne() {
   }
   Complete(item, st);
   if (!p2p_.empty()) PollPointToPoint();
-  has_p2p_ = !p2p_.empty();
+  PublishP2p();
   return true;
 }
 
@@ -277,7 +306,7 @@ void Engine::Run() {
   for (;;) {
     bool stop, stale;
     {
-      std::unique_lock<std::mutex> l(mu_);
+      std::unique_lock<SpinLock> l(mu_);
       if (has_p2p_ && queue_.empty() && !stop_) {
         cv_.wait_for(l, std::chrono::microseconds(50), [&] { return stop_ || !queue_.empty(); });
       } else {
@@ -300,7 +329,7 @@ void Engine::Run() {
       continue;
     }
     while (RunOne()) {
-      std::lock_guard<std::mutex> l(mu_);
+      std::lock_guard<SpinLock> l(mu_);
       if (queue_.empty()) break;
     }
   }
@@ -536,7 +565,7 @@ CommStats Engine::stats() const {
 }
 
 std::string Engine::DebugString() const {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<SpinLock> l(mu_);
   return absl::StrCat(backend_, " communicator rank ", transport_->rank(), "/", transport_->size(),
                       " generation ", generation_, " queued ", queue_.size(), " status ",
                       failed_.ok() ? "healthy" : failed_.ToString());

@@ -2,7 +2,11 @@
 // failures are typed and sticky, arguments are validated, compression keeps error feedback.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "algorithms.h"
@@ -21,6 +25,41 @@ std::vector<float> Tree(const std::vector<std::vector<float>>& leaves, uint64_t 
   auto a = Tree(leaves, lo, mid), b = Tree(leaves, mid, hi);
   for (size_t i = 0; i < a.size(); ++i) a[i] = a[i] + b[i];
   return a;
+}
+
+// The completion flag every Work waits on: threads asleep on it (the futex path) all wake when it
+// is set, a thread arriving after it was set does not sleep, and setting it twice is harmless.
+TEST(WorkFlag, EverySleeperWakesAndLateWaitersReturnAtOnce) {
+  Work::Flag flag;
+  std::atomic<int> woke{0};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 8; ++i) {
+    waiters.emplace_back([&] {
+      flag.WaitForNotification();
+      woke.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let them fall asleep
+  EXPECT_EQ(woke.load(), 0);
+  EXPECT_FALSE(flag.HasBeenNotified());
+  flag.Notify();
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(woke.load(), 8);
+  EXPECT_TRUE(flag.HasBeenNotified());
+  flag.Notify();
+  flag.WaitForNotification();  // already set: returns
+  EXPECT_TRUE(flag.HasBeenNotified());
+}
+
+TEST(WorkFlag, RacingNotifyAndWaitNeverLoseTheWakeUp) {
+  for (int round = 0; round < 2000; ++round) {
+    Work::Flag flag;
+    std::thread waiter([&] { flag.WaitForNotification(); });
+    if (round % 2 == 0) std::this_thread::yield();
+    flag.Notify();
+    waiter.join();  // a lost wake-up hangs here (the test's timeout fails it)
+    ASSERT_TRUE(flag.HasBeenNotified());
+  }
 }
 
 TEST(CanonicalMid, LargestPowerOfTwoStrictlyBelow) {

@@ -68,7 +68,8 @@ uint64_t WireTag(int src, uint64_t tag) { return (uint64_t(src) << kTagBits) | (
 class UcxTransport : public Transport {
  public:
   UcxTransport(int rank, int size) : rank_(rank), size_(size) {
-    reqs_.push_back(std::make_unique<Req>());  // id 0
+    reqs_.push_back(std::make_unique<Req>());  // kCompleted
+    reqs_[kCompleted]->done = true;
   }
   ~UcxTransport() override {
     if (dirty_ || live_ucx_ > 0) {
@@ -215,22 +216,17 @@ class UcxTransport : public Transport {
 
   absl::StatusOr<ReqId> PostSend(int peer, uint64_t tag, const void* buf, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
-    auto [id, req] = NewReq();
-    req->peer = peer;
-    req->bytes = bytes;
-    req->tag = tag;
     if (ViaBox(peer, tag, bytes)) {
       CountSend(bytes);
-      req->buf = const_cast<void*>(buf);
       // In order per peer: behind any send to it still waiting for a slot.
-      if (box_queued_[peer] == 0 && boxes_->TrySend(peer, tag, buf, bytes)) {
-        req->done = true;
-      } else {
-        ++box_queued_[peer];
-        box_sends_.push_back(id);
-      }
+      if (box_queued_[peer] == 0 && boxes_->TrySend(peer, tag, buf, bytes)) return kCompleted;
+      auto [id, req] = NewReq(peer, tag, bytes, /*recv=*/false);
+      req->buf = const_cast<void*>(buf);
+      ++box_queued_[peer];
+      box_sends_.push_back(id);
       return id;
     }
+    auto [id, req] = NewReq(peer, tag, bytes, /*recv=*/false);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = OnSend;
@@ -242,22 +238,19 @@ class UcxTransport : public Transport {
 
   absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf, size_t bytes) override {
     if (auto st = failure(); !st.ok()) return st;
-    auto [id, req] = NewReq();
-    req->peer = peer;
-    req->recv = true;
-    req->bytes = bytes;
-    req->tag = tag;
     if (ViaBox(peer, tag, bytes)) {
-      req->buf = buf;
       absl::StatusOr<bool> got = boxes_->TryRecv(peer, tag, buf, bytes);
       if (!got.ok()) return FailWith(got.status());
       if (*got) {
-        req->done = true;
-      } else {
-        box_recvs_.push_back(id);
+        CountRecv(bytes);
+        return kCompleted;
       }
+      auto [id, req] = NewReq(peer, tag, bytes, /*recv=*/true);
+      req->buf = buf;
+      box_recvs_.push_back(id);
       return id;
     }
+    auto [id, req] = NewReq(peer, tag, bytes, /*recv=*/true);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.recv = OnRecv;
@@ -541,7 +534,7 @@ class UcxTransport : public Transport {
 
   // A fresh request and its id (an index into reqs_, reused once reaped: no allocation per
   // message once the table has grown to the most requests in flight).
-  std::pair<ReqId, Req*> NewReq() {
+  std::pair<ReqId, Req*> NewReq(int peer, uint64_t tag, size_t bytes, bool recv) {
     ReqId id;
     if (free_ids_.empty()) {
       id = reqs_.size();
@@ -551,8 +544,13 @@ class UcxTransport : public Transport {
       free_ids_.pop_back();
       *reqs_[id] = Req{};
     }
-    reqs_[id]->live = true;
-    return {id, reqs_[id].get()};
+    Req* r = reqs_[id].get();
+    r->live = true;
+    r->peer = peer;
+    r->tag = tag;
+    r->bytes = bytes;
+    r->recv = recv;
+    return {id, r};
   }
 
   absl::StatusOr<ReqId> Track(ReqId id, void* r, const char* what, int peer) {
@@ -665,10 +663,10 @@ class UcxTransport : public Transport {
   }
 
   // Progresses the mailboxes and the UCX lanes in use; the number of events. With no UCX request
-  // in flight, UCX is progressed only every 64th call (what arrives there waits in its queues).
+  // in flight, UCX is progressed only every 256th call (what arrives there waits in its queues).
   unsigned Progress() {
     unsigned n = boxes_ != nullptr ? ProgressBoxes() : 0;
-    if (live_ucx_ > 0 || (++ucx_skips_ & 63) == 0) n += ProgressUcx();
+    if (live_ucx_ > 0 || (++ucx_skips_ & 255) == 0) n += ProgressUcx();
     return n;
   }
 
@@ -678,8 +676,10 @@ class UcxTransport : public Transport {
   Lane lanes_[2];
   std::vector<LaneKind> lane_of_;  // by peer rank
   std::vector<ucp_ep_h> eps_;
-  // Requests by id, reused once reaped (free_ids_); id 0 is never handed out. Pointers are
-  // stable: UCX's callbacks hold them.
+  // Requests by id, reused once reaped (free_ids_). Pointers are stable: UCX's callbacks hold
+  // them. kCompleted (id 0) is what a request that completed as it was posted gets: a mailbox
+  // message that went or came at once takes no entry (it is done, never live, never reaped).
+  static constexpr ReqId kCompleted = 0;
   std::vector<std::unique_ptr<Req>> reqs_;
   std::vector<ReqId> free_ids_;
   std::list<std::unique_ptr<Req>> abandoned_;

@@ -20,11 +20,9 @@
 #define TROUPE_COLLECTIVES_COMMUNICATOR_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,34 +106,19 @@ class Work {
     virtual ~Helper() = default;
     virtual void Help(const void* state) = 0;
   };
-  // A one-shot completion flag. Not absl::Notification: its absl::Mutex costs a deadlock-graph
-  // update per construction in Debian's Abseil, a quarter of an 8-byte all-reduce's time.
+  // A one-shot completion flag: one atomic word, slept on with a futex only when a thread must
+  // wait for another (most waiters ran the operation themselves). Not absl::Notification (its
+  // absl::Mutex costs a deadlock-graph update per construction in Debian's Abseil) nor a mutex
+  // and condition variable (constructed and destroyed with every operation).
   class Flag {
    public:
-    // The lock and the wake-up only when a thread sleeps on it (most waiters ran the operation
-    // themselves): both sides' sequentially consistent accesses order the flag against the count.
-    void Notify() {
-      set_.store(true);
-      if (sleepers_.load() == 0) return;
-      std::lock_guard<std::mutex> l(mu_);
-      cv_.notify_all();
-    }
-    bool HasBeenNotified() const { return set_.load(std::memory_order_acquire); }
-    void WaitForNotification() {
-      if (HasBeenNotified()) return;
-      sleepers_.fetch_add(1);
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [this] { return set_.load(); });
-      }
-      sleepers_.fetch_sub(1);
-    }
+    void Notify();
+    bool HasBeenNotified() const { return word_.load(std::memory_order_acquire) == kSet; }
+    void WaitForNotification();
 
    private:
-    std::atomic<bool> set_{false};
-    std::atomic<int> sleepers_{0};
-    std::mutex mu_;
-    std::condition_variable cv_;
+    static constexpr uint32_t kUnset = 0, kSet = 1, kSleeping = 2;
+    std::atomic<uint32_t> word_{kUnset};
   };
   struct State {
     Flag done;
