@@ -161,6 +161,7 @@ class InProcTransport : public Transport {
       if (!failed_.ok()) return failed_;
     }
     std::memcpy(local, reinterpret_cast<const void*>(remote), bytes);
+    std::lock_guard<std::mutex> l(sh_->mu);  // peers count into this transport under it too
     CountRecv(bytes);
     return absl::OkStatus();
   }

@@ -85,14 +85,20 @@ class Transport {
   uint64_t messages_sent() const { return messages_sent_.load(std::memory_order_relaxed); }
 
   // Counted by the transport's own Post*/ReadPeer, and by algorithms that move data through
-  // shared memory themselves.
+  // shared memory themselves. One writer at a time: the backend serializes them (the engine's
+  // execution lock; the in-process group's lock), so no locked instruction per message. Any
+  // thread may read.
   void CountSend(size_t n) {
-    bytes_sent_.fetch_add(n, std::memory_order_relaxed);
-    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+    Add(bytes_sent_, n);
+    Add(messages_sent_, 1);
   }
-  void CountRecv(size_t n) { bytes_received_.fetch_add(n, std::memory_order_relaxed); }
+  void CountRecv(size_t n) { Add(bytes_received_, n); }
 
  private:
+  static void Add(std::atomic<uint64_t>& counter, uint64_t n) {
+    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
+
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, messages_sent_{0};
 };
 
