@@ -89,33 +89,55 @@ namespace {
 
 constexpr auto kExecutorPoll = std::chrono::milliseconds(1);
 
-// The clock deadlines are set by: a few milliseconds coarse (a timeout is seconds), read without
-// the cost of a precise clock read at every operation.
-absl::Time CoarseNow() {
+// `timeout` from now on a clock a few milliseconds coarse (a timeout is seconds), read without the
+// cost of a precise clock read at every operation; converted once per tick of that clock.
+absl::Time CoarseDeadline(absl::Duration timeout) {
+  thread_local timespec tick{-1, 0};
+  thread_local absl::Duration tick_timeout;
+  thread_local absl::Time tick_deadline;
   timespec ts;
   clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-  return absl::TimeFromTimespec(ts);
+  if (ts.tv_nsec != tick.tv_nsec || ts.tv_sec != tick.tv_sec || timeout != tick_timeout) {
+    tick = ts;
+    tick_timeout = timeout;
+    tick_deadline = absl::TimeFromTimespec(ts) + timeout;
+  }
+  return tick_deadline;
 }
 
-absl::Status CheckBuffer(const char* op, const char* name, const Buffer& b) {
-  if (b.count > 0 && b.data == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", name, ".data is null with count ", b.count));
-  }
+// Argument checks: the test inline, the message built out of line (only when it fails), so that a
+// valid call costs a few compares.
+[[gnu::noinline, gnu::cold]] absl::Status NullBuffer(const char* op, const char* name,
+                                                     size_t count) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", name, ".data is null with count ", count));
+}
+
+inline absl::Status CheckBuffer(const char* op, const char* name, const Buffer& b) {
+  if (b.count > 0 && b.data == nullptr) return NullBuffer(op, name, b.count);
   return absl::OkStatus();
 }
 
-absl::Status CheckCount(const char* op, const char* what, size_t expected, size_t got) {
-  if (expected == got) return absl::OkStatus();
+[[gnu::noinline, gnu::cold]] absl::Status WrongCount(const char* op, const char* what,
+                                                     size_t expected, size_t got) {
   return absl::InvalidArgumentError(
       absl::StrCat(op, ": ", what, " expected ", expected, ", got ", got));
 }
 
-absl::Status CheckSameDType(const char* op, const Buffer& in, const Buffer& out) {
-  if (in.dtype == out.dtype) return absl::OkStatus();
+inline absl::Status CheckCount(const char* op, const char* what, size_t expected, size_t got) {
+  if (expected == got) return absl::OkStatus();
+  return WrongCount(op, what, expected, got);
+}
+
+[[gnu::noinline, gnu::cold]] absl::Status WrongDType(const char* op, DType in, DType out) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": output.dtype expected ",
-                                                 static_cast<int>(in.dtype), " (input.dtype), got ",
-                                                 static_cast<int>(out.dtype)));
+                                                 static_cast<int>(in), " (input.dtype), got ",
+                                                 static_cast<int>(out)));
+}
+
+inline absl::Status CheckSameDType(const char* op, const Buffer& in, const Buffer& out) {
+  if (in.dtype == out.dtype) return absl::OkStatus();
+  return WrongDType(op, in.dtype, out.dtype);
 }
 
 // Widens `b` into a reusable f32 work area (slot 2); f32 input is copied.
@@ -192,7 +214,7 @@ Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uin
                     const CollectiveOptions& o) {
   auto state = std::make_shared<Work::State>();
   state->helper = helper_;
-  const absl::Time deadline = CoarseNow() + o.timeout;
+  const absl::Time deadline = CoarseDeadline(o.timeout);
   {
     std::lock_guard<SpinLock> l(mu_);
     if (!failed_.ok()) return Work::Done(failed_);
@@ -339,9 +361,10 @@ void Engine::Run() {
 }
 
 Work Engine::AllReduce(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& o) {
-  for (auto st : {CheckBuffer("AllReduce", "input", in), CheckBuffer("AllReduce", "output", out),
-                  CheckSameDType("AllReduce", in, out),
-                  CheckCount("AllReduce", "output.count (= input.count)", in.count, out.count)}) {
+  for (const absl::Status& st :
+       {CheckBuffer("AllReduce", "input", in), CheckBuffer("AllReduce", "output", out),
+        CheckSameDType("AllReduce", in, out),
+        CheckCount("AllReduce", "output.count (= input.count)", in.count, out.count)}) {
     if (!st.ok()) return Work::Done(st);
   }
   if (o.compression != Compression::kNone) {
@@ -450,7 +473,7 @@ Algorithm Engine::Choose(const CollectiveOptions& o, size_t count) const {
 }
 
 Work Engine::ReduceScatter(Buffer in, Buffer out, ReduceOp op, const CollectiveOptions& o) {
-  for (auto st :
+  for (const absl::Status& st :
        {CheckBuffer("ReduceScatter", "input", in), CheckBuffer("ReduceScatter", "output", out),
         CheckSameDType("ReduceScatter", in, out),
         CheckCount("ReduceScatter", "input.count (= size * output.count)", out.count * size(),
@@ -495,10 +518,11 @@ absl::Status Engine::RunReduceScatter(const OpContext& c, Buffer in, Buffer out,
 }
 
 Work Engine::AllGather(Buffer in, Buffer out, const CollectiveOptions& o) {
-  for (auto st : {CheckBuffer("AllGather", "input", in), CheckBuffer("AllGather", "output", out),
-                  CheckSameDType("AllGather", in, out),
-                  CheckCount("AllGather", "output.count (= size * input.count)", in.count * size(),
-                             out.count)}) {
+  for (const absl::Status& st :
+       {CheckBuffer("AllGather", "input", in), CheckBuffer("AllGather", "output", out),
+        CheckSameDType("AllGather", in, out),
+        CheckCount("AllGather", "output.count (= size * input.count)", in.count * size(),
+                   out.count)}) {
     if (!st.ok()) return Work::Done(st);
   }
   return Submit(Kind::kAllGather, in, out, ReduceOp::kSum, 0, 0, o);
