@@ -74,5 +74,30 @@ TEST(Chaos, SigstopDuring8ByteAllReducesIsDetectedWithinLivenessTimeout) {
   RunChaos(SIGSTOP, kLivenessMs + 500, 2);
 }
 
+// The whole machine paused (a VM descheduled, a starved host): every rank stopped at once for
+// longer than the liveness timeout, then continued one by one. Nobody could hear anybody in
+// between, and nobody died: each liveness monitor discounts its own pause, so no rank reports a
+// peer and the all-reduces go on. (Before the discount, the first monitor to run again reported
+// every peer it had not yet heard from.)
+TEST(Chaos, EveryRankStoppedTogetherPastTheLivenessTimeoutIsNoDeath) {
+  Ranks ranks(kRanks, {"freeze", std::to_string(kLivenessMs), "5"});
+  for (int r = 0; r < kRanks; ++r) {
+    std::string line;
+    while (line != "PROGRESS") ASSERT_TRUE(ranks[r].ReadLine(&line)) << ranks[r].Output();
+  }
+  for (int r = 0; r < kRanks; ++r) ASSERT_EQ(kill(ranks[r].pid, SIGSTOP), 0);
+  usleep((kLivenessMs + 1000) * 1000);
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(kill(ranks[r].pid, SIGCONT), 0);
+    usleep(100 * 1000);
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    const int st = ranks[r].Wait();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << ":\n"
+                                                       << ranks[r].Output();
+    EXPECT_TRUE(absl::StrContains(ranks[r].Output(), "FREEZE OK")) << ranks[r].Output();
+  }
+}
+
 }  // namespace
 }  // namespace troupe::collectives

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -127,7 +128,7 @@ Liveness::~Liveness() {
 
 void Liveness::Loop() {
   const int interval_ms = std::max<int>(1, absl::ToInt64Milliseconds(options_.interval));
-  absl::Time last_sent = absl::InfinitePast();
+  absl::Time last_sent = absl::InfinitePast(), last_round = absl::Now();
   std::vector<pollfd> fds;
   std::vector<int> who;
   for (;;) {
@@ -149,14 +150,23 @@ void Liveness::Loop() {
     poll(fds.data(), fds.size(), interval_ms);
     if (fds[0].revents != 0) return;
     const absl::Time t = absl::Now();
+    // An iteration takes at most the poll's interval; beyond that (and a scheduling slack of one
+    // more interval) this thread was not running, and what the peers sent meanwhile was not read.
+    const absl::Duration late = t - last_round - options_.interval;
+    last_round = t;
+    if (late > options_.interval) {
+      for (Peer& p : peers_) p.last_heard += late - options_.interval;
+    }
     for (size_t k = 1; k < fds.size(); ++k) {
       Peer& p = peers_[who[k]];
+      p.longest_pause = std::max(p.longest_pause, late);
       std::string why;
       if (fds[k].revents != 0) {
         char buf[256];
         ssize_t n = recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
         if (n > 0) {
           p.last_heard = t;
+          p.longest_pause = absl::ZeroDuration();
           for (ssize_t i = 0; i < n; ++i) p.goodbye |= buf[i] == 'B';
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
           if (!p.goodbye) why = "its liveness connection closed (process exited or was killed)";
@@ -166,7 +176,9 @@ void Liveness::Loop() {
       if (why.empty() && !p.goodbye && t - p.last_heard > options_.timeout) {
         why = absl::StrCat("no heartbeat for ", absl::FormatDuration(t - p.last_heard),
                            " (stopped or hung; liveness timeout ",
-                           absl::FormatDuration(options_.timeout), ")");
+                           absl::FormatDuration(options_.timeout),
+                           "; the longest pause of this rank's monitor meanwhile: ",
+                           absl::FormatDuration(p.longest_pause), ")");
       }
       if (!why.empty()) {
         p.reported = true;

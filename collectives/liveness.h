@@ -2,8 +2,11 @@
 // (each rank listens on its own address: loopback when the world is on one host); each side writes
 // a heartbeat byte every `interval`. A peer is dead when its connection reaches EOF or errors
 // (exit, kill -9: detected at once) or when it has been silent for `timeout` (SIGSTOP, hang). A
-// clean shutdown sends a goodbye byte first, so a departing peer is not reported. Threads: one
-// monitor thread; `on_dead` runs on it, once per peer.
+// clean shutdown sends a goodbye byte first, so a departing peer is not reported. Silence is only
+// counted while this monitor runs: a pause of its own (this process or the whole machine not
+// scheduled: a paused VM, a starved host) moves every peer's clock on by the pause, since the
+// peers' heartbeats could not have been read meanwhile; a peer silent past the pause is still
+// reported, one timeout later. Threads: one monitor thread; `on_dead` runs on it, once per peer.
 #ifndef TROUPE_COLLECTIVES_LIVENESS_H_
 #define TROUPE_COLLECTIVES_LIVENESS_H_
 
@@ -45,6 +48,7 @@ class Liveness {
     int fd = -1;
     int pid = 0;
     absl::Time last_heard;
+    absl::Duration longest_pause;  // this monitor's, since the peer was last heard (the report)
     bool goodbye = false, reported = false;
   };
   int rank_ = 0;

@@ -198,6 +198,27 @@ int Chaos(Ctx& c, int victim, absl::Duration liveness, size_t count, bool mailbo
   return 0;
 }
 
+// 8-byte all-reduces for `seconds`, ended by all ranks together (each all-reduces whether its
+// time is up). The test stops every rank at once past the liveness timeout, as a paused VM would,
+// and continues them: no rank may be reported dead.
+int Freeze(Ctx& c, absl::Duration liveness, int seconds) {
+  auto comm = Make(c, c.rank, c.size, 0, liveness);
+  const int64_t end = MonoNs() + int64_t{seconds} * 1000000000;
+  absl::Status st;
+  for (int64_t n = 1; st.ok(); ++n) {
+    float done[2] = {MonoNs() >= end ? 1.0f : 0.0f, 0.0f};
+    st = comm->AllReduce(Buffer::F32(done, 2), Buffer::F32(done, 2), ReduceOp::kMax, {}).Wait();
+    if (n == 1000) Say("PROGRESS");
+    if (st.ok() && done[0] == 1.0f) {
+      Say(absl::StrCat("FREEZE OK ", n));
+      return 0;
+    }
+  }
+  Say(absl::StrCat("ERROR ", MonoNs(), " ", absl::StatusCodeToString(st.code()), " ",
+                   std::string(st.message())));
+  return 1;
+}
+
 // Open file descriptors of this process.
 int OpenFds() {
   int n = 0;
@@ -345,6 +366,8 @@ int main(int argc, char** argv) {
                  argc > 7 ? std::strtoull(argv[7], nullptr, 10) : size_t{16} << 20,
                  !(argc > 8 && std::string(argv[8]) == "no-mailboxes"));
   }
+  if (scenario == "freeze")
+    return Freeze(c, absl::Milliseconds(std::atoi(argv[5])), std::atoi(argv[6]));
   if (scenario == "compress") return RunCompression(c);
   if (scenario == "churn") return Churn(c);
   Say("FAIL unknown scenario " + scenario);

@@ -17,7 +17,8 @@
 // connection with heartbeats (to `address`: loopback when the world is on one host): EOF (a
 // process that exited or was killed -9) fails every pending operation at once with Unavailable
 // naming the rank; silence beyond `liveness_timeout` (SIGSTOP, a hung or cut-off host) does the
-// same. Pending UCX requests are cancelled by the communicator itself.
+// same — silence while the rank's own monitor was not running (a paused VM, a starved host) does
+// not count. Pending UCX requests are cancelled by the communicator itself.
 //
 // Example:
 //   auto boot = TcpBootstrapClient::Connect(launcher_address, port);
