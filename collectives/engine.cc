@@ -231,9 +231,7 @@ Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uin
 }
 
 void Engine::Complete(Item& item, absl::Status st) {
-  // Under the execution lock: one writer.
-  ops_completed_.store(ops_completed_.load(std::memory_order_relaxed) + 1,
-                       std::memory_order_relaxed);
+  AddOneWriter(ops_completed_, 1);  // under the execution lock
   item.state->status = std::move(st);
   item.state->done.Notify();
 }

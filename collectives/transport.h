@@ -29,6 +29,12 @@ inline uint64_t UserTag(uint32_t tag) { return (uint64_t{1} << 47) | (tag & 0x7f
 
 using ReqId = uint64_t;
 
+// Adds `n` to a counter that one thread at a time writes (the writers are serialized by a lock
+// the caller holds) and any thread reads: a plain load and store, no locked instruction.
+inline void AddOneWriter(std::atomic<uint64_t>& counter, uint64_t n) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
 class Mailboxes;
 
 class Transport {
@@ -89,16 +95,12 @@ class Transport {
   // execution lock; the in-process group's lock), so no locked instruction per message. Any
   // thread may read.
   void CountSend(size_t n) {
-    Add(bytes_sent_, n);
-    Add(messages_sent_, 1);
+    AddOneWriter(bytes_sent_, n);
+    AddOneWriter(messages_sent_, 1);
   }
-  void CountRecv(size_t n) { Add(bytes_received_, n); }
+  void CountRecv(size_t n) { AddOneWriter(bytes_received_, n); }
 
  private:
-  static void Add(std::atomic<uint64_t>& counter, uint64_t n) {
-    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-  }
-
   std::atomic<uint64_t> bytes_sent_{0}, bytes_received_{0}, messages_sent_{0};
 };
 
