@@ -864,8 +864,8 @@ std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generati
     }
   }
   if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
-  // A hand-over's checkpoint that failed: the noticed ranks leave without it.
-  if (phase_ == CoordinatorPhase::kHandingOver && !checkpoints_.count(step)) StartStep(&out);
+  // The hand-over's checkpoint failed: the noticed ranks leave without it.
+  if (HandOverCheckpointEnded()) StartStep(&out);
   return out;
 }
 
@@ -919,8 +919,14 @@ std::vector<CoordinatorAction> CoordinatorCore::OnCheckpointCommitted(int64_t st
     Event(&out, std::move(e));
   }
   if (phase_ == CoordinatorPhase::kFinishing) Finish(&out);
-  if (phase_ == CoordinatorPhase::kHandingOver) StartStep(&out);
+  if (HandOverCheckpointEnded()) StartStep(&out);
   return out;
+}
+
+// A hand-over waits for the committed step's checkpoint only: an earlier step's, still in flight
+// when the notice's step committed (checkpoint.every), does not hold that step.
+bool CoordinatorCore::HandOverCheckpointEnded() const {
+  return phase_ == CoordinatorPhase::kHandingOver && !checkpoints_.count(record_.committed);
 }
 
 // ---- the end -------------------------------------------------------------------------------

@@ -269,6 +269,7 @@ class CoordinatorCore {
   void StartStep(Actions* out);
   // Ranks of noticed nodes leave at this step boundary (see the .cc).
   void HandOver(Actions* out);
+  bool HandOverCheckpointEnded() const;
   // Each rank of the committed configuration's rank in `next`, or -1.
   std::vector<int> OldToNew(const std::vector<std::string>& next) const;
   bool CheckpointHolds(int64_t step) const;

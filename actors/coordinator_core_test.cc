@@ -652,6 +652,47 @@ TEST_F(CoordinatorCoreTest, AnOwnerAndItsBuddyNoticedTogetherCheckpointTheCommit
   EXPECT_EQ(core_->record().steps_lost, 0);
 }
 
+// The hand-over waits for the committed step's checkpoint, not for whichever checkpoint ends
+// first: an earlier step's (checkpoint.every), still in flight when the notice's step commits,
+// ended the wait for nothing — the drain's generation restored that earlier step, and the steps
+// after it ran twice.
+TEST_F(CoordinatorCoreTest, AHandOverIsNotEndedByAnEarlierStepsCheckpoint) {
+  auto o = Opts();
+  o.checkpoint_every = 1;
+  Make(o);
+  Running({"a", "b", "c", "d"});
+  StepAll();  // steps 1 and 2 committed; their checkpoints are being written
+  StepAll();
+  core_->OnNodeDraining("n-b", "aws notice", kT0);
+  core_->OnNodeDraining("n-c", "aws notice", kT0);
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck3) commit(b,g1,ck3) commit(c,g1,ck3) commit(d,g1,ck3) "
+            "committed(s3,g1,w4) event")
+      << "step 3's own checkpoint serves the hand-over";
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kHandingOver);
+  auto write = [&](int64_t step) {
+    std::string last;
+    for (int32_t r = 0; r < 4; ++r) {
+      ShardFileInfo s{"shard", r * 65536, (r + 1) * 65536, 1, 1};
+      last = Str(core_->OnShardWritten(1, step, r, s, absl::OkStatus(), kT0));
+    }
+    return last;
+  };
+  EXPECT_EQ(write(1), "checkpoint(s1,g1,w4,4 shards)");
+  latest_ = 1;
+  EXPECT_EQ(Str(core_->OnCheckpointCommitted(1, absl::OkStatus(), kT0)), "")
+      << "step 1's checkpoint does not hold step 3";
+  EXPECT_EQ(Str(core_->OnShardWritten(1, 2, 0, {}, absl::DataLossError("disk"), kT0)), "event")
+      << "step 2's failed checkpoint is reported, and the hand-over still waits for step 3's";
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kHandingOver);
+  EXPECT_EQ(write(3), "checkpoint(s3,g1,w4,4 shards)");
+  latest_ = 3;
+  EXPECT_EQ(Str(core_->OnCheckpointCommitted(3, absl::OkStatus(), kT0)),
+            "abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
+            "configure(a,g2,r0/2,s3,checkpoint3) configure(d,g2,r1/2,s3,checkpoint3)");
+  EXPECT_EQ(core_->record().steps_lost, 0);
+}
+
 // The checkpoint of the committed step cannot be written: the noticed ranks leave without it, and
 // the generation restores what the disk holds (here nothing: from the seed, every step lost).
 TEST_F(CoordinatorCoreTest, AHandOverCheckpointThatFailsLeavesWithoutIt) {
