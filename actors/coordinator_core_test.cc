@@ -69,6 +69,17 @@ class CoordinatorCoreTest : public ::testing::Test {
     }
     return out;
   }
+  // Each of generation 1's 4 ranks reports its 64 Ki shard of checkpoint `step` written; returns
+  // every reply's actions, joined.
+  std::string WriteShards(int64_t step) {
+    std::string out;
+    for (int32_t r = 0; r < 4; ++r) {
+      ShardFileInfo f{"shard", r * 65536, (r + 1) * 65536, 1, 1};
+      std::string s = Str(core_->OnShardWritten(1, step, r, f, absl::OkStatus(), kT0));
+      if (!s.empty()) out += (out.empty() ? "" : " ") + s;
+    }
+    return out;
+  }
   // Every rank of the group reports step `committed()` done; returns the last reply's actions.
   std::string StepAll() {
     std::string out;
@@ -640,11 +651,7 @@ TEST_F(CoordinatorCoreTest, AnOwnerAndItsBuddyNoticedTogetherCheckpointTheCommit
             "committed(s2,g1,w4) event commit(a,g1,ck2) commit(b,g1,ck2) commit(c,g1,ck2) "
             "commit(d,g1,ck2)");
   EXPECT_EQ(core_->phase(), CoordinatorPhase::kHandingOver);
-  for (int32_t r = 0; r < 4; ++r) {
-    ShardFileInfo s{"shard", r * 65536, (r + 1) * 65536, 1, 1};
-    EXPECT_EQ(Str(core_->OnShardWritten(1, 2, r, s, absl::OkStatus(), kT0)),
-              r < 3 ? "" : "checkpoint(s2,g1,w4,4 shards)");
-  }
+  EXPECT_EQ(WriteShards(2), "checkpoint(s2,g1,w4,4 shards)") << "once every shard is written";
   latest_ = 2;  // the store now has it
   EXPECT_EQ(Str(core_->OnCheckpointCommitted(2, absl::OkStatus(), kT0)),
             "abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
@@ -670,22 +677,14 @@ TEST_F(CoordinatorCoreTest, AHandOverIsNotEndedByAnEarlierStepsCheckpoint) {
             "committed(s3,g1,w4) event")
       << "step 3's own checkpoint serves the hand-over";
   EXPECT_EQ(core_->phase(), CoordinatorPhase::kHandingOver);
-  auto write = [&](int64_t step) {
-    std::string last;
-    for (int32_t r = 0; r < 4; ++r) {
-      ShardFileInfo s{"shard", r * 65536, (r + 1) * 65536, 1, 1};
-      last = Str(core_->OnShardWritten(1, step, r, s, absl::OkStatus(), kT0));
-    }
-    return last;
-  };
-  EXPECT_EQ(write(1), "checkpoint(s1,g1,w4,4 shards)");
+  EXPECT_EQ(WriteShards(1), "checkpoint(s1,g1,w4,4 shards)");
   latest_ = 1;
   EXPECT_EQ(Str(core_->OnCheckpointCommitted(1, absl::OkStatus(), kT0)), "")
       << "step 1's checkpoint does not hold step 3";
   EXPECT_EQ(Str(core_->OnShardWritten(1, 2, 0, {}, absl::DataLossError("disk"), kT0)), "event")
       << "step 2's failed checkpoint is reported, and the hand-over still waits for step 3's";
   EXPECT_EQ(core_->phase(), CoordinatorPhase::kHandingOver);
-  EXPECT_EQ(write(3), "checkpoint(s3,g1,w4,4 shards)");
+  EXPECT_EQ(WriteShards(3), "checkpoint(s3,g1,w4,4 shards)");
   latest_ = 3;
   EXPECT_EQ(Str(core_->OnCheckpointCommitted(3, absl::OkStatus(), kT0)),
             "abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
