@@ -528,6 +528,20 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
   // Every failure of this generation counts for the blame, also those after the first.
   if (generation == record_.generation && !status.ok()) Blame(worker, blamed);
   if (generation != record_.generation || phase_ != CoordinatorPhase::kConfiguring) return out;
+  if (status.code() == absl::StatusCode::kInvalidArgument) {
+    // The configuration itself cannot work — NCCL refusing two ranks on one GPU ("Duplicate GPU
+    // detected", ncclInvalidUsage), a plan the model cannot be cut into: another generation of
+    // the same job would fail alike, so the job ends here, naming the cause.
+    runtime::SupervisionEvent e = JobEvent("job_failed", worker);
+    e.Set("during", "configure");
+    Fail(&out,
+         absl::InvalidArgumentError(absl::StrCat("configure failed on ", worker,
+                                                 " with a configuration error (retrying cannot "
+                                                 "help): ",
+                                                 status.message())),
+         std::move(e));
+    return out;
+  }
   if (!status.ok()) {
     runtime::SupervisionEvent e = JobEvent("recovering", worker);
     e.Set("during", "configure").reason = status.ToString();

@@ -461,6 +461,27 @@ TEST_F(CoordinatorCoreTest, AConfigureFailureWithNobodyDeadRetriesTheSameWorkers
             "configure(b,g2,r1/2,s0,init)");
 }
 
+// NCCL's refusal of two ranks on one GPU (ncclInvalidUsage → InvalidArgument) would come back
+// from every generation: the job ends at once, naming it, instead of retrying.
+TEST_F(CoordinatorCoreTest, AConfigurationErrorAtConfigureEndsTheJobInsteadOfRetrying) {
+  Make();
+  Join({"a", "b"});
+  const absl::Status nccl = absl::InvalidArgumentError(
+      "nccl_communicator.cc:232: ncclCommInitRankConfig failed: ncclInvalidUsage (5): "
+      "Duplicate GPU detected");
+  std::vector<CoordinatorAction> out = core_->OnConfigured(1, "b", nccl, kT0);
+  EXPECT_EQ(Str(out), "fail(INVALID_ARGUMENT)");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(out[0].status.message().find("configure failed on b"), absl::string_view::npos)
+      << out[0].status;
+  EXPECT_NE(out[0].status.message().find("Duplicate GPU detected"), absl::string_view::npos)
+      << out[0].status;
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
+  // Nothing more happens: no timer fires a retry, the other rank's reply changes nothing.
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0)), "");
+  EXPECT_EQ(Str(core_->OnConfigured(1, "a", absl::OkStatus(), kT0)), "");
+}
+
 TEST_F(CoordinatorCoreTest, RepliesOfAnOlderGenerationAreIgnored) {
   Make();
   Running({"a", "b", "c"});

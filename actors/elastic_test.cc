@@ -23,6 +23,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#ifdef TROUPE_ELASTIC_TEST_SIMT
+#include "gpt.cuh"  // kernels/cuda, compiled here against the SIMT layer: GptCuda on the CPU
+#include "gpt_device_trainable.h"
+#endif
 #include "nccl_backend.h"  // collectives/, private: the NCCL communicator over a backend
 #include "nccl_fake.h"
 #include "troupe/collectives/bootstrap.h"
@@ -195,7 +199,59 @@ class OpaqueComm final : public Communicator {
   Communicator* inner_;
 };
 
-enum class Mode { kHost, kOpaqueDevice, kNccl };
+// kOpaqueBf16: the opaque device holding the GPU's bf16 model (GptDeviceTrainable over GptCuda's
+// launch sequence run by the SIMT layer), TROUPE_ELASTIC_TEST_SIMT builds only.
+enum class Mode { kHost, kOpaqueDevice, kNccl, kOpaqueBf16 };
+
+#ifdef TROUPE_ELASTIC_TEST_SIMT
+// GptDevice's calls over GptCuda<bf16> in host memory, its kernels run by the SIMT layer and its
+// GEMMs computed on the CPU from the cuBLASLt plans: what GptDeviceTrainable drives on a GPU.
+class SimtBf16Gpt {
+ public:
+  using Gpt = kernels::cuda::GptCuda<__nv_bfloat16>;
+  static absl::StatusOr<std::unique_ptr<SimtBf16Gpt>> Create(const model::GptConfig& config) {
+    absl::StatusOr<std::unique_ptr<Gpt>> g =
+        Gpt::Create(config, kernels::cuda::HostMemoryBackend(),
+                    std::make_unique<kernels::cuda::ReferenceMatmulExecutor>(), nullptr);
+    if (!g.ok()) return g.status();
+    return std::make_unique<SimtBf16Gpt>(*std::move(g));
+  }
+  explicit SimtBf16Gpt(std::unique_ptr<Gpt> g) : g_(std::move(g)) {}
+  const model::GptConfig& config() const { return g_->config(); }
+  int64_t num_params() const { return g_->num_params(); }
+  float* device_params() { return g_->params(); }
+  model::ArrayOps& array_ops() { return model::HostArrayOps(); }
+  absl::Status InitParams(uint64_t seed) { return g_->InitParams(seed); }
+  absl::Status ParamsChanged() { return g_->ParamsChanged(); }
+  absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets, int b, int t) {
+    return g_->Forward(tokens, targets, b, t);
+  }
+  absl::Status ZeroGrad() { return g_->ZeroGrad(); }
+  absl::Status Backward(float loss_weight) { return g_->Backward(loss_weight); }
+  absl::StatusOr<const float*> Fp32Grads() { return g_->Fp32Grads(); }
+
+ private:
+  std::unique_ptr<Gpt> g_;
+};
+
+// The bf16 GPT of `spec` (size tiny) as the GPU path builds it, on the SIMT layer.
+absl::StatusOr<std::unique_ptr<Trainable>> SimtBf16Trainable(const ModelSpec& spec) {
+  absl::StatusOr<model::DataSource> data =
+      model::DataSource::Open({spec.data_dir + "/train-00000.tok"}, 300,
+                              {.seq_len = spec.seq_len,
+                               .microbatch_size = spec.microbatch_size,
+                               .microbatches_per_step = spec.microbatches,
+                               .seed = spec.seed});
+  if (!data.ok()) return data.status();
+  absl::StatusOr<std::unique_ptr<SimtBf16Gpt>> gpt =
+      SimtBf16Gpt::Create(model::GptConfig::Tiny(300));
+  if (!gpt.ok()) return gpt.status();
+  absl::StatusOr<std::unique_ptr<GptDeviceTrainable<SimtBf16Gpt>>> t =
+      GptDeviceTrainable<SimtBf16Gpt>::Create(*std::move(gpt), *std::move(data), Device{});
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Trainable>(*std::move(t));
+}
+#endif
 
 class ElasticTest : public ::testing::TestWithParam<Mode> {
  protected:
@@ -225,9 +281,11 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
 
   // Parameters and moments of the single-process reference after `steps` steps.
   void Reference(int steps, std::vector<float>* params, std::vector<float>* m) {
-    auto data = model::DataSource::Open(
-        {dir_ + "/train-00000.tok"}, 300,
-        {.seq_len = 32, .microbatch_size = 2, .microbatches_per_step = kM, .seed = 7});
+    auto data = model::DataSource::Open({dir_ + "/train-00000.tok"}, 300,
+                                        {.seq_len = spec_.seq_len,
+                                         .microbatch_size = spec_.microbatch_size,
+                                         .microbatches_per_step = kM,
+                                         .seed = 7});
     ASSERT_TRUE(data.ok()) << data.status();
     model::GptConfig config = model::GptConfig::Tiny(300);
     if (spec_.size == "tiny4") config.num_layers = 4;
@@ -247,10 +305,13 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
   };
   Rank NewRank(PipelineSchedule pipeline = PipelineSchedule::kOneFOneB) {
     Rank r;
-    auto t = CreateGptTrainable(spec_);
+    absl::StatusOr<std::unique_ptr<Trainable>> t;
+#ifdef TROUPE_ELASTIC_TEST_SIMT
+    if (GetParam() == Mode::kOpaqueBf16) t = SimtBf16Trainable(spec_);
+#endif
+    if (GetParam() != Mode::kOpaqueBf16) t = CreateGptTrainable(spec_);
     EXPECT_TRUE(t.ok()) << t.status();
-    r.model = GetParam() == Mode::kOpaqueDevice ? std::make_unique<OpaqueTrainable>(*std::move(t))
-                                                : *std::move(t);
+    r.model = Opaque() ? std::make_unique<OpaqueTrainable>(*std::move(t)) : *std::move(t);
     r.process = processes_++;
     ElasticRank::Options o;
     o.microbatches = kM;
@@ -264,6 +325,10 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     };
     r.rank = std::make_unique<ElasticRank>(r.model.get(), o);
     return r;
+  }
+
+  static bool Opaque() {
+    return GetParam() == Mode::kOpaqueDevice || GetParam() == Mode::kOpaqueBf16;
   }
 
   // Runs f(i) on a thread per rank; returns each rank's status.
@@ -287,7 +352,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     std::vector<std::unique_ptr<Communicator>> device(ranks.size());
     const int n = static_cast<int>(ranks.size());
     auto st = Parallel(n, [&](int i) {
-      if (GetParam() == Mode::kOpaqueDevice) {
+      if (Opaque()) {
         device[i] = std::make_unique<OpaqueComm>(comms[i].get());
       } else if (GetParam() == Mode::kNccl) {
         absl::StatusOr<std::unique_ptr<Communicator>> c = NcclRank(*ranks[i], i, n, gen);
@@ -912,6 +977,48 @@ TEST_P(ElasticPipelineTest, BadGridsAreRefusedNamingTheProblem) {
   for (auto& c : comms8) c->Abort(absl::CancelledError("test over"));
 }
 
+#ifdef TROUPE_ELASTIC_TEST_SIMT
+using ElasticBf16Test = ElasticTest;
+
+// bf16 on the device, fp32 master weights: every microbatch's gradient is bf16, widened exactly
+// to fp32, and summed in the canonical order, so any world size reaches the same bits; they are
+// the GPU model's own bits (the bf16 roundings moved them off the fp32 reference, a little).
+TEST_P(ElasticBf16Test, ABf16StepIsBitIdenticalAcrossWorldSizes) {
+  // Short microbatches: the SIMT layer runs every CUDA thread as a fiber (~0.5 s a microbatch).
+  spec_.seq_len = 8;
+  spec_.microbatch_size = 1;
+  std::vector<float> fp32, fp32_m;
+  Reference(2, &fp32, &fp32_m);
+  std::vector<float> want;
+  for (int w : {1, 3}) {
+    SCOPED_TRACE("world " + std::to_string(w));
+    std::vector<Rank> ranks(w);
+    std::vector<Rank*> ptrs;
+    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+    Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+    Steps(ptrs, 2);
+    if (want.empty()) {
+      want = Params(ptrs)[0];
+      continue;
+    }
+    ExpectBitIdentical(ptrs, want);
+  }
+  ASSERT_EQ(want.size(), fp32.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (double(want[i]) - fp32[i]) * (double(want[i]) - fp32[i]);
+    norm += double(fp32[i]) * fp32[i];
+  }
+  const double rel = std::sqrt(diff / norm);
+  std::printf("bf16 vs the fp32 reference after 2 steps: %.3g relative\n", rel);
+  EXPECT_GT(rel, 0) << "bf16 training gave the fp32 bits: the bf16 path did not run";
+  EXPECT_LT(rel, 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Simt, ElasticBf16Test, ::testing::Values(Mode::kOpaqueBf16),
+                         [](const ::testing::TestParamInfo<Mode>&) { return "OpaqueBf16"; });
+#endif
+
 // Host memory, and the opaque device (the stages reach every buffer only through ArrayOps and
 // the communicator). NCCL is not among them: NCCL matches point-to-point messages by order, not
 // tag, and a stage's sends to the last stage interleave activations and tied gradients.
@@ -931,6 +1038,8 @@ INSTANTIATE_TEST_SUITE_P(Memory, ElasticTest,
                                return "OpaqueDevice";
                              case Mode::kNccl:
                                return "NcclOverAFake";
+                             case Mode::kOpaqueBf16:
+                               return "OpaqueBf16";
                            }
                            return "";
                          });

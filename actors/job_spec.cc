@@ -103,6 +103,7 @@ void ReadModel(Section& s, JobSpec& spec) {
   s.Str("size", &spec.model.size, true);
   s.Str("data_dir", &spec.model.data_dir);
   s.Str("device", &spec.model.device);
+  s.Str("precision", &spec.model.precision, true);
   s.Int32("seq_len", &spec.model.seq_len, 1, 1 << 20);
   s.Int32("microbatch_size", &spec.model.microbatch_size, 1, 1 << 20);
   s.Int32("microbatches", &spec.model.microbatches, 1, 1 << 16);
@@ -139,6 +140,7 @@ void ReadElastic(Section& s, JobSpec& spec) {
   s.Int32("workers", &spec.workers, 1, 1024);
   s.Int32("min_workers", &spec.min_workers, 1, 1024);
   s.Int32("max_workers", &spec.max_workers, 1, 1024);
+  s.Int32("ranks_per_gpu", &spec.ranks_per_gpu, 1, 64);
 }
 
 void ReadPipeline(Section& s, JobSpec& spec) {
@@ -227,9 +229,28 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             "): every worker computes at least one microbatch of a stage"),
                absl::StrCat(spec.min_workers));
   }
-  if (!ParseDevice(spec.model.device).ok()) {
+  absl::StatusOr<Device> device = ParseDevice(spec.model.device);
+  if (!device.ok()) {
     return bad("model.device", "\"cpu\", \"cuda\" or \"cuda:N\"",
                absl::StrCat("\"", spec.model.device, "\""));
+  }
+  if (spec.model.precision != "fp32" && spec.model.precision != "bf16") {
+    return bad("model.precision", "\"fp32\" or \"bf16\"",
+               absl::StrCat("\"", spec.model.precision, "\""));
+  }
+  if (spec.model.precision == "bf16" && !device->is_cuda()) {
+    return bad("model.precision", "\"fp32\" with model.device = \"cpu\" (bf16 is the GPU path's)",
+               "\"bf16\"");
+  }
+  // The stage exchange (pipeline.cc) moves activations through the host communicator; the GPU
+  // path has no ordered point-to-point of device buffers yet, so every generation's configure
+  // would fail and the coordinator retry it: refused here instead.
+  if (device->is_cuda() && spec.pipeline_stages > 1) {
+    return bad("pipeline.stages",
+               absl::StrCat("1 with model.device = \"", spec.model.device,
+                            "\" (pipeline stages run on the CPU only; use data parallelism "
+                            "on GPUs)"),
+               absl::StrCat(spec.pipeline_stages));
   }
   if (spec.schedule.min_lr > spec.schedule.max_lr) {
     return bad("optimizer.min_lr", absl::StrCat("at most lr (", spec.schedule.max_lr, ")"),
@@ -322,14 +343,15 @@ std::string JobSpec::ToToml() const {
       "\nwork_dir = ", Quote(work_dir), "\ndeterministic = ", deterministic ? "true" : "false",
       "\n\n[model]\ntype = ", Quote(model.type), "\nsize = ", Quote(model.size),
       "\ndata_dir = ", Quote(model.data_dir), "\ndevice = ", Quote(model.device),
-      "\nseq_len = ", model.seq_len, "\nmicrobatch_size = ", model.microbatch_size,
-      "\nmicrobatches = ", model.microbatches, "\n\n[model.options]\n", options,
-      "\n[optimizer]\nlr = ", num(schedule.max_lr), "\nmin_lr = ", num(schedule.min_lr),
-      "\nwarmup_steps = ", schedule.warmup_steps, "\ntotal_steps = ", schedule.total_steps,
-      "\nweight_decay = ", num(adamw.weight_decay), "\nmax_grad_norm = ", num(adamw.max_grad_norm),
-      "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
-      "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
-      "\nmax_workers = ", max_workers, "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\nprecision = ", Quote(model.precision), "\nseq_len = ", model.seq_len,
+      "\nmicrobatch_size = ", model.microbatch_size, "\nmicrobatches = ", model.microbatches,
+      "\n\n[model.options]\n", options, "\n[optimizer]\nlr = ", num(schedule.max_lr),
+      "\nmin_lr = ", num(schedule.min_lr), "\nwarmup_steps = ", schedule.warmup_steps,
+      "\ntotal_steps = ", schedule.total_steps, "\nweight_decay = ", num(adamw.weight_decay),
+      "\nmax_grad_norm = ", num(adamw.max_grad_norm), "\nbeta1 = ", num(adamw.beta1),
+      "\nbeta2 = ", num(adamw.beta2), "\n\n[elastic]\nworkers = ", workers,
+      "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
+      "\nranks_per_gpu = ", ranks_per_gpu, "\n\n[pipeline]\nstages = ", pipeline_stages,
       "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),

@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+#include <set>
+#include <string>
+
+#include "troupe/actors/training.h"
+
 namespace troupe::actors {
 namespace {
 
@@ -146,7 +152,69 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"model = 3\n", "model: expected a table, got integer"},
         BadCase{"[model]\ndevice = \"gpu\"\n",
                 "model.device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\""},
-        BadCase{"[model]\ndevice = \"cuda:x\"\n", "model.device: expected"}));
+        BadCase{"[model]\ndevice = \"cuda:x\"\n", "model.device: expected"},
+        BadCase{"[model]\nprecision = \"fp16\"\n",
+                "model.precision: expected \"fp32\" or \"bf16\", got \"fp16\""},
+        BadCase{"[model]\nprecision = \"bf16\"\n",
+                "model.precision: expected \"fp32\" with model.device = \"cpu\""},
+        BadCase{"[elastic]\nranks_per_gpu = 0\n", "elastic.ranks_per_gpu: expected"},
+        // The GPU path has no pipeline stages: refused here, not at every generation's configure.
+        BadCase{"[model]\ndevice = \"cuda\"\n[pipeline]\nstages = 2\n",
+                "pipeline.stages: expected 1 with model.device = \"cuda\" (pipeline stages run "
+                "on the CPU only; use data parallelism on GPUs), got 2"}));
+
+TEST(JobSpecTest, PrecisionAndRanksPerGpuAreReadAndRoundTrip) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[model]\ndevice = \"cuda\"\nprecision = \"bf16\"\n[elastic]\nranks_per_gpu = 4\n", "g.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.precision, "bf16");
+  EXPECT_EQ(s->ranks_per_gpu, 4);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model.precision, "bf16");
+  EXPECT_EQ(back->ranks_per_gpu, 4);
+  absl::StatusOr<JobSpec> d = ParseJobSpec("", "d.toml");
+  EXPECT_EQ(d->model.precision, "fp32");
+  EXPECT_EQ(d->ranks_per_gpu, 1);
+}
+
+// Ranks sharing one GPU are separate hosts to NCCL (it refuses two ranks of a communicator on
+// one device): each its own NCCL_HOSTID, sockets on loopback; a GPU each needs none of it.
+TEST(EmbeddedGpuTest, RanksSharingAGpuAreEachAHostOfTheirOwnToNccl) {
+  using Env = std::map<std::string, std::string>;
+  EXPECT_EQ(EmbeddedGpuEnvironment(1, 0, 1), (Env{{"CUDA_VISIBLE_DEVICES", "1"}}));
+  std::set<std::string> host_ids;
+  for (int gpu = 0; gpu < 2; ++gpu) {
+    for (int slot = 0; slot < 4; ++slot) {
+      Env env = EmbeddedGpuEnvironment(gpu, slot, 4);
+      EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], std::to_string(gpu));
+      EXPECT_EQ(env["NCCL_SOCKET_IFNAME"], "lo");
+      EXPECT_EQ(env["NCCL_IB_DISABLE"], "1");
+      EXPECT_FALSE(env["NCCL_HOSTID"].empty());
+      host_ids.insert(env["NCCL_HOSTID"]);
+      EXPECT_EQ(env.size(), 4u);
+    }
+  }
+  EXPECT_EQ(host_ids.size(), 8u) << "every rank on a shared GPU needs a host id of its own";
+}
+
+TEST(EmbeddedGpuTest, TooManyWorkersForTheGpusNameRanksPerGpu) {
+  JobSpec spec;
+  spec.model.device = "cuda";
+  spec.workers = 4;
+  EXPECT_TRUE(CheckEmbeddedGpuCount(spec, 4).ok());
+  absl::Status s = CheckEmbeddedGpuCount(spec, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "elastic.workers: expected at most 1 with model.device = \"cuda\" (this machine has 1 "
+            "GPU(s) and elastic.ranks_per_gpu = 1; set [elastic] ranks_per_gpu = 4 to let that "
+            "many ranks share a GPU), got 4");
+  s = CheckEmbeddedGpuCount(spec, 3);
+  EXPECT_NE(s.message().find("set [elastic] ranks_per_gpu = 2"), absl::string_view::npos) << s;
+  spec.ranks_per_gpu = 4;
+  EXPECT_TRUE(CheckEmbeddedGpuCount(spec, 1).ok());
+  EXPECT_EQ(CheckEmbeddedGpuCount(spec, 0).code(), absl::StatusCode::kFailedPrecondition);
+}
 
 TEST(FaultTest, Parses) {
   EXPECT_EQ(ParseFault("kill-worker@10")->step, 10);

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpt_device.h"  // kernels/cuda: the GPT's training step on a GPU
+#include "gpt_device_trainable.h"
 #endif
 
 namespace troupe::actors {
@@ -112,56 +113,6 @@ class GptTrainable : public Trainable, public StagedTrainable {
   std::vector<model::Microbatch> slot_batches_;  // the microbatch each stage slot holds
 };
 
-#ifdef TROUPE_ACTORS_HAVE_CUDA
-// The same GPT and data on a GPU (fp32): parameters and gradients stay in device memory, where
-// the elastic trainer reaches them through the GptDevice's ArrayOps (on its stream) and NCCL.
-// Same tensor layout as the CPU model, so checkpoints move between CPU and GPU runs.
-class GptCudaTrainable : public Trainable {
- public:
-  GptCudaTrainable(std::unique_ptr<kernels::cuda::GptDevice> gpu, model::DataSource data,
-                   Device device)
-      : gpu_(std::move(gpu)), layout_(gpu_->config()), data_(std::move(data)), device_(device) {}
-
-  int64_t num_params() const override { return gpu_->num_params(); }
-  const std::vector<model::ParamTensor>& tensors() const override { return layout_.tensors(); }
-  float* params() override { return gpu_->device_params(); }
-  const float* grads() const override { return gpu_->device_grads(); }
-  // A device failure here surfaces at the next ComputeGradient (the interface returns nothing).
-  void InitParams(uint64_t seed) override { error_ = gpu_->InitParams(seed); }
-  int64_t tokens_per_microbatch() const override {
-    return int64_t{data_.options().microbatch_size} * data_.options().seq_len;
-  }
-  std::optional<model::GptConfig> gpt_config() const override { return gpu_->config(); }
-  Device device() const override { return device_; }
-  model::ArrayOps& array_ops() override { return gpu_->array_ops(); }
-
-  absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
-    if (!error_.ok()) return error_;
-    const model::DataSourceOptions& d = data_.options();
-    const float loss_weight =
-        1.0f / static_cast<float>(int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len);
-    if (absl::Status s = data_.Get(step, k, &mb_); !s.ok()) return s;
-    // The trainer writes the parameters through array_ops() and NCCL.
-    if (absl::Status s = gpu_->ParamsChanged(); !s.ok()) return s;
-    absl::StatusOr<double> loss =
-        gpu_->Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
-    if (!loss.ok()) return loss.status();
-    for (absl::Status s : {gpu_->ZeroGrad(), gpu_->Backward(loss_weight), gpu_->Synchronize()}) {
-      if (!s.ok()) return s;
-    }
-    return *loss;
-  }
-
- private:
-  std::unique_ptr<kernels::cuda::GptDevice> gpu_;
-  model::ParamLayout layout_;
-  model::DataSource data_;
-  Device device_;
-  model::Microbatch mb_;
-  absl::Status error_;
-};
-#endif
-
 }  // namespace
 
 std::string Device::ToString() const { return is_cuda() ? absl::StrCat("cuda:", ordinal) : "cpu"; }
@@ -259,16 +210,27 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
                                .seed = spec.seed});
   if (!data.ok()) return data.status();
 #ifdef TROUPE_ACTORS_HAVE_CUDA
+  // The same GPT and data on a GPU: parameters, gradients and moments stay in device memory. Same
+  // tensor layout as the CPU model, so checkpoints move between CPU and GPU runs.
   if (device->is_cuda()) {
     absl::StatusOr<std::unique_ptr<kernels::cuda::GptDevice>> gpu =
-        kernels::cuda::GptDevice::Create(config, device->ordinal, /*bf16=*/false);
+        kernels::cuda::GptDevice::Create(config, device->ordinal, spec.precision == "bf16");
     if (!gpu.ok()) {
       return absl::Status(gpu.status().code(), absl::StrCat("model.device = \"", spec.device,
                                                             "\": ", gpu.status().message()));
     }
-    return std::make_unique<GptCudaTrainable>(*std::move(gpu), *std::move(data), *device);
+    absl::StatusOr<std::unique_ptr<GptDeviceTrainable<kernels::cuda::GptDevice>>> t =
+        GptDeviceTrainable<kernels::cuda::GptDevice>::Create(*std::move(gpu), *std::move(data),
+                                                             *device);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Trainable>(*std::move(t));
   }
 #endif
+  if (spec.precision != "fp32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.precision: expected \"fp32\" on the CPU (bf16 is the GPU path's), got \"",
+        spec.precision, "\""));
+  }
   absl::StatusOr<model::Gpt> gpt = model::Gpt::Create(config);
   if (!gpt.ok()) return gpt.status();
   return std::make_unique<GptTrainable>(std::move(*gpt), std::move(*data));

@@ -245,29 +245,28 @@ struct JobCluster {
   std::unique_ptr<runtime::LocalCluster> local;  // the embedded one, or null
   std::string host = "127.0.0.1";
   uint16_t port = 0;
-  int gpus = 0;  // embedded, model on CUDA: this machine's GPUs, one per worker node
+  int gpus = 0;           // embedded, model on CUDA: this machine's GPUs
+  int ranks_per_gpu = 1;  // worker nodes that may share one of them
 
-  // An embedded worker node (spot); with GPUs, the lowest one no live node holds.
+  // An embedded worker node (spot); with GPUs, the lowest (GPU, slot) no live node holds.
   absl::StatusOr<pid_t> AddWorkerNode(const std::string& name) {
     if (gpus == 0) return local->AddNode(name, 1, "cpu=1", "spot=true", kNodeArgs);
-    int gpu = 0;
-    while (gpu < gpus) {
+    for (int i = 0; i < gpus * ranks_per_gpu; ++i) {
       bool taken = false;
-      for (const auto& [node, id] : gpu_of_) taken |= id == gpu && local->nodes().count(node);
-      if (!taken) break;
-      ++gpu;
+      for (const auto& [node, slot] : slot_of_) taken |= slot == i && local->nodes().count(node);
+      if (taken) continue;
+      slot_of_[name] = i;
+      return local->AddNode(
+          name, 1, "cpu=1,gpu=1", "spot=true", kNodeArgs,
+          EmbeddedGpuEnvironment(i / ranks_per_gpu, i % ranks_per_gpu, ranks_per_gpu));
     }
-    if (gpu == gpus) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("node ", name, ": every one of this machine's ", gpus, " GPUs has a node"));
-    }
-    gpu_of_[name] = gpu;
-    return local->AddNode(name, 1, "cpu=1,gpu=1", "spot=true", kNodeArgs,
-                          {{"CUDA_VISIBLE_DEVICES", absl::StrCat(gpu)}});
+    return absl::ResourceExhaustedError(
+        absl::StrCat("node ", name, ": every one of this machine's ", gpus, " GPUs has ",
+                     ranks_per_gpu, " node(s) ([elastic] ranks_per_gpu)"));
   }
 
  private:
-  std::map<std::string, int> gpu_of_;
+  std::map<std::string, int> slot_of_;  // node -> gpu * ranks_per_gpu + slot
 };
 
 // The cluster: a running one, or the embedded default — a head, one spot node per worker (so a
@@ -289,7 +288,7 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
     if (!c_or.ok()) return c_or.status();
     c.local = std::move(*c_or);
     c.port = c.local->port();
-    // A model on CUDA: each worker node gets a GPU of its own (NCCL takes one rank per GPU).
+    // A model on CUDA: each worker node gets a GPU of its own, or a share of one (ranks_per_gpu).
     absl::StatusOr<Device> device = ParseDevice(spec.model.device);
     if (device.ok() && device->is_cuda()) {
       absl::StatusOr<int> gpus = CudaDeviceCount();
@@ -297,13 +296,9 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
         return absl::FailedPreconditionError(
             absl::StrCat("model.device = \"", spec.model.device, "\": ", gpus.status().message()));
       }
-      if (*gpus < spec.workers) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "workers: expected at most ", *gpus, " with model.device = \"", spec.model.device,
-            "\" (the embedded cluster gives each worker its own GPU; this machine has ", *gpus,
-            "), got ", spec.workers));
-      }
+      if (absl::Status s = CheckEmbeddedGpuCount(spec, *gpus); !s.ok()) return s;
       c.gpus = *gpus;
+      c.ranks_per_gpu = spec.ranks_per_gpu;
     }
     for (int i = 0; i < spec.workers; ++i) {
       absl::StatusOr<pid_t> pid = c.AddWorkerNode(absl::StrCat("n", i));
@@ -518,6 +513,30 @@ absl::StatusOr<JobReport> Drive(const JobSpec& spec, const std::string& spec_tex
 }
 
 }  // namespace
+
+absl::Status CheckEmbeddedGpuCount(const JobSpec& spec, int gpus) {
+  if (gpus <= 0) {
+    return absl::FailedPreconditionError(absl::StrCat("model.device = \"", spec.model.device,
+                                                      "\": this machine has no CUDA device"));
+  }
+  if (int64_t{gpus} * spec.ranks_per_gpu >= spec.workers) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("elastic.workers: expected at most ", int64_t{gpus} * spec.ranks_per_gpu,
+                   " with model.device = \"", spec.model.device, "\" (this machine has ", gpus,
+                   " GPU(s) and elastic.ranks_per_gpu = ", spec.ranks_per_gpu,
+                   "; set [elastic] ranks_per_gpu = ", (spec.workers + gpus - 1) / gpus,
+                   " to let that many ranks share a GPU), got ", spec.workers));
+}
+
+std::map<std::string, std::string> EmbeddedGpuEnvironment(int gpu, int slot, int ranks_per_gpu) {
+  std::map<std::string, std::string> env = {{"CUDA_VISIBLE_DEVICES", absl::StrCat(gpu)}};
+  if (ranks_per_gpu > 1) {
+    env["NCCL_HOSTID"] = absl::StrCat("troupe-gpu", gpu, "-rank", slot);
+    env["NCCL_SOCKET_IFNAME"] = "lo";
+    env["NCCL_IB_DISABLE"] = "1";
+  }
+  return env;
+}
 
 absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options) {
   // Every line printed also goes to the job's record on the head (`troupe job logs`).

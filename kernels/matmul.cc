@@ -26,18 +26,21 @@ int64_t BlockRows(int64_t rows) {
 }
 
 #ifdef TROUPE_HAVE_OPENBLAS
-// OpenBLAS is loaded here, at the first GEMM (or before main, below), not linked: it fixes its
-// kernel set (its "core type") once, when it is loaded, from OPENBLAS_CORETYPE or its own CPU
-// detection — and the OpenBLAS of Debian 12 (0.3.21) takes CPUs newer than itself for a Prescott
-// (SSE3 kernels, 3-5x slower than the AVX2 / AVX-512 ones those CPUs have). Loading it ourselves
-// lets troupe name the core type by instruction set, the same on every process of a job on
-// machines with the same instruction set (deterministic mode needs one GEMM everywhere), unless
-// the user set OPENBLAS_CORETYPE. Our kernels parallelise over fixed blocks, so OpenBLAS runs
-// single-threaded.
+// OpenBLAS is loaded here, at the first GEMM, not linked: it fixes its kernel set (its "core
+// type") once, when it is loaded, from OPENBLAS_CORETYPE or its own CPU detection — and the
+// OpenBLAS of Debian 12 (0.3.21) takes CPUs newer than itself for a Prescott (SSE3 kernels, 3-5x
+// slower than the AVX2 / AVX-512 ones those CPUs have). Loading it ourselves lets troupe name the
+// core type by instruction set, the same on every process of a job on machines with the same
+// instruction set (deterministic mode needs one GEMM everywhere), unless the user set
+// OPENBLAS_CORETYPE. Loaded on use, not before main: a program that never runs a CPU GEMM (a GPU
+// worker, the GPU bundle's tools) runs on a machine without OpenBLAS; one that does and cannot
+// load it stops at that GEMM, naming the library. Our kernels parallelise over fixed blocks, so
+// OpenBLAS runs single-threaded.
 struct Blas {
   decltype(&cblas_sgemm) sgemm = nullptr;
   decltype(&cblas_dgemm) dgemm = nullptr;
   std::string core;
+  std::string error;  // why it could not be loaded ("" when it was)
 };
 
 const char* CoreForThisCpu() {
@@ -51,25 +54,31 @@ const char* CoreForThisCpu() {
   return nullptr;  // OpenBLAS's own detection
 }
 
-Blas LoadBlas() {
-  Blas blas;
+// Before main, while the process has one thread: setenv is not safe beside other threads.
+[[maybe_unused]] const bool core_type_set = [] {
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
     if (const char* core = CoreForThisCpu()) setenv("OPENBLAS_CORETYPE", core, 0);
   }
+  return true;
+}();
+
+Blas LoadBlas() {
+  Blas blas;
   void* lib = dlopen(TROUPE_OPENBLAS_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
   if (lib == nullptr) {
-    std::fprintf(stderr, "troupe: cannot load OpenBLAS (%s): %s\n", TROUPE_OPENBLAS_LIBRARY,
-                 dlerror());
-    std::abort();  // the build found it; a machine without it cannot run our GEMMs at all
+    const char* why = dlerror();
+    blas.error = std::string("cannot load OpenBLAS (") + TROUPE_OPENBLAS_LIBRARY +
+                 "): " + (why != nullptr ? why : "unknown error");
+    return blas;
   }
   blas.sgemm = reinterpret_cast<decltype(&cblas_sgemm)>(dlsym(lib, "cblas_sgemm"));
   blas.dgemm = reinterpret_cast<decltype(&cblas_dgemm)>(dlsym(lib, "cblas_dgemm"));
   auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
   auto core_name = reinterpret_cast<char* (*)()>(dlsym(lib, "openblas_get_corename"));
   if (blas.sgemm == nullptr || blas.dgemm == nullptr || set_threads == nullptr) {
-    std::fprintf(stderr, "troupe: %s lacks cblas_sgemm/cblas_dgemm/openblas_set_num_threads\n",
-                 TROUPE_OPENBLAS_LIBRARY);
-    std::abort();
+    blas.error = std::string(TROUPE_OPENBLAS_LIBRARY) +
+                 " lacks cblas_sgemm/cblas_dgemm/openblas_set_num_threads";
+    return blas;
   }
   set_threads(1);
   blas.core = core_name != nullptr ? core_name() : "unknown";
@@ -81,18 +90,28 @@ const Blas& GetBlas() {
   return blas;
 }
 
-// Before main, while the process has one thread: setenv is not safe beside other threads.
-[[maybe_unused]] const Blas& blas_at_start = GetBlas();
+// The library for a GEMM that is about to run: without it this process cannot compute at all.
+const Blas& UsableBlas() {
+  const Blas& blas = GetBlas();
+  if (!blas.error.empty()) {
+    std::fprintf(stderr,
+                 "troupe: a CPU matrix product needs OpenBLAS: %s (install libopenblas0, or put "
+                 "its folder on LD_LIBRARY_PATH)\n",
+                 blas.error.c_str());
+    std::abort();
+  }
+  return blas;
+}
 
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  GetBlas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                  n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  UsableBlas().sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                     m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 void BlasGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
               int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  GetBlas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                  n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  UsableBlas().dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                     m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 #endif
 
@@ -131,7 +150,8 @@ void ReferenceGemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, c
 
 std::string GemmBackend() {
 #ifdef TROUPE_HAVE_OPENBLAS
-  return "OpenBLAS " + GetBlas().core;
+  const Blas& blas = GetBlas();
+  return blas.error.empty() ? "OpenBLAS " + blas.core : "unavailable: " + blas.error;
 #else
   return "reference";
 #endif

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "shell_test_util.h"
@@ -18,9 +19,15 @@
 namespace troupe::tools {
 namespace {
 
-// Runs troupe_gpu_check with `args`; returns the exit status, with stdout + stderr in *out.
+// Runs troupe_gpu_check with `args`; returns the exit status, with stdout + stderr in *out. The
+// binary is the build's, or $TROUPE_GPU_CHECK_BINARY where that is set (the GPU bundle's runner:
+// scripts/gpu-bundle moves the binaries out of the build tree).
+std::string GpuCheckBinary() {
+  const char* env = std::getenv("TROUPE_GPU_CHECK_BINARY");
+  return env != nullptr && *env != '\0' ? env : TROUPE_GPU_CHECK_BINARY;
+}
 int GpuCheck(const std::string& args, std::string* out) {
-  return Shell("timeout 600 " TROUPE_GPU_CHECK_BINARY " " + args, out);
+  return Shell("timeout 600 '" + GpuCheckBinary() + "' " + args, out);
 }
 
 // Empty when a CUDA device is usable here; else the runtime's error name (or why not).
@@ -62,6 +69,36 @@ TEST(ToolsGpuCheckWithoutAGpu, EverySubcommandExitsTwoAtOnceNamingTheCudaError) 
     }
     std::printf("troupe_gpu_check %s here: exit 2 in %.3f s: %s", args, seconds, out.c_str());
   }
+}
+
+// OpenBLAS is loaded at the first CPU matrix product, not before main: with it unloadable (the
+// library covered by /dev/null in a mount namespace of this test's own), troupe_gpu_check still
+// reaches its device check and names the CUDA error, while a program that multiplies on the CPU
+// stops at its first product naming OpenBLAS — not before main, with no word of why.
+TEST(ToolsGpuCheckWithoutAGpu, WithoutOpenBlasOnlyACpuMatrixProductFailsAndSaysWhy) {
+  const std::string why = NoGpuReason();
+  if (why.empty()) GTEST_SKIP() << "a CUDA device is usable here: the gpu-labelled test covers it";
+  // unshare -m: the bind mount is this command's alone and goes with it.
+  auto without_blas = [](const std::string& command) {
+    return std::string(
+               R"sh(unshare -m sh -ec 'lib=$(ldconfig -p | awk "/libopenblas.so.0 /{print \$NF; exit}"); )sh"
+               R"sh(test -n "$lib"; mount --bind /dev/null "$(readlink -f "$lib")"; )sh") +
+           command + "'";
+  };
+  std::string out;
+  EXPECT_EQ(Shell(without_blas("exec timeout 60 " + GpuCheckBinary() + " gpt2"), &out), 2) << out;
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+  EXPECT_EQ(out.find("OpenBLAS"), std::string::npos) << out;
+  EXPECT_NE(Shell(without_blas("exec timeout 60 " TROUPE_MODEL_BENCH_BINARY
+                               " time --steps 1 --layers 1 --heads 2 --width 16 --vocab 32 "
+                               "--context 8 --batch 1 --seq 8 --threads 1"),
+                  &out),
+            0)
+      << out;
+  EXPECT_NE(
+      out.find("a CPU matrix product needs OpenBLAS: cannot load OpenBLAS (libopenblas.so.0)"),
+      std::string::npos)
+      << out;
 }
 
 #endif

@@ -187,7 +187,7 @@ std::vector<int32_t> Tokens(int64_t n, int32_t vocab, uint64_t seed) {
   return t;
 }
 
-// fp32: device_params / device_grads are the buffers GetParams / GetGrads read; the elastic
+// fp32: device_params / Fp32Grads are the buffers GetParams / GetGrads read; the elastic
 // trainer's step (chunk sums of two ranges, the norm, one AdamW range update per owner, on
 // array_ops()) gives GptDevice::Step's parameters bit for bit.
 TEST(GptDeviceGpuTest, DeviceBuffersAndRangeWiseStepMatchStep) {
@@ -209,12 +209,13 @@ TEST(GptDeviceGpuTest, DeviceBuffersAndRangeWiseStepMatchStep) {
   }
   model::ArrayOps& ops = (*b)->array_ops();
   EXPECT_EQ(ops.name(), "cuda:0");
-  ASSERT_NE((*b)->device_grads(), nullptr);
+  absl::StatusOr<const float*> grads = (*b)->Fp32Grads();
+  ASSERT_TRUE(grads.ok()) << grads.status();
   std::vector<float> want(n);
   ASSERT_OK((*b)->GetParams(want.data()));
   ExpectSameBits(Download(ops, (*b)->device_params(), n), want, "device_params");
   ASSERT_OK((*b)->GetGrads(want.data()));
-  ExpectSameBits(Download(ops, (*b)->device_grads(), n), want, "device_grads");
+  ExpectSameBits(Download(ops, *grads, n), want, "Fp32Grads");
 
   const model::AdamWConfig adamw;
   const model::LrSchedule schedule;
@@ -225,8 +226,7 @@ TEST(GptDeviceGpuTest, DeviceBuffersAndRangeWiseStepMatchStep) {
   const int64_t split = (n / 2) / kNormChunk * kNormChunk;
   std::vector<double> chunks;
   for (const auto& [lo, hi] : {std::pair<int64_t, int64_t>{0, split}, {split, n}}) {
-    absl::StatusOr<std::vector<double>> part =
-        ops.RangeChunkSquareSums((*b)->device_grads() + lo, lo, hi, n);
+    absl::StatusOr<std::vector<double>> part = ops.RangeChunkSquareSums(*grads + lo, lo, hi, n);
     ASSERT_TRUE(part.ok()) << part.status();
     chunks.insert(chunks.end(), part->begin(), part->end());
   }
@@ -238,7 +238,7 @@ TEST(GptDeviceGpuTest, DeviceBuffersAndRangeWiseStepMatchStep) {
     ASSERT_OK(ops.Assign(&m, hi - lo, 0.0f));
     ASSERT_OK(ops.Assign(&v, hi - lo, 0.0f));
     ASSERT_OK(ops.AdamWUpdateRange(layout.tensors(), lo, hi, (*b)->device_params() + lo,
-                                   (*b)->device_grads() + lo, m.data(), v.data(), adamw, s));
+                                   *grads + lo, m.data(), v.data(), adamw, s));
   }
   ASSERT_OK((*b)->ParamsChanged());
   std::vector<float> got(n);
@@ -252,7 +252,8 @@ TEST(GptDeviceGpuTest, DeviceBuffersAndRangeWiseStepMatchStep) {
   EXPECT_EQ(*la, *lb);
 }
 
-// bf16: no fp32 gradients on the device; after device_params() is written through array_ops(),
+// bf16: Fp32Grads widens the bf16 gradients (GetGrads' values); after device_params() is written
+// through array_ops(),
 // ParamsChanged() refreshes the bf16 copy: the next forward equals one after SetParams.
 TEST(GptDeviceGpuTest, Bf16ParamsChangedRefreshesTheWeightCopy) {
   TROUPE_SKIP_WITHOUT_GPU();
@@ -261,7 +262,6 @@ TEST(GptDeviceGpuTest, Bf16ParamsChangedRefreshesTheWeightCopy) {
   ASSERT_TRUE(a.ok()) << a.status();
   absl::StatusOr<std::unique_ptr<GptDevice>> b = GptDevice::Create(config, 0, /*bf16=*/true);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ((*a)->device_grads(), nullptr);
   const int64_t n = (*a)->num_params();
   ASSERT_OK((*a)->InitParams(3));
   std::vector<float> params(n);
@@ -278,6 +278,13 @@ TEST(GptDeviceGpuTest, Bf16ParamsChangedRefreshesTheWeightCopy) {
   absl::StatusOr<double> lb = (*b)->Forward(tokens.data(), targets.data(), bsz, t);
   ASSERT_TRUE(la.ok() && lb.ok());
   EXPECT_EQ(*la, *lb);
+  ASSERT_OK((*b)->ZeroGrad());
+  ASSERT_OK((*b)->Backward(1.0f / (bsz * t)));
+  absl::StatusOr<const float*> grads = (*b)->Fp32Grads();
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  std::vector<float> want(n);
+  ASSERT_OK((*b)->GetGrads(want.data()));
+  ExpectSameBits(Download((*b)->array_ops(), *grads, n), want, "bf16 Fp32Grads");
   ASSERT_OK((*b)->Synchronize());
 }
 

@@ -128,6 +128,14 @@ __global__ void gpt_from_float_kernel(Tx* out, const float* inp, int64_t n) {
   out[i] = FromFloat<Tx>(inp[i]);
 }
 
+// Tx gradients widened to fp32 (exact: every bf16 value is a float).
+template <typename Tx>
+__global__ void gpt_to_float_kernel(float* out, const Tx* inp, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] = ToFloat(inp[i]);
+}
+
 template <typename Tx>
 constexpr MatmulDtype DtypeOf() {
   static_assert(std::is_same_v<Tx, float> || std::is_same_v<Tx, __nv_bfloat16>);
@@ -281,6 +289,25 @@ class GptCuda {
   }
   // The gradients, as float.
   absl::Status GetGrads(float* host) const { return CopyOut(host, grads_, num_params()); }
+  // The gradients as num_params() fp32 values in this model's memory, for a trainer that sums
+  // them in fp32 (the elastic step): grads() itself when Tx is float; otherwise a buffer allocated
+  // at the first call and kept, into which the Tx gradients are widened (enqueued on the stream,
+  // so ordered before the caller's next work on it). Valid until the next Backward or ZeroGrad.
+  absl::StatusOr<const float*> Fp32Grads() {
+    if constexpr (std::is_same_v<Tx, float>) {
+      return grads_;
+    } else {
+      const int64_t n = num_params();
+      if (grads_f32_ == nullptr) {
+        grads_f32_arena_.Add(grads_f32_, n);
+        TROUPE_KERNELS_RETURN_IF_ERROR(grads_f32_arena_.Allocate(*alloc_));
+      }
+      TROUPE_KERNELS_RETURN_IF_ERROR(TROUPE_LAUNCH(
+          gpt_internal::gpt_to_float_kernel<Tx>, dim3(CeilDiv(n, gpt_internal::kConvertBlock)),
+          dim3(gpt_internal::kConvertBlock), 0, stream_, grads_f32_, grads_, n));
+      return static_cast<const float*>(grads_f32_);
+    }
+  }
   // AdamW moments in or out (checkpoints): num_params() floats each.
   absl::Status SetOptimizerState(const float* m, const float* v) {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
@@ -667,6 +694,8 @@ class GptCuda {
   Tx* grads_ = nullptr;
   float *m_ = nullptr, *v_ = nullptr;
   double* chunk_sums_ = nullptr;
+  gpt_internal::Arena grads_f32_arena_;  // bf16 only, at the first Fp32Grads
+  float* grads_f32_ = nullptr;
 
   gpt_internal::Arena acts_arena_;
   Activations acts_;

@@ -60,7 +60,6 @@ class GptDevice::Impl {
   bool bf16() const { return bf16_ != nullptr; }
   int64_t num_params() const { return f32_ != nullptr ? f32_->num_params() : bf16_->num_params(); }
   float* params() { return f32_ != nullptr ? f32_->params() : bf16_->params(); }
-  const float* grads() const { return f32_ != nullptr ? f32_->grads() : nullptr; }
   model::ArrayOps& ops() { return *ops_; }
   absl::Status Synchronize() const {
     if (absl::Status s = MakeCurrent(); !s.ok()) return s;
@@ -175,7 +174,9 @@ absl::StatusOr<double> GptDevice::Step(const model::AdamWConfig& adamw,
 }
 
 float* GptDevice::device_params() { return impl_->params(); }
-const float* GptDevice::device_grads() const { return impl_->grads(); }
+absl::StatusOr<const float*> GptDevice::Fp32Grads() {
+  return impl_->Call<absl::StatusOr<const float*>>([&](auto& g) { return g.Fp32Grads(); });
+}
 absl::Status GptDevice::ParamsChanged() {
   return impl_->Call<absl::Status>([&](auto& g) { return g.ParamsChanged(); });
 }

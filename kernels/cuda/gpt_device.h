@@ -13,9 +13,10 @@
 // Each object owns its device memory (a caching allocator), its cuBLASLt runner and a stream on
 // its device; every call makes that device current on the calling thread first. Not thread-safe.
 // Forward, Step, GradNorm and the Get* calls wait for the stream; the others only enqueue work.
-// A GPU Trainable reaches the device buffers directly: device_params() / device_grads() (fp32),
-// array_ops() for the elastic trainer's operations on the same stream, Synchronize(), and
-// ParamsChanged() after writing device_params() (a no-op in fp32; bf16 refreshes its weight copy).
+// A GPU Trainable reaches the device buffers directly: device_params() / Fp32Grads() (fp32, in
+// bf16 the gradients widened), array_ops() for the elastic trainer's operations on the same
+// stream, Synchronize(), and ParamsChanged() after writing device_params() (a no-op in fp32; bf16
+// refreshes its weight copy).
 //
 // Example:
 //   absl::StatusOr<std::unique_ptr<GptDevice>> gpt =
@@ -91,10 +92,10 @@ class GptDevice {
   // fixed for the object's life. A caller that writes them directly (array_ops(), a communicator)
   // must call ParamsChanged() before the next Forward.
   float* device_params();
-  // The num_params() fp32 gradients in device memory (what Backward adds to), or nullptr in bf16
-  // mode, where the gradients are bf16 (elastic training on CUDA is fp32 for now; GetGrads widens
-  // bf16 gradients on the host).
-  const float* device_grads() const;
+  // The num_params() gradients as fp32 in device memory: in fp32 mode the buffer Backward adds to;
+  // in bf16 mode a buffer (allocated at the first call, kept) into which the bf16 gradients are
+  // widened, exactly, enqueued on the stream. Valid until the next Backward or ZeroGrad.
+  absl::StatusOr<const float*> Fp32Grads();
   // Tells the object that device_params() was written other than through SetParams/InitParams/
   // Step: in bf16 mode refreshes the bf16 copy of the weights the kernels read (enqueued on the
   // stream, so ordered before the next Forward); nothing in fp32 mode, where the kernels read the

@@ -129,6 +129,11 @@ struct JobSpec {
   int32_t workers = 4;
   int32_t min_workers = 1;
   int32_t max_workers = 8;
+  // Model on CUDA, embedded cluster: how many worker nodes may share one GPU (1: a GPU each, as
+  // NCCL wants). Above 1, each rank is told it is a host of its own (NCCL_HOSTID) and NCCL moves
+  // bytes between them over sockets on loopback: small jobs on one big GPU, the elastic path on a
+  // one-GPU machine (SharedGpuEnvironment).
+  int32_t ranks_per_gpu = 1;
 
   int32_t pipeline_stages = 1;  // 1: data parallelism only
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;

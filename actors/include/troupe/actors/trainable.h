@@ -147,6 +147,9 @@ struct ModelSpec {
   std::string size = "tiny";   // gpt: tiny | tiny4 (tiny with 4 blocks) | small20m
   std::string data_dir;        // gpt: where `troupe data prepare` put the shards
   std::string device = "cpu";  // cpu | cuda | cuda:N (ParseDevice)
+  // fp32 | bf16 (gpt on CUDA: bf16 activations and gradients, fp32 master weights and moments;
+  // the elastic step sums the gradients widened to fp32, so bits still do not depend on W).
+  std::string precision = "fp32";
   int32_t seq_len = 64;
   int32_t microbatch_size = 4;                 // m
   int32_t microbatches = 8;                    // M per step, fixed whatever the world size

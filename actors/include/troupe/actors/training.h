@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,19 @@ struct TrainOptions {
 // noticed (preempted) at once: the committed step is checkpointed and the job returns an error
 // for which IsPreempted holds; running it again resumes from that checkpoint.
 [[nodiscard]] absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options);
+
+// Model on CUDA, embedded cluster on a machine with `gpus` GPUs: OK when spec.workers nodes fit
+// at [elastic] ranks_per_gpu per GPU; otherwise InvalidArgument naming the option and the value
+// that would fit, or FailedPrecondition when there is no GPU.
+[[nodiscard]] absl::Status CheckEmbeddedGpuCount(const JobSpec& spec, int gpus);
+
+// The environment of an embedded worker node on GPU `gpu`, the `slot`-th (0-based) of the
+// ranks_per_gpu nodes that may share it. CUDA_VISIBLE_DEVICES always; with ranks_per_gpu > 1, each
+// node is also a host of its own to NCCL, which refuses two ranks of one communicator on one
+// device ("Duplicate GPU detected": same host hash and bus id): NCCL_HOSTID names the GPU and the
+// slot, and the ranks sharing a device reach each other by sockets on the loopback interface
+// (NCCL_SOCKET_IFNAME=lo, no InfiniBand) — the embedded cluster's processes share this host.
+std::map<std::string, std::string> EmbeddedGpuEnvironment(int gpu, int slot, int ranks_per_gpu);
 
 // UNAVAILABLE, "preempted: <what>".
 absl::Status PreemptedError(const std::string& what);

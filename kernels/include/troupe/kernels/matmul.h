@@ -18,7 +18,9 @@ namespace troupe::kernels {
 
 // Which GEMM runs: "OpenBLAS <core type>" (TROUPE_BLAS=ON) or "reference". OpenBLAS's core type
 // is the one troupe names for this CPU's instruction set (SkylakeX with AVX-512, Haswell with
-// AVX2 + FMA), or OPENBLAS_CORETYPE when the user set it.
+// AVX2 + FMA), or OPENBLAS_CORETYPE when the user set it. OpenBLAS is loaded at the first GEMM
+// (or here): where it cannot be, this says "unavailable: <why>", and a GEMM stops the process
+// with that message — a program that never multiplies on the CPU runs without OpenBLAS.
 std::string GemmBackend();
 
 // C[m, n] = alpha * op(A) · op(B) + beta * C, row-major, single-threaded. op(X) is X or Xᵀ.
