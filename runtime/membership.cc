@@ -1,7 +1,8 @@
-// The membership enums of cluster.h as text, and MembershipEvent's printed forms.
+// The membership enums of membership.h as text, and MembershipEvent's printed forms.
+#include "troupe/runtime/membership.h"
+
 #include "absl/strings/str_cat.h"
 #include "internal/enum_text.h"
-#include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime {
 

@@ -1,5 +1,7 @@
 // internal/head.h — the head's actor: membership table, failure detector, named-actor
-// directory and remote spawn. Owned by one CAF actor; all state is touched only by it.
+// directory and remote spawn. Owned by one CAF actor; all state is touched only by it. Its
+// membership decisions are MembershipCore's (runtime/membership_core.h); head_actor.h lists
+// the files its work is split over.
 #ifndef TROUPE_RUNTIME_INTERNAL_HEAD_H_
 #define TROUPE_RUNTIME_INTERNAL_HEAD_H_
 

@@ -1,0 +1,140 @@
+// head_actor.h — the head's actor, whose work is split by job over four files:
+//   head.cc            membership: messages to MembershipCore (membership_core.h), its actions
+//                      carried out (publish, store, fence, scheduler, ...); the failure
+//                      detector's tick; restore from the store
+//   head_directory.cc  the named-actor directory: lookups, re-registration, leases, remote spawn
+//                      and placement groups
+//   head_jobs.cc       jobs: submit, register, end, stop, placing their drivers
+//   head_views.cc      the ops views (cluster, jobs, job, logs, metrics) for the HTTP API
+// Private to those files. All state is touched only by the actor's own thread.
+#ifndef TROUPE_RUNTIME_HEAD_ACTOR_H_
+#define TROUPE_RUNTIME_HEAD_ACTOR_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+#include "internal/cluster_protocol.h"
+#include "internal/head_store.h"
+#include "internal/jobs.h"
+#include "internal/lease.h"
+#include "membership_core.h"
+#include "nlohmann/json.hpp"
+#include "troupe/scheduler/scheduler.h"
+
+namespace troupe::runtime::internal {
+
+// Every node carries this label, so a request can be pinned to one node by a selector.
+inline constexpr char kNodeLabel[] = "troupe.node";
+
+class HeadActor final : public caf::event_based_actor {
+ public:
+  HeadActor(caf::actor_config& cfg, ClusterOptions options, std::string build_id,
+            std::shared_ptr<HeadStore> store);
+
+  caf::behavior make_behavior() override;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Named {
+    caf::actor handle;
+    uint64_t generation;
+    std::string worker;
+    caf::actor requester;  // told when the actor goes down
+  };
+  using Directory = std::map<std::string, Named>;
+
+  // head.cc: membership.
+  caf::message_handler MembershipHandlers();
+  caf::result<uint32_t> HandleHello(uint32_t version, const std::string& build_id,
+                                    const std::string& kind, const std::string& name);
+  caf::result<uint64_t> HandleRegisterNode(const std::string& name, const std::string& resources,
+                                           const std::string& labels, const std::string& address,
+                                           const std::string& host, const caf::actor& agent);
+  caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
+                                             int64_t pid, const caf::actor& worker, int32_t port,
+                                             int32_t direct_port);
+  void HandleHeartbeat(const std::string& id, const std::vector<ActorStat>& stats);
+  caf::result<bool> HandleNodeFault(const std::string& node, const NodeFault& f);
+  void HandleDown(const caf::down_msg& dm);
+  // Carries out the core's actions in order (a kRefuse is the request's answer: Refusal).
+  void Execute(const std::vector<MembershipAction>& actions);
+  static absl::Status Refusal(const std::vector<MembershipAction>& actions);
+  void Publish(const MembershipAction& a);
+  // The member's node agent or worker actor (an invalid handle for no member).
+  const caf::actor& Handle(const std::string& member) const;
+  void Restore();
+  // A store that refuses this head's writes has been claimed by a later head: this one is stale
+  // and stops, rather than serve a cluster it can no longer record.
+  void StoreFailed(const absl::Status& s);
+
+  // head_directory.cc: named actors.
+  caf::message_handler DirectoryHandlers();
+  // Removes `it` from the directory and tells whoever spawned it.
+  Directory::iterator NamedDown(Directory::iterator it, const caf::error& reason,
+                                const std::string& detail);
+  // kReleaseActors: every named actor on `worker`.
+  void ReleaseActorsOf(const std::string& worker, const std::string& detail);
+  // The directory's part of HandleDown: true if `dm` was a named actor's.
+  bool NamedActorDown(const caf::down_msg& dm);
+  caf::result<uint64_t, int64_t> HandleLease(const std::string& name);
+  void HandleRegisterActor(const std::string& worker, const std::string& name, uint64_t gen,
+                           const caf::actor& h);
+  caf::result<caf::actor, std::string, std::string> HandleSpawn(const std::string& type,
+                                                                const caf::message& args,
+                                                                const std::string& name,
+                                                                uint64_t gen,
+                                                                const Placement& where);
+  // The alive worker on `node` hosting the fewest actors (only `pinned`, when given), or "".
+  std::string LeastLoadedWorker(const std::string& node, const std::string& pinned) const;
+  caf::result<std::vector<std::string>> HandlePlacementGroup(
+      const std::string& name, const std::vector<std::string>& bundles, GroupStrategy strategy,
+      const std::string& domain_key);
+  // A worker's direct channel as ActorRef::direct has it: "ADDRESS:PORT", "" if it has none.
+  std::string DirectEndpoint(const std::string& worker) const;
+
+  // head_jobs.cc: jobs.
+  caf::message_handler JobHandlers();
+  caf::result<std::string> HandleJobRegister(const std::string& id, const std::string& name,
+                                             const std::string& spec, int64_t steps, int64_t pid,
+                                             const std::string& node, const caf::actor& driver);
+  caf::result<bool> HandleJobStop(const std::string& id);
+  void PutJob(const std::string& id);
+  void EndJob(const std::string& id, JobState state, const std::string& error,
+              const std::string& report);
+  void PlaceJobs();
+  // kFailJobs: every submitted job whose driver runs on `node`.
+  void FailJobsOn(const std::string& node, const std::string& why);
+  // The jobs' part of HandleDown: a registered driver gone before it said how its job ended.
+  void DriverDown(const caf::down_msg& dm);
+  static double Now();
+  // A node labelled spot=true, its labels read as at its registration (ParseNodeSpec).
+  static bool IsSpot(const MemberInfo& node);
+
+  // head_views.cc: the ops views.
+  caf::message_handler ViewHandlers();
+  absl::StatusOr<std::string> View(const std::string& what, const std::string& arg);
+  nlohmann::json ClusterView();
+  std::string Metrics();
+
+  ClusterOptions options_;
+  std::shared_ptr<HeadStore> store_;
+  MembershipCore core_;
+  std::map<std::string, caf::actor> handles_;  // every member's node agent or worker actor
+  Directory directory_;
+  std::map<std::string, size_t> hosted_;  // actors spawned on each worker, for placement
+  scheduler::Scheduler sched_;
+  uint64_t anonymous_ = 0;
+  std::vector<caf::actor> subscribers_;
+  LeaseTable leases_;
+  JobTable jobs_;
+  std::map<std::string, caf::actor> drivers_;  // running jobs' drivers, by job id
+  Clock::time_point leases_from_;  // a head that took over grants none before (HandleLease)
+};
+
+}  // namespace troupe::runtime::internal
+
+#endif  // TROUPE_RUNTIME_HEAD_ACTOR_H_

@@ -1,0 +1,382 @@
+// The head's membership decisions, exactly: every test drives MembershipCore by hand with
+// explicit times and asserts the full action sequence (membership_core.h draws the transitions).
+#include "membership_core.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+
+namespace troupe::runtime {
+namespace {
+
+using std::chrono::milliseconds;
+
+const TimePoint kT0 = TimePoint{} + std::chrono::hours(1);
+
+constexpr int kExit3 = 3 << 8;  // a wait status: exited with status 3
+constexpr int kKill = SIGKILL;  // a wait status: killed by signal 9
+
+MembershipCore::Options TestOptions() {
+  MembershipCore::Options o;
+  o.heartbeat_interval = milliseconds(100);  // ticks every 25 ms; a stall is a gap over 200 ms
+  o.heartbeat_timeout = milliseconds(1000);
+  o.hung_timeout = milliseconds(10000);
+  o.exit_report_wait = milliseconds(250);
+  o.protocol_version = 8;
+  o.build_id = "b1";
+  return o;
+}
+
+MemberInfo NodeJoin(const std::string& name) {
+  MemberInfo n;
+  n.id = name;
+  n.resources = "cpu=2";
+  n.labels = "zone=a";
+  n.address = "10.0.0.1";
+  n.host = "h-" + name;
+  return n;
+}
+
+MemberInfo WorkerJoin(const std::string& id, const std::string& node, int64_t pid = 100) {
+  MemberInfo w;
+  w.id = id;
+  w.node = node;
+  w.pid = pid;
+  w.port = 7000;
+  w.direct_port = 7001;
+  return w;
+}
+
+// A cluster of node n1 (generation 1) with the workers given (generations 2, 3, ...), all at kT0.
+MembershipCore Cluster(const std::vector<std::string>& workers) {
+  MembershipCore core(TestOptions());
+  EXPECT_TRUE(core.CheckNodeJoin("n1").ok());
+  EXPECT_EQ(DebugString(core.OnNodeJoined(NodeJoin("n1"), kT0)),
+            "publish(+g1,node_alive,n1) place_jobs");
+  for (const std::string& w : workers) {
+    auto a = core.OnRegisterWorker(WorkerJoin(w, "n1"), kT0);
+    EXPECT_EQ(a.size(), 1u);
+  }
+  return core;
+}
+
+// The one publish in `actions` of `kind` (fails the test when there is not exactly one).
+MembershipEvent Published(const std::vector<MembershipAction>& actions, MembershipKind kind) {
+  const MembershipAction* found = nullptr;
+  for (const auto& a : actions) {
+    if (a.kind == MembershipAction::Kind::kPublish && a.event.kind == kind) {
+      EXPECT_EQ(found, nullptr) << "two " << Name(kind) << " in " << DebugString(actions);
+      found = &a;
+    }
+  }
+  EXPECT_NE(found, nullptr) << "no " << Name(kind) << " in " << DebugString(actions);
+  return found ? found->event : MembershipEvent{};
+}
+
+TEST(MembershipCoreTest, AHelloOfAnotherVersionOrBuildIsPublishedAndRefused) {
+  MembershipCore core(TestOptions());
+  EXPECT_EQ(DebugString(core.OnHello(8, "b1", "node", "n1")), "");
+  auto version = core.OnHello(7, "b1", "node", "n1");
+  ASSERT_EQ(DebugString(version), "publish(g0,refused,n1) refuse(FAILED_PRECONDITION)");
+  EXPECT_EQ(version[0].event.node, "n1") << "a node is its own node";
+  EXPECT_EQ(version[0].event.detail,
+            "node 'n1' refused: it speaks cluster protocol version 7, this head speaks version 8; "
+            "run the same troupe release everywhere");
+  EXPECT_EQ(version[1].status.message(), version[0].event.detail);
+  auto build = core.OnHello(8, "b2", "worker", "n1/w0");
+  ASSERT_EQ(DebugString(build), "publish(g0,refused,n1/w0) refuse(FAILED_PRECONDITION)");
+  EXPECT_EQ(build[0].event.node, "");
+  EXPECT_EQ(build[0].event.detail,
+            "worker 'n1/w0' refused: its build id b2 differs from the head's b1; run the same "
+            "binary everywhere");
+  EXPECT_FALSE(build[0].bump);
+  EXPECT_EQ(core.generation(), 0u) << "a refusal is no membership change";
+}
+
+TEST(MembershipCoreTest, ANodeJoinsAliveAndPlacesJobsOnceOnly) {
+  MembershipCore core(TestOptions());
+  ASSERT_TRUE(core.CheckNodeJoin("n1").ok());
+  auto joined = core.OnNodeJoined(NodeJoin("n1"), kT0);
+  ASSERT_EQ(DebugString(joined), "publish(+g1,node_alive,n1) place_jobs");
+  EXPECT_EQ(joined[0].event.detail, "resources cpu=2 labels zone=a address 10.0.0.1 host h-n1");
+  ASSERT_TRUE(joined[0].record.has_value());
+  EXPECT_EQ(joined[0].record->state, MemberState::kAlive);
+  EXPECT_EQ(joined[0].record->host, "h-n1");
+  EXPECT_EQ(core.CheckNodeJoin("n1").code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(core.Phase("n1"), MemberPhase::kAlive);
+}
+
+TEST(MembershipCoreTest, AWorkerJoinsOnlyAnAliveNodeAndCarriesItsAddress) {
+  MembershipCore core = Cluster({});
+  auto unknown = core.OnRegisterWorker(WorkerJoin("n9/w0", "n9"), kT0);
+  ASSERT_EQ(DebugString(unknown), "refuse(FAILED_PRECONDITION)");
+  EXPECT_EQ(unknown[0].status.message(), "worker 'n9/w0' refused: its node 'n9' is unknown");
+  auto alive = core.OnRegisterWorker(WorkerJoin("n1/w0", "n1", 42), kT0);
+  ASSERT_EQ(DebugString(alive), "publish(+g2,worker_alive,n1/w0)");
+  EXPECT_EQ(alive[0].event.pid, 42);
+  const MemberInfo* w = core.Find("n1/w0");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->address, "10.0.0.1");
+  EXPECT_EQ(w->host, "h-n1");
+  EXPECT_EQ(w->direct_port, 7001);
+  core.OnDrain("n1", 30000, "SIGTERM");
+  auto draining = core.OnRegisterWorker(WorkerJoin("n1/w1", "n1"), kT0);
+  ASSERT_EQ(DebugString(draining), "refuse(FAILED_PRECONDITION)");
+  EXPECT_EQ(draining[0].status.message(), "worker 'n1/w1' refused: its node 'n1' is draining");
+}
+
+TEST(MembershipCoreTest, AnExitStatusDeclaresTheWorkerDeadAtOnceAndOnlyOnce) {
+  MembershipCore core = Cluster({"n1/w0"});
+  auto exit = core.OnWorkerExit("n1/w0", "boom\n", kExit3, false);
+  ASSERT_EQ(DebugString(exit),
+            "release_leases(n1/w0) release_actors(n1/w0) sched_drain(n1) flush_after(250ms,n1/w0) "
+            "publish(+g3,worker_down,n1/w0,exited)");
+  EXPECT_EQ(exit[1].detail, "worker n1/w0 died: process exited with status 3");
+  MembershipEvent down = Published(exit, MembershipKind::kWorkerDown);
+  EXPECT_EQ(down.detail, "process exited with status 3");
+  EXPECT_EQ(down.stderr_tail, "boom\n");
+  EXPECT_EQ(down.exit_code, 3);
+  EXPECT_EQ(core.Phase("n1/w0"), MemberPhase::kDeadExited);
+  EXPECT_EQ(DebugString(core.OnFlush("n1/w0")), "") << "already reported";
+  EXPECT_EQ(DebugString(core.OnWorkerExit("n1/w0", "", kExit3, false)), "");
+  EXPECT_EQ(DebugString(core.OnConnectionLost("n1/w0", "x")), "");
+  auto again = core.OnRegisterWorker(WorkerJoin("n1/w0", "n1"), kT0);
+  ASSERT_EQ(DebugString(again), "refuse(FAILED_PRECONDITION)");
+  EXPECT_EQ(again[0].status.message(), "worker 'n1/w0' refused: it was declared dead");
+}
+
+TEST(MembershipCoreTest, ALostConnectionHoldsTheDownForTheExitStatus) {
+  MembershipCore core = Cluster({"n1/w0"});
+  auto lost = core.OnConnectionLost("n1/w0", "remote_link_unreachable");
+  ASSERT_EQ(DebugString(lost), "release_actors(n1/w0) sched_drain(n1) flush_after(250ms,n1/w0)");
+  EXPECT_EQ(core.Phase("n1/w0"), MemberPhase::kDownPending);
+  EXPECT_EQ(core.generation(), 2u) << "nothing published yet";
+  auto exit = core.OnWorkerExit("n1/w0", "", kKill, false);
+  ASSERT_EQ(DebugString(exit), "release_leases(n1/w0) publish(+g3,worker_down,n1/w0,signaled)");
+  EXPECT_EQ(exit[1].event.detail, "process killed by signal 9 (Killed)");
+  EXPECT_EQ(exit[1].event.signal, 9);
+  EXPECT_EQ(DebugString(core.OnFlush("n1/w0")), "") << "the flush finds it reported";
+}
+
+TEST(MembershipCoreTest, AFlushWithoutStatusPublishesTheLossAndTheStatusFollowsUnbumped) {
+  MembershipCore core = Cluster({"n1/w0"});
+  core.OnConnectionLost("n1/w0", "remote_link_unreachable");
+  auto flush = core.OnFlush("n1/w0");
+  ASSERT_EQ(DebugString(flush), "publish(+g3,worker_down,n1/w0,lost)");
+  EXPECT_EQ(flush[0].event.detail, "connection lost (remote_link_unreachable)");
+  EXPECT_EQ(core.Phase("n1/w0"), MemberPhase::kDead);
+  auto late = core.OnWorkerExit("n1/w0", "tail", kExit3, false);
+  ASSERT_EQ(DebugString(late), "release_leases(n1/w0) publish(g3,worker_exit,n1/w0,exited)");
+  EXPECT_EQ(late[1].event.detail, "process exited with status 3");
+  EXPECT_EQ(late[1].event.stderr_tail, "tail");
+  EXPECT_FALSE(late[1].record.has_value()) << "nothing stored for an unbumped event";
+  EXPECT_EQ(core.Phase("n1/w0"), MemberPhase::kDeadExited);
+  EXPECT_EQ(DebugString(core.OnWorkerExit("n1/w0", "", kExit3, false)), "");
+}
+
+TEST(MembershipCoreTest, OnlyTheLastAliveWorkerTakesAnAliveNodeOutOfPlacement) {
+  MembershipCore core = Cluster({"n1/w0", "n1/w1"});
+  EXPECT_EQ(DebugString(core.OnWorkerExit("n1/w0", "", kKill, false)),
+            "release_leases(n1/w0) release_actors(n1/w0) flush_after(250ms,n1/w0) "
+            "publish(+g4,worker_down,n1/w0,signaled)");
+  EXPECT_EQ(DebugString(core.OnWorkerExit("n1/w1", "", kKill, false)),
+            "release_leases(n1/w1) release_actors(n1/w1) sched_drain(n1) flush_after(250ms,n1/w1) "
+            "publish(+g5,worker_down,n1/w1,signaled)");
+  MembershipCore draining = Cluster({"n1/w0"});
+  draining.OnDrain("n1", 1000, "SIGTERM");
+  EXPECT_EQ(DebugString(draining.OnWorkerExit("n1/w0", "", kKill, false)),
+            "release_leases(n1/w0) release_actors(n1/w0) flush_after(250ms,n1/w0) "
+            "publish(+g4,worker_down,n1/w0,signaled)")
+      << "a draining node is out of placement already";
+}
+
+TEST(MembershipCoreTest, ADrainPublishesOnceAndAReleaseNeedsADrainingNode) {
+  MembershipCore core = Cluster({"n1/w0"});
+  EXPECT_EQ(DebugString(core.OnRelease("n1")), "") << "alive, not draining";
+  auto drain = core.OnDrain("n1", 30000, "aws spot interruption");
+  ASSERT_EQ(DebugString(drain), "sched_drain(n1) publish(+g3,node_draining,n1)");
+  EXPECT_EQ(drain[1].event.detail,
+            "preemption notice (aws spot interruption); leaves within 30000ms");
+  EXPECT_EQ(drain[1].record->state, MemberState::kDraining);
+  EXPECT_EQ(DebugString(core.OnDrain("n1", 30000, "again")), "");
+  EXPECT_EQ(DebugString(core.OnRelease("n1")), "release_node(n1)");
+  EXPECT_EQ(DebugString(core.OnRelease("n1/w0")), "") << "a worker is no node";
+  EXPECT_EQ(core.Phase("n1/w0"), MemberPhase::kAlive) << "its workers run on until it leaves";
+}
+
+TEST(MembershipCoreTest, ALeavingNodeTakesItsWorkersFirstThenFailsItsJobs) {
+  MembershipCore core = Cluster({"n1/w0", "n1/w1"});
+  auto leave = core.OnLeave("n1");
+  ASSERT_EQ(DebugString(leave),
+            "release_actors(n1/w0) flush_after(250ms,n1/w0) publish(+g4,worker_down,n1/w0,lost) "
+            "release_actors(n1/w1) sched_drain(n1) flush_after(250ms,n1/w1) "
+            "publish(+g5,worker_down,n1/w1,lost) fail_jobs(n1) sched_remove(n1) "
+            "publish(+g6,node_dead,n1,exited)");
+  EXPECT_EQ(leave[2].event.detail, "its node left");
+  EXPECT_EQ(leave[7].detail, "its driver's node n1 left");
+  EXPECT_EQ(leave[9].event.exit_code, 0) << "a node that left exits 0";
+  EXPECT_EQ(leave[9].record->state, MemberState::kDead);
+  EXPECT_EQ(DebugString(core.OnLeave("n1")), "");
+  EXPECT_TRUE(core.CheckNodeJoin("n1").ok()) << "a dead node's name joins again";
+}
+
+// Ticks every 200 ms (two heartbeat intervals: no stall) while only the node heartbeats.
+TEST(MembershipCoreTest, ASilentWorkerIsFencedAtTheFirstTickPastTheTimeout) {
+  MembershipCore core = Cluster({"n1/w0"});
+  for (int ms = 200; ms <= 1000; ms += 200) {
+    core.OnHeartbeat("n1", {}, kT0 + milliseconds(ms));
+    EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  auto fenced = core.OnTick(kT0 + milliseconds(1200));
+  ASSERT_EQ(DebugString(fenced),
+            "release_actors(n1/w0) sched_drain(n1) flush_after(250ms,n1/w0) "
+            "publish(+g3,worker_down,n1/w0,fenced) fence(n1,n1/w0)");
+  EXPECT_EQ(fenced[3].event.detail, "fenced: no heartbeat for 1200ms (timeout 1000ms)");
+  // Its node agent killed it on the fence: the status follows, unbumped.
+  EXPECT_EQ(DebugString(core.OnWorkerExit("n1/w0", "", kKill, true)),
+            "release_leases(n1/w0) publish(g3,worker_exit,n1/w0,fenced)");
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(WorkerJoin("n1/w0", "n1"), kT0)),
+            "refuse(FAILED_PRECONDITION)");
+}
+
+TEST(MembershipCoreTest, ASilentNodeFencesItsWorkersThenDiesWithThem) {
+  MembershipCore core = Cluster({"n1/w0"});
+  core.OnTick(kT0);
+  core.OnTick(kT0 + milliseconds(200));
+  core.OnTick(kT0 + milliseconds(400));
+  core.OnTick(kT0 + milliseconds(600));
+  core.OnTick(kT0 + milliseconds(800));
+  core.OnTick(kT0 + milliseconds(1000));
+  auto dead = core.OnTick(kT0 + milliseconds(1001));
+  ASSERT_EQ(DebugString(dead),
+            "fence(n1,n1/w0) release_actors(n1/w0) sched_drain(n1) flush_after(250ms,n1/w0) "
+            "publish(+g3,worker_down,n1/w0,lost) fail_jobs(n1) sched_remove(n1) "
+            "publish(+g4,node_dead,n1,lost)");
+  EXPECT_EQ(dead[4].event.detail, "its node no heartbeat for 1001ms (timeout 1000ms)");
+  EXPECT_EQ(dead[7].event.detail, "no heartbeat for 1001ms (timeout 1000ms)");
+  EXPECT_EQ(dead[7].event.exit_code, -1);
+}
+
+TEST(MembershipCoreTest, ADeadNodeHeardFromAgainIsAskedToRejoinOnceAndRejoinsAsNew) {
+  MembershipCore core = Cluster({"n1/w0"});
+  core.OnConnectionLost("n1", "remote_link_unreachable");
+  EXPECT_EQ(core.Phase("n1"), MemberPhase::kDead);
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1", {}, kT0)), "ask_rejoin(n1)");
+  EXPECT_EQ(core.Phase("n1"), MemberPhase::kDeadRejoining);
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1", {}, kT0)), "");
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {}, kT0)), "") << "a dead worker is not";
+  ASSERT_TRUE(core.CheckNodeJoin("n1").ok());
+  EXPECT_EQ(DebugString(core.OnNodeJoined(NodeJoin("n1"), kT0)),
+            "publish(+g5,node_alive,n1) place_jobs");
+  EXPECT_EQ(core.Phase("n1"), MemberPhase::kAlive);
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(WorkerJoin("n1/w0", "n1"), kT0)),
+            "refuse(FAILED_PRECONDITION)")
+      << "its old worker stays fenced";
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(WorkerJoin("n1/w1", "n1"), kT0)),
+            "publish(+g6,worker_alive,n1/w1)");
+}
+
+// The head itself went unscheduled for 1.5 s: its members were not silent, it was.
+TEST(MembershipCoreTest, AStalledHeadShiftsSilenceByTheStallInsteadOfBlamingItsMembers) {
+  MembershipCore core = Cluster({"n1/w0"});
+  EXPECT_EQ(DebugString(core.OnTick(kT0)), "");
+  // 1500 ms late: everyone's last heartbeat moves by 1500 - 25 (one tick period) = 1475 ms.
+  EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(1500))), "");
+  // Silence is counted from kT0 + 1475 ms now: ticks 200 ms apart (no stall) stay within the
+  // timeout up to kT0 + 2300 ms...
+  for (int ms = 1700; ms <= 2300; ms += 200) {
+    EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  // ...and pass it at kT0 + 2500 ms, 1025 ms after the shifted heartbeat.
+  auto dead = core.OnTick(kT0 + milliseconds(2500));
+  ASSERT_EQ(Published(dead, MembershipKind::kNodeDead).detail,
+            "no heartbeat for 1025ms (timeout 1000ms)");
+}
+
+// The boundary: a gap of exactly two heartbeat intervals is no stall, one more millisecond is.
+TEST(MembershipCoreTest, AStallIsAGapOfMoreThanTwoIntervalsLessOneTick) {
+  MembershipCore exact = Cluster({});
+  exact.OnTick(kT0);
+  for (int ms = 200; ms <= 1000; ms += 200) {
+    EXPECT_EQ(DebugString(exact.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  EXPECT_EQ(Published(exact.OnTick(kT0 + milliseconds(1001)), MembershipKind::kNodeDead).detail,
+            "no heartbeat for 1001ms (timeout 1000ms)");
+
+  MembershipCore late = Cluster({});
+  late.OnTick(kT0);
+  // 201 ms late: a stall of 201 - 25 = 176 ms, so the silence is counted from kT0 + 176 ms.
+  EXPECT_EQ(DebugString(late.OnTick(kT0 + milliseconds(201))), "");
+  for (int ms = 401; ms <= 1001; ms += 200) {
+    EXPECT_EQ(DebugString(late.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  EXPECT_EQ(DebugString(late.OnTick(kT0 + milliseconds(1176))), "") << "exactly the timeout";
+  EXPECT_EQ(Published(late.OnTick(kT0 + milliseconds(1177)), MembershipKind::kNodeDead).detail,
+            "no heartbeat for 1001ms (timeout 1000ms)");
+}
+
+TEST(MembershipCoreTest, TheFirstTickHasNoStallToCompensate) {
+  MembershipCore core = Cluster({"n1/w0"});
+  auto dead = core.OnTick(kT0 + milliseconds(5000));
+  EXPECT_EQ(DebugString(dead),
+            "fence(n1,n1/w0) release_actors(n1/w0) sched_drain(n1) flush_after(250ms,n1/w0) "
+            "publish(+g3,worker_down,n1/w0,lost) fail_jobs(n1) sched_remove(n1) "
+            "publish(+g4,node_dead,n1,lost)");
+}
+
+TEST(MembershipCoreTest, AHeartbeatKeepsAMemberAliveAndAHungActorIsPublishedOnce) {
+  MembershipCore core = Cluster({"n1/w0"});
+  for (int ms = 200; ms <= 3000; ms += 200) {
+    core.OnHeartbeat("n1", {}, kT0 + milliseconds(ms));
+    core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 0}}, kT0 + milliseconds(ms));
+    EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  const TimePoint t = kT0 + milliseconds(3000);
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 9999}}, t)), "");
+  auto hung = core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 10000}, ActorBusy{"a2", 1, 0}}, t);
+  ASSERT_EQ(DebugString(hung), "publish(g2,actor_hung,a1)");
+  EXPECT_EQ(hung[0].event.detail, "handler running for 10000ms on worker n1/w0 (progress 7)");
+  EXPECT_EQ(hung[0].event.node, "n1");
+  EXPECT_EQ(hung[0].event.pid, 100);
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 12000}}, t)), "");
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 8, 0}}, t)), "");
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 8, 10001}}, t)),
+            "publish(g2,actor_hung,a1)")
+      << "hung again after it was seen idle";
+  EXPECT_EQ(core.generation(), 2u);
+}
+
+TEST(MembershipCoreTest, ARestoredHeadGoesOnFromItsGenerationAndRefusesTheDead) {
+  MembershipCore core(TestOptions());
+  MemberInfo dead = WorkerJoin("n1/w0", "n1");
+  dead.kind = MemberKind::kWorker;
+  dead.state = MemberState::kDead;
+  MemberInfo node = NodeJoin("n1");
+  node.state = MemberState::kAlive;
+  core.Restore(41, {node, dead});
+  EXPECT_EQ(core.Phase("n1"), MemberPhase::kAbsent) << "members re-register as they reconnect";
+  EXPECT_EQ(DebugString(core.OnNodeJoined(NodeJoin("n1"), kT0)),
+            "publish(+g42,node_alive,n1) place_jobs");
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(WorkerJoin("n1/w0", "n1"), kT0)),
+            "refuse(FAILED_PRECONDITION)");
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(WorkerJoin("n1/w1", "n1"), kT0)),
+            "publish(+g43,worker_alive,n1/w1)");
+}
+
+TEST(MembershipCoreTest, EventsAboutStrangersChangeNothing) {
+  MembershipCore core = Cluster({"n1/w0"});
+  const std::string before = core.DebugString();
+  EXPECT_EQ(DebugString(core.OnHeartbeat("x", {}, kT0)), "");
+  EXPECT_EQ(DebugString(core.OnWorkerExit("x", "", kKill, false)), "");
+  EXPECT_EQ(DebugString(core.OnFlush("x")), "");
+  EXPECT_EQ(DebugString(core.OnFlush("n1/w0")), "") << "alive: nothing to flush";
+  EXPECT_EQ(DebugString(core.OnConnectionLost("x", "r")), "");
+  EXPECT_EQ(DebugString(core.OnDrain("x", 1, "n")), "");
+  EXPECT_EQ(DebugString(core.OnRelease("x")), "");
+  EXPECT_EQ(DebugString(core.OnLeave("x")), "");
+  EXPECT_EQ(core.DebugString(), before);
+  EXPECT_EQ(before, "generation 2; n1 node alive; n1/w0 worker alive");
+}
+
+}  // namespace
+}  // namespace troupe::runtime
