@@ -7,14 +7,24 @@
 //       tensor's gradient, norm-wise, and prints a table. --double adds each side's error against
 //       the double CPU model, to tell which side is off when they disagree.
 //   troupe_gpu_check train20m [--steps 200] [--b 4] [--t 128] [--seed 1] [--bf16]
+//                             [--cpu-losses FILE]
 //       The 20M config on a synthetic noisy-bigram stream (fixed seed, the same batches both
 //       sides), trained side by side: GPU (fp32, or bf16 activations with fp32 master weights)
 //       and CPU (GptModel<float> + GradNorm + AdamWUpdateRange, model::Trainer's step for one
 //       microbatch). Prints every 10th step; checks the two losses at every step.
+//       --cpu-losses FILE: the CPU side's losses and gradient norms read from FILE (written by
+//       --write-cpu-losses with the same --steps/--b/--t/--seed/--bf16, else exit 2 saying what
+//       differs) instead of computed beside the GPU: the CPU side is independent of the GPU's
+//       (it starts from the same initial weights and trains on its own), so the two are the same
+//       check, without the CPU's minutes on the GPU machine (the GPU bundle, scripts/gpu-bundle).
+//   troupe_gpu_check train20m [--steps 200] [--b 4] [--t 128] [--seed 1] [--bf16]
+//                             --write-cpu-losses FILE
+//       The CPU side only, no GPU needed: writes each step's loss and gradient norm to FILE.
 // Common flags: --device N (CUDA ordinal, 0), --threads N (CPU model threads, all cores). The
 // tolerances (below) are set for the default sizes.
-// Exit status: 0 all within tolerance; 1 a check failed or an error; 2 bad usage, or no usable
-// GPU (the FailedPrecondition naming the CUDA error, printed at once, before any CPU work).
+// Exit status: 0 all within tolerance (or the losses written); 1 a check failed or an error; 2 bad
+// usage (a --cpu-losses file that does not fit included), or no usable GPU (the
+// FailedPrecondition naming the CUDA error, printed at once, before any CPU work).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -23,10 +33,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -86,12 +99,21 @@ struct Flags {
     auto it = values.find(name);
     return it == values.end() ? fallback : std::strtol(it->second.c_str(), nullptr, 10);
   }
+  std::string String(const std::string& name) const {
+    auto it = values.find(name);
+    return it == values.end() ? "" : it->second;
+  }
 };
+
+// Flags whose value is a path, not an integer.
+bool IsPathFlag(const std::string& key) { return key == "cpu-losses" || key == "write-cpu-losses"; }
 
 constexpr const char* kUsage =
     "usage: troupe_gpu_check gpt2 [--b 2 --t 128 --seed 1 --double] [--device N --threads N]\n"
     "       troupe_gpu_check train20m [--steps 200 --b 4 --t 128 --seed 1 --bf16] "
-    "[--device N --threads N]\n";
+    "[--cpu-losses FILE] [--device N --threads N]\n"
+    "       troupe_gpu_check train20m [--steps 200 --b 4 --t 128 --seed 1 --bf16] "
+    "--write-cpu-losses FILE [--threads N]   (CPU only)\n";
 
 // Accepts the mode's own flags only; false (after printing why) on anything else.
 bool ParseFlags(int argc, char** argv, const std::vector<std::string>& known, Flags* f) {
@@ -104,6 +126,14 @@ bool ParseFlags(int argc, char** argv, const std::vector<std::string>& known, Fl
     }
     if (key == "bf16" || key == "double") {  // switches
       (key == "bf16" ? f->bf16 : f->with_double) = true;
+      continue;
+    }
+    if (IsPathFlag(key)) {
+      if (i + 1 >= argc || *argv[i + 1] == '\0') {
+        std::fprintf(stderr, "troupe_gpu_check: --%s: expected a file name\n", key.c_str());
+        return false;
+      }
+      f->values[key] = argv[++i];
       continue;
     }
     char* end = nullptr;
@@ -294,26 +324,159 @@ Batch SyntheticBatch(int64_t step, int b, int t, int32_t vocab, uint64_t seed) {
 // which compiles and runs under the host compiler).
 float RoundToBf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
+// The run's settings, shared by both sides and recorded in a --write-cpu-losses file.
+struct Train20mRun {
+  int steps = 200, b = 4, t = 128;
+  uint64_t seed = 1;
+  bool bf16 = false;
+  int64_t params = 0;
+
+  // The header line of a losses file: these settings, which a reader must match.
+  std::string Header() const {
+    return "train20m-cpu-losses steps=" + std::to_string(steps) + " b=" + std::to_string(b) +
+           " t=" + std::to_string(t) + " seed=" + std::to_string(seed) +
+           " bf16=" + std::to_string(bf16 ? 1 : 0) + " params=" + std::to_string(params);
+  }
+};
+
+// The CPU reference's loss and gradient norm at each step.
+struct CpuLosses {
+  std::vector<double> loss, norm;
+};
+
+constexpr char kLossesComment[] =
+    "# troupe_gpu_check train20m: the CPU reference's loss and gradient norm at each step "
+    "(written by --write-cpu-losses, read by --cpu-losses)";
+
+absl::Status WriteCpuLosses(const std::string& path, const Train20mRun& run,
+                            const CpuLosses& losses) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kLossesComment << "\n" << run.Header() << "\n";
+    char line[96];
+    for (size_t i = 0; i < losses.loss.size(); ++i) {
+      std::snprintf(line, sizeof(line), "%zu %.17g %.17g\n", i, losses.loss[i], losses.norm[i]);
+      out << line;
+    }
+    out.flush();
+    if (!out) return absl::UnavailableError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError("cannot rename " + tmp + " to " + path);
+  }
+  return absl::OkStatus();
+}
+
+// Reads a --write-cpu-losses file for `run`; InvalidArgument naming what differs, or what is
+// wrong with the file.
+absl::StatusOr<CpuLosses> ReadCpuLosses(const std::string& path, const Train20mRun& run) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("--cpu-losses " + path + ": cannot open it");
+  std::string line, header;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line[0] != '#') {
+      header = line;
+      break;
+    }
+  }
+  const std::string rewrite =
+      " (write it for this run: troupe_gpu_check train20m --steps " + std::to_string(run.steps) +
+      " --b " + std::to_string(run.b) + " --t " + std::to_string(run.t) + " --seed " +
+      std::to_string(run.seed) + (run.bf16 ? " --bf16" : "") + " --write-cpu-losses " + path + ")";
+  if (header.rfind("train20m-cpu-losses ", 0) != 0) {
+    return absl::InvalidArgumentError("--cpu-losses " + path +
+                                      ": not a train20m CPU losses file (no "
+                                      "'train20m-cpu-losses' header line)" +
+                                      rewrite);
+  }
+  if (header != run.Header()) {
+    return absl::InvalidArgumentError("--cpu-losses " + path + ": written for '" + header +
+                                      "', this run is '" + run.Header() + "'" + rewrite);
+  }
+  CpuLosses losses;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    long long step = -1;
+    double loss = 0, norm = 0;
+    std::string rest;
+    if (!(fields >> step >> loss >> norm) || (fields >> rest) ||
+        step != static_cast<long long>(losses.loss.size()) || !std::isfinite(loss) ||
+        !std::isfinite(norm)) {
+      return absl::InvalidArgumentError(
+          "--cpu-losses " + path + ": expected 'STEP LOSS NORM' for step " +
+          std::to_string(losses.loss.size()) + ", got '" + line + "'" + rewrite);
+    }
+    losses.loss.push_back(loss);
+    losses.norm.push_back(norm);
+  }
+  if (losses.loss.size() != static_cast<size_t>(run.steps)) {
+    return absl::InvalidArgumentError("--cpu-losses " + path + ": " +
+                                      std::to_string(losses.loss.size()) + " steps, expected " +
+                                      std::to_string(run.steps) + " (truncated?)" + rewrite);
+  }
+  return losses;
+}
+
 int Train20m(const Flags& f) {
-  const int steps = static_cast<int>(f.Int("steps", 200));
-  const int b = static_cast<int>(f.Int("b", 4)), t = static_cast<int>(f.Int("t", 128));
-  const uint64_t seed = static_cast<uint64_t>(f.Int("seed", 1));
-  const bool bf16 = f.bf16;
+  Train20mRun run;
+  run.steps = static_cast<int>(f.Int("steps", 200));
+  run.b = static_cast<int>(f.Int("b", 4));
+  run.t = static_cast<int>(f.Int("t", 128));
+  run.seed = static_cast<uint64_t>(f.Int("seed", 1));
+  run.bf16 = f.bf16;
+  const int steps = run.steps, b = run.b, t = run.t;
+  const uint64_t seed = run.seed;
+  const bool bf16 = run.bf16;
+  const std::string write_path = f.String("write-cpu-losses");
+  const std::string read_path = f.String("cpu-losses");
   const GptConfig config = GptConfig::Small20M(4096);
-  int exit_code = 0;
-  auto gpu = OpenDevice("train20m", config, static_cast<int>(f.Int("device", 0)), bf16, &exit_code);
-  if (!gpu.ok()) return exit_code;
+  if (!write_path.empty() && !read_path.empty()) {
+    std::fprintf(stderr,
+                 "troupe_gpu_check train20m: --write-cpu-losses and --cpu-losses exclude each "
+                 "other\n%s",
+                 kUsage);
+    return 2;
+  }
   if (steps <= 0 || b <= 0 || t <= 0 || t > config.context_length) {
     std::fprintf(stderr,
                  "troupe_gpu_check train20m: expected --steps > 0, --b > 0, 0 < --t <= %d\n",
                  config.context_length);
     return 2;
   }
+  const bool cpu_only = !write_path.empty();
+  const bool cpu_precomputed = !read_path.empty();
+  // Model size, for the losses file's header, before the device (a file that does not fit is a
+  // usage error, reported with or without a GPU).
+  run.params = model::ParamLayout(config).total_size();
+  CpuLosses precomputed;
+  if (cpu_precomputed) {
+    absl::StatusOr<CpuLosses> read = ReadCpuLosses(read_path, run);
+    if (!read.ok()) {
+      std::fprintf(stderr, "troupe_gpu_check train20m: %s\n", read.status().ToString().c_str());
+      return 2;
+    }
+    precomputed = *std::move(read);
+  }
+  int exit_code = 0;
+  absl::StatusOr<std::unique_ptr<GptDevice>> gpu = absl::UnavailableError("not opened");
+  if (!cpu_only) {
+    gpu = OpenDevice("train20m", config, static_cast<int>(f.Int("device", 0)), bf16, &exit_code);
+    if (!gpu.ok()) return exit_code;
+  }
   absl::StatusOr<model::GptModel<float>> cpu = model::GptModel<float>::Create(config);
   if (!cpu.ok()) return Fail("train20m", cpu.status());
   cpu->InitParams(seed);
   const int64_t n = cpu->num_params();
-  if (absl::Status s = (*gpu)->SetParams(cpu->params()); !s.ok()) return Fail("train20m", s);
+  if (n != run.params) {
+    return Fail("train20m",
+                absl::InternalError("the model has " + std::to_string(n) +
+                                    " parameters, its layout " + std::to_string(run.params)));
+  }
+  if (!cpu_only) {
+    if (absl::Status s = (*gpu)->SetParams(cpu->params()); !s.ok()) return Fail("train20m", s);
+  }
 
   model::AdamWConfig adamw;  // β 0.9 / 0.95, clip at 1, weight decay 0.1 on matrices
   model::LrSchedule schedule;
@@ -322,70 +485,124 @@ int Train20m(const Flags& f) {
   schedule.warmup_steps = std::min(20, steps);
   schedule.total_steps = steps;
   // The CPU side's fp32 master weights: the model's own buffer in fp32; with bf16, a separate
-  // buffer, and the model computes with its bf16 rounding, as the GPU's bf16 weight copy.
+  // buffer, and the model computes with its bf16 rounding, as the GPU's bf16 weight copy. Not
+  // needed when the CPU side's losses are read from a file.
   std::vector<float> master;
-  if (bf16) master.assign(cpu->params(), cpu->params() + n);
+  if (bf16 && !cpu_precomputed) master.assign(cpu->params(), cpu->params() + n);
   float* cpu_master = bf16 ? master.data() : cpu->params();
-  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  std::vector<float> m, v;
+  if (!cpu_precomputed) m.assign(n, 0.0f), v.assign(n, 0.0f);
   const float loss_weight = 1.0f / static_cast<float>(int64_t{b} * t);
   const double tolerance = bf16 ? kTrainBf16Tolerance : kTrainFp32Tolerance;
 
-  std::printf(
-      "train20m: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up %lld), seed %llu, GPU "
-      "%s on %s; CPU fp32%s (%d threads); tolerance |Δloss|/loss <= %.0e\n",
-      static_cast<long long>(n), b, t, steps, schedule.max_lr,
-      static_cast<long long>(schedule.warmup_steps), static_cast<unsigned long long>(seed),
-      bf16 ? "bf16 (fp32 master weights)" : "fp32", (*gpu)->DeviceName().c_str(),
-      bf16 ? " from the bf16-rounded master weights" : "", kernels::NumThreads(), tolerance);
-  std::printf("%6s %12s %12s %10s %12s %12s\n", "step", "loss CPU", "loss GPU", "rel diff",
-              "norm CPU", "norm GPU");
+  std::string cpu_how = bf16 ? "CPU fp32 from the bf16-rounded master weights" : "CPU fp32";
+  cpu_how += cpu_precomputed ? ", precomputed: read from " + read_path
+                             : " (" + std::to_string(kernels::NumThreads()) + " threads)";
+  if (cpu_only) {
+    std::printf(
+        "train20m --write-cpu-losses: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up "
+        "%lld), seed %llu, the CPU side only (for a GPU run %s): %s, into %s\n",
+        static_cast<long long>(n), b, t, steps, schedule.max_lr,
+        static_cast<long long>(schedule.warmup_steps), static_cast<unsigned long long>(seed),
+        bf16 ? "with --bf16" : "in fp32", cpu_how.c_str(), write_path.c_str());
+    std::printf("%6s %12s %12s\n", "step", "loss CPU", "norm CPU");
+  } else {
+    std::printf(
+        "train20m: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up %lld), seed %llu, GPU "
+        "%s on %s; %s; tolerance |Δloss|/loss <= %.0e\n",
+        static_cast<long long>(n), b, t, steps, schedule.max_lr,
+        static_cast<long long>(schedule.warmup_steps), static_cast<unsigned long long>(seed),
+        bf16 ? "bf16 (fp32 master weights)" : "fp32", (*gpu)->DeviceName().c_str(), cpu_how.c_str(),
+        tolerance);
+    std::printf("%6s %12s %12s %10s %12s %12s\n", "step", "loss CPU", "loss GPU", "rel diff",
+                "norm CPU", "norm GPU");
+  }
+  CpuLosses written;
   double worst = 0;
   int64_t worst_step = 0, over = 0, first_over = -1;
   double gpu_seconds = 0, cpu_seconds = 0;
   for (int64_t step = 0; step < steps; ++step) {
     const Batch batch = SyntheticBatch(step, b, t, config.vocab_size, seed);
 
-    auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<double> gpu_loss =
-        (*gpu)->Forward(batch.tokens.data(), batch.targets.data(), b, t);
-    if (!gpu_loss.ok()) return Fail("train20m", gpu_loss.status());
-    if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail("train20m", s);
-    if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
-    absl::StatusOr<double> gpu_norm = (*gpu)->Step(adamw, schedule, step);
-    if (!gpu_norm.ok()) return Fail("train20m", gpu_norm.status());
-    gpu_seconds += Seconds(start);
-
-    start = std::chrono::steady_clock::now();
-    if (bf16) {
-      for (int64_t i = 0; i < n; ++i) cpu->params()[i] = RoundToBf16(master[i]);
+    double gpu_loss_value = 0, gpu_norm_value = 0;
+    if (!cpu_only) {
+      auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<double> gpu_loss =
+          (*gpu)->Forward(batch.tokens.data(), batch.targets.data(), b, t);
+      if (!gpu_loss.ok()) return Fail("train20m", gpu_loss.status());
+      if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail("train20m", s);
+      if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
+      absl::StatusOr<double> gpu_norm = (*gpu)->Step(adamw, schedule, step);
+      if (!gpu_norm.ok()) return Fail("train20m", gpu_norm.status());
+      gpu_seconds += Seconds(start);
+      gpu_loss_value = *gpu_loss;
+      gpu_norm_value = *gpu_norm;
     }
-    absl::StatusOr<double> cpu_loss = cpu->Forward(batch.tokens.data(), batch.targets.data(), b, t);
-    if (!cpu_loss.ok()) return Fail("train20m", cpu_loss.status());
-    cpu->ZeroGrad();
-    if (absl::Status s = cpu->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
-    const double cpu_norm = model::GradNorm(cpu->grads(), n);
-    model::AdamWUpdateRange(cpu->layout(), 0, n, cpu_master, cpu->grads(), m.data(), v.data(),
-                            adamw, model::StepScalars(adamw, schedule, step, cpu_norm));
-    cpu_seconds += Seconds(start);
 
-    const double diff = RelDiff(*gpu_loss, *cpu_loss);
+    double cpu_loss_value = 0, cpu_norm = 0;
+    if (cpu_precomputed) {
+      cpu_loss_value = precomputed.loss[step];
+      cpu_norm = precomputed.norm[step];
+    } else {
+      auto start = std::chrono::steady_clock::now();
+      if (bf16) {
+        for (int64_t i = 0; i < n; ++i) cpu->params()[i] = RoundToBf16(master[i]);
+      }
+      absl::StatusOr<double> cpu_loss =
+          cpu->Forward(batch.tokens.data(), batch.targets.data(), b, t);
+      if (!cpu_loss.ok()) return Fail("train20m", cpu_loss.status());
+      cpu->ZeroGrad();
+      if (absl::Status s = cpu->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
+      cpu_norm = model::GradNorm(cpu->grads(), n);
+      model::AdamWUpdateRange(cpu->layout(), 0, n, cpu_master, cpu->grads(), m.data(), v.data(),
+                              adamw, model::StepScalars(adamw, schedule, step, cpu_norm));
+      cpu_seconds += Seconds(start);
+      cpu_loss_value = *cpu_loss;
+    }
+
+    if (cpu_only) {
+      written.loss.push_back(cpu_loss_value);
+      written.norm.push_back(cpu_norm);
+      if (step % 10 == 0 || step == steps - 1) {
+        std::printf("%6lld %12.6f %12.4e\n", static_cast<long long>(step), cpu_loss_value,
+                    cpu_norm);
+        std::fflush(stdout);
+      }
+      continue;
+    }
+    const double diff = RelDiff(gpu_loss_value, cpu_loss_value);
     const bool step_ok = diff <= tolerance;  // also false for NaN
     if (!step_ok && first_over < 0) first_over = step;
     over += !step_ok;
     if (!(diff <= worst)) worst = diff, worst_step = step;
     if (step % 10 == 0 || step == steps - 1 || !step_ok) {
       std::printf("%6lld %12.6f %12.6f %10.2e %12.4e %12.4e%s\n", static_cast<long long>(step),
-                  *cpu_loss, *gpu_loss, diff, cpu_norm, *gpu_norm, step_ok ? "" : "  FAIL");
+                  cpu_loss_value, gpu_loss_value, diff, cpu_norm, gpu_norm_value,
+                  step_ok ? "" : "  FAIL");
       std::fflush(stdout);
     }
   }
+  if (cpu_only) {
+    if (absl::Status s = WriteCpuLosses(write_path, run, written); !s.ok()) {
+      return Fail("train20m", s);
+    }
+    std::printf("\ntrain20m --write-cpu-losses (%s): %d steps written to %s; CPU %.3f s/step\n",
+                bf16 ? "bf16" : "fp32", steps, write_path.c_str(), cpu_seconds / steps);
+    return 0;
+  }
   const bool ok = over == 0;
   const std::string first = ok ? "" : " (first: step " + std::to_string(first_over) + ")";
+  char cpu_time[64];
+  if (cpu_precomputed) {
+    std::snprintf(cpu_time, sizeof(cpu_time), "CPU precomputed");
+  } else {
+    std::snprintf(cpu_time, sizeof(cpu_time), "CPU %.3f s/step", cpu_seconds / steps);
+  }
   std::printf(
       "\ntrain20m (%s): worst |Δloss|/loss %.2e at step %lld, tolerance %.0e; %lld of %d steps "
-      "over%s; GPU %.3f s/step, CPU %.3f s/step: %s\n",
+      "over%s; GPU %.3f s/step, %s: %s\n",
       bf16 ? "bf16" : "fp32", worst, static_cast<long long>(worst_step), tolerance,
-      static_cast<long long>(over), steps, first.c_str(), gpu_seconds / steps, cpu_seconds / steps,
+      static_cast<long long>(over), steps, first.c_str(), gpu_seconds / steps, cpu_time,
       ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
@@ -399,6 +616,8 @@ int Main(int argc, char** argv) {
   } else if (mode == "train20m") {
     known.push_back("steps");
     known.push_back("bf16");
+    known.push_back("cpu-losses");
+    known.push_back("write-cpu-losses");
   } else {
     std::fprintf(stderr, "%s", kUsage);
     return 2;

@@ -101,6 +101,38 @@ TEST(ToolsGpuCheckWithoutAGpu, WithoutOpenBlasOnlyACpuMatrixProductFailsAndSaysW
       << out;
 }
 
+// train20m's CPU side alone (--write-cpu-losses, as scripts/gpu-bundle precomputes it) needs no
+// GPU; a --cpu-losses file is checked against the run's settings before the device (exit 2 naming
+// both), and one that fits gets as far as the device, which fails naming the CUDA error.
+TEST(ToolsGpuCheckWithoutAGpu, CpuLossesAreWrittenWithoutAGpuAndMustFitTheRun) {
+  const std::string why = NoGpuReason();
+  if (why.empty()) GTEST_SKIP() << "a CUDA device is usable here: the gpu-labelled test covers it";
+  const std::string file = ::testing::TempDir() + "gpu_check_test_losses.txt";
+  std::string out;
+  ASSERT_EQ(
+      GpuCheck("train20m --steps 2 --b 1 --t 16 --threads 1 --write-cpu-losses " + file, &out), 0)
+      << out;
+  std::string written;
+  ASSERT_EQ(Shell("cat " + file, &written), 0);
+  EXPECT_NE(written.find("train20m-cpu-losses steps=2 b=1 t=16 seed=1 bf16=0 params="),
+            std::string::npos)
+      << written;
+  EXPECT_NE(written.find("\n1 "), std::string::npos) << written;  // one line per step
+
+  EXPECT_EQ(GpuCheck("train20m --steps 2 --b 1 --t 16 --bf16 --cpu-losses " + file, &out), 2);
+  EXPECT_NE(out.find("INVALID_ARGUMENT"), std::string::npos) << out;
+  EXPECT_NE(out.find("bf16=0"), std::string::npos) << out;  // what the file was written for
+  EXPECT_NE(out.find("bf16=1"), std::string::npos) << out;  // what this run is
+  EXPECT_EQ(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+
+  EXPECT_EQ(GpuCheck("train20m --steps 2 --b 1 --t 16 --cpu-losses " + file, &out), 2);
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+  if (why.rfind("cudaError", 0) == 0) {
+    EXPECT_NE(out.find(why), std::string::npos) << out;
+  }
+  std::remove(file.c_str());
+}
+
 #endif
 
 }  // namespace

@@ -2,13 +2,15 @@
 //
 //   [job]        name, steps, seed, work_dir, deterministic
 //   [model]      type ("gpt" or a registered Trainable), size, data_dir, device ("cpu",
-//                "cuda", "cuda:N"), seq_len,
+//                "cuda", "cuda:N"), precision ("fp32", or "bf16" on CUDA), seq_len,
 //                microbatch_size, microbatches (M per step, fixed whatever the world size),
 //                [model.options] free-form strings for user models
 //   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
-//   [elastic]    workers (started by the embedded cluster), min_workers, max_workers
+//   [elastic]    workers (started by the embedded cluster), min_workers, max_workers,
+//                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU)
 //   [pipeline]   stages (pipeline stages asked for: each generation's grid takes the divisor of
-//                its world closest to it, see ChooseStages), schedule ("1f1b" or "gpipe")
+//                its world closest to it, see ChooseStages; 1 with device "cuda"), schedule
+//                ("1f1b" or "gpipe")
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
 //                drop_percent, delay and jitter (durations), stall
