@@ -33,6 +33,10 @@
 // Faults fire at most once: a fired fault is in the record, saved (kSaveRecord) before the
 // action that carries it out.
 //
+// Its parts: the chaos faults' schedule (fault_schedule.h) and the checkpoints asked of the ranks
+// (pending_checkpoints.h), each pure; the core itself in coordinator_core.cc (membership,
+// generations) and coordinator_core_steps.cc (the step boundary, checkpoints, the end, timers).
+//
 // Not thread-safe: owned by one actor.
 #ifndef TROUPE_ACTORS_COORDINATOR_CORE_H_
 #define TROUPE_ACTORS_COORDINATOR_CORE_H_
@@ -47,6 +51,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "pending_checkpoints.h"
 #include "troupe/actors/elastic.h"
 #include "troupe/actors/job_spec.h"
 #include "troupe/actors/manifest.h"
@@ -227,13 +232,6 @@ class CoordinatorCore {
     bool alive = true;
     bool draining = false;
   };
-  struct PendingCheckpoint {
-    uint64_t generation = 0;
-    int world = 0;
-    int expected = 0;
-    bool committing = false;  // every shard is in; kCheckpoint issued
-    std::map<int32_t, ShardFileInfo> shards;
-  };
   enum class TimerKind { kRetry, kJoinWait, kWatchdog, kNoticeWindow };
   struct Timer {
     TimerKind kind;
@@ -280,7 +278,6 @@ class CoordinatorCore {
   int64_t CheckpointAt(int64_t step) const;
   void CompleteCheckpoint(Actions* out, int64_t step);
   void Finish(Actions* out);
-  int ArmRank(int32_t requested) const;
 
   Options options_;
   CoordinatorRecord record_;
@@ -291,7 +288,7 @@ class CoordinatorCore {
   int32_t group_buddy_ = 1;           // ... and its buddy offset
   std::set<std::string> pending_;     // ranks whose reply this phase still needs
   std::map<int32_t, double> losses_;
-  std::map<int64_t, PendingCheckpoint> checkpoints_;
+  PendingCheckpoints checkpoints_;
   std::map<uint64_t, Timer> timers_;
   uint64_t next_timer_ = 1;
   size_t expected_joins_ = 0;

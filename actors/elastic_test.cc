@@ -28,10 +28,9 @@
 #include "gpt_device_trainable.h"
 #endif
 #include "nccl_backend.h"  // collectives/, private: the NCCL communicator over a backend
-#include "nccl_fake.h"
 #include "troupe/collectives/bootstrap.h"
 #include "troupe/collectives/inprocess.h"
-#include "troupe/kernels/norm.h"
+#include "troupe/collectives/nccl_fake.h"
 #include "troupe/model/crc32c.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/trainer.h"
@@ -516,35 +515,6 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
   std::vector<std::pair<int64_t, int32_t>> served_;
 };
 
-TEST(MicrobatchBlocksTest, PowerOfTwoAlignedSubtrees) {
-  using B = std::vector<std::pair<int32_t, int32_t>>;
-  EXPECT_EQ(*MicrobatchBlocks(8, 1), (B{{0, 8}}));
-  EXPECT_EQ(*MicrobatchBlocks(8, 3), (B{{0, 2}, {2, 4}, {4, 8}}));
-  EXPECT_EQ(*MicrobatchBlocks(8, 4), (B{{0, 2}, {2, 4}, {4, 6}, {6, 8}}));
-  EXPECT_EQ(*MicrobatchBlocks(6, 2), (B{{0, 4}, {4, 6}}));
-  EXPECT_EQ(*MicrobatchBlocks(7, 3), (B{{0, 2}, {2, 4}, {4, 7}}));
-  EXPECT_FALSE(MicrobatchBlocks(8, 9).ok());
-  EXPECT_FALSE(MicrobatchBlocks(8, 0).ok());
-}
-
-TEST(ShardLayoutTest, ChunkAlignedRangesCoverTheParameters) {
-  for (int w : {1, 2, 3, 4, 7}) {
-    ShardLayout l = ShardLayout::Make(140000, w);
-    EXPECT_EQ(l.per_rank % kernels::kNormChunk, 0);
-    EXPECT_GE(l.padded(), 140000);
-    EXPECT_EQ(l.begin(0), 0);
-    for (int r = 0; r + 1 < w; ++r) EXPECT_EQ(l.end(r), l.begin(r + 1));
-    EXPECT_EQ(l.end(w - 1), 140000);
-  }
-}
-
-TEST(MemoryRestoreTest, NeedsOwnerOrBuddyOfEveryRange) {
-  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, 2}));    // rank 2's buddy 3 survives
-  EXPECT_FALSE(MemoryRestorePossible({0, 1, -1, -1}));  // rank 2 and its buddy both gone
-  EXPECT_FALSE(MemoryRestorePossible({-1}));
-  EXPECT_TRUE(MemoryRestorePossible({-1, 0}));
-}
-
 TEST_P(ElasticTest, AnyWorldSizeMatchesTheSingleProcessReference) {
   std::vector<float> want, want_m;
   Reference(3, &want, &want_m);
@@ -617,30 +587,6 @@ TEST_P(ElasticTest, RankDiesMidStepSurvivorsRestoreFromMemoryAndMatch) {
             1);
   Steps(survivors, 4);
   ExpectBitIdentical(survivors, want);
-}
-
-TEST(MemoryRestoreTest, TheBuddyOffsetSaysWhereEachMirrorIs) {
-  // Two ranks in a row gone (one host of two): with offset 2 their mirrors are on the others.
-  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, -1}, 2));
-  EXPECT_FALSE(MemoryRestorePossible({0, 1, -1, -1}, 1));
-  EXPECT_FALSE(MemoryRestorePossible({0, -1, 1, -1}, 2));  // 1 and 3 mirror each other
-}
-
-TEST(BuddyOffsetTest, PutsEveryBuddyInAnotherDomainWhereTheGroupAllows) {
-  using D = std::vector<std::string>;
-  EXPECT_EQ(BuddyOffset(D{}), 1);
-  EXPECT_EQ(BuddyOffset(D{"h1"}), 1);
-  EXPECT_EQ(BuddyOffset(D{"h1", "h2", "h3", "h4"}), 1);
-  EXPECT_EQ(BuddyOffset(D{"h1", "h1", "h2", "h2"}), 2);
-  EXPECT_EQ(BuddyOffset(D{"h1", "h1", "h1", "h2", "h2", "h2"}), 3);
-  EXPECT_EQ(BuddiesSharingADomain(D{"h1", "h1", "h1", "h2", "h2", "h2"}, 3), 0);
-  // Survivors first, then a new host: h2 was lost, h4 joined.
-  const D after = {"h1", "h1", "h3", "h3", "h4", "h4"};
-  EXPECT_EQ(BuddiesSharingADomain(after, BuddyOffset(after)), 0);
-  // One domain holds most ranks: no offset avoids it, the fewest sharing is chosen.
-  const D most = {"a", "a", "a", "b"};
-  EXPECT_EQ(BuddiesSharingADomain(most, BuddyOffset(most)), 2);
-  EXPECT_EQ(BuddyOffset(D{"a", "a", "a"}), 1);  // one machine: every buddy shares it
 }
 
 TEST_P(ElasticTest, AHostOfTwoRanksLostRestoresFromMirrorsOnTheOtherHost) {

@@ -12,7 +12,7 @@ if(TROUPE_HAVE_CUDA)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    # sm_80 and sm_90 SASS plus compute_90 PTX for newer GPUs (STACK.md: `native` fails without a GPU).
+    # sm_80 and sm_90 SASS plus compute_90 PTX for newer GPUs (docs/STACK.md: `native` fails without a GPU).
     set(CMAKE_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
   endif()
   set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)

@@ -23,7 +23,7 @@ find_package(absl CONFIG REQUIRED)
 # runtime/log.cc's logger (Debian's libspdlog-dev, compiled, with an external fmt).
 find_package(spdlog CONFIG REQUIRED)
 
-# CAF 0.17 ships neither a CMake config nor pkg-config (STACK.md).
+# CAF 0.17 ships neither a CMake config nor pkg-config (docs/STACK.md).
 find_path(TROUPE_CAF_INCLUDE caf/config.hpp REQUIRED)
 find_library(TROUPE_CAF_CORE caf_core REQUIRED)
 find_library(TROUPE_CAF_IO caf_io REQUIRED)

@@ -18,11 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "algorithms.h"
 #include "nccl_backend.h"
-#include "nccl_fake.h"
 #include "reduce.h"
 #include "test_util.h"
 #include "troupe/collectives/inprocess.h"
 #include "troupe/collectives/nccl_communicator.h"
+#include "troupe/collectives/nccl_fake.h"
 
 namespace troupe::collectives {
 namespace {

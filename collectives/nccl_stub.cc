@@ -1,5 +1,5 @@
 // The NCCL backend in a build without CUDA: the communicator's logic is there
-// (nccl_communicator.cc, tested over the fake), the libraries it would call are not.
+// (nccl_comm.h, tested over the fake), the libraries it would call are not.
 #include "nccl_backend.h"
 
 namespace troupe::collectives {

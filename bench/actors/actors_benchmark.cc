@@ -120,7 +120,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 
 // Pins this process (and so every thread both actor systems start) to the first vCPU it may use.
 // Each request/response is a few thread wake-ups; across vCPUs their cost swings 2x from run to
-// run with where the scheduler puts the threads (BENCHMARKS.md), which swamps the per-message
+// run with where the scheduler puts the threads (docs/BENCHMARKS.md), which swamps the per-message
 // difference being measured. On one vCPU both sides pay the same context switches.
 int PinToOneCpu() {
   cpu_set_t allowed;

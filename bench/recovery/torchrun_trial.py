@@ -46,7 +46,7 @@ class TrialError(RuntimeError):
 
 
 def torch_env():
-    """Environment for torch processes: OpenBLAS first when installed (see STACK.md)."""
+    """Environment for torch processes: OpenBLAS first when installed (see docs/STACK.md)."""
     env = dict(os.environ)
     if os.path.isdir(OPENBLAS_DIR) and OPENBLAS_DIR not in env.get("LD_LIBRARY_PATH", ""):
         env["LD_LIBRARY_PATH"] = OPENBLAS_DIR + (":" + env["LD_LIBRARY_PATH"]

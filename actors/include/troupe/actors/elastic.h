@@ -2,7 +2,7 @@
 // collectives::Communicator. The rank actor (training.h) drives it; unit tests drive several with
 // the in-process backend.
 //
-// The step (ARCHITECTURE.md, "The training step" and "Determinism"):
+// The step (docs/ARCHITECTURE.md, "The training step" and "Determinism"):
 //   1. rank r computes microbatches [lo, hi) of the M — a power-of-two-aligned block, so its local
 //      canonical tree sum is a whole subtree of T(0, M);
 //   2. ordered reduce-scatter keyed by those intervals: rank r receives the step gradient of its
@@ -64,6 +64,7 @@
 #include "absl/status/statusor.h"
 #include "troupe/actors/checkpoint_store.h"
 #include "troupe/actors/pipeline.h"
+#include "troupe/actors/shard_layout.h"
 #include "troupe/actors/trainable.h"
 #include "troupe/collectives/communicator.h"
 #include "troupe/model/array_ops.h"
@@ -72,37 +73,10 @@
 
 namespace troupe::actors {
 
-struct ShardLayout {
-  int world = 1;
-  int64_t num_params = 0;
-  int64_t per_rank = 0;  // a multiple of kernels::kNormChunk
-
-  static ShardLayout Make(int64_t num_params, int world);
-  int64_t padded() const { return per_rank * world; }
-  // The real (unpadded) range of rank r; begin == end for a rank that owns only padding.
-  int64_t begin(int r) const;
-  int64_t end(int r) const;
-};
-
-// [lo, hi) of the M microbatches for each of `world` ranks: power-of-two-aligned subtrees of the
-// canonical tree of [0, M), in order. InvalidArgument unless 1 <= world <= M.
-[[nodiscard]] absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(
-    int32_t microbatches, int world);
+// ShardLayout, MicrobatchBlocks, the buddy offsets and the range arithmetic: shard_layout.h.
 
 // Where the committed state comes from when a generation starts.
 enum class RestoreSource : int32_t { kInit = 0, kMemory = 1, kCheckpoint = 2 };
-
-// True if every old range survives in memory: its owner or its buddy ((o + buddy) mod W) is in
-// the new group. old_to_new[o] is old rank o's new rank, or -1 if it is gone.
-bool MemoryRestorePossible(const std::vector<int>& old_to_new, int buddy = 1);
-
-// The buddy offset k for a group whose rank r is in failure domain domains[r] (a zone, else a
-// host): the smallest k in [1, W) that puts the fewest buddies (r + k) mod W in their owner's
-// domain — none whenever some offset allows it (equal-sized domains in rank order: k = the
-// domain size). 1 for a world of one.
-int BuddyOffset(const std::vector<std::string>& domains);
-// How many ranks r of `domains` share their domain with their buddy (r + buddy) mod W.
-int BuddiesSharingADomain(const std::vector<std::string>& domains, int buddy);
 
 struct GenerationPlan {
   int world = 1;
@@ -190,10 +164,10 @@ class ElasticRank {
   void Abandon();
   bool has_state() const { return has_state_; }
 
-  int64_t committed_steps() const { return committed_; }
-  const ShardLayout& layout() const { return layout_; }
-  int rank() const { return rank_; }
-  int stages() const { return stages_; }  // of the committed grid
+  int64_t committed_steps() const { return committed_state_.steps; }
+  const ShardLayout& layout() const { return committed_state_.layout; }
+  int rank() const { return committed_state_.rank; }
+  int stages() const { return committed_state_.stages; }  // of the committed grid
   Trainable* model() { return model_; }
   // The committed state of this rank's range, copied to the host (what a checkpoint writer
   // writes).
@@ -202,7 +176,7 @@ class ElasticRank {
   // host can read the model's memory — valid until the next Commit() or Configure(), which must
   // wait for the writer — else a copy in *copy.
   [[nodiscard]] absl::StatusOr<ShardView> CommittedShard(HostShard* copy) const;
-  using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // flat [begin, end), sorted
+  using Ranges = actors::Ranges;  // flat [begin, end), sorted
   // The parameters rank `rank` of a grid of `stages` over `layout` keeps in the model's buffer:
   // all of them under data parallelism; on a grid, those its stage reads and its own range's.
   // The rest of the buffer is given back (ArrayOps::Discard) when a generation commits.
@@ -217,38 +191,98 @@ class ElasticRank {
   [[nodiscard]] absl::StatusOr<uint32_t> ParamsCrc32c();
 
  private:
+  // A rank's state in one generation: where it sits in the group, and the buffers that hold its
+  // share of the training state (ShardLayout: its range of the parameters). ElasticRank holds two:
+  // the committed state, which recovery and checkpoints read, and the staged one, which RunStep or
+  // Configure builds beside it without touching it:
+  //
+  //                RunStep                        Commit: (a step) the buddy replays its owner's
+  //   kNone ────────────────────▶ kStep ──────┐     AdamW on the mirror; the staged parameters
+  //     ▲  ────────────────────▶ kConfig ─────┤     into the model's buffer; then staged →
+  //     │          Configure                  │     committed, a move
+  //     └─────────────────────────────────────┘ Abandon (and every RunStep/Configure first):
+  //                                               the staged state is dropped, never applied
+  //
+  // The committed parameters are the model's own buffer (over held[rank]); the staged ones are
+  // staged_held_, packed. Touched by the rank actor's one thread.
+  struct RankState {
+    ShardLayout layout;
+    int rank = 0;
+    int buddy = 1;      // rank's moments are mirrored on rank (rank + buddy) mod world
+    int stages = 1;     // of the grid: 1 under data parallelism
+    int64_t steps = 0;  // the steps this state holds the result of: the next step to run
+    // Cached per generation: a grid's stage units (PartitionUnits; empty under data
+    // parallelism) and the parameters every rank of the generation keeps (HeldRanges), by rank.
+    std::vector<std::pair<int, int>> units;
+    std::vector<Ranges> held;
+    // The moments of rank's range; the buddy mirror of rank (rank - buddy) mod world's range:
+    // moments, and its parameters on a grid. A staged step stages no mirror: its Commit replays
+    // the step on the committed one.
+    model::FloatArray m, v, replica_p, replica_m, replica_v;
+
+    const Ranges& my_held() const { return held[rank]; }
+    // Everything but the buffers.
+    void CopyPlacementFrom(const RankState& other);
+  };
   enum class Staged { kNone, kStep, kConfig };
-  // Posts the mirror to the buddy (rank + buddy) — the moments, and with `mirror_params` the
-  // range's parameters `p` — and the receive of the mirror this rank keeps (from rank - buddy)
-  // into *works; the caller waits.
-  [[nodiscard]] absl::Status PostMirror(const ShardLayout& layout, int rank, int buddy,
-                                        bool mirror_params, const float* p,
-                                        const model::FloatArray& m, const model::FloatArray& v,
-                                        model::FloatArray* replica_p, model::FloatArray* replica_m,
-                                        model::FloatArray* replica_v,
-                                        std::vector<collectives::Work>* works);
-  // Copies the model's parameters of staged_held_ranges_ into staged_held_ (sized for them).
-  [[nodiscard]] absl::Status StageHeldFromModel();
-  [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan, const ShardLayout& to);
-  // RunStep's phases, in order; each fills the buffers the next one reads.
+  struct StageExchange;  // elastic_stages.cc
+
+  // ---- The data-parallel step (elastic.cc): RunStep's phases, in order; each fills the buffers
+  // the next one reads.
   [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
                                                StepOutcome* out);
   [[nodiscard]] absl::Status ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi);
   [[nodiscard]] absl::StatusOr<double> GlobalGradNorm();
   [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
-  [[nodiscard]] absl::Status RestoreFromCheckpoint(const GenerationPlan& plan,
-                                                   const ShardLayout& to, CheckpointStore* store);
   [[nodiscard]] absl::Status ShareStagedState(int64_t step);
-  // A grid's step 4: the pieces of my staged range to the ranks that keep them, theirs to me.
-  [[nodiscard]] absl::Status SendStagedParams(int64_t step);
-  // Pipeline: this rank's stage of its replica's schedule, each gradient range's subtree into
+
+  // ---- The pipeline grid (elastic_stages.cc).
+  // This rank's stage of its replica's schedule, each gradient range's subtree into
   // stage_partials_; then the exchange that leaves the step gradient of my range in grad_shard_.
   [[nodiscard]] absl::Status RunStageSchedule(int64_t step, int32_t lo, int32_t hi,
                                               GridPosition pos, StepOutcome* out);
+  // Makes the model the committed grid's stage `stage` with `slots` microbatches in flight (once
+  // per change), with one accumulator per gradient range of the stage.
+  [[nodiscard]] absl::Status SetModelStage(int stage, int slots, const Ranges& ranges);
   [[nodiscard]] absl::Status ExchangeStageGradients(
       int64_t step, const std::vector<std::pair<int32_t, int32_t>>& blocks, GridPosition pos);
-  // The unit ranges of the committed grid's stages.
-  [[nodiscard]] absl::StatusOr<std::vector<std::pair<int, int>>> StageUnits() const;
+  [[nodiscard]] absl::Status PlanStageExchange(int64_t step, GridPosition pos,
+                                               StageExchange* exchange);
+  // A grid's step 4: the pieces of my staged range to the ranks that keep them, theirs to me.
+  [[nodiscard]] absl::Status SendStagedParams(int64_t step);
+  // HeldRanges of every rank of a generation.
+  [[nodiscard]] absl::StatusOr<std::vector<Ranges>> HeldRangesByRank(const ShardLayout& layout,
+                                                                     int stages) const;
+
+  // ---- Reconfiguration (elastic_configure.cc).
+  [[nodiscard]] absl::Status CheckPlan(const collectives::Communicator& comm,
+                                       const GenerationPlan& plan) const;
+  // Fills staged_state_'s placement for `plan` and stages its parameters and moments from the
+  // plan's source.
+  [[nodiscard]] absl::Status StageGeneration(const GenerationPlan& plan, CheckpointStore* store);
+  [[nodiscard]] absl::Status StageFromInit();
+  [[nodiscard]] absl::Status RestoreFromMemory(const GenerationPlan& plan);
+  [[nodiscard]] absl::Status CheckSurvivor(const GenerationPlan& plan) const;
+  [[nodiscard]] absl::Status AddParamMoves(
+      const GenerationPlan& plan, const ShardLayout& from,
+      std::vector<collectives::Communicator::PointToPoint>* moves);
+  [[nodiscard]] absl::Status AddMomentMoves(
+      const GenerationPlan& plan, const ShardLayout& from,
+      std::vector<collectives::Communicator::PointToPoint>* moves);
+  [[nodiscard]] absl::Status RestoreFromCheckpoint(const GenerationPlan& plan,
+                                                   CheckpointStore* store);
+  // Copies the model's parameters of staged_state_'s held ranges into staged_held_.
+  [[nodiscard]] absl::Status StageHeldFromModel();
+  // Posts the staged state's mirror to its buddy — the moments, and on a grid the range's
+  // parameters `p` — and the receive of the mirror it keeps into *works; the caller waits.
+  [[nodiscard]] absl::Status PostMirror(RankState* state, const float* p,
+                                        std::vector<collectives::Work>* works);
+  // Commit's parts: the buddy's replay of a staged step on the committed mirror; the staged
+  // parameters into the model's buffer; the staged state becoming the committed one.
+  [[nodiscard]] absl::Status ReplayBuddyStep();
+  [[nodiscard]] absl::Status CopyStagedParamsIntoModel();
+  void DiscardUnheld();
+  void MoveStagedToCommitted(bool new_grid);
 
   Trainable* model_;
   model::ArrayOps* ops_;  // model_->array_ops()
@@ -256,38 +290,27 @@ class ElasticRank {
   collectives::Communicator* comm_ = nullptr;
   collectives::Communicator* host_comm_ = nullptr;
   absl::Status commit_error_;  // sticky: a commit the device failed
-  ShardLayout layout_;
-  int rank_ = 0;
-  int buddy_ = 1;
-  int stages_ = 1;
-  bool has_state_ = false;
-  int64_t committed_ = 0;
-  // Committed: moments of my range; the buddy mirror of rank (r - buddy_) mod W's range (its
-  // parameters too on a grid).
-  model::FloatArray m_, v_, replica_p_, replica_m_, replica_v_;
-  // Staged by RunStep: that rank's step gradient and the step's AdamW scalars, which Commit
-  // replays on the mirror.
+  bool has_state_ = false;     // committed_state_ holds a committed generation
+  RankState committed_state_;
+  Staged staged_ = Staged::kNone;
+  RankState staged_state_;  // what staged_ says, else stale buffers kept for reuse
+  // The staged parameters of staged_state_.my_held(), one range after the other.
+  model::FloatArray staged_held_;
+  // Staged by RunStep: the mirrored rank's step gradient and the step's AdamW scalars, which
+  // Commit replays on the mirror.
   model::FloatArray mirror_grad_;
   kernels::AdamWScalars staged_scalars_{};
-  // Staged by RunStep or Configure; staged_held_ holds the parameters of staged_held_ranges_,
-  // one range after the other; the staged replicas only by Configure.
-  Staged staged_ = Staged::kNone;
-  ShardLayout staged_layout_;
-  int staged_rank_ = 0;
-  int staged_buddy_ = 1;
-  int staged_stages_ = 1;
-  int64_t staged_committed_ = 0;
+  // The step's scratch: this rank's subtree of the gradient (data parallelism), the step gradient
+  // of its range, and its updated range (data parallelism: the all-gather's input).
+  model::FloatArray partial_, grad_shard_, staged_params_;
+  // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
+  // microbatch.
+  std::optional<model::TreeAccumulator> acc_;
   // Pipeline: the stage the model was set to (first unit, end unit, slots), one accumulator
   // and finished partial per gradient range of the stage.
   std::tuple<int, int, int> model_stage_{-1, -1, 0};
   std::vector<model::TreeAccumulator> stage_accs_;
   std::vector<model::FloatArray> stage_partials_;
-  // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
-  // microbatch.
-  std::optional<model::TreeAccumulator> acc_;
-  Ranges staged_held_ranges_;
-  model::FloatArray partial_, grad_shard_, staged_params_, staged_held_, staged_m_, staged_v_,
-      staged_replica_p_, staged_replica_m_, staged_replica_v_;
 };
 
 }  // namespace troupe::actors

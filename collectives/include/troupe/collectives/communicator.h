@@ -41,7 +41,7 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 // Which algorithm runs a reduction. kAuto picks by size (recursive doubling below
 // `CollectiveOptions::small_bytes`, ring reduce-scatter + all-gather above).
 // kOrdered is the deterministic mode: each element is reduced by the canonical tree over
-// contribution intervals (ARCHITECTURE.md, "Determinism"), bit-exact for any group size.
+// contribution intervals (docs/ARCHITECTURE.md, "Determinism"), bit-exact for any group size.
 // kSingleCopy (AllReduce, ReduceScatter), the same-host algorithm: every rank reduces its segment
 // reading the other ranks' data in memory they share, then takes their reduced segments — no
 // message queues in between. UCX with every rank on one host: piece by piece through the ranks'

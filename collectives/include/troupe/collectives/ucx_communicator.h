@@ -13,7 +13,7 @@
 // Small messages between ranks of one host go through shared-memory mailboxes instead of UCX.
 //
 // Failure detection does not rely on UCX: UCP_ERR_HANDLING_MODE_PEER would drop the
-// shared-memory transports (STACK.md). Instead every pair of ranks keeps a TCP liveness
+// shared-memory transports (docs/STACK.md). Instead every pair of ranks keeps a TCP liveness
 // connection with heartbeats (to `address`: loopback when the world is on one host): EOF (a
 // process that exited or was killed -9) fails every pending operation at once with Unavailable
 // naming the rank; silence beyond `liveness_timeout` (SIGSTOP, a hung or cut-off host) does the

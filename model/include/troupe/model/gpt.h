@@ -6,7 +6,7 @@
 // (see TreeAccumulator). Instantiated for float (training) and double (gradient checks).
 // Not thread-safe: one thread drives a model; the kernels parallelise inside each call.
 //
-// Pipeline stages (ARCHITECTURE.md: pipeline parallelism): the same model cut between blocks.
+// Pipeline stages (docs/ARCHITECTURE.md: pipeline parallelism): the same model cut between blocks.
 // A stage runs blocks [first_block, end_block); the first also the embedding, the last also
 // ln_f, the head and the loss. Stage activations live in slots, one per microbatch in flight.
 // Chained stages compute, for every parameter, the bits Backward computes — except wte, whose

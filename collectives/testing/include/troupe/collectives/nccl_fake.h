@@ -1,5 +1,8 @@
-// Private, test support: an in-process fake of NCCL and the CUDA runtime behind NcclBackend, so
-// the NCCL communicator's multi-rank logic runs in CI without a GPU.
+// troupe/collectives/nccl_fake.h — test support, never installed (target
+// troupe_collectives_nccl_fake): an in-process fake of NCCL and the CUDA runtime behind
+// NcclBackend (collectives/nccl_backend.h, private), so the NCCL communicator's multi-rank logic
+// runs in CI without a GPU. The calls are in testing/nccl_fake.cc, the world they act on in
+// testing/nccl_fake_world.{h,cc}.
 //
 // A FakeNcclWorld is the network; each FakeNcclProcess is one rank's process — its own "NCCL
 // library" and device — and the NcclBackend that rank's communicator uses. Ranks are threads of
@@ -71,7 +74,7 @@ struct FakeNcclResources {
   }
 };
 
-struct FakeNcclShared;  // the world's state, in nccl_fake.cc
+struct FakeNcclShared;  // the world's state, in nccl_fake_world.h
 
 class FakeNcclProcess final : public NcclBackend {
  public:

@@ -1,0 +1,254 @@
+// The coordinator actor's hands (coordinator_actor.h): each action of CoordinatorCore carried out
+// once LeaseGate lets it out — a message to a rank or to the driver, a timer, the record saved,
+// a checkpoint's manifest committed, a chaos fault, a committed step's line and the job's report.
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator_actor.h"
+#include "coordinator_record.h"
+#include "troupe/runtime/faults.h"
+#include "troupe/runtime/status.h"
+
+namespace troupe::actors::internal {
+
+using Kind = CoordinatorAction::Kind;
+
+void Coordinator::Do(const CoordinatorAction& a) {
+  switch (a.kind) {
+    case Kind::kSaveRecord:
+      if (absl::Status s = SaveCoordinatorRecord(PosixFileSystem(), StatePath(), a.record);
+          !s.ok()) {
+        Stop(caf::make_message(JobFailed{WireStatus::From(s)}));
+      }
+      return;
+    case Kind::kAbort:
+      return Send(a.worker, caf::make_message(AbortBelow{a.generation}));
+    case Kind::kConfigure: {
+      stepping_ = false;
+      if (a.plan.rank == 0) kv_.clear();  // keys name their generation; older ones are dead
+      GenerationPlan plan = a.plan;
+      plan.epoch = gate_.epoch();
+      return Send(a.worker, caf::make_message(ConfigureRank{a.generation, plan,
+                                                            caf::actor_cast<caf::actor>(self_)}));
+    }
+    case Kind::kStep:
+      if (!stepping_) step_start_ = absl::Now();
+      stepping_ = true;
+      return Send(a.worker, caf::make_message(RunStep{a.generation, a.step}));
+    case Kind::kCommit:
+      if (a.step >= 0) checkpoint_asked_.emplace(a.step, absl::Now());
+      return Send(a.worker, caf::make_message(CommitRank{a.generation, a.step}));
+    case Kind::kCheckpoint:
+      return CommitCheckpoint(a);
+    case Kind::kFinal:
+      return Send(a.worker, caf::make_message(AskFinal{a.generation}));
+    case Kind::kReadTable:
+      return ReadTable(a.generation);
+    case Kind::kTimer:
+      self_->delayed_send(self_, std::chrono::duration_cast<std::chrono::microseconds>(a.delay),
+                          timer_atom::value, a.timer);
+      return;
+    case Kind::kKillWorker:
+    case Kind::kNodeFault:
+    case Kind::kAddNode:
+    case Kind::kCrashSelf:
+    case Kind::kStallSelf:
+    case Kind::kArmCrash:
+      return DoChaos(a);
+    case Kind::kReleaseNode:
+      if (head_) self_->send(head_, runtime::release_node_atom::value, a.text);
+      return;
+    case Kind::kMoveSelf:
+      // An error exit: the job supervisor restarts this child where the scheduler places it now
+      // (never on a draining node); the next incarnation resumes from the record just saved.
+      gate_.Stop();
+      self_->quit(runtime::StatusToError(absl::UnavailableError(
+          "coordinator moving off its node, which got a preemption notice")));
+      return;
+    case Kind::kCommitted:
+      return Committed(a);
+    case Kind::kEvent: {
+      runtime::SupervisionEvent e = a.event;
+      // The core knows steps; the store knows where they are.
+      if (e.event.rfind("checkpoint_", 0) == 0 || e.event == "final_checkpoint_failed") {
+        e.Set("path", store_->StepDir(e.IntField("step")));
+      }
+      return LogEvent(std::move(e));
+    }
+    case Kind::kFinish:
+      return Finish(a);
+    case Kind::kFail: {
+      runtime::SupervisionEvent e = a.event;
+      if (e.event == "final_checkpoint_failed") e.Set("path", store_->StepDir(e.IntField("step")));
+      events_->Write(std::move(e));  // the driver reports the Status itself
+      return Stop(caf::make_message(JobFailed{WireStatus::From(a.status)}));
+    }
+  }
+}
+
+// The job's chaos faults, carried out where the core armed them.
+void Coordinator::DoChaos(const CoordinatorAction& a) {
+  switch (a.kind) {
+    case Kind::kKillWorker:
+      return Send(a.worker,
+                  caf::make_message(ArmKill{a.step, a.signal, static_cast<int32_t>(a.fault)}));
+    case Kind::kNodeFault:
+      return InjectNodeFault(a.worker, a.fault);
+    case Kind::kAddNode:
+      FaultFired(FaultKind::kJoinWorker, core_->committed(), a.text);
+      return self_->send(driver_, AddNode{a.text});
+    case Kind::kCrashSelf:
+      FaultFired(FaultKind::kKillCoordinator, core_->committed());
+      raise(SIGKILL);
+      return;
+    case Kind::kStallSelf:
+      FaultFired(FaultKind::kStallCoordinator, core_->committed());
+      std::this_thread::sleep_for(absl::ToChronoMilliseconds(spec_.stall));
+      return;
+    case Kind::kArmCrash:
+      FaultFired(FaultKind::kCrashInCheckpoint, a.step);
+      runtime::ArmCrashPoint(a.text);
+      return;
+    default:
+      return;
+  }
+}
+
+// Chaos by name, through the head: the node agent carries it out on its own host (a preemption
+// notice to itself, or a network fault on its host's links).
+void Coordinator::InjectNodeFault(const std::string& worker, FaultKind kind) {
+  auto it = ranks_.find(worker);
+  if (it == ranks_.end() || !head_) return;
+  runtime::NodeFault f;
+  f.kind = kind == FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
+           : kind == FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
+           : kind == FaultKind::kDelayNode     ? runtime::NodeFaultKind::kDelay
+                                               : runtime::NodeFaultKind::kDrop;
+  f.duration_ms = absl::ToInt64Milliseconds(spec_.network_fault);
+  f.drop_percent = spec_.drop_percent;
+  f.delay_us = absl::ToInt64Microseconds(spec_.delay);
+  f.jitter_us = absl::ToInt64Microseconds(spec_.jitter);
+  FaultFired(kind, core_->committed(), it->second.node);
+  self_->request(head_, Rpc(), runtime::node_fault_atom::value, it->second.node, f)
+      .then([](bool) {},
+            [this, kind](caf::error& e) {
+              runtime::SupervisionEvent failed = JobEvent("fault_failed", "coordinator");
+              failed.generation = core_->generation();
+              failed.Set("kind", FaultKindName(kind)).reason = self_->system().render(e);
+              LogEvent(std::move(failed));
+            });
+}
+
+void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
+  CheckpointManifest m;
+  m.gpt_config = gpt_config_;
+  m.num_params = num_params_;
+  m.step = a.step;
+  m.seed = spec_.seed;
+  m.world_size = a.world;
+  m.generation = static_cast<int64_t>(a.generation);
+  m.optimizer_step = a.step;
+  m.shards = a.shards;
+  absl::Status s = store_->Commit(m);
+  if (s.ok()) {
+    runtime::SupervisionEvent e = JobEvent("checkpoint_committed");
+    e.generation = a.generation;
+    e.Set("step", a.step).Set("path", store_->StepDir(a.step)).Set("world", a.world);
+    uint64_t bytes = 0;
+    for (const ShardFileInfo& f : a.shards) bytes += f.byte_size;
+    e.Set("bytes", static_cast<int64_t>(bytes));
+    if (auto asked = checkpoint_asked_.find(a.step); asked != checkpoint_asked_.end()) {
+      e.Set("seconds", absl::StrFormat("%.6f", absl::ToDoubleSeconds(absl::Now() - asked->second)));
+    }
+    checkpoint_asked_.erase(checkpoint_asked_.begin(), checkpoint_asked_.upper_bound(a.step));
+    LogEvent(std::move(e));
+  }
+  Execute(core_->OnCheckpointCommitted(a.step, s, Now()));
+}
+
+void Coordinator::Committed(const CoordinatorAction& a) {
+  const absl::Time now = absl::Now();
+  commits_ << (a.step - 1) << " " << a.generation << std::endl;
+  const double secs = absl::ToDoubleSeconds(now - step_start_);
+  const int64_t step_tokens = int64_t{spec_.model.microbatches} * tokens_per_microbatch_;
+  compute_seconds_ += secs;
+  tokens_ += step_tokens;
+  stepping_ = false;
+  report_.losses.push_back(a.loss);
+  const double tokens_per_s = step_tokens / std::max(secs, 1e-9);
+  std::string line =
+      absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d", a.step, spec_.steps,
+                      a.loss, tokens_per_s, a.world, a.generation);
+  runtime::SupervisionEvent step = JobEvent("step");
+  step.generation = a.generation;
+  step.Set("step", a.step)
+      .Set("loss", absl::StrFormat("%.6f", a.loss))
+      .Set("tokens_per_s", absl::StrFormat("%.1f", tokens_per_s))
+      .Set("step_s", absl::StrFormat("%.6f", secs))
+      .Set("world", a.world);
+  events_->Write(step);
+  if (a.recovered) {
+    // From the newest fault_fired event (the dying process wrote it, with its time) to now.
+    std::optional<runtime::SupervisionEvent> fault =
+        NewestRecoveryFault(ReadEventLog(EventLogPath(spec_.work_dir)));
+    if (fault && fault->IntField("at_ns", 0) > 0) {
+      const double r = absl::ToDoubleSeconds(now - absl::FromUnixNanos(fault->IntField("at_ns")));
+      if (report_.recovery_seconds < 0) report_.recovery_seconds = r;
+      runtime::SupervisionEvent e = JobEvent("recovered");
+      e.generation = a.generation;
+      e.Set("step", a.step).Set("seconds", absl::StrFormat("%.3f", r));
+      e.Set("fault", fault->Field("kind"));
+      events_->Write(e);
+      absl::StrAppend(&line, "  | ", DescribeEvent(e));
+    }
+  }
+  Print(line);
+}
+
+void Coordinator::Finish(const CoordinatorAction& a) {
+  // Everything the core keeps comes from its record, once, here.
+  const CoordinatorRecord& record = core_->record();
+  JobReport r = report_;
+  r.final_params_crc32c = static_cast<uint32_t>(a.crc);
+  r.num_params = a.num_params;
+  r.committed_steps = a.step;
+  r.generations = static_cast<int>(record.generation);
+  r.steps_lost = record.steps_lost;
+  r.final_world = static_cast<int>(record.active.size());
+  r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
+  r.bubble = rank_schedule_seconds_ > 0 ? 1.0 - rank_compute_seconds_ / rank_schedule_seconds_ : 0;
+  Stop(caf::make_message(std::move(r)));
+}
+
+// Tells the driver how the job ended, stops every rank and quits.
+void Coordinator::Stop(caf::message to_driver) {
+  if (gate_.stopped()) return;
+  gate_.Stop();
+  self_->send(driver_, std::move(to_driver));
+  for (const auto& [w, r] : ranks_) self_->send_exit(r.handle, caf::exit_reason::user_shutdown);
+  self_->quit();
+}
+
+void Coordinator::ReadTable(uint64_t generation) {
+  auto reply = [this, generation](std::vector<std::string> dead) {
+    Execute(core_->OnTable(generation, dead, Now()));
+  };
+  if (!head_) return reply({});
+  self_->request(head_, Rpc(), runtime::members_table_atom::value)
+      .then(
+          [reply](const std::vector<runtime::MemberInfo>& table) {
+            std::vector<std::string> dead;
+            for (const runtime::MemberInfo& m : table) {
+              if (m.kind == runtime::MemberKind::kWorker && m.state == runtime::MemberState::kDead)
+                dead.push_back(m.id);
+            }
+            reply(dead);
+          },
+          [reply](caf::error&) { reply({}); });
+}
+
+}  // namespace troupe::actors::internal
