@@ -207,11 +207,11 @@ enum class Mode { kHost, kOpaqueDevice, kNccl, kOpaqueBf16 };
 // GEMMs computed on the CPU from the cuBLASLt plans: what GptDeviceTrainable drives on a GPU.
 class SimtBf16Gpt {
  public:
-  using Gpt = kernels::cuda::GptCuda<__nv_bfloat16>;
+  using Gpt = model::cuda::GptCuda<__nv_bfloat16>;
   static absl::StatusOr<std::unique_ptr<SimtBf16Gpt>> Create(const model::GptConfig& config) {
     absl::StatusOr<std::unique_ptr<Gpt>> g =
         Gpt::Create(config, kernels::cuda::HostMemoryBackend(),
-                    std::make_unique<kernels::cuda::ReferenceMatmulExecutor>(), nullptr);
+                    std::make_unique<model::cuda::ReferenceMatmulExecutor>(), nullptr);
     if (!g.ok()) return g.status();
     return std::make_unique<SimtBf16Gpt>(*std::move(g));
   }

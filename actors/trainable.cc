@@ -213,15 +213,15 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
   // The same GPT and data on a GPU: parameters, gradients and moments stay in device memory. Same
   // tensor layout as the CPU model, so checkpoints move between CPU and GPU runs.
   if (device->is_cuda()) {
-    absl::StatusOr<std::unique_ptr<kernels::cuda::GptDevice>> gpu =
-        kernels::cuda::GptDevice::Create(config, device->ordinal, spec.precision == "bf16");
+    absl::StatusOr<std::unique_ptr<model::cuda::GptDevice>> gpu =
+        model::cuda::GptDevice::Create(config, device->ordinal, spec.precision == "bf16");
     if (!gpu.ok()) {
       return absl::Status(gpu.status().code(), absl::StrCat("model.device = \"", spec.device,
                                                             "\": ", gpu.status().message()));
     }
-    absl::StatusOr<std::unique_ptr<GptDeviceTrainable<kernels::cuda::GptDevice>>> t =
-        GptDeviceTrainable<kernels::cuda::GptDevice>::Create(*std::move(gpu), *std::move(data),
-                                                             *device);
+    absl::StatusOr<std::unique_ptr<GptDeviceTrainable<model::cuda::GptDevice>>> t =
+        GptDeviceTrainable<model::cuda::GptDevice>::Create(*std::move(gpu), *std::move(data),
+                                                           *device);
     if (!t.ok()) return t.status();
     return std::unique_ptr<Trainable>(*std::move(t));
   }

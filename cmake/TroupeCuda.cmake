@@ -20,4 +20,9 @@ if(TROUPE_HAVE_CUDA)
   set(CMAKE_CUDA_STANDARD 17)
   find_package(CUDAToolkit REQUIRED)
 endif()
+# nvcc's options for troupe's own kernels (kernels/cuda, model/cuda): a kernel that spills
+# registers or uses local memory fails the build whatever TROUPE_WERROR says; --resource-usage
+# puts each kernel's registers and shared memory in the build log.
+set(TROUPE_NVCC_STRICT
+  "$<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings;-Xptxas=-warn-spills,-warn-lmem-usage;--resource-usage>")
 message(STATUS "troupe: CUDA backend ${TROUPE_HAVE_CUDA} (TROUPE_CUDA=${TROUPE_CUDA})")

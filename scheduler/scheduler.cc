@@ -9,18 +9,6 @@
 
 namespace troupe::scheduler {
 
-const char* NodeStateName(NodeState state) {
-  switch (state) {
-    case NodeState::kAlive:
-      return "alive";
-    case NodeState::kDraining:
-      return "draining";
-    case NodeState::kDead:
-      return "dead";
-  }
-  return "?";
-}
-
 const char* StrategyName(Strategy strategy) {
   switch (strategy) {
     case Strategy::kPack:

@@ -54,8 +54,8 @@
 namespace troupe::tools {
 namespace {
 
-using kernels::cuda::GptDevice;
 using model::GptConfig;
+using model::cuda::GptDevice;
 
 // --- Tolerances ---------------------------------------------------------------------------------
 // gpt2, fp32 both sides. Neither side is exact: each GEMM's fp32 dot products are rounded in a

@@ -43,8 +43,8 @@
 namespace troupe::bench {
 namespace {
 
-using kernels::cuda::GptDevice;
 using model::GptConfig;
+using model::cuda::GptDevice;
 
 constexpr const char* kUsage =
     "usage: troupe_bench_gpu [--size gpt2|20m|tiny] [--vocab V] [--b 8] [--t 1024] [--warmup 10]\n"

@@ -61,26 +61,6 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
-  }
-  return v;
-}
-
-// Sum over a block whose size is a multiple of 32 (at most 1024); every thread gets the result.
-// `scratch` is 32 floats of shared memory; the function starts and ends with a barrier so that
-// consecutive calls may share it.
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  v = WarpSum(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return WarpSum(v);
-}
-
 }  // namespace troupe::kernels::cuda
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK, for the host code

@@ -162,7 +162,6 @@ class ElasticRank {
   // coordinator then restores it like a new rank).
   void Commit();
   void Abandon();
-  bool has_state() const { return has_state_; }
 
   int64_t committed_steps() const { return committed_state_.steps; }
   const ShardLayout& layout() const { return committed_state_.layout; }

@@ -81,7 +81,6 @@ class ConfigRegistry {
   [[nodiscard]] absl::Status ParseFlags(int argc, const char* const* argv,
                                         std::vector<std::string>* rest);
 
-  bool Has(const std::string& name) const { return options_.count(name) > 0; }
   // The current value of an option, formatted as text ("" for an unknown name).
   std::string Get(const std::string& name) const;
   // One line per option: name, type, current value, help.

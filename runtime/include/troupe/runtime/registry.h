@@ -70,7 +70,6 @@ class ActorRegistry {
   // The factory for `type` bound to `args`, or an error naming what is wrong.
   [[nodiscard]] absl::StatusOr<FunctionActor::Init> Bind(const std::string& type,
                                                          const caf::message& args) const;
-  bool Contains(const std::string& type) const { return entries_.count(type) > 0; }
   std::vector<std::string> Types() const;
 
  private:

@@ -48,7 +48,6 @@ inline constexpr char kSpotLabel[] = "spot";
 inline constexpr char kZoneLabel[] = "zone";
 
 enum class NodeState { kAlive, kDraining, kDead };
-const char* NodeStateName(NodeState state);
 
 struct NodeSpec {
   std::string name;  // unique among the nodes that are not dead

@@ -37,8 +37,8 @@
 //   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->ZeroGrad());
 //   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
 //   absl::StatusOr<double> grad_norm = (*gpt)->Step(adamw, schedule, step);
-#ifndef TROUPE_KERNELS_CUDA_GPT_CUH_
-#define TROUPE_KERNELS_CUDA_GPT_CUH_
+#ifndef TROUPE_MODEL_CUDA_GPT_CUH_
+#define TROUPE_MODEL_CUDA_GPT_CUH_
 
 // clang-format off
 // First: under g++ the SIMT layer (simt.h) must define __device__ & co. before any CUDA header
@@ -71,7 +71,13 @@
 #include "troupe/model/gpt.h"
 #include "troupe/model/optimizer.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
+
+// The GPU model sits on kernels/cuda: the per-op kernels, device.cuh, the allocator and the
+// cuBLASLt plans.
+using namespace ::troupe::kernels::cuda;  // NOLINT(build/namespaces)
+using ::troupe::kernels::AdamWScalars;
+using ::troupe::kernels::kNormChunk;
 
 // Runs one linear layer's GEMM (matmul_lt.h's shapes and buffer roles) on `stream`.
 class MatmulExecutor {
@@ -703,8 +709,8 @@ class GptCuda {
   bool have_targets_ = false;
 };
 
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda
 
 #undef TROUPE_KERNELS_RETURN_IF_ERROR
 
-#endif  // TROUPE_KERNELS_CUDA_GPT_CUH_
+#endif  // TROUPE_MODEL_CUDA_GPT_CUH_

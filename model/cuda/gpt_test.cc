@@ -18,10 +18,11 @@
 #include "troupe/model/gpt.h"
 #include "troupe/model/optimizer.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 namespace {
 
 using kernels::testing::RandomTokens;
+namespace simt = kernels::simt;
 
 // GptConfig::Tiny: 2 layers, 4 heads of 16, width 64; a vocabulary that is not a multiple of 8 or
 // 32, and T not a multiple of the attention tile.
@@ -330,4 +331,4 @@ TEST(GptCudaApiTest, RejectsWhatTheCpuModelRejects) {
 }
 
 }  // namespace
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda

@@ -22,8 +22,8 @@
 //   TROUPE_RETURN_IF_ERROR(range_chunk_square_sums(sums_d, grads_d, begin, end, total, stream));
 //   TROUPE_RETURN_IF_ERROR(adamw_update_range(tensors, begin, end, params_d, grads_d, m_d, v_d,
 //                                             scalars, stream));
-#ifndef TROUPE_KERNELS_CUDA_ARRAY_OPS_CUH_
-#define TROUPE_KERNELS_CUDA_ARRAY_OPS_CUH_
+#ifndef TROUPE_MODEL_CUDA_ARRAY_OPS_CUH_
+#define TROUPE_MODEL_CUDA_ARRAY_OPS_CUH_
 
 // clang-format off
 #include "device.cuh"  // first: under g++ the SIMT layer's qualifiers precede the CUDA headers
@@ -42,7 +42,12 @@
 #include "troupe/kernels/norm.h"
 #include "troupe/model/config.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
+
+// The GPU model sits on kernels/cuda: the per-op kernels and device.cuh.
+using namespace ::troupe::kernels::cuda;  // NOLINT(build/namespaces)
+using ::troupe::kernels::AdamWScalars;
+using ::troupe::kernels::kNormChunk;
 
 inline constexpr int kArrayOpsBlock = 256;
 
@@ -147,6 +152,6 @@ inline absl::Status adamw_update_range(const std::vector<model::ParamTensor>& te
   return absl::OkStatus();
 }
 
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda
 
-#endif  // TROUPE_KERNELS_CUDA_ARRAY_OPS_CUH_
+#endif  // TROUPE_MODEL_CUDA_ARRAY_OPS_CUH_

@@ -20,7 +20,7 @@
 #include "allocator.h"
 #include "check.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 namespace {
 
 // Any failure to reach the device means "no usable GPU here": FailedPrecondition whatever code the
@@ -202,4 +202,4 @@ absl::StatusOr<std::unique_ptr<model::ArrayOps>> CreateCudaArrayOpsOnStream(int 
   return Create(device_ordinal, static_cast<cudaStream_t>(stream), /*own_stream=*/false);
 }
 
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda

@@ -25,12 +25,14 @@
 #include "troupe/model/config.h"
 #include "troupe/model/optimizer.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 namespace {
 
+using kernels::AdamWScalars;
+using kernels::kNormChunk;
+using kernels::cuda::testing::ExpectSameBits;
+using kernels::cuda::testing::SpreadFloatsWithZeros;
 using kernels::testing::RandomVector;
-using testing::ExpectSameBits;
-using testing::SpreadFloatsWithZeros;
 
 #define ASSERT_OK(expr)                                       \
   do {                                                        \
@@ -289,4 +291,4 @@ TEST(GptDeviceGpuTest, Bf16ParamsChangedRefreshesTheWeightCopy) {
 }
 
 }  // namespace
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda

@@ -1,7 +1,7 @@
 // model::ArrayOps on one CUDA device: the elastic trainer's parameter, gradient and moment arrays
 // in device memory, and its operations as the kernels of array_ops.cuh, with the host
 // implementation's bits (model/array_ops.h). Implemented in array_ops_cuda.cu (nvcc, in
-// troupe_kernels_cuda); this header has no CUDA header in it, so g++ code (a GPU Trainable, the
+// troupe_model_cuda); this header has no CUDA header in it, so g++ code (a GPU Trainable, the
 // trainer's tests) includes it.
 //
 // Conventions: arrays come from a caching allocator (allocator.h) over cudaMalloc on the device;
@@ -21,15 +21,15 @@
 //   model::FloatArray sum;
 //   TROUPE_RETURN_IF_ERROR((*ops)->Assign(&sum, n, 0.0f));
 //   TROUPE_RETURN_IF_ERROR((*ops)->AddInto(sum.data(), grads_on_device, n));
-#ifndef TROUPE_KERNELS_CUDA_ARRAY_OPS_CUDA_H_
-#define TROUPE_KERNELS_CUDA_ARRAY_OPS_CUDA_H_
+#ifndef TROUPE_MODEL_CUDA_ARRAY_OPS_CUDA_H_
+#define TROUPE_MODEL_CUDA_ARRAY_OPS_CUDA_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "troupe/model/array_ops.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 
 // Array operations on device `device_ordinal` with a stream of their own (a blocking stream,
 // destroyed with the ops). FailedPrecondition naming the CUDA runtime's error (e.g.
@@ -44,6 +44,6 @@ absl::StatusOr<std::unique_ptr<model::ArrayOps>> CreateCudaArrayOps(int device_o
 absl::StatusOr<std::unique_ptr<model::ArrayOps>> CreateCudaArrayOpsOnStream(int device_ordinal,
                                                                             void* stream);
 
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda
 
-#endif  // TROUPE_KERNELS_CUDA_ARRAY_OPS_CUDA_H_
+#endif  // TROUPE_MODEL_CUDA_ARRAY_OPS_CUDA_H_

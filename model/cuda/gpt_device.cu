@@ -20,7 +20,7 @@
 #include "array_ops_cuda.h"
 #include "check.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 
 // The GPT's training step (gpt.cuh), host code included, for fp32 and for bf16 activations with
 // fp32 master weights: instantiated here once, for the GPU (kernels.cu holds the single ops).
@@ -183,4 +183,4 @@ absl::Status GptDevice::ParamsChanged() {
 absl::Status GptDevice::Synchronize() { return impl_->Synchronize(); }
 model::ArrayOps& GptDevice::array_ops() { return impl_->ops(); }
 
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda

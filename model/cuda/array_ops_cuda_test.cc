@@ -1,7 +1,7 @@
 // The CUDA ArrayOps (array_ops_cuda.h) where no GPU can be used: creating one fails with
 // FailedPrecondition naming the CUDA runtime's error and where it was raised, with its own stream
 // or a borrowed one, and the same for GptDevice. On a GPU machine these skip;
-// kernels_cuda_array_ops_gpu_test covers the operations there.
+// model_cuda_array_ops_gpu_test covers the operations there.
 #include "array_ops_cuda.h"
 
 #include <gmock/gmock.h>
@@ -15,7 +15,7 @@
 #include "troupe/model/array_ops.h"
 #include "troupe/model/config.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 namespace {
 
 using ::testing::AnyOf;
@@ -36,7 +36,7 @@ TEST(CudaArrayOpsTest, CreateWithoutAGpuFailsNamingTheCause) {
   absl::StatusOr<std::unique_ptr<model::ArrayOps>> ops = CreateCudaArrayOps(0);
   if (ops.ok()) {
     GTEST_SKIP() << "a GPU is present (" << (*ops)->name()
-                 << "); kernels_cuda_array_ops_gpu_test covers it";
+                 << "); model_cuda_array_ops_gpu_test covers it";
   }
   ExpectNoUsableGpu(ops.status(), "CreateCudaArrayOps");
   // The message says what failed.
@@ -46,16 +46,16 @@ TEST(CudaArrayOpsTest, CreateWithoutAGpuFailsNamingTheCause) {
 TEST(CudaArrayOpsTest, CreateOnABorrowedStreamWithoutAGpuFailsNamingTheCause) {
   absl::StatusOr<std::unique_ptr<model::ArrayOps>> ops =
       CreateCudaArrayOpsOnStream(0, /*stream=*/nullptr);
-  if (ops.ok()) GTEST_SKIP() << "a GPU is present; kernels_cuda_array_ops_gpu_test covers it";
+  if (ops.ok()) GTEST_SKIP() << "a GPU is present; model_cuda_array_ops_gpu_test covers it";
   ExpectNoUsableGpu(ops.status(), "CreateCudaArrayOps");
 }
 
 TEST(CudaArrayOpsTest, GptDeviceWithoutAGpuFailsNamingTheCause) {
   absl::StatusOr<std::unique_ptr<GptDevice>> gpt =
       GptDevice::Create(model::GptConfig::Tiny(64), 0, /*bf16=*/false);
-  if (gpt.ok()) GTEST_SKIP() << "a GPU is present; kernels_cuda_array_ops_gpu_test covers it";
+  if (gpt.ok()) GTEST_SKIP() << "a GPU is present; model_cuda_array_ops_gpu_test covers it";
   ExpectNoUsableGpu(gpt.status(), "GptDevice");
 }
 
 }  // namespace
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda

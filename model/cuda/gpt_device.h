@@ -1,6 +1,6 @@
 // The GPT's training step on one GPU, for host programs compiled by the plain C++ compiler: a
 // non-template facade over GptCuda<Tx> (gpt.cuh), implemented in gpt_device.cu and compiled by
-// nvcc into troupe_kernels_cuda. A g++ translation unit that included gpt.cuh would get the SIMT
+// nvcc into troupe_model_cuda. A g++ translation unit that included gpt.cuh would get the SIMT
 // (CPU) build of the launch sequence; this header has no CUDA header and no kernel in it, so
 // tools and Trainables reach the real GPU path through it.
 //
@@ -27,8 +27,8 @@
 //   TROUPE_RETURN_IF_ERROR((*gpt)->ZeroGrad());
 //   TROUPE_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
 //   absl::StatusOr<double> grad_norm = (*gpt)->Step(adamw, schedule, step);
-#ifndef TROUPE_KERNELS_CUDA_GPT_DEVICE_H_
-#define TROUPE_KERNELS_CUDA_GPT_DEVICE_H_
+#ifndef TROUPE_MODEL_CUDA_GPT_DEVICE_H_
+#define TROUPE_MODEL_CUDA_GPT_DEVICE_H_
 
 #include <cstdint>
 #include <memory>
@@ -40,7 +40,7 @@
 #include "troupe/model/config.h"
 #include "troupe/model/optimizer.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 
 class GptDevice {
  public:
@@ -115,6 +115,6 @@ class GptDevice {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda
 
-#endif  // TROUPE_KERNELS_CUDA_GPT_DEVICE_H_
+#endif  // TROUPE_MODEL_CUDA_GPT_DEVICE_H_

@@ -21,12 +21,13 @@
 #include "troupe/model/config.h"
 #include "troupe/model/optimizer.h"
 
-namespace troupe::kernels::cuda {
+namespace troupe::model::cuda {
 namespace {
 
+using kernels::kNormChunk;
+using kernels::cuda::testing::ExpectSameBits;
+using kernels::cuda::testing::SpreadFloatsWithZeros;
 using kernels::testing::RandomVector;
-using testing::ExpectSameBits;
-using testing::SpreadFloatsWithZeros;
 
 class ArrayOpsCudaTest : public testing::ScheduledTest {};
 TROUPE_INSTANTIATE_SCHEDULES(ArrayOpsCudaTest);
@@ -230,4 +231,4 @@ TEST_P(ArrayOpsCudaTest, AdamWUpdateRangeAppliesDecayPerTensor) {
 }
 
 }  // namespace
-}  // namespace troupe::kernels::cuda
+}  // namespace troupe::model::cuda
