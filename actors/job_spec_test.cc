@@ -179,7 +179,7 @@ TEST(JobSpecTest, PrecisionAndRanksPerGpuAreReadAndRoundTrip) {
 }
 
 // Ranks sharing one GPU are separate hosts to NCCL (it refuses two ranks of a communicator on
-// one device): each its own NCCL_HOSTID, sockets on loopback; a GPU each needs none of it.
+// one device): each slot its own NCCL_HOSTID, sockets on loopback; a GPU each needs none of it.
 TEST(EmbeddedGpuTest, RanksSharingAGpuAreEachAHostOfTheirOwnToNccl) {
   using Env = std::map<std::string, std::string>;
   EXPECT_EQ(EmbeddedGpuEnvironment(1, 0, 1), (Env{{"CUDA_VISIBLE_DEVICES", "1"}}));
@@ -195,7 +195,11 @@ TEST(EmbeddedGpuTest, RanksSharingAGpuAreEachAHostOfTheirOwnToNccl) {
       EXPECT_EQ(env.size(), 4u);
     }
   }
-  EXPECT_EQ(host_ids.size(), 8u) << "every rank on a shared GPU needs a host id of its own";
+  EXPECT_EQ(host_ids.size(), 4u) << "one host id per slot: ranks sharing a GPU differ";
+  EXPECT_NE(EmbeddedGpuEnvironment(0, 0, 4)["NCCL_HOSTID"],
+            EmbeddedGpuEnvironment(0, 1, 4)["NCCL_HOSTID"]);
+  EXPECT_EQ(EmbeddedGpuEnvironment(0, 2, 4)["NCCL_HOSTID"],
+            EmbeddedGpuEnvironment(1, 2, 4)["NCCL_HOSTID"]);
 }
 
 TEST(EmbeddedGpuTest, TooManyWorkersForTheGpusNameRanksPerGpu) {

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "troupe/kernels/matmul.h"
 #include "troupe/model/data_source.h"
 #include "troupe/model/gpt.h"
 #include "troupe/model/token_shard.h"
@@ -226,6 +227,13 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
     return std::unique_ptr<Trainable>(*std::move(t));
   }
 #endif
+  // Every rank would stop at its first matrix product, and be restarted to stop again: say it
+  // here, before any process starts (the driver probes the model).
+  if (const std::string gemm = kernels::GemmBackend(); gemm.rfind("unavailable: ", 0) == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model.device = \"cpu\": the CPU model's matrix products are ",
+                     gemm.substr(0, 11), " (", gemm.substr(13), ")"));
+  }
   if (spec.precision != "fp32") {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.precision: expected \"fp32\" on the CPU (bf16 is the GPU path's), got \"",

@@ -248,17 +248,18 @@ struct JobCluster {
   int gpus = 0;           // embedded, model on CUDA: this machine's GPUs
   int ranks_per_gpu = 1;  // worker nodes that may share one of them
 
-  // An embedded worker node (spot); with GPUs, the lowest (GPU, slot) no live node holds.
+  // An embedded worker node (spot); with GPUs, the first place no live node holds, GPUs filled
+  // round-robin (every GPU's slot 0, then every GPU's slot 1, ...): a GPU is shared only once
+  // every GPU has a rank.
   absl::StatusOr<pid_t> AddWorkerNode(const std::string& name) {
     if (gpus == 0) return local->AddNode(name, 1, "cpu=1", "spot=true", kNodeArgs);
     for (int i = 0; i < gpus * ranks_per_gpu; ++i) {
       bool taken = false;
-      for (const auto& [node, slot] : slot_of_) taken |= slot == i && local->nodes().count(node);
+      for (const auto& [node, place] : place_of_) taken |= place == i && local->nodes().count(node);
       if (taken) continue;
-      slot_of_[name] = i;
-      return local->AddNode(
-          name, 1, "cpu=1,gpu=1", "spot=true", kNodeArgs,
-          EmbeddedGpuEnvironment(i / ranks_per_gpu, i % ranks_per_gpu, ranks_per_gpu));
+      place_of_[name] = i;
+      return local->AddNode(name, 1, "cpu=1,gpu=1", "spot=true", kNodeArgs,
+                            EmbeddedGpuEnvironment(i % gpus, i / gpus, ranks_per_gpu));
     }
     return absl::ResourceExhaustedError(
         absl::StrCat("node ", name, ": every one of this machine's ", gpus, " GPUs has ",
@@ -266,7 +267,7 @@ struct JobCluster {
   }
 
  private:
-  std::map<std::string, int> slot_of_;  // node -> gpu * ranks_per_gpu + slot
+  std::map<std::string, int> place_of_;  // node -> slot * gpus + gpu
 };
 
 // The cluster: a running one, or the embedded default — a head, one spot node per worker (so a
@@ -531,7 +532,9 @@ absl::Status CheckEmbeddedGpuCount(const JobSpec& spec, int gpus) {
 std::map<std::string, std::string> EmbeddedGpuEnvironment(int gpu, int slot, int ranks_per_gpu) {
   std::map<std::string, std::string> env = {{"CUDA_VISIBLE_DEVICES", absl::StrCat(gpu)}};
   if (ranks_per_gpu > 1) {
-    env["NCCL_HOSTID"] = absl::StrCat("troupe-gpu", gpu, "-rank", slot);
+    // Per slot, not per GPU: ranks that share a GPU are different hosts to NCCL, while ranks on
+    // different GPUs (one slot) stay one host, with NCCL's direct paths between their GPUs.
+    env["NCCL_HOSTID"] = absl::StrCat("troupe-slot", slot);
     env["NCCL_SOCKET_IFNAME"] = "lo";
     env["NCCL_IB_DISABLE"] = "1";
   }

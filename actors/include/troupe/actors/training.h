@@ -105,9 +105,10 @@ struct TrainOptions {
 // The environment of an embedded worker node on GPU `gpu`, the `slot`-th (0-based) of the
 // ranks_per_gpu nodes that may share it. CUDA_VISIBLE_DEVICES always; with ranks_per_gpu > 1, each
 // node is also a host of its own to NCCL, which refuses two ranks of one communicator on one
-// device ("Duplicate GPU detected": same host hash and bus id): NCCL_HOSTID names the GPU and the
-// slot, and the ranks sharing a device reach each other by sockets on the loopback interface
-// (NCCL_SOCKET_IFNAME=lo, no InfiniBand) — the embedded cluster's processes share this host.
+// device ("Duplicate GPU detected": same host hash and bus id): NCCL_HOSTID names the slot, so
+// ranks sharing a device are different hosts, reaching each other by sockets on the loopback
+// interface (NCCL_SOCKET_IFNAME=lo, no InfiniBand) — the embedded cluster's processes share this
+// host — while ranks of one slot on different GPUs stay one host.
 std::map<std::string, std::string> EmbeddedGpuEnvironment(int gpu, int slot, int ranks_per_gpu);
 
 // UNAVAILABLE, "preempted: <what>".
