@@ -17,28 +17,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator_actor.h"
-#include "coordinator_record.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/status.h"
+#include "troupe/train/coordinator_record.h"
 
 namespace troupe::actors {
 namespace internal {
 
 absl::Status Coordinator::Init(const std::string& spec_text) {
-  absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_text, "job spec from the driver");
-  if (!spec.ok()) return spec.status();
-  spec_ = *spec;
+  TROUPE_ASSIGN_OR_RETURN(train::JobSpec spec,
+                          train::ParseJobSpec(spec_text, "job spec from the driver"));
+  spec_ = spec;
   // The model's shape, from a host instance: the coordinator's node need not have the ranks'
   // GPUs, and a model on any device has the same flat layout.
-  ModelSpec probe_spec = spec_.model;
+  train::ModelSpec probe_spec = spec_.model;
   probe_spec.device = "cpu";
-  absl::StatusOr<std::unique_ptr<Trainable>> probe = TrainableRegistry::Global().Create(probe_spec);
-  if (!probe.ok()) return probe.status();
-  num_params_ = (*probe)->num_params();
-  tokens_per_microbatch_ = (*probe)->tokens_per_microbatch();
-  gpt_config_ = (*probe)->gpt_config();
+  TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainable> probe,
+                          train::TrainableRegistry::Global().Create(probe_spec));
+  num_params_ = probe->num_params();
+  tokens_per_microbatch_ = probe->tokens_per_microbatch();
+  gpt_config_ = probe->gpt_config();
   int32_t pipeline_units = 1;
   if (spec_.pipeline_stages > 1) {
-    StagedTrainable* staged = (*probe)->staged();
+    train::StagedTrainable* staged = probe->staged();
     if (staged == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("pipeline.stages: expected 1 for model.type '", spec_.model.type,
@@ -51,14 +52,14 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
           spec_.model.type, " size ", spec_.model.size, "), got ", spec_.pipeline_stages));
     }
   }
-  absl::StatusOr<std::unique_ptr<CheckpointStore>> store =
-      CheckpointStore::Open({.dir = spec_.CheckpointDir(),
-                             .keep_last = spec_.keep_last,
-                             .warning = [this](const std::string& w) { Print("warning: " + w); }});
+  absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store = train::CheckpointStore::Open(
+      {.dir = spec_.CheckpointDir(),
+       .keep_last = spec_.keep_last,
+       .warning = [this](const std::string& w) { Print("warning: " + w); }});
   if (!store.ok()) return store.status();
   store_ = std::move(*store);
 
-  CoordinatorCore::Options o;
+  train::CoordinatorCore::Options o;
   o.steps = spec_.steps;
   o.min_workers = spec_.min_workers;
   o.max_world = static_cast<int32_t>(std::min<int64_t>(
@@ -74,24 +75,23 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   o.notice_window = absl::ToChronoMilliseconds(spec_.timeouts.notice_window);
   o.watchdog = absl::ToChronoMilliseconds(spec_.timeouts.watchdog);
   o.latest_checkpoint = [this]() -> std::optional<int64_t> {
-    absl::StatusOr<Checkpoint> c = store_->LoadLatestValid();
+    absl::StatusOr<train::Checkpoint> c = store_->LoadLatestValid();
     if (!c.ok() || c->manifest().num_params != num_params_) return std::nullopt;
     return c->step();
   };
-  core_ = std::make_unique<CoordinatorCore>(std::move(o));
-  events_ = std::make_unique<EventLog>(EventLogPath(spec_.work_dir));
+  core_ = std::make_unique<train::CoordinatorCore>(std::move(o));
+  events_ = std::make_unique<train::EventLog>(train::EventLogPath(spec_.work_dir));
 
   commits_.open(spec_.work_dir + "/commits.log", std::ios::app);
-  absl::StatusOr<std::optional<CoordinatorRecord>> record =
-      LoadCoordinatorRecord(PosixFileSystem(), StatePath());
-  if (!record.ok()) return record.status();
-  if (*record) {
-    Execute(core_->Restore(**record, Now()));
-    absl::StatusOr<Checkpoint> latest = store_->LoadLatestValid();
-    runtime::SupervisionEvent e = JobEvent("coordinator_restarted", "coordinator");
-    e.generation = (*record)->generation;
+  TROUPE_ASSIGN_OR_RETURN(std::optional<train::CoordinatorRecord> record,
+                          train::LoadCoordinatorRecord(train::PosixFileSystem(), StatePath()));
+  if (record) {
+    Execute(core_->Restore(*record, Now()));
+    absl::StatusOr<train::Checkpoint> latest = store_->LoadLatestValid();
+    base::SupervisionEvent e = train::JobEvent("coordinator_restarted", "coordinator");
+    e.generation = record->generation;
     e.pid = getpid();
-    e.Set("step", (*record)->committed);
+    e.Set("step", record->committed);
     e.Set("checkpoint", latest.ok() ? latest->dir() : "");
     e.Set("checkpoint_step", latest.ok() ? latest->step() : int64_t{-1});
     if (!latest.ok()) e.reason = std::string(latest.status().message());
@@ -100,7 +100,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   return absl::OkStatus();
 }
 
-void Coordinator::Execute(std::vector<CoordinatorAction> actions) {
+void Coordinator::Execute(std::vector<train::CoordinatorAction> actions) {
   Carry(gate_.Enqueue(std::move(actions), depth_ > 0));
 }
 
@@ -136,7 +136,7 @@ void Coordinator::Carry(const LeaseAction& a) {
     case LeaseKind::kHeadLost:
       return LogHeadEvent("head_lost", a);
     case LeaseKind::kCheckHead:
-      if (a.delay == CoreDuration::zero()) return HeadTick();
+      if (a.delay == train::CoreDuration::zero()) return HeadTick();
       self_->delayed_send(self_, std::chrono::duration_cast<std::chrono::milliseconds>(a.delay),
                           head_tick_atom::value);
       return;
@@ -148,7 +148,7 @@ void Coordinator::Carry(const LeaseAction& a) {
 }
 
 void Coordinator::AskLease() {
-  const CoreTime sent = Now();
+  const train::CoreTime sent = Now();
   self_->request(head_, Rpc(), runtime::lease_atom::value, name_)
       .then(
           [this, sent](uint64_t epoch, int64_t ms) {
@@ -174,7 +174,7 @@ void Coordinator::HeadTick() {
 }
 
 void Coordinator::LogHeadEvent(const std::string& event, const LeaseAction& a) {
-  runtime::SupervisionEvent e = JobEvent(event, "coordinator");
+  base::SupervisionEvent e = train::JobEvent(event, "coordinator");
   e.generation = core_->generation();
   e.Set("step", core_->committed());
   if (a.kind == LeaseAction::Kind::kHeadBack) {
@@ -185,7 +185,7 @@ void Coordinator::LogHeadEvent(const std::string& event, const LeaseAction& a) {
 }
 
 void Coordinator::LoseLease(const LeaseAction& a) {
-  runtime::SupervisionEvent e = JobEvent("lease_lost", "coordinator");
+  base::SupervisionEvent e = train::JobEvent("lease_lost", "coordinator");
   e.generation = core_->generation();
   e.pid = getpid();
   e.Set("epoch", static_cast<int64_t>(a.epoch)).Set("held", a.held);
@@ -258,7 +258,7 @@ void Coordinator::HandleMembership(const runtime::MembershipEvent& e) {
 void Coordinator::HandleDown(const caf::down_msg& m) {
   if (head_ && m.source == head_.address()) return HeadLost(m.reason);
   if (m.source == driver_.address()) {
-    runtime::SupervisionEvent e = JobEvent("driver_lost");
+    base::SupervisionEvent e = train::JobEvent("driver_lost");
     e.generation = core_->generation();
     e.Set("step", core_->committed()).reason = self_->system().render(m.reason);
     LogEvent(e);
@@ -382,8 +382,8 @@ caf::behavior CoordinatorActor(runtime::Actor* self, const std::string& spec_tex
 
 void AddTrainingMessageTypes(runtime::ActorRegistry& r) {
   r.AddMessageType<WireStatus>("troupe.WireStatus");
-  r.AddMessageType<GenerationPlan>("troupe.GenerationPlan");
-  r.AddMessageType<ShardFileInfo>("troupe.ShardFileInfo");
+  r.AddMessageType<train::GenerationPlan>("troupe.GenerationPlan");
+  r.AddMessageType<train::ShardFileInfo>("troupe.ShardFileInfo");
   r.AddMessageType<JobReport>("troupe.JobReport");
   r.AddMessageType<ConfigureRank>("troupe.ConfigureRank");
   r.AddMessageType<RankConfigured>("troupe.RankConfigured");

@@ -9,18 +9,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator_actor.h"
-#include "coordinator_record.h"
+#include "troupe/base/crash_point.h"
 #include "troupe/runtime/faults.h"
 #include "troupe/runtime/status.h"
+#include "troupe/train/coordinator_record.h"
 
 namespace troupe::actors::internal {
 
-using Kind = CoordinatorAction::Kind;
+using Kind = train::CoordinatorAction::Kind;
 
-void Coordinator::Do(const CoordinatorAction& a) {
+void Coordinator::Do(const train::CoordinatorAction& a) {
   switch (a.kind) {
     case Kind::kSaveRecord:
-      if (absl::Status s = SaveCoordinatorRecord(PosixFileSystem(), StatePath(), a.record);
+      if (absl::Status s =
+              train::SaveCoordinatorRecord(train::PosixFileSystem(), StatePath(), a.record);
           !s.ok()) {
         Stop(caf::make_message(JobFailed{WireStatus::From(s)}));
       }
@@ -30,7 +32,7 @@ void Coordinator::Do(const CoordinatorAction& a) {
     case Kind::kConfigure: {
       stepping_ = false;
       if (a.plan.rank == 0) kv_.clear();  // keys name their generation; older ones are dead
-      GenerationPlan plan = a.plan;
+      train::GenerationPlan plan = a.plan;
       plan.epoch = gate_.epoch();
       return Send(a.worker, caf::make_message(ConfigureRank{a.generation, plan,
                                                             caf::actor_cast<caf::actor>(self_)}));
@@ -72,7 +74,7 @@ void Coordinator::Do(const CoordinatorAction& a) {
     case Kind::kCommitted:
       return Committed(a);
     case Kind::kEvent: {
-      runtime::SupervisionEvent e = a.event;
+      base::SupervisionEvent e = a.event;
       // The core knows steps; the store knows where they are.
       if (e.event.rfind("checkpoint_", 0) == 0 || e.event == "final_checkpoint_failed") {
         e.Set("path", store_->StepDir(e.IntField("step")));
@@ -82,7 +84,7 @@ void Coordinator::Do(const CoordinatorAction& a) {
     case Kind::kFinish:
       return Finish(a);
     case Kind::kFail: {
-      runtime::SupervisionEvent e = a.event;
+      base::SupervisionEvent e = a.event;
       if (e.event == "final_checkpoint_failed") e.Set("path", store_->StepDir(e.IntField("step")));
       events_->Write(std::move(e));  // the driver reports the Status itself
       return Stop(caf::make_message(JobFailed{WireStatus::From(a.status)}));
@@ -91,7 +93,7 @@ void Coordinator::Do(const CoordinatorAction& a) {
 }
 
 // The job's chaos faults, carried out where the core armed them.
-void Coordinator::DoChaos(const CoordinatorAction& a) {
+void Coordinator::DoChaos(const train::CoordinatorAction& a) {
   switch (a.kind) {
     case Kind::kKillWorker:
       return Send(a.worker,
@@ -99,19 +101,19 @@ void Coordinator::DoChaos(const CoordinatorAction& a) {
     case Kind::kNodeFault:
       return InjectNodeFault(a.worker, a.fault);
     case Kind::kAddNode:
-      FaultFired(FaultKind::kJoinWorker, core_->committed(), a.text);
+      FaultFired(train::FaultKind::kJoinWorker, core_->committed(), a.text);
       return self_->send(driver_, AddNode{a.text});
     case Kind::kCrashSelf:
-      FaultFired(FaultKind::kKillCoordinator, core_->committed());
+      FaultFired(train::FaultKind::kKillCoordinator, core_->committed());
       raise(SIGKILL);
       return;
     case Kind::kStallSelf:
-      FaultFired(FaultKind::kStallCoordinator, core_->committed());
+      FaultFired(train::FaultKind::kStallCoordinator, core_->committed());
       std::this_thread::sleep_for(absl::ToChronoMilliseconds(spec_.stall));
       return;
     case Kind::kArmCrash:
-      FaultFired(FaultKind::kCrashInCheckpoint, a.step);
-      runtime::ArmCrashPoint(a.text);
+      FaultFired(train::FaultKind::kCrashInCheckpoint, a.step);
+      base::ArmCrashPoint(a.text);
       return;
     default:
       return;
@@ -120,14 +122,14 @@ void Coordinator::DoChaos(const CoordinatorAction& a) {
 
 // Chaos by name, through the head: the node agent carries it out on its own host (a preemption
 // notice to itself, or a network fault on its host's links).
-void Coordinator::InjectNodeFault(const std::string& worker, FaultKind kind) {
+void Coordinator::InjectNodeFault(const std::string& worker, train::FaultKind kind) {
   auto it = ranks_.find(worker);
   if (it == ranks_.end() || !head_) return;
   runtime::NodeFault f;
-  f.kind = kind == FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
-           : kind == FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
-           : kind == FaultKind::kDelayNode     ? runtime::NodeFaultKind::kDelay
-                                               : runtime::NodeFaultKind::kDrop;
+  f.kind = kind == train::FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
+           : kind == train::FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
+           : kind == train::FaultKind::kDelayNode     ? runtime::NodeFaultKind::kDelay
+                                                      : runtime::NodeFaultKind::kDrop;
   f.duration_ms = absl::ToInt64Milliseconds(spec_.network_fault);
   f.drop_percent = spec_.drop_percent;
   f.delay_us = absl::ToInt64Microseconds(spec_.delay);
@@ -136,15 +138,15 @@ void Coordinator::InjectNodeFault(const std::string& worker, FaultKind kind) {
   self_->request(head_, Rpc(), runtime::node_fault_atom::value, it->second.node, f)
       .then([](bool) {},
             [this, kind](caf::error& e) {
-              runtime::SupervisionEvent failed = JobEvent("fault_failed", "coordinator");
+              base::SupervisionEvent failed = train::JobEvent("fault_failed", "coordinator");
               failed.generation = core_->generation();
-              failed.Set("kind", FaultKindName(kind)).reason = self_->system().render(e);
+              failed.Set("kind", train::FaultKindName(kind)).reason = self_->system().render(e);
               LogEvent(std::move(failed));
             });
 }
 
-void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
-  CheckpointManifest m;
+void Coordinator::CommitCheckpoint(const train::CoordinatorAction& a) {
+  train::CheckpointManifest m;
   m.gpt_config = gpt_config_;
   m.num_params = num_params_;
   m.step = a.step;
@@ -155,11 +157,11 @@ void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
   m.shards = a.shards;
   absl::Status s = store_->Commit(m);
   if (s.ok()) {
-    runtime::SupervisionEvent e = JobEvent("checkpoint_committed");
+    base::SupervisionEvent e = train::JobEvent("checkpoint_committed");
     e.generation = a.generation;
     e.Set("step", a.step).Set("path", store_->StepDir(a.step)).Set("world", a.world);
     uint64_t bytes = 0;
-    for (const ShardFileInfo& f : a.shards) bytes += f.byte_size;
+    for (const train::ShardFileInfo& f : a.shards) bytes += f.byte_size;
     e.Set("bytes", static_cast<int64_t>(bytes));
     if (auto asked = checkpoint_asked_.find(a.step); asked != checkpoint_asked_.end()) {
       e.Set("seconds", absl::StrFormat("%.6f", absl::ToDoubleSeconds(absl::Now() - asked->second)));
@@ -170,7 +172,7 @@ void Coordinator::CommitCheckpoint(const CoordinatorAction& a) {
   Execute(core_->OnCheckpointCommitted(a.step, s, Now()));
 }
 
-void Coordinator::Committed(const CoordinatorAction& a) {
+void Coordinator::Committed(const train::CoordinatorAction& a) {
   const absl::Time now = absl::Now();
   commits_ << (a.step - 1) << " " << a.generation << std::endl;
   const double secs = absl::ToDoubleSeconds(now - step_start_);
@@ -183,7 +185,7 @@ void Coordinator::Committed(const CoordinatorAction& a) {
   std::string line =
       absl::StrFormat("step %4d/%d  loss %.4f  tok/s %7.0f  world %d  gen %d", a.step, spec_.steps,
                       a.loss, tokens_per_s, a.world, a.generation);
-  runtime::SupervisionEvent step = JobEvent("step");
+  base::SupervisionEvent step = train::JobEvent("step");
   step.generation = a.generation;
   step.Set("step", a.step)
       .Set("loss", absl::StrFormat("%.6f", a.loss))
@@ -193,25 +195,25 @@ void Coordinator::Committed(const CoordinatorAction& a) {
   events_->Write(step);
   if (a.recovered) {
     // From the newest fault_fired event (the dying process wrote it, with its time) to now.
-    std::optional<runtime::SupervisionEvent> fault =
-        NewestRecoveryFault(ReadEventLog(EventLogPath(spec_.work_dir)));
+    std::optional<base::SupervisionEvent> fault =
+        train::NewestRecoveryFault(train::ReadEventLog(train::EventLogPath(spec_.work_dir)));
     if (fault && fault->IntField("at_ns", 0) > 0) {
       const double r = absl::ToDoubleSeconds(now - absl::FromUnixNanos(fault->IntField("at_ns")));
       if (report_.recovery_seconds < 0) report_.recovery_seconds = r;
-      runtime::SupervisionEvent e = JobEvent("recovered");
+      base::SupervisionEvent e = train::JobEvent("recovered");
       e.generation = a.generation;
       e.Set("step", a.step).Set("seconds", absl::StrFormat("%.3f", r));
       e.Set("fault", fault->Field("kind"));
       events_->Write(e);
-      absl::StrAppend(&line, "  | ", DescribeEvent(e));
+      absl::StrAppend(&line, "  | ", train::DescribeEvent(e));
     }
   }
   Print(line);
 }
 
-void Coordinator::Finish(const CoordinatorAction& a) {
+void Coordinator::Finish(const train::CoordinatorAction& a) {
   // Everything the core keeps comes from its record, once, here.
-  const CoordinatorRecord& record = core_->record();
+  const train::CoordinatorRecord& record = core_->record();
   JobReport r = report_;
   r.final_params_crc32c = static_cast<uint32_t>(a.crc);
   r.num_params = a.num_params;

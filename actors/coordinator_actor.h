@@ -25,13 +25,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
-#include "coordinator_core.h"
-#include "job_events.h"
 #include "lease_gate.h"
 #include "protocol.h"
-#include "troupe/actors/checkpoint_store.h"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/cluster.h"
+#include "troupe/train/checkpoint_store.h"
+#include "troupe/train/coordinator_core.h"
+#include "troupe/train/job_events.h"
 
 namespace troupe::actors::internal {
 
@@ -55,17 +55,17 @@ class Coordinator {
   caf::behavior Behavior();
 
  private:
-  CoreTime Now() const { return std::chrono::steady_clock::now(); }
+  train::CoreTime Now() const { return std::chrono::steady_clock::now(); }
   std::chrono::milliseconds Rpc() const { return absl::ToChronoMilliseconds(spec_.timeouts.rpc); }
   void Print(const std::string& line) { self_->send(driver_, ProgressLine{line}); }
   // Into the event log, then (made from the event) to the driver's terminal.
-  void LogEvent(runtime::SupervisionEvent e) {
+  void LogEvent(base::SupervisionEvent e) {
     events_->Write(e);
-    Print(EventProgressLine(e));
+    Print(train::EventProgressLine(e));
   }
   // A rank's step, for the job's trace and metrics (the log only: no progress line).
   void NoteRankStep(const StepDone& m) {
-    runtime::SupervisionEvent e = JobEvent("rank_step", m.worker);
+    base::SupervisionEvent e = train::JobEvent("rank_step", m.worker);
     e.generation = m.generation;
     e.Set("step", m.step + 1)  // the step it computes, counted from 1 as progress lines do
         .Set("start_ns", m.start_ns)
@@ -81,11 +81,11 @@ class Coordinator {
   }
   // A fault this process carries out, written down before it happens (the progress line to the
   // driver might not leave the process before SIGKILL does).
-  void FaultFired(FaultKind kind, int64_t step, const std::string& node = "") {
-    runtime::SupervisionEvent e = JobEvent("fault_fired", "coordinator");
+  void FaultFired(train::FaultKind kind, int64_t step, const std::string& node = "") {
+    base::SupervisionEvent e = train::JobEvent("fault_fired", "coordinator");
     e.generation = core_->generation();
     e.pid = getpid();
-    e.Set("kind", FaultKindName(kind))
+    e.Set("kind", train::FaultKindName(kind))
         .Set("step", step)
         .Set("at_ns", absl::ToUnixNanos(absl::Now()));
     if (!node.empty()) e.Set("node", node);
@@ -99,12 +99,12 @@ class Coordinator {
 
   // Queues the core's actions in the lease gate (ahead of the rest when called from inside an
   // action) and carries out as many as the lease allows.
-  void Execute(std::vector<CoordinatorAction> actions);
+  void Execute(std::vector<train::CoordinatorAction> actions);
   // Carries out the lease gate's actions, in order.
   void Carry(const std::vector<LeaseAction>& actions);
   void Carry(const LeaseAction& a);
-  void Do(const CoordinatorAction& a);
-  void DoChaos(const CoordinatorAction& a);
+  void Do(const train::CoordinatorAction& a);
+  void DoChaos(const train::CoordinatorAction& a);
   void AskLease();
   void LoseLease(const LeaseAction& a);
   // The head is gone (its connection lost): the gate holds actions under the lease until this
@@ -114,10 +114,10 @@ class Coordinator {
   void HeadTick();
   void LogHeadEvent(const std::string& event, const LeaseAction& a);
   void FollowHead(const caf::actor& head);
-  void CommitCheckpoint(const CoordinatorAction& a);
-  void InjectNodeFault(const std::string& worker, FaultKind kind);
-  void Committed(const CoordinatorAction& a);
-  void Finish(const CoordinatorAction& a);
+  void CommitCheckpoint(const train::CoordinatorAction& a);
+  void InjectNodeFault(const std::string& worker, train::FaultKind kind);
+  void Committed(const train::CoordinatorAction& a);
+  void Finish(const train::CoordinatorAction& a);
   void Stop(caf::message to_driver);
   void ReadTable(uint64_t generation);
   void HandleDown(const caf::down_msg& m);
@@ -133,13 +133,13 @@ class Coordinator {
   const std::string name_;  // in the head's directory: what the lease is on
   caf::actor driver_;       // prints our lines, receives the report, relays joins and membership
   caf::actor head_;         // rank handles are looked up here (see runtime::directory_lookup_atom)
-  JobSpec spec_;
+  train::JobSpec spec_;
   int64_t num_params_ = 0;
   int64_t tokens_per_microbatch_ = 0;
   std::optional<model::GptConfig> gpt_config_;
-  std::unique_ptr<CheckpointStore> store_;
-  std::unique_ptr<CoordinatorCore> core_;
-  std::unique_ptr<EventLog> events_;  // <work_dir>/logs/events.log
+  std::unique_ptr<train::CheckpointStore> store_;
+  std::unique_ptr<train::CoordinatorCore> core_;
+  std::unique_ptr<train::EventLog> events_;  // <work_dir>/logs/events.log
   std::map<std::string, Rank> ranks_;
   std::ofstream commits_;
   absl::Time step_start_;

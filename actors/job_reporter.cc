@@ -7,9 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "caf/all.hpp"
-#include "job_events.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/status.h"
+#include "troupe/train/job_events.h"
+#include "troupe/train/preempted.h"
 
 namespace troupe::actors {
 namespace {
@@ -19,23 +21,23 @@ constexpr auto kAnswer = std::chrono::seconds(5);
 // "succeeded", "stopped" (`troupe job stop`: Cancelled), "preempted" or "failed".
 const char* EndState(const absl::StatusOr<JobReport>& r) {
   if (r.ok()) return "succeeded";
-  if (IsPreempted(r.status())) return "preempted";
+  if (train::IsPreempted(r.status())) return "preempted";
   return r.status().code() == absl::StatusCode::kCancelled ? "stopped" : "failed";
 }
 
 }  // namespace
 
-JobReporter::JobReporter(const JobSpec& spec, std::string job_id)
+JobReporter::JobReporter(const train::JobSpec& spec, std::string job_id)
     : id_(std::move(job_id)),
       name_(spec.name),
       spec_toml_(spec.ToToml()),
-      log_path_(EventLogPath(spec.work_dir)),
+      log_path_(train::EventLogPath(spec.work_dir)),
       steps_(spec.steps) {}
 
 absl::Status JobReporter::Connect(caf::actor_system& sys, caf::actor head, caf::actor driver) {
   sys_ = &sys;
   driver_ = std::move(driver);
-  if (absl::Status s = Register(head); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(Register(head));
   head_ = std::move(head);
   thread_ = std::thread([this] { Run(); });
   return absl::OkStatus();

@@ -22,15 +22,15 @@
 #include "absl/status/statusor.h"
 #include "caf/actor.hpp"
 #include "caf/actor_system.hpp"
-#include "troupe/actors/job_spec.h"
 #include "troupe/actors/training.h"
+#include "troupe/train/job_spec.h"
 
 namespace troupe::actors {
 
 class JobReporter {
  public:
   // `job_id`: "" for a job of its own, else the submitted job this driver runs.
-  JobReporter(const JobSpec& spec, std::string job_id);
+  JobReporter(const train::JobSpec& spec, std::string job_id);
   ~JobReporter();
   JobReporter(const JobReporter&) = delete;
   JobReporter& operator=(const JobReporter&) = delete;

@@ -10,14 +10,14 @@ namespace troupe::actors {
 
 using Kind = LeaseAction::Kind;
 
-bool NeedsLease(CoordinatorAction::Kind kind) {
+bool NeedsLease(train::CoordinatorAction::Kind kind) {
   switch (kind) {
-    case CoordinatorAction::Kind::kSaveRecord:
-    case CoordinatorAction::Kind::kConfigure:
-    case CoordinatorAction::Kind::kCommit:
-    case CoordinatorAction::Kind::kCheckpoint:
-    case CoordinatorAction::Kind::kCommitted:
-    case CoordinatorAction::Kind::kFinish:
+    case train::CoordinatorAction::Kind::kSaveRecord:
+    case train::CoordinatorAction::Kind::kConfigure:
+    case train::CoordinatorAction::Kind::kCommit:
+    case train::CoordinatorAction::Kind::kCheckpoint:
+    case train::CoordinatorAction::Kind::kCommitted:
+    case train::CoordinatorAction::Kind::kFinish:
       return true;
     default:
       return false;
@@ -25,7 +25,7 @@ bool NeedsLease(CoordinatorAction::Kind kind) {
 }
 
 std::string DebugString(const LeaseAction& a) {
-  auto ms = [](CoreDuration d) {
+  auto ms = [](train::CoreDuration d) {
     return absl::StrCat(std::chrono::duration_cast<std::chrono::milliseconds>(d).count(), "ms");
   };
   switch (a.kind) {
@@ -65,18 +65,18 @@ std::string LeaseGate::DebugString() const {
                       " stopped=", stopped_ ? "yes" : "no", "}");
 }
 
-std::vector<LeaseAction> LeaseGate::Enqueue(std::vector<CoordinatorAction> batch,
+std::vector<LeaseAction> LeaseGate::Enqueue(std::vector<train::CoordinatorAction> batch,
                                             bool from_action) {
   const uint64_t id = next_batch_++;
-  std::vector<std::pair<uint64_t, CoordinatorAction>> tagged;
-  for (CoordinatorAction& a : batch) tagged.emplace_back(id, std::move(a));
+  std::vector<std::pair<uint64_t, train::CoordinatorAction>> tagged;
+  for (train::CoordinatorAction& a : batch) tagged.emplace_back(id, std::move(a));
   queue_.insert(from_action ? queue_.begin() : queue_.end(),
                 std::make_move_iterator(tagged.begin()), std::make_move_iterator(tagged.end()));
   if (stopped_) return {};
   return {LeaseAction(Kind::kRunQueue)};
 }
 
-std::optional<LeaseAction> LeaseGate::Next(CoreTime now) {
+std::optional<LeaseAction> LeaseGate::Next(train::CoreTime now) {
   if (stopped_ || queue_.empty()) return std::nullopt;
   const uint64_t batch = queue_.front().first;
   if (NeedsLease(queue_.front().second.kind) && batch != leased_batch_) {
@@ -132,7 +132,7 @@ void LeaseGate::Renewed(const Grant& g) {
 }
 
 std::vector<LeaseAction> LeaseGate::OnGranted(uint64_t epoch, std::chrono::milliseconds length,
-                                              CoreTime sent) {
+                                              train::CoreTime sent) {
   asked_ = false;
   if (stopped_) return {};
   if (epoch != epoch_) {
@@ -175,7 +175,7 @@ std::vector<LeaseAction> LeaseGate::OnRefused(const absl::Status& status) {
   return out;
 }
 
-std::vector<LeaseAction> LeaseGate::OnTick(CoreTime now) {
+std::vector<LeaseAction> LeaseGate::OnTick(train::CoreTime now) {
   Actions out;
   if (stopped_) return out;
   if (head_lost_) {
@@ -200,7 +200,7 @@ std::vector<LeaseAction> LeaseGate::OnTick(CoreTime now) {
   return out;
 }
 
-std::vector<LeaseAction> LeaseGate::OnHeadLost(const std::string& why, CoreTime now) {
+std::vector<LeaseAction> LeaseGate::OnHeadLost(const std::string& why, train::CoreTime now) {
   Actions out;
   if (stopped_ || head_lost_) return out;
   head_lost_ = now;
@@ -211,7 +211,7 @@ std::vector<LeaseAction> LeaseGate::OnHeadLost(const std::string& why, CoreTime 
   return out;
 }
 
-std::vector<LeaseAction> LeaseGate::OnHeadTick(bool found, CoreTime now) {
+std::vector<LeaseAction> LeaseGate::OnHeadTick(bool found, train::CoreTime now) {
   Actions out;
   if (stopped_ || !head_lost_) return out;
   if (!found) {

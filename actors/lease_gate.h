@@ -62,12 +62,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "coordinator_core.h"
+#include "troupe/train/coordinator_core.h"
 
 namespace troupe::actors {
 
 // Actions whose effects outlive this incarnation: carried out only under the lease.
-bool NeedsLease(CoordinatorAction::Kind kind);
+bool NeedsLease(train::CoordinatorAction::Kind kind);
 
 struct LeaseAction {
   enum class Kind {
@@ -87,11 +87,11 @@ struct LeaseAction {
   };
   explicit LeaseAction(Kind k) : kind(k) {}
   Kind kind;
-  std::optional<CoordinatorAction> action;  // kRun
-  uint64_t epoch = 0;                       // kClaim, kAnnounceEpoch, kLoseLease
-  int64_t held = 0;                         // kLoseLease
-  CoreDuration delay{0};                    // kTick, kCheckHead, kHeadBack
-  std::string reason;                       // kLoseLease, kHeadLost
+  std::optional<train::CoordinatorAction> action;  // kRun
+  uint64_t epoch = 0;                              // kClaim, kAnnounceEpoch, kLoseLease
+  int64_t held = 0;                                // kLoseLease
+  train::CoreDuration delay{0};                    // kTick, kCheckHead, kHeadBack
+  std::string reason;                              // kLoseLease, kHeadLost
 };
 
 // The short form tests compare: "run(save)", "ask_lease", "claim(e2)", "tick(250ms)", ...
@@ -102,13 +102,13 @@ class LeaseGate {
   struct Options {
     // The lease needed and the head silent this long since the first ask: this incarnation
     // gives up (whoever can still reach the head takes over).
-    CoreDuration lease_wait = std::chrono::seconds(3);
+    train::CoreDuration lease_wait = std::chrono::seconds(3);
     // Ticks come a quarter lease apart (at least min_tick), so that actions rarely wait for it;
     // every first_tick before the first grant.
     std::chrono::milliseconds min_tick{20};
     std::chrono::milliseconds first_tick{50};
     // How often a coordinator without a head looks for the one that took over.
-    CoreDuration head_poll = std::chrono::milliseconds(20);
+    train::CoreDuration head_poll = std::chrono::milliseconds(20);
   };
 
   LeaseGate() : LeaseGate(Options{}) {}
@@ -116,16 +116,16 @@ class LeaseGate {
 
   // The core's actions of one call, in order: behind the queue, or ahead of it when enqueued
   // from inside an action (`from_action`: its consequences come before what followed it).
-  std::vector<LeaseAction> Enqueue(std::vector<CoordinatorAction> batch, bool from_action);
+  std::vector<LeaseAction> Enqueue(std::vector<train::CoordinatorAction> batch, bool from_action);
   // The next action to carry out (kRun), or the lease to ask for (kAskLease), or nothing: the
   // queue is empty, or waits for the lease.
-  std::optional<LeaseAction> Next(CoreTime now);
+  std::optional<LeaseAction> Next(train::CoreTime now);
 
   // The driver named the head (KnownRanks).
   std::vector<LeaseAction> OnHeadNamed();
   // The head granted the lease (epoch, length) to the request sent at `sent`.
   std::vector<LeaseAction> OnGranted(uint64_t epoch, std::chrono::milliseconds length,
-                                     CoreTime sent);
+                                     train::CoreTime sent);
   // The store claim asked by kClaim came out `status`.
   std::vector<LeaseAction> OnClaimed(const absl::Status& status);
   // The head refused the request or did not answer: Unavailable while another incarnation's lease
@@ -135,19 +135,19 @@ class LeaseGate {
   // The wait counts from the first ask after the need arose, not from when the lease ran out: a
   // process stalled meanwhile (a handler blocked in a slow fsync on shared storage) asks once it
   // runs again, and goes on if the head renews it (no other incarnation was granted it between).
-  std::vector<LeaseAction> OnTick(CoreTime now);
+  std::vector<LeaseAction> OnTick(train::CoreTime now);
   // The head's connection was lost (`why`): actions under the lease wait, the ranks finish their
   // step and wait for its commit, until this process has rejoined the head that takes over.
-  std::vector<LeaseAction> OnHeadLost(const std::string& why, CoreTime now);
+  std::vector<LeaseAction> OnHeadLost(const std::string& why, train::CoreTime now);
   // A look for the head that took over (kCheckHead): `found` when this process has rejoined one.
-  std::vector<LeaseAction> OnHeadTick(bool found, CoreTime now);
+  std::vector<LeaseAction> OnHeadTick(bool found, train::CoreTime now);
   // The job ended, or this incarnation moves off its node: nothing more runs or is asked.
   void Stop();
 
   bool stopped() const { return stopped_; }
   uint64_t epoch() const { return epoch_; }  // 0 until the first grant
   // Held, now and for `margin` more.
-  bool Held(CoreTime now, CoreDuration margin = CoreDuration::zero()) const {
+  bool Held(train::CoreTime now, train::CoreDuration margin = train::CoreDuration::zero()) const {
     return epoch_ != 0 && now + margin < lease_until_;
   }
   size_t queued() const { return queue_.size(); }
@@ -162,28 +162,31 @@ class LeaseGate {
 
   Options options_;
   // The core's actions not yet carried out, in order, each with the batch it came from.
-  std::deque<std::pair<uint64_t, CoordinatorAction>> queue_;
+  std::deque<std::pair<uint64_t, train::CoordinatorAction>> queue_;
   uint64_t next_batch_ = 1;
   uint64_t leased_batch_ = 0;  // the batch let through under the lease
   bool stopped_ = false;
   bool has_head_ = false;
   uint64_t epoch_ = 0;
-  CoreTime lease_until_{};
+  train::CoreTime lease_until_{};
   std::chrono::milliseconds lease_length_{0};
   bool asked_ = false;
   struct Grant {
     uint64_t epoch;
     std::chrono::milliseconds length;
-    CoreTime sent;
+    train::CoreTime sent;
   };
   // Held from now on: the lease runs until `sent` + `length`.
   void Renewed(const Grant& g);
 
   // A grant of a new epoch, until its claim comes out (OnClaimed).
   std::optional<Grant> claiming_;
-  std::optional<CoreTime> waiting_since_;  // the queue's front has waited for the lease since
-  std::optional<CoreTime> asking_since_;   // the lease is needed and asked for, unanswered, since
-  std::optional<CoreTime> head_lost_;      // the head's connection was lost at, until one is back
+  std::optional<train::CoreTime>
+      waiting_since_;  // the queue's front has waited for the lease since
+  std::optional<train::CoreTime>
+      asking_since_;  // the lease is needed and asked for, unanswered, since
+  std::optional<train::CoreTime>
+      head_lost_;  // the head's connection was lost at, until one is back
 };
 
 }  // namespace troupe::actors

@@ -15,11 +15,11 @@
 namespace troupe::actors {
 namespace {
 
-using CoreKind = CoordinatorAction::Kind;
+using CoreKind = train::CoordinatorAction::Kind;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-const CoreTime kT0{};
+const train::CoreTime kT0{};
 constexpr milliseconds kLease{1000};
 
 std::string Str(const std::vector<LeaseAction>& actions) {
@@ -27,23 +27,25 @@ std::string Str(const std::vector<LeaseAction>& actions) {
                        [](std::string* out, const LeaseAction& a) { out->append(DebugString(a)); });
 }
 
-std::string Pump(LeaseGate& g, CoreTime now) {
+std::string Pump(LeaseGate& g, train::CoreTime now) {
   std::vector<LeaseAction> out;
   while (std::optional<LeaseAction> a = g.Next(now)) out.push_back(std::move(*a));
   return Str(out);
 }
 
-CoordinatorAction Save() { return CoordinatorAction(CoreKind::kSaveRecord); }
-CoordinatorAction ToRank(CoreKind kind, const std::string& worker, int64_t step = -1) {
-  CoordinatorAction a(kind);
+train::CoordinatorAction Save() { return train::CoordinatorAction(CoreKind::kSaveRecord); }
+train::CoordinatorAction ToRank(CoreKind kind, const std::string& worker, int64_t step = -1) {
+  train::CoordinatorAction a(kind);
   a.worker = worker;
   a.generation = 1;
   a.step = step;
   return a;
 }
-CoordinatorAction Step(const std::string& w, int64_t s) { return ToRank(CoreKind::kStep, w, s); }
-CoordinatorAction Commit(const std::string& w) { return ToRank(CoreKind::kCommit, w); }
-CoordinatorAction Abort(const std::string& w) { return ToRank(CoreKind::kAbort, w); }
+train::CoordinatorAction Step(const std::string& w, int64_t s) {
+  return ToRank(CoreKind::kStep, w, s);
+}
+train::CoordinatorAction Commit(const std::string& w) { return ToRank(CoreKind::kCommit, w); }
+train::CoordinatorAction Abort(const std::string& w) { return ToRank(CoreKind::kAbort, w); }
 
 // A gate whose head is named, holding epoch 1 granted at kT0 for kLease.
 LeaseGate Leased() {
@@ -218,7 +220,7 @@ TEST(LeaseGateTest, AStoppedGateRunsAndAsksNothing) {
 TEST(LeaseGateTest, OnlyWhatOutlivesTheIncarnationNeedsTheLease) {
   std::vector<std::string> leased;
   for (int k = 0; k <= static_cast<int>(CoreKind::kFail); ++k) {
-    CoordinatorAction a(static_cast<CoreKind>(k));
+    train::CoordinatorAction a(static_cast<CoreKind>(k));
     if (NeedsLease(a.kind)) leased.push_back(DebugString(a));
   }
   EXPECT_EQ(absl::StrJoin(leased, " "),

@@ -27,11 +27,11 @@
 #include "caf/actor.hpp"
 #include "caf/atom.hpp"
 #include "caf/meta/type_name.hpp"
-#include "troupe/actors/elastic.h"
-#include "troupe/actors/manifest.h"
 #include "troupe/actors/training.h"
 #include "troupe/runtime/registry.h"
 #include "troupe/runtime/status.h"
+#include "troupe/train/elastic.h"
+#include "troupe/train/manifest.h"
 
 namespace troupe::actors {
 
@@ -42,7 +42,7 @@ using runtime::WireStatus;  // a Status as a message field (troupe/runtime/statu
 
 struct ConfigureRank {
   uint64_t generation = 0;
-  GenerationPlan plan;
+  train::GenerationPlan plan;
   caf::actor coordinator;
 };
 // A failed configure or step names the peer rank the collectives blamed (collectives::BlamedPeer:
@@ -100,7 +100,7 @@ struct ShardWritten {
   uint64_t generation = 0;
   int64_t step = 0;
   int32_t index = 0;
-  ShardFileInfo info;
+  train::ShardFileInfo info;
   WireStatus status;
 };
 struct FinalParams {
@@ -132,16 +132,6 @@ struct JobFailed {
   WireStatus status;
 };
 
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
-  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.stages, x.buddy,
-           x.committed_steps, x.source, x.old_to_new, x.old_buddy, x.checkpoint_step, x.epoch);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {
-  return f(caf::meta::type_name("troupe.ShardFileInfo"), x.name, x.begin, x.end, x.byte_size,
-           x.crc32c);
-}
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
   return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
@@ -231,5 +221,22 @@ using get_atom = caf::atom_constant<caf::atom("tr_get")>;
 [[nodiscard]] absl::Status RegisterCoordinator(runtime::ActorRegistry& registry);
 
 }  // namespace troupe::actors
+
+// CAF finds a type's inspect beside the type (argument-dependent lookup): the wire forms of the
+// train/ types the messages carry.
+namespace troupe::train {
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
+  return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.stages, x.buddy,
+           x.committed_steps, x.source, x.old_to_new, x.old_buddy, x.checkpoint_step, x.epoch);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {
+  return f(caf::meta::type_name("troupe.ShardFileInfo"), x.name, x.begin, x.end, x.byte_size,
+           x.crc32c);
+}
+
+}  // namespace troupe::train
 
 #endif  // TROUPE_ACTORS_PROTOCOL_H_

@@ -46,17 +46,17 @@ class ProtocolTest : public ::testing::Test {
 };
 
 TEST_F(ProtocolTest, EveryMessageRoundTrips) {
-  GenerationPlan plan;
+  train::GenerationPlan plan;
   plan.world = 3;
   plan.rank = 2;
   plan.buddy = 2;
   plan.committed_steps = 41;
-  plan.source = RestoreSource::kMemory;
+  plan.source = train::RestoreSource::kMemory;
   plan.old_to_new = {0, -1, 1, 2};
   plan.old_buddy = 3;
   plan.checkpoint_step = 40;
   const WireStatus err = WireStatus::From(absl::UnavailableError("peer 2 gone"));
-  const ShardFileInfo info{"shard-00002.bin", 131072, 196608, 786432, 0xdeadbeef};
+  const train::ShardFileInfo info{"shard-00002.bin", 131072, 196608, 786432, 0xdeadbeef};
   JobReport report;
   report.committed_steps = 60;
   report.losses = {3.25, 3.0000001};

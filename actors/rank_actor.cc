@@ -15,16 +15,17 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
-#include "job_events.h"
-#include "line_log.h"
 #include "protocol.h"
-#include "troupe/actors/elastic.h"
 #include "troupe/actors/training.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/collectives/nccl_communicator.h"
 #include "troupe/collectives/ucx_communicator.h"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
+#include "troupe/train/elastic.h"
+#include "troupe/train/job_events.h"
+#include "troupe/train/line_log.h"
 
 namespace troupe::actors {
 namespace {
@@ -121,7 +122,7 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
 class RankState {
  public:
   // `address`: the worker's node's advertised address (its collectives listen there).
-  RankState(caf::actor_system& sys, JobSpec spec, std::string worker, std::string address)
+  RankState(caf::actor_system& sys, train::JobSpec spec, std::string worker, std::string address)
       : sys_(sys),
         spec_(std::move(spec)),
         worker_(std::move(worker)),
@@ -129,17 +130,16 @@ class RankState {
   ~RankState() { Stop(); }
 
   absl::Status Init() {
-    absl::StatusOr<std::unique_ptr<Trainable>> model =
-        TrainableRegistry::Global().Create(spec_.model);
-    if (!model.ok()) return model.status();
-    model_ = std::move(*model);
-    absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainable> model,
+                            train::TrainableRegistry::Global().Create(spec_.model));
+    model_ = std::move(model);
+    absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store = train::CheckpointStore::Open(
         {.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last, .warning = {}});
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
-    serve_log_ = std::make_unique<LineLog>(absl::StrCat(
+    serve_log_ = std::make_unique<train::LineLog>(absl::StrCat(
         spec_.work_dir, "/serve/", absl::StrReplaceAll(worker_, {{"/", "_"}}), ".log"));
-    ElasticRank::Options o;
+    train::ElasticRank::Options o;
     o.microbatches = spec_.model.microbatches;
     o.deterministic = spec_.deterministic;
     o.seed = spec_.seed;
@@ -155,18 +155,18 @@ class RankState {
       // Chaos: die like kill -9 (or hang like a stopped process) in the middle of the gradient
       // exchange, after writing down when (the coordinator measures recovery from at_ns).
       const int sig = kill_signal_.load();
-      runtime::SupervisionEvent e = JobEvent("fault_fired", worker_, "rank");
+      base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
       e.generation = gen_;
       e.pid = getpid();
       e.signal = sig;
-      e.Set("kind", FaultKindName(static_cast<FaultKind>(kill_fault_.load())))
+      e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
           .Set("step", step)
           .Set("rank", rank_->rank())
           .Set("at_ns", absl::ToUnixNanos(absl::Now()));
-      EventLog(EventLogPath(spec_.work_dir)).Write(std::move(e));
+      train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
       raise(sig);
     };
-    rank_ = std::make_unique<ElasticRank>(model_.get(), std::move(o));
+    rank_ = std::make_unique<train::ElasticRank>(model_.get(), std::move(o));
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -215,9 +215,9 @@ class RankState {
       runtime::LogWarn(worker_, absl::StrCat("lease epoch ", epoch, ": ", s.message()));
     }
   }
-  void Configure(uint64_t gen, const GenerationPlan& plan_in, caf::actor coordinator) {
+  void Configure(uint64_t gen, const train::GenerationPlan& plan_in, caf::actor coordinator) {
     coordinator_ = coordinator;
-    const GenerationPlan* plan = &plan_in;
+    const train::GenerationPlan* plan = &plan_in;
     // A stale coordinator's plan (a later lease epoch has claimed the store) is refused here.
     absl::Status st = plan->epoch != 0 ? store_->Claim(plan->epoch) : absl::OkStatus();
     if (st.ok()) {
@@ -284,10 +284,10 @@ class RankState {
   void Step(uint64_t gen, int64_t step) {
     const absl::Time start = absl::Now();
     const uint64_t sent = comm_ != nullptr ? comm_->stats().bytes_sent : 0;
-    absl::StatusOr<StepOutcome> out =
+    absl::StatusOr<train::StepOutcome> out =
         step == rank_->committed_steps()
             ? rank_->RunStep()
-            : absl::StatusOr<StepOutcome>(absl::FailedPreconditionError(absl::StrCat(
+            : absl::StatusOr<train::StepOutcome>(absl::FailedPreconditionError(absl::StrCat(
                   "step ", step, " asked, this rank is at step ", rank_->committed_steps())));
     const int32_t blamed = collectives::BlamedPeer(out.status()).value_or(-1);
     if (!out.ok() && comm_ != nullptr) {
@@ -314,20 +314,21 @@ class RankState {
 
   // A pipeline stage's most microbatches in flight, into the job's event log whenever a
   // generation's step holds more than the ones before it (tests check the schedule's bound).
-  void NoteInFlight(uint64_t gen, int64_t step, const StepOutcome& out) {
+  void NoteInFlight(uint64_t gen, int64_t step, const train::StepOutcome& out) {
     if (gen == in_flight_gen_ && out.max_in_flight <= in_flight_max_) return;
     in_flight_gen_ = gen;
     in_flight_max_ = out.max_in_flight;
-    const GridPosition pos = GridPositionOf(rank_->rank(), rank_->layout().world, rank_->stages());
-    runtime::SupervisionEvent e = JobEvent("stage_in_flight", worker_, "rank");
+    const train::GridPosition pos =
+        train::GridPositionOf(rank_->rank(), rank_->layout().world, rank_->stages());
+    base::SupervisionEvent e = train::JobEvent("stage_in_flight", worker_, "rank");
     e.generation = gen;
     e.Set("step", step)
         .Set("stage", pos.stage)
         .Set("stages", rank_->stages())
         .Set("microbatches", out.block_size)
         .Set("in_flight", out.max_in_flight)
-        .Set("schedule", PipelineScheduleName(spec_.pipeline_schedule));
-    EventLog(EventLogPath(spec_.work_dir)).Write(std::move(e));
+        .Set("schedule", train::PipelineScheduleName(spec_.pipeline_schedule));
+    train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
   }
 
   void Commit(uint64_t gen, int64_t checkpoint_step) {
@@ -337,19 +338,19 @@ class RankState {
     if (checkpoint_step < 0 || checkpoint_step != rank_->committed_steps()) return;
     // Written on the writer thread while the next step runs (which only reads that state): in
     // place on the host, from a copy out of a GPU.
-    auto copy = std::make_shared<HostShard>();
-    absl::StatusOr<ShardView> view = rank_->CommittedShard(copy.get());
+    auto copy = std::make_shared<train::HostShard>();
+    absl::StatusOr<train::ShardView> view = rank_->CommittedShard(copy.get());
     const int index = rank_->rank();
     if (!view.ok()) {
-      caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, ShardFileInfo{},
+      caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, train::ShardFileInfo{},
                                                 WireStatus::From(view.status())});
       return;
     }
     if (view->end <= view->begin) return;  // a rank that owns only padding writes nothing
     writer_ = std::thread([this, copy, shard = *view, index, checkpoint_step, gen] {
       (void)copy;  // a GPU model's copy lives until written
-      absl::StatusOr<ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, shard);
-      ShardFileInfo i = info.ok() ? *info : ShardFileInfo{};
+      absl::StatusOr<train::ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, shard);
+      train::ShardFileInfo i = info.ok() ? *info : train::ShardFileInfo{};
       caf::anon_send(coordinator_,
                      ShardWritten{gen, checkpoint_step, index, i, WireStatus::From(info.status())});
     });
@@ -389,21 +390,21 @@ class RankState {
   }
 
   caf::actor_system& sys_;
-  JobSpec spec_;
+  train::JobSpec spec_;
   std::string worker_;
   std::string address_;
-  std::unique_ptr<Trainable> model_;
-  std::unique_ptr<CheckpointStore> store_;
-  std::unique_ptr<ElasticRank> rank_;
+  std::unique_ptr<train::Trainable> model_;
+  std::unique_ptr<train::CheckpointStore> store_;
+  std::unique_ptr<train::ElasticRank> rank_;
   uint64_t in_flight_gen_ = 0;  // NoteInFlight: the generation and its most so far
   int in_flight_max_ = 0;
-  std::unique_ptr<LineLog> serve_log_;
+  std::unique_ptr<train::LineLog> serve_log_;
   caf::actor coordinator_;
   uint64_t gen_ = 0;
   std::atomic<uint64_t> aborted_below_{0};
   std::atomic<int64_t> kill_at_step_{-1};
   std::atomic<int32_t> kill_signal_{SIGKILL};
-  std::atomic<int32_t> kill_fault_{static_cast<int32_t>(FaultKind::kKillWorker)};
+  std::atomic<int32_t> kill_fault_{static_cast<int32_t>(train::FaultKind::kKillWorker)};
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::shared_ptr<DeviceComm> device_;  // a model in GPU memory only
@@ -418,12 +419,13 @@ class RankState {
 
 absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
   AddTrainingMessageTypes(registry);
-  if (absl::Status s = RegisterCoordinator(registry); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(RegisterCoordinator(registry));
   return registry.Register<std::string, std::string, std::string>(
       kRankActorType,
       [](runtime::Actor* self, std::string spec_text, std::string worker,
          std::string address) -> caf::behavior {
-        absl::StatusOr<JobSpec> spec = ParseJobSpec(spec_text, "job spec from the coordinator");
+        absl::StatusOr<train::JobSpec> spec =
+            train::ParseJobSpec(spec_text, "job spec from the coordinator");
         std::shared_ptr<RankState> st;
         absl::Status init = spec.status();
         if (spec.ok()) {

@@ -23,13 +23,15 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
-#include "job_events.h"
 #include "job_reporter.h"
 #include "protocol.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/runtime.h"
 #include "troupe/runtime/supervisor.h"
+#include "troupe/train/job_events.h"
+#include "troupe/train/preempted.h"
 
 namespace troupe::actors {
 namespace {
@@ -90,7 +92,7 @@ struct DriverState {
   // The job's event log (job_events.h): here the job supervisor's events (the coordinator's
   // starts, exits and restarts) and a process_exit event for every worker or node the head
   // reports dead; the coordinator and the ranks append their own.
-  std::shared_ptr<EventLog> events;
+  std::shared_ptr<train::EventLog> events;
   JobReporter* reporter = nullptr;
 
   // How the job ended, once: to the driver thread waiting in AwaitReport.
@@ -150,9 +152,9 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         if (e.kind == runtime::MembershipKind::kWorkerDown ||
             e.kind == runtime::MembershipKind::kWorkerExit ||
             e.kind == runtime::MembershipKind::kNodeDead) {
-          const runtime::SupervisionEvent exit = e.ToProcessExit("head");
+          const base::SupervisionEvent exit = e.ToProcessExit("head");
           if (st->events) st->events->Write(exit);
-          if (!st->finished) *st->out << EventProgressLine(exit) << std::endl;
+          if (!st->finished) *st->out << train::EventProgressLine(exit) << std::endl;
         }
       },
       [st, heard](const ProgressLine& line) {
@@ -166,14 +168,15 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
       [st](const JobFailed& f) {
         const absl::Status s = f.status.ToStatus();
         // A preemption is no failure: it says so as it is (IsPreempted).
-        st->Finish(IsPreempted(s) ? s
-                                  : absl::Status(s.code(), absl::StrCat("training job failed: ",
-                                                                        s.message())));
+        st->Finish(
+            train::IsPreempted(s)
+                ? s
+                : absl::Status(s.code(), absl::StrCat("training job failed: ", s.message())));
       },
   };
 }
 
-absl::Status PrepareData(JobSpec& spec, std::ostream& out) {
+absl::Status PrepareData(train::JobSpec& spec, std::ostream& out) {
   if (spec.model.type != "gpt") return absl::OkStatus();
   if (spec.model.data_dir.empty()) spec.model.data_dir = spec.work_dir + "/data";
   std::error_code ec;
@@ -212,7 +215,7 @@ namespace {
 
 // The job's directories, per-run records and data, ready before any process starts; bad model
 // settings fail here.
-absl::Status PrepareJob(JobSpec& spec, std::ostream& out) {
+absl::Status PrepareJob(train::JobSpec& spec, std::ostream& out) {
   std::error_code ec;
   spec.work_dir = std::filesystem::absolute(spec.work_dir).lexically_normal().string();
   if (!spec.checkpoint_dir.empty()) {
@@ -228,12 +231,12 @@ absl::Status PrepareJob(JobSpec& spec, std::ostream& out) {
   for (const char* f : {"/logs/events.log", "/coordinator.state", "/commits.log"}) {
     std::filesystem::remove(spec.work_dir + f, ec);
   }
-  if (absl::Status s = PrepareData(spec, out); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(PrepareData(spec, out));
   if (spec.model.type == "gpt") {
     spec.model.data_dir = std::filesystem::absolute(spec.model.data_dir).string();
   }
   // Bad model settings fail here, before any process starts.
-  if (auto probe = TrainableRegistry::Global().Create(spec.model); !probe.ok()) {
+  if (auto probe = train::TrainableRegistry::Global().Create(spec.model); !probe.ok()) {
     return probe.status();
   }
   return absl::OkStatus();
@@ -272,7 +275,7 @@ struct JobCluster {
 
 // The cluster: a running one, or the embedded default — a head, one spot node per worker (so a
 // node can be preempted on its own) and an on-demand node for the coordinator.
-absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions& options,
+absl::StatusOr<JobCluster> StartCluster(const train::JobSpec& spec, const TrainOptions& options,
                                         std::ostream& out) {
   JobCluster c;
   if (options.head.empty()) {
@@ -285,19 +288,19 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
     lo.head_store = true;
     lo.keep_head = true;
     lo.extra_args = options.runtime.TlsArgs();  // head, nodes and workers: the driver's files
-    absl::StatusOr<std::unique_ptr<runtime::LocalCluster>> c_or = runtime::LocalCluster::Start(lo);
-    if (!c_or.ok()) return c_or.status();
-    c.local = std::move(*c_or);
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<runtime::LocalCluster> c_or,
+                            runtime::LocalCluster::Start(lo));
+    c.local = std::move(c_or);
     c.port = c.local->port();
     // A model on CUDA: each worker node gets a GPU of its own, or a share of one (ranks_per_gpu).
-    absl::StatusOr<Device> device = ParseDevice(spec.model.device);
+    absl::StatusOr<train::Device> device = train::ParseDevice(spec.model.device);
     if (device.ok() && device->is_cuda()) {
-      absl::StatusOr<int> gpus = CudaDeviceCount();
+      absl::StatusOr<int> gpus = train::CudaDeviceCount();
       if (!gpus.ok()) {
         return absl::FailedPreconditionError(
             absl::StrCat("model.device = \"", spec.model.device, "\": ", gpus.status().message()));
       }
-      if (absl::Status s = CheckEmbeddedGpuCount(spec, *gpus); !s.ok()) return s;
+      TROUPE_RETURN_IF_ERROR(CheckEmbeddedGpuCount(spec, *gpus));
       c.gpus = *gpus;
       c.ranks_per_gpu = spec.ranks_per_gpu;
     }
@@ -311,17 +314,16 @@ absl::StatusOr<JobCluster> StartCluster(const JobSpec& spec, const TrainOptions&
         << (options.runtime.tls() ? " (mutual TLS), " : ", ") << spec.workers
         << " worker nodes and a coordinator node; logs in " << lo.cluster.log_dir << std::endl;
   } else {
-    absl::StatusOr<std::pair<std::string, uint16_t>> hp = runtime::ParseHostPort(options.head);
-    if (!hp.ok()) return hp.status();
-    c.host = hp->first;
-    c.port = hp->second;
+    TROUPE_ASSIGN_OR_RETURN(auto hp, runtime::ParseHostPort(options.head));
+    c.host = hp.first;
+    c.port = hp.second;
   }
   return c;
 }
 
 // Workers register asynchronously: waits for `want` of them — all of the embedded cluster's, or
 // min_workers of a running cluster's (a job cannot start with fewer).
-absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec, size_t want,
+absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec& spec, size_t want,
                             const std::string& cluster) {
   const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
   size_t alive = 0;
@@ -351,7 +353,7 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const JobSpec& spec,
 // A rank actor on every live worker not yet serving this job (except the coordinator's node).
 class RankSpawner {
  public:
-  RankSpawner(runtime::ClusterClient& client, const JobSpec& spec, std::string spec_text,
+  RankSpawner(runtime::ClusterClient& client, const train::JobSpec& spec, std::string spec_text,
               bool embedded, caf::actor driver, std::ostream& out)
       : client_(client),
         spec_(spec),
@@ -376,7 +378,7 @@ class RankSpawner {
       // puts it where no rank is).
       runtime::Placement at;
       at.worker = m.id;
-      absl::StatusOr<Device> device = ParseDevice(spec_.model.device);
+      absl::StatusOr<train::Device> device = train::ParseDevice(spec_.model.device);
       at.resources = device.ok() && device->is_cuda() ? "cpu=1,gpu=1" : "cpu=1";
       absl::StatusOr<runtime::ActorRef> ref =
           client_.Spawn(kRankActorType, caf::make_message(spec_text_, m.id, m.address), name, at);
@@ -391,7 +393,7 @@ class RankSpawner {
 
  private:
   runtime::ClusterClient& client_;
-  const JobSpec& spec_;
+  const train::JobSpec& spec_;
   const std::string spec_text_;
   const bool embedded_;
   caf::actor driver_;
@@ -401,7 +403,7 @@ class RankSpawner {
 
 // The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
 // if its process dies. It avoids spot nodes while an on-demand one can take it.
-absl::Status StartJobSupervisor(runtime::Runtime& rt, const JobSpec& spec,
+absl::Status StartJobSupervisor(runtime::Runtime& rt, const train::JobSpec& spec,
                                 const std::string& spec_text, const caf::actor& driver) {
   const int run_id = RankSpawner::RunId();
   runtime::SupervisorSpec sup;
@@ -423,7 +425,7 @@ absl::Status StartJobSupervisor(runtime::Runtime& rt, const JobSpec& spec,
 
 // Until the coordinator reports: carries out its requests (nodes to add, ranks to spawn) and
 // gives up on a coordinator silent for timeouts.driver_silence.
-absl::StatusOr<JobReport> AwaitReport(const JobSpec& spec, const TrainOptions& options,
+absl::StatusOr<JobReport> AwaitReport(const train::JobSpec& spec, const TrainOptions& options,
                                       JobCluster& cluster, runtime::ClusterClient& client,
                                       const caf::actor& driver, DriverState& st, DriverQueue& queue,
                                       RankSpawner& ranks,
@@ -493,20 +495,19 @@ void PrintSummary(const JobReport& r, std::ostream& out) {
 }
 
 // From the cluster's workers to the job's report: ranks, the coordinator, the wait.
-absl::StatusOr<JobReport> Drive(const JobSpec& spec, const std::string& spec_text,
+absl::StatusOr<JobReport> Drive(const train::JobSpec& spec, const std::string& spec_text,
                                 const TrainOptions& options, JobCluster& cluster,
                                 runtime::ClusterClient& client, runtime::Runtime& rt,
                                 const caf::actor& driver, DriverState& st, DriverQueue& queue,
                                 std::future<absl::StatusOr<JobReport>>& result, std::ostream& out) {
-  absl::Status ready =
+  TROUPE_RETURN_IF_ERROR(
       cluster.local != nullptr
           ? WaitForWorkers(client, spec, static_cast<size_t>(spec.workers) + 1, "embedded cluster")
           : WaitForWorkers(client, spec, static_cast<size_t>(spec.min_workers),
-                           absl::StrCat("the cluster at ", options.head));
-  if (!ready.ok()) return ready;
+                           absl::StrCat("the cluster at ", options.head)));
   RankSpawner ranks(client, spec, spec_text, cluster.local != nullptr, driver, out);
   ranks.SpawnNew();
-  if (absl::Status s = StartJobSupervisor(rt, spec, spec_text, driver); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(StartJobSupervisor(rt, spec, spec_text, driver));
   absl::StatusOr<JobReport> report =
       AwaitReport(spec, options, cluster, client, driver, st, queue, ranks, result, out);
   if (report.ok()) PrintSummary(*report, out);
@@ -515,7 +516,7 @@ absl::StatusOr<JobReport> Drive(const JobSpec& spec, const std::string& spec_tex
 
 }  // namespace
 
-absl::Status CheckEmbeddedGpuCount(const JobSpec& spec, int gpus) {
+absl::Status CheckEmbeddedGpuCount(const train::JobSpec& spec, int gpus) {
   if (gpus <= 0) {
     return absl::FailedPreconditionError(absl::StrCat("model.device = \"", spec.model.device,
                                                       "\": this machine has no CUDA device"));
@@ -541,62 +542,48 @@ std::map<std::string, std::string> EmbeddedGpuEnvironment(int gpu, int slot, int
   return env;
 }
 
-absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options) {
+absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions& options) {
   // Every line printed also goes to the job's record on the head (`troupe job logs`).
   JobReporter reporter(spec, options.job_id);
   LineTee tee(options.progress != nullptr ? *options.progress : std::cout,
               [&reporter](std::string line) { reporter.Line(std::move(line)); });
   std::ostream out(&tee);
-  if (absl::Status s = PrepareJob(spec, out); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(PrepareJob(spec, out));
   const std::string spec_text = spec.ToToml();
-  absl::StatusOr<JobCluster> cluster = StartCluster(spec, options, out);
-  if (!cluster.ok()) return cluster.status();
+  TROUPE_ASSIGN_OR_RETURN(JobCluster cluster, StartCluster(spec, options, out));
   runtime::ActorRegistry registry;
-  if (absl::Status s = RegisterTrainingActors(registry); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(RegisterTrainingActors(registry));
   runtime::RuntimeOptions ro = options.runtime;
   ro.network = true;
-  absl::StatusOr<std::unique_ptr<runtime::Runtime>> rt =
-      runtime::Runtime::Create(std::move(registry), ro);
-  if (!rt.ok()) return rt.status();
-  auto events = std::make_shared<EventLog>(EventLogPath(spec.work_dir));
-  (*rt)->SetEventSink([events](const runtime::SupervisionEvent& e) { events->Write(e); });
-  absl::StatusOr<runtime::ClusterClient> client =
-      runtime::ClusterClient::Connect(**rt, cluster->host, cluster->port);
-  if (!client.ok()) return client.status();
+  TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Runtime> rt,
+                          runtime::Runtime::Create(std::move(registry), ro));
+  auto events = std::make_shared<train::EventLog>(train::EventLogPath(spec.work_dir));
+  rt->SetEventSink([events](const base::SupervisionEvent& e) { events->Write(e); });
+  TROUPE_ASSIGN_OR_RETURN(runtime::ClusterClient client,
+                          runtime::ClusterClient::Connect(*rt, cluster.host, cluster.port));
 
   DriverQueue queue;
   auto st = std::make_shared<DriverState>();
   st->out = &out;
   st->queue = &queue;
-  st->client = &*client;
+  st->client = &client;
   st->last_heard_ns = absl::ToUnixNanos(absl::Now());
   st->events = events;
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
   // Messages between this process and the coordinator or ranks take connections of their own,
   // not the head's: they go on while a lost head is replaced.
-  client->ConnectDirectly();
-  caf::actor driver = (*rt)->system().spawn(DriverActor, st);
+  client.ConnectDirectly();
+  caf::actor driver = rt->system().spawn(DriverActor, st);
   // On every way out of here, the driver actor is gone before the locals it points to are (and
   // before the runtime's shutdown, which waits for every actor).
-  StopOnExit stop_driver((*rt)->system(), driver);
-  if (absl::Status s = reporter.Connect((*rt)->system(), client->head(), driver); !s.ok()) {
-    return s;
-  }
+  StopOnExit stop_driver(rt->system(), driver);
+  TROUPE_RETURN_IF_ERROR(reporter.Connect(rt->system(), client.head(), driver));
   st->reporter = &reporter;
-  out << "job " << reporter.id() << " on the head at " << client->address() << std::endl;
+  out << "job " << reporter.id() << " on the head at " << client.address() << std::endl;
   absl::StatusOr<JobReport> report =
-      Drive(spec, spec_text, options, *cluster, *client, **rt, driver, *st, queue, result, out);
+      Drive(spec, spec_text, options, cluster, client, *rt, driver, *st, queue, result, out);
   reporter.End(report);
   return report;
-}
-
-absl::Status PreemptedError(const std::string& what) {
-  return absl::UnavailableError(absl::StrCat("preempted: ", what));
-}
-
-bool IsPreempted(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kUnavailable &&
-         absl::StartsWith(status.message(), "preempted: ");
 }
 
 }  // namespace troupe::actors

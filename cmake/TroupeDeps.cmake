@@ -58,12 +58,12 @@ if(NOT TARGET PkgConfig::httplib)
 endif()
 find_package(nlohmann_json CONFIG REQUIRED)
 
-# Cap'n Proto's libraries, which troupe_actors links privately (its generated code). A static
-# troupe_actors still puts them on its consumers' link line, so the installed package needs them
+# Cap'n Proto's libraries, which troupe_train links privately (its generated code). A static
+# troupe_train still puts them on its consumers' link line, so the installed package needs them
 # too, but not Cap'n Proto's CMake package: that one checks for libatomic with the C compiler and
 # fails in a project declared `LANGUAGES CXX`. Only the libraries are located here (no error when
-# absent: only a program linking troupe::actors needs them). The build itself finds the package in
-# actors/CMakeLists.txt, for its code generator.
+# absent: only a program linking troupe::train needs them). The build itself finds the package in
+# train/CMakeLists.txt, for its code generator.
 # troupe_deps::<name>: an interface target linking the libraries `libs` (found by find_library;
 # when one is missing, by plain name, so that the linker names what is missing) and `extra`.
 function(troupe_link_only_libraries name libs extra)

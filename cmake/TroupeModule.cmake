@@ -1,7 +1,7 @@
 # Compiler flags for troupe's own sources: every target created in this project (modules, tests,
 # tools, bench; examples/ set theirs), not the targets of projects that embed or install troupe.
 # Third-party headers come in as system headers (imported targets, or SYSTEM include folders), so
-# their warnings stay silent; generated Cap'n Proto sources opt out in actors/CMakeLists.txt.
+# their warnings stay silent; generated Cap'n Proto sources opt out in train/CMakeLists.txt.
 # TROUPE_WERROR turns every warning into an error (COMPILE_WARNING_AS_ERROR: -Werror, and
 # `-Werror all-warnings` for nvcc).
 add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra>")
@@ -34,7 +34,7 @@ endfunction()
 #   A GoogleTest binary; each TEST is its own CTest test (gtest_discover_tests) carrying exactly
 #   one level label and one module label, so `ctest -L '^runtime$'` selects precisely.
 set(TROUPE_LEVELS unit integration chaos gpu)
-set(TROUPE_MODULE_LABELS runtime scheduler collectives model kernels actors tools)
+set(TROUPE_MODULE_LABELS base runtime scheduler collectives model kernels train actors tools)
 function(troupe_test target)
   cmake_parse_arguments(T "" "LEVEL;MODULE;TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
   if(NOT T_LEVEL IN_LIST TROUPE_LEVELS)

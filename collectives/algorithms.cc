@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "mailbox.h"
 #include "reduce.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
 namespace {
@@ -20,9 +21,8 @@ absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbyte
   ReqId reqs[2];
   int k = 0;
   if (sbytes > 0) {
-    auto s = c.t->PostSend(to, tag, sbuf, sbytes);
-    if (!s.ok()) return s.status();
-    reqs[k++] = *s;
+    TROUPE_ASSIGN_OR_RETURN(auto s, c.t->PostSend(to, tag, sbuf, sbytes));
+    reqs[k++] = s;
   }
   if (rbytes > 0) {
     auto r = c.t->PostRecv(from, tag, rbuf, rbytes);
@@ -46,10 +46,8 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
   addr[r] = reinterpret_cast<uintptr_t>(w);
   std::vector<size_t> addr_off(n + 1);
   for (int j = 0; j <= n; ++j) addr_off[j] = j * sizeof(uint64_t);
-  if (auto st = RingAllGather(c, reinterpret_cast<uint8_t*>(addr.data()), addr_off, phase);
-      !st.ok()) {
-    return st;
-  }
+  TROUPE_RETURN_IF_ERROR(
+      RingAllGather(c, reinterpret_cast<uint8_t*>(addr.data()), addr_off, phase));
   // Reduce segment r chunk by chunk; a chunk read into scratch is still in cache when added.
   constexpr size_t kChunk = 64 * 1024;  // floats
   float* tmp = static_cast<float*>(c.t->Scratch(0, kChunk * sizeof(float)));
@@ -57,23 +55,18 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
     const size_t len = std::min(kChunk, off[r + 1] - b);
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
-      if (auto st = c.t->ReadPeer(j, addr[j] + b * sizeof(float), tmp, len * sizeof(float));
-          !st.ok()) {
-        return st;
-      }
+      TROUPE_RETURN_IF_ERROR(
+          c.t->ReadPeer(j, addr[j] + b * sizeof(float), tmp, len * sizeof(float)));
       ReduceInto(w + b, tmp, len, op);
     }
   }
   if (gather) {
     // Every segment is reduced (and nobody reads unreduced data any more): fetch the others.
-    if (auto st = DisseminationBarrier(c, phase + 1); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(DisseminationBarrier(c, phase + 1));
     for (int j = 0; j < n; ++j) {
       if (j == r || off[j + 1] == off[j]) continue;
-      if (auto st = c.t->ReadPeer(j, addr[j] + off[j] * sizeof(float), w + off[j],
-                                  (off[j + 1] - off[j]) * sizeof(float));
-          !st.ok()) {
-        return st;
-      }
+      TROUPE_RETURN_IF_ERROR(c.t->ReadPeer(j, addr[j] + off[j] * sizeof(float), w + off[j],
+                                           (off[j + 1] - off[j]) * sizeof(float)));
     }
   }
   // Nobody returns (and lets its caller reuse the buffer) while another rank may still read it.
@@ -110,9 +103,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     const uint64_t g = m.counter(r, Mailboxes::kStaged).load(std::memory_order_relaxed);
     const int slot = static_cast<int>(g % Mailboxes::kStageSlots);
     if (g >= Mailboxes::kStageSlots) {  // every rank is done with the slot's previous chunk
-      if (auto st = await_all(Mailboxes::kCopiedOut, g - Mailboxes::kStageSlots + 1); !st.ok()) {
-        return st;
-      }
+      TROUPE_RETURN_IF_ERROR(await_all(Mailboxes::kCopiedOut, g - Mailboxes::kStageSlots + 1));
     }
     // The other ranks' pieces go into the slot; this rank's own piece stays in w.
     float* mine = reinterpret_cast<float*>(m.stage(r, slot));
@@ -121,7 +112,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
       std::memcpy(mine + q * piece, w + off[q] + step * piece, len(q, step) * sizeof(float));
     }
     m.counter(r, Mailboxes::kStaged).store(g + 1, std::memory_order_release);
-    if (auto st = await_all(Mailboxes::kStaged, g + 1); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(await_all(Mailboxes::kStaged, g + 1));
     // This rank's piece, reduced in w; with `gather` published in the slot's own piece, which
     // the others read only after kReduced.
     float* acc = w + off[r] + step * piece;
@@ -134,7 +125,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     if (gather) std::memcpy(mine + r * piece, acc, len(r, step) * sizeof(float));
     m.counter(r, Mailboxes::kReduced).store(g + 1, std::memory_order_release);
     if (gather) {
-      if (auto st = await_all(Mailboxes::kReduced, g + 1); !st.ok()) return st;
+      TROUPE_RETURN_IF_ERROR(await_all(Mailboxes::kReduced, g + 1));
       for (int q = 0; q < n; ++q) {
         if (q == r) continue;
         std::memcpy(w + off[q] + step * piece,
@@ -178,32 +169,32 @@ absl::Status RingReduceScatter(const OpContext& c, float* w, const std::vector<s
     sends.clear();
     for (size_t p = 0; p * piece < slen; ++p) {
       size_t len = std::min(piece, slen - p * piece);
-      auto id = c.t->PostSend(right, c.Tag(phase, s, p), w + off[ss] + p * piece, len * 4);
-      if (!id.ok()) return id.status();
-      sends.push_back(*id);
+      TROUPE_ASSIGN_OR_RETURN(
+          auto id, c.t->PostSend(right, c.Tag(phase, s, p), w + off[ss] + p * piece, len * 4));
+      sends.push_back(id);
     }
     const size_t npieces = (rlen + piece - 1) / piece;
     ReqId pending = 0;
     auto post = [&](size_t p) -> absl::Status {
       size_t len = std::min(piece, rlen - p * piece);
-      auto id = c.t->PostRecv(left, c.Tag(phase, s, p), tmp + (p % 2) * piece, len * 4);
-      if (!id.ok()) return id.status();
-      pending = *id;
+      TROUPE_ASSIGN_OR_RETURN(
+          auto id, c.t->PostRecv(left, c.Tag(phase, s, p), tmp + (p % 2) * piece, len * 4));
+      pending = id;
       return absl::OkStatus();
     };
     if (npieces > 0) {
-      if (auto st = post(0); !st.ok()) return st;
+      TROUPE_RETURN_IF_ERROR(post(0));
     }
     for (size_t p = 0; p < npieces; ++p) {
       ReqId cur = pending;
       if (p + 1 < npieces) {
-        if (auto st = post(p + 1); !st.ok()) return st;
+        TROUPE_RETURN_IF_ERROR(post(p + 1));
       }
-      if (auto st = c.t->WaitAll({&cur, 1}, c.deadline); !st.ok()) return st;
+      TROUPE_RETURN_IF_ERROR(c.t->WaitAll({&cur, 1}, c.deadline));
       size_t len = std::min(piece, rlen - p * piece);
       ReduceInto(w + off[rs] + p * piece, tmp + (p % 2) * piece, len, op);
     }
-    if (auto st = c.t->WaitAll(sends, c.deadline); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(c.t->WaitAll(sends, c.deadline));
   }
   return absl::OkStatus();
 }
@@ -236,14 +227,12 @@ absl::Status PostDirectAllGather(const OpContext& c, uint8_t* w, const std::vect
   for (int q = 0; q < n; ++q) {
     if (q == r) continue;
     if (off[q + 1] > off[q]) {
-      if (auto st = post(c.t->PostRecv(q, c.Tag(phase, 0, 0), w + off[q], off[q + 1] - off[q]));
-          !st.ok())
-        return st;
+      TROUPE_RETURN_IF_ERROR(
+          post(c.t->PostRecv(q, c.Tag(phase, 0, 0), w + off[q], off[q + 1] - off[q])));
     }
     if (off[r + 1] > off[r]) {
-      if (auto st = post(c.t->PostSend(q, c.Tag(phase, 0, 0), w + off[r], off[r + 1] - off[r]));
-          !st.ok())
-        return st;
+      TROUPE_RETURN_IF_ERROR(
+          post(c.t->PostSend(q, c.Tag(phase, 0, 0), w + off[r], off[r + 1] - off[r])));
     }
   }
   return absl::OkStatus();
@@ -252,7 +241,7 @@ absl::Status PostDirectAllGather(const OpContext& c, uint8_t* w, const std::vect
 absl::Status DirectAllGather(const OpContext& c, uint8_t* w, const std::vector<size_t>& off,
                              uint32_t phase) {
   std::vector<ReqId> reqs;
-  if (auto st = PostDirectAllGather(c, w, off, phase, &reqs); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(PostDirectAllGather(c, w, off, phase, &reqs));
   return c.t->WaitAll(reqs, c.deadline);
 }
 
@@ -274,12 +263,10 @@ absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t cou
   int vr;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      if (auto st = SendRecv(c, r + 1, w, bytes, -1, nullptr, 0, c.Tag(phase, 0, 0)); !st.ok())
-        return st;
+      TROUPE_RETURN_IF_ERROR(SendRecv(c, r + 1, w, bytes, -1, nullptr, 0, c.Tag(phase, 0, 0)));
       vr = -1;
     } else {
-      if (auto st = SendRecv(c, -1, nullptr, 0, r - 1, tmp, bytes, c.Tag(phase, 0, 0)); !st.ok())
-        return st;
+      TROUPE_RETURN_IF_ERROR(SendRecv(c, -1, nullptr, 0, r - 1, tmp, bytes, c.Tag(phase, 0, 0)));
       Combine(w, tmp, w, count, op);
       vr = r / 2;
     }
@@ -322,37 +309,34 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
   for (int i = 0; i <= n; ++i) ioff[i] = i * 2 * sizeof(uint64_t);
   uint8_t* ivb = reinterpret_cast<uint8_t*>(iv.data());
   std::vector<ReqId> reqs;
-  if (auto st = n <= kDirectAllGatherRanks ? PostDirectAllGather(c, ivb, ioff, phase, &reqs)
-                                           : RingAllGather(c, ivb, ioff, phase);
-      !st.ok()) {
-    return st;
-  }
+  TROUPE_RETURN_IF_ERROR(n <= kDirectAllGatherRanks
+                             ? PostDirectAllGather(c, ivb, ioff, phase, &reqs)
+                             : RingAllGather(c, ivb, ioff, phase));
   // 2. Every rank sends its partial of block b to owner b.
   const size_t blen = off[r + 1] - off[r];
   float* recv = static_cast<float*>(c.t->Scratch(1, std::max<size_t>(1, n * blen) * 4));
   for (int q = 0; q < n; ++q) {
     if (q == r) continue;
     if (blen > 0) {
-      auto id = c.t->PostRecv(q, c.Tag(phase + 1, 0, 0), recv + q * blen, blen * 4);
-      if (!id.ok()) return id.status();
-      reqs.push_back(*id);
+      TROUPE_ASSIGN_OR_RETURN(auto id,
+                              c.t->PostRecv(q, c.Tag(phase + 1, 0, 0), recv + q * blen, blen * 4));
+      reqs.push_back(id);
     }
     const size_t qlen = off[q + 1] - off[q];
     if (qlen > 0) {
-      auto id = c.t->PostSend(q, c.Tag(phase + 1, 0, 0), w + off[q], qlen * 4);
-      if (!id.ok()) return id.status();
-      reqs.push_back(*id);
+      TROUPE_ASSIGN_OR_RETURN(auto id,
+                              c.t->PostSend(q, c.Tag(phase + 1, 0, 0), w + off[q], qlen * 4));
+      reqs.push_back(id);
     }
   }
-  if (auto st = c.t->WaitAll(reqs, c.deadline); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(c.t->WaitAll(reqs, c.deadline));
   std::vector<std::pair<uint64_t, uint64_t>> intervals(n);
   for (int i = 0; i < n; ++i) intervals[i] = {iv[2 * i], iv[2 * i + 1]};
-  absl::StatusOr<CombinePlan> plan = PlanCanonicalCombine(intervals);
-  if (!plan.ok()) return plan.status();
-  *contributions = plan->total;
+  TROUPE_ASSIGN_OR_RETURN(CombinePlan plan, PlanCanonicalCombine(intervals));
+  *contributions = plan.total;
   // 3. Combine the partials in canonical tree order: inner nodes (at most n - 2) in scratch, the
   // root straight into `out` (which may be this rank's own partial: Combine is elementwise).
-  float* inner = static_cast<float*>(c.t->Scratch(4, std::max<size_t>(1, plan->inner * blen) * 4));
+  float* inner = static_cast<float*>(c.t->Scratch(4, std::max<size_t>(1, plan.inner * blen) * 4));
   auto at = [&](const CombineOperand& o) -> float* {
     switch (o.kind) {
       case CombineOperand::Kind::kPartial:
@@ -366,7 +350,7 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
     }
     return nullptr;
   };
-  for (const CombineStep& s : plan->steps) {
+  for (const CombineStep& s : plan.steps) {
     if (s.y.kind == CombineOperand::Kind::kNone) {
       if (at(s.dst) != at(s.x)) std::memmove(at(s.dst), at(s.x), blen * 4);
     } else {
@@ -444,9 +428,9 @@ absl::Status BinomialBroadcast(const OpContext& c, uint8_t* buf, size_t bytes, i
   std::vector<ReqId> reqs;
   for (; mask > 0; mask >>= 1) {
     if (vr + mask < n && bytes > 0) {
-      auto id = c.t->PostSend(Mod(vr + mask + root, n), c.Tag(phase, 0, 0), buf, bytes);
-      if (!id.ok()) return id.status();
-      reqs.push_back(*id);
+      TROUPE_ASSIGN_OR_RETURN(
+          auto id, c.t->PostSend(Mod(vr + mask + root, n), c.Tag(phase, 0, 0), buf, bytes));
+      reqs.push_back(id);
     }
   }
   return c.t->WaitAll(reqs, c.deadline);
@@ -460,16 +444,16 @@ absl::Status ScatterAllGatherBroadcast(const OpContext& c, uint8_t* buf, size_t 
   if (r == root) {
     for (int q = 0; q < n; ++q) {
       if (q == r || off[q + 1] == off[q]) continue;
-      auto id = c.t->PostSend(q, c.Tag(phase, 0, 0), buf + off[q], off[q + 1] - off[q]);
-      if (!id.ok()) return id.status();
-      reqs.push_back(*id);
+      TROUPE_ASSIGN_OR_RETURN(
+          auto id, c.t->PostSend(q, c.Tag(phase, 0, 0), buf + off[q], off[q + 1] - off[q]));
+      reqs.push_back(id);
     }
   } else if (off[r + 1] > off[r]) {
-    auto id = c.t->PostRecv(root, c.Tag(phase, 0, 0), buf + off[r], off[r + 1] - off[r]);
-    if (!id.ok()) return id.status();
-    reqs.push_back(*id);
+    TROUPE_ASSIGN_OR_RETURN(
+        auto id, c.t->PostRecv(root, c.Tag(phase, 0, 0), buf + off[r], off[r + 1] - off[r]));
+    reqs.push_back(id);
   }
-  if (auto st = c.t->WaitAll(reqs, c.deadline); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(c.t->WaitAll(reqs, c.deadline));
   return RingAllGather(c, buf, off, phase + 1);
 }
 

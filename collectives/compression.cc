@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
 namespace {
@@ -108,7 +109,7 @@ absl::Status CompressedAllReduce(const OpContext& c, const float* in, float* out
   }
   std::vector<size_t> off(n + 1);
   for (int i = 0; i <= n; ++i) off[i] = enc * i;
-  if (auto st = RingAllGather(c, all, off, 8); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(RingAllGather(c, all, off, 8));
   std::fill(out, out + count, 0.0f);
   for (int q = 0; q < n; ++q) DecodeAdd(o, all + q * enc, count, k, out);
   if (op == ReduceOp::kAvg) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "net.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/collectives/communicator.h"
 
 namespace troupe::collectives {
@@ -31,14 +32,13 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   l->on_dead_ = std::move(on_dead);
   l->peers_.resize(size);
   int port = 0;
-  auto lfd = net::Listen(address, 0, &port);
-  if (!lfd.ok()) return lfd.status();
+  TROUPE_ASSIGN_OR_RETURN(auto lfd, net::Listen(address, 0, &port));
   absl::Status st =
       boot->Publish(Key(prefix, rank), absl::StrCat(address, " ", port, " ", getpid()));
   // Connect to lower ranks, accept from higher ones; the first 8 bytes name (rank, pid).
   if (st.ok()) st = l->ConnectToLower(boot, prefix, deadline);
-  if (st.ok()) st = l->AcceptFromHigher(*lfd, boot, prefix, deadline);
-  close(*lfd);
+  if (st.ok()) st = l->AcceptFromHigher(lfd, boot, prefix, deadline);
+  close(lfd);
   if (!st.ok()) {
     for (auto& p : l->peers_) {
       if (p.fd >= 0) close(p.fd);
@@ -56,13 +56,12 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
 absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix,
                                       absl::Time deadline) {
   for (int j = 0; j < rank_; ++j) {
-    auto v = boot->Lookup(Key(prefix, j), deadline);
-    if (!v.ok()) return v.status();
+    TROUPE_ASSIGN_OR_RETURN(auto v, boot->Lookup(Key(prefix, j), deadline));
     char peer_address[64] = {};
     int peer_port = 0, peer_pid = 0;
-    if (std::sscanf(v->c_str(), "%63s %d %d", peer_address, &peer_port, &peer_pid) != 3) {
+    if (std::sscanf(v.c_str(), "%63s %d %d", peer_address, &peer_port, &peer_pid) != 3) {
       return absl::DataLossError(
-          absl::StrCat("liveness: rank ", j, " published '", *v, "', expected 'ADDRESS PORT PID'"));
+          absl::StrCat("liveness: rank ", j, " published '", v, "', expected 'ADDRESS PORT PID'"));
     }
     auto fd = net::Connect(peer_address, peer_port, deadline);
     if (!fd.ok()) {
@@ -74,7 +73,7 @@ absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix
     peers_[j].fd = *fd;
     peers_[j].pid = peer_pid;
     int32_t hello[2] = {rank_, static_cast<int32_t>(getpid())};
-    if (absl::Status st = net::WriteFull(*fd, hello, sizeof(hello)); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(net::WriteFull(*fd, hello, sizeof(hello)));
   }
   return absl::OkStatus();
 }

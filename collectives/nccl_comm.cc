@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "algorithms.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
 namespace {
@@ -47,8 +48,8 @@ absl::Status CheckBuffer(const char* op, const char* name, const Buffer& b) {
 
 absl::Status CheckPair(const char* op, const Buffer& in, const Buffer& out, size_t in_count,
                        size_t out_count, const char* rule) {
-  if (auto st = CheckBuffer(op, "input", in); !st.ok()) return st;
-  if (auto st = CheckBuffer(op, "output", out); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(CheckBuffer(op, "input", in));
+  TROUPE_RETURN_IF_ERROR(CheckBuffer(op, "output", out));
   if (in.dtype != out.dtype) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": output.dtype expected ", static_cast<int>(in.dtype),

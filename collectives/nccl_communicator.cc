@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nccl_backend.h"
 #include "nccl_comm.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
 
@@ -126,22 +127,14 @@ NcclComm::~NcclComm() {
 absl::Status NcclComm::Init(Bootstrap* boot) {
   const absl::Time deadline = absl::Now() + o_.connect_timeout;
   NcclBackend& b = *b_;
-  if (auto st = TROUPE_CUDA_STATUS(b, "cudaSetDevice", b.SetDevice(o_.device)); !st.ok()) {
-    return st;
-  }
-  if (auto st =
-          TROUPE_CUDA_STATUS(b, "cudaStreamCreateWithFlags", b.StreamCreateNonBlocking(&stream_));
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = TROUPE_CUDA_STATUS(b, "cudaMalloc", b.Malloc(&scratch_, sizeof(float))); !st.ok()) {
-    return st;
-  }
-  absl::StatusOr<NcclUniqueId> id = ExchangeId(boot, deadline);
-  if (!id.ok()) return id.status();
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_STATUS(b, "cudaSetDevice", b.SetDevice(o_.device)));
+  TROUPE_RETURN_IF_ERROR(
+      TROUPE_CUDA_STATUS(b, "cudaStreamCreateWithFlags", b.StreamCreateNonBlocking(&stream_)));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_STATUS(b, "cudaMalloc", b.Malloc(&scratch_, sizeof(float))));
+  TROUPE_ASSIGN_OR_RETURN(NcclUniqueId id, ExchangeId(boot, deadline));
   {
     std::lock_guard<std::mutex> l(mu_);
-    NcclResult r = b.CommInitRankNonBlocking(&comm_, o_.size, *id, o_.rank);
+    NcclResult r = b.CommInitRankNonBlocking(&comm_, o_.size, id, o_.rank);
     if (auto st = TROUPE_NCCL_STATUS(b, comm_, "ncclCommInitRankConfig", r); !st.ok()) {
       return FailLocked(st);
     }
@@ -153,7 +146,7 @@ absl::StatusOr<NcclUniqueId> NcclComm::ExchangeId(Bootstrap* boot, absl::Time de
   NcclUniqueId id;
   if (o_.rank == 0) {
     NcclResult r = b_->GetUniqueId(&id);
-    if (auto st = TROUPE_NCCL_STATUS(*b_, nullptr, "ncclGetUniqueId", r); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(TROUPE_NCCL_STATUS(*b_, nullptr, "ncclGetUniqueId", r));
     if (auto st = boot->Publish(key_, std::string(id.internal, sizeof(id.internal))); !st.ok()) {
       return absl::Status(
           st.code(), absl::StrCat("NCCL unique id '", key_, "': publish failed: ", st.message()));
@@ -246,24 +239,23 @@ bool NcclAvailable(std::string* why) {
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     Bootstrap* boot, const NcclOptions& o, std::shared_ptr<NcclBackend> backend) {
-  if (auto st = ValidateOptions(boot, o); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(ValidateOptions(boot, o));
   if (backend == nullptr) {
     return absl::InvalidArgumentError("CreateNcclCommunicator: backend expected non-null");
   }
-  absl::StatusOr<int> devices = DeviceCount(*backend);
-  if (!devices.ok()) return devices.status();
-  if (o.device >= *devices) {
+  TROUPE_ASSIGN_OR_RETURN(int devices, DeviceCount(*backend));
+  if (o.device >= devices) {
     return absl::InvalidArgumentError(
-        absl::StrCat("NcclOptions: device expected in [0, ", *devices, "), got ", o.device));
+        absl::StrCat("NcclOptions: device expected in [0, ", devices, "), got ", o.device));
   }
   auto comm = std::make_shared<NcclComm>(o, std::move(backend));
-  if (auto st = comm->Init(boot); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(comm->Init(boot));
   return std::unique_ptr<Communicator>(new NcclOwner(std::move(comm)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Bootstrap* boot,
                                                                      const NcclOptions& o) {
-  if (auto st = ValidateOptions(boot, o); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(ValidateOptions(boot, o));
   absl::StatusOr<std::shared_ptr<NcclBackend>> backend = RealNcclBackend();
   if (!backend.ok()) return backend.status();
   std::string why;

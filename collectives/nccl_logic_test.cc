@@ -20,6 +20,7 @@
 #include "nccl_backend.h"
 #include "reduce.h"
 #include "test_util.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/collectives/inprocess.h"
 #include "troupe/collectives/nccl_communicator.h"
 #include "troupe/collectives/nccl_fake.h"
@@ -190,7 +191,7 @@ TEST(NcclLogic, FourRanksThroughTheBootstrapComputeEveryOperation) {
       works.push_back(c.Send(Buffer::F32(mine), next, 0, {}));
     }
     for (Work& w : works) {
-      if (absl::Status s = w.Wait(); !s.ok()) return s;
+      TROUPE_RETURN_IF_ERROR(w.Wait());
     }
     return absl::OkStatus();
   });
@@ -784,7 +785,7 @@ TEST(NcclLogicOrdered, BitIdenticalToTheInProcessCommunicatorForEveryGroupSize) 
                                            Ordered(cases[c].iv[r])));
       }
       for (size_t c = 0; c < k; ++c) {
-        if (absl::Status s = works[c].Wait(); !s.ok()) return s;
+        TROUPE_RETURN_IF_ERROR(works[c].Wait());
       }
       return absl::OkStatus();
     });
@@ -793,10 +794,9 @@ TEST(NcclLogicOrdered, BitIdenticalToTheInProcessCommunicatorForEveryGroupSize) 
     auto host_st = OnEveryRank(host, [&](int r, Communicator& comm) -> absl::Status {
       for (size_t c = 0; c < k; ++c) {
         Buffer in = cases[c].in_place ? Buffer::F32(inproc[c][r]) : Buffer::F32(inputs[c][r]);
-        absl::Status s = comm.ReduceScatter(in, output(inproc[c][r], c, r), ReduceOp::kSum,
-                                            Ordered(cases[c].iv[r]))
-                             .Wait();
-        if (!s.ok()) return s;
+        TROUPE_RETURN_IF_ERROR(comm.ReduceScatter(in, output(inproc[c][r], c, r), ReduceOp::kSum,
+                                                  Ordered(cases[c].iv[r]))
+                                   .Wait());
       }
       return absl::OkStatus();
     });

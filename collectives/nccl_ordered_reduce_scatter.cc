@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nccl_comm.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/collectives/canonical_combine.h"
 
 namespace troupe::collectives {
@@ -136,9 +137,7 @@ absl::Status NcclComm::ReserveLocked(size_t block) {
   blocks_ = nullptr;
   blocks_capacity_ = 0;
   void* p = nullptr;
-  if (auto st = CudaLocked("cudaMalloc", b_->Malloc(&p, need * sizeof(float))); !st.ok()) {
-    return st;
-  }
+  TROUPE_RETURN_IF_ERROR(CudaLocked("cudaMalloc", b_->Malloc(&p, need * sizeof(float))));
   blocks_ = static_cast<float*>(p);
   blocks_capacity_ = need;
   return absl::OkStatus();

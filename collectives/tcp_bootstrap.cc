@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "net.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/collectives/bootstrap.h"
 
 namespace troupe::collectives {
@@ -24,7 +25,7 @@ constexpr uint32_t kMaxValue = 16u << 20;
 
 absl::Status ReadString(int fd, uint32_t limit, std::string* out, absl::Time deadline) {
   uint32_t len;
-  if (auto st = net::ReadFull(fd, &len, 4, deadline); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(net::ReadFull(fd, &len, 4, deadline));
   if (len > limit) {
     return absl::InvalidArgumentError(
         absl::StrCat("bootstrap: length expected at most ", limit, ", got ", len));
@@ -164,16 +165,14 @@ class Client : public TcpBootstrapClient {
 absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> TcpBootstrapServer::Start(
     int port, const std::string& address) {
   int bound = 0;
-  auto fd = net::Listen(address, port, &bound);
-  if (!fd.ok()) return fd.status();
-  return std::unique_ptr<TcpBootstrapServer>(new Server(*fd, bound));
+  TROUPE_ASSIGN_OR_RETURN(auto fd, net::Listen(address, port, &bound));
+  return std::unique_ptr<TcpBootstrapServer>(new Server(fd, bound));
 }
 
 absl::StatusOr<std::unique_ptr<TcpBootstrapClient>> TcpBootstrapClient::Connect(
     const std::string& host, int port, absl::Time deadline) {
-  auto fd = net::Connect(host, port, deadline);
-  if (!fd.ok()) return fd.status();
-  return std::unique_ptr<TcpBootstrapClient>(new Client(*fd));
+  TROUPE_ASSIGN_OR_RETURN(auto fd, net::Connect(host, port, deadline));
+  return std::unique_ptr<TcpBootstrapClient>(new Client(fd));
 }
 
 }  // namespace troupe::collectives

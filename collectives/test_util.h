@@ -83,7 +83,7 @@ inline float Tolerance(DType dt, float ref, float sum_abs, int n) {
 using Intervals = std::vector<std::pair<uint64_t, uint64_t>>;
 
 // The power-of-two-aligned blocks the elastic trainer gives W ranks out of M microbatches
-// (actors/shard_layout.cc MicrobatchBlocks): split the first of the largest blocks at its canonical
+// (train/shard_layout.cc MicrobatchBlocks): split the first of the largest blocks at its canonical
 // midpoint until there are W.
 inline Intervals TrainerBlocks(uint64_t m, int w) {
   Intervals b = {{0, m}};

@@ -27,19 +27,11 @@
 #include "liveness.h"
 #include "mailbox.h"
 #include "net.h"
+#include "troupe/base/status_macros.h"
 #include "ucx_transport.h"
 
 namespace troupe::collectives {
 namespace {
-
-#define UCX_RETURN_IF_ERROR(expr)                                                                  \
-  do {                                                                                             \
-    ucs_status_t _s = (expr);                                                                      \
-    if (_s != UCS_OK) {                                                                            \
-      return absl::InternalError(                                                                  \
-          absl::StrCat(__FILE__, ":", __LINE__, ": ", #expr, " failed: ", ucs_status_string(_s))); \
-    }                                                                                              \
-  } while (0)
 
 // Where shared memory reaches: ranks with the same boot id and IPC and mount namespaces share
 // System V and POSIX shared memory (UCX's own reachability test compares the same). Two node
@@ -78,7 +70,7 @@ absl::Status UcxTransport::Init(const UcxOptions& o) {
   peer_errors_ = o.ucx_peer_error_handling;
   std::string tls = o.transports;
   if (tls.empty() && std::getenv("UCX_TLS") == nullptr) tls = kDefaultUcxTransports;
-  if (auto st = Open(kLocal, tls, ""); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(Open(kLocal, tls, ""));
   cpu_set_t cpus;  // the vCPUs this process may run on (taskset, cgroups), not all online
   const int usable = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
   usable_cpus_ = usable;
@@ -93,7 +85,7 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   params.features = UCP_FEATURE_TAG;
   params.mt_workers_shared = 0;
   ucp_config_t* config = nullptr;
-  UCX_RETURN_IF_ERROR(ucp_config_read(nullptr, nullptr, &config));
+  TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_config_read(nullptr, nullptr, &config)));
   const std::string rndv =
       kind == kRemote && std::getenv("UCX_RNDV_THRESH") == nullptr ? kDefaultRemoteRndvThresh : "";
   for (const auto& [name, value] : {std::pair<const char*, std::string>{"TLS", tls},
@@ -110,18 +102,18 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   Lane& lane = lanes_[kind];
   ucs_status_t s = ucp_init(&params, config, &lane.context);
   ucp_config_release(config);
-  UCX_RETURN_IF_ERROR(s);
+  TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(s));
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // the engine's exec lock serializes use
-  UCX_RETURN_IF_ERROR(ucp_worker_create(lane.context, &wp, &lane.worker));
+  TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_worker_create(lane.context, &wp, &lane.worker)));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> UcxTransport::Address(LaneKind kind) {
   ucp_address_t* addr = nullptr;
   size_t len = 0;
-  UCX_RETURN_IF_ERROR(ucp_worker_get_address(lanes_[kind].worker, &addr, &len));
+  TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_worker_get_address(lanes_[kind].worker, &addr, &len)));
   std::string blob(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(lanes_[kind].worker, addr);
   return blob;
@@ -176,14 +168,13 @@ absl::Status UcxTransport::ProbeLocalPeers(Bootstrap* boot, const std::string& p
   const std::string me =
       absl::StrCat(BootId(), " ", getpid(), " ", reinterpret_cast<uintptr_t>(cookie_), " ",
                    cookie_[0], " ", cookie_[1], " ", boxes_ != nullptr ? boxes_->inbox_id() : -1);
-  if (auto st = boot->Publish(absl::StrCat(prefix, "/local/", rank_), me); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/local/", rank_), me));
   pids_.assign(size_, 0);
   bool readable = want_single_copy, attached = boxes_ != nullptr;
   for (int j : local) {
     if (j == rank_) continue;
-    auto peer = boot->Lookup(absl::StrCat(prefix, "/local/", j), deadline);
-    if (!peer.ok()) return peer.status();
-    std::istringstream in(*peer);
+    TROUPE_ASSIGN_OR_RETURN(auto peer, boot->Lookup(absl::StrCat(prefix, "/local/", j), deadline));
+    std::istringstream in(peer);
     std::string boot_id;
     uint64_t addr = 0, want[2] = {0, 0}, got[2] = {1, 1};
     int inbox = -1;
@@ -192,13 +183,11 @@ absl::Status UcxTransport::ProbeLocalPeers(Bootstrap* boot, const std::string& p
                ReadFrom(pids_[j], addr, got, sizeof(got)) && got[0] == want[0] && got[1] == want[1];
     attached = attached && in && inbox >= 0 && boxes_->Attach(j, inbox).ok();
   }
-  if (auto st = boot->Publish(absl::StrCat(prefix, "/local-ok/", rank_),
-                              absl::StrCat(readable ? 1 : 0, " ", attached ? 1 : 0));
-      !st.ok()) {
-    return st;
-  }
+  TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/local-ok/", rank_),
+                                       absl::StrCat(readable ? 1 : 0, " ", attached ? 1 : 0)));
   bool all_read = true, all_attached = true;
   for (int j : local) {
+    // Not TROUPE_ASSIGN_OR_RETURN: GCC 12 then warns that the moved string may be uninitialized.
     auto ok = boot->Lookup(absl::StrCat(prefix, "/local-ok/", j), deadline);
     if (!ok.ok()) return ok.status();
     all_read = all_read && (*ok)[0] == '1';
@@ -304,27 +293,23 @@ struct Peers {
 // Round 1: every rank's host key and shared-memory worker address.
 absl::StatusOr<Peers> ExchangeHostAddresses(UcxTransport& t, Bootstrap* boot, const UcxOptions& o,
                                             const std::string& prefix, absl::Time deadline) {
-  auto local = t.Address(UcxTransport::kLocal);
-  if (!local.ok()) return local.status();
+  TROUPE_ASSIGN_OR_RETURN(auto local, t.Address(UcxTransport::kLocal));
   const std::string host = HostKey();
-  if (absl::Status st = boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), host + "\n" + *local);
-      !st.ok())
-    return st;
+  TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), host + "\n" + local));
   Peers p;
   p.addrs.resize(o.size);
   p.lanes.assign(o.size, UcxTransport::kLocal);
   for (int j = 0; j < o.size; ++j) {
-    auto a = boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline);
-    if (!a.ok()) return a.status();
-    const size_t nl = a->find('\n');
+    TROUPE_ASSIGN_OR_RETURN(auto a, boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline));
+    const size_t nl = a.find('\n');
     if (nl == std::string::npos) {
       return absl::DataLossError(absl::StrCat("bootstrap: rank ", j, "'s UCX record has no host"));
     }
-    if (a->compare(0, nl, host) != 0) {
+    if (a.compare(0, nl, host) != 0) {
       p.lanes[j] = UcxTransport::kRemote;
       p.multi_host = true;
     }
-    p.addrs[j] = a->substr(nl + 1);
+    p.addrs[j] = a.substr(nl + 1);
   }
   return p;
 }
@@ -346,16 +331,13 @@ absl::Status ExchangeNetworkAddresses(UcxTransport& t, Bootstrap* boot, const Uc
   }
   const std::string tls =
       o.remote_transports.empty() ? kDefaultRemoteUcxTransports : o.remote_transports;
-  if (absl::Status st = t.Open(UcxTransport::kRemote, tls, devices); !st.ok()) return st;
-  auto remote = t.Address(UcxTransport::kRemote);
-  if (!remote.ok()) return remote.status();
-  if (absl::Status st = boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), *remote); !st.ok())
-    return st;
+  TROUPE_RETURN_IF_ERROR(t.Open(UcxTransport::kRemote, tls, devices));
+  TROUPE_ASSIGN_OR_RETURN(auto remote, t.Address(UcxTransport::kRemote));
+  TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), remote));
   for (int j = 0; j < o.size; ++j) {
     if (p.lanes[j] != UcxTransport::kRemote) continue;
-    auto a = boot->Lookup(absl::StrCat(prefix, "/ucx-net/", j), deadline);
-    if (!a.ok()) return a.status();
-    p.addrs[j] = *a;
+    TROUPE_ASSIGN_OR_RETURN(auto a, boot->Lookup(absl::StrCat(prefix, "/ucx-net/", j), deadline));
+    p.addrs[j] = a;
   }
   return absl::OkStatus();
 }
@@ -396,15 +378,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   const absl::Time deadline = absl::Now() + o.connect_timeout;
   const std::string prefix = absl::StrCat(o.key_prefix, "/g", o.generation);
   auto t = std::make_unique<UcxTransport>(o.rank, o.size);
-  if (absl::Status st = t->Init(o); !st.ok()) return st;
-  absl::StatusOr<Peers> peers = ExchangeHostAddresses(*t, boot, o, prefix, deadline);
-  if (!peers.ok()) return peers.status();
-  auto address = ListenAddress(o, peers->multi_host);
-  if (!address.ok()) return address.status();
-  if (peers->multi_host) {
-    if (absl::Status st = ExchangeNetworkAddresses(*t, boot, o, prefix, *address, deadline, *peers);
-        !st.ok())
-      return st;
+  TROUPE_RETURN_IF_ERROR(t->Init(o));
+  TROUPE_ASSIGN_OR_RETURN(Peers peers, ExchangeHostAddresses(*t, boot, o, prefix, deadline));
+  TROUPE_ASSIGN_OR_RETURN(auto address, ListenAddress(o, peers.multi_host));
+  if (peers.multi_host) {
+    TROUPE_RETURN_IF_ERROR(ExchangeNetworkAddresses(*t, boot, o, prefix, address, deadline, peers));
   }
   // The liveness channel first: its connects are bounded by the deadline and blame the peer they
   // fail on, where UCX 1.13's tcp endpoint creation blocks in connect(2) for the kernel's SYN
@@ -414,7 +392,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   lo.timeout = o.liveness_timeout;
   auto sink = std::make_shared<DeadPeerSink>();
   auto live = Liveness::Start(
-      boot, prefix, o.rank, o.size, *address, lo,
+      boot, prefix, o.rank, o.size, address, lo,
       [sink, on_dead = o.on_peer_dead](int rank, const std::string& why) {
         absl::Status dead =
             BlamePeer(absl::UnavailableError(absl::StrCat("collectives: ", why)), rank);
@@ -423,11 +401,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
       },
       deadline);
   if (!live.ok()) return live.status();
-  if (absl::Status st = t->Connect(peers->addrs, peers->lanes); !st.ok()) return st;
-  if (absl::Status st = t->ProbeLocalPeers(boot, prefix, o.single_copy && !peers->multi_host,
-                                           o.mailboxes, deadline);
-      !st.ok())
-    return st;
+  TROUPE_RETURN_IF_ERROR(t->Connect(peers.addrs, peers.lanes));
+  TROUPE_RETURN_IF_ERROR(
+      t->ProbeLocalPeers(boot, prefix, o.single_copy && !peers.multi_host, o.mailboxes, deadline));
   auto engine = std::make_unique<UcxEngine>(std::move(t), o.generation);
   engine->SetLiveness(std::move(*live));
   sink->Attach(engine.get());

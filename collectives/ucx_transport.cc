@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
 namespace {
@@ -40,7 +41,7 @@ UcxTransport::UcxTransport(int rank, int size) : rank_(rank), size_(size) {
 
 absl::StatusOr<ReqId> UcxTransport::PostSend(int peer, uint64_t tag, const void* buf,
                                              size_t bytes) {
-  if (auto st = failure(); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(failure());
   if (ViaBox(peer, tag, bytes)) {
     CountSend(bytes);
     // In order per peer: behind any send to it still waiting for a slot.
@@ -62,7 +63,7 @@ absl::StatusOr<ReqId> UcxTransport::PostSend(int peer, uint64_t tag, const void*
 }
 
 absl::StatusOr<ReqId> UcxTransport::PostRecv(int peer, uint64_t tag, void* buf, size_t bytes) {
-  if (auto st = failure(); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(failure());
   if (ViaBox(peer, tag, bytes)) {
     absl::StatusOr<bool> got = boxes_->TryRecv(peer, tag, buf, bytes);
     if (!got.ok()) return FailWith(got.status());
@@ -98,7 +99,7 @@ absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadl
       if (r->status != UCS_OK) return FailWith(PeerError(r));
     }
     if (all) break;
-    if (auto st = failure(); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(failure());
     if ((iter & 255) == 255 && absl::Now() > deadline) {
       return FailWith(absl::DeadlineExceededError(absl::StrCat(
           "collectives: rank ", rank_, " operation deadline passed; ", DescribePending(ids), "; ",
@@ -113,7 +114,7 @@ absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadl
 }
 
 absl::StatusOr<bool> UcxTransport::Test(ReqId id) {
-  if (auto st = failure(); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(failure());
   Progress();
   const UcxRequest* r = reqs_[id].get();
   if (!r->done) return false;
@@ -169,7 +170,7 @@ void UcxTransport::Fail(absl::Status status) {
 absl::Status UcxTransport::WaitUntil(absl::FunctionRef<bool()> ready, absl::Time deadline) {
   int idle = 0;
   for (uint64_t iter = 0; !ready(); ++iter) {
-    if (auto st = failure(); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(failure());
     if ((iter & 255) == 255 && absl::Now() > deadline) {
       return FailWith(absl::DeadlineExceededError(
           absl::StrCat("collectives: rank ", rank_,
@@ -181,7 +182,7 @@ absl::Status UcxTransport::WaitUntil(absl::FunctionRef<bool()> ready, absl::Time
 }
 
 absl::Status UcxTransport::ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) {
-  if (auto st = failure(); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(failure());
   if (!ReadFrom(pids_[peer], remote, local, bytes)) {
     return FailWith(BlamePeer(absl::UnavailableError(absl::StrCat(
                                   "collectives: reading peer rank ", peer, "'s memory (pid ",

@@ -38,12 +38,22 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "mailbox.h"
 #include "transport.h"
 #include "troupe/collectives/bootstrap.h"
 #include "troupe/collectives/ucx_communicator.h"
 
 namespace troupe::collectives {
+
+// UCX's return code as a Status (OK for UCS_OK), naming the call, for TROUPE_RETURN_IF_ERROR.
+#define TROUPE_UCX_CALL(expr) \
+  ::troupe::collectives::UcxCallStatus((expr), #expr, __FILE__, __LINE__)
+inline absl::Status UcxCallStatus(ucs_status_t s, const char* what, const char* file, int line) {
+  if (s == UCS_OK) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(file, ":", line, ": ", what, " failed: ", ucs_status_string(s)));
+}
 
 // One message in flight: a UCX request, or a mailbox message waiting for a slot or its data.
 struct UcxRequest {

@@ -9,6 +9,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/kernels/parallel.h"
 
 namespace troupe::model {
@@ -22,9 +23,8 @@ absl::Status ArrayOps::Resize(FloatArray* a, int64_t n) {
   if (a->ops_ == this && a->size_ == n) return absl::OkStatus();
   FloatArray fresh;
   if (n > 0) {
-    absl::StatusOr<float*> p = Allocate(n);
-    if (!p.ok()) return p.status();
-    fresh.data_ = *p;
+    TROUPE_ASSIGN_OR_RETURN(float* p, Allocate(n));
+    fresh.data_ = p;
   }
   fresh.ops_ = this;
   fresh.size_ = n;
@@ -33,7 +33,7 @@ absl::Status ArrayOps::Resize(FloatArray* a, int64_t n) {
 }
 
 absl::Status ArrayOps::Assign(FloatArray* a, int64_t n, float value) {
-  if (absl::Status s = Resize(a, n); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(Resize(a, n));
   return Fill(a->data(), n, value);
 }
 

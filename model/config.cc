@@ -1,6 +1,7 @@
 #include "troupe/model/config.h"
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::model {
 namespace {
@@ -19,7 +20,7 @@ absl::Status GptConfig::Validate() const {
                               {"num_layers", num_layers},
                               {"num_heads", num_heads},
                               {"width", width}}) {
-    if (absl::Status s = Positive(field, value); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(Positive(field, value));
   }
   if (width % num_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "io_util.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/tokenizer.h"
 
@@ -61,10 +62,9 @@ absl::StatusOr<std::vector<std::string>> ReadDocuments(
     const std::vector<std::string>& paths, const std::function<void(int64_t bytes)>& on_file_read) {
   std::vector<std::string> docs;
   for (const auto& path : paths) {
-    absl::StatusOr<std::string> text = internal::ReadWholeFile(path);
-    if (!text.ok()) return text.status();
-    if (on_file_read) on_file_read(static_cast<int64_t>(text->size()));
-    SplitDocuments(*text, docs);
+    TROUPE_ASSIGN_OR_RETURN(std::string text, internal::ReadWholeFile(path));
+    if (on_file_read) on_file_read(static_cast<int64_t>(text.size()));
+    SplitDocuments(text, docs);
   }
   return docs;
 }
@@ -75,35 +75,32 @@ absl::StatusOr<PreparedDataset> PrepareDataset(
   if (input_paths.empty()) {
     return absl::InvalidArgumentError("--input: expected at least one text file, got none");
   }
-  absl::StatusOr<std::vector<std::string>> docs = ReadDocuments(input_paths, on_file_read);
-  if (!docs.ok()) return docs.status();
-  if (docs->empty()) {
+  TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadDocuments(input_paths, on_file_read));
+  if (docs.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--input: expected text, got ", input_paths.size(), " empty file(s)"));
   }
   if (::mkdir(out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return absl::InternalError(absl::StrCat(out_dir, ": cannot create: ", std::strerror(errno)));
   }
-  absl::StatusOr<BpeTokenizer> tok = BpeTokenizer::Train(*docs, vocab_size);
-  if (!tok.ok()) return tok.status();
+  TROUPE_ASSIGN_OR_RETURN(BpeTokenizer tok, BpeTokenizer::Train(docs, vocab_size));
   PreparedDataset out;
-  out.vocab_size = tok->vocab_size();
-  out.documents = static_cast<int64_t>(docs->size());
+  out.vocab_size = tok.vocab_size();
+  out.documents = static_cast<int64_t>(docs.size());
   out.tokenizer_path = out_dir + "/tokenizer.bin";
-  if (absl::Status s = tok->Save(out.tokenizer_path); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(tok.Save(out.tokenizer_path));
   std::vector<int32_t> train, val;
-  for (size_t i = 0; i < docs->size(); ++i) {
-    out.text_bytes += static_cast<int64_t>((*docs)[i].size());
+  for (size_t i = 0; i < docs.size(); ++i) {
+    out.text_bytes += static_cast<int64_t>(docs[i].size());
     std::vector<int32_t>& dst = (i % 20 == 19) ? val : train;
-    const std::vector<int32_t> ids = tok->Encode((*docs)[i]);
+    const std::vector<int32_t> ids = tok.Encode(docs[i]);
     dst.insert(dst.end(), ids.begin(), ids.end());
-    dst.push_back(tok->eot_token());
+    dst.push_back(tok.eot_token());
   }
   out.train_shards.push_back(out_dir + "/train-00000.tok");
   out.val_shards.push_back(out_dir + "/val-00000.tok");
-  if (absl::Status s = WriteTokenShard(out.train_shards[0], train, out.vocab_size); !s.ok())
-    return s;
-  if (absl::Status s = WriteTokenShard(out.val_shards[0], val, out.vocab_size); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(WriteTokenShard(out.train_shards[0], train, out.vocab_size));
+  TROUPE_RETURN_IF_ERROR(WriteTokenShard(out.val_shards[0], val, out.vocab_size));
   out.train_tokens = static_cast<int64_t>(train.size());
   out.val_tokens = static_cast<int64_t>(val.size());
   return out;

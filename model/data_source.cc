@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/model/rng.h"
 
 namespace troupe::model {
@@ -22,11 +23,10 @@ absl::StatusOr<DataSource> DataSource::Open(const std::vector<std::string>& shar
   ds.options_ = options;
   const int64_t sample_tokens = int64_t{options.seq_len} + 1;
   for (const auto& path : shard_paths) {
-    absl::StatusOr<std::unique_ptr<TokenShard>> shard = TokenShard::Open(path, vocab_size);
-    if (!shard.ok()) return shard.status();
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<TokenShard> shard, TokenShard::Open(path, vocab_size));
     ds.first_sample_.push_back(ds.num_samples_);
-    ds.num_samples_ += (*shard)->size() / sample_tokens;
-    ds.shards_.push_back(std::move(*shard));
+    ds.num_samples_ += shard->size() / sample_tokens;
+    ds.shards_.push_back(std::move(shard));
   }
   ds.first_sample_.push_back(ds.num_samples_);
   if (ds.num_samples_ == 0) {

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/kernels/attention.h"
 #include "troupe/kernels/crossentropy.h"
 #include "troupe/kernels/embedding.h"
@@ -21,7 +22,7 @@ namespace k = troupe::kernels;
 
 template <typename T>
 absl::StatusOr<GptModel<T>> GptModel<T>::Create(const GptConfig& config) {
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(config.Validate());
   return GptModel<T>(config);
 }
 
@@ -218,10 +219,10 @@ absl::StatusOr<double> GptModel<T>::RunForward(Activations& a, StageRange range,
   const int64_t bt = int64_t{b} * t, c = config_.width, v = config_.vocab_size;
   const int64_t nh = config_.num_heads;
   if (first) {
-    if (absl::Status s = CheckIds("tokens", tokens, bt, config_.vocab_size); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(CheckIds("tokens", tokens, bt, config_.vocab_size));
   }
   if (targets != nullptr && last) {
-    if (absl::Status s = CheckIds("targets", targets, bt, config_.vocab_size); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(CheckIds("targets", targets, bt, config_.vocab_size));
   }
   Size(a, range, b, t);
   if (first) a.tokens.assign(tokens, tokens + bt);

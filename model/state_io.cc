@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "io_util.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/model/crc32c.h"
 
 namespace troupe::model {
@@ -15,7 +16,7 @@ constexpr size_t kHeaderSize = 72;
 }  // namespace
 
 absl::Status SaveState(const std::string& path, const StateView& s) {
-  if (absl::Status st = s.config.Validate(); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(s.config.Validate());
   if (s.params == nullptr || (s.adam_m == nullptr) != (s.adam_v == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": expected params and either both or neither AdamW moments"));
@@ -49,9 +50,8 @@ absl::Status SaveState(const std::string& path, const StateView& s) {
 }
 
 absl::StatusOr<LoadedState> LoadState(const std::string& path) {
-  absl::StatusOr<std::string> file = internal::ReadWholeFile(path);
-  if (!file.ok()) return file.status();
-  const std::string& d = *file;
+  TROUPE_ASSIGN_OR_RETURN(std::string file, internal::ReadWholeFile(path));
+  const std::string& d = file;
   if (d.size() < kHeaderSize) {
     return absl::DataLossError(absl::StrCat(path, ": truncated state header: expected ",
                                             kHeaderSize, " bytes, got ", d.size()));

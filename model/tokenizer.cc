@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "io_util.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/model/crc32c.h"
 
 namespace troupe::model {
@@ -189,9 +190,8 @@ absl::Status BpeTokenizer::Save(const std::string& path) const {
 }
 
 absl::StatusOr<BpeTokenizer> BpeTokenizer::Load(const std::string& path) {
-  absl::StatusOr<std::string> file = internal::ReadWholeFile(path);
-  if (!file.ok()) return file.status();
-  const std::string& d = *file;
+  TROUPE_ASSIGN_OR_RETURN(std::string file, internal::ReadWholeFile(path));
+  const std::string& d = file;
   if (d.size() < 24) {
     return absl::DataLossError(
         absl::StrCat(path, ": truncated header: expected 24 bytes, got ", d.size()));

@@ -1,6 +1,7 @@
 #include "troupe/model/trainer.h"
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/kernels/norm.h"
 #include "troupe/model/state_io.h"
 #include "troupe/model/tree_sum.h"
@@ -8,15 +9,14 @@
 namespace troupe::model {
 
 absl::StatusOr<Trainer> Trainer::Create(const TrainerOptions& options, const DataSource* data) {
-  absl::StatusOr<Gpt> model = Gpt::Create(options.config);
-  if (!model.ok()) return model.status();
+  TROUPE_ASSIGN_OR_RETURN(Gpt model, Gpt::Create(options.config));
   if (data->options().seq_len > options.config.context_length) {
     return absl::InvalidArgumentError(absl::StrCat("seq_len: expected at most context_length ",
                                                    options.config.context_length, ", got ",
                                                    data->options().seq_len));
   }
-  model->InitParams(options.init_seed);
-  return Trainer(options, std::move(*model), data);
+  model.InitParams(options.init_seed);
+  return Trainer(options, std::move(model), data);
 }
 
 Trainer::Trainer(const TrainerOptions& options, Gpt model, const DataSource* data)
@@ -35,16 +35,15 @@ absl::StatusOr<double> Trainer::Step(const std::function<void()>& before_update)
   std::vector<double> losses;
   Microbatch mb;
   for (int32_t k = 0; k < d.microbatches_per_step; ++k) {
-    if (absl::Status s = data_->Get(step_, k, &mb); !s.ok()) return s;
-    absl::StatusOr<double> loss =
-        model_.Forward(mb.inputs.data(), mb.targets.data(), mb.batch, mb.seq_len);
-    if (!loss.ok()) return loss.status();
-    losses.push_back(*loss);
+    TROUPE_RETURN_IF_ERROR(data_->Get(step_, k, &mb));
+    TROUPE_ASSIGN_OR_RETURN(
+        double loss, model_.Forward(mb.inputs.data(), mb.targets.data(), mb.batch, mb.seq_len));
+    losses.push_back(loss);
     model_.ZeroGrad();
-    if (absl::Status s = model_.Backward(loss_weight); !s.ok()) return s;
-    if (absl::Status s = grads.Add(model_.grads()); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(model_.Backward(loss_weight));
+    TROUPE_RETURN_IF_ERROR(grads.Add(model_.grads()));
   }
-  if (absl::Status s = grads.Finish(step_grad_.data()); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(grads.Finish(step_grad_.data()));
   last_grad_norm_ = GradNorm(step_grad_.data(), model_.num_params());
   const kernels::AdamWScalars scalars =
       StepScalars(options_.adamw, options_.schedule, step_, last_grad_norm_);
@@ -62,21 +61,20 @@ absl::Status Trainer::Save(const std::string& path) const {
 }
 
 absl::Status Trainer::Restore(const std::string& path) {
-  absl::StatusOr<LoadedState> s = LoadState(path);
-  if (!s.ok()) return s.status();
-  if (!(s->config == options_.config)) {
+  TROUPE_ASSIGN_OR_RETURN(LoadedState s, LoadState(path));
+  if (!(s.config == options_.config)) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": config: expected ",
                                                    options_.config.DebugString(), ", got ",
-                                                   s->config.DebugString()));
+                                                   s.config.DebugString()));
   }
-  if (s->adam_m.empty()) {
+  if (s.adam_m.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": expected optimizer state (AdamW moments), got parameters only"));
   }
-  std::copy(s->params.begin(), s->params.end(), model_.params());
-  m_ = std::move(s->adam_m);
-  v_ = std::move(s->adam_v);
-  step_ = s->step;
+  std::copy(s.params.begin(), s.params.end(), model_.params());
+  m_ = std::move(s.adam_m);
+  v_ = std::move(s.adam_v);
+  step_ = s.step;
   return absl::OkStatus();
 }
 

@@ -72,7 +72,7 @@ caf::invoke_message_result Actor::consume(caf::mailbox_element& x) {
       c.match_element<caf::message>(2)) {
     uint64_t to = c.get_as<uint64_t>(1);
     if (to != generation_) {
-      ctx_->Emit(SupervisionEvent{
+      ctx_->Emit(base::SupervisionEvent{
           {}, "", name_, generation_, "drop", "addressed to generation " + std::to_string(to), ""});
       return caf::invoke_message_result::dropped;
     }

@@ -14,6 +14,7 @@
 #include "internal/mesh.h"
 #include "internal/process.h"
 #include "internal/tls.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
@@ -107,10 +108,9 @@ absl::StatusOr<ClusterClient> ClusterClient::Connect(Runtime& runtime, const std
     return absl::FailedPreconditionError(
         "ClusterClient::Connect: the runtime was created without RuntimeOptions::network");
   }
-  auto head = internal::Connect(runtime, host, port, retry_for);
-  if (!head.ok()) return head.status();
-  runtime.internal_context()->SetHead(*head);
-  return ClusterClient(&runtime, *head, host, port, timeout);
+  TROUPE_ASSIGN_OR_RETURN(auto head, internal::Connect(runtime, host, port, retry_for));
+  runtime.internal_context()->SetHead(head);
+  return ClusterClient(&runtime, head, host, port, timeout);
 }
 
 std::string ClusterClient::address() const { return absl::StrCat(host_, ":", port_); }
@@ -154,29 +154,27 @@ absl::StatusOr<std::tuple<Ts...>> Ask(caf::actor_system& sys, const caf::actor& 
 
 absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
                                               const std::string& name, const std::string& where) {
-  auto p = Placement::Parse(where);
-  if (!p.ok()) return p.status();
-  return Spawn(type, args, name, *p);
+  TROUPE_ASSIGN_OR_RETURN(auto p, Placement::Parse(where));
+  return Spawn(type, args, name, p);
 }
 
 absl::StatusOr<ActorRef> ClusterClient::Spawn(const std::string& type, const caf::message& args,
                                               const std::string& name, const Placement& placement) {
   uint64_t gen = name.empty() ? 1 : runtime_->internal_context()->NextGeneration(name);
-  auto r = Ask<caf::actor, std::string, std::string>(runtime_->system(), head_, timeout_,
-                                                     internal::spawn_atom::value, type, args, name,
-                                                     gen, placement);
-  if (!r.ok()) return r.status();
-  return ActorRef{name, gen, std::get<0>(*r), std::get<2>(*r)};
+  TROUPE_ASSIGN_OR_RETURN(
+      auto r, (Ask<caf::actor, std::string, std::string>(runtime_->system(), head_, timeout_,
+                                                         internal::spawn_atom::value, type, args,
+                                                         name, gen, placement)));
+  return ActorRef{name, gen, std::get<0>(r), std::get<2>(r)};
 }
 
 absl::StatusOr<std::vector<std::string>> ClusterClient::CreatePlacementGroup(
     const std::string& name, const std::vector<std::string>& bundles, GroupStrategy strategy,
     const std::string& domain_key) {
-  auto r =
-      Ask<std::vector<std::string>>(runtime_->system(), head_, timeout_, internal::pg_atom::value,
-                                    name, bundles, strategy, domain_key);
-  if (!r.ok()) return r.status();
-  return std::get<0>(*r);
+  TROUPE_ASSIGN_OR_RETURN(auto r, Ask<std::vector<std::string>>(runtime_->system(), head_, timeout_,
+                                                                internal::pg_atom::value, name,
+                                                                bundles, strategy, domain_key));
+  return std::get<0>(r);
 }
 
 absl::StatusOr<ActorRef> ClusterClient::Lookup(const std::string& name) {
@@ -194,24 +192,22 @@ absl::StatusOr<std::string> ClusterClient::WhereIs(const std::string& name) {
 }
 
 absl::StatusOr<std::vector<MemberInfo>> ClusterClient::Members() {
-  auto r = Ask<std::vector<MemberInfo>>(runtime_->system(), head_, timeout_,
-                                        internal::members_atom::value);
-  if (!r.ok()) return r.status();
-  return std::get<0>(*r);
+  TROUPE_ASSIGN_OR_RETURN(auto r, Ask<std::vector<MemberInfo>>(runtime_->system(), head_, timeout_,
+                                                               internal::members_atom::value));
+  return std::get<0>(r);
 }
 
 absl::StatusOr<uint64_t> ClusterClient::Generation() {
-  auto r = Ask<uint64_t>(runtime_->system(), head_, timeout_, internal::generation_atom::value);
-  if (!r.ok()) return r.status();
-  return std::get<0>(*r);
+  TROUPE_ASSIGN_OR_RETURN(
+      auto r, Ask<uint64_t>(runtime_->system(), head_, timeout_, internal::generation_atom::value));
+  return std::get<0>(r);
 }
 
 absl::StatusOr<std::string> ClusterClient::SubmitJob(const std::string& name,
                                                      const std::string& spec_toml, int64_t steps) {
-  auto r = Ask<std::string>(runtime_->system(), head_, timeout_, job_submit_atom::value, name,
-                            spec_toml, steps);
-  if (!r.ok()) return r.status();
-  return std::get<0>(*r);
+  TROUPE_ASSIGN_OR_RETURN(auto r, Ask<std::string>(runtime_->system(), head_, timeout_,
+                                                   job_submit_atom::value, name, spec_toml, steps));
+  return std::get<0>(r);
 }
 
 absl::Status ClusterClient::StopJob(const std::string& id) {
@@ -219,9 +215,9 @@ absl::Status ClusterClient::StopJob(const std::string& id) {
 }
 
 absl::StatusOr<std::string> ClusterClient::View(const std::string& what, const std::string& arg) {
-  auto r = Ask<std::string>(runtime_->system(), head_, timeout_, ops_view_atom::value, what, arg);
-  if (!r.ok()) return r.status();
-  return std::get<0>(*r);
+  TROUPE_ASSIGN_OR_RETURN(auto r, Ask<std::string>(runtime_->system(), head_, timeout_,
+                                                   ops_view_atom::value, what, arg));
+  return std::get<0>(r);
 }
 
 void ClusterClient::Subscribe(const caf::actor& subscriber) {

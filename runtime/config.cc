@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/log.h"
 
 namespace troupe::runtime {
@@ -214,8 +215,7 @@ absl::Status ConfigRegistry::LoadEnvironment(
     std::string env = EnvName(name);
     const char* value = getenv ? getenv(env.c_str()) : std::getenv(env.c_str());
     if (value == nullptr) continue;
-    absl::Status s = Set(name, value, absl::StrCat("environment variable ", env));
-    if (!s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(Set(name, value, absl::StrCat("environment variable ", env)));
   }
   return absl::OkStatus();
 }
@@ -264,8 +264,7 @@ absl::Status ConfigRegistry::ParseFlags(int argc, const char* const* argv,
                                                        "): expected a value after it"));
       }
       for (const std::string& item : items) {
-        if (absl::Status s = Apply(name, option, option.add, item, "flag --" + name); !s.ok())
-          return s;
+        TROUPE_RETURN_IF_ERROR(Apply(name, option, option.add, item, "flag --" + name));
       }
       continue;
     }
@@ -280,8 +279,7 @@ absl::Status ConfigRegistry::ParseFlags(int argc, const char* const* argv,
                                                        "): expected a value after it"));
       }
     }
-    absl::Status s = Set(name, value, "flag --" + name);
-    if (!s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(Set(name, value, "flag --" + name));
   }
   return absl::OkStatus();
 }

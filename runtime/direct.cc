@@ -20,6 +20,7 @@
 #include "direct_wire.h"
 #include "internal/direct_pool.h"
 #include "internal/tls.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/runtime.h"
 #include "troupe/runtime/status.h"
 
@@ -170,9 +171,8 @@ class DirectServer::Impl {
 
 absl::Status DirectServer::Impl::Listen() {
   if (rt_.options().tls()) {
-    auto ctx = internal::DirectTlsContext(rt_.options(), /*server=*/true);
-    if (!ctx.ok()) return ctx.status();
-    tls_ = *ctx;
+    TROUPE_ASSIGN_OR_RETURN(auto ctx, internal::DirectTlsContext(rt_.options(), /*server=*/true));
+    tls_ = ctx;
   }
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
@@ -270,22 +270,16 @@ absl::StatusOr<DirectServer::Impl::Hello> DirectServer::Impl::Handshake(Wire& wi
   }
   FrameHeader h;
   std::vector<char> payload;
-  if (absl::Status s =
-          direct::ReadFrame(wire.stream, options_.max_frame_bytes, deadline, &h, &payload);
-      !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(
+      direct::ReadFrame(wire.stream, options_.max_frame_bytes, deadline, &h, &payload));
   if (h.kind != FrameKind::kHello || h.length == 0 || h.length > direct::kMaxHelloBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "direct channel: expected a hello frame (kind 1) of 1..", direct::kMaxHelloBytes,
         " bytes, got kind ", static_cast<int>(h.kind), " with ", h.length, " bytes"));
   }
   Hello hello;
-  if (absl::Status s = direct::DecodeHelloPayload(payload.data(), payload.size(), &hello.name,
-                                                  &hello.generation);
-      !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(
+      direct::DecodeHelloPayload(payload.data(), payload.size(), &hello.name, &hello.generation));
   return hello;
 }
 
@@ -434,7 +428,7 @@ absl::StatusOr<std::unique_ptr<DirectServer>> DirectServer::Start(Runtime& runti
         "DirectServerOptions.max_frame_bytes: expected >= 64, got ", options.max_frame_bytes));
   }
   auto impl = std::make_unique<Impl>(runtime, std::move(options));
-  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<DirectServer>(new DirectServer(std::move(impl)));
 }
 

@@ -6,6 +6,7 @@
 #include "caf/all.hpp"
 #include "direct_wire.h"
 #include "internal/tls.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/direct.h"
 #include "troupe/runtime/runtime.h"
 
@@ -48,7 +49,7 @@ absl::StatusOr<std::unique_ptr<DirectClient>> DirectClient::Connect(Runtime& run
   }
   std::unique_ptr<DirectClient> c(new DirectClient(runtime, host, port, actor, options));
   std::lock_guard<std::mutex> l(c->mu_);
-  if (absl::Status s = c->EnsureConnected(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(c->EnsureConnected());
   return c;
 }
 
@@ -62,10 +63,7 @@ void DirectClient::Drop() {
 absl::Status DirectClient::EnsureConnected() {
   if (fd_ >= 0) return absl::OkStatus();
   int fd = -1;
-  if (absl::Status s = direct::Connect(host_, port_, Millis(options_.connect_timeout), &fd);
-      !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(direct::Connect(host_, port_, Millis(options_.connect_timeout), &fd));
   std::vector<char> hello;
   direct::AppendHelloFrame(actor_, options_.generation, &hello);
   FrameHeader h;
@@ -113,7 +111,7 @@ absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request) {
 
 absl::StatusOr<caf::message> DirectClient::Call(const caf::message& request, Duration timeout) {
   std::lock_guard<std::mutex> l(mu_);
-  if (absl::Status s = EnsureConnected(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(EnsureConnected());
   ++calls_;
   uint32_t id = next_call_id_++;
   auto& sys = runtime_->system();

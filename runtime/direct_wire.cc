@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::runtime::direct {
 namespace {
@@ -315,7 +316,7 @@ absl::Status Stream::ReadSome(char* data, size_t size, Deadline deadline, size_t
   if (ssl_ == nullptr) {
     for (;;) {
       if (deadline != Deadline::max()) {
-        if (absl::Status s = WaitFor(fd_, POLLIN, deadline); !s.ok()) return s;
+        TROUPE_RETURN_IF_ERROR(WaitFor(fd_, POLLIN, deadline));
       }
       ssize_t n = recv(fd_, data, size, 0);
       if (n > 0) {
@@ -338,7 +339,7 @@ absl::Status Stream::ReadSome(char* data, size_t size, Deadline deadline, size_t
       if (SSL_has_pending(ssl_) == 1) want = 0;
     }
     if (want != 0) {
-      if (absl::Status s = WaitFor(fd_, want, deadline); !s.ok()) return s;
+      TROUPE_RETURN_IF_ERROR(WaitFor(fd_, want, deadline));
     }
     int err;
     {
@@ -359,7 +360,7 @@ absl::Status Stream::ReadSome(char* data, size_t size, Deadline deadline, size_t
 absl::Status ReadFull(Stream& stream, char* data, size_t size, Deadline deadline) {
   while (size > 0) {
     size_t n = 0;
-    if (absl::Status s = stream.ReadSome(data, size, deadline, &n); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(stream.ReadSome(data, size, deadline, &n));
     data += n;
     size -= n;
   }
@@ -369,8 +370,8 @@ absl::Status ReadFull(Stream& stream, char* data, size_t size, Deadline deadline
 absl::Status ReadFrame(Stream& stream, uint32_t max_payload, Deadline deadline, FrameHeader* h,
                        std::vector<char>* payload) {
   char header[kHeaderBytes];
-  if (absl::Status s = ReadFull(stream, header, kHeaderBytes, deadline); !s.ok()) return s;
-  if (absl::Status s = DecodeHeader(header, max_payload, h); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(ReadFull(stream, header, kHeaderBytes, deadline));
+  TROUPE_RETURN_IF_ERROR(DecodeHeader(header, max_payload, h));
   payload->resize(h->length);
   return ReadFull(stream, payload->data(), h->length, deadline);
 }
@@ -385,19 +386,16 @@ absl::Status FrameReader::Fill(size_t need, Deadline deadline) {
   }
   while (end_ - start_ < need) {
     size_t n = 0;
-    if (absl::Status s = stream_->ReadSome(buf_.data() + end_, buf_.size() - end_, deadline, &n);
-        !s.ok()) {
-      return s;
-    }
+    TROUPE_RETURN_IF_ERROR(stream_->ReadSome(buf_.data() + end_, buf_.size() - end_, deadline, &n));
     end_ += n;
   }
   return absl::OkStatus();
 }
 
 absl::Status FrameReader::Next(Deadline deadline, FrameHeader* h, const char** payload) {
-  if (absl::Status s = Fill(kHeaderBytes, deadline); !s.ok()) return s;
-  if (absl::Status s = DecodeHeader(buf_.data() + start_, max_payload_, h); !s.ok()) return s;
-  if (absl::Status s = Fill(kHeaderBytes + h->length, deadline); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(Fill(kHeaderBytes, deadline));
+  TROUPE_RETURN_IF_ERROR(DecodeHeader(buf_.data() + start_, max_payload_, h));
+  TROUPE_RETURN_IF_ERROR(Fill(kHeaderBytes + h->length, deadline));
   *payload = buf_.data() + start_ + kHeaderBytes;
   start_ += kHeaderBytes + h->length;
   if (start_ == end_) start_ = end_ = 0;

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "internal/head_store.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/log.h"
 
 namespace troupe::runtime::internal {
@@ -62,14 +63,12 @@ class EtcdHeadStore : public HeadStore {
 
   absl::StatusOr<State> Load() override {
     State s;
-    absl::StatusOr<json> g = Range(Key("generation"));
-    if (!g.ok()) return g.status();
-    if (g->contains("kvs")) {
-      (void)absl::SimpleAtoi(UnB64((*g)["kvs"][0]["value"].get<std::string>()), &s.generation);
+    TROUPE_ASSIGN_OR_RETURN(json g, Range(Key("generation")));
+    if (g.contains("kvs")) {
+      (void)absl::SimpleAtoi(UnB64(g["kvs"][0]["value"].get<std::string>()), &s.generation);
     }
-    absl::StatusOr<json> members = Range(Key("members/"), /*prefix=*/true);
-    if (!members.ok()) return members.status();
-    for (const json& kv : members->value("kvs", json::array())) {
+    TROUPE_ASSIGN_OR_RETURN(json members, Range(Key("members/"), /*prefix=*/true));
+    for (const json& kv : members.value("kvs", json::array())) {
       const json m = json::parse(UnB64(kv["value"].get<std::string>()), nullptr, false);
       MemberInfo i;
       i.id = m.value("id", "");
@@ -88,9 +87,8 @@ class EtcdHeadStore : public HeadStore {
       i.host = m.value("host", "");
       s.members.push_back(std::move(i));
     }
-    absl::StatusOr<json> actors = Range(Key("actors/"), /*prefix=*/true);
-    if (!actors.ok()) return actors.status();
-    for (const json& kv : actors->value("kvs", json::array())) {
+    TROUPE_ASSIGN_OR_RETURN(json actors, Range(Key("actors/"), /*prefix=*/true));
+    for (const json& kv : actors.value("kvs", json::array())) {
       const json a = json::parse(UnB64(kv["value"].get<std::string>()), nullptr, false);
       if (a.is_discarded()) return absl::DataLossError(absl::StrCat(Where(), ": unreadable actor"));
       s.actors.push_back(
@@ -149,13 +147,12 @@ class EtcdHeadStore : public HeadStore {
                        {"value", B64(o_.address)},
                        {"lease", absl::StrCat(lease_)}}}}}},
                   {"failure", {{{"request_range", {{"key", B64(Key("leader"))}}}}}}};
-      absl::StatusOr<json> r = Call("/v3/kv/txn", txn);
-      if (!r.ok()) return r.status();
-      if (r->value("succeeded", false)) break;
+      TROUPE_ASSIGN_OR_RETURN(json r, Call("/v3/kv/txn", txn));
+      if (r.value("succeeded", false)) break;
       if (!said) {
         std::string leader = "?";
         try {
-          leader = UnB64((*r)["responses"][0]["response_range"]["kvs"][0]["value"]);
+          leader = UnB64(r["responses"][0]["response_range"]["kvs"][0]["value"]);
         } catch (...) {
         }
         LogInfo("head", absl::StrCat("standby: ", leader, " leads ", Where(),
@@ -164,11 +161,11 @@ class EtcdHeadStore : public HeadStore {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (std::chrono::steady_clock::now() - last_keepalive > o_.leader_ttl / 3) {
-        if (absl::Status k = KeepAlive(); !k.ok()) return k;
+        TROUPE_RETURN_IF_ERROR(KeepAlive());
         last_keepalive = std::chrono::steady_clock::now();
       }
     }
-    if (absl::Status s = Claim(); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(Claim());
     keeper_ = std::thread([this] { Keep(); });
     return absl::OkStatus();
   }
@@ -206,15 +203,14 @@ class EtcdHeadStore : public HeadStore {
   // One claim above every claim before (a compare-and-swap on P/epoch).
   absl::Status Claim() {
     while (true) {
-      absl::StatusOr<json> r = Range(Key("epoch"));
-      if (!r.ok()) return r.status();
+      TROUPE_ASSIGN_OR_RETURN(json r, Range(Key("epoch")));
       uint64_t old = 0;
       json cmp = {{"target", "CREATE"},
                   {"key", B64(Key("epoch"))},
                   {"result", "EQUAL"},
                   {"create_revision", "0"}};
-      if (r->contains("kvs")) {
-        const json& kv = (*r)["kvs"][0];
+      if (r.contains("kvs")) {
+        const json& kv = r["kvs"][0];
         (void)absl::SimpleAtoi(UnB64(kv["value"].get<std::string>()), &old);
         cmp = {{"target", "MOD"},
                {"key", B64(Key("epoch"))},
@@ -312,7 +308,7 @@ absl::StatusOr<std::unique_ptr<HeadStore>> OpenEtcdHeadStore(EtcdStoreOptions op
   }
   if (options.prefix.empty() || options.prefix[0] != '/') options.prefix = "/" + options.prefix;
   auto store = std::make_unique<EtcdHeadStore>(options, std::string(rest.substr(0, colon)), port);
-  if (absl::Status s = store->Lead(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(store->Lead());
   return std::unique_ptr<HeadStore>(std::move(store));
 }
 

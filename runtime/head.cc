@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "head_actor.h"
 #include "internal/resources.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime::internal {
@@ -30,12 +31,10 @@ absl::StatusOr<scheduler::NodeSpec> ParseNodeSpec(const std::string& name,
                                                   const std::string& labels) {
   scheduler::NodeSpec spec;
   spec.name = name;
-  auto r = ParseResources(resources, "--resources");
-  if (!r.ok()) return r.status();
-  spec.resources = *r;
-  auto l = ParseLabels(labels, "--labels");
-  if (!l.ok()) return l.status();
-  spec.labels = *l;
+  TROUPE_ASSIGN_OR_RETURN(auto r, ParseResources(resources, "--resources"));
+  spec.resources = r;
+  TROUPE_ASSIGN_OR_RETURN(auto l, ParseLabels(labels, "--labels"));
+  spec.labels = l;
   spec.labels[kNodeLabel] = name;
   return spec;
 }

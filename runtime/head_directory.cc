@@ -5,6 +5,7 @@
 #include "absl/time/clock.h"
 #include "head_actor.h"
 #include "internal/resources.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime::internal {
@@ -24,12 +25,10 @@ absl::StatusOr<scheduler::ActorRequest> MakeActorRequest(const std::string& id,
                                                          const std::string& node_pin) {
   scheduler::ActorRequest r;
   r.actor = id;
-  auto demands = ParseResources(where.resources, "resources");
-  if (!demands.ok()) return demands.status();
-  r.demands = *demands;
-  auto labels = ParseLabels(where.labels, "labels");
-  if (!labels.ok()) return labels.status();
-  for (const auto& [k, v] : *labels) r.selector.push_back({k, scheduler::LabelTerm::Op::kIn, {v}});
+  TROUPE_ASSIGN_OR_RETURN(auto demands, ParseResources(where.resources, "resources"));
+  r.demands = demands;
+  TROUPE_ASSIGN_OR_RETURN(auto labels, ParseLabels(where.labels, "labels"));
+  for (const auto& [k, v] : labels) r.selector.push_back({k, scheduler::LabelTerm::Op::kIn, {v}});
   if (!node_pin.empty()) {
     r.selector.push_back({kNodeLabel, scheduler::LabelTerm::Op::kIn, {node_pin}});
   }

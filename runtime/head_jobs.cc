@@ -38,7 +38,7 @@ caf::message_handler HeadActor::JobHandlers() {
       },
       [this](job_exit_atom, const std::string& id, int64_t pid, int32_t wait_status,
              const std::string& tail) {
-        SupervisionEvent e = ProcessExitEvent("head", id, pid, wait_status, false);
+        base::SupervisionEvent e = base::ProcessExitEvent("head", id, pid, wait_status, false);
         std::string why =
             absl::StrCat("its driver (pid ", pid, ") ", e.reason, " before the job ended");
         if (!tail.empty()) absl::StrAppend(&why, "; its last lines:\n", tail);

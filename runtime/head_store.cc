@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -164,7 +165,7 @@ class SqliteHeadStore : public HeadStore {
   // `body` inside BEGIN IMMEDIATE (the write lock first) ... COMMIT; with `fenced`, only while
   // the store's epoch is still this head's.
   absl::Status InTransaction(bool fenced, const std::function<absl::Status()>& body) {
-    if (absl::Status s = Exec("BEGIN IMMEDIATE", "locking the store"); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "locking the store"));
     absl::Status s;
     if (fenced) {
       Statement read(db_, "SELECT value FROM troupe_meta WHERE key = 'epoch'");
@@ -209,7 +210,7 @@ absl::StatusOr<std::unique_ptr<HeadStore>> OpenSqliteHeadStore(const std::string
     sqlite3_free(err);
     return absl::FailedPreconditionError(absl::StrCat(path, ": not a troupe head store (", m, ")"));
   }
-  if (absl::Status s = store->Claim(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(store->Claim());
   return std::unique_ptr<HeadStore>(std::move(store));
 }
 

@@ -28,17 +28,17 @@ void Push(json& list, json entry) {
   list.push_back(std::move(entry));
 }
 
-double Seconds(const SupervisionEvent& e) {
+double Seconds(const base::SupervisionEvent& e) {
   return std::chrono::duration<double>(e.wall_time.time_since_epoch()).count();
 }
 
-double DoubleField(const SupervisionEvent& e, const std::string& key) {
+double DoubleField(const base::SupervisionEvent& e, const std::string& key) {
   double v = 0;
   return absl::SimpleAtod(e.Field(key), &v) ? v : 0.0;
 }
 
 // "recovered step=12 fault=kill-worker seconds=0.41": the event and its fields, for a person.
-std::string Describe(const SupervisionEvent& e) {
+std::string Describe(const base::SupervisionEvent& e) {
   std::string s = e.event;
   if (!e.child.empty()) absl::StrAppend(&s, " ", e.child);
   for (const auto& [k, v] : e.fields) {
@@ -171,8 +171,8 @@ void JobTable::Ingest(const std::string& id, const std::vector<std::string>& lin
   Job* j = Find(id);
   if (j == nullptr) return;
   for (const std::string& line : lines) {
-    SupervisionEvent e;
-    if (!ParseEvent(line, &e)) continue;
+    base::SupervisionEvent e;
+    if (!base::ParseEvent(line, &e)) continue;
     const double t = Seconds(e);
     const int64_t step = e.IntField("step", 0);
     if (e.event == "step") {

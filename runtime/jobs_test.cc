@@ -11,7 +11,7 @@ namespace {
 
 std::string Line(const std::string& event, int64_t step, std::map<std::string, std::string> f,
                  uint64_t gen = 1, const std::string& child = "", double t = 1000) {
-  SupervisionEvent e;
+  base::SupervisionEvent e;
   e.wall_time = absl::ToChronoTime(absl::FromUnixSeconds(0) + absl::Seconds(t));
   e.supervisor = "coordinator";
   e.child = child;
@@ -19,7 +19,7 @@ std::string Line(const std::string& event, int64_t step, std::map<std::string, s
   e.event = event;
   e.fields = std::move(f);
   e.fields["step"] = absl::StrCat(step);
-  return FormatEvent(e);
+  return base::FormatEvent(e);
 }
 
 TEST(JobTableTest, ASubmittedJobIsPendingUntilItsDriverRegistersAndEndsOnce) {

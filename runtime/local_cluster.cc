@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal/process.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 
 namespace troupe::runtime {
@@ -43,7 +44,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options option
   // looks: they hold the membership changes and every reaped worker's process_exit event.
   std::error_code ec;
   std::filesystem::create_directories(c->LogDir(), ec);
-  if (absl::Status s = c->StartHead(0); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(c->StartHead(0));
   if (c->options_.keep_head) c->keeper_ = std::thread([raw = c.get()] { raw->KeepHead(); });
   if (c->options_.workers > 0) {
     auto node = c->AddNode("local", c->options_.workers,  // a cpu slot per worker
@@ -69,9 +70,8 @@ absl::Status LocalCluster::StartHead(uint16_t port) {
   head.stdout_path = LogDir() + "/head.out";
   head.stderr_path = LogDir() + "/head.err";
   head.append = true;
-  auto pid = internal::StartProcess(head);
-  if (!pid.ok()) return pid.status();
-  head_pid_ = *pid;
+  TROUPE_ASSIGN_OR_RETURN(auto pid, internal::StartProcess(head));
+  head_pid_ = pid;
   uint16_t bound = 0;
   for (int i = 0; i < 1000 && bound == 0; ++i) {
     std::ifstream in(port_file);

@@ -71,14 +71,14 @@ absl::StatusOr<MembershipKind> ParseMembershipKind(const std::string& text) {
   return internal::ParseEnum("membership event kind", text, kAll);
 }
 
-SupervisionEvent MembershipEvent::ToProcessExit(const std::string& observer) const {
-  SupervisionEvent e;
+base::SupervisionEvent MembershipEvent::ToProcessExit(const std::string& observer) const {
+  base::SupervisionEvent e;
   e.supervisor = observer;
   e.child = subject;
   e.generation = generation;
   e.event = "process_exit";
   e.pid = pid;
-  e.cause = cause == ExitCause::kNone ? ExitCause::kLost : cause;
+  e.cause = cause == base::ExitCause::kNone ? base::ExitCause::kLost : cause;
   e.exit_code = exit_code;
   e.signal = signal;
   e.reason = absl::StrCat(Name(kind), ": ", detail);
@@ -89,9 +89,9 @@ std::string MembershipEvent::DebugString() const {
   std::string s = absl::StrCat("gen=", generation, " event=", Name(kind), " subject=", subject);
   if (!node.empty()) absl::StrAppend(&s, " node=", node);
   if (pid) absl::StrAppend(&s, " pid=", pid);
-  if (cause != ExitCause::kNone) {
-    absl::StrAppend(&s, " cause=", ExitCauseName(cause));
-    if (cause == ExitCause::kExited) absl::StrAppend(&s, " exit_code=", exit_code);
+  if (cause != base::ExitCause::kNone) {
+    absl::StrAppend(&s, " cause=", base::ExitCauseName(cause));
+    if (cause == base::ExitCause::kExited) absl::StrAppend(&s, " exit_code=", exit_code);
     if (signal != 0) absl::StrAppend(&s, " signal=", signal);
   }
   if (!detail.empty()) absl::StrAppend(&s, " detail=\"", detail, "\"");

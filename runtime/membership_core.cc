@@ -32,7 +32,8 @@ std::string DebugString(const MembershipAction& a) {
     case K::kPublish: {
       std::string s = absl::StrCat("publish(", a.bump ? "+" : "", "g", a.event.generation, ",",
                                    Name(a.event.kind), ",", a.event.subject);
-      if (a.event.cause != ExitCause::kNone) absl::StrAppend(&s, ",", ExitCauseName(a.event.cause));
+      if (a.event.cause != base::ExitCause::kNone)
+        absl::StrAppend(&s, ",", base::ExitCauseName(a.event.cause));
       return s + ")";
     }
     case K::kRefuse:
@@ -96,8 +97,8 @@ void MembershipCore::Restore(uint64_t generation, std::vector<MemberInfo> member
 
 void MembershipCore::Publish(Actions* out, MembershipKind kind, const std::string& subject,
                              const std::string& node, int64_t pid, const std::string& detail,
-                             const std::string& tail, bool bump, ExitCause cause, int exit_code,
-                             int signal) {
+                             const std::string& tail, bool bump, base::ExitCause cause,
+                             int exit_code, int signal) {
   if (bump) ++generation_;
   MembershipAction a = Make(MembershipAction::Kind::kPublish, subject, node);
   a.event = MembershipEvent{generation_, kind, subject, node,      pid,
@@ -238,7 +239,7 @@ Actions MembershipCore::OnWorkerExit(const std::string& id, const std::string& t
   // The process is gone: nothing of it can act under a lease.
   out.push_back(Make(MembershipAction::Kind::kReleaseLeases, id, it->second.info.node));
   Member& m = it->second;
-  SupervisionEvent e = ProcessExitEvent("", id, m.info.pid, wait_status, fenced);
+  base::SupervisionEvent e = base::ProcessExitEvent("", id, m.info.pid, wait_status, fenced);
   m.exit_known = true;
   m.stderr_tail = tail;
   if (m.down_reported) {
@@ -267,7 +268,7 @@ Actions MembershipCore::OnConnectionLost(const std::string& id, const std::strin
   Actions out;
   const std::string why = "connection lost (" + reason + ")";
   if (it->second.info.kind == MemberKind::kWorker) {
-    MarkWorkerDead(&out, id, why, ExitCause::kLost);
+    MarkWorkerDead(&out, id, why, base::ExitCause::kLost);
   } else {
     MarkNodeDead(&out, id, why);
   }
@@ -328,7 +329,7 @@ void MembershipCore::DeclareSilent(Actions* out, const std::string& id, TimePoin
   const std::string why = absl::StrCat("no heartbeat for ", Millis(now - m.last_seen),
                                        "ms (timeout ", Millis(options_.heartbeat_timeout), "ms)");
   if (m.info.kind == MemberKind::kWorker) {
-    MarkWorkerDead(out, id, absl::StrCat("fenced: ", why), ExitCause::kFenced);
+    MarkWorkerDead(out, id, absl::StrCat("fenced: ", why), base::ExitCause::kFenced);
     ReportWorkerDown(out, id);
     // Fence it: a stopped process must not come back and act on stale state.
     auto node = members_.find(m.info.node);
@@ -359,13 +360,13 @@ bool MembershipCore::HasAliveWorker(const std::string& node) const {
 }
 
 void MembershipCore::MarkWorkerDead(Actions* out, const std::string& id, const std::string& why,
-                                    ExitCause cause) {
+                                    base::ExitCause cause) {
   auto it = members_.find(id);
   if (it == members_.end() || it->second.info.state == MemberState::kDead) return;
   Member& m = it->second;
   m.info.state = MemberState::kDead;
   if (m.exit_detail.empty()) m.exit_detail = why;
-  if (m.cause == ExitCause::kNone) m.cause = cause;
+  if (m.cause == base::ExitCause::kNone) m.cause = cause;
   out->push_back(Make(MembershipAction::Kind::kReleaseActors, id, m.info.node,
                       "worker " + id + " died: " + why));
   // A node whose last worker died can host nothing more: no new placements there (the
@@ -400,7 +401,7 @@ void MembershipCore::MarkNodeDead(Actions* out, const std::string& node, const s
   for (auto& [id, m] : members_) {
     if (m.info.kind == MemberKind::kWorker && m.info.node == node &&
         m.info.state != MemberState::kDead) {
-      MarkWorkerDead(out, id, "its node " + why, ExitCause::kLost);
+      MarkWorkerDead(out, id, "its node " + why, base::ExitCause::kLost);
       ReportWorkerDown(out, id);
     }
   }
@@ -412,7 +413,7 @@ void MembershipCore::MarkNodeDead(Actions* out, const std::string& node, const s
   // A node that left exits 0 right after; otherwise nobody here can see how it ended.
   const bool left = why == "left";
   Publish(out, MembershipKind::kNodeDead, node, node, it->second.info.pid, why, "", /*bump=*/true,
-          left ? ExitCause::kExited : ExitCause::kLost, left ? 0 : -1);
+          left ? base::ExitCause::kExited : base::ExitCause::kLost, left ? 0 : -1);
 }
 
 const MemberInfo* MembershipCore::Find(const std::string& id) const {

@@ -182,16 +182,17 @@ class MembershipCore {
     bool rejoin_asked = false;  // node: declared dead, heard from again, told to join again
     bool exit_known = false;    // the node agent's waitpid status has arrived
     std::string exit_detail, stderr_tail;
-    ExitCause cause = ExitCause::kNone;  // how it died, as far as the head knows
+    base::ExitCause cause = base::ExitCause::kNone;  // how it died, as far as the head knows
     int exit_code = -1, signal = 0;
   };
   using Actions = std::vector<MembershipAction>;
 
   void Publish(Actions* out, MembershipKind kind, const std::string& subject,
                const std::string& node, int64_t pid, const std::string& detail,
-               const std::string& tail = "", bool bump = true, ExitCause cause = ExitCause::kNone,
-               int exit_code = -1, int signal = 0);
-  void MarkWorkerDead(Actions* out, const std::string& id, const std::string& why, ExitCause cause);
+               const std::string& tail = "", bool bump = true,
+               base::ExitCause cause = base::ExitCause::kNone, int exit_code = -1, int signal = 0);
+  void MarkWorkerDead(Actions* out, const std::string& id, const std::string& why,
+                      base::ExitCause cause);
   void ReportWorkerDown(Actions* out, const std::string& id);
   void MarkNodeDead(Actions* out, const std::string& node, const std::string& why);
   void DeclareSilent(Actions* out, const std::string& id, TimePoint now);

@@ -82,7 +82,7 @@ MembershipEvent WorkerDown() {
   e.pid = 4242;
   e.detail = "process killed by signal 9 (Killed)";
   e.stderr_tail = "a\nb";
-  e.cause = ExitCause::kSignaled;
+  e.cause = base::ExitCause::kSignaled;
   e.signal = 9;
   return e;
 }
@@ -99,13 +99,13 @@ TEST(MembershipEventTest, DebugStringPrintsTheNames) {
 }
 
 TEST(MembershipEventTest, ProcessExitCarriesTheCauseAndTheKindsName) {
-  SupervisionEvent p = WorkerDown().ToProcessExit("head");
+  base::SupervisionEvent p = WorkerDown().ToProcessExit("head");
   EXPECT_EQ(p.event, "process_exit");
-  EXPECT_EQ(p.cause, ExitCause::kSignaled);
+  EXPECT_EQ(p.cause, base::ExitCause::kSignaled);
   EXPECT_EQ(p.reason, "worker_down: process killed by signal 9 (Killed)");
   MembershipEvent dead;
   dead.kind = MembershipKind::kNodeDead;
-  EXPECT_EQ(dead.ToProcessExit("head").cause, ExitCause::kLost) << "no status seen: lost";
+  EXPECT_EQ(dead.ToProcessExit("head").cause, base::ExitCause::kLost) << "no status seen: lost";
 }
 
 // x written by CAF's binary serializer and read back.

@@ -131,7 +131,7 @@ void Reap(Workers& w, const caf::actor& head, Context& ctx, const std::string& n
       fenced = w.fenced.erase(id) > 0;
       w.ids.erase(it);
     }
-    SupervisionEvent e = ProcessExitEvent("node:" + node, id, pid, status, fenced);
+    base::SupervisionEvent e = base::ProcessExitEvent("node:" + node, id, pid, status, fenced);
     ctx.Emit(e);
     caf::anon_send(head, wexit_atom::value, id, static_cast<int64_t>(pid), e.reason,
                    TailFile(err, 20), static_cast<int32_t>(status), fenced);

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "caf/all.hpp"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/status.h"
 
@@ -117,9 +118,8 @@ absl::StatusOr<std::unique_ptr<OpsHttp>> OpsHttp::Start(caf::actor_system& sys, 
     server = std::make_unique<httplib::Server>();
   }
   auto impl = std::make_unique<Impl>(sys, std::move(head), std::move(server));
-  absl::StatusOr<int> bound = impl->Start(host, port);
-  if (!bound.ok()) return bound.status();
-  return std::unique_ptr<OpsHttp>(new OpsHttp(std::move(impl), *bound));
+  TROUPE_ASSIGN_OR_RETURN(int bound, impl->Start(host, port));
+  return std::unique_ptr<OpsHttp>(new OpsHttp(std::move(impl), bound));
 }
 
 OpsHttp::OpsHttp(std::unique_ptr<Impl> impl, int port) : impl_(std::move(impl)), port_(port) {}

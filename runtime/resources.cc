@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/config.h"
 
 namespace troupe::runtime::internal {
@@ -23,10 +24,9 @@ absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string
 
 absl::StatusOr<std::map<std::string, double>> ParseResources(const std::string& text,
                                                              const std::string& field) {
-  auto kv = ParseLabels(text, field);
-  if (!kv.ok()) return kv.status();
+  TROUPE_ASSIGN_OR_RETURN(auto kv, ParseLabels(text, field));
   std::map<std::string, double> out;
-  for (const auto& [k, v] : *kv) {
+  for (const auto& [k, v] : kv) {
     double amount = 0;
     if (k == "memory") {
       auto bytes = ParseByteSize(v);

@@ -34,6 +34,8 @@
 #include "internal/spawn.h"
 #include "internal/tls.h"
 #include "nlohmann/json.hpp"
+#include "troupe/base/crash_point.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/direct.h"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
@@ -60,16 +62,15 @@ std::string HostName() {
 }
 
 absl::StatusOr<std::string> AddressTowards(const std::string& head_addr) {
-  auto hp = ParseHostPort(head_addr);
-  if (!hp.ok()) return hp.status();
+  TROUPE_ASSIGN_OR_RETURN(auto hp, ParseHostPort(head_addr));
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
-  if (int rc = getaddrinfo(hp->first.c_str(), std::to_string(hp->second).c_str(), &hints, &found);
+  if (int rc = getaddrinfo(hp.first.c_str(), std::to_string(hp.second).c_str(), &hints, &found);
       rc != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--head: cannot resolve '", hp->first, "': ", gai_strerror(rc)));
+        absl::StrCat("--head: cannot resolve '", hp.first, "': ", gai_strerror(rc)));
   }
   // A UDP socket's connect sends nothing; it only picks the route and the source address.
   std::string address;
@@ -226,7 +227,7 @@ caf::behavior WorkerBehavior(caf::event_based_actor* self, std::shared_ptr<Conte
   return {
       [self, ctx](spawn_atom, const std::string& type, const caf::message& args,
                   const std::string& name, uint64_t gen) -> caf::result<caf::actor> {
-        CrashPoint("worker.spawn");
+        base::CrashPoint("worker.spawn");
         auto h = SpawnChild(self->system(), nullptr, ChildSpec::Actor(name, type, args), gen, ctx);
         if (!h.ok()) return StatusToError(h.status());
         ctx->Own(*h);
@@ -235,36 +236,96 @@ caf::behavior WorkerBehavior(caf::event_based_actor* self, std::shared_ptr<Conte
   };
 }
 
+// The head's own flags, beside the runtime's and the cluster's.
+struct HeadFlags {
+  int64_t port = 0;
+  std::string host = "127.0.0.1", port_file;
+  int64_t http_port = 0;
+  std::string http_port_file;
+  std::string store_path;
+  Duration leader_ttl = std::chrono::seconds(5);
+
+  void Register(ConfigRegistry& config) {
+    config.AddInt("port", &port, "port to listen on (0: ephemeral, reported)", InRange(0, 65535));
+    config.AddString("host", &host, "address to listen on");
+    config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
+    config.AddInt("http_port", &http_port,
+                  "port of the dashboard, the JSON API and /metrics, on --host (0: ephemeral, "
+                  "reported; -1: none); HTTPS with client certificates when TLS is on",
+                  InRange(-1, 65535));
+    config.AddString("http_port_file", &http_port_file, "write the HTTP port chosen here");
+    config.AddString("store", &store_path,
+                     "the head's durable state: a SQLite file, or etcd://HOST:PORT[/PREFIX] (heads "
+                     "on several machines: one leads, the others stand by); a head that takes over "
+                     "goes on from it, under a new epoch that fences the old one; \"\": none");
+    config.AddDuration("leader_ttl", &leader_ttl,
+                       "etcd store: a leading head that stops renewing its lease for this long is "
+                       "replaced by a standby",
+                       Positive());
+  }
+};
+
+// --store etcd://`etcd`: 0, or the exit status after logging why not.
+int OpenEtcdStore(const HeadFlags& f, absl::string_view etcd, std::shared_ptr<HeadStore>* store) {
+  EtcdStoreOptions eo;
+  const size_t slash = etcd.find('/');
+  eo.endpoint = absl::StrCat("http://", etcd.substr(0, slash));
+  if (slash != absl::string_view::npos) eo.prefix = std::string(etcd.substr(slash));
+  eo.address = absl::StrCat(f.host, ":", f.port);
+  eo.leader_ttl = f.leader_ttl;
+  eo.on_lost = [](const absl::Status& why) {
+    std::cerr << "troupe head: no longer the leader: " << why.message() << "; stopping"
+              << std::endl;
+    std::fflush(nullptr);
+    _exit(3);
+  };
+  auto opened = OpenEtcdHeadStore(eo);
+  if (!opened.ok()) {
+    LogError("head", std::string(opened.status().message()));
+    return opened.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  *store = std::move(*opened);
+  std::cout << "troupe head: leading " << f.store_path << ", epoch " << (*store)->epoch()
+            << std::endl;
+  return 0;
+}
+
+// The store --store names (none for ""): 0, or the exit status after logging why not.
+int OpenStore(const HeadFlags& f, std::shared_ptr<HeadStore>* store) {
+  if (absl::string_view etcd = f.store_path; absl::ConsumePrefix(&etcd, "etcd://")) {
+    return OpenEtcdStore(f, etcd, store);
+  }
+  if (f.store_path.empty()) return 0;
+  auto opened = OpenSqliteHeadStore(f.store_path);
+  if (!opened.ok()) {
+    LogError("head", std::string(opened.status().message()));
+    return 2;
+  }
+  *store = std::move(*opened);
+  std::cout << "troupe head: store " << f.store_path << ", epoch " << (*store)->epoch()
+            << std::endl;
+  return 0;
+}
+
+// Writes `port` to `file` (nothing for ""), through a rename so a reader never sees it
+// half-written.
+void WritePortFile(const std::string& file, int port) {
+  if (file.empty()) return;
+  std::string tmp = file + ".tmp";
+  std::ofstream(tmp) << port << "\n";
+  std::rename(tmp.c_str(), file.c_str());
+}
+
 }  // namespace
 
 int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   RuntimeOptions ro;
   ClusterOptions co;
-  int64_t port = 0;
-  std::string host = "127.0.0.1", port_file;
+  HeadFlags flags;
   ConfigRegistry config;
   ro.Register(config);
   co.Register(config);
-  config.AddInt("port", &port, "port to listen on (0: ephemeral, reported)", InRange(0, 65535));
-  config.AddString("host", &host, "address to listen on");
-  config.AddString("port_file", &port_file, "write the port chosen here (for scripts and tests)");
-  int64_t http_port = 0;
-  std::string http_port_file;
-  config.AddInt("http_port", &http_port,
-                "port of the dashboard, the JSON API and /metrics, on --host (0: ephemeral, "
-                "reported; -1: none); HTTPS with client certificates when TLS is on",
-                InRange(-1, 65535));
-  config.AddString("http_port_file", &http_port_file, "write the HTTP port chosen here");
-  std::string store_path;
-  config.AddString("store", &store_path,
-                   "the head's durable state: a SQLite file, or etcd://HOST:PORT[/PREFIX] (heads "
-                   "on several machines: one leads, the others stand by); a head that takes over "
-                   "goes on from it, under a new epoch that fences the old one; \"\": none");
-  Duration leader_ttl = std::chrono::seconds(5);
-  config.AddDuration("leader_ttl", &leader_ttl,
-                     "etcd store: a leading head that stops renewing its lease for this long is "
-                     "replaced by a standby",
-                     Positive());
+  flags.Register(config);
   if (int rc =
           ParseCommandLine("head", "usage: troupe head [--port P] [--host ADDR]", args, config);
       rc >= 0)
@@ -277,37 +338,10 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
     return 2;
   }
   std::shared_ptr<HeadStore> store;
-  if (absl::string_view etcd = store_path; absl::ConsumePrefix(&etcd, "etcd://")) {
-    EtcdStoreOptions eo;
-    const size_t slash = etcd.find('/');
-    eo.endpoint = absl::StrCat("http://", etcd.substr(0, slash));
-    if (slash != absl::string_view::npos) eo.prefix = std::string(etcd.substr(slash));
-    eo.address = absl::StrCat(host, ":", port);
-    eo.leader_ttl = leader_ttl;
-    eo.on_lost = [](const absl::Status& why) {
-      std::cerr << "troupe head: no longer the leader: " << why.message() << "; stopping"
-                << std::endl;
-      std::fflush(nullptr);
-      _exit(3);
-    };
-    auto opened = OpenEtcdHeadStore(eo);
-    if (!opened.ok()) {
-      LogError("head", std::string(opened.status().message()));
-      return opened.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
-    }
-    store = std::move(*opened);
-    std::cout << "troupe head: leading " << store_path << ", epoch " << store->epoch() << std::endl;
-  } else if (!store_path.empty()) {
-    auto opened = OpenSqliteHeadStore(store_path);
-    if (!opened.ok()) {
-      LogError("head", std::string(opened.status().message()));
-      return 2;
-    }
-    store = std::move(*opened);
-    std::cout << "troupe head: store " << store_path << ", epoch " << store->epoch() << std::endl;
-  }
+  if (int rc = OpenStore(flags, &store); rc != 0) return rc;
+  const std::string& host = flags.host;
   caf::actor head = SpawnHead((*rt)->system(), co, co.EffectiveBuildId(), store);
-  auto bound = Publish(**rt, head, static_cast<uint16_t>(port), host);
+  auto bound = Publish(**rt, head, static_cast<uint16_t>(flags.port), host);
   if (!bound.ok()) {
     LogError("head", std::string(bound.status().message()));
     return 1;
@@ -317,8 +351,9 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
                          : " (plain TCP without TLS: for loopback and trusted local networks only)")
             << " build_id=" << co.EffectiveBuildId() << std::endl;
   std::unique_ptr<OpsHttp> http;
-  if (http_port >= 0) {
-    auto started = OpsHttp::Start((*rt)->system(), head, host, static_cast<int>(http_port), ro);
+  if (flags.http_port >= 0) {
+    auto started =
+        OpsHttp::Start((*rt)->system(), head, host, static_cast<int>(flags.http_port), ro);
     if (!started.ok()) {
       LogError("head", std::string(started.status().message()));
       return 1;
@@ -328,14 +363,8 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
               << (ro.tls() ? "https" : "http") << "://" << host << ":" << http->port() << "/"
               << std::endl;
   }
-  auto write_port = [](const std::string& file, int port) {
-    if (file.empty()) return;
-    std::string tmp = file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
-    std::rename(tmp.c_str(), file.c_str());
-  };
-  if (http) write_port(http_port_file, http->port());
-  write_port(port_file, *bound);
+  if (http) WritePortFile(flags.http_port_file, http->port());
+  WritePortFile(flags.port_file, *bound);
   int sig = WaitForStopSignal();
   std::cout << "troupe head: stopping on signal " << sig << std::endl;
   caf::anon_send_exit(head, caf::exit_reason::user_shutdown);

@@ -10,6 +10,8 @@
 #include "internal/direct_pool.h"
 #include "internal/spawn.h"
 #include "internal/tls.h"
+#include "troupe/base/crash_point.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
@@ -48,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   RuntimeOptions copy = options;
   copy.Register(check);
   for (const char* name : {"threads", "scheduler", "shutdown_timeout", "log_level"}) {
-    if (absl::Status s = check.Set(name, check.Get(name), "RuntimeOptions"); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(check.Set(name, check.Get(name), "RuntimeOptions"));
   }
   if (!options.crash_at.empty()) {
     std::pair<std::string, std::string> p =
@@ -58,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
       return absl::InvalidArgumentError(absl::StrCat(
           "option 'crash_at': expected NAME or NAME:HIT (HIT >= 1), got '", options.crash_at, "'"));
     }
-    ArmCrashPoint(p.first, hit);
+    base::ArmCrashPoint(p.first, hit);
   }
   if (LogLevel level; ParseLogLevel(options.log_level, &level)) SetLogLevel(level);
   auto config = std::make_unique<caf::actor_system_config>();
@@ -75,9 +77,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
       return absl::InvalidArgumentError(
           "options tls_ca, tls_cert and tls_key: expected all three or none");
     }
-    if (absl::Status s = internal::CheckTlsFiles(options.tls_ca, options.tls_cert, options.tls_key);
-        !s.ok())
-      return s;
+    TROUPE_RETURN_IF_ERROR(
+        internal::CheckTlsFiles(options.tls_ca, options.tls_cert, options.tls_key));
   }
   if (options.network) {
     rt->config_->load<caf::io::middleman>();
@@ -85,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
   }
   rt->system_ = std::make_unique<caf::actor_system>(*rt->config_);
   rt->direct_pool_ = std::make_unique<internal::DirectPool>(*rt);
-  if (!options.log_events) rt->ctx_->SetEventSink([](const SupervisionEvent&) {});
+  if (!options.log_events) rt->ctx_->SetEventSink([](const base::SupervisionEvent&) {});
   std::weak_ptr<internal::Context> weak = rt->ctx_;
   rt->ctx_->faults().SetKiller([weak](const std::string& name) -> absl::Status {
     auto ctx = weak.lock();
@@ -104,8 +105,8 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::FromArgs(ActorRegistry registr
   RuntimeOptions options;
   ConfigRegistry config;
   options.Register(config);
-  if (absl::Status s = config.LoadEnvironment(); !s.ok()) return s;
-  if (absl::Status s = config.ParseFlags(argc, argv, rest); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(config.LoadEnvironment());
+  TROUPE_RETURN_IF_ERROR(config.ParseFlags(argc, argv, rest));
   return Create(std::move(registry), std::move(options));
 }
 
@@ -125,24 +126,24 @@ absl::StatusOr<ActorRef> Runtime::SpawnNamed(const std::string& name, const std:
     return absl::AlreadyExistsError(absl::StrCat("an actor named '", name, "' already exists"));
   }
   uint64_t gen = ctx_->NextGeneration(name);
-  auto h = internal::SpawnChild(*system_, nullptr, ChildSpec::Actor(name, type, args), gen, ctx_);
-  if (!h.ok()) return h.status();
-  ctx_->Own(*h);
-  return ActorRef{name, gen, *h};
+  TROUPE_ASSIGN_OR_RETURN(
+      auto h,
+      internal::SpawnChild(*system_, nullptr, ChildSpec::Actor(name, type, args), gen, ctx_));
+  ctx_->Own(h);
+  return ActorRef{name, gen, h};
 }
 
 absl::StatusOr<ActorRef> Runtime::StartSupervisor(const SupervisorSpec& spec) {
-  if (absl::Status s = Validate(spec, ctx_->registry()); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(Validate(spec, ctx_->registry()));
   if (ctx_->Lookup(spec.name)) {
     return absl::AlreadyExistsError(
         absl::StrCat("an actor named '", spec.name, "' already exists"));
   }
   ChildSpec root = ChildSpec::Supervisor(spec.name, spec);
   uint64_t gen = ctx_->NextGeneration(spec.name);
-  auto h = internal::SpawnChild(*system_, nullptr, root, gen, ctx_);
-  if (!h.ok()) return h.status();
-  ctx_->Own(*h);
-  return ActorRef{spec.name, gen, *h};
+  TROUPE_ASSIGN_OR_RETURN(auto h, internal::SpawnChild(*system_, nullptr, root, gen, ctx_));
+  ctx_->Own(h);
+  return ActorRef{spec.name, gen, h};
 }
 
 absl::StatusOr<ActorRef> Runtime::Lookup(const std::string& name) const {
@@ -153,7 +154,7 @@ absl::StatusOr<ActorRef> Runtime::Lookup(const std::string& name) const {
 
 FaultInjector& Runtime::faults() { return ctx_->faults(); }
 
-void Runtime::SetEventSink(EventSink sink) { ctx_->SetEventSink(std::move(sink)); }
+void Runtime::SetEventSink(base::EventSink sink) { ctx_->SetEventSink(std::move(sink)); }
 
 void Runtime::Shutdown() {
   if (shut_down_ || !system_) return;

@@ -10,6 +10,7 @@
 #include "internal/context.h"
 #include "internal/spawn.h"
 #include "supervisor_core.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
@@ -95,13 +96,13 @@ class SupervisorActor final : public Actor {
   // `gen` is the incarnation number as the directory and the child know it.
   void Emit(size_t child, uint64_t gen, std::string event, std::string reason,
             std::string decision) {
-    context().Emit(SupervisionEvent{{},
-                                    spec_->name,
-                                    core_.child_name(child),
-                                    gen,
-                                    std::move(event),
-                                    std::move(reason),
-                                    std::move(decision)});
+    context().Emit(base::SupervisionEvent{{},
+                                          spec_->name,
+                                          core_.child_name(child),
+                                          gen,
+                                          std::move(event),
+                                          std::move(reason),
+                                          std::move(decision)});
   }
 
   void Enqueue(std::vector<Action> actions) {
@@ -126,13 +127,13 @@ class SupervisorActor final : public Actor {
           delayed_send(this, a.delay, restart_atom::value, a.timer);
           break;
         case Action::Kind::kEscalate:
-          context().Emit(SupervisionEvent{{},
-                                          spec_->name,
-                                          spec_->name,
-                                          generation(),
-                                          "escalate",
-                                          a.reason,
-                                          "stop supervisor; parent decides"});
+          context().Emit(base::SupervisionEvent{{},
+                                                spec_->name,
+                                                spec_->name,
+                                                generation(),
+                                                "escalate",
+                                                a.reason,
+                                                "stop supervisor; parent decides"});
           quit(StatusToError(absl::AbortedError(a.reason)));
           return;
       }
@@ -294,7 +295,7 @@ absl::Status Validate(const SupervisorSpec& spec, const ActorRegistry& registry)
         return absl::InvalidArgumentError(where(c.name) +
                                           ": set either an actor type or a supervisor, not both");
       }
-      if (absl::Status s = Validate(*c.supervisor, registry); !s.ok()) return s;
+      TROUPE_RETURN_IF_ERROR(Validate(*c.supervisor, registry));
       continue;
     }
     if (c.placement) continue;  // checked by the worker that spawns it
@@ -317,11 +318,10 @@ absl::StatusOr<caf::actor> SpawnChild(caf::actor_system& system, caf::event_base
                                                                      spec.supervisor)
                     : system.spawn<SupervisorActor>(spec.name, generation, ctx, spec.supervisor);
   } else {
-    auto init = ctx->registry().Bind(spec.type, spec.args);
-    if (!init.ok()) return init.status();
+    TROUPE_ASSIGN_OR_RETURN(auto init, ctx->registry().Bind(spec.type, spec.args));
     handle = parent ? parent->spawn<FunctionActor, caf::monitored>(spec.name, generation, ctx,
-                                                                   std::move(*init))
-                    : system.spawn<FunctionActor>(spec.name, generation, ctx, std::move(*init));
+                                                                   std::move(init))
+                    : system.spawn<FunctionActor>(spec.name, generation, ctx, std::move(init));
   }
   if (!spec.name.empty()) {
     ctx->Register(ActorRef{spec.name, generation, handle});

@@ -31,9 +31,9 @@
 #include "absl/strings/str_split.h"
 #include "caf/io/all.hpp"
 #include "internal/context.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/log.h"
-#include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
 namespace {
@@ -172,9 +172,8 @@ absl::Status GenerateClusterCertificates(const std::string& dir,
   }
   std::vector<std::pair<std::string, std::string>> parsed;  // name, subjectAltName
   for (const std::string& m : members) {
-    absl::StatusOr<std::pair<std::string, std::string>> p = ParseMember(m);
-    if (!p.ok()) return p.status();
-    parsed.push_back(*p);
+    TROUPE_ASSIGN_OR_RETURN(auto p, ParseMember(m));
+    parsed.push_back(p);
   }
   Key ca_key(nullptr, EVP_PKEY_free);
   Cert ca(nullptr, X509_free);
@@ -183,27 +182,25 @@ absl::Status GenerateClusterCertificates(const std::string& dir,
     ca_key = NewKey();
     if (!ca_key) return absl::InternalError("cannot generate a key (OpenSSL)");
     ca = MakeCert("troupe cluster CA", "", ca_key.get(), nullptr, nullptr, 1);
-    if (auto s = WritePem(dir + "/ca.key", ca_key.get(), nullptr); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(WritePem(dir + "/ca.key", ca_key.get(), nullptr));
   } else {
     // An existing CA (a Kubernetes Secret): its key stays where it is; the serials of the
     // certificates it issues here, at different times and places, are random.
-    absl::StatusOr<Cert> c = ReadCert(ca_dir + "/ca.pem", "--ca");
-    if (!c.ok()) return c.status();
-    absl::StatusOr<Key> k = ReadKey(ca_dir + "/ca.key", "--ca");
-    if (!k.ok()) return k.status();
-    ca = std::move(*c);
-    ca_key = std::move(*k);
+    TROUPE_ASSIGN_OR_RETURN(Cert c, ReadCert(ca_dir + "/ca.pem", "--ca"));
+    TROUPE_ASSIGN_OR_RETURN(Key k, ReadKey(ca_dir + "/ca.key", "--ca"));
+    ca = std::move(c);
+    ca_key = std::move(k);
     if (RAND_bytes(reinterpret_cast<unsigned char*>(&serial), sizeof serial) != 1) {
       return absl::InternalError("cannot draw a serial number (OpenSSL)");
     }
     serial = (serial & 0x3fffffffffffffffL) | 1;
   }
-  if (auto s = WritePem(dir + "/ca.pem", nullptr, ca.get()); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(WritePem(dir + "/ca.pem", nullptr, ca.get()));
   for (const auto& [m, san] : parsed) {
     Key key = NewKey();
     Cert cert = MakeCert(m, san, key.get(), ca.get(), ca_key.get(), serial++);
-    if (auto s = WritePem(dir + "/" + m + ".pem", nullptr, cert.get()); !s.ok()) return s;
-    if (auto s = WritePem(dir + "/" + m + ".key", key.get(), nullptr); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(WritePem(dir + "/" + m + ".pem", nullptr, cert.get()));
+    TROUPE_RETURN_IF_ERROR(WritePem(dir + "/" + m + ".key", key.get(), nullptr));
   }
   return absl::OkStatus();
 }
@@ -342,25 +339,22 @@ absl::StatusOr<std::shared_ptr<SSL_CTX>> DirectTlsContext(const RuntimeOptions& 
   std::string key = absl::StrCat(server ? "s|" : "c|", o.tls_ca, "|", o.tls_cert, "|", o.tls_key);
   std::lock_guard<std::mutex> l(mu);
   if (auto it = made->find(key); it != made->end()) return it->second;
-  auto ctx = MakeContext(o, server);
-  if (!ctx.ok()) return ctx.status();
+  TROUPE_ASSIGN_OR_RETURN(auto ctx, MakeContext(o, server));
   // Whole records per recv(), and no session tickets after the handshake: connections are
   // pooled, not resumed.
-  SSL_CTX_set_read_ahead(ctx->get(), 1);
-  if (server) SSL_CTX_set_num_tickets(ctx->get(), 0);
-  SSL_CTX_set_min_proto_version(ctx->get(), TLS1_3_VERSION);
-  (*made)[key] = *ctx;
-  return *ctx;
+  SSL_CTX_set_read_ahead(ctx.get(), 1);
+  if (server) SSL_CTX_set_num_tickets(ctx.get(), 0);
+  SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION);
+  (*made)[key] = ctx;
+  return ctx;
 }
 
 absl::Status CheckTlsFiles(const std::string& ca, const std::string& cert, const std::string& key) {
   auto c = ReadCert(ca, "--tls_ca");
   if (!c.ok()) return c.status();
-  auto mine = ReadCert(cert, "--tls_cert");
-  if (!mine.ok()) return mine.status();
-  auto k = ReadKey(key);
-  if (!k.ok()) return k.status();
-  if (X509_check_private_key(mine->get(), k->get()) != 1) {
+  TROUPE_ASSIGN_OR_RETURN(auto mine, ReadCert(cert, "--tls_cert"));
+  TROUPE_ASSIGN_OR_RETURN(auto k, ReadKey(key));
+  if (X509_check_private_key(mine.get(), k.get()) != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls_key '", key, "' does not match --tls_cert '", cert, "'"));
   }
@@ -381,13 +375,12 @@ absl::StatusOr<uint16_t> Publish(Runtime& runtime, const caf::actor& handle, uin
         absl::StrCat("cannot listen on ", host, ":", port, ": ", sys.render(caf_port.error())));
   }
   if (!tls) return *caf_port;
-  auto ctx = MakeContext(o, /*server=*/true);
-  if (!ctx.ok()) return ctx.status();
+  TROUPE_ASSIGN_OR_RETURN(auto ctx, MakeContext(o, /*server=*/true));
   uint16_t bound = 0;
   int fd = Listen(host, port, &bound);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", host, ":", port));
   uint16_t inner = *caf_port;
-  SslCtx shared = *ctx;
+  SslCtx shared = ctx;
   auto relay = std::make_shared<Relay>(fd, [shared, inner](int client) {
     Ssl ssl(SSL_new(shared.get()), SSL_free);
     SSL_set_fd(ssl.get(), client);
@@ -415,12 +408,11 @@ absl::StatusOr<std::pair<std::string, uint16_t>> DialVia(Runtime& runtime, const
   uint16_t via_port = port;
   if (o.tls()) {
     // CAF connects to a local dialer that carries the connection over TLS to host:port.
-    auto ctx = MakeContext(o, /*server=*/false);
-    if (!ctx.ok()) return ctx.status();
+    TROUPE_ASSIGN_OR_RETURN(auto ctx, MakeContext(o, /*server=*/false));
     uint16_t local = 0;
     int fd = Listen("127.0.0.1", 0, &local);
     if (fd < 0) return absl::UnavailableError("cannot open a local TLS dialer port");
-    SslCtx shared = *ctx;
+    SslCtx shared = ctx;
     auto relay = std::make_shared<Relay>(fd, [shared, host, port, until](int plain) {
       int remote = Dial(host, port);
       while (remote < 0 && std::chrono::steady_clock::now() < until) {

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "internal/state.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/scheduler/scheduler.h"
 
 namespace troupe::scheduler {
@@ -399,9 +400,8 @@ void ReplaceLostActor(State& s, uint32_t a, RescheduleReport& report) {
 }  // namespace
 
 absl::StatusOr<RescheduleReport> State::RemoveNodes(const std::vector<std::string>& names) {
-  absl::StatusOr<std::vector<uint32_t>> dead = ResolveNodes(*this, names);
-  if (!dead.ok()) return dead.status();
-  const Lost lost = MarkDead(*this, *dead);
+  TROUPE_ASSIGN_OR_RETURN(std::vector<uint32_t> dead, ResolveNodes(*this, names));
+  const Lost lost = MarkDead(*this, dead);
   RescheduleReport report;
   for (const auto& [seq, g] : lost.groups) RepairGroup(*this, g, report);
   for (const auto& [seq, a] : lost.actors) ReplaceLostActor(*this, a, report);

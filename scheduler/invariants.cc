@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "internal/state.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::scheduler::internal {
 namespace {
@@ -37,9 +38,7 @@ absl::Status CheckActors(const State& s, Usage& used) {
       }
       continue;
     }
-    if (absl::Status st = Charge(s, rec.node, rec.demand, "actor " + rec.id, used); !st.ok()) {
-      return st;
-    }
+    TROUPE_RETURN_IF_ERROR(Charge(s, rec.node, rec.demand, "actor " + rec.id, used));
     if (!s.nodes_[rec.node].actors.contains(a)) return Broken("node misses actor " + rec.id);
   }
   if (live_actors != s.actor_by_id_.size()) return Broken("actor map size");
@@ -88,14 +87,12 @@ absl::Status CheckGroup(const State& s, uint32_t g, Usage& used) {
       rec.request.domain_key.empty() ? kNodeDomain : s.label_key_ids_.at(rec.request.domain_key);
   for (size_t b = 0; b < rec.bundle_node.size(); ++b) {
     const std::string who = absl::StrCat("group ", rec.id, " bundle ", b);
-    if (absl::Status st = Charge(s, rec.bundle_node[b], rec.demands[b], who, used); !st.ok()) {
-      return st;
-    }
+    TROUPE_RETURN_IF_ERROR(Charge(s, rec.bundle_node[b], rec.demands[b], who, used));
     if (!s.nodes_[rec.bundle_node[b]].bundles.contains(static_cast<uint64_t>(g) << 32 | b)) {
       return Broken("node misses " + who);
     }
     domains.push_back(s.DomainOf(rec.bundle_node[b], key));
-    if (absl::Status st = CheckBundleActors(s, g, b, who); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(CheckBundleActors(s, g, b, who));
   }
   return CheckStrategy(rec, domains);
 }
@@ -141,8 +138,8 @@ absl::Status CheckNodes(const State& s, const Usage& used) {
       }
       continue;
     }
-    if (absl::Status st = CheckNodeAccounting(s, n, used[n]); !st.ok()) return st;
-    if (absl::Status st = CheckNodeIndexed(s, n); !st.ok()) return st;
+    TROUPE_RETURN_IF_ERROR(CheckNodeAccounting(s, n, used[n]));
+    TROUPE_RETURN_IF_ERROR(CheckNodeIndexed(s, n));
   }
   return absl::OkStatus();
 }
@@ -172,12 +169,12 @@ absl::Status State::CheckInvariants() const {
   // Actors and groups fill `used` before the nodes are checked against it.
   Usage used(nodes_.size());
   for (size_t n = 0; n < nodes_.size(); ++n) used[n].assign(nodes_[n].total.size(), 0);
-  if (absl::Status s = CheckActors(*this, used); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(CheckActors(*this, used));
   for (uint32_t g = 0; g < groups_.size(); ++g) {
     if (!groups_[g].live) continue;
-    if (absl::Status s = CheckGroup(*this, g, used); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(CheckGroup(*this, g, used));
   }
-  if (absl::Status s = CheckNodes(*this, used); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(CheckNodes(*this, used));
   return CheckIndexSizes(*this);
 }
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "troupe/actors/job_spec.h"
 #include "troupe/runtime/config.h"
+#include "troupe/train/job_spec.h"
 
 namespace troupe::tools {
 
@@ -33,7 +33,7 @@ struct SpecFlags {
 
   void Register(runtime::ConfigRegistry& config);
   // The job spec from --spec, with the flags' fields applied and the whole validated again.
-  [[nodiscard]] absl::StatusOr<actors::JobSpec> Make() const;
+  [[nodiscard]] absl::StatusOr<train::JobSpec> Make() const;
 };
 
 // troupe sim spot --trace FILE [--mix OD:SPOT,...] [--measure]

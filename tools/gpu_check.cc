@@ -36,15 +36,18 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpt_device.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/kernels/parallel.h"
 #include "troupe/model/config.h"
 #include "troupe/model/gpt.h"
@@ -182,6 +185,33 @@ double TensorRelErr(const A* got, const B* ref, const model::ParamTensor& t) {
 
 double RelDiff(double got, double ref) { return std::fabs(got - ref) / std::fabs(ref); }
 
+// Tokens [b, t] and their targets.
+struct Batch {
+  int b = 0, t = 0;
+  std::vector<int32_t> tokens, targets;
+  // 1/(B·T): the gradient of the mean loss.
+  template <typename T>
+  T LossWeight() const {
+    return T{1} / static_cast<T>(int64_t{b} * t);
+  }
+};
+
+// Forward and backward of `batch` on the GPU or a CPU model: the loss; the gradients (of
+// loss_weight · Σ losses) in the model.
+template <typename Model, typename T>
+absl::StatusOr<double> ForwardBackward(Model& m, const Batch& batch, T loss_weight) {
+  absl::StatusOr<double> loss =
+      m.Forward(batch.tokens.data(), batch.targets.data(), batch.b, batch.t);
+  if (!loss.ok()) return loss;
+  if constexpr (std::is_same_v<Model, GptDevice>) {
+    TROUPE_RETURN_IF_ERROR(m.ZeroGrad());
+  } else {
+    m.ZeroGrad();
+  }
+  TROUPE_RETURN_IF_ERROR(m.Backward(loss_weight));
+  return loss;
+}
+
 std::vector<int32_t> RandomTokens(int64_t n, int32_t vocab, uint64_t seed, uint32_t stream) {
   std::vector<int32_t> v(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -192,6 +222,62 @@ std::vector<int32_t> RandomTokens(int64_t n, int32_t vocab, uint64_t seed, uint3
 }
 
 // --- gpt2 ---------------------------------------------------------------------------------------
+// The double model's loss and gradients, from the float model's weights.
+struct Exact {
+  double loss = 0;
+  std::vector<double> grads;
+};
+absl::StatusOr<Exact> DoubleReference(const model::GptModel<float>& cpu, const Batch& batch) {
+  TROUPE_ASSIGN_OR_RETURN(model::GptModel<double> dbl,
+                          model::GptModel<double>::Create(cpu.config()));
+  const int64_t n = cpu.num_params();
+  std::copy(cpu.params(), cpu.params() + n, dbl.params());
+  TROUPE_ASSIGN_OR_RETURN(double loss, ForwardBackward(dbl, batch, batch.LossWeight<double>()));
+  return Exact{loss, std::vector<double>(dbl.grads(), dbl.grads() + n)};
+}
+
+// The table (the loss, then a row per tensor: the GPU's gradient against the CPU's, and with
+// `exact` each against the double model's) and the verdict; true when all are within tolerance.
+bool ReportGpt2(double gpu_loss, const std::vector<float>& gpu_grads, double cpu_loss,
+                const model::GptModel<float>& cpu, const Exact* exact) {
+  const double loss_err = RelDiff(gpu_loss, cpu_loss);
+  bool ok = loss_err <= kGpt2LossTolerance;
+  std::printf("\n%-26s %11s %12s %10s", "tensor", "elements", "|grad| CPU", "GPU vs CPU");
+  if (exact) std::printf(" %10s %10s", "GPU vs f64", "CPU vs f64");
+  std::printf("\n%-26s %11s %12.6f %10.2e", "loss", "1", cpu_loss, loss_err);
+  if (exact) {
+    std::printf(" %10.2e %10.2e", RelDiff(gpu_loss, exact->loss), RelDiff(cpu_loss, exact->loss));
+  }
+  std::printf("%s\n", loss_err <= kGpt2LossTolerance ? "" : "  FAIL");
+  double worst = 0;
+  std::string worst_name;
+  int failed = 0;
+  for (const model::ParamTensor& p : cpu.layout().tensors()) {
+    const double err = TensorRelErr(gpu_grads.data(), cpu.grads(), p);
+    double norm = 0;
+    for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
+      norm += static_cast<double>(cpu.grads()[i]) * cpu.grads()[i];
+    }
+    std::printf("%-26s %11lld %12.4e %10.2e", p.name.c_str(), static_cast<long long>(p.size),
+                std::sqrt(norm), err);
+    if (exact) {
+      std::printf(" %10.2e %10.2e", TensorRelErr(gpu_grads.data(), exact->grads.data(), p),
+                  TensorRelErr(cpu.grads(), exact->grads.data(), p));
+    }
+    const bool tensor_ok = err <= kGpt2GradTolerance;  // also false for NaN
+    std::printf("%s\n", tensor_ok ? "" : "  FAIL");
+    failed += !tensor_ok;
+    if (!(err <= worst)) worst = err, worst_name = p.name;
+  }
+  ok = ok && failed == 0;
+  std::printf(
+      "\ngpt2: loss GPU %.9f CPU %.9f (rel %.2e, tolerance %.0e); worst tensor gradient %.2e "
+      "(%s), tolerance %.0e, %d of %zu tensors over: %s\n",
+      gpu_loss, cpu_loss, loss_err, kGpt2LossTolerance, worst, worst_name.c_str(),
+      kGpt2GradTolerance, failed, cpu.layout().tensors().size(), ok ? "PASS" : "FAIL");
+  return ok;
+}
+
 int Gpt2(const Flags& f) {
   const int b = static_cast<int>(f.Int("b", 2)), t = static_cast<int>(f.Int("t", 128));
   const uint64_t seed = static_cast<uint64_t>(f.Int("seed", 1));
@@ -208,9 +294,8 @@ int Gpt2(const Flags& f) {
   if (!cpu.ok()) return Fail("gpt2", cpu.status());
   cpu->InitParams(seed);
   const int64_t n = cpu->num_params(), bt = int64_t{b} * t;
-  const std::vector<int32_t> tokens = RandomTokens(bt, config.vocab_size, seed, 1);
-  const std::vector<int32_t> targets = RandomTokens(bt, config.vocab_size, seed, 2);
-  const float loss_weight = 1.0f / static_cast<float>(bt);
+  const Batch batch{b, t, RandomTokens(bt, config.vocab_size, seed, 1),
+                    RandomTokens(bt, config.vocab_size, seed, 2)};
   std::printf("gpt2: GPT-2 124M (%lld parameters), B=%d T=%d seed=%llu, fp32, on %s\n",
               static_cast<long long>(n), b, t, static_cast<unsigned long long>(seed),
               (*gpu)->DeviceName().c_str());
@@ -218,19 +303,15 @@ int Gpt2(const Flags& f) {
   // GPU: the CPU model's initial weights, copied in.
   auto start = std::chrono::steady_clock::now();
   if (absl::Status s = (*gpu)->SetParams(cpu->params()); !s.ok()) return Fail("gpt2", s);
-  absl::StatusOr<double> gpu_loss = (*gpu)->Forward(tokens.data(), targets.data(), b, t);
+  absl::StatusOr<double> gpu_loss = ForwardBackward(**gpu, batch, batch.LossWeight<float>());
   if (!gpu_loss.ok()) return Fail("gpt2", gpu_loss.status());
-  if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail("gpt2", s);
-  if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail("gpt2", s);
   std::vector<float> gpu_grads(n);
   if (absl::Status s = (*gpu)->GetGrads(gpu_grads.data()); !s.ok()) return Fail("gpt2", s);
   const double gpu_seconds = Seconds(start);
 
   start = std::chrono::steady_clock::now();
-  absl::StatusOr<double> cpu_loss = cpu->Forward(tokens.data(), targets.data(), b, t);
+  absl::StatusOr<double> cpu_loss = ForwardBackward(*cpu, batch, batch.LossWeight<float>());
   if (!cpu_loss.ok()) return Fail("gpt2", cpu_loss.status());
-  cpu->ZeroGrad();
-  if (absl::Status s = cpu->Backward(loss_weight); !s.ok()) return Fail("gpt2", s);
   const double cpu_seconds = Seconds(start);
   std::printf(
       "forward + backward: GPU %.2f s (first call: plans, allocation), CPU %.2f s (%d "
@@ -238,59 +319,10 @@ int Gpt2(const Flags& f) {
       gpu_seconds, cpu_seconds, kernels::NumThreads());
 
   // Optionally, both against the double model, from the same (float) weights.
-  std::vector<double> exact_grads;
-  double exact_loss = 0;
-  if (f.with_double) {
-    absl::StatusOr<model::GptModel<double>> dbl = model::GptModel<double>::Create(config);
-    if (!dbl.ok()) return Fail("gpt2", dbl.status());
-    std::copy(cpu->params(), cpu->params() + n, dbl->params());
-    absl::StatusOr<double> loss = dbl->Forward(tokens.data(), targets.data(), b, t);
-    if (!loss.ok()) return Fail("gpt2", loss.status());
-    dbl->ZeroGrad();
-    if (absl::Status s = dbl->Backward(1.0 / static_cast<double>(bt)); !s.ok()) {
-      return Fail("gpt2", s);
-    }
-    exact_loss = *loss;
-    exact_grads.assign(dbl->grads(), dbl->grads() + n);
-  }
-
-  bool ok = true;
-  const double loss_err = RelDiff(*gpu_loss, *cpu_loss);
-  ok = ok && loss_err <= kGpt2LossTolerance;
-  std::printf("\n%-26s %11s %12s %10s", "tensor", "elements", "|grad| CPU", "GPU vs CPU");
-  if (f.with_double) std::printf(" %10s %10s", "GPU vs f64", "CPU vs f64");
-  std::printf("\n%-26s %11s %12.6f %10.2e", "loss", "1", *cpu_loss, loss_err);
-  if (f.with_double) {
-    std::printf(" %10.2e %10.2e", RelDiff(*gpu_loss, exact_loss), RelDiff(*cpu_loss, exact_loss));
-  }
-  std::printf("%s\n", loss_err <= kGpt2LossTolerance ? "" : "  FAIL");
-  double worst = 0;
-  std::string worst_name;
-  int failed = 0;
-  for (const model::ParamTensor& p : cpu->layout().tensors()) {
-    const double err = TensorRelErr(gpu_grads.data(), cpu->grads(), p);
-    double norm = 0;
-    for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
-      norm += static_cast<double>(cpu->grads()[i]) * cpu->grads()[i];
-    }
-    std::printf("%-26s %11lld %12.4e %10.2e", p.name.c_str(), static_cast<long long>(p.size),
-                std::sqrt(norm), err);
-    if (f.with_double) {
-      std::printf(" %10.2e %10.2e", TensorRelErr(gpu_grads.data(), exact_grads.data(), p),
-                  TensorRelErr(cpu->grads(), exact_grads.data(), p));
-    }
-    const bool tensor_ok = err <= kGpt2GradTolerance;  // also false for NaN
-    std::printf("%s\n", tensor_ok ? "" : "  FAIL");
-    failed += !tensor_ok;
-    if (!(err <= worst)) worst = err, worst_name = p.name;
-  }
-  ok = ok && failed == 0;
-  std::printf(
-      "\ngpt2: loss GPU %.9f CPU %.9f (rel %.2e, tolerance %.0e); worst tensor gradient %.2e "
-      "(%s), tolerance %.0e, %d of %zu tensors over: %s\n",
-      *gpu_loss, *cpu_loss, loss_err, kGpt2LossTolerance, worst, worst_name.c_str(),
-      kGpt2GradTolerance, failed, cpu->layout().tensors().size(), ok ? "PASS" : "FAIL");
-  return ok ? 0 : 1;
+  const absl::StatusOr<Exact> exact = f.with_double ? DoubleReference(*cpu, batch) : Exact{};
+  if (!exact.ok()) return Fail("gpt2", exact.status());
+  const Exact* with_double = f.with_double ? &*exact : nullptr;
+  return ReportGpt2(*gpu_loss, gpu_grads, *cpu_loss, *cpu, with_double) ? 0 : 1;
 }
 
 // --- train20m -----------------------------------------------------------------------------------
@@ -300,12 +332,9 @@ int Gpt2(const Flags& f) {
 // uniform tokens. The loss falls steadily (8.4 to 4.8 over 200 steps at the defaults), so the two
 // sides are compared along a learning curve, not a flat one. Batch `step`: tokens [b, t] and
 // targets (the same sequences shifted by one).
-struct Batch {
-  std::vector<int32_t> tokens, targets;
-};
 Batch SyntheticBatch(int64_t step, int b, int t, int32_t vocab, uint64_t seed) {
   auto next = [vocab](int64_t x) { return static_cast<int32_t>((x * 1103 + 17) % vocab); };
-  Batch batch;
+  Batch batch{b, t, {}, {}};
   std::vector<int32_t> seq(t + 1);
   for (int r = 0; r < b; ++r) {
     for (int i = 0; i <= t; ++i) {
@@ -339,10 +368,13 @@ struct Train20mRun {
   }
 };
 
-// The CPU reference's loss and gradient norm at each step.
-struct CpuLosses {
-  std::vector<double> loss, norm;
+// A training step's loss and gradient norm.
+struct StepResult {
+  double loss = 0, norm = 0;
 };
+
+// The CPU reference's loss and gradient norm at each step.
+using CpuLosses = std::vector<StepResult>;
 
 constexpr char kLossesComment[] =
     "# troupe_gpu_check train20m: the CPU reference's loss and gradient norm at each step "
@@ -355,8 +387,8 @@ absl::Status WriteCpuLosses(const std::string& path, const Train20mRun& run,
     std::ofstream out(tmp, std::ios::trunc);
     out << kLossesComment << "\n" << run.Header() << "\n";
     char line[96];
-    for (size_t i = 0; i < losses.loss.size(); ++i) {
-      std::snprintf(line, sizeof(line), "%zu %.17g %.17g\n", i, losses.loss[i], losses.norm[i]);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      std::snprintf(line, sizeof(line), "%zu %.17g %.17g\n", i, losses[i].loss, losses[i].norm);
       out << line;
     }
     out.flush();
@@ -402,36 +434,176 @@ absl::StatusOr<CpuLosses> ReadCpuLosses(const std::string& path, const Train20mR
     double loss = 0, norm = 0;
     std::string rest;
     if (!(fields >> step >> loss >> norm) || (fields >> rest) ||
-        step != static_cast<long long>(losses.loss.size()) || !std::isfinite(loss) ||
+        step != static_cast<long long>(losses.size()) || !std::isfinite(loss) ||
         !std::isfinite(norm)) {
       return absl::InvalidArgumentError(
           "--cpu-losses " + path + ": expected 'STEP LOSS NORM' for step " +
-          std::to_string(losses.loss.size()) + ", got '" + line + "'" + rewrite);
+          std::to_string(losses.size()) + ", got '" + line + "'" + rewrite);
     }
-    losses.loss.push_back(loss);
-    losses.norm.push_back(norm);
+    losses.push_back({loss, norm});
   }
-  if (losses.loss.size() != static_cast<size_t>(run.steps)) {
+  if (losses.size() != static_cast<size_t>(run.steps)) {
     return absl::InvalidArgumentError("--cpu-losses " + path + ": " +
-                                      std::to_string(losses.loss.size()) + " steps, expected " +
+                                      std::to_string(losses.size()) + " steps, expected " +
                                       std::to_string(run.steps) + " (truncated?)" + rewrite);
   }
   return losses;
 }
 
-int Train20m(const Flags& f) {
+// What the train20m modes share: the run, its optimizer and the CPU model (its initial weights).
+struct Train20mSetup {
   Train20mRun run;
-  run.steps = static_cast<int>(f.Int("steps", 200));
-  run.b = static_cast<int>(f.Int("b", 4));
-  run.t = static_cast<int>(f.Int("t", 128));
-  run.seed = static_cast<uint64_t>(f.Int("seed", 1));
-  run.bf16 = f.bf16;
-  const int steps = run.steps, b = run.b, t = run.t;
-  const uint64_t seed = run.seed;
-  const bool bf16 = run.bf16;
+  GptConfig config;
+  model::AdamWConfig adamw;  // β 0.9 / 0.95, clip at 1, weight decay 0.1 on matrices
+  model::LrSchedule schedule;
+  model::GptModel<float>* cpu = nullptr;
+};
+
+absl::StatusOr<StepResult> GpuStep(GptDevice& gpu, const Train20mSetup& s, const Batch& batch,
+                                   int64_t step) {
+  TROUPE_ASSIGN_OR_RETURN(double loss, ForwardBackward(gpu, batch, batch.LossWeight<float>()));
+  TROUPE_ASSIGN_OR_RETURN(double norm, gpu.Step(s.adamw, s.schedule, step));
+  return StepResult{loss, norm};
+}
+
+// The CPU side: GptModel<float> + GradNorm + AdamWUpdateRange, model::Trainer's step for one
+// microbatch. Its fp32 master weights are the model's own buffer in fp32; with bf16, a separate
+// buffer, and the model computes with its bf16 rounding, as the GPU's bf16 weight copy.
+class CpuReference {
+ public:
+  explicit CpuReference(const Train20mSetup& s) : s_(s), cpu_(*s.cpu), n_(cpu_.num_params()) {
+    if (s.run.bf16) master_.assign(cpu_.params(), cpu_.params() + n_);
+    m_.assign(n_, 0.0f), v_.assign(n_, 0.0f);
+  }
+
+  absl::StatusOr<StepResult> Step(const Batch& batch, int64_t step) {
+    if (s_.run.bf16) {
+      for (int64_t i = 0; i < n_; ++i) cpu_.params()[i] = RoundToBf16(master_[i]);
+    }
+    TROUPE_ASSIGN_OR_RETURN(double loss, ForwardBackward(cpu_, batch, batch.LossWeight<float>()));
+    const double norm = model::GradNorm(cpu_.grads(), n_);
+    float* master = s_.run.bf16 ? master_.data() : cpu_.params();
+    model::AdamWUpdateRange(cpu_.layout(), 0, n_, master, cpu_.grads(), m_.data(), v_.data(),
+                            s_.adamw, model::StepScalars(s_.adamw, s_.schedule, step, norm));
+    return StepResult{loss, norm};
+  }
+
+ private:
+  const Train20mSetup& s_;
+  model::GptModel<float>& cpu_;
+  const int64_t n_;
+  std::vector<float> master_, m_, v_;
+};
+
+// --write-cpu-losses: the CPU side alone, each step's loss and gradient norm into `path`.
+int WriteCpuLossesMode(const Train20mSetup& s, const std::string& cpu_how,
+                       const std::string& path) {
+  const Train20mRun& run = s.run;
+  std::printf(
+      "train20m --write-cpu-losses: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up "
+      "%lld), seed %llu, the CPU side only (for a GPU run %s): %s, into %s\n",
+      static_cast<long long>(run.params), run.b, run.t, run.steps, s.schedule.max_lr,
+      static_cast<long long>(s.schedule.warmup_steps), static_cast<unsigned long long>(run.seed),
+      run.bf16 ? "with --bf16" : "in fp32", cpu_how.c_str(), path.c_str());
+  std::printf("%6s %12s %12s\n", "step", "loss CPU", "norm CPU");
+  CpuReference reference(s);
+  CpuLosses written;
+  double cpu_seconds = 0;
+  for (int64_t step = 0; step < run.steps; ++step) {
+    const Batch batch = SyntheticBatch(step, run.b, run.t, s.config.vocab_size, run.seed);
+    auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<StepResult> cpu = reference.Step(batch, step);
+    if (!cpu.ok()) return Fail("train20m", cpu.status());
+    cpu_seconds += Seconds(start);
+    written.push_back(*cpu);
+    if (step % 10 == 0 || step == run.steps - 1) {
+      std::printf("%6lld %12.6f %12.4e\n", static_cast<long long>(step), cpu->loss, cpu->norm);
+      std::fflush(stdout);
+    }
+  }
+  if (absl::Status st = WriteCpuLosses(path, run, written); !st.ok()) return Fail("train20m", st);
+  std::printf("\ntrain20m --write-cpu-losses (%s): %d steps written to %s; CPU %.3f s/step\n",
+              run.bf16 ? "bf16" : "fp32", run.steps, path.c_str(), cpu_seconds / run.steps);
+  return 0;
+}
+
+// The steps whose losses differ by more than the tolerance, and the worst difference.
+struct LossAgreement {
+  double worst = 0;
+  int64_t worst_step = 0, over = 0, first_over = -1;
+  // Whether `diff`, step's relative difference, is within `tolerance` (false for NaN).
+  bool Add(int64_t step, double diff, double tolerance) {
+    const bool ok = diff <= tolerance;
+    if (!ok && first_over < 0) first_over = step;
+    over += !ok;
+    if (!(diff <= worst)) worst = diff, worst_step = step;
+    return ok;
+  }
+};
+
+// The GPU trained beside the CPU side (computed here, or `precomputed`), the losses compared at
+// every step.
+int CompareTrain20m(const Train20mSetup& s, GptDevice& gpu, const std::string& cpu_how,
+                    const CpuLosses* precomputed) {
+  const Train20mRun& run = s.run;
+  const double tolerance = run.bf16 ? kTrainBf16Tolerance : kTrainFp32Tolerance;
+  std::printf(
+      "train20m: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up %lld), seed %llu, GPU "
+      "%s on %s; %s; tolerance |Δloss|/loss <= %.0e\n",
+      static_cast<long long>(run.params), run.b, run.t, run.steps, s.schedule.max_lr,
+      static_cast<long long>(s.schedule.warmup_steps), static_cast<unsigned long long>(run.seed),
+      run.bf16 ? "bf16 (fp32 master weights)" : "fp32", gpu.DeviceName().c_str(), cpu_how.c_str(),
+      tolerance);
+  std::printf("%6s %12s %12s %10s %12s %12s\n", "step", "loss CPU", "loss GPU", "rel diff",
+              "norm CPU", "norm GPU");
+  std::optional<CpuReference> reference;  // not needed when the CPU side's losses are read
+  if (precomputed == nullptr) reference.emplace(s);
+  LossAgreement agreement;
+  double gpu_seconds = 0, cpu_seconds = 0;
+  for (int64_t step = 0; step < run.steps; ++step) {
+    const Batch batch = SyntheticBatch(step, run.b, run.t, s.config.vocab_size, run.seed);
+    auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<StepResult> g = GpuStep(gpu, s, batch, step);
+    if (!g.ok()) return Fail("train20m", g.status());
+    gpu_seconds += Seconds(start);
+    start = std::chrono::steady_clock::now();  // reported only when computed here
+    const absl::StatusOr<StepResult> c =
+        precomputed != nullptr ? (*precomputed)[step] : reference->Step(batch, step);
+    if (!c.ok()) return Fail("train20m", c.status());
+    cpu_seconds += Seconds(start);
+    const double diff = RelDiff(g->loss, c->loss);
+    const bool step_ok = agreement.Add(step, diff, tolerance);
+    if (step % 10 == 0 || step == run.steps - 1 || !step_ok) {
+      std::printf("%6lld %12.6f %12.6f %10.2e %12.4e %12.4e%s\n", static_cast<long long>(step),
+                  c->loss, g->loss, diff, c->norm, g->norm, step_ok ? "" : "  FAIL");
+      std::fflush(stdout);
+    }
+  }
+  const bool ok = agreement.over == 0;
+  const std::string first = ok ? "" : " (first: step " + std::to_string(agreement.first_over) + ")";
+  char cpu_time[64];
+  if (precomputed != nullptr) {
+    std::snprintf(cpu_time, sizeof(cpu_time), "CPU precomputed");
+  } else {
+    std::snprintf(cpu_time, sizeof(cpu_time), "CPU %.3f s/step", cpu_seconds / run.steps);
+  }
+  std::printf(
+      "\ntrain20m (%s): worst |Δloss|/loss %.2e at step %lld, tolerance %.0e; %lld of %d steps "
+      "over%s; GPU %.3f s/step, %s: %s\n",
+      run.bf16 ? "bf16" : "fp32", agreement.worst, static_cast<long long>(agreement.worst_step),
+      tolerance, static_cast<long long>(agreement.over), run.steps, first.c_str(),
+      gpu_seconds / run.steps, cpu_time, ok ? "PASS" : "FAIL");
+  return ok ? 0 : 1;
+}
+
+int Train20m(const Flags& f) {
+  Train20mSetup s;
+  Train20mRun& run = s.run;
+  run = {static_cast<int>(f.Int("steps", 200)), static_cast<int>(f.Int("b", 4)),
+         static_cast<int>(f.Int("t", 128)), static_cast<uint64_t>(f.Int("seed", 1)), f.bf16};
   const std::string write_path = f.String("write-cpu-losses");
   const std::string read_path = f.String("cpu-losses");
-  const GptConfig config = GptConfig::Small20M(4096);
+  s.config = GptConfig::Small20M(4096);
   if (!write_path.empty() && !read_path.empty()) {
     std::fprintf(stderr,
                  "troupe_gpu_check train20m: --write-cpu-losses and --cpu-losses exclude each "
@@ -439,35 +611,35 @@ int Train20m(const Flags& f) {
                  kUsage);
     return 2;
   }
-  if (steps <= 0 || b <= 0 || t <= 0 || t > config.context_length) {
+  if (run.steps <= 0 || run.b <= 0 || run.t <= 0 || run.t > s.config.context_length) {
     std::fprintf(stderr,
                  "troupe_gpu_check train20m: expected --steps > 0, --b > 0, 0 < --t <= %d\n",
-                 config.context_length);
+                 s.config.context_length);
     return 2;
   }
   const bool cpu_only = !write_path.empty();
-  const bool cpu_precomputed = !read_path.empty();
   // Model size, for the losses file's header, before the device (a file that does not fit is a
   // usage error, reported with or without a GPU).
-  run.params = model::ParamLayout(config).total_size();
-  CpuLosses precomputed;
-  if (cpu_precomputed) {
-    absl::StatusOr<CpuLosses> read = ReadCpuLosses(read_path, run);
-    if (!read.ok()) {
-      std::fprintf(stderr, "troupe_gpu_check train20m: %s\n", read.status().ToString().c_str());
+  run.params = model::ParamLayout(s.config).total_size();
+  absl::StatusOr<CpuLosses> precomputed = absl::UnavailableError("not read");
+  if (!read_path.empty()) {
+    precomputed = ReadCpuLosses(read_path, run);
+    if (!precomputed.ok()) {
+      std::fprintf(stderr, "troupe_gpu_check train20m: %s\n",
+                   precomputed.status().ToString().c_str());
       return 2;
     }
-    precomputed = *std::move(read);
   }
   int exit_code = 0;
   absl::StatusOr<std::unique_ptr<GptDevice>> gpu = absl::UnavailableError("not opened");
   if (!cpu_only) {
-    gpu = OpenDevice("train20m", config, static_cast<int>(f.Int("device", 0)), bf16, &exit_code);
+    gpu = OpenDevice("train20m", s.config, static_cast<int>(f.Int("device", 0)), run.bf16,
+                     &exit_code);
     if (!gpu.ok()) return exit_code;
   }
-  absl::StatusOr<model::GptModel<float>> cpu = model::GptModel<float>::Create(config);
+  absl::StatusOr<model::GptModel<float>> cpu = model::GptModel<float>::Create(s.config);
   if (!cpu.ok()) return Fail("train20m", cpu.status());
-  cpu->InitParams(seed);
+  cpu->InitParams(run.seed);
   const int64_t n = cpu->num_params();
   if (n != run.params) {
     return Fail("train20m",
@@ -475,136 +647,18 @@ int Train20m(const Flags& f) {
                                     " parameters, its layout " + std::to_string(run.params)));
   }
   if (!cpu_only) {
-    if (absl::Status s = (*gpu)->SetParams(cpu->params()); !s.ok()) return Fail("train20m", s);
+    if (absl::Status st = (*gpu)->SetParams(cpu->params()); !st.ok()) return Fail("train20m", st);
   }
-
-  model::AdamWConfig adamw;  // β 0.9 / 0.95, clip at 1, weight decay 0.1 on matrices
-  model::LrSchedule schedule;
-  schedule.max_lr = 3e-4f;  // the stable regime the tolerances are for (see the top)
-  schedule.min_lr = 3e-5f;
-  schedule.warmup_steps = std::min(20, steps);
-  schedule.total_steps = steps;
-  // The CPU side's fp32 master weights: the model's own buffer in fp32; with bf16, a separate
-  // buffer, and the model computes with its bf16 rounding, as the GPU's bf16 weight copy. Not
-  // needed when the CPU side's losses are read from a file.
-  std::vector<float> master;
-  if (bf16 && !cpu_precomputed) master.assign(cpu->params(), cpu->params() + n);
-  float* cpu_master = bf16 ? master.data() : cpu->params();
-  std::vector<float> m, v;
-  if (!cpu_precomputed) m.assign(n, 0.0f), v.assign(n, 0.0f);
-  const float loss_weight = 1.0f / static_cast<float>(int64_t{b} * t);
-  const double tolerance = bf16 ? kTrainBf16Tolerance : kTrainFp32Tolerance;
-
-  std::string cpu_how = bf16 ? "CPU fp32 from the bf16-rounded master weights" : "CPU fp32";
-  cpu_how += cpu_precomputed ? ", precomputed: read from " + read_path
-                             : " (" + std::to_string(kernels::NumThreads()) + " threads)";
-  if (cpu_only) {
-    std::printf(
-        "train20m --write-cpu-losses: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up "
-        "%lld), seed %llu, the CPU side only (for a GPU run %s): %s, into %s\n",
-        static_cast<long long>(n), b, t, steps, schedule.max_lr,
-        static_cast<long long>(schedule.warmup_steps), static_cast<unsigned long long>(seed),
-        bf16 ? "with --bf16" : "in fp32", cpu_how.c_str(), write_path.c_str());
-    std::printf("%6s %12s %12s\n", "step", "loss CPU", "norm CPU");
-  } else {
-    std::printf(
-        "train20m: %lld parameters, B=%d T=%d, %d steps, lr %.0e (warm-up %lld), seed %llu, GPU "
-        "%s on %s; %s; tolerance |Δloss|/loss <= %.0e\n",
-        static_cast<long long>(n), b, t, steps, schedule.max_lr,
-        static_cast<long long>(schedule.warmup_steps), static_cast<unsigned long long>(seed),
-        bf16 ? "bf16 (fp32 master weights)" : "fp32", (*gpu)->DeviceName().c_str(), cpu_how.c_str(),
-        tolerance);
-    std::printf("%6s %12s %12s %10s %12s %12s\n", "step", "loss CPU", "loss GPU", "rel diff",
-                "norm CPU", "norm GPU");
-  }
-  CpuLosses written;
-  double worst = 0;
-  int64_t worst_step = 0, over = 0, first_over = -1;
-  double gpu_seconds = 0, cpu_seconds = 0;
-  for (int64_t step = 0; step < steps; ++step) {
-    const Batch batch = SyntheticBatch(step, b, t, config.vocab_size, seed);
-
-    double gpu_loss_value = 0, gpu_norm_value = 0;
-    if (!cpu_only) {
-      auto start = std::chrono::steady_clock::now();
-      absl::StatusOr<double> gpu_loss =
-          (*gpu)->Forward(batch.tokens.data(), batch.targets.data(), b, t);
-      if (!gpu_loss.ok()) return Fail("train20m", gpu_loss.status());
-      if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail("train20m", s);
-      if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
-      absl::StatusOr<double> gpu_norm = (*gpu)->Step(adamw, schedule, step);
-      if (!gpu_norm.ok()) return Fail("train20m", gpu_norm.status());
-      gpu_seconds += Seconds(start);
-      gpu_loss_value = *gpu_loss;
-      gpu_norm_value = *gpu_norm;
-    }
-
-    double cpu_loss_value = 0, cpu_norm = 0;
-    if (cpu_precomputed) {
-      cpu_loss_value = precomputed.loss[step];
-      cpu_norm = precomputed.norm[step];
-    } else {
-      auto start = std::chrono::steady_clock::now();
-      if (bf16) {
-        for (int64_t i = 0; i < n; ++i) cpu->params()[i] = RoundToBf16(master[i]);
-      }
-      absl::StatusOr<double> cpu_loss =
-          cpu->Forward(batch.tokens.data(), batch.targets.data(), b, t);
-      if (!cpu_loss.ok()) return Fail("train20m", cpu_loss.status());
-      cpu->ZeroGrad();
-      if (absl::Status s = cpu->Backward(loss_weight); !s.ok()) return Fail("train20m", s);
-      cpu_norm = model::GradNorm(cpu->grads(), n);
-      model::AdamWUpdateRange(cpu->layout(), 0, n, cpu_master, cpu->grads(), m.data(), v.data(),
-                              adamw, model::StepScalars(adamw, schedule, step, cpu_norm));
-      cpu_seconds += Seconds(start);
-      cpu_loss_value = *cpu_loss;
-    }
-
-    if (cpu_only) {
-      written.loss.push_back(cpu_loss_value);
-      written.norm.push_back(cpu_norm);
-      if (step % 10 == 0 || step == steps - 1) {
-        std::printf("%6lld %12.6f %12.4e\n", static_cast<long long>(step), cpu_loss_value,
-                    cpu_norm);
-        std::fflush(stdout);
-      }
-      continue;
-    }
-    const double diff = RelDiff(gpu_loss_value, cpu_loss_value);
-    const bool step_ok = diff <= tolerance;  // also false for NaN
-    if (!step_ok && first_over < 0) first_over = step;
-    over += !step_ok;
-    if (!(diff <= worst)) worst = diff, worst_step = step;
-    if (step % 10 == 0 || step == steps - 1 || !step_ok) {
-      std::printf("%6lld %12.6f %12.6f %10.2e %12.4e %12.4e%s\n", static_cast<long long>(step),
-                  cpu_loss_value, gpu_loss_value, diff, cpu_norm, gpu_norm_value,
-                  step_ok ? "" : "  FAIL");
-      std::fflush(stdout);
-    }
-  }
-  if (cpu_only) {
-    if (absl::Status s = WriteCpuLosses(write_path, run, written); !s.ok()) {
-      return Fail("train20m", s);
-    }
-    std::printf("\ntrain20m --write-cpu-losses (%s): %d steps written to %s; CPU %.3f s/step\n",
-                bf16 ? "bf16" : "fp32", steps, write_path.c_str(), cpu_seconds / steps);
-    return 0;
-  }
-  const bool ok = over == 0;
-  const std::string first = ok ? "" : " (first: step " + std::to_string(first_over) + ")";
-  char cpu_time[64];
-  if (cpu_precomputed) {
-    std::snprintf(cpu_time, sizeof(cpu_time), "CPU precomputed");
-  } else {
-    std::snprintf(cpu_time, sizeof(cpu_time), "CPU %.3f s/step", cpu_seconds / steps);
-  }
-  std::printf(
-      "\ntrain20m (%s): worst |Δloss|/loss %.2e at step %lld, tolerance %.0e; %lld of %d steps "
-      "over%s; GPU %.3f s/step, %s: %s\n",
-      bf16 ? "bf16" : "fp32", worst, static_cast<long long>(worst_step), tolerance,
-      static_cast<long long>(over), steps, first.c_str(), gpu_seconds / steps, cpu_time,
-      ok ? "PASS" : "FAIL");
-  return ok ? 0 : 1;
+  s.cpu = &*cpu;
+  s.schedule.max_lr = 3e-4f;  // the stable regime the tolerances are for (see the top)
+  s.schedule.min_lr = 3e-5f;
+  s.schedule.warmup_steps = std::min(20, run.steps);
+  s.schedule.total_steps = run.steps;
+  std::string cpu_how = run.bf16 ? "CPU fp32 from the bf16-rounded master weights" : "CPU fp32";
+  cpu_how += !read_path.empty() ? ", precomputed: read from " + read_path
+                                : " (" + std::to_string(kernels::NumThreads()) + " threads)";
+  if (cpu_only) return WriteCpuLossesMode(s, cpu_how, write_path);
+  return CompareTrain20m(s, **gpu, cpu_how, precomputed.ok() ? &*precomputed : nullptr);
 }
 
 int Main(int argc, char** argv) {

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "job_views.h"
 #include "nlohmann/json.hpp"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/runtime.h"
 
@@ -69,8 +70,7 @@ struct Session {
 };
 
 absl::StatusOr<Session> Open(const JobFlags& f) {
-  absl::StatusOr<std::pair<std::string, uint16_t>> hp = runtime::ParseHostPort(f.head);
-  if (!hp.ok()) return hp.status();
+  TROUPE_ASSIGN_OR_RETURN(auto hp, runtime::ParseHostPort(f.head));
   runtime::RuntimeOptions ro = f.runtime;
   ro.network = true;
   Session s;
@@ -78,17 +78,15 @@ absl::StatusOr<Session> Open(const JobFlags& f) {
       runtime::Runtime::Create(runtime::ActorRegistry{}, ro);
   if (!rt.ok()) return rt.status();
   s.runtime = std::move(*rt);
-  absl::StatusOr<runtime::ClusterClient> c =
-      runtime::ClusterClient::Connect(*s.runtime, hp->first, hp->second);
-  if (!c.ok()) return c.status();
-  s.client.emplace(std::move(*c));
+  TROUPE_ASSIGN_OR_RETURN(runtime::ClusterClient c,
+                          runtime::ClusterClient::Connect(*s.runtime, hp.first, hp.second));
+  s.client.emplace(std::move(c));
   return s;
 }
 
 absl::StatusOr<json> JobRecord(runtime::ClusterClient& c, const std::string& id) {
-  absl::StatusOr<std::string> v = c.View("job", id);
-  if (!v.ok()) return v.status();
-  return json::parse(*v);
+  TROUPE_ASSIGN_OR_RETURN(std::string v, c.View("job", id));
+  return json::parse(v);
 }
 
 bool Ended(const json& j) {
@@ -127,7 +125,7 @@ int Fail(const absl::Status& s) {
 }
 
 int Submit(runtime::ClusterClient& c, const JobFlags& f) {
-  absl::StatusOr<actors::JobSpec> spec = f.spec.Make();
+  absl::StatusOr<train::JobSpec> spec = f.spec.Make();
   if (!spec.ok()) return Fail(absl::InvalidArgumentError(spec.status().message()));
   // The driver runs elsewhere, in another directory: paths are made absolute here.
   spec->work_dir = std::filesystem::absolute(spec->work_dir).lexically_normal().string();

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::tools {
 namespace {
@@ -191,9 +192,8 @@ bool IsFault(const JobEvent& e) { return e.event == "fault_fired" || e.event == 
 // The Reader checks each type before get<>() and dumps replace invalid UTF-8, so nothing here
 // should throw; the catch keeps "no exception escapes" true should nlohmann find another reason.
 absl::StatusOr<std::string> Guarded(const json& j, std::string (*view)(const JobRecord&)) try {
-  absl::StatusOr<JobRecord> job = ReadJob(j);
-  if (!job.ok()) return job.status();
-  return view(*job);
+  TROUPE_ASSIGN_OR_RETURN(JobRecord job, ReadJob(j));
+  return view(job);
 } catch (const json::exception& e) {
   return absl::InvalidArgumentError(absl::StrCat("job: ", e.what()));
 }

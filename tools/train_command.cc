@@ -8,8 +8,10 @@
 #include "absl/strings/str_format.h"
 #include "commands.h"
 #include "troupe/actors/training.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/config.h"
+#include "troupe/train/preempted.h"
 
 namespace troupe::tools {
 namespace {
@@ -79,14 +81,14 @@ void SpecFlags::Register(runtime::ConfigRegistry& config) {
                    "token shards ([model] data_dir; \"\": the spec's, or <work_dir>/data)");
   config.AddStringList("chaos", &chaos, "faults to inject, KIND@STEP[:ARG] (added to the spec's)",
                        [](const std::string& v) {
-                         absl::StatusOr<actors::Fault> f = actors::ParseFault(v);
+                         absl::StatusOr<train::Fault> f = train::ParseFault(v);
                          return f.ok() ? std::string() : std::string(f.status().message());
                        });
 }
 
-absl::StatusOr<actors::JobSpec> SpecFlags::Make() const {
-  absl::StatusOr<actors::JobSpec> spec =
-      spec_path.empty() ? actors::ParseJobSpec("", "(defaults)") : actors::LoadJobSpec(spec_path);
+absl::StatusOr<train::JobSpec> SpecFlags::Make() const {
+  absl::StatusOr<train::JobSpec> spec =
+      spec_path.empty() ? train::ParseJobSpec("", "(defaults)") : train::LoadJobSpec(spec_path);
   if (!spec.ok()) return spec.status();
   if (workers > 0) {
     spec->workers = static_cast<int32_t>(workers);
@@ -100,12 +102,11 @@ absl::StatusOr<actors::JobSpec> SpecFlags::Make() const {
   if (!work_dir.empty()) spec->work_dir = work_dir;
   if (!data_dir.empty()) spec->model.data_dir = data_dir;
   for (const std::string& c : chaos) {
-    absl::StatusOr<actors::Fault> fault = actors::ParseFault(c);
-    if (!fault.ok()) return fault.status();
-    spec->faults.push_back(*fault);
+    TROUPE_ASSIGN_OR_RETURN(train::Fault fault, train::ParseFault(c));
+    spec->faults.push_back(fault);
   }
   // Re-validate the combination (flags may have moved fields out of range).
-  return actors::ParseJobSpec(spec->ToToml(), "flags + spec");
+  return train::ParseJobSpec(spec->ToToml(), "flags + spec");
 }
 
 int RunTrain(const Args& args) {
@@ -113,7 +114,7 @@ int RunTrain(const Args& args) {
   runtime::ConfigRegistry config;
   flags.Register(config);
   if (int rc = runtime::ParseCommandLine("train", kUsage, args, config); rc >= 0) return rc;
-  absl::StatusOr<actors::JobSpec> spec = flags.spec.Make();
+  absl::StatusOr<train::JobSpec> spec = flags.spec.Make();
   if (!spec.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", std::string(spec.status().message()).c_str());
     return 2;
@@ -123,7 +124,7 @@ int RunTrain(const Args& args) {
   absl::StatusOr<actors::JobReport> report = actors::RunTrainingJob(*spec, flags.options);
   if (!report.ok()) {
     std::fprintf(stderr, "troupe train: %s\n", report.status().ToString().c_str());
-    return actors::IsPreempted(report.status()) ? kExitPreempted : 1;
+    return train::IsPreempted(report.status()) ? kExitPreempted : 1;
   }
   if (!flags.report_path.empty()) {
     std::ofstream out(flags.report_path);

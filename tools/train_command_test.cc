@@ -13,7 +13,7 @@
 #include <string>
 
 #include "shell_test_util.h"
-#include "troupe/actors/trainable.h"
+#include "troupe/train/trainable.h"
 
 namespace troupe::tools {
 namespace {
@@ -128,7 +128,7 @@ TEST_F(TrainCommandTest, BadValuesNameTheOptionTheSourceTheExpectationAndTheValu
 // A job that asks for a GPU on a machine without a usable one fails before any process starts,
 // naming the CUDA runtime's error (cudaErrorInsufficientDriver where the driver is missing).
 TEST_F(TrainCommandTest, ACudaModelWithoutAUsableDeviceFailsFastNamingTheCudaError) {
-  const absl::Status usable = actors::CheckDeviceUsable({actors::Device::Kind::kCuda, 0});
+  const absl::Status usable = train::CheckDeviceUsable({train::Device::Kind::kCuda, 0});
   if (usable.ok()) GTEST_SKIP() << "a CUDA device is usable here: scripts/gpu-check covers it";
   {
     std::ofstream spec(dir_ + "/cuda.toml");

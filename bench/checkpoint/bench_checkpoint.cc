@@ -30,20 +30,20 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "troupe/actors/checkpoint_store.h"
-#include "troupe/actors/checkpoint_writer.h"
 #include "troupe/kernels/parallel.h"
 #include "troupe/model/data_source.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/trainer.h"
+#include "troupe/train/checkpoint_store.h"
+#include "troupe/train/checkpoint_writer.h"
 
 namespace troupe::bench {
 namespace {
 
-using actors::CheckpointManifest;
-using actors::CheckpointStore;
-using actors::CheckpointWriter;
-using actors::ShardView;
+using train::CheckpointManifest;
+using train::CheckpointStore;
+using train::CheckpointWriter;
+using train::ShardView;
 using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t) {
@@ -96,7 +96,7 @@ class Bench {
     absl::StatusOr<model::Trainer> trainer = model::Trainer::Create(options, data_.get());
     if (!trainer.ok()) Die("trainer", trainer.status());
     trainer_ = std::make_unique<model::Trainer>(*std::move(trainer));
-    actors::CheckpointStoreOptions store_options;
+    train::CheckpointStoreOptions store_options;
     store_options.dir = dir + "/ckpt-" + job.name;
     store_options.keep_last = 2;
     absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(store_options);
@@ -228,7 +228,7 @@ std::vector<int32_t> RandomTokens(int64_t n, int32_t vocab) {
 }
 
 void DropFromCache(const std::string& dir) {
-  absl::StatusOr<std::vector<std::string>> names = actors::PosixFileSystem()->ListDir(dir);
+  absl::StatusOr<std::vector<std::string>> names = train::PosixFileSystem()->ListDir(dir);
   if (!names.ok()) return;
   for (const std::string& name : *names) {
     const std::string path = dir + "/" + name;
@@ -274,7 +274,7 @@ Throughput MeasureThroughput(const std::string& dir, int64_t n, int rounds) {
     m[i] = 1e-3f * std::cos(float(i));
     v[i] = 1e-6f * float(i % 977);
   }
-  actors::CheckpointStoreOptions options;
+  train::CheckpointStoreOptions options;
   options.dir = dir + "/ckpt-io";
   options.keep_last = 1;
   absl::StatusOr<std::unique_ptr<CheckpointStore>> store = CheckpointStore::Open(options);
@@ -297,7 +297,7 @@ Throughput MeasureThroughput(const std::string& dir, int64_t n, int rounds) {
     writes.push_back(bytes / Since(start) / 1e9);
     DropFromCache((*store)->StepDir(r + 1));
     start = Clock::now();
-    absl::StatusOr<actors::Checkpoint> ckpt = (*store)->LoadLatestValid();
+    absl::StatusOr<train::Checkpoint> ckpt = (*store)->LoadLatestValid();
     if (!ckpt.ok()) Die("load", ckpt.status());
     std::vector<float> bm(n), bv(n);
     if (absl::Status s = ckpt->ReadRange(0, n, back.data(), bm.data(), bv.data()); !s.ok()) {

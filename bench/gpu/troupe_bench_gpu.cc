@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpt_device.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/model/config.h"
 #include "troupe/model/optimizer.h"
 #include "troupe/model/rng.h"
@@ -119,7 +120,7 @@ absl::StatusOr<GptConfig> ConfigFor(const Flags& f) {
   } else {
     return absl::InvalidArgumentError("--size: expected gpt2, 20m or tiny, got '" + f.size + "'");
   }
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(config.Validate());
   return config;
 }
 
@@ -183,6 +184,108 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
+// False (after printing why) when B, T, the step counts or the peak are out of range.
+bool CheckRun(const Flags& f, const GptConfig& config) {
+  if (f.b <= 0 || f.t <= 0 || f.t > config.context_length || f.warmup < 0 || f.steps <= 0 ||
+      f.peak_tflops < 0) {
+    std::fprintf(stderr,
+                 "troupe_bench_gpu: expected --b > 0, 0 < --t <= %d, --warmup >= 0, --steps > 0, "
+                 "--peak-tflops >= 0\n",
+                 config.context_length);
+    return false;
+  }
+  return true;
+}
+
+// What is measured, and against which peak: the header's and the result line's fixed part.
+struct Setup {
+  GptConfig config;
+  int b = 0, t = 0;
+  bool bf16 = true;
+  std::string device;
+  double peak = 0;
+  int64_t params = 0, tokens = 0;
+  double flops_per_token = 0;
+};
+
+void PrintHeader(const Flags& f, const Setup& r) {
+  std::printf(
+      "troupe_bench_gpu: %s (%lld parameters: V=%d ctx=%d L=%d H=%d C=%d), B=%d T=%d (%lld "
+      "tokens/step), %s, on %s\n"
+      "  step: Forward + ZeroGrad + Backward + Step (global norm, clip at 1, AdamW), %ld warm-up "
+      "+ %ld timed steps\n"
+      "  model FLOPs/token = 6·N + 12·L·C·T = %.4g; peak %.0f TFLOP/s (dense bf16%s)\n",
+      f.size.c_str(), static_cast<long long>(r.params), r.config.vocab_size,
+      r.config.context_length, r.config.num_layers, r.config.num_heads, r.config.width, r.b, r.t,
+      static_cast<long long>(r.tokens),
+      r.bf16 ? "bf16 activations and gradients, fp32 master weights and AdamW" : "fp32",
+      r.device.c_str(), f.warmup, f.steps, r.flops_per_token, r.peak,
+      f.peak_tflops > 0 ? ", --peak-tflops" : ", from the device name");
+  std::fflush(stdout);
+}
+
+struct StepTimes {
+  std::vector<double> seconds;  // the timed steps', warm-up left out
+  double first_loss = 0, last_loss = 0;
+};
+
+// Runs the warm-up and timed steps; 0, or 1 after printing the error or a non-finite step.
+int TimeSteps(GptDevice& gpu, const Flags& f, const Setup& r, StepTimes* out) {
+  const std::vector<Batch> batches =
+      SyntheticBatches(4, r.b, r.t, r.config.vocab_size, static_cast<uint64_t>(f.seed));
+  model::AdamWConfig adamw;  // β 0.9 / 0.95, eps 1e-8, weight decay 0.1 on matrices, clip at 1
+  model::LrSchedule schedule;
+  schedule.max_lr = 3e-4f;
+  schedule.min_lr = 3e-5f;
+  schedule.warmup_steps = 10;
+  schedule.total_steps = f.warmup + f.steps;
+  const float loss_weight = 1.0f / static_cast<float>(r.tokens);
+
+  for (int64_t step = 0; step < f.warmup + f.steps; ++step) {
+    const Batch& batch = batches[step % batches.size()];
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<double> loss = gpu.Forward(batch.tokens.data(), batch.targets.data(), r.b, r.t);
+    if (!loss.ok()) return Fail(loss.status());
+    if (absl::Status s = gpu.ZeroGrad(); !s.ok()) return Fail(s);
+    if (absl::Status s = gpu.Backward(loss_weight); !s.ok()) return Fail(s);
+    absl::StatusOr<double> norm = gpu.Step(adamw, schedule, step);
+    if (!norm.ok()) return Fail(norm.status());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!std::isfinite(*loss) || !std::isfinite(*norm)) {
+      std::fprintf(stderr, "troupe_bench_gpu: step %lld: loss %g, gradient norm %g: not finite\n",
+                   static_cast<long long>(step), *loss, *norm);
+      return 1;
+    }
+    if (step == 0) out->first_loss = *loss;
+    out->last_loss = *loss;
+    if (step >= f.warmup) out->seconds.push_back(seconds);
+  }
+  return 0;
+}
+
+void PrintResult(const Setup& r, const StepTimes& times) {
+  std::vector<double> sorted = times.seconds;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted.size() % 2
+                            ? sorted[sorted.size() / 2]
+                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
+  const double tokens_per_s = static_cast<double>(r.tokens) / median;
+  const double mfu_pct = 100.0 * r.flops_per_token * tokens_per_s / (r.peak * 1e12);
+  std::printf(
+      "  loss %.4f at the first step, %.4f at the last (uniform random tokens: ln V = %.4f)\n"
+      "  step %.3f ms median (min %.3f, max %.3f over %zu steps): %.0f tokens/s, %.1f TFLOP/s, "
+      "MFU %.2f%%\n",
+      times.first_loss, times.last_loss, std::log(static_cast<double>(r.config.vocab_size)),
+      median * 1e3, sorted.front() * 1e3, sorted.back() * 1e3, sorted.size(), tokens_per_s,
+      r.flops_per_token * tokens_per_s / 1e12, mfu_pct);
+  std::printf(
+      "result: params=%lld tokens=%lld step_ms=%.4f step_ms_min=%.4f step_ms_max=%.4f "
+      "tokens_per_s=%.1f flops_per_token=%.6g peak_tflops=%.1f mfu_pct=%.3f\n",
+      static_cast<long long>(r.params), static_cast<long long>(r.tokens), median * 1e3,
+      sorted.front() * 1e3, sorted.back() * 1e3, tokens_per_s, r.flops_per_token, r.peak, mfu_pct);
+}
+
 int Main(int argc, char** argv) {
   Flags f;
   if (!ParseFlags(argc, argv, &f)) return 2;
@@ -192,102 +295,38 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (f.layout) return Layout(*config);
-  if (f.b <= 0 || f.t <= 0 || f.t > config->context_length || f.warmup < 0 || f.steps <= 0 ||
-      f.peak_tflops < 0) {
-    std::fprintf(stderr,
-                 "troupe_bench_gpu: expected --b > 0, 0 < --t <= %d, --warmup >= 0, --steps > 0, "
-                 "--peak-tflops >= 0\n",
-                 config->context_length);
-    return 2;
-  }
-  const int b = static_cast<int>(f.b), t = static_cast<int>(f.t);
-  const bool bf16 = !f.fp32;
+  if (!CheckRun(f, *config)) return 2;
+  Setup r;
+  r.config = *config;
+  r.b = static_cast<int>(f.b);
+  r.t = static_cast<int>(f.t);
+  r.bf16 = !f.fp32;
 
   // The device first: without a usable GPU, exit 2 at once with the CUDA runtime's reason.
   absl::StatusOr<std::unique_ptr<GptDevice>> gpu =
-      GptDevice::Create(*config, static_cast<int>(f.device), bf16);
+      GptDevice::Create(*config, static_cast<int>(f.device), r.bf16);
   if (!gpu.ok()) {
     std::fprintf(stderr, "troupe_bench_gpu: %s\n", gpu.status().ToString().c_str());
     return gpu.status().code() == absl::StatusCode::kFailedPrecondition ? 2 : 1;
   }
-  const std::string device = (*gpu)->DeviceName();
-  const double peak = f.peak_tflops > 0 ? f.peak_tflops : PeakBf16Tflops(device);
-  if (peak <= 0) {
+  r.device = (*gpu)->DeviceName();
+  r.peak = f.peak_tflops > 0 ? f.peak_tflops : PeakBf16Tflops(r.device);
+  if (r.peak <= 0) {
     std::fprintf(stderr,
                  "troupe_bench_gpu: no dense bf16 peak known for '%s': pass --peak-tflops X (the "
                  "data sheet's dense bf16 tensor-core TFLOP/s)\n",
-                 device.c_str());
+                 r.device.c_str());
     return 2;
   }
   if (absl::Status s = (*gpu)->InitParams(static_cast<uint64_t>(f.seed)); !s.ok()) return Fail(s);
 
-  const int64_t n = (*gpu)->num_params(), tokens = int64_t{b} * t;
-  const double flops_per_token = FlopsPerToken(*config, n, t);
-  std::printf(
-      "troupe_bench_gpu: %s (%lld parameters: V=%d ctx=%d L=%d H=%d C=%d), B=%d T=%d (%lld "
-      "tokens/step), %s, on %s\n"
-      "  step: Forward + ZeroGrad + Backward + Step (global norm, clip at 1, AdamW), %ld warm-up "
-      "+ %ld timed steps\n"
-      "  model FLOPs/token = 6·N + 12·L·C·T = %.4g; peak %.0f TFLOP/s (dense bf16%s)\n",
-      f.size.c_str(), static_cast<long long>(n), config->vocab_size, config->context_length,
-      config->num_layers, config->num_heads, config->width, b, t, static_cast<long long>(tokens),
-      bf16 ? "bf16 activations and gradients, fp32 master weights and AdamW" : "fp32",
-      device.c_str(), f.warmup, f.steps, flops_per_token, peak,
-      f.peak_tflops > 0 ? ", --peak-tflops" : ", from the device name");
-  std::fflush(stdout);
-
-  const std::vector<Batch> batches =
-      SyntheticBatches(4, b, t, config->vocab_size, static_cast<uint64_t>(f.seed));
-  model::AdamWConfig adamw;  // β 0.9 / 0.95, eps 1e-8, weight decay 0.1 on matrices, clip at 1
-  model::LrSchedule schedule;
-  schedule.max_lr = 3e-4f;
-  schedule.min_lr = 3e-5f;
-  schedule.warmup_steps = 10;
-  schedule.total_steps = f.warmup + f.steps;
-  const float loss_weight = 1.0f / static_cast<float>(tokens);
-
-  std::vector<double> step_s;
-  double first_loss = 0, last_loss = 0;
-  for (int64_t step = 0; step < f.warmup + f.steps; ++step) {
-    const Batch& batch = batches[step % batches.size()];
-    const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<double> loss = (*gpu)->Forward(batch.tokens.data(), batch.targets.data(), b, t);
-    if (!loss.ok()) return Fail(loss.status());
-    if (absl::Status s = (*gpu)->ZeroGrad(); !s.ok()) return Fail(s);
-    if (absl::Status s = (*gpu)->Backward(loss_weight); !s.ok()) return Fail(s);
-    absl::StatusOr<double> norm = (*gpu)->Step(adamw, schedule, step);
-    if (!norm.ok()) return Fail(norm.status());
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (!std::isfinite(*loss) || !std::isfinite(*norm)) {
-      std::fprintf(stderr, "troupe_bench_gpu: step %lld: loss %g, gradient norm %g: not finite\n",
-                   static_cast<long long>(step), *loss, *norm);
-      return 1;
-    }
-    if (step == 0) first_loss = *loss;
-    last_loss = *loss;
-    if (step >= f.warmup) step_s.push_back(seconds);
-  }
-
-  std::vector<double> sorted = step_s;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted.size() % 2
-                            ? sorted[sorted.size() / 2]
-                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-  const double tokens_per_s = static_cast<double>(tokens) / median;
-  const double mfu_pct = 100.0 * flops_per_token * tokens_per_s / (peak * 1e12);
-  std::printf(
-      "  loss %.4f at the first step, %.4f at the last (uniform random tokens: ln V = %.4f)\n"
-      "  step %.3f ms median (min %.3f, max %.3f over %zu steps): %.0f tokens/s, %.1f TFLOP/s, "
-      "MFU %.2f%%\n",
-      first_loss, last_loss, std::log(static_cast<double>(config->vocab_size)), median * 1e3,
-      sorted.front() * 1e3, sorted.back() * 1e3, sorted.size(), tokens_per_s,
-      flops_per_token * tokens_per_s / 1e12, mfu_pct);
-  std::printf(
-      "result: params=%lld tokens=%lld step_ms=%.4f step_ms_min=%.4f step_ms_max=%.4f "
-      "tokens_per_s=%.1f flops_per_token=%.6g peak_tflops=%.1f mfu_pct=%.3f\n",
-      static_cast<long long>(n), static_cast<long long>(tokens), median * 1e3, sorted.front() * 1e3,
-      sorted.back() * 1e3, tokens_per_s, flops_per_token, peak, mfu_pct);
+  r.params = (*gpu)->num_params();
+  r.tokens = int64_t{r.b} * r.t;
+  r.flops_per_token = FlopsPerToken(*config, r.params, r.t);
+  PrintHeader(f, r);
+  StepTimes times;
+  if (int rc = TimeSteps(**gpu, f, r, &times); rc != 0) return rc;
+  PrintResult(r, times);
   return 0;
 }
 

@@ -20,7 +20,7 @@ namespace {
 constexpr int kIn = 4;
 
 // Flat parameters: w1 [hidden, kIn], b1 [hidden], w2 [hidden], b2 [1].
-class Mlp : public troupe::actors::Trainable {
+class Mlp : public troupe::train::Trainable {
  public:
   Mlp(int hidden, int batch, int microbatches, uint64_t seed)
       : hidden_(hidden), batch_(batch), microbatches_(microbatches), seed_(seed) {
@@ -105,10 +105,10 @@ class Mlp : public troupe::actors::Trainable {
 
 int main(int argc, char** argv) {
   // 1. The model, by name, in every process (workers build it from the job spec).
-  troupe::actors::TrainableRegistry::Global().Register(
+  troupe::train::TrainableRegistry::Global().Register(
       "mlp",
-      [](const troupe::actors::ModelSpec& spec)
-          -> absl::StatusOr<std::unique_ptr<troupe::actors::Trainable>> {
+      [](const troupe::train::ModelSpec& spec)
+          -> absl::StatusOr<std::unique_ptr<troupe::train::Trainable>> {
         auto hidden = spec.options.count("hidden") ? std::stoi(spec.options.at("hidden")) : 32;
         return std::make_unique<Mlp>(hidden, spec.microbatch_size, spec.microbatches, spec.seed);
       });
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
   if (int rc = troupe::runtime::RunMain(argc, argv, registry); rc >= 0) return rc;
 
   // 3. The driver: the job, with a fault.
-  troupe::actors::JobSpec spec;
+  troupe::train::JobSpec spec;
   spec.name = "mlp";
   spec.steps = 40;
   spec.work_dir = "custom-model-job";
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   spec.adamw.weight_decay = 0;
   spec.workers = 3;
   spec.checkpoint_every = 10;
-  spec.faults.push_back({troupe::actors::FaultKind::kKillWorker, 15, 1});
+  spec.faults.push_back({troupe::train::FaultKind::kKillWorker, 15, 1});
   absl::StatusOr<troupe::actors::JobReport> report = troupe::actors::RunTrainingJob(spec, {});
   if (!report.ok()) {
     std::fprintf(stderr, "custom_model: %s\n", report.status().ToString().c_str());

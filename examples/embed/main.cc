@@ -24,8 +24,8 @@ int main(int argc, char** argv) {
   std::mutex mu;
   std::condition_variable cv;
   bool restarted = false;
-  (*runtime)->SetEventSink([&](const rt::SupervisionEvent& e) {
-    std::cout << rt::FormatEvent(e) << std::endl;
+  (*runtime)->SetEventSink([&](const troupe::base::SupervisionEvent& e) {
+    std::cout << troupe::base::FormatEvent(e) << std::endl;
     std::lock_guard<std::mutex> lock(mu);
     if (e.child == "worker-2" && e.event == "start" && e.generation == 2) restarted = true;
     cv.notify_all();

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 #ifdef TROUPE_HAVE_CUDART
 #include "check.h"
@@ -53,17 +54,17 @@ class CudaBackend : public MemoryBackend {
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     // cudaMalloc allocates on the current device: switch to ours and back.
     int current = 0;
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
-    if (current != device_) TROUPE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaGetDevice(&current)));
+    if (current != device_) TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaSetDevice(device_)));
     void* p = nullptr;
     absl::Status st = CudaErrorStatus(cudaMalloc(&p, bytes), "cudaMalloc", __FILE__, __LINE__);
-    if (current != device_) TROUPE_CUDA_RETURN_IF_ERROR(cudaSetDevice(current));
+    if (current != device_) TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaSetDevice(current)));
     if (!st.ok()) return st;
     return p;
   }
 
   absl::Status Free(void* p, size_t) override {
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaFree(p));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaFree(p)));
     return absl::OkStatus();
   }
 
@@ -88,8 +89,8 @@ absl::StatusOr<std::unique_ptr<MemoryBackend>> CudaMemoryBackend(int device) {
 #ifdef TROUPE_HAVE_CUDART
   // Checked here, so that a machine without a driver fails at set-up with the cause named.
   int count = 0;
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
-  if (device < 0) TROUPE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaGetDeviceCount(&count)));
+  if (device < 0) TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaGetDevice(&device)));
   if (device >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CudaMemoryBackend: device ", device, " of ", count));
@@ -137,7 +138,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
     absl::StatusOr<void*> fresh = backend_->Allocate(size);
     if (!fresh.ok() && absl::IsResourceExhausted(fresh.status()) && !cached_.empty()) {
       // Cached blocks of other sizes may be what stands in the way.
-      if (absl::Status st = EmptyCacheLocked(); !st.ok()) return st;
+      TROUPE_RETURN_IF_ERROR(EmptyCacheLocked());
       fresh = backend_->Allocate(size);
     }
     if (!fresh.ok()) {

@@ -33,6 +33,7 @@
 #include <cmath>
 
 #include "device.cuh"
+#include "troupe/base/status_macros.h"
 
 // The per-thread accumulators stay in registers only if their loops are unrolled (g++ would warn
 // about the CUDA pragma).
@@ -381,7 +382,7 @@ template <typename Tx>
 absl::Status attention_forward(Tx* out, float* lse, const Tx* qkv, int64_t B, int64_t T, int64_t C,
                                int64_t NH, Stream stream, int group = 0) {
   using namespace attention_internal;
-  if (absl::Status s = CheckShape(B, T, C, NH, group); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(CheckShape(B, T, C, NH, group));
   if (B == 0 || T == 0) return absl::OkStatus();
   return TROUPE_LAUNCH(
       attention_forward_kernel<Tx>,
@@ -397,18 +398,15 @@ absl::Status attention_backward(Tx* dqkv, const Tx* dout, const Tx* qkv, const T
                                 const float* lse, void* workspace, int64_t B, int64_t T, int64_t C,
                                 int64_t NH, Stream stream, int group = 0) {
   using namespace attention_internal;
-  if (absl::Status s = CheckShape(B, T, C, NH, group); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(CheckShape(B, T, C, NH, group));
   if (B == 0 || T == 0) return absl::OkStatus();
   float* dsum = static_cast<float*>(workspace);
   const dim3 grid(CeilDiv(T, kAttentionTile), static_cast<unsigned>(NH), static_cast<unsigned>(B));
   const size_t shared = BackwardSharedBytes(C / NH);
   const int t = static_cast<int>(T), c = static_cast<int>(C), nh = static_cast<int>(NH);
-  if (absl::Status s =
-          TROUPE_LAUNCH(attention_backward_dq_kernel<Tx>, grid, dim3(kAttentionTile * group),
-                        shared, stream, dqkv, dsum, dout, qkv, out, lse, t, c, nh, group);
-      !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(TROUPE_LAUNCH(attention_backward_dq_kernel<Tx>, grid,
+                                       dim3(kAttentionTile * group), shared, stream, dqkv, dsum,
+                                       dout, qkv, out, lse, t, c, nh, group));
   return TROUPE_LAUNCH(attention_backward_dkdv_kernel<Tx>, grid, dim3(kAttentionTile * group),
                        shared, stream, dqkv, dsum, dout, qkv, lse, t, c, nh, group);
 }

@@ -1,8 +1,8 @@
 // Turning CUDA runtime and cuBLAS(Lt) return codes into absl::Status, with file:line and the
 // failing expression, for the host code around the kernels (allocator, cuBLASLt matmul).
 //
-// Conventions: each macro evaluates `expr` once and, on failure, returns from the enclosing
-// function (which returns absl::Status or absl::StatusOr<T>). The message is
+// Conventions: each adapter evaluates `expr` once and gives its Status; TROUPE_RETURN_IF_ERROR
+// returns it from the enclosing function. The message is
 // "file:line: expr: <error name>: <error description>", so a missing driver reads
 // "...: cudaGetDeviceCount(&n): cudaErrorInsufficientDriver: CUDA driver version is insufficient
 // for CUDA runtime version". Codes map to absl codes by what the caller can do about them: out of
@@ -12,9 +12,11 @@
 //
 // Example:
 //   absl::Status CopyIn(void* dst, const void* src, size_t n, cudaStream_t s) {
-//     TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
-//     TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F,
-//     CUDA_R_32F)); return absl::OkStatus();
+//     TROUPE_RETURN_IF_ERROR(
+//         TROUPE_CUDA_CALL(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s)));
+//     TROUPE_RETURN_IF_ERROR(
+//         TROUPE_CUBLAS_CALL(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)));
+//     return absl::OkStatus();
 //   }
 #ifndef TROUPE_KERNELS_CUDA_CHECK_H_
 #define TROUPE_KERNELS_CUDA_CHECK_H_
@@ -24,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::kernels::cuda {
 
@@ -119,22 +122,11 @@ inline absl::Status CublasErrorStatus(cublasStatus_t s, const char* what, const 
 
 }  // namespace troupe::kernels::cuda
 
-#define TROUPE_CUDA_RETURN_IF_ERROR(expr)                                                \
-  do {                                                                                   \
-    if (::absl::Status troupe_cuda_status_ =                                             \
-            ::troupe::kernels::cuda::CudaErrorStatus((expr), #expr, __FILE__, __LINE__); \
-        !troupe_cuda_status_.ok()) {                                                     \
-      return troupe_cuda_status_;                                                        \
-    }                                                                                    \
-  } while (false)
-
-#define TROUPE_CUBLAS_RETURN_IF_ERROR(expr)                                                \
-  do {                                                                                     \
-    if (::absl::Status troupe_cublas_status_ =                                             \
-            ::troupe::kernels::cuda::CublasErrorStatus((expr), #expr, __FILE__, __LINE__); \
-        !troupe_cublas_status_.ok()) {                                                     \
-      return troupe_cublas_status_;                                                        \
-    }                                                                                      \
-  } while (false)
+// The Status of one CUDA runtime / cuBLAS(Lt) call (OK on success), naming the expression, for
+// TROUPE_RETURN_IF_ERROR (troupe/base/status_macros.h).
+#define TROUPE_CUDA_CALL(expr) \
+  ::troupe::kernels::cuda::CudaErrorStatus((expr), #expr, __FILE__, __LINE__)
+#define TROUPE_CUBLAS_CALL(expr) \
+  ::troupe::kernels::cuda::CublasErrorStatus((expr), #expr, __FILE__, __LINE__)
 
 #endif  // TROUPE_KERNELS_CUDA_CHECK_H_

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
@@ -62,16 +63,6 @@ __device__ __forceinline__ float WarpSum(float v) {
 }
 
 }  // namespace troupe::kernels::cuda
-
-// Returns from the enclosing function when `expr` (an absl::Status) is not OK, for the host code
-// around the kernels (GptCuda, the CUDA ArrayOps). (Not `s = expr;` chains: nvcc's front end flags
-// the discarded Status& of the assignment.)
-#define TROUPE_KERNELS_RETURN_IF_ERROR(expr)                            \
-  do {                                                                  \
-    if (::absl::Status troupe_status_ = (expr); !troupe_status_.ok()) { \
-      return troupe_status_;                                            \
-    }                                                                   \
-  } while (false)
 
 #ifdef __CUDACC__
 #define TROUPE_DYNAMIC_SHARED(type, name)       \

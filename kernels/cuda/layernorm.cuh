@@ -28,6 +28,7 @@
 #include <climits>
 
 #include "device.cuh"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::kernels::cuda {
 
@@ -237,9 +238,7 @@ absl::Status layernorm_forward(Tx* out, float* mean, float* rstd, const Tx* inp,
                                const Tx* bias, int64_t n, int64_t c, Stream stream,
                                int block = kLayerNormForwardBlock) {
   if (n == 0) return absl::OkStatus();
-  if (auto s = layernorm_internal::CheckRowKernel(c, block, "layernorm_forward"); !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(layernorm_internal::CheckRowKernel(c, block, "layernorm_forward"));
   return TROUPE_LAUNCH(layernorm_forward_kernel<Tx>, dim3(CeilDiv(n, block / 32)), dim3(block), 0,
                        stream, out, mean, rstd, inp, weight, bias, n, static_cast<int>(c));
 }
@@ -252,10 +251,8 @@ absl::Status fused_residual_layernorm_forward(Tx* residual, Tx* out, float* mean
                                               const Tx* bias, int64_t n, int64_t c, Stream stream,
                                               int block = kLayerNormForwardBlock) {
   if (n == 0) return absl::OkStatus();
-  if (auto s = layernorm_internal::CheckRowKernel(c, block, "fused_residual_layernorm_forward");
-      !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(
+      layernorm_internal::CheckRowKernel(c, block, "fused_residual_layernorm_forward"));
   return TROUPE_LAUNCH(fused_residual_layernorm_forward_kernel<Tx>, dim3(CeilDiv(n, block / 32)),
                        dim3(block), 0, stream, residual, out, mean, rstd, inp1, inp2, weight, bias,
                        n, static_cast<int>(c));
@@ -277,19 +274,14 @@ absl::Status layernorm_backward(Tx* dinp, Tx* dweight, Tx* dbias, float* scratch
                                 int block = kLayerNormBackwardBlock,
                                 int max_blocks = kLayerNormBackwardMaxBlocks) {
   if (n == 0) return absl::OkStatus();
-  if (auto s = layernorm_internal::CheckRowKernel(c, block, "layernorm_backward"); !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(layernorm_internal::CheckRowKernel(c, block, "layernorm_backward"));
   if (max_blocks < 1) return absl::InvalidArgumentError("layernorm_backward: max_blocks < 1");
   const int blocks = static_cast<int>(std::min<int64_t>(n, max_blocks));
   const bool shared_sums = c <= kLayerNormBackwardMaxSharedC;
   const size_t shared_bytes = (64 + (shared_sums ? 2 * c : 0)) * sizeof(float);
-  if (auto s = TROUPE_LAUNCH(layernorm_backward_kernel<Tx>, dim3(blocks), dim3(block), shared_bytes,
-                             stream, dinp, scratch, dout, inp, weight, mean, rstd, n,
-                             static_cast<int>(c), shared_sums);
-      !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(TROUPE_LAUNCH(layernorm_backward_kernel<Tx>, dim3(blocks), dim3(block),
+                                       shared_bytes, stream, dinp, scratch, dout, inp, weight, mean,
+                                       rstd, n, static_cast<int>(c), shared_sums));
   return TROUPE_LAUNCH(layernorm_backward_sum_kernel<Tx>, dim3(CeilDiv(2 * c, 32)), dim3(32, 8), 0,
                        stream, dweight, dbias, scratch, blocks, static_cast<int>(c));
 }

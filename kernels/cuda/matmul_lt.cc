@@ -2,12 +2,12 @@
 
 #include <cuda_bf16.h>
 
-#include <cmath>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "check.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::kernels::cuda {
 namespace {
@@ -33,23 +33,24 @@ const char* KindName(MatmulKind k) {
 
 template <typename T>
 absl::Status SetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, T value) {
-  TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+  TROUPE_RETURN_IF_ERROR(
+      TROUPE_CUBLAS_CALL(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value))));
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status GetDesc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, T& value) {
   size_t written = 0;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulDescGetAttribute(desc, attr, &value, sizeof(value), &written));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(
+      cublasLtMatmulDescGetAttribute(desc, attr, &value, sizeof(value), &written)));
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status GetLayout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, T& value) {
   size_t written = 0;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutGetAttribute(l, attr, &value, sizeof(value), &written));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(
+      cublasLtMatrixLayoutGetAttribute(l, attr, &value, sizeof(value), &written)));
   return absl::OkStatus();
 }
 
@@ -57,8 +58,8 @@ template <typename T>
 absl::Status GetPreference(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
                            T& value) {
   size_t written = 0;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulPreferenceGetAttribute(p, attr, &value, sizeof(value), &written));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(
+      cublasLtMatmulPreferenceGetAttribute(p, attr, &value, sizeof(value), &written)));
   return absl::OkStatus();
 }
 
@@ -66,12 +67,12 @@ absl::Status GetPreference(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenc
 // reader of the descriptor (and ReferenceLtMatmul) never depends on a default.
 absl::StatusOr<LtLayout> ColumnMajor(cudaDataType type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t raw = nullptr;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(rows),
-                                                           static_cast<uint64_t>(cols), ld));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(cublasLtMatrixLayoutCreate(
+      &raw, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld)));
   LtLayout layout(raw);
   const int32_t order = CUBLASLT_ORDER_COL;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof(order)));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(
+      cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_ORDER, &order, sizeof(order))));
   return layout;
 }
 
@@ -87,54 +88,122 @@ absl::Status CheckPointer(const MatmulShape& s, const void* p, const char* name)
   return absl::OkStatus();
 }
 
-// --- CPU interpretation helpers ---
+// --- Plan helpers ---
 
-bool SupportedType(int32_t t) { return t == CUDA_R_32F || t == CUDA_R_16BF; }
-
-float Load(const void* p, int32_t type, int64_t i) {
-  if (type == CUDA_R_16BF) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return static_cast<const float*>(p)[i];
+absl::Status InvalidShape(const MatmulShape& s, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("matmul ", s.ToString(), ": ", why));
 }
 
-void Store(void* p, int32_t type, int64_t i, float v) {
-  if (type == CUDA_R_16BF) {
-    static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);  // round to nearest even
-  } else {
-    static_cast<float*>(p)[i] = v;
+// What PlanMatmul refuses before it makes any descriptor.
+absl::Status CheckShape(const MatmulShape& s) {
+  auto invalid = [&](const std::string& why) { return InvalidShape(s, why); };
+  const bool uses_c = s.kind != MatmulKind::kBackwardBias;
+  if (s.n < 1 || s.oc < 1 || (uses_c && s.c < 1)) return invalid("dimensions must be positive");
+  if (s.n > kMaxDim || s.oc > kMaxDim || s.c > kMaxDim) return invalid("dimension beyond int32");
+  if (s.alignment == 0 || (s.alignment & (s.alignment - 1)) != 0 ||
+      s.alignment < ElementBytes(s.dtype)) {
+    return invalid("alignment must be a power of two no smaller than an element");
   }
+  if (s.bias && s.kind != MatmulKind::kForward) return invalid("bias is a forward epilogue");
+  if (s.gelu && s.kind != MatmulKind::kForward && s.kind != MatmulKind::kBackwardInput) {
+    return invalid("gelu applies to forward (GELU) and backward input (DGELU) only");
+  }
+  // Where beta·C would enter relative to the (D)GELU is not documented: refuse to guess.
+  if (s.gelu && s.accumulate) return invalid("gelu with accumulate (beta = 1) is not supported");
+  return absl::OkStatus();
 }
 
-// Offset of element (r, c) of a stored matrix.
-int64_t At(const LtLayoutInfo& l, int64_t r, int64_t c) {
-  return l.order == CUBLASLT_ORDER_ROW ? r * l.ld + c : r + c * l.ld;
+// The stored (column-major) A and B, [rows, cols, ld = rows], and the operations; see the header.
+struct Operands {
+  int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
+  cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
+};
+
+// The GEMM's m, n and k into `p`, and its operands.
+Operands SetDimensions(const MatmulShape& s, MatmulPlan* p) {
+  Operands o;
+  switch (s.kind) {
+    case MatmulKind::kForward:  // outᵀ = (weightᵀ)ᵀ · inpᵀ
+      p->m = s.oc, p->n = s.n, p->k = s.c;
+      o.transa = CUBLAS_OP_T, o.a_rows = s.c, o.a_cols = s.oc;
+      o.b_rows = s.c, o.b_cols = s.n;
+      break;
+    case MatmulKind::kBackwardInput:  // dinpᵀ = weightᵀ · doutᵀ
+      p->m = s.c, p->n = s.n, p->k = s.oc;
+      o.a_rows = s.c, o.a_cols = s.oc;
+      o.b_rows = s.oc, o.b_cols = s.n;
+      break;
+    case MatmulKind::kBackwardWeight:  // dweightᵀ = inpᵀ · (doutᵀ)ᵀ
+      p->m = s.c, p->n = s.oc, p->k = s.n;
+      o.a_rows = s.c, o.a_cols = s.n;
+      o.transb = CUBLAS_OP_T, o.b_rows = s.oc, o.b_cols = s.n;
+      break;
+    case MatmulKind::kBackwardBias:  // dbias = doutᵀ · ones
+      p->m = s.oc, p->n = 1, p->k = s.n;
+      o.a_rows = s.oc, o.a_cols = s.n;
+      o.b_rows = s.n, o.b_cols = 1;
+      break;
+  }
+  return o;
 }
 
-// GELU, tanh approximation, and its derivative, in fp32 as an epilogue computes them.
-constexpr float kSqrt2OverPi = 0.7978845608028654f;
-float Gelu(float x) {
-  const float t = std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x));
-  return 0.5f * x * (1.0f + t);
-}
-float GeluGrad(float x) {
-  const float t = std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x));
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+uint32_t EpilogueOf(const MatmulShape& s) {
+  if (s.kind == MatmulKind::kForward) {
+    return s.bias && s.gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+           : s.gelu         ? CUBLASLT_EPILOGUE_GELU_AUX
+           : s.bias         ? CUBLASLT_EPILOGUE_BIAS
+                            : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+  return s.gelu ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-absl::Status CheckLayout(const LtLayoutInfo& l, const char* name) {
-  if (l.batch_count != 1) {
-    return absl::UnimplementedError(absl::StrCat(name, ": batch count ", l.batch_count));
+// The descriptor: fp32 compute, host scalars, the operations and the epilogue.
+absl::Status MakeDesc(const MatmulShape& s, const Operands& o, MatmulPlan* p) {
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  TROUPE_RETURN_IF_ERROR(
+      TROUPE_CUBLAS_CALL(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)));
+  p->desc.reset(raw_desc);
+  TROUPE_RETURN_IF_ERROR(
+      SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_HOST));
+  TROUPE_RETURN_IF_ERROR(SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, o.transa));
+  TROUPE_RETURN_IF_ERROR(SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, o.transb));
+  const uint32_t epilogue = EpilogueOf(s);
+  TROUPE_RETURN_IF_ERROR(SetDesc<uint32_t>(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue));
+  if (s.bias) {
+    TROUPE_RETURN_IF_ERROR(
+        SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, LtType(s.dtype)));
   }
-  if (l.order != CUBLASLT_ORDER_COL && l.order != CUBLASLT_ORDER_ROW) {
-    return absl::UnimplementedError(absl::StrCat(name, ": order ", l.order));
+  if (s.gelu) {
+    TROUPE_RETURN_IF_ERROR(SetDesc<int64_t>(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p->m));
   }
-  if (!SupportedType(l.type)) {
-    return absl::UnimplementedError(absl::StrCat(name, ": data type ", l.type));
-  }
-  const uint64_t min_ld = l.order == CUBLASLT_ORDER_COL ? l.rows : l.cols;
-  if (l.rows == 0 || l.cols == 0 || l.ld < 1 || static_cast<uint64_t>(l.ld) < min_ld) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": ", l.rows, " x ", l.cols, " with leading dimension ", l.ld));
+  return absl::OkStatus();
+}
+
+// The four layouts; C = D: accumulation is in place.
+absl::Status MakeLayouts(const Operands& o, MatmulPlan* p) {
+  const cudaDataType type = LtType(p->shape.dtype);
+  TROUPE_ASSIGN_OR_RETURN(auto a, ColumnMajor(type, o.a_rows, o.a_cols, o.a_rows));
+  TROUPE_ASSIGN_OR_RETURN(auto b, ColumnMajor(type, o.b_rows, o.b_cols, o.b_rows));
+  TROUPE_ASSIGN_OR_RETURN(auto c, ColumnMajor(type, p->m, p->n, p->m));
+  TROUPE_ASSIGN_OR_RETURN(auto d, ColumnMajor(type, p->m, p->n, p->m));
+  p->a = std::move(a), p->b = std::move(b), p->c = std::move(c), p->d = std::move(d);
+  return absl::OkStatus();
+}
+
+// The algorithm preference: at most `workspace_bytes`, every matrix aligned as the shape promises.
+absl::Status MakePreference(const MatmulShape& s, size_t workspace_bytes, MatmulPlan* p) {
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(cublasLtMatmulPreferenceCreate(&raw_pref)));
+  p->preference.reset(raw_pref);
+  const uint64_t ws = workspace_bytes;
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(cublasLtMatmulPreferenceSetAttribute(
+      raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws))));
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    const uint32_t align = s.alignment;
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(
+        cublasLtMatmulPreferenceSetAttribute(raw_pref, attr, &align, sizeof(align))));
   }
   return absl::OkStatus();
 }
@@ -183,118 +252,20 @@ std::string MatmulShape::ToString() const {
 }
 
 absl::StatusOr<MatmulPlan> PlanMatmul(const MatmulShape& s, size_t workspace_bytes) {
-  auto invalid = [&](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul ", s.ToString(), ": ", why));
-  };
-  const bool uses_c = s.kind != MatmulKind::kBackwardBias;
-  if (s.n < 1 || s.oc < 1 || (uses_c && s.c < 1)) return invalid("dimensions must be positive");
-  if (s.n > kMaxDim || s.oc > kMaxDim || s.c > kMaxDim) return invalid("dimension beyond int32");
-  if (s.alignment == 0 || (s.alignment & (s.alignment - 1)) != 0 ||
-      s.alignment < ElementBytes(s.dtype)) {
-    return invalid("alignment must be a power of two no smaller than an element");
-  }
-  if (s.bias && s.kind != MatmulKind::kForward) return invalid("bias is a forward epilogue");
-  if (s.gelu && s.kind != MatmulKind::kForward && s.kind != MatmulKind::kBackwardInput) {
-    return invalid("gelu applies to forward (GELU) and backward input (DGELU) only");
-  }
-  // Where beta·C would enter relative to the (D)GELU is not documented: refuse to guess.
-  if (s.gelu && s.accumulate) return invalid("gelu with accumulate (beta = 1) is not supported");
-
+  TROUPE_RETURN_IF_ERROR(CheckShape(s));
   MatmulPlan p;
   p.shape = s;
   p.alpha = 1.0f;
   p.beta = s.accumulate ? 1.0f : 0.0f;
-  const cudaDataType type = LtType(s.dtype);
-  // The stored (column-major) A and B, [rows, cols, ld], and the operations; see the header.
-  int64_t a_rows = 0, a_cols = 0, b_rows = 0, b_cols = 0;
-  cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
-  switch (s.kind) {
-    case MatmulKind::kForward:  // outᵀ = (weightᵀ)ᵀ · inpᵀ
-      p.m = s.oc, p.n = s.n, p.k = s.c;
-      transa = CUBLAS_OP_T, a_rows = s.c, a_cols = s.oc;
-      b_rows = s.c, b_cols = s.n;
-      break;
-    case MatmulKind::kBackwardInput:  // dinpᵀ = weightᵀ · doutᵀ
-      p.m = s.c, p.n = s.n, p.k = s.oc;
-      a_rows = s.c, a_cols = s.oc;
-      b_rows = s.oc, b_cols = s.n;
-      break;
-    case MatmulKind::kBackwardWeight:  // dweightᵀ = inpᵀ · (doutᵀ)ᵀ
-      p.m = s.c, p.n = s.oc, p.k = s.n;
-      a_rows = s.c, a_cols = s.n;
-      transb = CUBLAS_OP_T, b_rows = s.oc, b_cols = s.n;
-      break;
-    case MatmulKind::kBackwardBias:  // dbias = doutᵀ · ones
-      p.m = s.oc, p.n = 1, p.k = s.n;
-      a_rows = s.oc, a_cols = s.n;
-      b_rows = s.n, b_cols = 1;
-      break;
-  }
+  const Operands o = SetDimensions(s, &p);
   // The aux matrix has D's shape, column-major with ld = m: the row-major [n, m] pre-GELU values.
   if (s.gelu && p.m % 8 != 0) {
-    return invalid(absl::StrCat("the GELU aux leading dimension ", p.m,
-                                " must be a multiple of 8 (cuBLASLt)"));
+    return InvalidShape(s, absl::StrCat("the GELU aux leading dimension ", p.m,
+                                        " must be a multiple of 8 (cuBLASLt)"));
   }
-
-  cublasLtMatmulDesc_t raw_desc = nullptr;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(
-      cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  p.desc.reset(raw_desc);
-  if (auto st =
-          SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, CUBLASLT_POINTER_MODE_HOST);
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, transa); !st.ok())
-    return st;
-  if (auto st = SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, transb); !st.ok())
-    return st;
-  uint32_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  if (s.kind == MatmulKind::kForward) {
-    epilogue = s.bias && s.gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-               : s.gelu         ? CUBLASLT_EPILOGUE_GELU_AUX
-               : s.bias         ? CUBLASLT_EPILOGUE_BIAS
-                                : CUBLASLT_EPILOGUE_DEFAULT;
-  } else if (s.gelu) {
-    epilogue = CUBLASLT_EPILOGUE_DGELU;
-  }
-  if (auto st = SetDesc<uint32_t>(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue); !st.ok()) {
-    return st;
-  }
-  if (s.bias) {
-    if (auto st = SetDesc<int32_t>(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, type); !st.ok()) {
-      return st;
-    }
-  }
-  if (s.gelu) {
-    if (auto st = SetDesc<int64_t>(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.m); !st.ok()) {
-      return st;
-    }
-  }
-
-  auto a = ColumnMajor(type, a_rows, a_cols, a_rows);
-  if (!a.ok()) return a.status();
-  auto b = ColumnMajor(type, b_rows, b_cols, b_rows);
-  if (!b.ok()) return b.status();
-  auto c = ColumnMajor(type, p.m, p.n, p.m);  // C = D: accumulation is in place
-  if (!c.ok()) return c.status();
-  auto d = ColumnMajor(type, p.m, p.n, p.m);
-  if (!d.ok()) return d.status();
-  p.a = std::move(*a), p.b = std::move(*b), p.c = std::move(*c), p.d = std::move(*d);
-
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
-  p.preference.reset(raw_pref);
-  const uint64_t ws = workspace_bytes;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-      raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  for (auto attr :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    const uint32_t align = s.alignment;
-    TROUPE_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulPreferenceSetAttribute(raw_pref, attr, &align, sizeof(align)));
-  }
+  TROUPE_RETURN_IF_ERROR(MakeDesc(s, o, &p));
+  TROUPE_RETURN_IF_ERROR(MakeLayouts(o, &p));
+  TROUPE_RETURN_IF_ERROR(MakePreference(s, workspace_bytes, &p));
   return p;
 }
 
@@ -326,17 +297,12 @@ absl::StatusOr<LtCall> BindMatmul(MatmulPlan& plan, const MatmulBuffers& buf) {
   if (s.gelu) st.Update(need(buf.pre_gelu, "pre_gelu"));
   if (!st.ok()) return st;
   if (s.bias) {
-    if (auto e = SetDesc<const void*>(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, buf.bias);
-        !e.ok()) {
-      return e;
-    }
+    TROUPE_RETURN_IF_ERROR(
+        SetDesc<const void*>(plan.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, buf.bias));
   }
   if (s.gelu) {
-    if (auto e = SetDesc<void*>(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                buf.pre_gelu);
-        !e.ok()) {
-      return e;
-    }
+    TROUPE_RETURN_IF_ERROR(
+        SetDesc<void*>(plan.desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, buf.pre_gelu));
   }
   call.desc = plan.desc.get();
   call.alpha = &plan.alpha, call.beta = &plan.beta;
@@ -398,176 +364,16 @@ absl::StatusOr<LtPreferenceInfo> ReadPreference(cublasLtMatmulPreference_t p) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// CPU interpretation
-
-absl::Status ReferenceLtMatmul(const LtCall& call) {
-  auto invalid = [](const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("ReferenceLtMatmul: ", why));
-  };
-  auto unimplemented = [](const std::string& why) {
-    return absl::UnimplementedError(absl::StrCat("ReferenceLtMatmul: ", why));
-  };
-  auto desc = ReadDesc(call.desc);
-  if (!desc.ok()) return desc.status();
-  auto la = ReadLayout(call.a_layout);
-  if (!la.ok()) return la.status();
-  auto lb = ReadLayout(call.b_layout);
-  if (!lb.ok()) return lb.status();
-  auto lc = ReadLayout(call.c_layout);
-  if (!lc.ok()) return lc.status();
-  auto ld = ReadLayout(call.d_layout);
-  if (!ld.ok()) return ld.status();
-  const std::pair<const LtLayoutInfo*, const char*> layouts[] = {
-      {&*la, "A"}, {&*lb, "B"}, {&*lc, "C"}, {&*ld, "D"}};
-  for (const auto& [l, name] : layouts) {
-    if (auto st = CheckLayout(*l, name); !st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("ReferenceLtMatmul: ", st.message()));
-    }
-  }
-
-  if (desc->compute_type != CUBLAS_COMPUTE_32F) {
-    return unimplemented(absl::StrCat("compute type ", desc->compute_type));
-  }
-  if (desc->scale_type != CUDA_R_32F) {
-    return unimplemented(absl::StrCat("scale type ", desc->scale_type));
-  }
-  if (desc->pointer_mode != CUBLASLT_POINTER_MODE_HOST) {
-    return unimplemented(absl::StrCat("pointer mode ", desc->pointer_mode));
-  }
-  if (desc->transc != CUBLAS_OP_N) return invalid("TRANSC must be CUBLAS_OP_N");
-  for (int32_t t : {desc->transa, desc->transb}) {
-    if (t != CUBLAS_OP_N && t != CUBLAS_OP_T) return unimplemented(absl::StrCat("operation ", t));
-  }
-
-  // Dimensions: D is m x n; op(A) m x k; op(B) k x n; C like D.
-  const bool ta = desc->transa == CUBLAS_OP_T, tb = desc->transb == CUBLAS_OP_T;
-  const int64_t m = static_cast<int64_t>(ld->rows), n = static_cast<int64_t>(ld->cols);
-  const int64_t a_m = static_cast<int64_t>(ta ? la->cols : la->rows);
-  const int64_t k = static_cast<int64_t>(ta ? la->rows : la->cols);
-  const int64_t b_k = static_cast<int64_t>(tb ? lb->cols : lb->rows);
-  const int64_t b_n = static_cast<int64_t>(tb ? lb->rows : lb->cols);
-  if (a_m != m || b_k != k || b_n != n || lc->rows != ld->rows || lc->cols != ld->cols) {
-    return invalid(absl::StrCat("op(A) ", a_m, "x", k, ", op(B) ", b_k, "x", b_n, ", C ", lc->rows,
-                                "x", lc->cols, ", D ", m, "x", n, " do not conform"));
-  }
-  if (call.alpha == nullptr || call.beta == nullptr) return invalid("null alpha or beta");
-  const float alpha = *call.alpha, beta = *call.beta;
-  if (call.a == nullptr || call.b == nullptr || call.d == nullptr) return invalid("null A, B or D");
-  if (beta != 0.0f && call.c == nullptr) return invalid("null C with beta != 0");
-  // In place (C = D) needs C and D described alike (cuBLASLt's rule).
-  if (call.c == call.d && (lc->order != ld->order || lc->ld != ld->ld || lc->type != ld->type)) {
-    return invalid("C = D in place with different layouts");
-  }
-
-  // Epilogue.
-  const uint32_t epi = desc->epilogue;
-  bool bias = false, gelu = false, aux_out = false, dgelu = false;
-  switch (epi) {
-    case CUBLASLT_EPILOGUE_DEFAULT:
-      break;
-    case CUBLASLT_EPILOGUE_BIAS:
-      bias = true;
-      break;
-    case CUBLASLT_EPILOGUE_GELU:
-      gelu = true;
-      break;
-    case CUBLASLT_EPILOGUE_GELU_BIAS:
-      gelu = bias = true;
-      break;
-    case CUBLASLT_EPILOGUE_GELU_AUX:
-      gelu = aux_out = true;
-      break;
-    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
-      gelu = aux_out = bias = true;
-      break;
-    case CUBLASLT_EPILOGUE_DGELU:
-      dgelu = true;
-      break;
-    default:
-      return unimplemented(absl::StrCat("epilogue ", epi));
-  }
-  const int32_t bias_type = desc->bias_type == -1 ? ld->type : desc->bias_type;
-  if (bias) {
-    if (desc->bias_pointer == nullptr) return invalid("BIAS epilogue with a null bias pointer");
-    if (!SupportedType(bias_type)) return unimplemented(absl::StrCat("bias type ", bias_type));
-  }
-  const int32_t aux_type = desc->aux_type == -1 ? ld->type : desc->aux_type;
-  if (aux_out || dgelu) {
-    if (desc->aux_pointer == nullptr) return invalid("GELU aux epilogue with a null aux pointer");
-    if (desc->aux_ld < m || desc->aux_ld % 8 != 0) {
-      return invalid(absl::StrCat("aux leading dimension ", desc->aux_ld, " must be >= rows of D (",
-                                  m, ") and a multiple of 8"));
-    }
-    if (ld->order != CUBLASLT_ORDER_COL) return unimplemented("aux epilogue with D not COL");
-    if (!SupportedType(aux_type)) return unimplemented(absl::StrCat("aux type ", aux_type));
-  }
-  if (dgelu && beta != 0.0f) {
-    return unimplemented("DGELU with beta != 0: the documentation leaves the order open");
-  }
-
-  // op(A) as row-major [m, k] and op(B) transposed as row-major [n, k], in float, so that every
-  // dot product runs over contiguous memory in the order p = 0 .. k-1.
-  std::vector<float> opa(m * k), opbt(n * k);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t p = 0; p < k; ++p) {
-      opa[i * k + p] = Load(call.a, la->type, ta ? At(*la, p, i) : At(*la, i, p));
-    }
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t p = 0; p < k; ++p) {
-      opbt[j * k + p] = Load(call.b, lb->type, tb ? At(*lb, j, p) : At(*lb, p, j));
-    }
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t i = 0; i < m; ++i) {
-      const float* arow = &opa[i * k];
-      const float* brow = &opbt[j * k];
-      float acc = 0.0f;
-      for (int64_t p = 0; p < k; ++p) acc += arow[p] * brow[p];
-      float x = alpha * acc;
-      if (beta != 0.0f) x += beta * Load(call.c, lc->type, At(*lc, i, j));
-      if (bias) x += Load(desc->bias_pointer, bias_type, i);
-      const int64_t aux_at = i + j * desc->aux_ld;
-      if (aux_out) Store(desc->aux_pointer, aux_type, aux_at, x);
-      if (gelu) x = Gelu(x);
-      if (dgelu) x *= GeluGrad(Load(desc->aux_pointer, aux_type, aux_at));
-      Store(call.d, ld->type, At(*ld, i, j), x);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ReferenceMatmul(const MatmulShape& shape, const MatmulBuffers& buffers) {
-  auto plan = PlanMatmul(shape);
-  if (!plan.ok()) return plan.status();
-  MatmulBuffers b = buffers;
-  std::vector<float> ones_f;
-  std::vector<__nv_bfloat16> ones_bf;
-  if (shape.kind == MatmulKind::kBackwardBias && b.ones == nullptr) {
-    if (shape.dtype == MatmulDtype::kBf16) {
-      ones_bf.assign(shape.n, __float2bfloat16(1.0f));
-      b.ones = ones_bf.data();
-    } else {
-      ones_f.assign(shape.n, 1.0f);
-      b.ones = ones_f.data();
-    }
-  }
-  auto call = BindMatmul(*plan, b);
-  if (!call.ok()) return call.status();
-  return ReferenceLtMatmul(*call);
-}
-
-// ---------------------------------------------------------------------------------------------
 // The GPU runner
 
 absl::StatusOr<std::unique_ptr<MatmulRunner>> MatmulRunner::Create(size_t workspace_bytes) {
   // Ask the runtime first: without a driver it names the cause (cudaErrorInsufficientDriver),
   // where cublasLtCreate would only say CUBLAS_STATUS_NOT_INITIALIZED.
   int devices = 0;
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaGetDeviceCount(&devices)));
   if (devices == 0) return absl::FailedPreconditionError("MatmulRunner: no CUDA device");
   cublasLtHandle_t handle = nullptr;
-  TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(cublasLtCreate(&handle)));
   void* workspace = nullptr;
   if (workspace_bytes > 0) {
     if (absl::Status st = CudaErrorStatus(cudaMalloc(&workspace, workspace_bytes),
@@ -593,16 +399,18 @@ absl::StatusOr<const void*> MatmulRunner::Ones(int64_t n, MatmulDtype dtype) {
   const int t = static_cast<int>(dtype);
   if (ones_n_[t] >= n) return ones_[t];
   // Grow; cudaFree waits for the device, so work still reading the old vector finishes first.
-  if (ones_[t] != nullptr) TROUPE_CUDA_RETURN_IF_ERROR(cudaFree(ones_[t]));
+  if (ones_[t] != nullptr) TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaFree(ones_[t])));
   ones_[t] = nullptr, ones_n_[t] = 0;
   const size_t bytes = static_cast<size_t>(n) * ElementBytes(dtype);
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaMalloc(&ones_[t], bytes));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaMalloc(&ones_[t], bytes)));
   if (dtype == MatmulDtype::kBf16) {
     const std::vector<__nv_bfloat16> host(n, __float2bfloat16(1.0f));
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpy(ones_[t], host.data(), bytes, cudaMemcpyHostToDevice));
+    TROUPE_RETURN_IF_ERROR(
+        TROUPE_CUDA_CALL(cudaMemcpy(ones_[t], host.data(), bytes, cudaMemcpyHostToDevice)));
   } else {
     const std::vector<float> host(n, 1.0f);
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpy(ones_[t], host.data(), bytes, cudaMemcpyHostToDevice));
+    TROUPE_RETURN_IF_ERROR(
+        TROUPE_CUDA_CALL(cudaMemcpy(ones_[t], host.data(), bytes, cudaMemcpyHostToDevice)));
   }
   ones_n_[t] = n;
   return ones_[t];
@@ -612,17 +420,15 @@ absl::Status MatmulRunner::Run(const MatmulShape& shape, const MatmulBuffers& bu
                                cudaStream_t stream) {
   MatmulBuffers b = buffers;
   if (shape.kind == MatmulKind::kBackwardBias && b.ones == nullptr) {
-    auto ones = Ones(shape.n, shape.dtype);
-    if (!ones.ok()) return ones.status();
-    b.ones = *ones;
+    TROUPE_ASSIGN_OR_RETURN(auto ones, Ones(shape.n, shape.dtype));
+    b.ones = ones;
   }
   auto it = cache_.find(shape);
   const bool fresh = it == cache_.end();
   if (fresh) {
-    auto plan = PlanMatmul(shape, workspace_bytes_);
-    if (!plan.ok()) return plan.status();
+    TROUPE_ASSIGN_OR_RETURN(auto plan, PlanMatmul(shape, workspace_bytes_));
     Entry entry;
-    entry.plan = std::move(*plan);
+    entry.plan = std::move(plan);
     it = cache_.emplace(shape, std::move(entry)).first;
   }
   Entry& e = it->second;
@@ -649,10 +455,10 @@ absl::Status MatmulRunner::Run(const MatmulShape& shape, const MatmulBuffers& bu
     e.algo = result.algo;
     e.workspace_size = result.workspaceSize;
   }
-  TROUPE_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, call->desc, call->alpha, call->a,
-                                               call->a_layout, call->b, call->b_layout, call->beta,
-                                               call->c, call->c_layout, call->d, call->d_layout,
-                                               &e.algo, workspace_, e.workspace_size, stream));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUBLAS_CALL(
+      cublasLtMatmul(handle_, call->desc, call->alpha, call->a, call->a_layout, call->b,
+                     call->b_layout, call->beta, call->c, call->c_layout, call->d, call->d_layout,
+                     &e.algo, workspace_, e.workspace_size, stream)));
   return absl::OkStatus();
 }
 

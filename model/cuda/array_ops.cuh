@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "adamw.cuh"
 #include "norm.cuh"
+#include "troupe/base/status_macros.h"
 #include "troupe/kernels/adamw.h"
 #include "troupe/kernels/norm.h"
 #include "troupe/model/config.h"
@@ -83,7 +84,7 @@ inline absl::Status CheckBlock(const char* what, int block) {
 template <typename T>
 absl::Status add_into(T* left, const T* right, int64_t n, Stream stream,
                       int block = kArrayOpsBlock) {
-  if (absl::Status s = array_ops_internal::CheckBlock("add_into", block); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(array_ops_internal::CheckBlock("add_into", block));
   if (n <= 0) return absl::OkStatus();
   return TROUPE_LAUNCH(add_into_kernel<T>, dim3(CeilDiv(n, block)), dim3(block), 0, stream, left,
                        right, n);
@@ -92,7 +93,7 @@ absl::Status add_into(T* left, const T* right, int64_t n, Stream stream,
 // dst[i] = value for i < n (any bits, -0.0 and NaNs included); nothing for n <= 0.
 template <typename T>
 absl::Status fill(T* dst, int64_t n, T value, Stream stream, int block = kArrayOpsBlock) {
-  if (absl::Status s = array_ops_internal::CheckBlock("fill", block); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(array_ops_internal::CheckBlock("fill", block));
   if (n <= 0) return absl::OkStatus();
   return TROUPE_LAUNCH(fill_kernel<T>, dim3(CeilDiv(n, block)), dim3(block), 0, stream, dst, n,
                        value);
@@ -133,9 +134,7 @@ inline absl::Status adamw_update_range(const std::vector<model::ParamTensor>& te
                                        const float* grads, float* m, float* v,
                                        const AdamWScalars& scalars, Stream stream,
                                        int block = kAdamWBlock) {
-  if (absl::Status s = array_ops_internal::CheckBlock("adamw_update_range", block); !s.ok()) {
-    return s;
-  }
+  TROUPE_RETURN_IF_ERROR(array_ops_internal::CheckBlock("adamw_update_range", block));
   for (const model::ParamTensor& t : tensors) {
     const int64_t lo = std::max(begin, t.offset);
     const int64_t hi = std::min(end, t.offset + t.size);
@@ -143,11 +142,8 @@ inline absl::Status adamw_update_range(const std::vector<model::ParamTensor>& te
     AdamWScalars s = scalars;
     if (!t.decay) s.weight_decay = 0;
     const int64_t off = lo - begin;
-    if (absl::Status st = adamw_update<float>(params + off, nullptr, grads + off, m + off, v + off,
-                                              hi - lo, s, stream, block);
-        !st.ok()) {
-      return st;
-    }
+    TROUPE_RETURN_IF_ERROR(adamw_update<float>(params + off, nullptr, grads + off, m + off, v + off,
+                                               hi - lo, s, stream, block));
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator.h"
 #include "check.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::model::cuda {
 namespace {
@@ -50,50 +51,49 @@ class CudaArrayOps final : public model::ArrayOps {
 
   absl::Status Copy(float* dst, const float* src, int64_t n) override {
     if (n <= 0 || dst == src) return absl::OkStatus();
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
     if (dst < src + n && src < dst + n) {
       // Overlapping (memmove's case, which cudaMemcpy leaves undefined): through a scratch copy.
-      absl::StatusOr<Scratch> tmp = Scratch::Make(*alloc_, bytes);
-      if (!tmp.ok()) return tmp.status();
-      TROUPE_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(tmp->get(), src, bytes, cudaMemcpyDeviceToDevice, stream_));
-      TROUPE_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(dst, tmp->get(), bytes, cudaMemcpyDeviceToDevice, stream_));
+      TROUPE_ASSIGN_OR_RETURN(Scratch tmp, Scratch::Make(*alloc_, bytes));
+      TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(
+          cudaMemcpyAsync(tmp.get(), src, bytes, cudaMemcpyDeviceToDevice, stream_)));
+      TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(
+          cudaMemcpyAsync(dst, tmp.get(), bytes, cudaMemcpyDeviceToDevice, stream_)));
       return Wait();  // before the scratch block goes back to the cache
     }
-    TROUPE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    TROUPE_RETURN_IF_ERROR(
+        TROUPE_CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_)));
     return Wait();
   }
 
   absl::Status Fill(float* dst, int64_t n, float value) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_KERNELS_RETURN_IF_ERROR(fill<float>(dst, n, value, stream_));
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(fill<float>(dst, n, value, stream_));
     return Wait();
   }
 
   absl::Status CopyToHost(float* host_dst, const float* src, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        host_dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaMemcpyAsync(
+        host_dst, src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, stream_)));
     return Wait();
   }
 
   absl::Status CopyFromHost(float* dst, const float* host_src, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        dst, host_src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaMemcpyAsync(
+        dst, host_src, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice, stream_)));
     return Wait();  // the host buffer may be reused on return
   }
 
   absl::Status AddInto(float* left, const float* right, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_KERNELS_RETURN_IF_ERROR(add_into<float>(left, right, n, stream_));
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(add_into<float>(left, right, n, stream_));
     return Wait();
   }
 
@@ -103,15 +103,14 @@ class CudaArrayOps final : public model::ArrayOps {
     if (!chunks.ok()) return chunks.status();
     std::vector<double> sums(static_cast<size_t>(*chunks));
     if (sums.empty()) return sums;
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
     const size_t bytes = sums.size() * sizeof(double);
-    absl::StatusOr<Scratch> out = Scratch::Make(*alloc_, bytes);
-    if (!out.ok()) return out.status();
-    TROUPE_KERNELS_RETURN_IF_ERROR(
-        range_chunk_square_sums(static_cast<double*>(out->get()), x, begin, end, total, stream_));
-    TROUPE_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(sums.data(), out->get(), bytes, cudaMemcpyDeviceToHost, stream_));
-    TROUPE_KERNELS_RETURN_IF_ERROR(Wait());
+    TROUPE_ASSIGN_OR_RETURN(Scratch out, Scratch::Make(*alloc_, bytes));
+    TROUPE_RETURN_IF_ERROR(
+        range_chunk_square_sums(static_cast<double*>(out.get()), x, begin, end, total, stream_));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(
+        cudaMemcpyAsync(sums.data(), out.get(), bytes, cudaMemcpyDeviceToHost, stream_)));
+    TROUPE_RETURN_IF_ERROR(Wait());
     return sums;
   }
 
@@ -120,18 +119,17 @@ class CudaArrayOps final : public model::ArrayOps {
                                 const model::AdamWConfig& /*config*/,
                                 const AdamWScalars& scalars) override {
     if (end <= begin) return absl::OkStatus();
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_KERNELS_RETURN_IF_ERROR(
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(
         adamw_update_range(tensors, begin, end, params, grads, m, v, scalars, stream_));
     return Wait();
   }
 
  protected:
   absl::StatusOr<float*> Allocate(int64_t n) override {
-    TROUPE_KERNELS_RETURN_IF_ERROR(MakeCurrent());
-    absl::StatusOr<void*> p = alloc_->Allocate(static_cast<size_t>(n) * sizeof(float));
-    if (!p.ok()) return p.status();
-    return static_cast<float*>(*p);
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_ASSIGN_OR_RETURN(void* p, alloc_->Allocate(static_cast<size_t>(n) * sizeof(float)));
+    return static_cast<float*>(p);
   }
   // Only bookkeeping (the block goes to the cache); it fails only for a pointer the allocator did
   // not hand out, which FloatArray never passes.
@@ -142,9 +140,8 @@ class CudaArrayOps final : public model::ArrayOps {
   class Scratch {
    public:
     static absl::StatusOr<Scratch> Make(CachingAllocator& alloc, size_t bytes) {
-      absl::StatusOr<void*> p = alloc.Allocate(bytes);
-      if (!p.ok()) return p.status();
-      return Scratch(alloc, *p);
+      TROUPE_ASSIGN_OR_RETURN(void* p, alloc.Allocate(bytes));
+      return Scratch(alloc, p);
     }
     Scratch(Scratch&& other) noexcept : alloc_(other.alloc_), p_(other.p_) { other.p_ = nullptr; }
     Scratch& operator=(Scratch&&) = delete;
@@ -160,11 +157,11 @@ class CudaArrayOps final : public model::ArrayOps {
   };
 
   absl::Status MakeCurrent() const {
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaSetDevice(ordinal_)));
     return absl::OkStatus();
   }
   absl::Status Wait() const {
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaStreamSynchronize(stream_)));
     return absl::OkStatus();
   }
 
@@ -176,14 +173,14 @@ class CudaArrayOps final : public model::ArrayOps {
 
 absl::StatusOr<std::unique_ptr<model::ArrayOps>> Create(int ordinal, cudaStream_t stream,
                                                         bool own_stream) {
-  TROUPE_KERNELS_RETURN_IF_ERROR(UseKernelDevice("CreateCudaArrayOps", ordinal));
+  TROUPE_RETURN_IF_ERROR(UseKernelDevice("CreateCudaArrayOps", ordinal));
   absl::StatusOr<std::unique_ptr<MemoryBackend>> backend = CudaMemoryBackend(ordinal);
   if (!backend.ok()) return Unusable(ordinal, backend.status());
   auto alloc = std::make_unique<CachingAllocator>(std::move(*backend));
   if (own_stream) {
     // Blocking (not cudaStreamNonBlocking): ordered with work a caller puts on the legacy default
     // stream, as GptDevice's stream is.
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaStreamCreate(&stream)));
   }
   return std::unique_ptr<model::ArrayOps>(
       std::make_unique<CudaArrayOps>(ordinal, stream, own_stream, std::move(alloc)));

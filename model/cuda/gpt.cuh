@@ -32,10 +32,10 @@
 //   auto matmul = MatmulRunnerExecutor::Create();
 //   auto gpt = GptCuda<float>::Create(GptConfig::Tiny(512), std::move(*backend),
 //                                     std::move(*matmul), stream);
-//   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->InitParams(/*seed=*/42));
+//   TROUPE_RETURN_IF_ERROR((*gpt)->InitParams(/*seed=*/42));
 //   absl::StatusOr<double> loss = (*gpt)->Forward(inputs, targets, B, T);  // host token arrays
-//   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->ZeroGrad());
-//   TROUPE_KERNELS_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
+//   TROUPE_RETURN_IF_ERROR((*gpt)->ZeroGrad());
+//   TROUPE_RETURN_IF_ERROR((*gpt)->Backward(1.0f / (B * T)));
 //   absl::StatusOr<double> grad_norm = (*gpt)->Step(adamw, schedule, step);
 #ifndef TROUPE_MODEL_CUDA_GPT_CUH_
 #define TROUPE_MODEL_CUDA_GPT_CUH_
@@ -47,7 +47,6 @@
 // clang-format on
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -63,9 +62,11 @@
 #include "crossentropy.cuh"
 #include "embedding.cuh"
 #include "gelu.cuh"
+#include "gpt_internal.cuh"
 #include "layernorm.cuh"
 #include "matmul_lt.h"
 #include "norm.cuh"
+#include "troupe/base/status_macros.h"
 #include "troupe/kernels/norm.h"
 #include "troupe/model/config.h"
 #include "troupe/model/gpt.h"
@@ -92,9 +93,9 @@ class MatmulRunnerExecutor final : public MatmulExecutor {
  public:
   static absl::StatusOr<std::unique_ptr<MatmulExecutor>> Create(
       size_t workspace_bytes = kDefaultMatmulWorkspaceBytes) {
-    absl::StatusOr<std::unique_ptr<MatmulRunner>> runner = MatmulRunner::Create(workspace_bytes);
-    if (!runner.ok()) return runner.status();
-    return std::unique_ptr<MatmulExecutor>(new MatmulRunnerExecutor(std::move(*runner)));
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<MatmulRunner> runner,
+                            MatmulRunner::Create(workspace_bytes));
+    return std::unique_ptr<MatmulExecutor>(new MatmulRunnerExecutor(std::move(runner)));
   }
   absl::Status Run(const MatmulShape& shape, const MatmulBuffers& buffers,
                    cudaStream_t stream) override {
@@ -122,118 +123,6 @@ struct GptCudaOptions {
   bool gelu_epilogue = true;
 };
 
-namespace gpt_internal {
-
-inline constexpr int kConvertBlock = 256;
-
-// The Tx copy of the fp32 master weights.
-template <typename Tx>
-__global__ void gpt_from_float_kernel(Tx* out, const float* inp, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  out[i] = FromFloat<Tx>(inp[i]);
-}
-
-// Tx gradients widened to fp32 (exact: every bf16 value is a float).
-template <typename Tx>
-__global__ void gpt_to_float_kernel(float* out, const Tx* inp, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  out[i] = ToFloat(inp[i]);
-}
-
-template <typename Tx>
-constexpr MatmulDtype DtypeOf() {
-  static_assert(std::is_same_v<Tx, float> || std::is_same_v<Tx, __nv_bfloat16>);
-  return std::is_same_v<Tx, float> ? MatmulDtype::kF32 : MatmulDtype::kBf16;
-}
-
-// The largest power of two (at most 16 bytes) dividing every pointer of the call: what the plan
-// may promise cuBLASLt (MatmulShape::alignment).
-inline uint32_t AlignmentOf(const MatmulBuffers& b) {
-  uintptr_t bits = 16;
-  for (const void* p : {static_cast<const void*>(b.out), b.inp, b.weight, b.dout, b.bias,
-                        static_cast<const void*>(b.pre_gelu), b.ones}) {
-    bits |= reinterpret_cast<uintptr_t>(p);
-  }
-  return static_cast<uint32_t>(bits & (~bits + 1));
-}
-
-inline absl::Status Zero(void* p, size_t bytes, Stream stream) {
-#ifdef __CUDACC__
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, stream));
-#else
-  (void)stream;
-  std::memset(p, 0, bytes);
-#endif
-  return absl::OkStatus();
-}
-
-// Host memory to device memory; `src` may be reused on return.
-inline absl::Status ToDevice(void* dst, const void* src, size_t bytes, Stream stream) {
-#ifdef __CUDACC__
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
-  // The host buffer may be pageable and short-lived: wait rather than rely on staging.
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-#else
-  (void)stream;
-  std::memcpy(dst, src, bytes);
-#endif
-  return absl::OkStatus();
-}
-
-// Device memory to host memory, after the work enqueued before it.
-inline absl::Status ToHost(void* dst, const void* src, size_t bytes, Stream stream) {
-#ifdef __CUDACC__
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-#else
-  (void)stream;
-  std::memcpy(dst, src, bytes);
-#endif
-  return absl::OkStatus();
-}
-
-// Carves one allocator block into 256-byte-aligned buffers: Add them, then Allocate.
-class Arena {
- public:
-  template <typename T>
-  void Add(T*& p, int64_t count) {
-    parts_.push_back({reinterpret_cast<void**>(&p), static_cast<size_t>(count) * sizeof(T)});
-  }
-  absl::Status Allocate(CachingAllocator& alloc) {
-    size_t total = 0;
-    for (const Part& part : parts_) total += Round(part.bytes);
-    absl::StatusOr<void*> block = alloc.Allocate(total);
-    if (!block.ok()) return block.status();
-    block_ = *block;
-    size_t at = 0;
-    for (const Part& part : parts_) {
-      *part.slot = static_cast<unsigned char*>(block_) + at;
-      at += Round(part.bytes);
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Free(CachingAllocator& alloc) {
-    for (const Part& part : parts_) *part.slot = nullptr;
-    parts_.clear();
-    void* block = block_;
-    block_ = nullptr;
-    return alloc.Free(block);
-  }
-
- private:
-  struct Part {
-    void** slot;
-    size_t bytes;
-  };
-  static size_t Round(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  std::vector<Part> parts_;
-  void* block_ = nullptr;
-};
-
-}  // namespace gpt_internal
-
 template <typename Tx>
 class GptCuda {
  public:
@@ -244,13 +133,13 @@ class GptCuda {
                                                          std::unique_ptr<MatmulExecutor> matmul,
                                                          Stream stream,
                                                          const GptCudaOptions& options = {}) {
-    TROUPE_KERNELS_RETURN_IF_ERROR(config.Validate());
+    TROUPE_RETURN_IF_ERROR(config.Validate());
     if (backend == nullptr || matmul == nullptr) {
       return absl::InvalidArgumentError("GptCuda::Create: null memory backend or matmul executor");
     }
     std::unique_ptr<GptCuda> gpt(
         new GptCuda(config, std::move(backend), std::move(matmul), stream, options));
-    TROUPE_KERNELS_RETURN_IF_ERROR(gpt->AllocateParams());
+    TROUPE_RETURN_IF_ERROR(gpt->AllocateParams());
     return gpt;
   }
   ~GptCuda() = default;  // the allocator returns every block to the backend
@@ -280,7 +169,7 @@ class GptCuda {
   // Copies num_params() fp32 host values in (and refreshes the Tx copy) or out.
   absl::Status SetParams(const float* host) {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
-    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::ToDevice(params_, host, bytes, stream_));
+    TROUPE_RETURN_IF_ERROR(gpt_internal::ToDevice(params_, host, bytes, stream_));
     return RefreshParamsX();
   }
   absl::Status GetParams(float* host) const {
@@ -288,10 +177,9 @@ class GptCuda {
   }
   // The CPU model's initialisation (GptModel<float>::InitParams), copied in.
   absl::Status InitParams(uint64_t seed) {
-    absl::StatusOr<model::GptModel<float>> cpu = model::GptModel<float>::Create(config_);
-    if (!cpu.ok()) return cpu.status();
-    cpu->InitParams(seed);
-    return SetParams(cpu->params());
+    TROUPE_ASSIGN_OR_RETURN(model::GptModel<float> cpu, model::GptModel<float>::Create(config_));
+    cpu.InitParams(seed);
+    return SetParams(cpu.params());
   }
   // The gradients, as float.
   absl::Status GetGrads(float* host) const { return CopyOut(host, grads_, num_params()); }
@@ -306,9 +194,9 @@ class GptCuda {
       const int64_t n = num_params();
       if (grads_f32_ == nullptr) {
         grads_f32_arena_.Add(grads_f32_, n);
-        TROUPE_KERNELS_RETURN_IF_ERROR(grads_f32_arena_.Allocate(*alloc_));
+        TROUPE_RETURN_IF_ERROR(grads_f32_arena_.Allocate(*alloc_));
       }
-      TROUPE_KERNELS_RETURN_IF_ERROR(TROUPE_LAUNCH(
+      TROUPE_RETURN_IF_ERROR(TROUPE_LAUNCH(
           gpt_internal::gpt_to_float_kernel<Tx>, dim3(CeilDiv(n, gpt_internal::kConvertBlock)),
           dim3(gpt_internal::kConvertBlock), 0, stream_, grads_f32_, grads_, n));
       return static_cast<const float*>(grads_f32_);
@@ -317,12 +205,12 @@ class GptCuda {
   // AdamW moments in or out (checkpoints): num_params() floats each.
   absl::Status SetOptimizerState(const float* m, const float* v) {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
-    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::ToDevice(m_, m, bytes, stream_));
+    TROUPE_RETURN_IF_ERROR(gpt_internal::ToDevice(m_, m, bytes, stream_));
     return gpt_internal::ToDevice(v_, v, bytes, stream_);
   }
   absl::Status GetOptimizerState(float* m, float* v) const {
     const size_t bytes = static_cast<size_t>(num_params()) * sizeof(float);
-    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::ToHost(m, m_, bytes, stream_));
+    TROUPE_RETURN_IF_ERROR(gpt_internal::ToHost(m, m_, bytes, stream_));
     return gpt_internal::ToHost(v, v_, bytes, stream_);
   }
 
@@ -335,25 +223,25 @@ class GptCuda {
                        ", got batch=", b, " seq_len=", t));
     }
     const int64_t bt = int64_t{b} * t;
-    TROUPE_KERNELS_RETURN_IF_ERROR(CheckIds("tokens", tokens, bt));
+    TROUPE_RETURN_IF_ERROR(CheckIds("tokens", tokens, bt));
     if (targets != nullptr) {
-      TROUPE_KERNELS_RETURN_IF_ERROR(CheckIds("targets", targets, bt));
+      TROUPE_RETURN_IF_ERROR(CheckIds("targets", targets, bt));
     }
-    TROUPE_KERNELS_RETURN_IF_ERROR(EnsureActivations(b, t));
+    TROUPE_RETURN_IF_ERROR(EnsureActivations(b, t));
     have_targets_ = false;
-    TROUPE_KERNELS_RETURN_IF_ERROR(
+    TROUPE_RETURN_IF_ERROR(
         gpt_internal::ToDevice(acts_.tokens, tokens, bt * sizeof(int32_t), stream_));
     if (targets != nullptr) {
-      TROUPE_KERNELS_RETURN_IF_ERROR(
+      TROUPE_RETURN_IF_ERROR(
           gpt_internal::ToDevice(acts_.targets, targets, bt * sizeof(int32_t), stream_));
     }
-    TROUPE_KERNELS_RETURN_IF_ERROR(RunForward());
+    TROUPE_RETURN_IF_ERROR(RunForward());
     if (targets == nullptr) return 0.0;
-    TROUPE_KERNELS_RETURN_IF_ERROR(crossentropy_forward(
-        acts_.losses, acts_.ce_lse, acts_.logits, acts_.targets, bt, config_.vocab_size, stream_));
+    TROUPE_RETURN_IF_ERROR(crossentropy_forward(acts_.losses, acts_.ce_lse, acts_.logits,
+                                                acts_.targets, bt, config_.vocab_size, stream_));
     have_targets_ = true;
     std::vector<float> losses(bt);
-    TROUPE_KERNELS_RETURN_IF_ERROR(
+    TROUPE_RETURN_IF_ERROR(
         gpt_internal::ToHost(losses.data(), acts_.losses, bt * sizeof(float), stream_));
     double sum = 0;  // as the CPU model: in double, in token order
     for (int64_t i = 0; i < bt; ++i) sum += losses[i];
@@ -374,9 +262,9 @@ class GptCuda {
   // sqrt(TreeSum(chunk square sums)) of the gradients: model::GradNorm's bits for fp32 grads.
   absl::StatusOr<double> GradNorm() {
     const int64_t n = num_params();
-    TROUPE_KERNELS_RETURN_IF_ERROR(chunk_square_sums(chunk_sums_, grads_, n, stream_));
+    TROUPE_RETURN_IF_ERROR(chunk_square_sums(chunk_sums_, grads_, n, stream_));
     std::vector<double> sums(CeilDiv(n, kNormChunk));
-    TROUPE_KERNELS_RETURN_IF_ERROR(
+    TROUPE_RETURN_IF_ERROR(
         gpt_internal::ToHost(sums.data(), chunk_sums_, sums.size() * sizeof(double), stream_));
     return model::GradNormFromChunks(sums);
   }
@@ -389,9 +277,8 @@ class GptCuda {
       if (!t.decay) s.weight_decay = 0;
       __nv_bfloat16* copy = nullptr;
       if constexpr (std::is_same_v<Tx, __nv_bfloat16>) copy = params_x_ + t.offset;
-      TROUPE_KERNELS_RETURN_IF_ERROR(adamw_update(params_ + t.offset, copy, grads_ + t.offset,
-                                                  m_ + t.offset, v_ + t.offset, t.size, s,
-                                                  stream_));
+      TROUPE_RETURN_IF_ERROR(adamw_update(params_ + t.offset, copy, grads_ + t.offset,
+                                          m_ + t.offset, v_ + t.offset, t.size, s, stream_));
     }
     return absl::OkStatus();
   }
@@ -400,10 +287,9 @@ class GptCuda {
   // norm, the step's scalars (clip factor, schedule, bias corrections), AdamW. Returns the norm.
   absl::StatusOr<double> Step(const model::AdamWConfig& adamw, const model::LrSchedule& schedule,
                               int64_t step) {
-    absl::StatusOr<double> norm = GradNorm();
-    if (!norm.ok()) return norm.status();
-    TROUPE_KERNELS_RETURN_IF_ERROR(Update(model::StepScalars(adamw, schedule, step, *norm)));
-    return *norm;
+    TROUPE_ASSIGN_OR_RETURN(double norm, GradNorm());
+    TROUPE_RETURN_IF_ERROR(Update(model::StepScalars(adamw, schedule, step, norm)));
+    return norm;
   }
 
  private:
@@ -448,7 +334,7 @@ class GptCuda {
     params_arena_.Add(m_, n);
     params_arena_.Add(v_, n);
     params_arena_.Add(chunk_sums_, CeilDiv(n, kNormChunk));
-    TROUPE_KERNELS_RETURN_IF_ERROR(params_arena_.Allocate(*alloc_));
+    TROUPE_RETURN_IF_ERROR(params_arena_.Allocate(*alloc_));
     if constexpr (std::is_same_v<Tx, float>) params_x_ = params_;
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
     absl::Status s = gpt_internal::Zero(params_, bytes, stream_);
@@ -475,8 +361,7 @@ class GptCuda {
       return gpt_internal::ToHost(host, device, n * sizeof(float), stream_);
     } else {
       std::vector<Tx> raw(n);
-      TROUPE_KERNELS_RETURN_IF_ERROR(
-          gpt_internal::ToHost(raw.data(), device, n * sizeof(Tx), stream_));
+      TROUPE_RETURN_IF_ERROR(gpt_internal::ToHost(raw.data(), device, n * sizeof(Tx), stream_));
       for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(raw[i]);
       return absl::OkStatus();
     }
@@ -495,7 +380,7 @@ class GptCuda {
   absl::Status EnsureActivations(int b, int t) {
     if (b == b_ && t == t_) return absl::OkStatus();
     if (b_ != 0) {
-      TROUPE_KERNELS_RETURN_IF_ERROR(acts_arena_.Free(*alloc_));
+      TROUPE_RETURN_IF_ERROR(acts_arena_.Free(*alloc_));
       acts_ = Activations();
       b_ = t_ = 0;
     }
@@ -525,7 +410,7 @@ class GptCuda {
     r.Add(a.dlogits, bt * v);
     r.Add(a.ln_scratch, layernorm_backward_scratch_floats(bt, c));
     r.Add(a.att_workspace, CeilDiv(attention_workspace_bytes(b, t, c, nh), sizeof(float)));
-    TROUPE_KERNELS_RETURN_IF_ERROR(r.Allocate(*alloc_));
+    TROUPE_RETURN_IF_ERROR(r.Allocate(*alloc_));
     b_ = b;
     t_ = t;
     return absl::OkStatus();
@@ -550,14 +435,14 @@ class GptCuda {
     input.accumulate = false;
     MatmulBuffers mb;
     mb.out = dinp, mb.dout = dout, mb.weight = weight;
-    TROUPE_KERNELS_RETURN_IF_ERROR(Matmul(input, mb));
+    TROUPE_RETURN_IF_ERROR(Matmul(input, mb));
     return WeightAndBiasBackward(dweight, dbias, dout, inp, n, c, oc);
   }
   absl::Status WeightAndBiasBackward(Tx* dweight, Tx* dbias, const Tx* dout, const Tx* inp,
                                      int64_t n, int64_t c, int64_t oc) {
     MatmulBuffers mw;
     mw.out = dweight, mw.dout = dout, mw.inp = inp;
-    TROUPE_KERNELS_RETURN_IF_ERROR(Matmul(MatmulShape::BackwardWeight(n, c, oc, kDtype), mw));
+    TROUPE_RETURN_IF_ERROR(Matmul(MatmulShape::BackwardWeight(n, c, oc, kDtype), mw));
     if (dbias == nullptr) return absl::OkStatus();
     MatmulBuffers mbias;
     mbias.out = dbias, mbias.dout = dout;
@@ -575,8 +460,8 @@ class GptCuda {
     const int64_t v = config_.vocab_size, L = config_.num_layers;
     const Tx* p = params_x_;
     Activations& a = acts_;
-    TROUPE_KERNELS_RETURN_IF_ERROR(embedding_forward(a.encoded, a.tokens, p + layout_.wte(),
-                                                     p + layout_.wpe(), b, t, c, stream_));
+    TROUPE_RETURN_IF_ERROR(embedding_forward(a.encoded, a.tokens, p + layout_.wte(),
+                                             p + layout_.wpe(), b, t, c, stream_));
     for (int l = 0; l < L; ++l) {
       const model::BlockOffsets& o = layout_.block(l);
       const Tx* residual = l == 0 ? a.encoded : Layer(a.res3, l - 1, bt * c);
@@ -588,34 +473,34 @@ class GptCuda {
       Tx* fch = Layer(a.fch, l, bt * 4 * c);
       Tx* fch_gelu = Layer(a.fch_gelu, l, bt * 4 * c);
       if (l == 0) {
-        TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_forward(ln1, ln1_mean, ln1_rstd, a.encoded,
-                                                         p + o.ln1_w, p + o.ln1_b, bt, c, stream_));
+        TROUPE_RETURN_IF_ERROR(layernorm_forward(ln1, ln1_mean, ln1_rstd, a.encoded, p + o.ln1_w,
+                                                 p + o.ln1_b, bt, c, stream_));
       } else {  // the previous block's second residual, fused: res3 = res2 + its MLP output
-        TROUPE_KERNELS_RETURN_IF_ERROR(fused_residual_layernorm_forward(
+        TROUPE_RETURN_IF_ERROR(fused_residual_layernorm_forward(
             Layer(a.res3, l - 1, bt * c), ln1, ln1_mean, ln1_rstd, Layer(a.res2, l - 1, bt * c),
             a.proj, p + o.ln1_w, p + o.ln1_b, bt, c, stream_));
       }
-      TROUPE_KERNELS_RETURN_IF_ERROR(Linear(qkv, ln1, p + o.qkv_w, p + o.qkv_b, bt, c, 3 * c));
-      TROUPE_KERNELS_RETURN_IF_ERROR(
+      TROUPE_RETURN_IF_ERROR(Linear(qkv, ln1, p + o.qkv_w, p + o.qkv_b, bt, c, 3 * c));
+      TROUPE_RETURN_IF_ERROR(
           attention_forward(atty, Layer(a.att_lse, l, b * nh * t), qkv, b, t, c, nh, stream_));
-      TROUPE_KERNELS_RETURN_IF_ERROR(Linear(a.proj, atty, p + o.proj_w, p + o.proj_b, bt, c, c));
-      TROUPE_KERNELS_RETURN_IF_ERROR(fused_residual_layernorm_forward(
+      TROUPE_RETURN_IF_ERROR(Linear(a.proj, atty, p + o.proj_w, p + o.proj_b, bt, c, c));
+      TROUPE_RETURN_IF_ERROR(fused_residual_layernorm_forward(
           Layer(a.res2, l, bt * c), ln2, Layer(a.ln2_mean, l, bt), Layer(a.ln2_rstd, l, bt),
           residual, a.proj, p + o.ln2_w, p + o.ln2_b, bt, c, stream_));
       if (gelu_epilogue_) {
         MatmulBuffers mb;
         mb.out = fch_gelu, mb.inp = ln2, mb.weight = p + o.fc_w, mb.bias = p + o.fc_b;
         mb.pre_gelu = fch;
-        TROUPE_KERNELS_RETURN_IF_ERROR(
+        TROUPE_RETURN_IF_ERROR(
             Matmul(MatmulShape::Forward(bt, c, 4 * c, /*bias=*/true, /*gelu=*/true, kDtype), mb));
       } else {
-        TROUPE_KERNELS_RETURN_IF_ERROR(Linear(fch, ln2, p + o.fc_w, p + o.fc_b, bt, c, 4 * c));
-        TROUPE_KERNELS_RETURN_IF_ERROR(gelu_forward(fch_gelu, fch, bt * 4 * c, stream_));
+        TROUPE_RETURN_IF_ERROR(Linear(fch, ln2, p + o.fc_w, p + o.fc_b, bt, c, 4 * c));
+        TROUPE_RETURN_IF_ERROR(gelu_forward(fch_gelu, fch, bt * 4 * c, stream_));
       }
-      TROUPE_KERNELS_RETURN_IF_ERROR(
+      TROUPE_RETURN_IF_ERROR(
           Linear(a.proj, fch_gelu, p + o.fcproj_w, p + o.fcproj_b, bt, 4 * c, c));
     }
-    TROUPE_KERNELS_RETURN_IF_ERROR(fused_residual_layernorm_forward(
+    TROUPE_RETURN_IF_ERROR(fused_residual_layernorm_forward(
         Layer(a.res3, L - 1, bt * c), a.lnf, a.lnf_mean, a.lnf_rstd, Layer(a.res2, L - 1, bt * c),
         a.proj, p + layout_.lnf_w(), p + layout_.lnf_b(), bt, c, stream_));
     return Linear(a.logits, a.lnf, p + layout_.wte(), nullptr, bt, c, v);  // tied: wte
@@ -627,14 +512,14 @@ class GptCuda {
     const Tx* p = params_x_;
     Tx* g = grads_;
     Activations& a = acts_;
-    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::Zero(a.dlogits, bt * v * sizeof(Tx), stream_));
-    TROUPE_KERNELS_RETURN_IF_ERROR(crossentropy_backward(a.dlogits, a.logits, a.ce_lse, a.targets,
-                                                         loss_weight, bt, v, stream_));
+    TROUPE_RETURN_IF_ERROR(gpt_internal::Zero(a.dlogits, bt * v * sizeof(Tx), stream_));
+    TROUPE_RETURN_IF_ERROR(crossentropy_backward(a.dlogits, a.logits, a.ce_lse, a.targets,
+                                                 loss_weight, bt, v, stream_));
     // Tied embeddings: dwte gets the logits GEMM's weight gradient here, the embedding's last.
-    TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dln, g + layout_.wte(), nullptr, a.dlogits,
-                                                  a.lnf, p + layout_.wte(), bt, c, v));
-    TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::Zero(a.dresidual, bt * c * sizeof(Tx), stream_));
-    TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_backward(
+    TROUPE_RETURN_IF_ERROR(LinearBackward(a.dln, g + layout_.wte(), nullptr, a.dlogits, a.lnf,
+                                          p + layout_.wte(), bt, c, v));
+    TROUPE_RETURN_IF_ERROR(gpt_internal::Zero(a.dresidual, bt * c * sizeof(Tx), stream_));
+    TROUPE_RETURN_IF_ERROR(layernorm_backward(
         a.dresidual, g + layout_.lnf_w(), g + layout_.lnf_b(), a.ln_scratch, a.dln,
         Layer(a.res3, L - 1, bt * c), p + layout_.lnf_w(), a.lnf_mean, a.lnf_rstd, bt, c, stream_));
     // a.dresidual holds d res3 of the layer being processed; the LayerNorm backwards add the
@@ -649,35 +534,30 @@ class GptCuda {
       if (gelu_epilogue_) {
         MatmulBuffers mb;
         mb.out = a.dfch, mb.dout = a.dresidual, mb.weight = p + o.fcproj_w, mb.pre_gelu = fch;
-        TROUPE_KERNELS_RETURN_IF_ERROR(
+        TROUPE_RETURN_IF_ERROR(
             Matmul(MatmulShape::BackwardInput(bt, 4 * c, c, /*dgelu=*/true, kDtype), mb));
-        TROUPE_KERNELS_RETURN_IF_ERROR(WeightAndBiasBackward(g + o.fcproj_w, g + o.fcproj_b,
-                                                             a.dresidual, fch_gelu, bt, 4 * c, c));
+        TROUPE_RETURN_IF_ERROR(WeightAndBiasBackward(g + o.fcproj_w, g + o.fcproj_b, a.dresidual,
+                                                     fch_gelu, bt, 4 * c, c));
       } else {
-        TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dfch_gelu, g + o.fcproj_w, g + o.fcproj_b,
-                                                      a.dresidual, fch_gelu, p + o.fcproj_w, bt,
-                                                      4 * c, c));
-        TROUPE_KERNELS_RETURN_IF_ERROR(
-            gpt_internal::Zero(a.dfch, bt * 4 * c * sizeof(Tx), stream_));
-        TROUPE_KERNELS_RETURN_IF_ERROR(
-            gelu_backward(a.dfch, fch, a.dfch_gelu, bt * 4 * c, stream_));
+        TROUPE_RETURN_IF_ERROR(LinearBackward(a.dfch_gelu, g + o.fcproj_w, g + o.fcproj_b,
+                                              a.dresidual, fch_gelu, p + o.fcproj_w, bt, 4 * c, c));
+        TROUPE_RETURN_IF_ERROR(gpt_internal::Zero(a.dfch, bt * 4 * c * sizeof(Tx), stream_));
+        TROUPE_RETURN_IF_ERROR(gelu_backward(a.dfch, fch, a.dfch_gelu, bt * 4 * c, stream_));
       }
-      TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dln, g + o.fc_w, g + o.fc_b, a.dfch,
-                                                    Layer(a.ln2, l, bt * c), p + o.fc_w, bt, c,
-                                                    4 * c));
-      TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_backward(
+      TROUPE_RETURN_IF_ERROR(LinearBackward(a.dln, g + o.fc_w, g + o.fc_b, a.dfch,
+                                            Layer(a.ln2, l, bt * c), p + o.fc_w, bt, c, 4 * c));
+      TROUPE_RETURN_IF_ERROR(layernorm_backward(
           a.dresidual, g + o.ln2_w, g + o.ln2_b, a.ln_scratch, a.dln, Layer(a.res2, l, bt * c),
           p + o.ln2_w, Layer(a.ln2_mean, l, bt), Layer(a.ln2_rstd, l, bt), bt, c, stream_));
-      TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.datty, g + o.proj_w, g + o.proj_b,
-                                                    a.dresidual, atty, p + o.proj_w, bt, c, c));
-      TROUPE_KERNELS_RETURN_IF_ERROR(gpt_internal::Zero(a.dqkv, bt * 3 * c * sizeof(Tx), stream_));
-      TROUPE_KERNELS_RETURN_IF_ERROR(attention_backward(
-          a.dqkv, a.datty, Layer(a.qkv, l, bt * 3 * c), atty, Layer(a.att_lse, l, b * nh * t),
-          a.att_workspace, b, t, c, nh, stream_));
-      TROUPE_KERNELS_RETURN_IF_ERROR(LinearBackward(a.dln, g + o.qkv_w, g + o.qkv_b, a.dqkv,
-                                                    Layer(a.ln1, l, bt * c), p + o.qkv_w, bt, c,
-                                                    3 * c));
-      TROUPE_KERNELS_RETURN_IF_ERROR(layernorm_backward(
+      TROUPE_RETURN_IF_ERROR(LinearBackward(a.datty, g + o.proj_w, g + o.proj_b, a.dresidual, atty,
+                                            p + o.proj_w, bt, c, c));
+      TROUPE_RETURN_IF_ERROR(gpt_internal::Zero(a.dqkv, bt * 3 * c * sizeof(Tx), stream_));
+      TROUPE_RETURN_IF_ERROR(attention_backward(a.dqkv, a.datty, Layer(a.qkv, l, bt * 3 * c), atty,
+                                                Layer(a.att_lse, l, b * nh * t), a.att_workspace, b,
+                                                t, c, nh, stream_));
+      TROUPE_RETURN_IF_ERROR(LinearBackward(a.dln, g + o.qkv_w, g + o.qkv_b, a.dqkv,
+                                            Layer(a.ln1, l, bt * c), p + o.qkv_w, bt, c, 3 * c));
+      TROUPE_RETURN_IF_ERROR(layernorm_backward(
           a.dresidual, g + o.ln1_w, g + o.ln1_b, a.ln_scratch, a.dln, residual, p + o.ln1_w,
           Layer(a.ln1_mean, l, bt), Layer(a.ln1_rstd, l, bt), bt, c, stream_));
     }

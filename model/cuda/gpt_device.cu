@@ -19,6 +19,7 @@
 #include "allocator.h"
 #include "array_ops_cuda.h"
 #include "check.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::model::cuda {
 
@@ -46,12 +47,12 @@ class GptDevice::Impl {
   // Makes the device current, then calls f on the model; R is absl::Status or StatusOr<…>.
   template <typename R, typename F>
   R Call(F&& f) const {
-    if (absl::Status s = MakeCurrent(); !s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
     if (f32_ != nullptr) return f(*f32_);
     return f(*bf16_);
   }
   absl::Status MakeCurrent() const {
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaSetDevice(ordinal_)));
     return absl::OkStatus();
   }
 
@@ -62,32 +63,29 @@ class GptDevice::Impl {
   float* params() { return f32_ != nullptr ? f32_->params() : bf16_->params(); }
   model::ArrayOps& ops() { return *ops_; }
   absl::Status Synchronize() const {
-    if (absl::Status s = MakeCurrent(); !s.ok()) return s;
-    TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    TROUPE_RETURN_IF_ERROR(MakeCurrent());
+    TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaStreamSynchronize(stream_)));
     return absl::OkStatus();
   }
 
   // The trainer's array operations, on this object's stream.
   absl::Status BuildArrayOps() {
-    absl::StatusOr<std::unique_ptr<model::ArrayOps>> ops =
-        CreateCudaArrayOpsOnStream(ordinal_, stream_);
-    if (!ops.ok()) return ops.status();
-    ops_ = std::move(*ops);
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<model::ArrayOps> ops,
+                            CreateCudaArrayOpsOnStream(ordinal_, stream_));
+    ops_ = std::move(ops);
     return absl::OkStatus();
   }
 
   template <typename Tx>
   absl::Status Build() {
-    absl::StatusOr<std::unique_ptr<MemoryBackend>> backend = CudaMemoryBackend(ordinal_);
-    if (!backend.ok()) return backend.status();
-    absl::StatusOr<std::unique_ptr<MatmulExecutor>> matmul = MatmulRunnerExecutor::Create();
-    if (!matmul.ok()) return matmul.status();
-    auto gpt = GptCuda<Tx>::Create(config_, std::move(*backend), std::move(*matmul), stream_);
-    if (!gpt.ok()) return gpt.status();
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<MemoryBackend> backend, CudaMemoryBackend(ordinal_));
+    TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<MatmulExecutor> matmul, MatmulRunnerExecutor::Create());
+    TROUPE_ASSIGN_OR_RETURN(
+        auto gpt, GptCuda<Tx>::Create(config_, std::move(backend), std::move(matmul), stream_));
     if constexpr (std::is_same_v<Tx, float>) {
-      f32_ = std::move(*gpt);
+      f32_ = std::move(gpt);
     } else {
-      bf16_ = std::move(*gpt);
+      bf16_ = std::move(gpt);
     }
     return absl::OkStatus();
   }
@@ -104,17 +102,15 @@ class GptDevice::Impl {
 absl::StatusOr<std::unique_ptr<GptDevice>> GptDevice::Create(const model::GptConfig& config,
                                                              int device_ordinal, bool bf16) {
   // The device first, so that a machine without a driver answers at once, naming the cause.
-  if (absl::Status s = UseKernelDevice("GptDevice", device_ordinal); !s.ok()) return s;
-  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(UseKernelDevice("GptDevice", device_ordinal));
+  TROUPE_RETURN_IF_ERROR(config.Validate());
   // A blocking stream (not cudaStreamNonBlocking): MatmulRunner fills its vectors of ones with
   // plain cudaMemcpy on the legacy default stream, which a blocking stream's later work waits for.
   cudaStream_t stream = nullptr;
-  TROUPE_CUDA_RETURN_IF_ERROR(cudaStreamCreate(&stream));
+  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaStreamCreate(&stream)));
   auto impl = std::make_unique<Impl>(config, device_ordinal, stream);  // owns the stream now
-  if (absl::Status s = bf16 ? impl->Build<__nv_bfloat16>() : impl->Build<float>(); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = impl->BuildArrayOps(); !s.ok()) return s;
+  TROUPE_RETURN_IF_ERROR(bf16 ? impl->Build<__nv_bfloat16>() : impl->Build<float>());
+  TROUPE_RETURN_IF_ERROR(impl->BuildArrayOps());
   return std::unique_ptr<GptDevice>(new GptDevice(std::move(impl)));
 }
 

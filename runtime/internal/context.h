@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/base/events.h"
 #include "troupe/runtime/actor.h"
-#include "troupe/runtime/events.h"
 #include "troupe/runtime/faults.h"
 #include "troupe/runtime/registry.h"
 
@@ -24,8 +24,8 @@ class Context : public std::enable_shared_from_this<Context> {
   const ActorRegistry& registry() const { return registry_; }
   FaultInjector& faults() { return faults_; }
 
-  void SetEventSink(EventSink sink);
-  void Emit(SupervisionEvent e);
+  void SetEventSink(base::EventSink sink);
+  void Emit(base::SupervisionEvent e);
 
   // Named-actor directory. Register replaces an older incarnation of the same name.
   void Register(const ActorRef& ref);
@@ -65,7 +65,7 @@ class Context : public std::enable_shared_from_this<Context> {
   ActorRegistry registry_;
   FaultInjector faults_;
   std::mutex mu_;
-  EventSink sink_;
+  base::EventSink sink_;
   std::map<std::string, ActorRef> directory_;
   std::map<std::string, uint64_t> generations_;
   std::map<uint64_t, caf::actor> owned_;

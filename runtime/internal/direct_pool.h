@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "caf/error.hpp"
 #include "caf/message.hpp"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/direct.h"
@@ -56,9 +57,9 @@ class DirectPool {
       DirectClientOptions o;
       o.generation = to.generation;
       o.connect_timeout = std::min<Duration>(timeout, std::chrono::seconds(2));
-      auto made = DirectClient::Connect(runtime_, where->first, where->second, to.name, o);
-      if (!made.ok()) return made.status();
-      client = std::move(*made);
+      TROUPE_ASSIGN_OR_RETURN(
+          auto made, DirectClient::Connect(runtime_, where->first, where->second, to.name, o));
+      client = std::move(made);
     }
     absl::StatusOr<caf::message> reply = client->Call(request, timeout);
     std::lock_guard<std::mutex> l(mu_);

@@ -3,7 +3,7 @@
 //
 // A job is submitted (`troupe job submit`: pending until a node agent starts its driver) or
 // registered by a driver that runs already (`troupe train`, embedded or --head). Its driver then
-// sends the job's event log (<work_dir>/logs/events.log, actors/job_events.h) line by line and
+// sends the job's event log (<work_dir>/logs/events.log, train/job_events.h) line by line and
 // its progress lines; the table turns them into the job's state, series and metrics. The record
 // (JobTable::Record: no series) is what the head's store keeps, so a head that takes over lists
 // every job; the series, rank timings and logs are rebuilt from a driver that re-registers (it
@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
-#include "troupe/runtime/events.h"
+#include "troupe/base/events.h"
 
 namespace troupe::runtime::internal {
 

@@ -64,7 +64,7 @@ class DeterministicRuntime : public ::testing::Test {
     auto rt = Runtime::Create(TestRegistry(), o);
     ASSERT_TRUE(rt.ok()) << rt.status();
     rt_ = std::move(*rt);
-    rt_->SetEventSink([this](const SupervisionEvent& e) {
+    rt_->SetEventSink([this](const base::SupervisionEvent& e) {
       std::string s = absl::StrCat(e.child, ":g", e.generation, ":", e.event);
       if (e.event == "exit") absl::StrAppend(&s, ":", e.reason.substr(0, e.reason.find(':')));
       std::lock_guard<std::mutex> l(mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::scheduler::sim {
 namespace {
@@ -22,7 +23,7 @@ std::string DomainOf(const NodeView& node, const std::string& key) {
 }  // namespace
 
 absl::Status CheckCluster(const Scheduler& s) {
-  if (absl::Status st = s.CheckInvariants(); !st.ok()) return st;
+  TROUPE_RETURN_IF_ERROR(s.CheckInvariants());
   for (const std::string& actor : s.ActorIds()) {
     auto node = s.ActorNode(actor);
     if (!node || !s.Node(*node)) return Violated("actor " + actor + " is on no live node");

@@ -6,7 +6,7 @@
 #                 its 3 worker processes killed at step 15, finishes on 2 workers after recovering
 #                 and at least halves its loss;
 #   cxx-only      not an example: tests/embed/cxx-only, a project that enables only C++, links
-#                 troupe::actors (Cap'n Proto included) and round-trips a checkpoint manifest.
+#                 troupe::train (Cap'n Proto included) and round-trips a checkpoint manifest.
 # A fourth argument ON (troupe's TROUPE_WERROR) builds the consumer with warnings as errors.
 set -euo pipefail
 build_dir=$1 source_dir=$2 example=$3 werror=${4:-OFF}

@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "troupe/base/status_macros.h"
 
 #ifndef TROUPE_LAB_SCRIPT
 #error "TROUPE_LAB_SCRIPT must name scripts/lab"
@@ -262,11 +263,10 @@ absl::Status RunLabScript(const std::vector<std::string>& argv) {
   // machine a script of a dozen short processes could otherwise hold a 1 s cut for seconds.
   std::vector<std::string> full = {"nice", "-n", "-10", TROUPE_LAB_SCRIPT};
   full.insert(full.end(), argv.begin(), argv.end());
-  auto r = RunHere(full);
-  if (!r.ok()) return r.status();
-  if (r->exit_code != 0) {
+  TROUPE_ASSIGN_OR_RETURN(auto r, RunHere(full));
+  if (r.exit_code != 0) {
     return absl::InternalError(
-        absl::StrCat("scripts/lab ", absl::StrJoin(argv, " "), ": ", r->output));
+        absl::StrCat("scripts/lab ", absl::StrJoin(argv, " "), ": ", r.output));
   }
   return absl::OkStatus();
 }
@@ -323,24 +323,24 @@ absl::StatusOr<ProbeResult> Lab::Probe(const std::string& from, const std::strin
                                        int payload) {
   const std::string address = Address(to);
   if (address.empty()) return absl::NotFoundError(absl::StrCat("no host ", to, " in lab ", name_));
-  absl::StatusOr<ExecResult> r =
-      Exec(from, absl::StrCat("ping -q -n -c ", count, " -i 0.01 -W 1 -s ", payload, " ", address));
-  if (!r.ok()) return r.status();
+  TROUPE_ASSIGN_OR_RETURN(
+      ExecResult r, Exec(from, absl::StrCat("ping -q -n -c ", count, " -i 0.01 -W 1 -s ", payload,
+                                            " ", address)));
   // "200 packets transmitted, 198 received, 1% packet loss, ..." and
   // "rtt min/avg/max/mdev = 0.018/0.031/0.629/0.046 ms" (absent when nothing came back).
   ProbeResult p;
-  const size_t counts = r->output.find(" packets transmitted, ");
+  const size_t counts = r.output.find(" packets transmitted, ");
   if (counts == std::string::npos ||
-      std::sscanf(r->output.c_str() + r->output.rfind('\n', counts) + 1,
+      std::sscanf(r.output.c_str() + r.output.rfind('\n', counts) + 1,
                   "%d packets transmitted, %d received", &p.sent, &p.received) != 2 ||
       p.sent <= 0) {
-    return absl::InternalError(absl::StrCat("ping from ", from, " to ", to, ": ", r->output));
+    return absl::InternalError(absl::StrCat("ping from ", from, " to ", to, ": ", r.output));
   }
   p.loss = 1.0 - static_cast<double>(p.received) / p.sent;
-  const size_t rtt = r->output.find("rtt min/avg/max/mdev = ");
+  const size_t rtt = r.output.find("rtt min/avg/max/mdev = ");
   double min = 0;
   if (rtt != std::string::npos) {
-    std::sscanf(r->output.c_str() + rtt, "rtt min/avg/max/mdev = %lf/%lf", &min, &p.rtt_ms);
+    std::sscanf(r.output.c_str() + rtt, "rtt min/avg/max/mdev = %lf/%lf", &min, &p.rtt_ms);
   }
   return p;
 }

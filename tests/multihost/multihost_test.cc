@@ -407,7 +407,7 @@ TEST_F(MultihostTest, APartitionedWorkerHostIsLeftBehindAndRejoinsAfterTheHeal) 
   for (const SupervisionEvent& e : Events("cut")) {
     if (e.event == "join_folded" || e.event == "join_timeout" || e.event == "fault_fired" ||
         e.event == "generation") {
-      printf("%s\n", runtime::FormatEvent(e).c_str());
+      printf("%s\n", base::FormatEvent(e).c_str());
     }
   }
   ExpectFinished("cut", r, kHosts, -1);
@@ -513,7 +513,7 @@ TEST_F(MultihostTest, ACoordinatorCutOffFromTheHeadStopsAndAnotherFinishesTheJob
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_EQ(lost.size(), 1u) << Logs();
-  printf("the cut-off side: %s\n", runtime::FormatEvent(lost[0]).c_str());
+  printf("the cut-off side: %s\n", base::FormatEvent(lost[0]).c_str());
   EXPECT_TRUE(absl::StrContains(lost[0].reason, "the head did not grant or renew it")) << Logs();
   ASSERT_TRUE(lab_.Heal(Host(coordinator)).ok());
   JobRun r = Finish("cutc", job);

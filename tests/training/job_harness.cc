@@ -52,7 +52,7 @@ std::vector<SupervisionEvent> ReadEvents(const std::string& path) {
   std::string line;
   while (std::getline(in, line)) {
     SupervisionEvent e;
-    if (runtime::ParseEvent(line, &e)) out.push_back(e);
+    if (base::ParseEvent(line, &e)) out.push_back(e);
   }
   return out;
 }
@@ -63,7 +63,7 @@ std::string FieldOf(const SupervisionEvent& e, const std::string& key) {
   if (key == "gen") return std::to_string(e.generation);
   if (key == "pid") return std::to_string(e.pid);
   if (key == "signal") return std::to_string(e.signal);
-  if (key == "cause") return runtime::ExitCauseName(e.cause);
+  if (key == "cause") return base::ExitCauseName(e.cause);
   return e.Field(key);
 }
 

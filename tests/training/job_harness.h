@@ -1,5 +1,5 @@
 // What the end-to-end training tests read back from a job: its report (`troupe train --report`),
-// its event log (<work_dir>/logs/events.log, actors/job_events.h) and its exactly-once records
+// its event log (<work_dir>/logs/events.log, train/job_events.h) and its exactly-once records
 // (<work_dir>/serve/*.log against <work_dir>/commits.log). Tests assert the fields of events,
 // never the wording of progress lines. Shared by TrainingTest (one host) and MultihostTest (the
 // lab).
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/runtime/events.h"
+#include "troupe/base/events.h"
 
 namespace troupe::testing {
 
@@ -27,7 +27,7 @@ struct Report {
 };
 Report ReadReport(const std::string& path);
 
-using runtime::SupervisionEvent;
+using base::SupervisionEvent;
 using Fields = std::map<std::string, std::string>;
 
 // The parsed lines of an event log.

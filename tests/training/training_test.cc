@@ -22,15 +22,15 @@
 
 #include "caf/all.hpp"
 #include "job_harness.h"
+#include "troupe/base/events.h"
 #include "troupe/runtime/cluster.h"
-#include "troupe/runtime/events.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-using troupe::runtime::SupervisionEvent;
+using troupe::base::SupervisionEvent;
 using troupe::testing::Fields;
 using troupe::testing::FindEvents;
 using troupe::testing::JobRun;
@@ -70,7 +70,7 @@ TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights)
   bool death_logged = false;
   for (const SupervisionEvent& e :
        FindEvents(Events("kill"), "process_exit", {{"signal", std::to_string(SIGKILL)}})) {
-    death_logged |= e.child == fired[0].child && e.cause == troupe::runtime::ExitCause::kSignaled;
+    death_logged |= e.child == fired[0].child && e.cause == troupe::base::ExitCause::kSignaled;
   }
   EXPECT_TRUE(death_logged) << EventLogText("kill");
   EXPECT_TRUE(HasEvent("kill", "recovered", {{"fault", "kill-worker"}})) << EventLogText("kill");
@@ -249,13 +249,12 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
   const std::string out = Slurp(dir + "/out.txt");
   ASSERT_EQ(rc, 0) << out;
 
-  const std::vector<troupe::runtime::SupervisionEvent> events =
-      ReadEvents(dir + "/logs/events.log");
+  const std::vector<troupe::base::SupervisionEvent> events = ReadEvents(dir + "/logs/events.log");
   for (pid_t victim : {coord, rank}) {
     bool found = false;
     for (const auto& e : events) {
       found = found || (e.event == "process_exit" && e.pid == victim &&
-                        e.cause == troupe::runtime::ExitCause::kSignaled && e.signal == SIGKILL);
+                        e.cause == troupe::base::ExitCause::kSignaled && e.signal == SIGKILL);
     }
     EXPECT_TRUE(found) << "no process_exit event with cause=signaled signal=9 for pid " << victim
                        << "\n"
@@ -265,14 +264,14 @@ TEST_F(TrainingTest, TwoWorkersKilledAtOnceFromOutsideAreLoggedWithTheirCauses) 
   bool coordinator_exit = false, coordinator_restart = false;
   for (const auto& e : events) {
     if (e.event == "process_exit") {
-      EXPECT_NE(e.cause, troupe::runtime::ExitCause::kNone) << troupe::runtime::FormatEvent(e);
-      EXPECT_GT(e.pid, 0) << troupe::runtime::FormatEvent(e);
+      EXPECT_NE(e.cause, troupe::base::ExitCause::kNone) << troupe::base::FormatEvent(e);
+      EXPECT_GT(e.pid, 0) << troupe::base::FormatEvent(e);
     }
     const bool is_coordinator =
         e.child.size() > 12 && e.child.compare(e.child.size() - 12, 12, ".coordinator") == 0;
     if (is_coordinator && e.event == "exit") {
       coordinator_exit = true;
-      EXPECT_FALSE(e.reason.empty()) << troupe::runtime::FormatEvent(e);
+      EXPECT_FALSE(e.reason.empty()) << troupe::base::FormatEvent(e);
     }
     coordinator_restart =
         coordinator_restart || (is_coordinator && e.event == "start" && coordinator_exit);

@@ -1,20 +1,20 @@
-// Links troupe::actors, Cap'n Proto included, into a C++-only project: a checkpoint manifest
+// Links troupe::train, Cap'n Proto included, into a C++-only project: a checkpoint manifest
 // encoded and decoded through its Cap'n Proto schema.
 #include <iostream>
 
-#include "troupe/actors/manifest.h"
+#include "troupe/train/manifest.h"
 
-static_assert(__cplusplus >= 201703L, "troupe::actors should have raised the standard to C++17");
+static_assert(__cplusplus >= 201703L, "troupe::train should have raised the standard to C++17");
 
 int main() {
-  namespace ta = troupe::actors;
-  ta::CheckpointManifest manifest;
+  namespace tt = troupe::train;
+  tt::CheckpointManifest manifest;
   manifest.num_params = 1000;
   manifest.step = 7;
   manifest.shards.push_back(
-      {"shard-00000.bin", 0, 1000, ta::ShardByteSize(0, 1000, manifest.has_moments), 0});
-  const std::string bytes = ta::EncodeManifest(manifest);
-  absl::StatusOr<ta::CheckpointManifest> back = ta::DecodeManifest(bytes, "manifest.bin");
+      {"shard-00000.bin", 0, 1000, tt::ShardByteSize(0, 1000, manifest.has_moments), 0});
+  const std::string bytes = tt::EncodeManifest(manifest);
+  absl::StatusOr<tt::CheckpointManifest> back = tt::DecodeManifest(bytes, "manifest.bin");
   if (!back.ok() || !(*back == manifest)) {
     std::cerr << "cxx-only: manifest round trip failed: " << back.status() << "\n";
     return 1;

@@ -40,9 +40,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "troupe/actors/job_spec.h"
 #include "troupe/runtime/registry.h"
 #include "troupe/runtime/runtime_options.h"
+#include "troupe/train/job_spec.h"
 
 namespace troupe::actors {
 
@@ -95,12 +95,13 @@ struct TrainOptions {
 // defaults to <work_dir>/data and is prepared from the fortunes corpus when empty. Every worker
 // noticed (preempted) at once: the committed step is checkpointed and the job returns an error
 // for which IsPreempted holds; running it again resumes from that checkpoint.
-[[nodiscard]] absl::StatusOr<JobReport> RunTrainingJob(JobSpec spec, const TrainOptions& options);
+[[nodiscard]] absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec,
+                                                       const TrainOptions& options);
 
 // Model on CUDA, embedded cluster on a machine with `gpus` GPUs: OK when spec.workers nodes fit
 // at [elastic] ranks_per_gpu per GPU; otherwise InvalidArgument naming the option and the value
 // that would fit, or FailedPrecondition when there is no GPU.
-[[nodiscard]] absl::Status CheckEmbeddedGpuCount(const JobSpec& spec, int gpus);
+[[nodiscard]] absl::Status CheckEmbeddedGpuCount(const train::JobSpec& spec, int gpus);
 
 // The environment of an embedded worker node on GPU `gpu`, the `slot`-th (0-based) of the
 // ranks_per_gpu nodes that may share it. CUDA_VISIBLE_DEVICES always; with ranks_per_gpu > 1, each
@@ -110,10 +111,6 @@ struct TrainOptions {
 // interface (NCCL_SOCKET_IFNAME=lo, no InfiniBand) — the embedded cluster's processes share this
 // host — while ranks of one slot on different GPUs stay one host.
 std::map<std::string, std::string> EmbeddedGpuEnvironment(int gpu, int slot, int ranks_per_gpu);
-
-// UNAVAILABLE, "preempted: <what>".
-absl::Status PreemptedError(const std::string& what);
-bool IsPreempted(const absl::Status& status);
 
 }  // namespace troupe::actors
 

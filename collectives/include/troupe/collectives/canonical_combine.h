@@ -1,6 +1,6 @@
 // troupe/collectives/canonical_combine.h — the order in which partial sums keyed by contribution
 // interval are added (docs/ARCHITECTURE.md, "Determinism"): the ordered reduce-scatter of the host
-// and NCCL communicators runs it, and so does a pipeline's gradient exchange (actors/elastic.h),
+// and NCCL communicators runs it, and so does a pipeline's gradient exchange (train/elastic.h),
 // so every path sums each element in the one canonical tree.
 #ifndef TROUPE_COLLECTIVES_CANONICAL_COMBINE_H_
 #define TROUPE_COLLECTIVES_CANONICAL_COMBINE_H_

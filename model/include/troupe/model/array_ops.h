@@ -2,7 +2,7 @@
 // and the few operations the elastic trainer runs on them: copies, the canonical gradient sum's
 // additions, the gradient norm's chunk sums and the sharded AdamW update.
 //
-// The elastic trainer (actors/elastic.h) never dereferences a parameter, gradient or moment
+// The elastic trainer (train/elastic.h) never dereferences a parameter, gradient or moment
 // pointer itself: it allocates through the Trainable's ArrayOps and hands pointers to these
 // operations and to its communicator, so one code path trains on the host (HostArrayOps, what CI
 // runs) and on a GPU (kernels/cuda: CreateCudaArrayOps). Each operation gives the same bits as

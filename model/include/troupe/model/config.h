@@ -7,7 +7,7 @@
 //
 // Example:
 //   GptConfig config = GptConfig::Tiny(/*vocab_size=*/512);
-//   if (absl::Status s = config.Validate(); !s.ok()) return s;
+//   TROUPE_RETURN_IF_ERROR(config.Validate());
 //   ParamLayout layout(config);
 //   const ParamTensor* qkv = layout.Find("h.0.attn.c_attn.weight");  // shape {3C, C}
 #ifndef TROUPE_MODEL_CONFIG_H_

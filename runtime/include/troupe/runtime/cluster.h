@@ -42,8 +42,8 @@
 #include "absl/status/statusor.h"
 #include "caf/actor.hpp"
 #include "caf/meta/type_name.hpp"
+#include "troupe/base/events.h"
 #include "troupe/runtime/config.h"
-#include "troupe/runtime/events.h"
 #include "troupe/runtime/membership.h"
 #include "troupe/runtime/placement.h"
 #include "troupe/runtime/runtime.h"
@@ -73,7 +73,6 @@ struct ClusterOptions {
 inline std::string to_string(MemberKind x) { return Name(x); }
 inline std::string to_string(MemberState x) { return Name(x); }
 inline std::string to_string(MembershipKind x) { return Name(x); }
-inline std::string to_string(ExitCause x) { return ExitCauseName(x); }
 
 // The wire forms of membership.h's table row and event.
 template <class Inspector>

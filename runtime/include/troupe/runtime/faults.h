@@ -11,8 +11,8 @@
 //   faults.DelayMessages({.receiver = "", .atom = "ping"}, std::chrono::milliseconds(50));
 //   faults.HangAtMessage("shard-1", 2, std::chrono::seconds(30));  // stuck inside its handler
 //
-// Process-level: CrashPoint("checkpoint.rename") kills this process with SIGKILL when the
-// point is armed (--crash_at=checkpoint.rename, or :N for its N-th hit, or ArmCrashPoint).
+// Process-level crash points (CrashPoint("checkpoint.rename"), armed by --crash_at) are in
+// troupe/base/crash_point.h.
 //   faults.Clear();
 //
 // With no fault armed, the cost on the message path is one relaxed atomic load.
@@ -87,12 +87,6 @@ class FaultInjector {
   std::mutex mu_;
   std::vector<Rule> rules_;
 };
-
-// Kills this process (SIGKILL, after one line on stderr) if `point` is armed and this is the
-// armed hit. Cheap when nothing is armed. Thread-safe.
-void CrashPoint(const char* point);
-// Arms `point` for its `hit`-th hit (1-based) in this process; "" disarms.
-void ArmCrashPoint(const std::string& point, uint64_t hit = 1);
 
 }  // namespace troupe::runtime
 

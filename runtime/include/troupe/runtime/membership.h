@@ -14,7 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "troupe/runtime/events.h"
+#include "troupe/base/events.h"
 
 namespace troupe::runtime {
 
@@ -90,12 +90,12 @@ struct MembershipEvent {
   // worker_down, worker_exit and node_dead: how the process ended (see events.h); kNone for the
   // other kinds. kSignaled/kExited come from the node agent's waitpid, kFenced from the head's
   // failure detector (missed heartbeats), kLost when only the connection was seen to go.
-  ExitCause cause = ExitCause::kNone;
+  base::ExitCause cause = base::ExitCause::kNone;
   int32_t exit_code = -1;
   int32_t signal = 0;
   // The process_exit event for this membership event (a worker_down or node_dead), for the
   // structured event log of whoever subscribed; `observer` names the log's writer.
-  SupervisionEvent ToProcessExit(const std::string& observer) const;
+  base::SupervisionEvent ToProcessExit(const std::string& observer) const;
   std::string DebugString() const;
 };
 

@@ -24,9 +24,10 @@
 #include "absl/status/statusor.h"
 #include "caf/actor_system.hpp"
 #include "caf/send.hpp"
+#include "troupe/base/events.h"
+#include "troupe/base/status_macros.h"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/config.h"
-#include "troupe/runtime/events.h"
 #include "troupe/runtime/faults.h"
 #include "troupe/runtime/registry.h"
 #include "troupe/runtime/runtime_options.h"
@@ -71,9 +72,8 @@ class Runtime {
   // Resolves the name at send time; a name that is not registered is NotFound.
   template <class... Ts>
   [[nodiscard]] absl::Status Send(const ActorRef& to, Ts&&... xs) {
-    auto current = Lookup(to.name);
-    if (!current.ok()) return current.status();
-    caf::anon_send(current->handle, to_gen_atom::value, to.generation,
+    TROUPE_ASSIGN_OR_RETURN(auto current, Lookup(to.name));
+    caf::anon_send(current.handle, to_gen_atom::value, to.generation,
                    caf::make_message(std::forward<Ts>(xs)...));
     return absl::OkStatus();
   }
@@ -91,7 +91,7 @@ class Runtime {
                                                   Duration timeout = std::chrono::seconds(5));
 
   FaultInjector& faults();
-  void SetEventSink(EventSink sink);
+  void SetEventSink(base::EventSink sink);
   // Stops supervisors (reverse start order) and spawned actors, waits for all actors.
   void Shutdown();
 

@@ -13,15 +13,13 @@
 //   }
 //   ...  [&](caf::error& e) { out = ErrorToStatus(e, "head"); }   // ResourceExhausted again
 //
-// And the early returns Debian's Abseil does not ship:
-//   TROUPE_RETURN_IF_ERROR(store.Commit(manifest));
-//   TROUPE_ASSIGN_OR_RETURN(auto record, LoadRecord(fs, path));
+// The early returns (TROUPE_RETURN_IF_ERROR, TROUPE_ASSIGN_OR_RETURN) are
+// troupe/base/status_macros.h.
 #ifndef TROUPE_RUNTIME_STATUS_H_
 #define TROUPE_RUNTIME_STATUS_H_
 
 #include <cstdint>
 #include <string>
-#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,32 +66,6 @@ typename Inspector::result_type inspect(Inspector& f, WireStatus& x) {
   return f(caf::meta::type_name("troupe.WireStatus"), x.code, x.message);
 }
 
-namespace status_internal {
-inline absl::Status AsStatus(absl::Status s) { return s; }
-template <class T>
-absl::Status AsStatus(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-}  // namespace status_internal
-
 }  // namespace troupe::runtime
-
-#define TROUPE_STATUS_CONCAT_INNER_(a, b) a##b
-#define TROUPE_STATUS_CONCAT_(a, b) TROUPE_STATUS_CONCAT_INNER_(a, b)
-
-// Returns the Status (or a StatusOr's status) from the enclosing function unless it is OK.
-#define TROUPE_RETURN_IF_ERROR(expr)                                                    \
-  do {                                                                                  \
-    ::absl::Status troupe_status_ = ::troupe::runtime::status_internal::AsStatus(expr); \
-    if (!troupe_status_.ok()) return troupe_status_;                                    \
-  } while (false)
-
-// `lhs` = the value of the StatusOr `rexpr`, or return its status from the enclosing function.
-#define TROUPE_ASSIGN_OR_RETURN(lhs, rexpr) \
-  TROUPE_ASSIGN_OR_RETURN_IMPL_(TROUPE_STATUS_CONCAT_(troupe_statusor_, __LINE__), lhs, rexpr)
-#define TROUPE_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                                  \
-  if (!statusor.ok()) return std::move(statusor).status();  \
-  lhs = std::move(statusor).value()
 
 #endif  // TROUPE_RUNTIME_STATUS_H_

@@ -1,0 +1,573 @@
+// CoordinatorCore (coordinator_core.h): the actions' short forms, membership and generations.
+// The step boundary, checkpoints, the end and the timers: coordinator_core_steps.cc.
+#include "troupe/train/coordinator_core.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "troupe/train/job_events.h"
+#include "troupe/train/preempted.h"
+
+namespace troupe::train {
+
+using Kind = CoordinatorAction::Kind;
+
+const char* PhaseName(CoordinatorPhase p) {
+  switch (p) {
+    case CoordinatorPhase::kWaiting:
+      return "waiting";
+    case CoordinatorPhase::kConfiguring:
+      return "configuring";
+    case CoordinatorPhase::kStepping:
+      return "stepping";
+    case CoordinatorPhase::kAwaitingJoin:
+      return "awaiting_join";
+    case CoordinatorPhase::kRecovering:
+      return "recovering";
+    case CoordinatorPhase::kHandingOver:
+      return "handing_over";
+    case CoordinatorPhase::kFinishing:
+      return "finishing";
+    case CoordinatorPhase::kDone:
+      return "done";
+  }
+  return "?";
+}
+
+bool CoordinatorRecord::operator==(const CoordinatorRecord& o) const {
+  return committed == o.committed && generation == o.generation && steps_lost == o.steps_lost &&
+         awaiting_recovery == o.awaiting_recovery && fired == o.fired && active == o.active &&
+         buddy == o.buddy && dead == o.dead;
+}
+
+std::string DebugString(const CoordinatorAction& a) {
+  const std::string g = absl::StrCat("g", a.generation);
+  switch (a.kind) {
+    case Kind::kSaveRecord:
+      return "save";
+    case Kind::kAbort:
+      return absl::StrCat("abort(", a.worker, ",", g, ")");
+    case Kind::kConfigure: {
+      static const char* kSource[] = {"init", "memory", "checkpoint"};
+      std::string source = kSource[static_cast<int>(a.plan.source)];
+      if (a.plan.source == RestoreSource::kCheckpoint) {
+        absl::StrAppend(&source, a.plan.checkpoint_step);
+      }
+      // The buddy offset only where it is not 1.
+      const std::string buddy = a.plan.buddy == 1 ? "" : absl::StrCat(",b", a.plan.buddy);
+      // The pipeline stages only where there are several.
+      const std::string stages = a.plan.stages == 1 ? "" : absl::StrCat(",p", a.plan.stages);
+      return absl::StrCat("configure(", a.worker, ",", g, ",r", a.plan.rank, "/", a.plan.world,
+                          stages, buddy, ",s", a.plan.committed_steps, ",", source, ")");
+    }
+    case Kind::kStep:
+      return absl::StrCat("step(", a.worker, ",", g, ",s", a.step, ")");
+    case Kind::kCommit:
+      return absl::StrCat("commit(", a.worker, ",", g, ",ck", a.step, ")");
+    case Kind::kCheckpoint:
+      return absl::StrCat("checkpoint(s", a.step, ",", g, ",w", a.world, ",", a.shards.size(),
+                          " shards)");
+    case Kind::kFinal:
+      return absl::StrCat("final(", a.worker, ",", g, ")");
+    case Kind::kReadTable:
+      return absl::StrCat("read_table(", g, ")");
+    case Kind::kTimer:
+      return absl::StrCat("timer(t", a.timer, ",",
+                          std::chrono::duration_cast<std::chrono::milliseconds>(a.delay).count(),
+                          "ms)");
+    case Kind::kKillWorker:
+      return absl::StrCat(a.signal == SIGSTOP ? "stop(" : "kill(", a.worker, ",s", a.step, ")");
+    case Kind::kNodeFault:
+      return a.fault == FaultKind::kSigtermNode
+                 ? absl::StrCat("drain_node(", a.worker, ")")
+                 : absl::StrCat(FaultKindName(a.fault), "(", a.worker, ")");
+    case Kind::kAddNode:
+      return absl::StrCat("add_node(", a.text, ")");
+    case Kind::kCrashSelf:
+      return "crash_self";
+    case Kind::kMoveSelf:
+      return "move_self";
+    case Kind::kReleaseNode:
+      return absl::StrCat("release_node(", a.text, ")");
+    case Kind::kStallSelf:
+      return "stall_self";
+    case Kind::kArmCrash:
+      return absl::StrCat("arm_crash(", a.text, ")");
+    case Kind::kCommitted:
+      return absl::StrCat("committed(s", a.step, ",", g, ",w", a.world,
+                          a.recovered ? ",recovered)" : ")");
+    case Kind::kEvent:
+      return "event";  // which one: a.event (tests of the vocabulary look at it)
+    case Kind::kFinish:
+      return absl::StrCat("finish(s", a.step, ")");
+    case Kind::kFail:
+      return absl::StrCat("fail(", absl::StatusCodeToString(a.status.code()), ")");
+  }
+  return "?";
+}
+
+CoordinatorCore::CoordinatorCore(Options options) : options_(std::move(options)) {}
+
+std::string CoordinatorCore::DebugString() const {
+  return absl::StrCat("CoordinatorCore{phase=", PhaseName(phase_), " gen=", record_.generation,
+                      " committed=", record_.committed, " group=[", absl::StrJoin(group_, " "),
+                      "] pending=", pending_.size(), " members=", members_.size(),
+                      " dead=", record_.dead.size(), "}");
+}
+
+// ---- helpers -------------------------------------------------------------------------------
+
+bool CoordinatorCore::Usable(const std::string& worker) const {
+  auto it = members_.find(worker);
+  return it != members_.end() && it->second.alive && !it->second.draining &&
+         !record_.dead.count(worker);
+}
+
+int CoordinatorCore::UsableCount() const {
+  int n = 0;
+  for (const auto& [w, m] : members_) n += Usable(w) ? 1 : 0;
+  return n;
+}
+
+void CoordinatorCore::Emit(Actions* out, CoordinatorAction a) { out->push_back(std::move(a)); }
+
+// The record as it is now (not as it will be when the shell gets to the action).
+void CoordinatorCore::Save(Actions* out) {
+  CoordinatorAction a{Kind::kSaveRecord};
+  a.record = record_;
+  Emit(out, std::move(a));
+}
+
+void CoordinatorCore::Event(Actions* out, base::SupervisionEvent event) {
+  CoordinatorAction a{Kind::kEvent};
+  a.event = std::move(event);
+  a.event.generation = record_.generation;
+  Emit(out, std::move(a));
+}
+
+void CoordinatorCore::ArmTimer(Actions* out, TimerKind kind, CoreDuration delay) {
+  const uint64_t id = next_timer_++;
+  timers_[id] = Timer{kind, record_.generation, record_.committed};
+  CoordinatorAction a{Kind::kTimer};
+  a.timer = id;
+  a.delay = delay;
+  Emit(out, std::move(a));
+}
+
+void CoordinatorCore::Fail(Actions* out, absl::Status status,
+                           std::optional<base::SupervisionEvent> event) {
+  if (phase_ == CoordinatorPhase::kDone) return;
+  phase_ = CoordinatorPhase::kDone;
+  CoordinatorAction a{Kind::kFail};
+  a.event = event ? std::move(*event) : JobEvent("job_failed");
+  a.event.generation = record_.generation;
+  a.event.Set("code", absl::StatusCodeToString(status.code()));
+  if (a.event.reason.empty()) a.event.reason = std::string(status.message());
+  a.status = std::move(status);
+  Emit(out, std::move(a));
+}
+
+// ---- membership ----------------------------------------------------------------------------
+
+std::vector<CoordinatorAction> CoordinatorCore::Restore(const CoordinatorRecord& record, CoreTime) {
+  record_ = record;
+  return {};
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnMembershipKnown(
+    size_t expected_joins, const std::vector<std::string>& dead, CoreTime) {
+  Actions out;
+  if (membership_known_ || phase_ == CoordinatorPhase::kDone) return out;
+  expected_joins_ = expected_joins;
+  MarkDown(&out, dead, "dead in the head's table");
+  membership_known_ = true;
+  ArmTimer(&out, TimerKind::kWatchdog, options_.watchdog);
+  MaybeStart(&out);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnJoin(const std::string& worker,
+                                                       const std::string& node, CoreTime,
+                                                       const std::string& domain) {
+  Actions out;
+  if (members_.count(worker) || phase_ == CoordinatorPhase::kDone) return out;
+  if (dead_nodes_.count(node)) record_.dead.insert(worker);  // its join was under way
+  if (record_.dead.count(worker)) {
+    if (expected_joins_ > 0) --expected_joins_;
+    MaybeStart(&out);
+    return out;
+  }
+  members_[worker] = Member{node, domain.empty() ? node : domain};
+  members_[worker].draining = draining_nodes_.count(node) > 0;
+  if (phase_ != CoordinatorPhase::kWaiting) {
+    Event(&out, JobEvent("join_folded", worker).Set("node", node));
+  }
+  if (phase_ == CoordinatorPhase::kAwaitingJoin) {
+    StartStep(&out);
+  } else {
+    MaybeStart(&out);
+  }
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnJoinFailed(const std::string& worker,
+                                                             const std::string& why, CoreTime) {
+  Actions out;
+  if (phase_ == CoordinatorPhase::kDone) return out;
+  base::SupervisionEvent e = JobEvent("join_failed", worker);
+  e.reason = why;
+  Event(&out, std::move(e));
+  if (expected_joins_ > 0) --expected_joins_;
+  MaybeStart(&out);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnWorkerDown(const std::string& worker,
+                                                             const std::string& why, CoreTime) {
+  Actions out;
+  MarkDown(&out, {worker}, why);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string& node,
+                                                               const std::string& why, CoreTime) {
+  Actions out;
+  draining_nodes_.insert(node);
+  bool noticed = node == own_node_;
+  for (auto& [w, m] : members_) {
+    if (m.node != node || !m.alive || m.draining) continue;
+    m.draining = true;
+    noticed = true;
+    base::SupervisionEvent e = JobEvent("drain", w);
+    e.Set("node", node).reason = why;
+    Event(&out, std::move(e));
+  }
+  // The first notice opens a window for others of the same batch; training goes on meanwhile.
+  if (noticed && !notice_window_open_ && options_.notice_window > CoreDuration::zero()) {
+    notice_window_open_ = true;
+    ArmTimer(&out, TimerKind::kNoticeWindow, options_.notice_window);
+  }
+  // Nothing waits for a step boundary while a joiner is awaited: act at once.
+  if (phase_ == CoordinatorPhase::kAwaitingJoin && !notice_window_open_) StartStep(&out);
+  return out;
+}
+
+void CoordinatorCore::SetOwnNode(const std::string& node) { own_node_ = node; }
+
+std::vector<CoordinatorAction> CoordinatorCore::OnNodeDead(const std::string& node, CoreTime) {
+  Actions out;
+  dead_nodes_.insert(node);
+  std::vector<std::string> on_node;
+  for (const auto& [w, m] : members_) {
+    if (m.node == node) on_node.push_back(w);
+  }
+  MarkDown(&out, on_node, absl::StrCat("its node ", node, " is dead"));
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnNodeAlive(const std::string& node, CoreTime) {
+  dead_nodes_.erase(node);
+  return {};
+}
+
+// Every worker of `workers` is down: remembered as dead (never planned again), and one new
+// generation if any was in the group.
+void CoordinatorCore::MarkDown(Actions* out, const std::vector<std::string>& workers,
+                               const std::string& why) {
+  std::vector<std::string> newly;
+  bool in_group = false;
+  for (const std::string& w : workers) {
+    record_.dead.insert(w);
+    auto it = members_.find(w);
+    if (it == members_.end() || !it->second.alive) continue;
+    it->second.alive = false;
+    newly.push_back(w);
+    in_group |= std::find(group_.begin(), group_.end(), w) != group_.end();
+  }
+  if (newly.empty() || phase_ == CoordinatorPhase::kDone) return;
+  const std::string what = absl::StrCat(newly.size() == 1 ? "worker " : "workers ",
+                                        absl::StrJoin(newly, ", "), " down (", why, ")");
+  if (in_group && phase_ != CoordinatorPhase::kWaiting && phase_ != CoordinatorPhase::kDone) {
+    NewGeneration(out, "worker_down", what, {{"down", absl::StrJoin(newly, " ")}});
+  } else {
+    base::SupervisionEvent e = JobEvent("worker_down");
+    e.Set("workers", absl::StrJoin(newly, " ")).reason = why;
+    Event(out, std::move(e));
+  }
+}
+
+// Starts a generation once the ranks the driver announced are in and the head's membership
+// table has been read (a restarted coordinator must not count workers that died meanwhile).
+void CoordinatorCore::MaybeStart(Actions* out) {
+  if (phase_ != CoordinatorPhase::kWaiting || !membership_known_ ||
+      members_.size() < expected_joins_) {
+    return;
+  }
+  if (UsableCount() < options_.min_workers) return;
+  // A coordinator restarted off a noticed node (kMoveSelf): its first generation is that node's
+  // hand-over, and says so.
+  std::set<std::string> noticed;
+  for (const std::string& w : record_.active) {
+    auto m = members_.find(w);
+    if (m != members_.end() && m->second.alive && m->second.draining)
+      noticed.insert(m->second.node);
+  }
+  if (!noticed.empty()) {
+    const std::string nodes = absl::StrJoin(noticed, " ");
+    return NewGeneration(out, "drain",
+                         absl::StrCat(noticed.size() == 1 ? "node " : "nodes ", nodes,
+                                      noticed.size() == 1 ? " is" : " are",
+                                      " draining: the coordinator moved off first"),
+                         {{"node", nodes}});
+  }
+  const bool start = record_.active.empty();
+  NewGeneration(out, start ? "start" : "workers", start ? "job start" : "enough workers");
+}
+
+// ---- generations ---------------------------------------------------------------------------
+
+int CoordinatorCore::GridWorld(int usable) const {
+  for (int w = std::min(usable, options_.max_world); w > 0; --w) {
+    if (ChooseStages(w, options_.pipeline_stages, options_.pipeline_units, options_.microbatches) >
+        0) {
+      return w;
+    }
+  }
+  return 0;
+}
+
+// The committed configuration's usable workers first (their memory holds the state), then the
+// others in name order, up to the largest world a grid fits (GridWorld).
+std::vector<std::string> CoordinatorCore::NextGroup() const {
+  std::vector<std::string> next;
+  const size_t cap = static_cast<size_t>(GridWorld(UsableCount()));
+  for (const std::string& w : record_.active) {
+    if (Usable(w) && next.size() < cap) next.push_back(w);
+  }
+  for (const auto& [w, m] : members_) {
+    if (Usable(w) && next.size() < cap && std::find(next.begin(), next.end(), w) == next.end()) {
+      next.push_back(w);
+    }
+  }
+  return next;
+}
+
+std::vector<int> CoordinatorCore::OldToNew(const std::vector<std::string>& next) const {
+  std::vector<int> old_to_new;
+  for (const std::string& w : record_.active) {
+    auto it = std::find(next.begin(), next.end(), w);
+    old_to_new.push_back(it == next.end() ? -1 : static_cast<int>(it - next.begin()));
+  }
+  return old_to_new;
+}
+
+std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
+                                        GenerationPlan* plan) {
+  const std::vector<int> old_to_new = OldToNew(next);
+  if (!record_.active.empty() && MemoryRestorePossible(old_to_new, record_.buddy)) {
+    plan->source = RestoreSource::kMemory;
+    plan->old_to_new = old_to_new;
+    plan->old_buddy = record_.buddy;
+    const bool owners = std::find(old_to_new.begin(), old_to_new.end(), -1) == old_to_new.end();
+    return owners ? "owners" : "mirrors";
+  }
+  // From disk or from the seed: the memory of the old configuration no longer holds the state
+  // this generation starts from.
+  const bool had_state = !record_.active.empty() || record_.committed > 0;
+  std::optional<int64_t> ckpt =
+      options_.latest_checkpoint ? options_.latest_checkpoint() : std::nullopt;
+  if (ckpt) {
+    plan->source = RestoreSource::kCheckpoint;
+    plan->checkpoint_step = *ckpt;
+    if (had_state) record_.steps_lost += std::max<int64_t>(0, record_.committed - *ckpt);
+    record_.committed = *ckpt;
+  } else {
+    plan->source = RestoreSource::kInit;
+    if (had_state) record_.steps_lost += record_.committed;
+    record_.committed = 0;
+  }
+  record_.active.clear();
+  record_.buddy = 1;
+  return ckpt ? "checkpoint" : "seed";
+}
+
+void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
+                                    const std::string& why,
+                                    const std::map<std::string, std::string>& extra) {
+  if (phase_ == CoordinatorPhase::kDone) return;
+  if (++failed_generations_ > options_.max_failed_generations) {
+    return Fail(
+        out, absl::UnavailableError(absl::StrCat("gave up after ", options_.max_failed_generations,
+                                                 " generations without progress; last: ", why)));
+  }
+  const std::vector<std::string> next = NextGroup();
+  ++record_.generation;
+  for (const auto& [w, m] : members_) {
+    if (!m.alive) continue;
+    CoordinatorAction a{Kind::kAbort};
+    a.worker = w;
+    a.generation = record_.generation;
+    Emit(out, std::move(a));
+  }
+  pending_.clear();
+  losses_.clear();
+  checkpoints_.Clear();  // a checkpoint of an older generation can no longer complete
+  group_.clear();
+  if (static_cast<int>(next.size()) < options_.min_workers) {
+    phase_ = CoordinatorPhase::kWaiting;
+    base::SupervisionEvent e = JobEvent("waiting");
+    e.fields = extra;
+    e.Set("usable", static_cast<int64_t>(next.size())).Set("min_workers", options_.min_workers);
+    e.Set("trigger", trigger).reason = why;
+    Event(out, std::move(e));
+    Save(out);
+    return;
+  }
+  GenerationPlan plan;
+  plan.world = static_cast<int>(next.size());
+  plan.stages = ChooseStages(plan.world, options_.pipeline_stages, options_.pipeline_units,
+                             options_.microbatches);
+  const std::string source = PlanSource(next, &plan);
+  plan.committed_steps = record_.committed;
+  std::vector<std::string> domains;
+  for (const std::string& w : next) domains.push_back(members_.at(w).domain);
+  plan.buddy = BuddyOffset(domains);
+  group_ = next;
+  group_buddy_ = plan.buddy;
+  base::SupervisionEvent e = JobEvent("generation");
+  e.fields = extra;
+  e.Set("world", plan.world).Set("workers", absl::StrJoin(group_, " "));
+  if (options_.pipeline_stages > 1) e.Set("stages", plan.stages);
+  // Where a mirror shares its owner's failure domain (one host, or too few domains), a loss of
+  // that domain restores from a checkpoint.
+  e.Set("buddy", plan.buddy)
+      .Set("buddies_in_owner_domain", BuddiesSharingADomain(domains, plan.buddy));
+  e.Set("step", record_.committed).Set("source", source).Set("steps_lost", record_.steps_lost);
+  e.Set("trigger", trigger).reason = why;
+  Event(out, std::move(e));
+  phase_ = CoordinatorPhase::kConfiguring;
+  Save(out);
+  for (int r = 0; r < plan.world; ++r) {
+    plan.rank = r;
+    pending_.insert(group_[r]);
+    CoordinatorAction a{Kind::kConfigure};
+    a.worker = group_[r];
+    a.generation = record_.generation;
+    a.plan = plan;
+    Emit(out, std::move(a));
+  }
+}
+
+// A failure seen by a rank (not yet by membership): regenerate after a short delay (a down event
+// may explain it first), having asked the head who is dead.
+void CoordinatorCore::Recover(Actions* out, base::SupervisionEvent event, const std::string& why) {
+  if (phase_ != CoordinatorPhase::kConfiguring && phase_ != CoordinatorPhase::kStepping &&
+      phase_ != CoordinatorPhase::kFinishing) {
+    return;
+  }
+  phase_ = CoordinatorPhase::kRecovering;
+  recover_why_ = why;
+  Event(out, std::move(event));
+  ArmTimer(out, TimerKind::kRetry, options_.retry_delay);
+}
+
+void CoordinatorCore::Blame(const std::string& reporter, int32_t blamed) {
+  if (blamed < 0 || blamed >= static_cast<int32_t>(group_.size()) || group_[blamed] == reporter) {
+    return;
+  }
+  const std::set<std::string> pair = {reporter, group_[blamed]};
+  if (blamed_generation_ != record_.generation) {  // the first blame of this generation
+    blamed_generation_ = record_.generation;
+    if (blamed_failures_++ == 0) {
+      suspects_ = pair;
+      return;
+    }
+  }
+  std::set<std::string> both;
+  std::set_intersection(suspects_.begin(), suspects_.end(), pair.begin(), pair.end(),
+                        std::inserter(both, both.end()));
+  suspects_ = std::move(both);
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
+                                                        const std::vector<std::string>& dead,
+                                                        CoreTime) {
+  Actions out;
+  MarkDown(&out, dead, "dead in the head's table");
+  if (generation != record_.generation || phase_ != CoordinatorPhase::kRecovering) return out;
+  // One worker in common, or still the same two after three failures (a link between two hosts
+  // that are each fine otherwise: either may go; the later rank does, so rank 0 keeps its state).
+  if ((blamed_failures_ >= 2 && suspects_.size() == 1) ||
+      (blamed_failures_ >= 3 && suspects_.size() == 2)) {
+    std::string unreachable = *suspects_.begin();
+    for (const std::string& w : group_) {
+      if (suspects_.count(w)) unreachable = w;
+    }
+    const int n = blamed_failures_;
+    suspects_.clear();
+    blamed_failures_ = 0;
+    blamed_generation_ = 0;
+    MarkDown(&out, {unreachable},
+             absl::StrCat("unreachable: its peers' collectives failed on it in ", n,
+                          " generations in a row, while the head still hears from it"));
+    if (generation != record_.generation) return out;  // MarkDown planned the next generation
+  }
+  NewGeneration(&out, "failure", recover_why_);
+  return out;
+}
+
+std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation,
+                                                             const std::string& worker,
+                                                             const absl::Status& status, CoreTime,
+                                                             int32_t blamed) {
+  Actions out;
+  // Every failure of this generation counts for the blame, also those after the first.
+  if (generation == record_.generation && !status.ok()) Blame(worker, blamed);
+  if (generation != record_.generation || phase_ != CoordinatorPhase::kConfiguring) return out;
+  if (status.code() == absl::StatusCode::kInvalidArgument) {
+    // The configuration itself cannot work — NCCL refusing two ranks on one GPU ("Duplicate GPU
+    // detected", ncclInvalidUsage), a plan the model cannot be cut into: another generation of
+    // the same job would fail alike, so the job ends here, naming the cause.
+    base::SupervisionEvent e = JobEvent("job_failed", worker);
+    e.Set("during", "configure");
+    Fail(&out,
+         absl::InvalidArgumentError(absl::StrCat("configure failed on ", worker,
+                                                 " with a configuration error (retrying cannot "
+                                                 "help): ",
+                                                 status.message())),
+         std::move(e));
+    return out;
+  }
+  if (!status.ok()) {
+    base::SupervisionEvent e = JobEvent("recovering", worker);
+    e.Set("during", "configure").reason = status.ToString();
+    Recover(&out, std::move(e),
+            absl::StrCat("configure failed on ", worker, ": ", status.ToString()));
+    return out;
+  }
+  pending_.erase(worker);
+  if (!pending_.empty()) return out;
+  record_.active = group_;
+  record_.buddy = group_buddy_;
+  Save(&out);
+  CommitGroup(&out, -1);
+  // The generation holds every committed range without the noticed nodes' ranks: those nodes
+  // may go now rather than at the end of their notice (this coordinator's own excepted).
+  for (const std::string& node : draining_nodes_) {
+    bool holds = node == own_node_ || released_nodes_.count(node);
+    for (const std::string& w : group_) holds |= members_[w].node == node;
+    if (holds) continue;
+    released_nodes_.insert(node);
+    CoordinatorAction a{Kind::kReleaseNode};
+    a.text = node;
+    Emit(&out, std::move(a));
+  }
+  StartStep(&out);
+  return out;
+}
+
+}  // namespace troupe::train

@@ -1,0 +1,407 @@
+// ElasticRank's reconfiguration: Configure stages a new generation's state beside the committed
+// one (from initialisation, the survivors' memory or a checkpoint) and Commit switches over —
+// a step's commit is the buddy's replay of its owner's AdamW on the mirror, then the same move.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "elastic_internal.h"
+#include "troupe/base/status_macros.h"
+#include "troupe/train/elastic.h"
+
+namespace troupe::train {
+namespace {
+
+using collectives::Buffer;
+using collectives::Work;
+using elastic_internal::Buf;
+using elastic_internal::kTagMirrorM;
+using elastic_internal::kTagMirrorP;
+using elastic_internal::kTagMirrorV;
+using elastic_internal::kTagMoveBase;
+using elastic_internal::kTagParamMoveBase;
+using elastic_internal::WaitAll;
+using P2P = collectives::Communicator::PointToPoint;
+
+// The new rank that sends old range o's pieces in a memory restore: its owner, else its buddy.
+int SendingRank(const GenerationPlan& plan, int o) {
+  const int old_world = static_cast<int>(plan.old_to_new.size());
+  return plan.old_to_new[o] >= 0 ? plan.old_to_new[o]
+                                 : plan.old_to_new[BuddyRank(o, plan.old_buddy, old_world)];
+}
+
+}  // namespace
+
+void ElasticRank::RankState::CopyPlacementFrom(const RankState& other) {
+  layout = other.layout;
+  rank = other.rank;
+  buddy = other.buddy;
+  stages = other.stages;
+  steps = other.steps;
+  units = other.units;
+  held = other.held;
+}
+
+absl::Status ElasticRank::Configure(collectives::Communicator* comm, const GenerationPlan& plan,
+                                    CheckpointStore* store, collectives::Communicator* host_comm) {
+  // A step this rank staged and the coordinator recorded as committed, but whose commit message
+  // never arrived (the coordinator died in between): apply it now. Anything else staged is
+  // abandoned.
+  if (staged_ == Staged::kStep && plan.source == RestoreSource::kMemory &&
+      staged_state_.steps == plan.committed_steps) {
+    Commit();
+  }
+  Abandon();
+  commit_error_ = absl::OkStatus();  // the state is rebuilt from the plan's source
+  comm_ = comm;
+  host_comm_ = host_comm != nullptr ? host_comm : comm;
+  TROUPE_RETURN_IF_ERROR(CheckPlan(*comm, plan));
+  TROUPE_RETURN_IF_ERROR(StageGeneration(plan, store));
+  const ShardLayout& to = staged_state_.layout;
+  const float* range_params =
+      to.end(plan.rank) > to.begin(plan.rank)
+          ? staged_held_.data() + PackedOffset(staged_state_.my_held(), to.begin(plan.rank))
+          : nullptr;
+  std::vector<Work> mirror;
+  TROUPE_RETURN_IF_ERROR(PostMirror(&staged_state_, range_params, &mirror));
+  TROUPE_RETURN_IF_ERROR(WaitAll(mirror));
+  staged_ = Staged::kConfig;
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::CheckPlan(const collectives::Communicator& comm,
+                                    const GenerationPlan& plan) const {
+  if (plan.rank < 0 || plan.rank >= plan.world || comm.size() != plan.world ||
+      comm.rank() != plan.rank || host_comm_->size() != plan.world ||
+      host_comm_->rank() != plan.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("configure: plan rank ", plan.rank, " of ",
+                                                   plan.world, ", communicator rank ", comm.rank(),
+                                                   " of ", comm.size(), ", host communicator rank ",
+                                                   host_comm_->rank(), " of ", host_comm_->size()));
+  }
+  const int old_world = static_cast<int>(plan.old_to_new.size());
+  if (!ValidBuddy(plan.buddy, plan.world) ||
+      (plan.source == RestoreSource::kMemory && !ValidBuddy(plan.old_buddy, old_world))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: buddy offsets: expected 1 <= buddy < world (1 for a world of one), got ",
+        plan.buddy, " of ", plan.world, " (previous generation: ", plan.old_buddy, " of ",
+        old_world, ")"));
+  }
+  if (plan.stages < 1 || plan.world % plan.stages != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: pipeline stages: expected a divisor of the world size ",
+                     plan.world, ", got ", plan.stages));
+  }
+  if (plan.stages > 1 && model_->staged() == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("configure: ", plan.stages, " pipeline stages, but this model (on ",
+                     model_->device().ToString(), ") cannot be cut into stages"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::StageGeneration(const GenerationPlan& plan, CheckpointStore* store) {
+  RankState& s = staged_state_;
+  s.layout = ShardLayout::Make(model_->num_params(), plan.world);
+  s.rank = plan.rank;
+  s.buddy = plan.buddy;
+  s.stages = plan.stages;
+  s.steps = plan.committed_steps;
+  s.units.clear();
+  if (plan.stages > 1) {
+    absl::StatusOr<std::vector<std::pair<int, int>>> units =
+        PartitionUnits(model_->staged()->costs(), plan.stages);
+    if (!units.ok()) return units.status();
+    s.units = *std::move(units);
+  }
+  absl::StatusOr<std::vector<Ranges>> held = HeldRangesByRank(s.layout, plan.stages);
+  if (!held.ok()) return held.status();
+  s.held = *std::move(held);
+  TROUPE_RETURN_IF_ERROR(ops_->Resize(&staged_held_, TotalSize(s.my_held())));
+  switch (plan.source) {
+    case RestoreSource::kInit:
+      return StageFromInit();
+    case RestoreSource::kCheckpoint:
+      return RestoreFromCheckpoint(plan, store);
+    case RestoreSource::kMemory:
+      return RestoreFromMemory(plan);
+  }
+  return absl::InvalidArgumentError("configure: unknown restore source");
+}
+
+absl::Status ElasticRank::StageFromInit() {
+  RankState& s = staged_state_;
+  // Initialising writes the model's buffer: whatever this rank held is gone from here on.
+  has_state_ = false;
+  if (s.stages == 1) {
+    model_->InitParams(options_.seed);
+  } else {
+    for (const auto& [b, e] : s.my_held()) model_->staged()->InitParamRange(options_.seed, b, e);
+  }
+  for (absl::Status e : {StageHeldFromModel(), ops_->Assign(&s.m, s.layout.per_rank, 0.0f),
+                         ops_->Assign(&s.v, s.layout.per_rank, 0.0f)}) {
+    if (!e.ok()) return e;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::StageHeldFromModel() {
+  const Ranges& held = staged_state_.my_held();
+  for (const auto& [b, e] : held) {
+    TROUPE_RETURN_IF_ERROR(
+        ops_->Copy(staged_held_.data() + PackedOffset(held, b), model_->params() + b, e - b));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan) {
+  if (!MemoryRestorePossible(plan.old_to_new, plan.old_buddy)) {
+    return absl::FailedPreconditionError(
+        "memory restore: an old range has neither owner nor buddy");
+  }
+  TROUPE_RETURN_IF_ERROR(CheckSurvivor(plan));
+  const ShardLayout from =
+      ShardLayout::Make(model_->num_params(), static_cast<int>(plan.old_to_new.size()));
+  std::vector<P2P> moves;
+  TROUPE_RETURN_IF_ERROR(AddParamMoves(plan, from, &moves));
+  TROUPE_RETURN_IF_ERROR(AddMomentMoves(plan, from, &moves));
+  return WaitAll(comm_->PostPointToPoint(moves, options_.collective));
+}
+
+// Survivors must hold exactly the committed step (and mirror) the coordinator recorded; a rank
+// without that state must not be named as an old rank.
+absl::Status ElasticRank::CheckSurvivor(const GenerationPlan& plan) const {
+  const RankState& c = committed_state_;
+  const int old_world = static_cast<int>(plan.old_to_new.size());
+  const bool survivor = has_state_ && c.layout.world == old_world && c.rank < old_world &&
+                        plan.old_to_new[c.rank] == plan.rank;
+  if (survivor && c.buddy != plan.old_buddy) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("memory restore: rank mirrors with buddy offset ", c.buddy,
+                     ", the plan expects ", plan.old_buddy));
+  }
+  for (int o = 0; o < old_world && !survivor; ++o) {
+    if (plan.old_to_new[o] == plan.rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "memory restore: the plan names this rank as old rank ", o, ", but it holds ",
+          has_state_ ? absl::StrCat("rank ", c.rank, " of ", c.layout.world) : "no state"));
+    }
+  }
+  if (survivor && c.steps != plan.committed_steps) {
+    return absl::FailedPreconditionError(absl::StrCat("memory restore: rank holds step ", c.steps,
+                                                      ", the plan expects ", plan.committed_steps));
+  }
+  return absl::OkStatus();
+}
+
+// Parameters, piece by piece: each new rank's kept ranges ∩ each old range. An owner keeps its
+// range's parameters; a buddy all of them (data parallelism) or its mirror of its owner's.
+absl::Status ElasticRank::AddParamMoves(const GenerationPlan& plan, const ShardLayout& from,
+                                        std::vector<P2P>* moves) {
+  RankState& c = committed_state_;
+  const std::vector<Ranges>& held = staged_state_.held;
+  uint32_t param_piece = 0;
+  for (int d = 0; d < static_cast<int>(held.size()); ++d) {
+    for (int o = 0; o < from.world; ++o) {
+      const int src = SendingRank(plan, o);
+      for (const auto& [lo, hi] : Intersect(held[d], from.begin(o), from.end(o))) {
+        const uint32_t tag = kTagParamMoveBase + param_piece++;
+        float* dst = staged_held_.data() + PackedOffset(held[plan.rank], lo);
+        if (src == plan.rank) {
+          float* p = plan.old_to_new[o] >= 0 || c.stages == 1
+                         ? model_->params() + lo
+                         : c.replica_p.data() + (lo - from.begin(o));
+          if (d == plan.rank) {
+            TROUPE_RETURN_IF_ERROR(ops_->Copy(dst, p, hi - lo));
+          } else {
+            moves->push_back({P2P::Kind::kSend, Buffer::F32(p, hi - lo), d, tag});
+          }
+        } else if (d == plan.rank) {
+          moves->push_back({P2P::Kind::kRecv, Buffer::F32(dst, hi - lo), src, tag});
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Moments, piece by piece: new range ∩ old range, from the old owner or its buddy's mirror.
+absl::Status ElasticRank::AddMomentMoves(const GenerationPlan& plan, const ShardLayout& from,
+                                         std::vector<P2P>* moves) {
+  RankState& c = committed_state_;
+  RankState& staged = staged_state_;
+  const ShardLayout& to = staged.layout;
+  for (absl::Status s :
+       {ops_->Assign(&staged.m, to.per_rank, 0.0f), ops_->Assign(&staged.v, to.per_rank, 0.0f)}) {
+    if (!s.ok()) return s;
+  }
+  uint32_t piece = 0;
+  for (int d = 0; d < to.world; ++d) {
+    for (int o = 0; o < from.world; ++o) {
+      const int64_t lo = std::max(to.begin(d), from.begin(o));
+      const int64_t hi = std::min(to.end(d), from.end(o));
+      if (lo >= hi) continue;
+      const bool from_owner = plan.old_to_new[o] >= 0;
+      const int src = SendingRank(plan, o);
+      const uint32_t tag = kTagMoveBase + 2 * piece++;
+      const size_t count = static_cast<size_t>(hi - lo);
+      float* dst_m = staged.m.data() + (lo - to.begin(d));
+      float* dst_v = staged.v.data() + (lo - to.begin(d));
+      if (src == plan.rank) {
+        float* sm = (from_owner ? c.m.data() : c.replica_m.data()) + (lo - from.begin(o));
+        float* sv = (from_owner ? c.v.data() : c.replica_v.data()) + (lo - from.begin(o));
+        if (d == plan.rank) {
+          for (absl::Status s : {ops_->Copy(dst_m, sm, count), ops_->Copy(dst_v, sv, count)}) {
+            if (!s.ok()) return s;
+          }
+        } else {
+          moves->push_back({P2P::Kind::kSend, Buffer::F32(sm, count), d, tag});
+          moves->push_back({P2P::Kind::kSend, Buffer::F32(sv, count), d, tag + 1});
+        }
+      } else if (d == plan.rank) {
+        moves->push_back({P2P::Kind::kRecv, Buffer::F32(dst_m, count), src, tag});
+        moves->push_back({P2P::Kind::kRecv, Buffer::F32(dst_v, count), src, tag + 1});
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The checkpoint's parameters (all of them) and the moments of this rank's new range, read on
+// the host and copied in.
+absl::Status ElasticRank::RestoreFromCheckpoint(const GenerationPlan& plan,
+                                                CheckpointStore* store) {
+  const int64_t n = model_->num_params();
+  if (store == nullptr) return absl::FailedPreconditionError("checkpoint restore: no store");
+  TROUPE_ASSIGN_OR_RETURN(Checkpoint ckpt, store->Load(plan.checkpoint_step));
+  if (ckpt.manifest().num_params != n) {
+    return absl::FailedPreconditionError(absl::StrCat(ckpt.dir(), ": num_params: expected ", n,
+                                                      ", got ", ckpt.manifest().num_params));
+  }
+  RankState& staged = staged_state_;
+  const ShardLayout& to = staged.layout;
+  const Ranges& held = staged.my_held();
+  std::vector<float> params(TotalSize(held));
+  for (const auto& [lo, hi] : held) {
+    TROUPE_RETURN_IF_ERROR(
+        ckpt.ReadRange(lo, hi, params.data() + PackedOffset(held, lo), nullptr, nullptr));
+  }
+  std::vector<float> m(to.per_rank, 0.0f), v(to.per_rank, 0.0f);
+  const int64_t b = to.begin(plan.rank), e = to.end(plan.rank);
+  if (e > b) {
+    std::vector<float> scratch(e - b);
+    TROUPE_RETURN_IF_ERROR(ckpt.ReadRange(b, e, scratch.data(), m.data(), v.data()));
+  }
+  for (absl::Status s :
+       {ops_->Resize(&staged.m, to.per_rank), ops_->Resize(&staged.v, to.per_rank)}) {
+    if (!s.ok()) return s;
+  }
+  for (absl::Status s : {ops_->CopyFromHost(staged_held_.data(), params.data(), params.size()),
+                         ops_->CopyFromHost(staged.m.data(), m.data(), to.per_rank),
+                         ops_->CopyFromHost(staged.v.data(), v.data(), to.per_rank)}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::PostMirror(RankState* state, const float* p, std::vector<Work>* works) {
+  const ShardLayout& layout = state->layout;
+  const bool mirror_params = state->stages > 1;
+  if (!mirror_params) state->replica_p = model::FloatArray();
+  if (layout.world == 1) {
+    TROUPE_RETURN_IF_ERROR(ops_->Assign(&state->replica_m, layout.per_rank, 0.0f));
+    return ops_->Assign(&state->replica_v, layout.per_rank, 0.0f);
+  }
+  // Written whole by the receives.
+  for (model::FloatArray* a : {&state->replica_m, &state->replica_v}) {
+    TROUPE_RETURN_IF_ERROR(ops_->Resize(a, layout.per_rank));
+  }
+  const int next = BuddyRank(state->rank, state->buddy, layout.world);
+  const int prev = MirroredRank(state->rank, state->buddy, layout.world);
+  std::vector<P2P> moves = {{P2P::Kind::kSend, Buf(state->m), next, kTagMirrorM},
+                            {P2P::Kind::kSend, Buf(state->v), next, kTagMirrorV},
+                            {P2P::Kind::kRecv, Buf(state->replica_m), prev, kTagMirrorM},
+                            {P2P::Kind::kRecv, Buf(state->replica_v), prev, kTagMirrorV}};
+  if (mirror_params) {
+    TROUPE_RETURN_IF_ERROR(ops_->Resize(&state->replica_p, layout.per_rank));
+    elastic_internal::AddRangeMirror(layout, state->rank, state->buddy, p, state->replica_p.data(),
+                                     kTagMirrorP, &moves);
+  }
+  const std::vector<Work> posted = comm_->PostPointToPoint(moves, options_.collective);
+  works->insert(works->end(), posted.begin(), posted.end());
+  return absl::OkStatus();
+}
+
+void ElasticRank::Commit() {
+  if (staged_ == Staged::kNone) return;
+  const bool new_grid = staged_ == Staged::kConfig;
+  staged_ = Staged::kNone;
+  absl::Status s = new_grid ? absl::OkStatus() : ReplayBuddyStep();
+  if (s.ok()) s = CopyStagedParamsIntoModel();
+  if (!s.ok()) {
+    // The mirror or the model's parameters are now neither the old nor the new state.
+    has_state_ = false;
+    commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
+    return;
+  }
+  if (new_grid) DiscardUnheld();
+  MoveStagedToCommitted(new_grid);
+  has_state_ = true;
+}
+
+// The buddy's replay of its owner's AdamW on the mirror, from the owner's inputs (its committed
+// parameters: the model's own under data parallelism, which CopyStagedParamsIntoModel then
+// overwrites with the same bits; the mirror of them on a grid), so with the owner's bits.
+absl::Status ElasticRank::ReplayBuddyStep() {
+  const RankState& staged = staged_state_;
+  RankState& c = committed_state_;
+  const int prev = MirroredRank(staged.rank, staged.buddy, staged.layout.world);
+  const int64_t pb = staged.layout.begin(prev), pe = staged.layout.end(prev);
+  if (staged.layout.world == 1 || pe <= pb) return absl::OkStatus();
+  float* p = staged.stages > 1 ? c.replica_p.data() : model_->params() + pb;
+  return ops_->AdamWUpdateRange(model_->tensors(), pb, pe, p, mirror_grad_.data(),
+                                c.replica_m.data(), c.replica_v.data(), options_.adamw,
+                                staged_scalars_);
+}
+
+absl::Status ElasticRank::CopyStagedParamsIntoModel() {
+  const Ranges& held = staged_state_.my_held();
+  for (const auto& [b, e] : held) {
+    TROUPE_RETURN_IF_ERROR(
+        ops_->Copy(model_->params() + b, staged_held_.data() + PackedOffset(held, b), e - b));
+  }
+  return absl::OkStatus();
+}
+
+// A new generation's rank may keep fewer parameters: the model's parameters and gradients
+// (which a stage writes only within its ranges) outside the kept ranges go back to the memory.
+// A failure there only keeps the memory: nothing reads those ranges.
+void ElasticRank::DiscardUnheld() {
+  for (const auto& [b, e] : Complement(staged_state_.my_held(), model_->num_params())) {
+    ops_->Discard(model_->params() + b, e - b).IgnoreError();
+    ops_->Discard(const_cast<float*>(model_->grads()) + b, e - b).IgnoreError();
+  }
+}
+
+// The move. A step's staged state has no mirror of its own: it takes the committed one, which
+// ReplayBuddyStep just advanced; a configuration's mirror replaces the committed one. What the
+// committed state held stays behind in staged_state_ as the next staging's buffers (m and v: a
+// step allocates none), except a replaced mirror, which is freed.
+void ElasticRank::MoveStagedToCommitted(bool new_grid) {
+  RankState& c = committed_state_;
+  RankState& staged = staged_state_;
+  if (!new_grid) {
+    staged.replica_p = std::move(c.replica_p);
+    staged.replica_m = std::move(c.replica_m);
+    staged.replica_v = std::move(c.replica_v);
+  }
+  std::swap(c, staged);
+  staged.replica_p = model::FloatArray();
+  staged.replica_m = model::FloatArray();
+  staged.replica_v = model::FloatArray();
+}
+
+// Nothing reads staged_state_ while staged_ is kNone, and RunStep or Configure writes it whole
+// before staging again; its buffers stay allocated for that.
+void ElasticRank::Abandon() { staged_ = Staged::kNone; }
+
+}  // namespace troupe::train

@@ -1,0 +1,97 @@
+// GptDeviceTrainable: the GPT as a Trainable whose parameters and gradients stay in a device's
+// memory — on a GPU, kernels/cuda's GptDevice (fp32, or bf16 activations and gradients over fp32
+// master weights); in actors_elastic_test, the same launch sequence (GptCuda) run on the CPU by the
+// SIMT layer behind the opaque device. The elastic trainer reaches that memory only through
+// array_ops() and its communicator (NCCL on a GPU).
+//
+// Model is any class with GptDevice's calls: config(), num_params(), device_params(),
+// array_ops(), InitParams(seed), ParamsChanged(), Forward(tokens, targets, b, t), ZeroGrad(),
+// Backward(loss_weight) and Fp32Grads(). grads() is Fp32Grads(): in bf16 the microbatch's bf16
+// gradients widened (exactly) to fp32, so the canonical sum the trainer forms from them — and so
+// the weights — do not depend on the world size, as in fp32.
+//
+// No call here waits for the device: Forward returns the loss (it reads it back), the backward
+// and the widening are enqueued, and the trainer's next use of grads() is an ArrayOps operation
+// on the model's stream, which runs after them and waits for the stream before it returns.
+#ifndef TROUPE_TRAIN_GPT_DEVICE_TRAINABLE_H_
+#define TROUPE_TRAIN_GPT_DEVICE_TRAINABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "troupe/base/status_macros.h"
+#include "troupe/model/config.h"
+#include "troupe/model/data_source.h"
+#include "troupe/train/trainable.h"
+
+namespace troupe::train {
+
+template <class Model>
+class GptDeviceTrainable final : public Trainable {
+ public:
+  // Takes the model as built (parameters at zero until InitParams).
+  static absl::StatusOr<std::unique_ptr<GptDeviceTrainable>> Create(std::unique_ptr<Model> gpu,
+                                                                    model::DataSource data,
+                                                                    Device device) {
+    TROUPE_ASSIGN_OR_RETURN(const float* grads, gpu->Fp32Grads());
+    return std::unique_ptr<GptDeviceTrainable>(
+        new GptDeviceTrainable(std::move(gpu), std::move(data), device, grads));
+  }
+
+  int64_t num_params() const override { return gpu_->num_params(); }
+  const std::vector<model::ParamTensor>& tensors() const override { return layout_.tensors(); }
+  float* params() override { return gpu_->device_params(); }
+  const float* grads() const override { return grads_; }
+  // A device failure here surfaces at the next ComputeGradient (the interface returns nothing).
+  void InitParams(uint64_t seed) override { error_ = gpu_->InitParams(seed); }
+  int64_t tokens_per_microbatch() const override {
+    return int64_t{data_.options().microbatch_size} * data_.options().seq_len;
+  }
+  std::optional<model::GptConfig> gpt_config() const override { return gpu_->config(); }
+  Device device() const override { return device_; }
+  model::ArrayOps& array_ops() override { return gpu_->array_ops(); }
+
+  absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
+    if (!error_.ok()) return error_;
+    const model::DataSourceOptions& d = data_.options();
+    const float loss_weight =
+        1.0f / static_cast<float>(int64_t{d.microbatches_per_step} * d.microbatch_size * d.seq_len);
+    TROUPE_RETURN_IF_ERROR(data_.Get(step, k, &mb_));
+    // The trainer wrote the parameters through array_ops() and its communicator.
+    TROUPE_RETURN_IF_ERROR(gpu_->ParamsChanged());
+    TROUPE_ASSIGN_OR_RETURN(
+        double loss, gpu_->Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len));
+    for (absl::Status s : {gpu_->ZeroGrad(), gpu_->Backward(loss_weight)}) {
+      if (!s.ok()) return s;
+    }
+    TROUPE_ASSIGN_OR_RETURN(const float* grads, gpu_->Fp32Grads());
+    grads_ = grads;
+    return loss;
+  }
+
+ private:
+  GptDeviceTrainable(std::unique_ptr<Model> gpu, model::DataSource data, Device device,
+                     const float* grads)
+      : gpu_(std::move(gpu)),
+        layout_(gpu_->config()),
+        data_(std::move(data)),
+        device_(device),
+        grads_(grads) {}
+
+  std::unique_ptr<Model> gpu_;
+  model::ParamLayout layout_;
+  model::DataSource data_;
+  Device device_;
+  const float* grads_;
+  model::Microbatch mb_;
+  absl::Status error_;
+};
+
+}  // namespace troupe::train
+
+#endif  // TROUPE_TRAIN_GPT_DEVICE_TRAINABLE_H_

@@ -1,0 +1,165 @@
+// troupe/train/job_spec.h — a training job, from a TOML file (Debian's libtomlplusplus).
+//
+//   [job]        name, steps, seed, work_dir, deterministic
+//   [model]      type ("gpt" or a registered Trainable), size, data_dir, device ("cpu",
+//                "cuda", "cuda:N"), precision ("fp32", or "bf16" on CUDA), seq_len,
+//                microbatch_size, microbatches (M per step, fixed whatever the world size),
+//                [model.options] free-form strings for user models
+//   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
+//   [elastic]    workers (started by the embedded cluster), min_workers, max_workers,
+//                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU)
+//   [pipeline]   stages (pipeline stages asked for: each generation's grid takes the divisor of
+//                its world closest to it, see ChooseStages; 1 with device "cuda"), schedule
+//                ("1f1b" or "gpipe")
+//   [checkpoint] dir, every (steps), keep_last
+//   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
+//                drop_percent, delay and jitter (durations), stall
+//   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
+//                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
+//
+// Every field is optional (defaults below: the tiny GPT on the fortunes corpus). Parsing rejects
+// unknown sections and keys, wrong types and out-of-range values with a message naming the file
+// and the field, with what was expected and what was found.
+//
+// Example:
+//   absl::StatusOr<JobSpec> spec = LoadJobSpec("job.toml");
+//   absl::StatusOr<JobSpec> same = ParseJobSpec(spec->ToToml(), "job.toml");
+#ifndef TROUPE_TRAIN_JOB_SPEC_H_
+#define TROUPE_TRAIN_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "troupe/model/optimizer.h"
+#include "troupe/train/pipeline.h"
+#include "troupe/train/trainable.h"
+
+namespace troupe::train {
+
+// An injected fault: `kind`@`step`[:`arg`].
+//   kill-worker@S[:R]        the process of rank R (default 1) kills itself with SIGKILL in the
+//                            middle of step S's gradient exchange
+//   stop-worker@S[:R]        the same with SIGSTOP: a hung process, found by missed heartbeats
+//                            and fenced (SIGKILL) by its node
+//   kill-shard-and-buddy@S   rank 1 and its buddy (rank 1 + the generation's buddy offset) are
+//                            killed together at step S
+//   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
+//   join-worker@S            a node with one more worker joins before step S
+//   kill-coordinator@S       the coordinator's process is killed before step S
+//   crash-in-checkpoint@S    the coordinator's process is killed in the middle of committing
+//                            the first checkpoint at or after step S (manifest written, LATEST
+//                            not yet moved)
+//   partition-node@S[:R]     the host of rank R's node is cut off from every other host, both
+//                            ways, before step S, for [chaos] network_fault (then healed)
+//   drop-node@S[:R]          the host of rank R's node loses [chaos] drop_percent % of its
+//                            packets each way before step S, for [chaos] network_fault
+//   stall-coordinator@S      the coordinator's actor blocks for [chaos] stall before step S (a
+//                            stalled disk, a paused VM); the head reports it hung, the ranks wait
+//   delay-node@S[:R]         every packet in or out of the host of rank R's node is held [chaos]
+//                            delay ± jitter before step S, for [chaos] network_fault (a relay of
+//                            troupe's on that host: no netem needed)
+// The network faults are carried out by the node's agent on its own host (iptables in its network
+// namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
+// even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
+// change nothing.
+enum class FaultKind {
+  kKillWorker,
+  kStopWorker,
+  kKillShardAndBuddy,
+  kSigtermNode,
+  kJoinWorker,
+  kKillCoordinator,
+  kCrashInCheckpoint,
+  kPartitionNode,
+  kDropNode,
+  kStallCoordinator,
+  kDelayNode,
+};
+// "kill-worker", ... as written in job specs and on the command line.
+const char* FaultKindName(FaultKind kind);
+
+struct Fault {
+  FaultKind kind = FaultKind::kKillWorker;
+  int64_t step = 0;
+  int32_t arg = -1;
+  std::string ToString() const;
+};
+[[nodiscard]] absl::StatusOr<Fault> ParseFault(const std::string& text);
+
+// Every deadline of a training job, in one place. Validated relations: liveness < collective
+// < watchdog; bootstrap, rpc and retry each < watchdog; watchdog < driver_silence.
+struct Timeouts {
+  // A peer rank silent this long is dead (the collectives' liveness channel): how fast a hung
+  // (SIGSTOPped) process is found.
+  absl::Duration liveness = absl::Seconds(2);
+  // One collective's deadline (a generation that cannot finish its exchange gives up).
+  absl::Duration collective = absl::Seconds(30);
+  // A generation's communicator connects (every rank publishes and finds the others) within this.
+  absl::Duration bootstrap = absl::Seconds(20);
+  // A control request: the collectives' bootstrap store, head lookups, the membership table.
+  absl::Duration rpc = absl::Seconds(10);
+  // After a rank reports a failure, before the coordinator regenerates (a down event that
+  // explains the failure usually arrives first).
+  absl::Duration retry = absl::Milliseconds(300);
+  // join-worker@S: step S waits this long for the joining worker.
+  absl::Duration join_wait = absl::Seconds(60);
+  // Preemption notices that come within this long of the first are handed over together, at one
+  // step boundary (a cloud reclaims machines in batches); training goes on meanwhile.
+  absl::Duration notice_window = absl::Milliseconds(250);
+  // No step committed for this long, with work to do: the job fails rather than hang.
+  absl::Duration watchdog = absl::Seconds(120);
+  // The driver gives up on a coordinator it has not heard from for this long.
+  absl::Duration driver_silence = absl::Seconds(180);
+  // The embedded cluster's workers register within this.
+  absl::Duration cluster_start = absl::Seconds(60);
+};
+
+struct JobSpec {
+  std::string name = "tiny-gpt";
+  int64_t steps = 40;
+  uint64_t seed = 1;
+  std::string work_dir = "troupe-job";
+  bool deterministic = true;
+
+  ModelSpec model;
+  model::AdamWConfig adamw;
+  model::LrSchedule schedule;  // total_steps follows `steps` unless set
+
+  int32_t workers = 4;
+  int32_t min_workers = 1;
+  int32_t max_workers = 8;
+  // Model on CUDA, embedded cluster: how many worker nodes may share one GPU (1: a GPU each, as
+  // NCCL wants). Above 1, each rank is told it is a host of its own (NCCL_HOSTID) and NCCL moves
+  // bytes between them over sockets on loopback: small jobs on one big GPU, the elastic path on a
+  // one-GPU machine (SharedGpuEnvironment).
+  int32_t ranks_per_gpu = 1;
+
+  int32_t pipeline_stages = 1;  // 1: data parallelism only
+  PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
+
+  std::string checkpoint_dir;  // "" = <work_dir>/ckpt
+  int64_t checkpoint_every = 10;
+  int32_t keep_last = 3;
+
+  std::vector<Fault> faults;
+  absl::Duration network_fault = absl::Seconds(3);  // partition-node, drop-node: how long
+  int32_t drop_percent = 5;                         // drop-node: of the packets each way
+  absl::Duration stall = absl::Seconds(12);         // stall-coordinator: how long
+  absl::Duration delay = absl::Milliseconds(5);     // delay-node: each way, on the node's host
+  absl::Duration jitter = absl::Milliseconds(1);    // delay-node: ± (uniform), at most delay
+  Timeouts timeouts;
+
+  std::string ToToml() const;
+  std::string CheckpointDir() const;
+};
+
+[[nodiscard]] absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text,
+                                                   const std::string& file);
+[[nodiscard]] absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+}  // namespace troupe::train
+
+#endif  // TROUPE_TRAIN_JOB_SPEC_H_

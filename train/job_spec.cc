@@ -1,0 +1,372 @@
+#include "troupe/train/job_spec.h"
+
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "toml_section.h"
+#include "troupe/base/status_macros.h"
+
+namespace troupe::train {
+namespace {
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+namespace {
+constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
+    {FaultKind::kKillWorker, "kill-worker"},
+    {FaultKind::kStopWorker, "stop-worker"},
+    {FaultKind::kKillShardAndBuddy, "kill-shard-and-buddy"},
+    {FaultKind::kSigtermNode, "sigterm-node"},
+    {FaultKind::kJoinWorker, "join-worker"},
+    {FaultKind::kKillCoordinator, "kill-coordinator"},
+    {FaultKind::kCrashInCheckpoint, "crash-in-checkpoint"},
+    {FaultKind::kPartitionNode, "partition-node"},
+    {FaultKind::kDropNode, "drop-node"},
+    {FaultKind::kStallCoordinator, "stall-coordinator"},
+    {FaultKind::kDelayNode, "delay-node"},
+};
+}  // namespace
+
+const char* FaultKindName(FaultKind kind) {
+  for (const auto& [k, name] : kFaultKinds) {
+    if (k == kind) return name;
+  }
+  return "?";
+}
+
+std::string Fault::ToString() const {
+  const char* k = FaultKindName(kind);
+  return arg >= 0 ? absl::StrCat(k, "@", step, ":", arg) : absl::StrCat(k, "@", step);
+}
+
+absl::StatusOr<Fault> ParseFault(const std::string& text) {
+  std::vector<std::string> parts = absl::StrSplit(text, '@');
+  Fault f;
+  bool known = false;
+  for (const auto& [k, name] : kFaultKinds) {
+    if (parts[0] == name) {
+      f.kind = k;
+      known = true;
+    }
+  }
+  if (parts.size() != 2 || !known) {
+    std::vector<std::string> names;
+    for (const auto& [k, name] : kFaultKinds) names.push_back(name);
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault: expected KIND@STEP[:ARG] with KIND one of ",
+                     absl::StrJoin(names, ", "), ", got '", text, "'"));
+  }
+  std::vector<std::string> sa = absl::StrSplit(parts[1], ':');
+  if (sa.size() > 2 || !absl::SimpleAtoi(sa[0], &f.step) || f.step < 0 ||
+      (sa.size() == 2 && (!absl::SimpleAtoi(sa[1], &f.arg) || f.arg < 0))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fault '", text, "': expected STEP (an integer >= 0) and optional :ARG, got '",
+                     parts[1], "'"));
+  }
+  return f;
+}
+
+std::string JobSpec::CheckpointDir() const {
+  return checkpoint_dir.empty() ? work_dir + "/ckpt" : checkpoint_dir;
+}
+
+namespace {
+
+void ReadJob(Section& s, JobSpec& spec) {
+  s.Str("name", &spec.name, true);
+  s.Int("steps", &spec.steps, 1, int64_t{1} << 40);
+  int64_t seed = static_cast<int64_t>(spec.seed);
+  s.Int("seed", &seed, 0, std::numeric_limits<int64_t>::max());
+  spec.seed = static_cast<uint64_t>(seed);
+  s.Str("work_dir", &spec.work_dir, true);
+  s.Bool("deterministic", &spec.deterministic);
+  spec.model.seed = spec.seed;
+}
+
+void ReadModel(Section& s, JobSpec& spec) {
+  s.Str("type", &spec.model.type, true);
+  s.Str("size", &spec.model.size, true);
+  s.Str("data_dir", &spec.model.data_dir);
+  s.Str("device", &spec.model.device);
+  s.Str("precision", &spec.model.precision, true);
+  s.Int32("seq_len", &spec.model.seq_len, 1, 1 << 20);
+  s.Int32("microbatch_size", &spec.model.microbatch_size, 1, 1 << 20);
+  s.Int32("microbatches", &spec.model.microbatches, 1, 1 << 16);
+  if (const toml::node* o = s.Raw("options")) {
+    if (!o->is_table()) {
+      s.Fail("options", "a table of strings", TypeName(o->type()));
+    } else {
+      for (auto&& [k, v] : *o->as_table()) {
+        std::optional<std::string> str = v.value_exact<std::string>();
+        if (!str) {
+          s.Fail(absl::StrCat("options.", std::string(k.str())), "a string", TypeName(v.type()));
+          break;
+        }
+        spec.model.options[std::string(k.str())] = *str;
+      }
+    }
+  }
+}
+
+void ReadOptimizer(Section& s, JobSpec& spec) {
+  s.Float("lr", &spec.schedule.max_lr, 0, 10);
+  s.Float("min_lr", &spec.schedule.min_lr, 0, 10);
+  s.Int("warmup_steps", &spec.schedule.warmup_steps, 0, int64_t{1} << 40);
+  const bool total_set = s.Raw("total_steps") != nullptr;
+  s.Int("total_steps", &spec.schedule.total_steps, 1, int64_t{1} << 40);
+  s.Float("weight_decay", &spec.adamw.weight_decay, 0, 10);
+  s.Float("max_grad_norm", &spec.adamw.max_grad_norm, 0, 1e9);
+  s.Float("beta1", &spec.adamw.beta1, 0, 0.999999);
+  s.Float("beta2", &spec.adamw.beta2, 0, 0.999999);
+  if (!total_set) spec.schedule.total_steps = spec.steps;
+}
+
+void ReadElastic(Section& s, JobSpec& spec) {
+  s.Int32("workers", &spec.workers, 1, 1024);
+  s.Int32("min_workers", &spec.min_workers, 1, 1024);
+  s.Int32("max_workers", &spec.max_workers, 1, 1024);
+  s.Int32("ranks_per_gpu", &spec.ranks_per_gpu, 1, 64);
+}
+
+void ReadPipeline(Section& s, JobSpec& spec) {
+  s.Int32("stages", &spec.pipeline_stages, 1, 1024);
+  std::string schedule = PipelineScheduleName(spec.pipeline_schedule);
+  s.Str("schedule", &schedule, true);
+  if (absl::StatusOr<PipelineSchedule> p = ParsePipelineSchedule(schedule); p.ok()) {
+    spec.pipeline_schedule = *p;
+  } else {
+    s.Fail("schedule", "\"1f1b\" or \"gpipe\"", absl::StrCat("\"", schedule, "\""));
+  }
+}
+
+void ReadCheckpoint(Section& s, JobSpec& spec) {
+  s.Str("dir", &spec.checkpoint_dir);
+  s.Int("every", &spec.checkpoint_every, 0, int64_t{std::numeric_limits<int32_t>::max()});
+  s.Int32("keep_last", &spec.keep_last, 1, 1000);
+}
+
+void ReadChaos(Section& s, JobSpec& spec) {
+  if (const toml::node* f = s.Raw("faults")) {
+    if (!f->is_array()) {
+      s.Fail("faults", "an array of strings like \"kill-worker@10\"", TypeName(f->type()));
+    } else {
+      for (const toml::node& e : *f->as_array()) {
+        std::optional<std::string> str = e.value_exact<std::string>();
+        if (!str) {
+          s.Fail("faults", "an array of strings", absl::StrCat("a ", TypeName(e.type())));
+          break;
+        }
+        absl::StatusOr<Fault> fault = ParseFault(*str);
+        if (!fault.ok()) {
+          s.Fail("faults", "KIND@STEP[:ARG]",
+                 absl::StrCat("'", *str, "' (", fault.status().message(), ")"));
+          break;
+        }
+        spec.faults.push_back(*fault);
+      }
+    }
+  }
+  s.Duration("network_fault", &spec.network_fault);
+  s.Int32("drop_percent", &spec.drop_percent, 1, 100);
+  s.Duration("stall", &spec.stall);
+  s.Duration("delay", &spec.delay);
+  s.Duration("jitter", &spec.jitter, /*zero_ok=*/true);
+  if (spec.jitter > spec.delay) {
+    s.Fail("jitter", absl::StrCat("at most [chaos] delay (", absl::FormatDuration(spec.delay), ")"),
+           absl::StrCat("\"", absl::FormatDuration(spec.jitter), "\""));
+  }
+}
+
+void ReadTimeouts(Section& s, JobSpec& spec) {
+  Timeouts& t = spec.timeouts;
+  s.Duration("liveness", &t.liveness);
+  s.Duration("collective", &t.collective);
+  s.Duration("bootstrap", &t.bootstrap);
+  s.Duration("rpc", &t.rpc);
+  s.Duration("retry", &t.retry);
+  s.Duration("join_wait", &t.join_wait);
+  s.Duration("notice_window", &t.notice_window);
+  s.Duration("watchdog", &t.watchdog);
+  s.Duration("driver_silence", &t.driver_silence);
+  s.Duration("cluster_start", &t.cluster_start);
+}
+
+// The relations between fields (each field's own range is checked as it is read).
+absl::Status Validate(const JobSpec& spec, const std::string& file) {
+  auto bad = [&](const std::string& field, const std::string& expected, const std::string& got) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": ", field, ": expected ", expected, ", got ", got));
+  };
+  if (spec.min_workers > spec.max_workers) {
+    return bad("elastic.min_workers", absl::StrCat("at most max_workers (", spec.max_workers, ")"),
+               absl::StrCat(spec.min_workers));
+  }
+  if (spec.workers < spec.min_workers || spec.workers > spec.max_workers) {
+    return bad("elastic.workers",
+               absl::StrCat("between min_workers and max_workers (", spec.min_workers, "..",
+                            spec.max_workers, ")"),
+               absl::StrCat(spec.workers));
+  }
+  if (spec.min_workers > int64_t{spec.model.microbatches} * spec.pipeline_stages) {
+    return bad("elastic.min_workers",
+               absl::StrCat("at most model.microbatches × pipeline.stages (",
+                            spec.model.microbatches, " × ", spec.pipeline_stages,
+                            "): every worker computes at least one microbatch of a stage"),
+               absl::StrCat(spec.min_workers));
+  }
+  absl::StatusOr<Device> device = ParseDevice(spec.model.device);
+  if (!device.ok()) {
+    return bad("model.device", "\"cpu\", \"cuda\" or \"cuda:N\"",
+               absl::StrCat("\"", spec.model.device, "\""));
+  }
+  if (spec.model.precision != "fp32" && spec.model.precision != "bf16") {
+    return bad("model.precision", "\"fp32\" or \"bf16\"",
+               absl::StrCat("\"", spec.model.precision, "\""));
+  }
+  if (spec.model.precision == "bf16" && !device->is_cuda()) {
+    return bad("model.precision", "\"fp32\" with model.device = \"cpu\" (bf16 is the GPU path's)",
+               "\"bf16\"");
+  }
+  // The stage exchange (pipeline.cc) moves activations through the host communicator; the GPU
+  // path has no ordered point-to-point of device buffers yet, so every generation's configure
+  // would fail and the coordinator retry it: refused here instead.
+  if (device->is_cuda() && spec.pipeline_stages > 1) {
+    return bad("pipeline.stages",
+               absl::StrCat("1 with model.device = \"", spec.model.device,
+                            "\" (pipeline stages run on the CPU only; use data parallelism "
+                            "on GPUs)"),
+               absl::StrCat(spec.pipeline_stages));
+  }
+  if (spec.schedule.min_lr > spec.schedule.max_lr) {
+    return bad("optimizer.min_lr", absl::StrCat("at most lr (", spec.schedule.max_lr, ")"),
+               absl::StrCat(spec.schedule.min_lr));
+  }
+  const Timeouts& t = spec.timeouts;
+  auto less = [&](const char* a, absl::Duration da, const char* b, absl::Duration db) {
+    return da < db
+               ? absl::OkStatus()
+               : bad(absl::StrCat("timeouts.", a),
+                     absl::StrCat("less than timeouts.", b, " (", absl::FormatDuration(db), ")"),
+                     absl::FormatDuration(da));
+  };
+  for (absl::Status st :
+       {less("liveness", t.liveness, "collective", t.collective),
+        less("collective", t.collective, "watchdog", t.watchdog),
+        less("bootstrap", t.bootstrap, "watchdog", t.watchdog),
+        less("rpc", t.rpc, "watchdog", t.watchdog), less("retry", t.retry, "watchdog", t.watchdog),
+        less("watchdog", t.watchdog, "driver_silence", t.driver_silence)}) {
+    if (!st.ok()) return st;
+  }
+  for (const Fault& f : spec.faults) {
+    if (f.step >= spec.steps) {
+      return bad("chaos.faults", absl::StrCat("a step below job.steps (", spec.steps, ")"),
+                 absl::StrCat("'", f.ToString(), "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Every top-level key is a known section holding a table.
+absl::Status CheckSections(const toml::table& root, const std::string& file) {
+  static const std::set<std::string> kSections = {
+      "job", "model", "optimizer", "elastic", "pipeline", "checkpoint", "chaos", "timeouts"};
+  for (auto&& [k, v] : root) {
+    const std::string key(k.str());
+    if (!kSections.count(key)) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": [", key, "]: expected one of [",
+                                                     absl::StrJoin(kSections, "], ["),
+                                                     "], got an unknown section"));
+    }
+    if (!v.is_table()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": ", key, ": expected a table, got ", TypeName(v.type())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::string& file) {
+  TROUPE_ASSIGN_OR_RETURN(toml::table parsed, ParseToml(toml_text, file));
+  const toml::table& root = parsed;
+  TROUPE_RETURN_IF_ERROR(CheckSections(root, file));
+  JobSpec spec;
+  absl::Status err;
+  // [job] first: the model takes its seed, the schedule its total_steps by default.
+  constexpr std::pair<const char*, void (*)(Section&, JobSpec&)> kReaders[] = {
+      {"job", ReadJob},         {"model", ReadModel},       {"optimizer", ReadOptimizer},
+      {"elastic", ReadElastic}, {"pipeline", ReadPipeline}, {"checkpoint", ReadCheckpoint},
+      {"chaos", ReadChaos},     {"timeouts", ReadTimeouts}};
+  for (const auto& [name, read] : kReaders) {
+    Section s(root[name].as_table(), name, file, &err);
+    read(s, spec);
+    s.RejectUnknown();
+  }
+  if (!err.ok()) return err;
+  TROUPE_RETURN_IF_ERROR(Validate(spec, file));
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  TROUPE_ASSIGN_OR_RETURN(std::string text, ReadTextFile(path, "the job spec"));
+  return ParseJobSpec(text, path);
+}
+
+std::string JobSpec::ToToml() const {
+  std::vector<std::string> faults_q;
+  for (const Fault& f : faults) faults_q.push_back(Quote(f.ToString()));
+  std::string options;
+  for (const auto& [k, v] : model.options)
+    absl::StrAppend(&options, Quote(k), " = ", Quote(v), "\n");
+  // Floats are written with enough digits to read back the same float.
+  auto num = [](float x) { return absl::StrFormat("%.9g", x); };
+  return absl::StrCat(
+      "[job]\nname = ", Quote(name), "\nsteps = ", steps, "\nseed = ", seed,
+      "\nwork_dir = ", Quote(work_dir), "\ndeterministic = ", deterministic ? "true" : "false",
+      "\n\n[model]\ntype = ", Quote(model.type), "\nsize = ", Quote(model.size),
+      "\ndata_dir = ", Quote(model.data_dir), "\ndevice = ", Quote(model.device),
+      "\nprecision = ", Quote(model.precision), "\nseq_len = ", model.seq_len,
+      "\nmicrobatch_size = ", model.microbatch_size, "\nmicrobatches = ", model.microbatches,
+      "\n\n[model.options]\n", options, "\n[optimizer]\nlr = ", num(schedule.max_lr),
+      "\nmin_lr = ", num(schedule.min_lr), "\nwarmup_steps = ", schedule.warmup_steps,
+      "\ntotal_steps = ", schedule.total_steps, "\nweight_decay = ", num(adamw.weight_decay),
+      "\nmax_grad_norm = ", num(adamw.max_grad_norm), "\nbeta1 = ", num(adamw.beta1),
+      "\nbeta2 = ", num(adamw.beta2), "\n\n[elastic]\nworkers = ", workers,
+      "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
+      "\nranks_per_gpu = ", ranks_per_gpu, "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
+      "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
+      "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
+      "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
+      "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
+      "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
+      absl::FormatDuration(jitter), "\"\n\n[timeouts]\nliveness = \"",
+      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
+      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
+      "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
+      absl::FormatDuration(timeouts.join_wait), "\"\nnotice_window = \"",
+      absl::FormatDuration(timeouts.notice_window), "\"\nwatchdog = \"",
+      absl::FormatDuration(timeouts.watchdog), "\"\ndriver_silence = \"",
+      absl::FormatDuration(timeouts.driver_silence), "\"\ncluster_start = \"",
+      absl::FormatDuration(timeouts.cluster_start), "\"\n");
+}
+
+}  // namespace troupe::train

@@ -1,0 +1,187 @@
+#include "troupe/train/job_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace troupe::train {
+namespace {
+
+TEST(JobSpecTest, DefaultsAreTheTinyGptWithFourWorkers) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec("", "empty.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.type, "gpt");
+  EXPECT_EQ(s->model.size, "tiny");
+  EXPECT_EQ(s->workers, 4);
+  EXPECT_EQ(s->schedule.total_steps, s->steps);
+  EXPECT_EQ(s->CheckpointDir(), "troupe-job/ckpt");
+}
+
+TEST(JobSpecTest, PipelineStagesAndScheduleAreReadAndChecked) {
+  absl::StatusOr<JobSpec> s =
+      ParseJobSpec("[pipeline]\nstages = 4\nschedule = \"gpipe\"\n", "p.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->pipeline_stages, 4);
+  EXPECT_EQ(s->pipeline_schedule, PipelineSchedule::kGPipe);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->pipeline_stages, 4);
+  EXPECT_EQ(back->pipeline_schedule, PipelineSchedule::kGPipe);
+  EXPECT_EQ(ParseJobSpec("", "d.toml")->pipeline_stages, 1);
+  absl::Status bad = ParseJobSpec("[pipeline]\nschedule = \"zero-bubble\"\n", "p.toml").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("p.toml"), absl::string_view::npos) << bad;
+  EXPECT_NE(bad.message().find("pipeline.schedule"), absl::string_view::npos) << bad;
+  EXPECT_NE(bad.message().find("zero-bubble"), absl::string_view::npos) << bad;
+  bad = ParseJobSpec("[pipeline]\nstages = 0\n", "p.toml").status();
+  EXPECT_NE(bad.message().find("pipeline.stages"), absl::string_view::npos) << bad;
+  // Two stages of M = 2: at most four workers can each compute something.
+  bad = ParseJobSpec(
+            "[model]\nmicrobatches = 2\n[elastic]\nworkers = 5\nmin_workers = 5\n"
+            "[pipeline]\nstages = 2\n",
+            "p.toml")
+            .status();
+  EXPECT_NE(bad.message().find("elastic.min_workers"), absl::string_view::npos) << bad;
+}
+
+TEST(JobSpecTest, RoundTripsThroughToml) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(R"(
+[job]
+name = "t"
+steps = 12
+seed = 9
+deterministic = false
+[model]
+type = "mlp"
+device = "cuda:1"
+microbatches = 16
+[model.options]
+hidden = "32"
+[optimizer]
+lr = 0.001
+warmup_steps = 3
+[elastic]
+workers = 3
+min_workers = 2
+max_workers = 5
+[checkpoint]
+every = 4
+keep_last = 2
+[chaos]
+faults = ["kill-worker@5:2", "join-worker@7", "delay-node@3:1"]
+delay = "20ms"
+jitter = "0s"
+[timeouts]
+liveness = "500ms"
+watchdog = "90s"
+)",
+                                           "job.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.options.at("hidden"), "32");
+  EXPECT_EQ(s->model.device, "cuda:1");
+  ASSERT_EQ(s->faults.size(), 3u);
+  EXPECT_EQ(s->faults[2].kind, FaultKind::kDelayNode);
+  EXPECT_EQ(s->delay, absl::Milliseconds(20));
+  EXPECT_EQ(s->jitter, absl::ZeroDuration());
+  EXPECT_EQ(s->faults[0].kind, FaultKind::kKillWorker);
+  EXPECT_EQ(s->faults[1].ToString(), "join-worker@7");
+  EXPECT_EQ(s->faults[0].step, 5);
+  EXPECT_EQ(s->faults[0].arg, 2);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "again.toml");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << s->ToToml();
+  EXPECT_EQ(back->ToToml(), s->ToToml());
+  EXPECT_EQ(back->schedule.max_lr, s->schedule.max_lr);
+  EXPECT_EQ(back->seed, 9u);
+  EXPECT_FALSE(back->deterministic);
+  EXPECT_EQ(back->timeouts.liveness, absl::Milliseconds(500));
+  EXPECT_EQ(back->timeouts.watchdog, absl::Seconds(90));
+  EXPECT_EQ(back->timeouts.collective, absl::Seconds(30)) << "the default";
+  EXPECT_EQ(back->delay, absl::Milliseconds(20));
+  EXPECT_EQ(back->jitter, absl::ZeroDuration());
+}
+
+struct BadCase {
+  const char* toml;
+  const char* must_mention;
+};
+
+class JobSpecErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(JobSpecErrorTest, NamesTheFileFieldExpectedAndGot) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(GetParam().toml, "bad.toml");
+  ASSERT_FALSE(s.ok()) << GetParam().toml;
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  const std::string msg(s.status().message());
+  EXPECT_NE(msg.find("bad.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(GetParam().must_mention), std::string::npos) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, JobSpecErrorTest,
+    ::testing::Values(
+        BadCase{"[job]\nsteps = \"ten\"\n", "job.steps: expected an integer, got string"},
+        BadCase{"[job]\nsteps = 0\n", "job.steps: expected an integer in [1,"},
+        BadCase{"[job]\nstep = 3\n", "job.step: expected one of"},
+        BadCase{"[jobs]\n", "[jobs]: expected one of"},
+        BadCase{"[elastic]\nmin_workers = 5\nmax_workers = 2\n", "elastic.min_workers"},
+        BadCase{"[elastic]\nworkers = 9\n", "elastic.workers: expected between"},
+        BadCase{"[model]\nmicrobatches = 2\n[elastic]\nworkers = 2\nmin_workers = 3\n"
+                "max_workers = 3\n",
+                "elastic.workers"},
+        BadCase{"[optimizer]\nlr = true\n", "optimizer.lr: expected a number, got boolean"},
+        BadCase{"[chaos]\nfaults = [\"explode@3\"]\n", "chaos.faults"},
+        BadCase{"[chaos]\nfaults = [\"kill-worker@99\"]\n", "below job.steps"},
+        BadCase{"[job\n", "bad.toml:"},
+        BadCase{"[timeouts]\nliveness = 2\n", "timeouts.liveness: expected a duration string"},
+        BadCase{"[timeouts]\nrpc = \"soon\"\n", "timeouts.rpc: expected a positive duration"},
+        BadCase{"[timeouts]\nretry = \"-1s\"\n", "timeouts.retry: expected a positive"},
+        BadCase{"[timeouts]\nliveness = \"40s\"\n",
+                "timeouts.liveness: expected less than timeouts.collective (30s), got 40s"},
+        BadCase{"[timeouts]\ncollective = \"3m\"\n",
+                "timeouts.collective: expected less than timeouts.watchdog (2m), got 3m"},
+        BadCase{"[timeouts]\nwatchdog = \"5m\"\n",
+                "timeouts.watchdog: expected less than timeouts.driver_silence (3m), got 5m"},
+        BadCase{"[chaos]\ndelay = \"0s\"\n", "chaos.delay: expected a positive duration"},
+        BadCase{"[chaos]\njitter = \"-1ms\"\n", "chaos.jitter: expected a duration >= 0"},
+        BadCase{"[chaos]\ndelay = \"2ms\"\njitter = \"3ms\"\n",
+                "chaos.jitter: expected at most [chaos] delay (2ms), got \"3ms\""},
+        BadCase{"model = 3\n", "model: expected a table, got integer"},
+        BadCase{"[model]\ndevice = \"gpu\"\n",
+                "model.device: expected \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\""},
+        BadCase{"[model]\ndevice = \"cuda:x\"\n", "model.device: expected"},
+        BadCase{"[model]\nprecision = \"fp16\"\n",
+                "model.precision: expected \"fp32\" or \"bf16\", got \"fp16\""},
+        BadCase{"[model]\nprecision = \"bf16\"\n",
+                "model.precision: expected \"fp32\" with model.device = \"cpu\""},
+        BadCase{"[elastic]\nranks_per_gpu = 0\n", "elastic.ranks_per_gpu: expected"},
+        // The GPU path has no pipeline stages: refused here, not at every generation's configure.
+        BadCase{"[model]\ndevice = \"cuda\"\n[pipeline]\nstages = 2\n",
+                "pipeline.stages: expected 1 with model.device = \"cuda\" (pipeline stages run "
+                "on the CPU only; use data parallelism on GPUs), got 2"}));
+
+TEST(JobSpecTest, PrecisionAndRanksPerGpuAreReadAndRoundTrip) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[model]\ndevice = \"cuda\"\nprecision = \"bf16\"\n[elastic]\nranks_per_gpu = 4\n", "g.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.precision, "bf16");
+  EXPECT_EQ(s->ranks_per_gpu, 4);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->model.precision, "bf16");
+  EXPECT_EQ(back->ranks_per_gpu, 4);
+  absl::StatusOr<JobSpec> d = ParseJobSpec("", "d.toml");
+  EXPECT_EQ(d->model.precision, "fp32");
+  EXPECT_EQ(d->ranks_per_gpu, 1);
+}
+
+TEST(FaultTest, Parses) {
+  EXPECT_EQ(ParseFault("kill-worker@10")->step, 10);
+  EXPECT_EQ(ParseFault("kill-worker@10")->arg, -1);
+  EXPECT_EQ(ParseFault("sigterm-node@3:1")->arg, 1);
+  EXPECT_FALSE(ParseFault("kill-worker").ok());
+  EXPECT_FALSE(ParseFault("kill-worker@x").ok());
+  EXPECT_FALSE(ParseFault("kill-worker@1:-2").ok());
+}
+
+}  // namespace
+}  // namespace troupe::train
