@@ -1,6 +1,6 @@
-// The envelope around every Cap'n Proto file actors/ persists (checkpoint manifests, the
+// The envelope around every Cap'n Proto file train/ persists (checkpoint manifests, the
 // coordinator's record): 8 bytes of magic, the message length (u32 LE), its CRC32C (u32 LE), then
-// the message in Cap'n Proto's flat (unpacked, single-segment) encoding. Private to actors/.
+// the message in Cap'n Proto's flat (unpacked, single-segment) encoding. Private to train/.
 //
 //   std::string bytes = SealMessage("TRPCKMAN", builder);
 //   absl::StatusOr<kj::Array<capnp::word>> words =

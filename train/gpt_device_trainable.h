@@ -1,6 +1,6 @@
 // GptDeviceTrainable: the GPT as a Trainable whose parameters and gradients stay in a device's
 // memory — on a GPU, kernels/cuda's GptDevice (fp32, or bf16 activations and gradients over fp32
-// master weights); in actors_elastic_test, the same launch sequence (GptCuda) run on the CPU by the
+// master weights); in train_elastic_test, the same launch sequence (GptCuda) run on the CPU by the
 // SIMT layer behind the opaque device. The elastic trainer reaches that memory only through
 // array_ops() and its communicator (NCCL on a GPU).
 //

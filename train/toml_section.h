@@ -1,6 +1,6 @@
 // toml_section.h — reading one section of a TOML file (toml++) with errors that name the file,
 // the field, what was expected and what was there; unknown keys are errors too. Private to
-// actors/: the job spec (job_spec.cc) and the spot trace (spot_sim.cc).
+// train/: the job spec (job_spec.cc) and the spot trace (spot_sim.cc).
 #ifndef TROUPE_TRAIN_TOML_SECTION_H_
 #define TROUPE_TRAIN_TOML_SECTION_H_
 

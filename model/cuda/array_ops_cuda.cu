@@ -186,8 +186,6 @@ absl::StatusOr<std::unique_ptr<model::ArrayOps>> Create(int ordinal, cudaStream_
       std::make_unique<CudaArrayOps>(ordinal, stream, own_stream, std::move(alloc)));
 }
 
-#undef TROUPE_KERNELS_RETURN_IF_ERROR
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<model::ArrayOps>> CreateCudaArrayOps(int device_ordinal) {

@@ -591,6 +591,4 @@ class GptCuda {
 
 }  // namespace troupe::model::cuda
 
-#undef TROUPE_KERNELS_RETURN_IF_ERROR
-
 #endif  // TROUPE_MODEL_CUDA_GPT_CUH_

@@ -80,8 +80,12 @@ inline absl::Status Zero(void* p, size_t bytes, Stream stream) {
 inline absl::Status CopyAndWait(void* dst, const void* src, size_t bytes, bool to_device,
                                 Stream stream) {
 #ifdef __CUDACC__
-  TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaMemcpyAsync(
-      dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream)));
+  // The adapter's function, not TROUPE_CUDA_CALL: the error names the direction, not the ternary.
+  TROUPE_RETURN_IF_ERROR(CudaErrorStatus(
+      cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                      stream),
+      to_device ? "cudaMemcpyAsync(host to device)" : "cudaMemcpyAsync(device to host)", __FILE__,
+      __LINE__));
   TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_CALL(cudaStreamSynchronize(stream)));
 #else
   (void)to_device;

@@ -40,8 +40,8 @@ case "$example" in
       'BEGIN { if (!(b < a / 2)) { print "loss did not halve: " a " -> " b; exit 1 } }'
     ;;
   cxx-only)
-    # Nothing installed may refer to test support (actors/testing/).
-    if grep -rl -i 'fake_file_system\|actors_testing' "$work/prefix"; then
+    # Nothing installed may refer to test support (train/testing/).
+    if grep -rl -i 'fake_file_system\|train_testing' "$work/prefix"; then
       echo "cxx-only: the installed package refers to test support (above)" >&2; exit 1
     fi
     out=$("$work/build/cxx_only")

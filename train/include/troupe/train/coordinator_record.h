@@ -1,4 +1,5 @@
-// coordinator_record.h — the coordinator's committed-step record on disk (private to actors/).
+// coordinator_record.h — the coordinator's committed-step record on disk (the coordinator actor
+// keeps it; CoordinatorCore decides what it holds).
 //
 // Written before any rank is told to commit or to start a generation, and before a fault is
 // carried out, so a restarted coordinator resumes where the killed one stopped (and never fires

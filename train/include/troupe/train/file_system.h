@@ -1,7 +1,7 @@
 // The file-system seam under the checkpoint store: the few operations an atomic, durable write
 // needs (create, append, fsync, rename, directory fsync) and the reads a restore needs.
 //
-// PosixFileSystem() is the real one. FakeFileSystem (actors/testing/, test support that is not
+// PosixFileSystem() is the real one. FakeFileSystem (train/testing/, test support that is not
 // installed) keeps everything in memory, models what survives a crash (only fsynced data and
 // directory entries made durable by a directory fsync) and can fail or "crash" at a chosen
 // operation, so tests drive failures deterministically. Paths are plain strings joined with '/'.

@@ -1,6 +1,7 @@
 // job_events.h — a training job's decisions and faults as structured events, in the job's one
-// event log, <work_dir>/logs/events.log (the key=value lines of troupe/runtime/events.h), and the
-// one place those events become the progress lines a person reads. Private to actors/.
+// event log, <work_dir>/logs/events.log (the key=value lines of troupe/base/events.h), and the
+// one place those events become the progress lines a person reads. Used by the coordinator, the
+// rank actor and the driver.
 //
 // The coordinator (CoordinatorCore decides, the shell writes), a rank that carries out a fault
 // and the driver all append to the same file, each line with one write(2). Tests and tools read
@@ -56,7 +57,7 @@
 //                          head_lost), step
 //   recovered              the first commit after a fault: step, seconds (from the newest
 //                          fault_fired's at_ns to the commit), fault (its kind)
-//   process_exit           (runtime/events.h) a process died, as the head saw it
+//   process_exit           (base/events.h) a process died, as the head saw it
 #ifndef TROUPE_TRAIN_JOB_EVENTS_H_
 #define TROUPE_TRAIN_JOB_EVENTS_H_
 

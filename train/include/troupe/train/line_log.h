@@ -1,6 +1,6 @@
 // line_log.h — an append-only file of lines, each written with one write(2): a kill -9 right
 // after loses nothing already written, and concurrent writers never interleave within a line.
-// Private to actors/ (serve logs, the job's events.log).
+// Used by the training actors (serve logs, the job's events.log).
 #ifndef TROUPE_TRAIN_LINE_LOG_H_
 #define TROUPE_TRAIN_LINE_LOG_H_
 
