@@ -14,7 +14,6 @@
 #include <mutex>
 #include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

@@ -1,14 +1,7 @@
 #include "internal/context.h"
 
-#include <sys/wait.h>
-
 #include <cstdio>
-#include <cstring>
-#include <ctime>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 #include "caf/abstract_actor.hpp"
 #include "caf/actor.hpp"
 

@@ -1,9 +1,5 @@
 #include "troupe/runtime/faults.h"
 
-#include <signal.h>
-
-#include <cstdio>
-
 #include "absl/strings/str_cat.h"
 
 namespace troupe::runtime {
