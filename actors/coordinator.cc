@@ -307,6 +307,8 @@ void Coordinator::HandleStepDone(const StepDone& m) {
   if (m.step > 0 && m.status.ToStatus().ok()) {
     rank_compute_seconds_ += m.compute_seconds;
     rank_schedule_seconds_ += m.schedule_seconds;
+    rank_exchange_seconds_ += m.exchange_seconds;
+    rank_exposed_seconds_ += m.exposed_seconds;
   }
   if (m.status.ToStatus().ok()) NoteRankStep(m);
   std::map<int32_t, double> losses;

@@ -97,7 +97,8 @@ void Coordinator::DoChaos(const train::CoordinatorAction& a) {
   switch (a.kind) {
     case Kind::kKillWorker:
       return Send(a.worker,
-                  caf::make_message(ArmKill{a.step, a.signal, static_cast<int32_t>(a.fault)}));
+                  caf::make_message(ArmKill{a.step, a.signal, static_cast<int32_t>(a.fault),
+                                            static_cast<int32_t>(a.point)}));
     case Kind::kNodeFault:
       return InjectNodeFault(a.worker, a.fault);
     case Kind::kAddNode:
@@ -223,6 +224,7 @@ void Coordinator::Finish(const train::CoordinatorAction& a) {
   r.final_world = static_cast<int>(record.active.size());
   r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
   r.bubble = rank_schedule_seconds_ > 0 ? 1.0 - rank_compute_seconds_ / rank_schedule_seconds_ : 0;
+  r.overlap = rank_exchange_seconds_ > 0 ? 1.0 - rank_exposed_seconds_ / rank_exchange_seconds_ : 0;
   Stop(caf::make_message(std::move(r)));
 }
 

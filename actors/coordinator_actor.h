@@ -149,6 +149,8 @@ class Coordinator {
   int64_t tokens_ = 0;
   // The ranks' step-1 times of every step after the first (JobReport::bubble).
   double rank_compute_seconds_ = 0, rank_schedule_seconds_ = 0;
+  // Their overlapped exchanges' time in flight and exposed part (JobReport::overlap).
+  double rank_exchange_seconds_ = 0, rank_exposed_seconds_ = 0;
   JobReport report_;
   std::map<std::string, std::string> kv_;  // the collectives bootstrap of this generation
   // The core's actions not yet carried out, and the lease they wait for; stopped() once this

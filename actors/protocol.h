@@ -74,6 +74,9 @@ struct StepDone {
   double step_seconds = 0;
   double collective_seconds = 0;
   uint64_t collective_bytes = 0;
+  // StepOutcome's: the overlapped exchange's time in flight and the part of it left exposed.
+  double exchange_seconds = 0;
+  double exposed_seconds = 0;
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -92,6 +95,7 @@ struct ArmKill {
   int64_t step = 0;
   int32_t signal = 0;
   int32_t fault_kind = 0;  // the FaultKind this carries out (for the rank's fault_fired event)
+  int32_t point = 0;       // the train::StepPoint it strikes at
 };
 struct AskFinal {
   uint64_t generation = 0;
@@ -136,7 +140,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
   return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
            x.final_params_crc32c, x.num_params, x.generations, x.final_world, x.recovery_seconds,
-           x.steps_lost, x.tokens_per_second, x.bubble);
+           x.steps_lost, x.tokens_per_second, x.bubble, x.overlap);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
@@ -155,7 +159,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
            x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds,
-           x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes);
+           x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes, x.exchange_seconds,
+           x.exposed_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {
@@ -171,7 +176,7 @@ typename Inspector::result_type inspect(Inspector& f, RankEpoch& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ArmKill& x) {
-  return f(caf::meta::type_name("troupe.ArmKill"), x.step, x.signal, x.fault_kind);
+  return f(caf::meta::type_name("troupe.ArmKill"), x.step, x.signal, x.fault_kind, x.point);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AskFinal& x) {

@@ -63,6 +63,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   report.final_params_crc32c = 0x12345678;
   report.num_params = 262144;
   report.generations = 3;
+  report.overlap = 0.625;
   report.final_world = 4;
   report.recovery_seconds = 0.125;
   report.steps_lost = 1;
@@ -71,12 +72,14 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   RoundTrip(ConfigureRank{7, plan, {}}, "troupe.ConfigureRank");
   RoundTrip(RankConfigured{7, "n1/w0", err}, "troupe.RankConfigured");
   RoundTrip(RunStep{7, 41}, "troupe.RunStep");
-  RoundTrip(StepDone{7, 41, "n1/w0", WireStatus{}, {4, 5}, {3.141592653589793, 2.5e-9}, 0.75},
-            "troupe.StepDone");
+  StepDone done{7, 41, "n1/w0", WireStatus{}, {4, 5}, {3.141592653589793, 2.5e-9}, 0.75};
+  done.exchange_seconds = 0.125;
+  done.exposed_seconds = 0.03125;
+  RoundTrip(done, "troupe.StepDone");
   RoundTrip(CommitRank{7, 40}, "troupe.CommitRank");
   RoundTrip(AbortBelow{8}, "troupe.AbortBelow");
   RoundTrip(RankEpoch{8, 1795710704042661}, "troupe.RankEpoch");
-  RoundTrip(ArmKill{41, 9, 2}, "troupe.ArmKill");
+  RoundTrip(ArmKill{41, 9, 2, 1}, "troupe.ArmKill");
   RoundTrip(AskFinal{7}, "troupe.AskFinal");
   RoundTrip(ShardWritten{7, 40, 2, info, err}, "troupe.ShardWritten");
   RoundTrip(FinalParams{7, 0x12345678, 262144, 60}, "troupe.FinalParams");

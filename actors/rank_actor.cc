@@ -147,13 +147,15 @@ class RankState {
     o.schedule = spec_.schedule;
     o.pipeline = spec_.pipeline_schedule;
     o.collective.timeout = spec_.timeouts.collective;
+    o.bucket_bytes = int64_t{spec_.bucket_kib} << 10;
     o.on_serve = [this](int64_t step, int32_t k) {
       serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_));
     };
-    o.on_exchange = [this](int64_t step) {
-      if (kill_at_step_.load() != step) return;
-      // Chaos: die like kill -9 (or hang like a stopped process) in the middle of the gradient
-      // exchange, after writing down when (the coordinator measures recovery from at_ns).
+    o.on_point = [this](int64_t step, train::StepPoint point) {
+      if (kill_at_step_.load() != step || kill_point_.load() != static_cast<int32_t>(point)) return;
+      // Chaos: die like kill -9 (or hang like a stopped process) in the middle of the step (its
+      // gradient exchange or its parameters' share under way), after writing down when (the
+      // coordinator measures recovery from at_ns).
       const int sig = kill_signal_.load();
       base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
       e.generation = gen_;
@@ -161,6 +163,7 @@ class RankState {
       e.signal = sig;
       e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
           .Set("step", step)
+          .Set("point", train::StepPointName(point))
           .Set("rank", rank_->rank())
           .Set("at_ns", absl::ToUnixNanos(absl::Now()));
       train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
@@ -201,9 +204,10 @@ class RankState {
     cv_.notify_all();
   }
 
-  void ArmKill(int64_t step, int32_t sig, int32_t fault_kind) {
+  void ArmKill(int64_t step, int32_t sig, int32_t fault_kind, int32_t point) {
     kill_signal_.store(sig == SIGSTOP ? SIGSTOP : SIGKILL);
     kill_fault_.store(fault_kind);
+    kill_point_.store(point);
     kill_at_step_.store(step);
   }
 
@@ -306,6 +310,8 @@ class RankState {
       done.start_ns = absl::ToUnixNanos(start);
       done.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
       done.collective_seconds = out->collective_seconds;
+      done.exchange_seconds = out->exchange_seconds;
+      done.exposed_seconds = out->exposed_seconds;
       if (comm_ != nullptr) done.collective_bytes = comm_->stats().bytes_sent - sent;
       if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
@@ -405,6 +411,7 @@ class RankState {
   std::atomic<int64_t> kill_at_step_{-1};
   std::atomic<int32_t> kill_signal_{SIGKILL};
   std::atomic<int32_t> kill_fault_{static_cast<int32_t>(train::FaultKind::kKillWorker)};
+  std::atomic<int32_t> kill_point_{static_cast<int32_t>(train::StepPoint::kExchange)};
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::shared_ptr<DeviceComm> device_;  // a model in GPU memory only
@@ -457,7 +464,7 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
               st->Post(
                   m.generation, [st, m] { st->NewEpoch(m.epoch); }, /*always=*/true);
             },
-            [st](const ArmKill& m) { st->ArmKill(m.step, m.signal, m.fault_kind); },
+            [st](const ArmKill& m) { st->ArmKill(m.step, m.signal, m.fault_kind, m.point); },
             [st](const AskFinal& m) {
               st->Post(m.generation, [st, m] { st->Final(m.generation); });
             },

@@ -67,6 +67,7 @@ class Engine : public Communicator {
   void Abort(absl::Status status) override;
   CommStats stats() const override;
   std::string DebugString() const override;
+  bool PeersShareHost() const override { return transport_->CanReadPeers(); }
 
   Transport* transport() { return transport_.get(); }
 

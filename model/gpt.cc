@@ -280,16 +280,20 @@ void GptModel<T>::ZeroGrad() {
 }
 
 template <typename T>
-absl::Status GptModel<T>::Backward(T loss_weight) {
+absl::Status GptModel<T>::Backward(T loss_weight, const RangeReady& ready) {
   if (!full_.have_targets) {
     return absl::FailedPreconditionError("Backward: the last Forward had no targets");
   }
-  return RunBackward(full_, {0, config_.num_layers}, loss_weight, nullptr, /*embed_wte=*/true);
+  return RunBackward(full_, {0, config_.num_layers}, loss_weight, nullptr, /*embed_wte=*/true,
+                     ready);
 }
 
 template <typename T>
 absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_weight,
-                                      const T* d_output, bool embed_wte) {
+                                      const T* d_output, bool embed_wte, const RangeReady& ready) {
+  auto report = [&ready](int64_t begin, int64_t end) {
+    if (ready) ready(begin, end);
+  };
   const bool first = range.first(), last = range.last(config_.num_layers);
   if (last && !a.have_targets) {
     return absl::FailedPreconditionError("Backward: the last Forward had no targets");
@@ -313,6 +317,7 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
     k::LayerNormBackward(dresidual_.data(), g + layout_.lnf_w(), g + layout_.lnf_b(), dbtc_.data(),
                          a.residual3.data() + top_index * bt * c, p + layout_.lnf_w(),
                          a.lnf_mean.data(), a.lnf_rstd.data(), bt, c);
+    report(layout_.lnf_w(), layout_.total_size());  // wte's head part waits for the embedding
   } else {
     std::copy(d_output, d_output + bt * c, dresidual_.begin());
   }
@@ -345,10 +350,12 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
     k::LayerNormBackward(dresidual_.data(), g + o.ln1_w, g + o.ln1_b, dbtc_.data(), residual,
                          p + o.ln1_w, a.ln1_mean.data() + i * bt, a.ln1_rstd.data() + i * bt, bt,
                          c);
+    report(o.ln1_w, l + 1 < config_.num_layers ? layout_.block(l + 1).ln1_w : layout_.lnf_w());
   }
   if (first) {
     k::EmbeddingBackward(embed_wte ? g + layout_.wte() : nullptr, g + layout_.wpe(),
                          dresidual_.data(), a.tokens.data(), b, t, c);
+    report(layout_.wte(), layout_.block(0).ln1_w);
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,9 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "troupe/base/status_macros.h"
+
 namespace troupe::model {
 
 void TreeAccumulator::Reset() {
@@ -33,6 +36,23 @@ absl::Status TreeAccumulator::Add(const float* leaf) {
     }
     stack_.back().leaves += right.leaves;
     spare_.push_back(std::move(right.sum));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TreeAccumulator::FinishRangeWith(const float* last_leaf, int64_t begin, int64_t end,
+                                              float* out) const {
+  if (begin < 0 || end > n_ || begin > end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FinishRangeWith: expected 0 <= begin <= end <= ", n_, ", got [", begin, ", ", end, ")"));
+  }
+  // Add merges the new leaf into the equal-sized subtrees below it (left + right each time) and
+  // Finish combines what remains from the right: either way the result is
+  // stack[0] + (stack[1] + (… + (stack[top] + leaf))), one addition per level.
+  const int64_t len = end - begin;
+  TROUPE_RETURN_IF_ERROR(ops_->Copy(out + begin, last_leaf + begin, len));
+  for (auto node = stack_.rbegin(); node != stack_.rend(); ++node) {
+    TROUPE_RETURN_IF_ERROR(ops_->AddInto(out + begin, node->sum.data() + begin, len));
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "troupe/kernels/norm.h"
 
 namespace troupe::model {
@@ -41,6 +46,40 @@ TEST(TreeAccumulatorTest, EmptyGivesZerosAndFinishResets) {
   ASSERT_TRUE(acc.Add(a).ok());
   ASSERT_TRUE(acc.Finish(out.data()).ok());
   EXPECT_EQ(out, (std::vector<float>{1, 2, 3}));
+}
+
+// Finishing the last leaf range by range (as a backward pass completes them) adds the same
+// numbers in the same order as Add then Finish, for every leaf count, and changes nothing.
+TEST(TreeAccumulatorTest, FinishRangeWithGivesAddThenFinishBitsRangeByRange) {
+  constexpr int64_t kN = 10;
+  for (int leaves = 1; leaves <= 9; ++leaves) {
+    std::vector<std::vector<float>> values(leaves, std::vector<float>(kN));
+    for (int l = 0; l < leaves; ++l) {
+      for (int64_t i = 0; i < kN; ++i) {
+        values[l][i] = (l + i) % 3 == 0 ? 1e8f : ((l + i) % 3 == 1 ? 3.3f + i : -1e8f);
+      }
+    }
+    TreeAccumulator serial(kN), ranged(kN);
+    for (int l = 0; l + 1 < leaves; ++l) {
+      ASSERT_TRUE(serial.Add(values[l].data()).ok());
+      ASSERT_TRUE(ranged.Add(values[l].data()).ok());
+    }
+    ASSERT_TRUE(serial.Add(values.back().data()).ok());
+    std::vector<float> want(kN), got(kN, -1.0f);
+    ASSERT_TRUE(serial.Finish(want.data()).ok());
+    // Out of order, as a backward pass reports them: the tail first.
+    for (const auto& [b, e] : {std::pair<int64_t, int64_t>{7, 10}, {3, 7}, {0, 3}}) {
+      ASSERT_TRUE(ranged.FinishRangeWith(values.back().data(), b, e, got.data()).ok());
+    }
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * kN)) << leaves << " leaves";
+    EXPECT_EQ(ranged.leaves(), leaves - 1) << "FinishRangeWith changed the accumulator";
+  }
+  TreeAccumulator acc(4);
+  float out[4];
+  const float leaf[4] = {1, 2, 3, 4};
+  const absl::Status bad = acc.FinishRangeWith(leaf, 2, 5, out);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("got [2, 5)"), std::string::npos) << bad;
 }
 
 }  // namespace

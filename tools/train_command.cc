@@ -25,14 +25,15 @@ constexpr char kUsage[] =
     "  --tls_*    the cluster's CA and this driver's certificate and key (`troupe certs`): needed\n"
     "             to submit to a cluster whose head runs with mutual TLS; without --head, the\n"
     "             embedded cluster runs with mutual TLS using these files\n"
-    "  --chaos    inject a fault: kill-worker@S[:R], stop-worker@S[:R], kill-shard-and-buddy@S,\n"
+    "  --chaos    inject a fault: kill-worker@S[:R][:P], stop-worker@S[:R][:P],\n"
+    "             kill-shard-and-buddy@S[:R][:P] (P: mid-exchange, the default, or mid-gather),\n"
     "             sigterm-node@S[:R], join-worker@S, kill-coordinator@S, crash-in-checkpoint@S,\n"
     "             partition-node@S[:R], drop-node@S[:R] (the node's host, for [chaos] "
     "network_fault),\n"
     "             delay-node@S[:R] (packets held [chaos] delay ± jitter),\n"
     "             stall-coordinator@S (its actor blocks for [chaos] stall)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
-    "             generations=<n> tokens_per_s=<x> bubble=<share>' when done\n"
+    "             generations=<n> tokens_per_s=<x> bubble=<share> overlap=<share>' when done\n"
     "Exit status: 0 done, 1 failed, 2 bad spec or flags, 75 preempted (every worker got a\n"
     "preemption notice; the committed step is checkpointed: run the same command to resume).";
 
@@ -79,7 +80,8 @@ void SpecFlags::Register(runtime::ConfigRegistry& config) {
   config.AddString("work_dir", &work_dir, "job directory ([job] work_dir; \"\": the spec's)");
   config.AddString("data_dir", &data_dir,
                    "token shards ([model] data_dir; \"\": the spec's, or <work_dir>/data)");
-  config.AddStringList("chaos", &chaos, "faults to inject, KIND@STEP[:ARG] (added to the spec's)",
+  config.AddStringList("chaos", &chaos,
+                       "faults to inject, KIND@STEP[:ARG][:POINT] (added to the spec's)",
                        [](const std::string& v) {
                          absl::StatusOr<train::Fault> f = train::ParseFault(v);
                          return f.ok() ? std::string() : std::string(f.status().message());
@@ -130,10 +132,10 @@ int RunTrain(const Args& args) {
     std::ofstream out(flags.report_path);
     out << absl::StrFormat(
         "recovery_s=%.6f steps_lost=%d crc32c=%08x steps=%d world=%d generations=%d "
-        "tokens_per_s=%.1f bubble=%.4f\n",
+        "tokens_per_s=%.1f bubble=%.4f overlap=%.4f\n",
         report->recovery_seconds, report->steps_lost, report->final_params_crc32c,
         report->committed_steps, report->final_world, report->generations,
-        report->tokens_per_second, report->bubble);
+        report->tokens_per_second, report->bubble, report->overlap);
   }
   return 0;
 }

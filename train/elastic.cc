@@ -189,12 +189,20 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   StepOutcome out;
   Stopwatch collective;  // restarted before each collective phase
   auto collected = [&] { out.collective_seconds += collective.Seconds(); };
+  if (c.stages == 1 && options_.deterministic) {
+    out.block_size = blocks[c.rank].second - blocks[c.rank].first;
+    TROUPE_RETURN_IF_ERROR(RunOverlappedStep(step, blocks, &out));
+    staged_ = Staged::kStep;
+    staged_state_.CopyPlacementFrom(c);
+    staged_state_.steps = step + 1;
+    return out;
+  }
   if (c.stages == 1) {
     const auto [lo, hi] = blocks[c.rank];
     out.block_size = hi - lo;
-    TROUPE_RETURN_IF_ERROR(AccumulateSubtree(step, lo, hi, &out));
+    TROUPE_RETURN_IF_ERROR(AccumulateSubtree(step, lo, hi, &out, nullptr));
     collective = Stopwatch();
-    TROUPE_RETURN_IF_ERROR(ReduceScatterGradient(step, lo, hi));
+    TROUPE_RETURN_IF_ERROR(ReduceScatterGradient(step));
     collected();
   } else {
     const GridPosition pos = GridPositionOf(c.rank, c.layout.world, c.stages);
@@ -219,44 +227,75 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   return out;
 }
 
-// This rank's subtree of the canonical gradient sum, into partial_.
-absl::Status ElasticRank::AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
-                                            StepOutcome* out) {
+// This rank's subtree of the canonical gradient sum, into partial_: the last microbatch's
+// gradient is finished range by range as the model reports its ranges final, the rest when
+// ComputeGradientReporting returns — the same additions as adding it and finishing the tree.
+absl::Status ElasticRank::AccumulateSubtree(
+    int64_t step, int32_t lo, int32_t hi, StepOutcome* out,
+    const std::function<void(int64_t begin, int64_t end)>& ready) {
   const int64_t n = model_->num_params();
   const int64_t padded = committed_state_.layout.padded();
   if (!acc_) acc_.emplace(n, *ops_);
   acc_->Reset();  // a failed step may have left leaves
+  TROUPE_RETURN_IF_ERROR(ops_->Resize(&partial_, padded));
+  Ranges finished;
+  absl::Status finish;
+  auto finish_range = [&](int64_t b, int64_t e) {
+    if (!finish.ok()) return;
+    const bool overlaps = std::any_of(finished.begin(), finished.end(),
+                                      [&](const auto& r) { return b < r.second && r.first < e; });
+    if (b == e) return;  // nothing reported
+    if (b < 0 || e > n || b > e || overlaps) {
+      finish =
+          absl::InvalidArgumentError(absl::StrCat("the model reported gradient range [", b, ", ", e,
+                                                  ") final: expected a non-empty range "
+                                                  "inside [0, ",
+                                                  n, ") not reported before"));
+      return;
+    }
+    finish = acc_->FinishRangeWith(model_->grads(), b, e, partial_.data());
+    if (!finish.ok()) return;
+    finished.emplace_back(b, e);
+    if (ready) ready(b, e);
+  };
   const Stopwatch schedule;
   for (int32_t k = lo; k < hi; ++k) {
     if (options_.on_serve) options_.on_serve(step, k);
+    const bool last = k + 1 == hi;
     const Stopwatch compute;
-    absl::StatusOr<double> loss = model_->ComputeGradient(step, k);
+    absl::StatusOr<double> loss = model_->ComputeGradientReporting(
+        step, k, last ? Trainable::GradientReady(finish_range) : Trainable::GradientReady());
     out->compute_seconds += compute.Seconds();
     out->schedule_seconds = schedule.Seconds();
     if (!loss.ok()) return loss.status();
+    TROUPE_RETURN_IF_ERROR(finish);
     out->losses.emplace_back(k, *loss);
-    TROUPE_RETURN_IF_ERROR(acc_->Add(model_->grads()));
+    if (!last) TROUPE_RETURN_IF_ERROR(acc_->Add(model_->grads()));
   }
-  TROUPE_RETURN_IF_ERROR(ops_->Resize(&partial_, padded));
-  TROUPE_RETURN_IF_ERROR(acc_->Finish(partial_.data()));
+  // What the model did not report, in flat order.
+  Ranges reported = finished;
+  std::sort(reported.begin(), reported.end());
+  int64_t at = 0;
+  for (const auto& [b, e] : reported) {
+    if (at < b) finish_range(at, b);
+    at = e;
+  }
+  if (at < n) finish_range(at, n);
+  acc_->Reset();
+  TROUPE_RETURN_IF_ERROR(finish);
   return ops_->Fill(partial_.data() + n, padded - n, 0.0f);
 }
 
-// Ordered reduce-scatter: the step gradient of my range, in canonical order, into grad_shard_.
-absl::Status ElasticRank::ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi) {
-  collectives::CollectiveOptions ordered = options_.collective;
-  if (options_.deterministic) {
-    ordered.algorithm = collectives::Algorithm::kOrdered;
-    ordered.interval_lo = static_cast<uint64_t>(lo);
-    ordered.interval_hi = static_cast<uint64_t>(hi);
-  } else {
-    ordered.algorithm = collectives::Algorithm::kAuto;
-  }
+// The communicator's fastest reduce-scatter of the partials (single copy on one host, else the
+// ring): the step gradient of my range into grad_shard_, to float tolerance.
+absl::Status ElasticRank::ReduceScatterGradient(int64_t step) {
+  collectives::CollectiveOptions fast = options_.collective;
+  fast.algorithm = collectives::Algorithm::kAuto;
   // Written whole by the reduce-scatter.
   TROUPE_RETURN_IF_ERROR(ops_->Resize(&grad_shard_, committed_state_.layout.per_rank));
   Work exchange =
-      comm_->ReduceScatter(Buf(partial_), Buf(grad_shard_), collectives::ReduceOp::kSum, ordered);
-  if (options_.on_exchange) options_.on_exchange(step);
+      comm_->ReduceScatter(Buf(partial_), Buf(grad_shard_), collectives::ReduceOp::kSum, fast);
+  if (options_.on_point) options_.on_point(step, StepPoint::kExchange);
   if (absl::Status s = exchange.Wait(); !s.ok()) return Phase("gradient reduce-scatter", s);
   return absl::OkStatus();
 }
@@ -338,12 +377,16 @@ absl::Status ElasticRank::ShareStagedState(int64_t step) {
   }
   absl::Status shared;
   if (c.stages > 1) {
+    // The mirror is on the wire; SendStagedParams posts the parameters and waits.
+    if (options_.on_point) options_.on_point(step, StepPoint::kGather);
     shared = SendStagedParams(step);
   } else {
     // Written whole by the all-gather.
     shared = ops_->Resize(&staged_held_, c.layout.padded());
     if (shared.ok()) {
-      shared = comm_->AllGather(Buf(staged_params_), Buf(staged_held_), options_.collective).Wait();
+      Work gather = comm_->AllGather(Buf(staged_params_), Buf(staged_held_), options_.collective);
+      if (options_.on_point) options_.on_point(step, StepPoint::kGather);
+      shared = gather.Wait();
     }
   }
   const absl::Status mirrored = elastic_internal::WaitAll(mirror);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "troupe/collectives/canonical_combine.h"
 #include "troupe/collectives/communicator.h"
 #include "troupe/model/array_ops.h"
 #include "troupe/train/shard_layout.h"
@@ -43,6 +44,19 @@ inline collectives::Buffer Buf(model::FloatArray& a) {
 inline collectives::Buffer Buf(const model::FloatArray& a) {
   return collectives::Buffer::F32(const_cast<float*>(a.data()), static_cast<size_t>(a.size()));
 }
+
+// The ranks' partials of one flat piece [lo, hi) of an owner's range, by rank (or replica).
+struct ExchangePiece {
+  int64_t lo = 0, hi = 0;
+  std::vector<const float*> partial;
+};
+// Each piece's partials combined by `plan` (the canonical tree over the ranks' microbatch
+// blocks) into shard + (piece.lo - shard_begin); `inner` holds the plan's temporaries, grown as
+// needed and kept for the next call.
+[[nodiscard]] absl::Status CombinePieces(model::ArrayOps* ops, const collectives::CombinePlan& plan,
+                                         const std::vector<ExchangePiece>& pieces, float* shard,
+                                         int64_t shard_begin,
+                                         std::vector<model::FloatArray>* inner);
 
 // Wall time since construction.
 class Stopwatch {

@@ -24,6 +24,8 @@ namespace {
 using collectives::Buffer;
 using collectives::Work;
 using elastic_internal::Buf;
+using elastic_internal::CombinePieces;
+using elastic_internal::ExchangePiece;
 using elastic_internal::kTagExchange;
 using elastic_internal::kTagParamShare;
 using elastic_internal::kTagPipelineBase;
@@ -312,22 +314,20 @@ absl::Status StageSchedule::AddLeaves(const float* tied_grad) {
 
 // A piece of the gradient exchange this rank combines: range [lo, hi) of its shard, and each
 // replica's partial of it.
-struct ExchangePiece {
-  int64_t lo = 0, hi = 0;
-  std::vector<const float*> partial;  // by replica
-};
+}  // namespace
 
-// Each piece's replica partials combined by `plan` (the canonical tree over the replicas'
-// microbatch blocks) into shard + (piece.lo - shard_begin).
+namespace elastic_internal {
+
 absl::Status CombinePieces(model::ArrayOps* ops, const collectives::CombinePlan& plan,
                            const std::vector<ExchangePiece>& pieces, float* shard,
-                           int64_t shard_begin) {
+                           int64_t shard_begin, std::vector<model::FloatArray>* inner) {
   using Kind = collectives::CombineOperand::Kind;
-  std::vector<model::FloatArray> inner(plan.inner);
+  if (inner->size() < static_cast<size_t>(plan.inner)) inner->resize(plan.inner);
   for (const ExchangePiece& piece : pieces) {
     const int64_t len = piece.hi - piece.lo;
-    for (model::FloatArray& t : inner) {
-      TROUPE_RETURN_IF_ERROR(ops->Resize(&t, len));
+    for (int t = 0; t < plan.inner; ++t) {
+      model::FloatArray& a = (*inner)[t];
+      if (a.size() < len) TROUPE_RETURN_IF_ERROR(ops->Resize(&a, len));
     }
     float* output = shard + (piece.lo - shard_begin);
     auto at = [&](const collectives::CombineOperand& o) -> float* {
@@ -335,7 +335,7 @@ absl::Status CombinePieces(model::ArrayOps* ops, const collectives::CombinePlan&
         case Kind::kPartial:
           return const_cast<float*>(piece.partial[o.index]);
         case Kind::kInner:
-          return inner[o.index].data();
+          return (*inner)[o.index].data();
         case Kind::kOutput:
           return output;
         case Kind::kNone:
@@ -355,7 +355,7 @@ absl::Status CombinePieces(model::ArrayOps* ops, const collectives::CombinePlan&
   return absl::OkStatus();
 }
 
-}  // namespace
+}  // namespace elastic_internal
 
 // The exchange's point-to-point moves, the pieces they fill and the buffers they receive into.
 struct ElasticRank::StageExchange {
@@ -436,9 +436,10 @@ absl::Status ElasticRank::ExchangeStageGradients(
   StageExchange exchange;
   TROUPE_RETURN_IF_ERROR(PlanStageExchange(step, pos, &exchange));
   const std::vector<Work> posted = comm_->PostPointToPoint(exchange.moves, options_.collective);
-  if (options_.on_exchange) options_.on_exchange(step);
+  if (options_.on_point) options_.on_point(step, StepPoint::kExchange);
   if (absl::Status s = WaitAll(posted); !s.ok()) return Phase("pipeline gradient exchange", s);
-  return CombinePieces(ops_, plan, exchange.pieces, grad_shard_.data(), b);
+  std::vector<model::FloatArray> inner;
+  return CombinePieces(ops_, plan, exchange.pieces, grad_shard_.data(), b, &inner);
 }
 
 absl::Status ElasticRank::PlanStageExchange(int64_t step, GridPosition pos,

@@ -32,6 +32,7 @@ CoordinatorAction Kill(const Fault& f, const std::string& worker, int32_t signal
   a.step = f.step;
   a.signal = signal;
   a.fault = f.kind;
+  a.point = f.point;
   return a;
 }
 
@@ -81,7 +82,8 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
     case FaultKind::kKillWorker:
     case FaultKind::kStopWorker: {
       const int r = FaultRank(f.arg, world);
-      actions.push_back(Armed(armed.Set("rank", r).Set("worker", t.workers[r]), t.generation));
+      armed.Set("rank", r).Set("worker", t.workers[r]).Set("point", StepPointName(f.point));
+      actions.push_back(Armed(armed, t.generation));
       actions.push_back(
           Kill(f, t.workers[r], f.kind == FaultKind::kStopWorker ? SIGSTOP : SIGKILL));
       break;
@@ -91,6 +93,7 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
       const int buddy = (r + t.buddy) % world;
       armed.Set("rank", r).Set("worker", t.workers[r]);
       armed.Set("buddy_rank", buddy).Set("buddy", t.workers[buddy]);
+      armed.Set("point", StepPointName(f.point));
       actions.push_back(Armed(armed, t.generation));
       actions.push_back(Kill(f, t.workers[r], SIGKILL));
       actions.push_back(Kill(f, t.workers[buddy], SIGKILL));

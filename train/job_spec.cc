@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,8 +52,10 @@ const char* FaultKindName(FaultKind kind) {
 }
 
 std::string Fault::ToString() const {
-  const char* k = FaultKindName(kind);
-  return arg >= 0 ? absl::StrCat(k, "@", step, ":", arg) : absl::StrCat(k, "@", step);
+  std::string out = absl::StrCat(FaultKindName(kind), "@", step);
+  if (arg >= 0) absl::StrAppend(&out, ":", arg);
+  if (point != StepPoint::kExchange) absl::StrAppend(&out, ":", StepPointName(point));
+  return out;
 }
 
 absl::StatusOr<Fault> ParseFault(const std::string& text) {
@@ -73,10 +76,31 @@ absl::StatusOr<Fault> ParseFault(const std::string& text) {
                      absl::StrJoin(names, ", "), ", got '", text, "'"));
   }
   std::vector<std::string> sa = absl::StrSplit(parts[1], ':');
+  // A trailing point names where inside the step a kill strikes.
+  const bool in_step = f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
+                       f.kind == FaultKind::kKillShardAndBuddy;
+  if (sa.size() >= 2 && !sa.back().empty() && !absl::ascii_isdigit(sa.back()[0])) {
+    if (sa.back() == StepPointName(StepPoint::kGather)) {
+      f.point = StepPoint::kGather;
+    } else if (sa.back() != StepPointName(StepPoint::kExchange)) {
+      return absl::InvalidArgumentError(absl::StrCat("fault '", text,
+                                                     "': expected the point mid-exchange or "
+                                                     "mid-gather, got '",
+                                                     sa.back(), "'"));
+    }
+    if (!in_step) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fault '", text, "': a point inside the step (", sa.back(),
+                       ") expected only with kill-worker, stop-worker or kill-shard-and-buddy"));
+    }
+    sa.pop_back();
+  }
   if (sa.size() > 2 || !absl::SimpleAtoi(sa[0], &f.step) || f.step < 0 ||
       (sa.size() == 2 && (!absl::SimpleAtoi(sa[1], &f.arg) || f.arg < 0))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("fault '", text, "': expected STEP (an integer >= 0) and optional :ARG, got '",
+        absl::StrCat("fault '", text,
+                     "': expected STEP (an integer >= 0), optional :ARG and optional :POINT, "
+                     "got '",
                      parts[1], "'"));
   }
   return f;
@@ -142,6 +166,7 @@ void ReadElastic(Section& s, JobSpec& spec) {
   s.Int32("min_workers", &spec.min_workers, 1, 1024);
   s.Int32("max_workers", &spec.max_workers, 1, 1024);
   s.Int32("ranks_per_gpu", &spec.ranks_per_gpu, 1, 64);
+  s.Int32("bucket_kib", &spec.bucket_kib, 0, 1 << 20);
 }
 
 void ReadPipeline(Section& s, JobSpec& spec) {
@@ -350,7 +375,8 @@ std::string JobSpec::ToToml() const {
       "\nmax_grad_norm = ", num(adamw.max_grad_norm), "\nbeta1 = ", num(adamw.beta1),
       "\nbeta2 = ", num(adamw.beta2), "\n\n[elastic]\nworkers = ", workers,
       "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
-      "\nranks_per_gpu = ", ranks_per_gpu, "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\nranks_per_gpu = ", ranks_per_gpu, "\nbucket_kib = ", bucket_kib,
+      "\n\n[pipeline]\nstages = ", pipeline_stages,
       "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),

@@ -1,11 +1,14 @@
 #include "troupe/train/job_spec.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 
 namespace troupe::train {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(JobSpecTest, DefaultsAreTheTinyGptWithFourWorkers) {
   absl::StatusOr<JobSpec> s = ParseJobSpec("", "empty.toml");
@@ -154,6 +157,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[model]\nprecision = \"bf16\"\n",
                 "model.precision: expected \"fp32\" with model.device = \"cpu\""},
         BadCase{"[elastic]\nranks_per_gpu = 0\n", "elastic.ranks_per_gpu: expected"},
+        BadCase{"[elastic]\nbucket_kib = 2000000\n",
+                "elastic.bucket_kib: expected an integer in [0, 1048576], got 2000000"},
         // The GPU path has no pipeline stages: refused here, not at every generation's configure.
         BadCase{"[model]\ndevice = \"cuda\"\n[pipeline]\nstages = 2\n",
                 "pipeline.stages: expected 1 with model.device = \"cuda\" (pipeline stages run "
@@ -172,6 +177,36 @@ TEST(JobSpecTest, PrecisionAndRanksPerGpuAreReadAndRoundTrip) {
   absl::StatusOr<JobSpec> d = ParseJobSpec("", "d.toml");
   EXPECT_EQ(d->model.precision, "fp32");
   EXPECT_EQ(d->ranks_per_gpu, 1);
+}
+
+TEST(JobSpecTest, BucketSizeIsReadAndRoundTrips) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec("[elastic]\nbucket_kib = 64\n", "b.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->bucket_kib, 64);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->bucket_kib, 64);
+  EXPECT_EQ(ParseJobSpec("", "d.toml")->bucket_kib, 0);  // chosen by the link
+}
+
+TEST(FaultTest, APointInsideTheStepIsReadAndRoundTrips) {
+  absl::StatusOr<Fault> gather = ParseFault("kill-worker@5:2:mid-gather");
+  ASSERT_TRUE(gather.ok()) << gather.status();
+  EXPECT_EQ(gather->step, 5);
+  EXPECT_EQ(gather->arg, 2);
+  EXPECT_EQ(gather->point, StepPoint::kGather);
+  EXPECT_EQ(gather->ToString(), "kill-worker@5:2:mid-gather");
+  absl::StatusOr<Fault> exchange = ParseFault("stop-worker@3:mid-exchange");
+  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  EXPECT_EQ(exchange->arg, -1);
+  EXPECT_EQ(exchange->point, StepPoint::kExchange);
+  EXPECT_EQ(exchange->ToString(), "stop-worker@3");  // the default point
+  EXPECT_EQ(ParseFault("kill-shard-and-buddy@4:1:mid-gather")->point, StepPoint::kGather);
+  EXPECT_THAT(std::string(ParseFault("kill-worker@5:1:mid-backward").status().message()),
+              HasSubstr("expected the point mid-exchange or mid-gather, got 'mid-backward'"));
+  EXPECT_THAT(std::string(ParseFault("join-worker@5:mid-gather").status().message()),
+              HasSubstr("expected only with kill-worker, stop-worker or kill-shard-and-buddy"));
+  EXPECT_FALSE(ParseFault("kill-worker@5:1:mid-gather:2").ok());
 }
 
 TEST(FaultTest, Parses) {

@@ -8,6 +8,10 @@
 
 namespace troupe::train {
 
+const char* StepPointName(StepPoint point) {
+  return point == StepPoint::kGather ? "mid-gather" : "mid-exchange";
+}
+
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& text) {
   if (text == "1f1b") return PipelineSchedule::kOneFOneB;
   if (text == "gpipe") return PipelineSchedule::kGPipe;

@@ -41,11 +41,15 @@ class GptTrainable : public Trainable, public StagedTrainable {
 
   // The same arithmetic as model::Trainer::Step for one microbatch: loss weight 1/(M·m·T).
   absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
+    return ComputeGradientReporting(step, k, nullptr);
+  }
+  absl::StatusOr<double> ComputeGradientReporting(int64_t step, int32_t k,
+                                                  const GradientReady& ready) override {
     TROUPE_RETURN_IF_ERROR(data_.Get(step, k, &mb_));
     TROUPE_ASSIGN_OR_RETURN(
         double loss, gpt_.Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len));
     gpt_.ZeroGrad();
-    TROUPE_RETURN_IF_ERROR(gpt_.Backward(LossWeight()));
+    TROUPE_RETURN_IF_ERROR(gpt_.Backward(LossWeight(), ready));
     return loss;
   }
 

@@ -82,6 +82,40 @@ TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights)
   ExpectExactlyOnce("kill");
 }
 
+// The overlapped step (train/elastic_overlap.cc) killed at both of its points: once during the
+// last microbatch's backward pass with gradient pieces on the wire, once with the optimizer partly
+// done and updated parameter pieces on the wire (16 KiB pieces: a few dozen per rank). Each step
+// is abandoned and re-run from memory, and the weights are the fault-free run's with the default
+// pieces: the piece size changes no bit.
+TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
+  const std::string want = Reference();
+  ASSERT_FALSE(want.empty());
+  std::string spec = Slurp(spec_);
+  const size_t at = spec.find("[elastic]\n");
+  ASSERT_NE(at, std::string::npos) << spec;
+  spec.insert(at + 10, "bucket_kib = 16\n");
+  std::ofstream(spec_) << spec;
+  JobRun r = Train("overlap", {"--workers", "4", "--chaos", "kill-worker@4:2:mid-exchange",
+                               "--chaos", "kill-worker@8:1:mid-gather"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& [step, point] :
+       {std::pair<std::string, std::string>{"4", "mid-exchange"}, {"8", "mid-gather"}}) {
+    EXPECT_EQ(FindEvents(Events("overlap"), "fault_fired",
+                         {{"kind", "kill-worker"}, {"step", step}, {"point", point}})
+                  .size(),
+              1u)
+        << EventLogText("overlap");
+    EXPECT_TRUE(HasEvent("overlap", "generation",
+                         {{"trigger", "worker_down"}, {"step", step}, {"source", "mirrors"}}))
+        << EventLogText("overlap");
+  }
+  EXPECT_EQ(r.report.world, 2) << r.output;
+  EXPECT_EQ(r.report.steps, kSteps);
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  ExpectExactlyOnce("overlap");
+}
+
 TEST_F(TrainingTest, StoppedWorkerIsFoundByMissedHeartbeatsFencedAndLeftBehind) {
   const std::string want = Reference();
   // SIGSTOP in the middle of step 7's gradient exchange: alive to the kernel, silent to everyone.

@@ -64,6 +64,10 @@ struct JobReport {
   // The share of the ranks' forward-and-backward time spent waiting (steps after the first):
   // a pipeline's bubble; near 0 for data parallelism.
   double bubble = 0;
+  // The share of the ranks' gradient exchange and parameter share (steps after the first) that
+  // ran while they computed or stepped the optimizer: the overlapped step's hidden communication.
+  // 0 where nothing overlapped (fast mode, pipeline grids).
+  double overlap = 0;
 };
 
 // The driver's runtime unless told otherwise: no supervision lines on stderr, and a short

@@ -189,6 +189,10 @@ class Communicator {
 
   virtual CommStats stats() const = 0;
   virtual std::string DebugString() const = 0;
+  // Every peer reads this rank's memory at memory speed (one host: shared memory, or one address
+  // space), so fewer, larger messages cost less than on a network. The same answer on every rank
+  // of the group (callers size messages both sides must agree on by it). Default: false.
+  virtual bool PeersShareHost() const { return false; }
 };
 
 // A failure that one peer is to blame for, as this rank saw it first hand (its liveness heartbeats

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -71,8 +72,12 @@ class GptModel {
 
   void ZeroGrad();
   // Accumulates d(loss_weight · Σ losses)/dθ into grads(). FailedPrecondition unless the last
-  // Forward had targets.
-  [[nodiscard]] absl::Status Backward(T loss_weight);
+  // Forward had targets. `ready`, when given, is called with each flat range [begin, end) as soon
+  // as the pass has added everything it adds there — ln_f, then each block from the last to the
+  // first, then the embeddings (wte, whose head part comes first, with wpe): a trainer exchanges
+  // those ranges while the pass goes on.
+  using RangeReady = std::function<void(int64_t begin, int64_t end)>;
+  [[nodiscard]] absl::Status Backward(T loss_weight, const RangeReady& ready = nullptr);
 
   const T* logits() const { return full_.logits.data(); }  // [b, t, vocab_size], last Forward
   const T* losses() const { return full_.losses.data(); }  // [b, t]
@@ -125,7 +130,8 @@ class GptModel {
                                                   const int32_t* tokens, const int32_t* targets,
                                                   const T* input, int b, int t);
   [[nodiscard]] absl::Status RunBackward(Activations& a, StageRange range, T loss_weight,
-                                         const T* d_output, bool embed_wte);
+                                         const T* d_output, bool embed_wte,
+                                         const RangeReady& ready = nullptr);
 
   GptConfig config_;
   ParamLayout layout_;

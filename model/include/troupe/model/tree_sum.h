@@ -33,6 +33,12 @@ class TreeAccumulator {
   // Writes T(0, leaves) to out (zeros if no leaf was added) and resets. After an error the
   // accumulator is reset too (its leaves are dropped).
   [[nodiscard]] absl::Status Finish(float* out);
+  // Elements [begin, end) of what Add(last_leaf) then Finish would write — the same additions
+  // in the same order, bit for bit — into out[begin, end), leaving the accumulator as it was. A
+  // trainer finishes the last leaf range by range as its backward pass completes them (then
+  // calls Reset). out may not alias last_leaf's range.
+  [[nodiscard]] absl::Status FinishRangeWith(const float* last_leaf, int64_t begin, int64_t end,
+                                             float* out) const;
   // Drops the leaves added so far (their buffers are kept for reuse).
   void Reset();
 

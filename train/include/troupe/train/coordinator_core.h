@@ -98,7 +98,7 @@ struct CoordinatorAction {
     kFinal,        // ask `worker` for the final parameters' CRC (every rank of a pipeline grid)
     kReadTable,    // read the head's membership table, then call OnTable
     kTimer,        // call OnTimer(`timer`) after `delay`
-    kKillWorker,   // chaos: `worker` kills itself with `signal` in step `step`'s exchange (`fault`)
+    kKillWorker,   // chaos: `worker` kills itself with `signal` at `point` of step `step` (`fault`)
     kNodeFault,    // chaos: `fault` (sigterm-node, partition-node, drop-node) on `worker`'s node
     kAddNode,      // chaos: a node named `text` with one worker joins
     kCrashSelf,    // chaos: this process dies now (kill-coordinator)
@@ -121,6 +121,7 @@ struct CoordinatorAction {
   int world = 0;
   int32_t signal = 0;
   FaultKind fault = FaultKind::kKillWorker;
+  StepPoint point = StepPoint::kExchange;  // kKillWorker: where in step `step`
   uint64_t timer = 0;
   CoreDuration delay{0};
   double loss = 0;

@@ -6,7 +6,10 @@
 //   1. rank r computes microbatches [lo, hi) of the M — a power-of-two-aligned block, so its local
 //      canonical tree sum is a whole subtree of T(0, M);
 //   2. ordered reduce-scatter keyed by those intervals: rank r receives the step gradient of its
-//      parameter range, combined in canonical tree order (bit-exact for any W);
+//      parameter range, combined in canonical tree order (bit-exact for any W). In deterministic
+//      mode it overlaps the last microbatch's backward pass: each piece of the gradient goes to
+//      its owner as soon as the model reports it final (elastic_overlap.cc, PlanGradientPieces),
+//      and step 4's all-gather goes piece by piece behind AdamW;
 //   3. gradient norm from fixed 4 Ki chunks: each rank's chunk sums are all-gathered and summed
 //      in a fixed tree over the model's real chunks only (padding never enters);
 //   4. AdamW on the range into *staged* buffers; the range's step gradient goes to the buddy
@@ -75,6 +78,20 @@ namespace troupe::train {
 
 // ShardLayout, MicrobatchBlocks, the buddy offsets and the range arithmetic: shard_layout.h.
 
+// One piece of the overlapped exchange: bucket `index` of `owner`'s range, flat [lo, hi).
+struct GradientPiece {
+  int owner = 0;
+  int32_t index = 0;
+  int64_t lo = 0, hi = 0;
+};
+// Each owner's real range [begin, end) ∩ [0, n), cut every bucket_floats from its begin: the
+// pieces in owner order. Every boundary but n is a multiple of the norm's chunk.
+std::vector<GradientPiece> PlanGradientPieces(const ShardLayout& layout, int64_t n,
+                                              int64_t bucket_floats);
+// The bucket in floats for a requested size (<= 0: chosen by the link — 16 MiB when every peer
+// shares this host's memory, else 4 MiB), rounded down to whole norm chunks, at least one.
+int64_t BucketFloats(int64_t bucket_bytes, bool same_host);
+
 // Where the committed state comes from when a generation starts.
 enum class RestoreSource : int32_t { kInit = 0, kMemory = 1, kCheckpoint = 2 };
 
@@ -118,8 +135,14 @@ struct StepOutcome {
   double compute_seconds = 0;
   double schedule_seconds = 0;
   // Waiting on the step's collectives (the gradient exchange, the norm, the share of the new
-  // state), from each one's start to its end.
+  // state), from each one's start to its end — in the overlapped step, from the end of the work
+  // it overlaps.
   double collective_seconds = 0;
+  // The overlapped step: how long the gradient exchange and the parameters' share were in flight
+  // (first piece posted to last piece done), and how much of that no compute or optimizer work
+  // ran beside them. exposed / exchange is the share of communication left on the critical path.
+  double exchange_seconds = 0;
+  double exposed_seconds = 0;
 };
 
 class ElasticRank {
@@ -135,12 +158,15 @@ class ElasticRank {
     model::LrSchedule schedule;
     PipelineSchedule pipeline = PipelineSchedule::kOneFOneB;  // GenerationPlan::stages > 1
     collectives::CollectiveOptions collective;                // timeout; algorithm is set per call
+    // The overlapped exchange's piece size (BucketFloats); <= 0: chosen by the link.
+    int64_t bucket_bytes = 0;
     // Called for every (step, microbatch) as its data is served, before it is computed (on a
     // pipeline, by its first stage).
     std::function<void(int64_t step, int32_t k)> on_serve;
-    // Called once the step's gradient exchange is under way (the reduce-scatter posted, not yet
-    // complete): where chaos kills a rank "in the middle of the exchange".
-    std::function<void(int64_t step)> on_exchange;
+    // Called at each StepPoint of a step: once its gradient exchange is under way (posted, not
+    // complete), and once the share of its updated parameters is — where chaos kills a rank in
+    // the middle of a step (kill-worker@S:R:mid-exchange, :mid-gather).
+    std::function<void(int64_t step, StepPoint point)> on_point;
   };
 
   ElasticRank(Trainable* model, Options options);
@@ -225,12 +251,19 @@ class ElasticRank {
   };
   enum class Staged { kNone, kStep, kConfig };
   struct StageExchange;  // elastic_stages.cc
+  class OverlappedStep;  // elastic_overlap.cc
 
   // ---- The data-parallel step (elastic.cc): RunStep's phases, in order; each fills the buffers
-  // the next one reads.
-  [[nodiscard]] absl::Status AccumulateSubtree(int64_t step, int32_t lo, int32_t hi,
-                                               StepOutcome* out);
-  [[nodiscard]] absl::Status ReduceScatterGradient(int64_t step, int32_t lo, int32_t hi);
+  // the next one reads. AccumulateSubtree calls `ready` (if set) for each range of partial_ as it
+  // becomes final: during the last microbatch's backward pass where the model reports progress.
+  [[nodiscard]] absl::Status AccumulateSubtree(
+      int64_t step, int32_t lo, int32_t hi, StepOutcome* out,
+      const std::function<void(int64_t begin, int64_t end)>& ready);
+  // Deterministic mode: steps 1–4 overlapped (elastic_overlap.cc).
+  [[nodiscard]] absl::Status RunOverlappedStep(
+      int64_t step, const std::vector<std::pair<int32_t, int32_t>>& blocks, StepOutcome* out);
+  // Fast (non-deterministic) mode: the communicator's fastest reduce-scatter.
+  [[nodiscard]] absl::Status ReduceScatterGradient(int64_t step);
   [[nodiscard]] absl::StatusOr<double> GlobalGradNorm();
   [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
   [[nodiscard]] absl::Status ShareStagedState(int64_t step);
@@ -302,6 +335,8 @@ class ElasticRank {
   // The step's scratch: this rank's subtree of the gradient (data parallelism), the step gradient
   // of its range, and its updated range (data parallelism: the all-gather's input).
   model::FloatArray partial_, grad_shard_, staged_params_;
+  // The overlapped exchange's receives: every other rank's partial of my range, by rank.
+  model::FloatArray exchange_recv_;
   // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
   // microbatch.
   std::optional<model::TreeAccumulator> acc_;

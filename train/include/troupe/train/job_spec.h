@@ -7,7 +7,8 @@
 //                [model.options] free-form strings for user models
 //   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers,
-//                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU)
+//                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU),
+//                bucket_kib (the overlapped gradient exchange's pieces; 0: chosen by the link)
 //   [pipeline]   stages (pipeline stages asked for: each generation's grid takes the divisor of
 //                its world closest to it, see ChooseStages; 1 with device "cuda"), schedule
 //                ("1f1b" or "gpipe")
@@ -39,13 +40,15 @@
 
 namespace troupe::train {
 
-// An injected fault: `kind`@`step`[:`arg`].
-//   kill-worker@S[:R]        the process of rank R (default 1) kills itself with SIGKILL in the
-//                            middle of step S's gradient exchange
-//   stop-worker@S[:R]        the same with SIGSTOP: a hung process, found by missed heartbeats
+// An injected fault: `kind`@`step`[:`arg`][:`point`].
+//   kill-worker@S[:R][:P]    the process of rank R (default 1) kills itself with SIGKILL in the
+//                            middle of step S: P = mid-exchange (the default: its gradient
+//                            exchange under way) or mid-gather (the updated parameters' share
+//                            under way, the optimizer partly done)
+//   stop-worker@S[:R][:P]    the same with SIGSTOP: a hung process, found by missed heartbeats
 //                            and fenced (SIGKILL) by its node
-//   kill-shard-and-buddy@S   rank 1 and its buddy (rank 1 + the generation's buddy offset) are
-//                            killed together at step S
+//   kill-shard-and-buddy@S[:R][:P]  rank R (default 1) and its buddy (R + the generation's
+//                            buddy offset) are killed together in step S
 //   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
 //   join-worker@S            a node with one more worker joins before step S
 //   kill-coordinator@S       the coordinator's process is killed before step S
@@ -85,6 +88,7 @@ struct Fault {
   FaultKind kind = FaultKind::kKillWorker;
   int64_t step = 0;
   int32_t arg = -1;
+  StepPoint point = StepPoint::kExchange;  // the kinds that kill inside a step
   std::string ToString() const;
 };
 [[nodiscard]] absl::StatusOr<Fault> ParseFault(const std::string& text);
@@ -136,6 +140,11 @@ struct JobSpec {
   // bytes between them over sockets on loopback: small jobs on one big GPU, the elastic path on a
   // one-GPU machine (SharedGpuEnvironment).
   int32_t ranks_per_gpu = 1;
+  // The deterministic step sends the gradient in pieces of this many KiB (whole 16 KiB norm
+  // chunks) as the backward pass finishes them, and gathers the parameters in pieces behind
+  // AdamW (ElasticRank::Options::bucket_bytes); 0: the rank chooses by its link (16 MiB on one
+  // host, 4 MiB across hosts).
+  int32_t bucket_kib = 0;
 
   int32_t pipeline_stages = 1;  // 1: data parallelism only
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;

@@ -128,6 +128,21 @@ class Trainable {
   // Overwrites grads() with the gradient of microbatch k's share of step `step`'s loss and
   // returns that microbatch's mean loss.
   [[nodiscard]] virtual absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) = 0;
+  // ComputeGradient, reporting the backward pass's progress: `ready(begin, end)` as soon as
+  // grads()[begin, end) holds its final value for the microbatch (the GPT: ln_f, each block from
+  // the last to the first, then the embeddings), so that the trainer exchanges those ranges while
+  // the pass goes on. Ranges are disjoint and may leave parts unreported; on a device, final
+  // means enqueued on the model's stream (array_ops() orders what follows after it). The ranges
+  // and their order must depend on the model alone — not on the step, k or the data: every rank
+  // posts its exchange in that order, and a backend that runs point-to-point operations in issue
+  // order (NCCL) would deadlock on ranks that differ. The default reports nothing: the trainer
+  // takes the whole gradient as final when the call returns.
+  using GradientReady = std::function<void(int64_t begin, int64_t end)>;
+  [[nodiscard]] virtual absl::StatusOr<double> ComputeGradientReporting(
+      int64_t step, int32_t k, const GradientReady& ready) {
+    (void)ready;
+    return ComputeGradient(step, k);
+  }
   // Tokens (or samples) one microbatch holds: what tokens/s counts.
   virtual int64_t tokens_per_microbatch() const = 0;
   // For checkpoint manifests: the GPT's config, absent for other models.

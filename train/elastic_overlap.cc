@@ -1,0 +1,349 @@
+// ElasticRank's data-parallel step with its communication hidden behind compute (deterministic
+// mode; docs/ARCHITECTURE.md, "The training step"):
+//
+//   backward of the last microbatch:  ▓▓▓ln_f▓▓▓ block L-1 ▓▓▓ … ▓▓▓ block 0 ▓▓▓ embeddings ▓▓▓
+//   gradient pieces to their owners:        ▒▒▒▒▒          ▒▒▒▒▒         ▒▒▒▒▒            ▒▒▒▒▒
+//   owners combine as pieces arrive:            ░░              ░░            ░░              ░░
+//   then: buddy mirror ▒ │ norm (chunk sums were summed per piece) │ AdamW piece 0 ▓ piece 1 ▓ …
+//   updated pieces to every rank:                                            ▒▒▒▒▒     ▒▒▒▒▒
+//
+// The flat gradient is cut into pieces: each owner's range in buckets of bucket_floats (a
+// multiple of the norm's 4 Ki chunk). As the model reports ranges of its gradient final
+// (Trainable::ComputeGradientReporting), this rank finishes its canonical subtree of those ranges
+// (TreeAccumulator::FinishRangeWith: the bits of the serial sum) and sends each piece they
+// complete to its owner at once; the owner combines the ranks' partials of a piece in the
+// canonical tree (the plan every ordered reduce-scatter runs) as soon as all arrive, and sums
+// its norm chunks there. The norm needs every rank's chunks, so AdamW waits for it (clipping is
+// global); then each piece of the range is updated and sent to every rank while the next piece
+// is being updated.
+//
+// Order: every rank posts the same groups in the same order — a piece's group when the
+// model's reports complete it (the same reports on every rank), then the mirror, then the
+// all-gather's rounds — so a backend whose point-to-point operations run in issue order (NCCL)
+// cannot deadlock. Bits: which piece travels when changes no addition, so deterministic mode is
+// bit-identical for any bucket size and world size.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "elastic_internal.h"
+#include "troupe/base/status_macros.h"
+#include "troupe/collectives/canonical_combine.h"
+#include "troupe/kernels/norm.h"
+#include "troupe/model/optimizer.h"
+#include "troupe/train/elastic.h"
+
+namespace troupe::train {
+namespace {
+
+using collectives::Buffer;
+using collectives::Work;
+using elastic_internal::ExchangePiece;
+using elastic_internal::kTagExchange;
+using elastic_internal::kTagParamShare;
+using elastic_internal::kTagPipelineBase;
+using elastic_internal::Phase;
+using elastic_internal::StepTagBits;
+using elastic_internal::Stopwatch;
+using elastic_internal::WaitAll;
+using P2P = collectives::Communicator::PointToPoint;
+
+constexpr int64_t kChunk = kernels::kNormChunk;
+// Shared memory moves a piece in a fraction of the time a network does, so there fewer, larger
+// pieces cost less per-message overhead; across hosts smaller ones start the wire sooner.
+constexpr int64_t kSameHostBucketBytes = 16 << 20, kNetworkBucketBytes = 4 << 20;
+
+}  // namespace
+
+int64_t BucketFloats(int64_t bucket_bytes, bool same_host) {
+  if (bucket_bytes <= 0) bucket_bytes = same_host ? kSameHostBucketBytes : kNetworkBucketBytes;
+  const int64_t floats = bucket_bytes / static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(kChunk, floats / kChunk * kChunk);
+}
+
+std::vector<GradientPiece> PlanGradientPieces(const ShardLayout& layout, int64_t n,
+                                              int64_t bucket_floats) {
+  std::vector<GradientPiece> pieces;
+  for (int owner = 0; owner < layout.world; ++owner) {
+    const int64_t b = layout.begin(owner), e = std::min(layout.end(owner), n);
+    for (int32_t j = 0; b + j * bucket_floats < e; ++j) {
+      pieces.push_back({owner, j, b + j * bucket_floats, std::min(e, b + (j + 1) * bucket_floats)});
+    }
+  }
+  return pieces;
+}
+
+// One overlapped step's exchange: the pieces, what has been posted and combined, the works in
+// flight. Lives for one RunStep; the buffers it fills are ElasticRank's.
+class ElasticRank::OverlappedStep {
+ public:
+  OverlappedStep(ElasticRank* r, int64_t step,
+                 const std::vector<std::pair<int32_t, int32_t>>& blocks)
+      : r_(*r), c_(r->committed_state_), step_(step), blocks_(blocks) {}
+
+  absl::Status Run(int32_t lo, int32_t hi, StepOutcome* out);
+
+ private:
+  absl::Status Prepare();
+  // The model reported partial_[begin, end) final: post every piece that completes.
+  void Ready(int64_t begin, int64_t end);
+  void PostPiece(size_t i);
+  // Combines my pieces whose partials have all arrived (all of them, waiting, with `wait`).
+  absl::Status CombineArrived(bool wait);
+  absl::Status CombinePiece(size_t i);
+  absl::Status PostMirror();
+  absl::StatusOr<double> Norm();
+  absl::Status UpdateAndGather(double grad_norm);
+  // After a failure with operations in flight: they must not outlive the buffers they fill.
+  absl::Status Fail(absl::Status s);
+
+  ElasticRank& r_;
+  const RankState& c_;
+  const int64_t step_;
+  const std::vector<std::pair<int32_t, int32_t>>& blocks_;
+  int64_t b_ = 0, e_ = 0;  // my range
+  collectives::CombinePlan plan_;
+  std::vector<GradientPiece> pieces_;
+  std::vector<int64_t> missing_;       // by piece: elements not yet reported final
+  std::vector<std::vector<Work>> in_;  // by piece: my pieces' receives / others' sends
+  std::vector<char> combined_;         // by piece (mine)
+  std::vector<double> chunk_sums_;     // my range's norm chunks
+  std::vector<Work> sends_, mirror_, gather_;
+  std::vector<model::FloatArray> inner_;  // the combine's temporaries
+  absl::Status error_;                    // the first failure of a Ready callback
+  bool posted_any_ = false;
+  Stopwatch step_clock_;
+  double first_post_ = -1;
+};
+
+absl::Status ElasticRank::OverlappedStep::Prepare() {
+  const ShardLayout& layout = c_.layout;
+  const int world = layout.world;
+  b_ = layout.begin(c_.rank);
+  e_ = layout.end(c_.rank);
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  for (const auto& [lo, hi] : blocks_) intervals.emplace_back(lo, hi);
+  TROUPE_ASSIGN_OR_RETURN(plan_, collectives::PlanCanonicalCombine(intervals));
+  const int64_t n = r_.model_->num_params();
+  const bool same_host = r_.comm_->PeersShareHost();
+  pieces_ = PlanGradientPieces(layout, n, BucketFloats(r_.options_.bucket_bytes, same_host));
+  if (pieces_.size() >= (size_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: ", pieces_.size(),
+                                                   " gradient pieces, expected fewer than 2^20"));
+  }
+  missing_.clear();
+  for (const GradientPiece& p : pieces_) missing_.push_back(p.hi - p.lo);
+  in_.assign(pieces_.size(), {});
+  combined_.assign(pieces_.size(), 0);
+  chunk_sums_.assign(static_cast<size_t>(layout.per_rank / kChunk), 0.0);
+  model::ArrayOps* ops = r_.ops_;
+  const int64_t padded = layout.padded(), per_rank = layout.per_rank;
+  TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.partial_, padded));
+  TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.grad_shard_, per_rank));
+  TROUPE_RETURN_IF_ERROR(
+      ops->Resize(&r_.exchange_recv_, std::max<int64_t>(1, (world - 1) * per_rank)));
+  // My range's padding: no piece covers it.
+  return ops->Fill(r_.grad_shard_.data() + (e_ - b_), per_rank - (e_ - b_), 0.0f);
+}
+
+void ElasticRank::OverlappedStep::Ready(int64_t begin, int64_t end) {
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const int64_t lo = std::max(begin, pieces_[i].lo), hi = std::min(end, pieces_[i].hi);
+    if (lo >= hi) continue;
+    missing_[i] -= hi - lo;
+    if (missing_[i] == 0) PostPiece(i);
+  }
+  if (error_.ok()) error_ = CombineArrived(/*wait=*/false);
+}
+
+void ElasticRank::OverlappedStep::PostPiece(size_t i) {
+  const GradientPiece& p = pieces_[i];
+  const uint32_t tag =
+      kTagPipelineBase | kTagExchange | StepTagBits(step_) | static_cast<uint32_t>(i);
+  std::vector<P2P> moves;
+  const int world = c_.layout.world, me = c_.rank;
+  if (p.owner != me) {
+    moves.push_back({P2P::Kind::kSend,
+                     Buffer::F32(r_.partial_.data() + p.lo, static_cast<size_t>(p.hi - p.lo)),
+                     p.owner, tag});
+  } else {
+    for (int d = 0; d < world; ++d) {
+      if (d == me) continue;
+      float* slot = r_.exchange_recv_.data() + (d < me ? d : d - 1) * c_.layout.per_rank;
+      moves.push_back({P2P::Kind::kRecv,
+                       Buffer::F32(slot + (p.lo - b_), static_cast<size_t>(p.hi - p.lo)), d, tag});
+    }
+  }
+  if (first_post_ < 0) first_post_ = step_clock_.Seconds();
+  std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+  if (p.owner == me) {
+    in_[i] = std::move(works);
+  } else {
+    sends_.insert(sends_.end(), works.begin(), works.end());
+  }
+  if (!posted_any_) {
+    posted_any_ = true;
+    if (r_.options_.on_point) r_.options_.on_point(step_, StepPoint::kExchange);
+  }
+}
+
+absl::Status ElasticRank::OverlappedStep::CombineArrived(bool wait) {
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (pieces_[i].owner != c_.rank || combined_[i] || missing_[i] > 0) continue;
+    const bool arrived =
+        std::all_of(in_[i].begin(), in_[i].end(), [](const Work& w) { return w.IsDone(); });
+    if (!arrived && !wait) continue;
+    if (absl::Status s = WaitAll(in_[i]); !s.ok()) return Phase("gradient exchange", s);
+    TROUPE_RETURN_IF_ERROR(CombinePiece(i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
+  const GradientPiece& p = pieces_[i];
+  const int world = c_.layout.world, me = c_.rank;
+  ExchangePiece piece{p.lo, p.hi, std::vector<const float*>(world, nullptr)};
+  for (int d = 0; d < world; ++d) {
+    piece.partial[d] = d == me ? r_.partial_.data() + p.lo
+                               : r_.exchange_recv_.data() +
+                                     (d < me ? d : d - 1) * c_.layout.per_rank + (p.lo - b_);
+  }
+  TROUPE_RETURN_IF_ERROR(
+      elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, r_.grad_shard_.data(), b_, &inner_));
+  TROUPE_ASSIGN_OR_RETURN(std::vector<double> sums,
+                          r_.ops_->RangeChunkSquareSums(r_.grad_shard_.data() + (p.lo - b_), p.lo,
+                                                        p.hi, r_.model_->num_params()));
+  std::copy(sums.begin(), sums.end(), chunk_sums_.begin() + (p.lo - b_) / kChunk);
+  combined_[i] = 1;
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::OverlappedStep::PostMirror() {
+  if (c_.layout.world == 1) return absl::OkStatus();
+  TROUPE_RETURN_IF_ERROR(r_.ops_->Resize(&r_.mirror_grad_, c_.layout.per_rank));
+  std::vector<P2P> moves;
+  elastic_internal::AddRangeMirror(c_.layout, c_.rank, c_.buddy, r_.grad_shard_.data(),
+                                   r_.mirror_grad_.data(), elastic_internal::kTagMirrorGrad,
+                                   &moves);
+  mirror_ = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ElasticRank::OverlappedStep::Norm() {
+  std::vector<double> all(chunk_sums_.size() * c_.layout.world, 0.0);
+  // Doubles travel as pairs of f32 words: an all-gather only copies bytes.
+  Buffer mine = Buffer::F32(reinterpret_cast<float*>(chunk_sums_.data()), chunk_sums_.size() * 2);
+  Buffer every = Buffer::F32(reinterpret_cast<float*>(all.data()), all.size() * 2);
+  if (absl::Status s = r_.host_comm_->AllGather(mine, every, r_.options_.collective).Wait();
+      !s.ok()) {
+    return Phase("gradient-norm all-gather", s);
+  }
+  all.resize((r_.model_->num_params() + kChunk - 1) / kChunk);
+  return model::GradNormFromChunks(all);
+}
+
+// AdamW piece by piece into staged_held_ (the whole model's staged parameters), each piece sent to
+// every rank as soon as it is updated; round j carries piece j of every owner's range.
+absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
+  model::ArrayOps* ops = r_.ops_;
+  RankState& staged = r_.staged_state_;
+  const int64_t per_rank = c_.layout.per_rank;
+  r_.staged_scalars_ =
+      model::StepScalars(r_.options_.adamw, r_.options_.schedule, step_, grad_norm);
+  r_.staged_params_ = model::FloatArray();
+  for (model::FloatArray* a : {&staged.m, &staged.v}) {
+    TROUPE_RETURN_IF_ERROR(ops->Resize(a, per_rank));
+  }
+  TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.staged_held_, c_.layout.padded()));
+  TROUPE_RETURN_IF_ERROR(ops->Copy(staged.m.data(), c_.m.data(), per_rank));
+  TROUPE_RETURN_IF_ERROR(ops->Copy(staged.v.data(), c_.v.data(), per_rank));
+  const int world = c_.layout.world, me = c_.rank;
+  int32_t rounds = 0;
+  for (const GradientPiece& p : pieces_) rounds = std::max(rounds, p.index + 1);
+  for (int32_t j = 0; j < rounds; ++j) {
+    std::vector<P2P> moves;
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const GradientPiece& p = pieces_[i];
+      if (p.index != j) continue;
+      const uint32_t tag =
+          kTagPipelineBase | kTagParamShare | StepTagBits(step_) | static_cast<uint32_t>(i);
+      float* params = r_.staged_held_.data() + p.lo;
+      const Buffer buf = Buffer::F32(params, static_cast<size_t>(p.hi - p.lo));
+      if (p.owner != me) {
+        moves.push_back({P2P::Kind::kRecv, buf, p.owner, tag});
+        continue;
+      }
+      const int64_t at = p.lo - b_;
+      for (absl::Status s :
+           {ops->Copy(params, r_.model_->params() + p.lo, p.hi - p.lo),
+            ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params,
+                                  r_.grad_shard_.data() + at, staged.m.data() + at,
+                                  staged.v.data() + at, r_.options_.adamw, r_.staged_scalars_)}) {
+        if (!s.ok()) return s;
+      }
+      for (int d = 0; d < world; ++d) {
+        if (d != me) moves.push_back({P2P::Kind::kSend, buf, d, tag});
+      }
+    }
+    std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+    gather_.insert(gather_.end(), works.begin(), works.end());
+    if (j == 0 && r_.options_.on_point) r_.options_.on_point(step_, StepPoint::kGather);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::OverlappedStep::Fail(absl::Status s) {
+  std::vector<Work> all = sends_;
+  for (const auto& v : {mirror_, gather_}) all.insert(all.end(), v.begin(), v.end());
+  for (const auto& v : in_) all.insert(all.end(), v.begin(), v.end());
+  if (std::any_of(all.begin(), all.end(), [](const Work& w) { return !w.IsDone(); })) {
+    // This step is over on this rank: the communicator's generation cannot finish it either.
+    r_.comm_->Abort(s);
+    (void)WaitAll(all);
+  }
+  return s;
+}
+
+absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcome* out) {
+  TROUPE_RETURN_IF_ERROR(Prepare());
+  absl::Status s =
+      r_.AccumulateSubtree(step_, lo, hi, out, [this](int64_t b, int64_t e) { Ready(b, e); });
+  if (s.ok()) s = error_;
+  if (!s.ok()) return Fail(s);
+  // Everything not reported is final now (ComputeGradientReporting returned).
+  const double compute_end = step_clock_.Seconds();
+  if (absl::Status c = CombineArrived(/*wait=*/true); !c.ok()) return Fail(c);
+  if (absl::Status w = WaitAll(sends_); !w.ok()) return Fail(Phase("gradient exchange", w));
+  const double exchanged = step_clock_.Seconds();
+  if (first_post_ >= 0) {
+    out->exchange_seconds += exchanged - first_post_;
+    out->exposed_seconds += exchanged - compute_end;
+  }
+  if (absl::Status m = PostMirror(); !m.ok()) return Fail(m);
+  const Stopwatch norm_clock;
+  absl::StatusOr<double> norm = Norm();
+  if (!norm.ok()) return Fail(norm.status());
+  out->grad_norm = *norm;
+  const double norm_seconds = norm_clock.Seconds();
+  const double update_start = step_clock_.Seconds();
+  if (absl::Status u = UpdateAndGather(*norm); !u.ok()) return Fail(u);
+  const double updated = step_clock_.Seconds();
+  const absl::Status gathered = WaitAll(gather_);
+  const absl::Status mirrored = WaitAll(mirror_);
+  const double shared = step_clock_.Seconds();
+  out->exchange_seconds += shared - update_start;
+  out->exposed_seconds += shared - updated;
+  out->collective_seconds += (exchanged - compute_end) + norm_seconds + (shared - updated);
+  if (!gathered.ok()) return Fail(Phase("parameter all-gather", gathered));
+  if (!mirrored.ok()) return Fail(Phase("buddy mirror", mirrored));
+  return absl::OkStatus();
+}
+
+absl::Status ElasticRank::RunOverlappedStep(int64_t step,
+                                            const std::vector<std::pair<int32_t, int32_t>>& blocks,
+                                            StepOutcome* out) {
+  const auto [lo, hi] = blocks[committed_state_.rank];
+  OverlappedStep overlapped(this, step, blocks);
+  return overlapped.Run(lo, hi, out);
+}
+
+}  // namespace troupe::train
