@@ -273,21 +273,21 @@ bool Engine::PollPointToPoint() {
   return any;
 }
 
-bool Engine::RunOne() {
+Engine::Ran Engine::RunOne() {
   std::unique_lock<SpinLock> l(mu_);
   if (queue_.empty()) {  // nothing queued: progress the pending point-to-point requests
     l.unlock();
-    if (p2p_.empty()) return false;
-    if (!PollPointToPoint()) std::this_thread::yield();
+    if (p2p_.empty()) return Ran::kNothing;
+    const bool any = PollPointToPoint();
     PublishP2p();
-    return true;
+    return any ? Ran::kProgress : Ran::kIdlePoll;
   }
   Item item = queue_.pop_front();
   const absl::Status failed = failed_;
   l.unlock();
   if (!failed.ok()) {
     Complete(item, failed);
-    return true;
+    return Ran::kProgress;
   }
   OpContext c;
   c.t = transport_.get();
@@ -302,7 +302,7 @@ bool Engine::RunOne() {
       p2p_.emplace_back(*id, std::move(item));
       has_p2p_ = true;
     }
-    return true;
+    return Ran::kProgress;
   }
   absl::Status st = Execute(c, item);
   if (!st.ok()) {
@@ -312,12 +312,29 @@ bool Engine::RunOne() {
   Complete(item, st);
   if (!p2p_.empty()) PollPointToPoint();
   PublishP2p();
-  return true;
+  return Ran::kProgress;
 }
 
 void Engine::Help(const Work::State* target) {
+  // Waiting on peers backs off as the transports' waits do: a few yields, then 20 µs naps — a
+  // waiter that only yielded would take the vCPU from the ranks it waits for on a busy host.
+  constexpr int kYieldsBeforeSleep = 4;
+  int idle = 0;
   while (!target->done.HasBeenNotified()) {
-    if (!RunOne()) return;  // the executor thread owns it now; the caller blocks on `done`
+    switch (RunOne()) {
+      case Ran::kNothing:
+        return;  // the executor thread owns it now; the caller blocks on `done`
+      case Ran::kProgress:
+        idle = 0;
+        break;
+      case Ran::kIdlePoll:
+        if (++idle <= kYieldsBeforeSleep) {
+          std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+        break;
+    }
   }
 }
 
@@ -348,7 +365,7 @@ void Engine::Run() {
     } else if (!ex.try_lock()) {
       continue;
     }
-    while (RunOne()) {
+    while (RunOne() != Ran::kNothing) {
       std::lock_guard<SpinLock> l(mu_);
       if (queue_.empty()) break;
     }

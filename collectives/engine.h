@@ -135,8 +135,13 @@ class Engine : public Communicator {
   // the execution lock (helper_->mu).
   void Help(const Work::State* target);
   // Executes one queued operation or polls pending point-to-point requests. Caller holds the
-  // execution lock. Returns false when there was nothing to do.
-  bool RunOne();
+  // execution lock.
+  enum class Ran : uint8_t {
+    kNothing,   // nothing queued, nothing pending
+    kIdlePoll,  // polled pending point-to-point requests; none completed
+    kProgress,  // ran an operation or completed a request
+  };
+  Ran RunOne();
   // Completes finished point-to-point requests; returns true if any completed.
   bool PollPointToPoint();
   void Complete(Item& item, absl::Status st);
