@@ -306,12 +306,17 @@ absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
   const ShardLayout& layout = committed_state_.layout;
   const int64_t b = layout.begin(committed_state_.rank), e = layout.end(committed_state_.rank);
   const int64_t chunks_per_rank = layout.per_rank / kChunk;
-  std::vector<double> mine(chunks_per_rank, 0.0), all(chunks_per_rank * layout.world, 0.0);
+  std::vector<double> mine(chunks_per_rank, 0.0);
   if (e > b) {
     TROUPE_ASSIGN_OR_RETURN(std::vector<double> sums,
                             ops_->RangeChunkSquareSums(grad_shard_.data(), b, e, n));
     std::copy(sums.begin(), sums.end(), mine.begin());
   }
+  return GradNormFromChunkSums(mine);
+}
+
+absl::StatusOr<double> ElasticRank::GradNormFromChunkSums(std::vector<double>& mine) {
+  std::vector<double> all(mine.size() * committed_state_.layout.world, 0.0);
   // Doubles travel as pairs of f32 words: an all-gather only copies bytes.
   if (absl::Status s =
           host_comm_
@@ -322,7 +327,7 @@ absl::StatusOr<double> ElasticRank::GlobalGradNorm() {
       !s.ok()) {
     return Phase("gradient-norm all-gather", s);
   }
-  all.resize(CeilDiv(n, kChunk));
+  all.resize(CeilDiv(model_->num_params(), kChunk));
   return model::GradNormFromChunks(all);
 }
 

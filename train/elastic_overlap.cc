@@ -229,16 +229,7 @@ absl::Status ElasticRank::OverlappedStep::PostMirror() {
 }
 
 absl::StatusOr<double> ElasticRank::OverlappedStep::Norm() {
-  std::vector<double> all(chunk_sums_.size() * c_.layout.world, 0.0);
-  // Doubles travel as pairs of f32 words: an all-gather only copies bytes.
-  Buffer mine = Buffer::F32(reinterpret_cast<float*>(chunk_sums_.data()), chunk_sums_.size() * 2);
-  Buffer every = Buffer::F32(reinterpret_cast<float*>(all.data()), all.size() * 2);
-  if (absl::Status s = r_.host_comm_->AllGather(mine, every, r_.options_.collective).Wait();
-      !s.ok()) {
-    return Phase("gradient-norm all-gather", s);
-  }
-  all.resize((r_.model_->num_params() + kChunk - 1) / kChunk);
-  return model::GradNormFromChunks(all);
+  return r_.GradNormFromChunkSums(chunk_sums_);
 }
 
 // AdamW piece by piece into staged_held_ (the whole model's staged parameters), each piece sent to

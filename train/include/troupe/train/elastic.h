@@ -265,6 +265,9 @@ class ElasticRank {
   // Fast (non-deterministic) mode: the communicator's fastest reduce-scatter.
   [[nodiscard]] absl::Status ReduceScatterGradient(int64_t step);
   [[nodiscard]] absl::StatusOr<double> GlobalGradNorm();
+  // The norm from every rank's chunk sums of its range (`mine`: this rank's, per_rank / 4 Ki of
+  // them), gathered over the host communicator and summed in the fixed tree.
+  [[nodiscard]] absl::StatusOr<double> GradNormFromChunkSums(std::vector<double>& mine);
   [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
   [[nodiscard]] absl::Status ShareStagedState(int64_t step);
 
