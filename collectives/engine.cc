@@ -247,6 +247,10 @@ void Engine::FailOp(absl::Status st) {
   transport_->Fail(sticky);
   for (auto& [id, item] : p2p_) Complete(item, sticky);
   p2p_.clear();
+  // Nothing is pending now, also for the executor thread: a stale "pending" kept it polling an
+  // empty list, and its loop never let Shutdown join it (a point-to-point post that failed while
+  // others were in flight hung the communicator's destructor).
+  PublishP2p();
 }
 
 bool Engine::PollPointToPoint() {

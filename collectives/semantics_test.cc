@@ -4,12 +4,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "algorithms.h"
+#include "engine.h"
 #include "test_util.h"
 #include "troupe/collectives/inprocess.h"
 
@@ -194,6 +200,85 @@ TEST(Failure, DeadlineIsTheLastResort) {
   o.timeout = absl::Milliseconds(20);
   absl::Status st = comms[0]->AllReduce(Buffer::F32(v), Buffer::F32(v), ReduceOp::kSum, o).Wait();
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
+}
+
+// A transport whose peer never answers: posts stay pending until it fails, and the post after
+// fail_next_post fails it, as UCX does when a send meets a dead peer's endpoint.
+class SilentPeerTransport : public Transport {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  absl::StatusOr<ReqId> PostSend(int, uint64_t, const void*, size_t) override { return Post(); }
+  absl::StatusOr<ReqId> PostRecv(int, uint64_t, void*, size_t) override { return Post(); }
+  absl::Status WaitAll(absl::Span<const ReqId>, absl::Time) override { return failure(); }
+  absl::StatusOr<bool> Test(ReqId) override {
+    if (absl::Status f = failure(); !f.ok()) return f;
+    return false;
+  }
+  void CancelAll() override {}
+  void Fail(absl::Status status) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (failed_.ok()) failed_ = std::move(status);
+  }
+  void* Scratch(int, size_t bytes) override {
+    scratch_.resize(bytes);
+    return scratch_.data();
+  }
+  std::atomic<int> posts{0};
+  std::atomic<bool> fail_next_post{false};
+
+ private:
+  absl::Status failure() {
+    std::lock_guard<std::mutex> l(mu_);
+    return failed_;
+  }
+  absl::StatusOr<ReqId> Post() {
+    if (absl::Status f = failure(); !f.ok()) return f;
+    if (fail_next_post.exchange(false)) {
+      Fail(absl::UnavailableError("collectives: peer rank 1 is gone (its endpoint failed)"));
+      return failure();
+    }
+    return static_cast<ReqId>(++posts);
+  }
+  std::mutex mu_;
+  absl::Status failed_;
+  std::vector<uint8_t> scratch_;
+};
+
+// A receive is in flight when a send's post fails the transport: both fail with the transport's
+// status, and the communicator is destroyed at once (its executor thread once kept polling the
+// emptied list of pending operations, and the destructor waited on it forever: a rank's next
+// generation never started after a peer host lost power).
+TEST(Failure, APostThatFailsTheTransportReleasesPendingOpsAndDestructionReturns) {
+  auto transport = std::make_unique<SilentPeerTransport>();
+  SilentPeerTransport* t = transport.get();
+  auto engine = std::make_unique<Engine>(std::move(transport), 0, "silent");
+  std::vector<float> in(16, 1.0f), out(16, 0.0f);
+  CollectiveOptions o;
+  o.timeout = absl::InfiniteDuration();  // only the failure can end the receive
+  Work recv = engine->Recv(Buffer::F32(out.data(), out.size()), 1, 7, o);
+  // The executor thread posts it (a queued operation nobody waits for is its after a poll).
+  for (int i = 0; i < 5000 && t->posts.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(t->posts.load(), 1) << "the receive was never posted";
+  t->fail_next_post = true;
+  absl::Status sent = engine->Send(Buffer::F32(in.data(), in.size()), 1, 8, o).Wait();
+  EXPECT_TRUE(absl::IsUnavailable(sent)) << sent;
+  absl::Status received = recv.Wait();
+  EXPECT_TRUE(absl::IsUnavailable(received)) << received;
+  EXPECT_TRUE(absl::StrContains(received.message(), "rank 1 is gone")) << received;
+  auto destroyed = std::make_shared<std::promise<void>>();
+  std::future<void> done = destroyed->get_future();
+  std::thread([e = engine.release(), destroyed] {
+    delete e;
+    destroyed->set_value();
+  }).detach();
+  if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "destroying the communicator did not return within 20 s";
+    fflush(stdout);
+    std::_Exit(1);  // the destructor's thread cannot be stopped; the test cannot go on
+  }
 }
 
 TEST(Validation, NamesTheFieldAndExpectedVersusGot) {

@@ -4,15 +4,28 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 namespace troupe::model::testing {
 
+// Removed with everything in it when the test program exits.
 inline std::string MakeTempDir() {
+  static std::vector<std::string> made;  // NOLINT: lives until exit, as the directories do
   std::string tmpl = "/tmp/troupe_model_test_XXXXXX";
-  return std::string(::mkdtemp(tmpl.data()));
+  if (::mkdtemp(tmpl.data()) == nullptr) return "/nonexistent-mkdtemp-failed";
+  if (made.empty()) {
+    std::atexit([] {
+      std::error_code ec;
+      for (const std::string& d : made) std::filesystem::remove_all(d, ec);
+    });
+  }
+  made.push_back(tmpl);
+  return tmpl;
 }
 
 inline std::string ReadBytes(const std::string& path) {

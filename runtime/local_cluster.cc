@@ -190,6 +190,8 @@ LocalCluster::~LocalCluster() {
     kill(head_pid_, SIGTERM);
     waitpid(head_pid_, nullptr, 0);
   }
+  std::error_code ec;  // nothing is left in /tmp: the port files, the head's store
+  std::filesystem::remove_all(dir_, ec);
 }
 
 }  // namespace troupe::runtime

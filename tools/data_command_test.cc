@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -20,9 +21,26 @@ int RunTroupe(const std::string& args) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// A fresh directory, removed with everything in it when the test ends.
+class ScopedDir {
+ public:
+  ScopedDir() {
+    char tmpl[] = "/tmp/troupe_tools_test_XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~ScopedDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 TEST(DataPrepareCommandTest, WritesTokenizerAndShards) {
-  char tmpl[] = "/tmp/troupe_tools_test_XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  const ScopedDir scoped;
+  const std::string& dir = scoped.path();
   {
     std::ofstream in(dir + "/a.txt");
     for (int i = 0; i < 60; ++i) in << "A fortune about cats, number " << i << ".\n%\n";
@@ -49,8 +67,8 @@ int RunTroupeEnv(const std::string& env, const std::string& args, std::string* o
 }
 
 TEST(DataPrepareCommandTest, OptionsComeFromTroupeVariablesThroughTheConfigRegistry) {
-  char tmpl[] = "/tmp/troupe_tools_test_XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  const ScopedDir scoped;
+  const std::string& dir = scoped.path();
   {
     std::ofstream in(dir + "/a.txt");
     for (int i = 0; i < 60; ++i) in << "A fortune about cats, number " << i << ".\n%\n";

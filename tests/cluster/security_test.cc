@@ -72,6 +72,10 @@ class SecurityTest : public ::testing::Test {
     absl::Status b = GenerateClusterCertificates(dir_ + "/b", {"node"});
     ASSERT_TRUE(b.ok()) << b;
   }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
 
   void SetUp() override {
     LocalCluster::Options o;

@@ -321,7 +321,7 @@ class LocalCluster {
   // Sends `sig` to node `name`'s agent and, for SIGKILL/SIGTERM, reaps it.
   void SignalNode(const std::string& name, int sig);
   // Where the head's, node agents' and workers' stdout/stderr go: cluster.log_dir (a private
-  // temporary directory when that is empty).
+  // temporary directory when that is empty, removed with the cluster as the rest of it is).
   std::string LogDir() const;
 
  private:
