@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -37,12 +38,14 @@ std::string LocalCluster::LogDir() const {
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(Options options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->options_ = std::move(options);
-  char tmpl[] = "/tmp/troupe-cluster-XXXXXX";
-  if (!mkdtemp(tmpl)) return absl::UnavailableError("mkdtemp failed");
+  std::error_code ec;
+  std::string tmpl = (std::filesystem::temp_directory_path(ec) / "troupe-cluster-XXXXXX").string();
+  if (ec || !mkdtemp(tmpl.data())) {
+    return absl::UnavailableError(absl::StrCat("mkdtemp(", tmpl, "): ", std::strerror(errno)));
+  }
   c->dir_ = tmpl;
   // The head's and node agents' logs sit beside the workers' (<log_dir>), where an operator
   // looks: they hold the membership changes and every reaped worker's process_exit event.
-  std::error_code ec;
   std::filesystem::create_directories(c->LogDir(), ec);
   TROUPE_RETURN_IF_ERROR(c->StartHead(0));
   if (c->options_.keep_head) c->keeper_ = std::thread([raw = c.get()] { raw->KeepHead(); });

@@ -36,6 +36,10 @@ struct SpecFlags {
   [[nodiscard]] absl::StatusOr<train::JobSpec> Make() const;
 };
 
+// troupe chaos run [--spec FILE] [--trials N] [--seed S] [--faults LIST] ... (random fault
+// schedules against the job, invariants checked, failures shrunk; chaos_command.cc)
+int RunChaosCommand(const Args& args);
+
 // troupe sim spot --trace FILE [--mix OD:SPOT,...] [--measure]
 int RunSim(const Args& args);
 

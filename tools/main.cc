@@ -31,6 +31,11 @@ constexpr Command kCommands[] = {
      "job submit|list|status|logs|wait|stop|trace|plot ... --head HOST:P   (jobs that run on "
      "the cluster; `troupe job --help`)",
      RunJob},
+    {"chaos",
+     "chaos run [--spec job.toml] [--trials N] [--seed S] [--faults LIST] [--max-faults K] "
+     "[--report DIR]   (random fault schedules against the job, invariants checked, failures "
+     "shrunk; `troupe chaos run --help`)",
+     RunChaosCommand},
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
     {"sim",
      "sim spot --trace FILE [--mix OD:SPOT,...] [--measure]   (goodput and cost of spot mixes "

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -76,39 +75,6 @@ std::vector<SupervisionEvent> FindEvents(const std::vector<SupervisionEvent>& ev
     if (match) out.push_back(e);
   }
   return out;
-}
-
-std::string ExactlyOnceDefects(const std::string& work_dir, int steps, int microbatches) {
-  std::map<std::pair<int64_t, int64_t>, std::multiset<int>> served;  // (step, gen) → k
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(work_dir + "/serve", ec)) {
-    std::istringstream in(Slurp(e.path()));
-    int64_t s, k, g;
-    while (in >> s >> k >> g) served[{s, g}].insert(static_cast<int>(k));
-  }
-  std::multiset<int> want;
-  for (int k = 0; k < microbatches; ++k) want.insert(k);
-  std::string defects;
-  std::istringstream commits(Slurp(work_dir + "/commits.log"));
-  std::map<int64_t, int> committed;
-  int64_t s, g;
-  while (commits >> s >> g) {
-    ++committed[s];
-    const std::multiset<int>& got = served[std::make_pair(s, g)];
-    if (got != want) {
-      absl::StrAppend(&defects, "step ", s, " generation ", g, ": ", got.size(), " of ",
-                      microbatches, " microbatches served once for the committed run\n");
-    }
-  }
-  for (int64_t step = 0; step < steps; ++step) {
-    if (committed[step] != 1) {
-      absl::StrAppend(&defects, "step ", step, " committed ", committed[step], " times\n");
-    }
-  }
-  if (committed.size() != static_cast<size_t>(steps)) {
-    absl::StrAppend(&defects, committed.size(), " distinct steps committed, want ", steps, "\n");
-  }
-  return defects;
 }
 
 namespace fs = std::filesystem;

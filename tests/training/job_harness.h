@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/actors/job_audit.h"
 #include "troupe/base/events.h"
 
 namespace troupe::testing {
@@ -38,10 +39,7 @@ std::string FieldOf(const SupervisionEvent& e, const std::string& key);
 std::vector<SupervisionEvent> FindEvents(const std::vector<SupervisionEvent>& events,
                                          const std::string& name, const Fields& fields = {});
 
-// Every committed (step, generation) of the job in `work_dir` was served exactly once per
-// microbatch, and every step 0..steps-1 was committed exactly once. "" when so, else what is
-// wrong (one line per defect).
-std::string ExactlyOnceDefects(const std::string& work_dir, int steps, int microbatches);
+using actors::ExactlyOnceDefects;  // the product's audit (troupe/actors/job_audit.h)
 
 // What a `troupe train` run left: its exit code (-1: killed after its timeout), its output and
 // its report.

@@ -1,0 +1,530 @@
+// troupe chaos run: random fault schedules against a user's job, every trial's invariants
+// checked, a failing schedule shrunk to a smallest one that still fails, and a report.
+//
+// Each trial is a `troupe train` process of this binary (its own embedded cluster, its own
+// TMPDIR) on the job spec with the drawn faults, in <report>/trial-<n>. A fault-free reference
+// run first gives the weights every trial must end with (deterministic mode).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "commands.h"
+#include "nlohmann/json.hpp"
+#include "troupe/actors/job_audit.h"
+#include "troupe/base/events.h"
+#include "troupe/train/chaos_schedule.h"
+#include "troupe/train/job_events.h"
+
+namespace troupe::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kUsage[] =
+    "usage: troupe chaos run [--spec FILE.toml] [--trials N] [--seed S] [--faults LIST]\n"
+    "                        [--max-faults K] [--report DIR] [--shrink-budget N] [--continuous]\n"
+    "                        [--invariant CMD] [--workers N] [--steps N] [--data_dir DIR]\n"
+    "  Runs the job once without faults (the reference weights), then N trials, each with a\n"
+    "  schedule of 1..K faults drawn from the seed (kinds from --faults; default: every kind that\n"
+    "  acts on one machine). After each trial it checks: exit status 0; the final weights equal\n"
+    "  the reference's (deterministic mode); every committed step's microbatches served exactly\n"
+    "  once; no committed step lost beyond what the faults allow; each recovery within its bound\n"
+    "  (a kill: 1 s, a stop: the liveness timeout + 1 s, a coordinator: 5 s); no process or\n"
+    "  temporary file left behind; and --invariant CMD (run with TROUPE_CHAOS_WORK_DIR, exit 0 =\n"
+    "  holds). A failing schedule is shrunk (faults removed, moved earlier) to a smallest one "
+    "that\n"
+    "  still fails, printed as the `troupe train` command that reproduces it.\n"
+    "  Report: <report>/report.json, a table on stdout, an SVG timeline per failing trial.\n"
+    "Exit status: 0 every invariant held, 1 some failed, 2 bad spec or flags.";
+
+std::atomic<bool> g_stop{false};
+
+struct ChaosFlags {
+  SpecFlags spec;
+  int64_t trials = 20, seed = 1, max_faults = 3, shrink_budget = 20;
+  std::string faults, report_dir = "troupe-chaos", invariant;
+  bool continuous = false;
+  runtime::Duration trial_timeout = std::chrono::minutes(10);
+
+  void Register(runtime::ConfigRegistry& config) {
+    spec.Register(config);
+    config.AddInt("trials", &trials, "trials to run", runtime::AtLeast(1));
+    config.AddInt("seed", &seed, "the seed every schedule is drawn from", runtime::AtLeast(0));
+    config.AddString("faults", &faults,
+                     "fault kinds to draw from, comma-separated (\"\": every kind that acts on "
+                     "one machine)");
+    config.AddInt("max-faults", &max_faults, "faults per trial: 1..K", runtime::InRange(1, 32));
+    config.AddString("report", &report_dir, "where the trials, report.json and timelines go");
+    config.AddInt("shrink-budget", &shrink_budget,
+                  "runs a failing schedule's shrinking may take (0: no shrinking)",
+                  runtime::AtLeast(0));
+    config.AddBool("continuous", &continuous,
+                   "draw trials until stopped (SIGINT/SIGTERM), a line per trial: a soak");
+    config.AddString("invariant", &invariant,
+                     "a command that must exit 0 after each trial (sh -c; "
+                     "TROUPE_CHAOS_WORK_DIR is the trial's directory)");
+    config.AddDuration("trial_timeout", &trial_timeout, "a trial running longer has failed",
+                       runtime::Positive());
+  }
+};
+
+// What one run of the job gave.
+struct Run {
+  int exit_code = -1;  // -1: timed out (killed)
+  double seconds = 0;
+  std::map<std::string, std::string> report;  // `troupe train --report` fields
+  std::vector<base::SupervisionEvent> events;
+};
+
+struct Failure {
+  std::string invariant, detail;
+};
+
+struct Verdict {
+  std::vector<Failure> failures;
+  std::vector<std::pair<std::string, double>> recoveries;  // fault kind, seconds
+  int64_t steps_lost = -1;
+  bool Held() const { return failures.empty(); }
+  bool FailsAnyOf(const std::vector<Failure>& wanted) const {
+    for (const Failure& f : failures) {
+      for (const Failure& w : wanted) {
+        if (f.invariant == w.invariant) return true;
+      }
+    }
+    return false;
+  }
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Live processes whose command line names `dir` (the trial's roles all carry its log directory).
+std::vector<pid_t> ProcessesUsing(const std::string& dir) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::string cmd = Slurp(e.path().string() + "/cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (absl::StrContains(cmd, dir)) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+class Runner {
+ public:
+  Runner(ChaosFlags flags, train::JobSpec spec, std::string job_toml)
+      : flags_(std::move(flags)), spec_(std::move(spec)), job_toml_(std::move(job_toml)) {}
+
+  // Runs the job with `schedule` in `dir` (emptied first).
+  Run Execute(const std::vector<train::Fault>& schedule, const std::string& dir) const {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir + "/tmp", ec);
+    std::vector<std::string> argv = {"/proc/self/exe", "train", "--spec",   job_toml_,
+                                     "--work_dir",     dir,     "--report", dir + "/report.txt"};
+    for (const train::Fault& f : schedule) argv.insert(argv.end(), {"--chaos", f.ToString()});
+    const auto start = std::chrono::steady_clock::now();
+    Run r;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      setpgid(0, 0);
+      const int out = open((dir + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out >= 0) dup2(out, 1), dup2(out, 2);
+      setenv("TMPDIR", (dir + "/tmp").c_str(), 1);
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    int status = 0;
+    const auto limit = start + flags_.trial_timeout;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > limit) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    r.exit_code = status == -1          ? -1
+                  : WIFEXITED(status)   ? WEXITSTATUS(status)
+                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                        : -1;
+    std::istringstream rep(Slurp(dir + "/report.txt"));
+    for (std::string field; rep >> field;) {
+      const size_t eq = field.find('=');
+      if (eq != std::string::npos) r.report[field.substr(0, eq)] = field.substr(eq + 1);
+    }
+    std::istringstream log(Slurp(train::EventLogPath(dir)));
+    for (std::string line; std::getline(log, line);) {
+      base::SupervisionEvent e;
+      if (base::ParseEvent(line, &e)) r.events.push_back(std::move(e));
+    }
+    return r;
+  }
+
+  // The invariants of a run of `schedule` in `dir`.
+  Verdict Judge(const std::vector<train::Fault>& schedule, const std::string& dir,
+                const Run& r) const {
+    Verdict v;
+    auto fail = [&](const std::string& inv, std::string detail) {
+      v.failures.push_back({inv, std::move(detail)});
+    };
+    if (r.exit_code != 0) {
+      fail("exit", r.exit_code < 0 ? absl::StrCat("timed out after ", r.seconds, " s")
+                                   : absl::StrCat("exit status ", r.exit_code, ", want 0 (",
+                                                  LastLine(dir + "/out.txt"), ")"));
+    }
+    const auto crc = r.report.find("crc32c");
+    if (!reference_crc_.empty() && r.exit_code == 0 &&
+        (crc == r.report.end() || crc->second != reference_crc_)) {
+      fail("weights",
+           absl::StrCat("final weights crc32c ", crc == r.report.end() ? "(none)" : crc->second,
+                        ", the fault-free run's ", reference_crc_));
+    }
+    if (r.exit_code == 0) {
+      const std::string defects =
+          actors::ExactlyOnceDefects(dir, spec_.steps, spec_.model.microbatches);
+      if (!defects.empty()) fail("exactly-once", defects.substr(0, defects.find('\n')));
+      const auto lost = r.report.find("steps_lost");
+      v.steps_lost = lost == r.report.end() ? -1 : std::stoll(lost->second);
+      const int64_t allowed = train::StepsLostAllowed(schedule, spec_.checkpoint_every);
+      if (v.steps_lost > allowed) {
+        fail("steps-lost",
+             absl::StrCat(v.steps_lost, " committed steps lost, the faults allow ", allowed));
+      }
+    }
+    for (const base::SupervisionEvent& e : r.events) {
+      if (e.event != "recovered") continue;
+      const double s = std::stod(e.Field("seconds").empty() ? "0" : e.Field("seconds"));
+      v.recoveries.push_back({e.Field("fault"), s});
+      absl::StatusOr<train::Fault> f = train::ParseFault(e.Field("fault") + "@1");
+      if (!f.ok()) continue;
+      const absl::Duration bound = train::RecoveryBound(f->kind, spec_.timeouts);
+      if (bound > absl::ZeroDuration() && absl::Seconds(s) > bound) {
+        fail("recovery", absl::StrCat(e.Field("fault"), " took ", s, " s to the next commit, ",
+                                      "bound ", absl::FormatDuration(bound)));
+      }
+    }
+    Leftovers(dir, &v);
+    if (!flags_.invariant.empty()) {
+      setenv("TROUPE_CHAOS_WORK_DIR", dir.c_str(), 1);  // the runner has one thread
+      const std::string cmd =
+          absl::StrCat("(", flags_.invariant, ") >'", dir, "/invariant.txt' 2>&1");
+      const int rc = std::system(cmd.c_str());
+      if (rc != 0) {
+        fail("user",
+             absl::StrCat("`", flags_.invariant, "` exited ", WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
+                          " (", dir, "/invariant.txt)"));
+      }
+    }
+    return v;
+  }
+
+  // Shrinks a failing schedule: the first smaller candidate that fails one of the same
+  // invariants replaces it, until none does or the budget is spent. Returns the smallest.
+  std::vector<train::Fault> Shrink(std::vector<train::Fault> schedule, const Verdict& failed,
+                                   const std::string& dir, int* runs) const {
+    *runs = 0;
+    for (bool smaller = true; smaller && *runs < flags_.shrink_budget;) {
+      smaller = false;
+      for (const auto& candidate : train::ShrinkCandidates(schedule)) {
+        if (*runs >= flags_.shrink_budget || g_stop) break;
+        const std::string at = absl::StrCat(dir, "/shrink-", ++*runs);
+        const Run r = Execute(candidate, at);
+        const Verdict v = Judge(candidate, at, r);
+        std::printf("  shrink %d: %s -> %s\n", *runs, train::FormatSchedule(candidate).c_str(),
+                    v.FailsAnyOf(failed.failures) ? "still fails" : "holds");
+        std::fflush(stdout);
+        if (v.FailsAnyOf(failed.failures)) {
+          schedule = candidate;
+          smaller = true;
+          break;
+        }
+      }
+    }
+    return schedule;
+  }
+
+  std::string Reproduce(const std::vector<train::Fault>& schedule) const {
+    std::string cmd = absl::StrCat("troupe train --spec ", job_toml_);
+    for (const train::Fault& f : schedule) absl::StrAppend(&cmd, " --chaos ", f.ToString());
+    return cmd;
+  }
+
+  void set_reference_crc(std::string crc) { reference_crc_ = std::move(crc); }
+
+ private:
+  static std::string LastLine(const std::string& path) {
+    std::istringstream in(Slurp(path));
+    std::string line, last;
+    while (std::getline(in, line)) {
+      if (!line.empty()) last = line;
+    }
+    return last.substr(0, 200);
+  }
+
+  // No process of the trial outlives it (the roles die with the driver: a few seconds' grace),
+  // and its TMPDIR is empty. What is left is killed and removed after it is reported.
+  static void Leftovers(const std::string& dir, Verdict* v) {
+    std::vector<pid_t> left = ProcessesUsing(dir);
+    for (int i = 0; i < 100 && !left.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      left = ProcessesUsing(dir);
+    }
+    if (!left.empty()) {
+      v->failures.push_back({"leftovers", absl::StrCat(left.size(),
+                                                       " process(es) outlived the "
+                                                       "job, e.g. pid ",
+                                                       left[0])});
+      for (pid_t p : left) kill(p, SIGKILL);
+    }
+    std::error_code ec;
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir + "/tmp", ec)) {
+      files.push_back(e.path().filename());
+    }
+    if (!files.empty()) {
+      v->failures.push_back({"leftovers", absl::StrCat("temporary files left in TMPDIR: ",
+                                                       absl::StrJoin(files, " "))});
+    }
+  }
+
+  ChaosFlags flags_;
+  train::JobSpec spec_;
+  std::string job_toml_, reference_crc_;
+};
+
+// A timeline of a run: faults (red), generations (blue), commits (grey), over seconds.
+void WriteTimeline(const std::string& path, const Run& r, const std::string& title) {
+  if (r.events.empty()) return;
+  const auto t0 = r.events.front().wall_time;
+  double end = 0;
+  for (const auto& e : r.events) {
+    end = std::max(end, std::chrono::duration<double>(e.wall_time - t0).count());
+  }
+  const double width = 900, x0 = 110, scale = (width - x0 - 10) / std::max(end, 1e-3);
+  std::ofstream out(path);
+  out << "<svg xmlns='http://www.w3.org/2000/svg' width='" << width
+      << "' height='150' font-family='sans-serif' font-size='11'>\n"
+      << "<text x='5' y='14'>" << title << "</text>\n";
+  const char* rows[] = {"faults", "generations", "commits"};
+  for (int i = 0; i < 3; ++i)
+    out << "<text x='5' y='" << 45 + 35 * i << "'>" << rows[i] << "</text>\n";
+  for (const auto& e : r.events) {
+    const double x = x0 + scale * std::chrono::duration<double>(e.wall_time - t0).count();
+    int row = -1;
+    std::string color, label;
+    if (e.event == "fault_fired" || e.event == "fault_armed") {
+      row = 0, color = "#c0392b", label = e.Field("kind");
+    } else if (e.event == "generation") {
+      row = 1, color = "#2c6fbb",
+      label = "g" + std::to_string(e.generation) + " w" + e.Field("world");
+    } else if (e.event == "step") {
+      row = 2, color = "#888";
+    }
+    if (row < 0) continue;
+    const int y = 30 + 35 * row;
+    out << "<line x1='" << x << "' x2='" << x << "' y1='" << y << "' y2='" << y + 20 << "' stroke='"
+        << color << "'/>\n";
+    if (!label.empty()) {
+      out << "<text x='" << x + 2 << "' y='" << y + 30 << "' fill='" << color << "'>" << label
+          << "</text>\n";
+    }
+  }
+  out << "<text x='" << x0 << "' y='145'>0 s</text><text x='" << width - 60 << "' y='145'>"
+      << absl::StrFormat("%.1f s", end) << "</text>\n</svg>\n";
+}
+
+std::string RecoverySummary(const Verdict& v) {
+  if (v.recoveries.empty()) return "-";
+  std::vector<std::string> parts;
+  for (const auto& [kind, s] : v.recoveries) parts.push_back(absl::StrFormat("%.2f", s));
+  return absl::StrJoin(parts, ",");
+}
+
+// The job as every trial runs it, written to <report>/job.toml: the spec's own faults dropped
+// (the schedules replace them), one prepared corpus for all. Exit status 2 on bad input.
+struct Setup {
+  train::JobSpec spec;
+  std::vector<train::FaultKind> kinds;
+  std::string report, job_toml;
+};
+
+int Prepare(const ChaosFlags& flags, Setup* out) {
+  absl::StatusOr<train::JobSpec> spec = flags.spec.Make();
+  absl::StatusOr<std::vector<train::FaultKind>> kinds =
+      flags.faults.empty() ? train::OneHostFaultKinds() : train::ParseFaultKinds(flags.faults);
+  for (const absl::Status& s : {spec.status(), kinds.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "troupe chaos run: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(flags.report_dir, ec);
+  out->report = fs::absolute(flags.report_dir).lexically_normal();
+  out->kinds = *kinds;
+  out->spec = *spec;
+  out->spec.faults.clear();
+  std::string& data = out->spec.model.data_dir;
+  data = fs::absolute(data.empty() ? out->report + "/data" : data).lexically_normal();
+  out->job_toml = out->report + "/job.toml";
+  std::ofstream(out->job_toml) << out->spec.ToToml();
+  return 0;
+}
+
+// Runs and judges trial `t`; prints its line, shrinks it if it failed; its report entry.
+json RunTrial(const ChaosFlags& flags, const Runner& runner, const train::ChaosDraw& draw,
+              const std::string& report, int64_t t) {
+  const std::vector<train::Fault> schedule =
+      train::DrawSchedule(static_cast<uint64_t>(flags.seed), t, draw);
+  const std::string dir = absl::StrCat(report, "/trial-", t);
+  const Run r = runner.Execute(schedule, dir);
+  const Verdict v = runner.Judge(schedule, dir, r);
+  std::printf("%-6lld %-60s %-8s %-14s %-5lld %.1f\n", static_cast<long long>(t),
+              train::FormatSchedule(schedule).c_str(), v.Held() ? "ok" : "FAILED",
+              RecoverySummary(v).c_str(), static_cast<long long>(v.steps_lost), r.seconds);
+  json row = {{"trial", t},
+              {"seed", flags.seed},
+              {"schedule", train::FormatSchedule(schedule)},
+              {"faults", schedule.size()},
+              {"outcome", v.Held() ? "ok" : "failed"},
+              {"exit_code", r.exit_code},
+              {"steps_lost", v.steps_lost},
+              {"seconds", r.seconds},
+              {"recovery", json::array()},
+              {"failures", json::array()}};
+  for (const auto& [kind, s] : v.recoveries) {
+    row["recovery"].push_back({{"fault", kind}, {"seconds", s}});
+  }
+  for (const Failure& f : v.failures) {
+    row["failures"].push_back({{"invariant", f.invariant}, {"detail", f.detail}});
+    std::printf("       %s: %s\n", f.invariant.c_str(), f.detail.c_str());
+  }
+  std::error_code ec;
+  if (v.Held()) {
+    fs::remove_all(dir, ec);  // its numbers are in the report; 200 trials' checkpoints are not
+  } else {
+    row["dir"] = dir;
+    row["timeline"] = dir + "/timeline.svg";
+    WriteTimeline(dir + "/timeline.svg", r,
+                  absl::StrCat("trial ", t, ": ", train::FormatSchedule(schedule)));
+    int runs = 0;
+    const std::vector<train::Fault> smallest = runner.Shrink(schedule, v, dir, &runs);
+    const std::string cmd = runner.Reproduce(smallest);
+    std::printf("       shrunk in %d runs to %s; reproduce with:\n       %s\n", runs,
+                train::FormatSchedule(smallest).c_str(), cmd.c_str());
+    row["shrunk"] = {{"schedule", train::FormatSchedule(smallest)},
+                     {"faults", smallest.size()},
+                     {"runs", runs},
+                     {"command", cmd}};
+  }
+  std::fflush(stdout);
+  return row;
+}
+
+int RunChaos(const ChaosFlags& flags) {
+  Setup setup;
+  if (int rc = Prepare(flags, &setup); rc != 0) return rc;
+  const train::JobSpec& spec = setup.spec;
+  Runner runner(flags, spec, setup.job_toml);
+  std::printf(
+      "troupe chaos: %s, %lld steps on %d workers; seed %lld, %s trials of 1..%lld "
+      "faults from %zu kinds; report in %s\n",
+      spec.name.c_str(), static_cast<long long>(spec.steps), spec.workers,
+      static_cast<long long>(flags.seed),
+      flags.continuous ? "continuous" : std::to_string(flags.trials).c_str(),
+      static_cast<long long>(flags.max_faults), setup.kinds.size(), setup.report.c_str());
+  std::fflush(stdout);
+  const Run reference = runner.Execute({}, setup.report + "/reference");
+  const auto crc = reference.report.find("crc32c");
+  if (reference.exit_code != 0 || crc == reference.report.end()) {
+    std::fprintf(stderr,
+                 "troupe chaos run: the fault-free reference run failed (exit %d; %s/out.txt)\n",
+                 reference.exit_code, (setup.report + "/reference").c_str());
+    return 1;
+  }
+  if (spec.deterministic) runner.set_reference_crc(crc->second);
+  std::printf("reference: %.1f s, weights crc32c %s%s\n", reference.seconds, crc->second.c_str(),
+              spec.deterministic ? "" : " (not deterministic: weights are not compared)");
+  std::printf("%-6s %-60s %-8s %-14s %-5s %s\n", "trial", "schedule", "outcome", "recovery_s",
+              "lost", "seconds");
+  const train::ChaosDraw draw{setup.kinds,  static_cast<int>(flags.max_faults),
+                              spec.steps,   spec.checkpoint_every,
+                              spec.workers, spec.min_workers};
+  json doc = {
+      {"spec", setup.job_toml},
+      {"seed", flags.seed},
+      {"max_faults", flags.max_faults},
+      {"kinds", json::array()},
+      {"reference_crc32c", crc->second},
+      {"deterministic", spec.deterministic},
+      {"invariants", {"exit", "weights", "exactly-once", "steps-lost", "recovery", "leftovers"}},
+      {"trials", json::array()}};
+  for (train::FaultKind k : setup.kinds) doc["kinds"].push_back(train::FaultKindName(k));
+  if (!flags.invariant.empty()) doc["invariants"].push_back("user");
+  int failed = 0;
+  const auto started = std::chrono::steady_clock::now();
+  for (int64_t t = 0; (flags.continuous || t < flags.trials) && !g_stop; ++t) {
+    doc["trials"].push_back(RunTrial(flags, runner, draw, setup.report, t));
+    failed += doc["trials"].back()["outcome"] == "failed";
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  doc["failed"] = failed;
+  doc["seconds"] = wall;
+  std::ofstream(setup.report + "/report.json") << doc.dump(2) << "\n";
+  std::printf("summary: trials=%zu failed=%d wall_s=%.0f report=%s/report.json\n",
+              doc["trials"].size(), failed, wall, setup.report.c_str());
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int RunChaosCommand(const Args& args) {
+  if (args.empty() || args[0] != "run") {
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  ChaosFlags flags;
+  runtime::ConfigRegistry config;
+  flags.Register(config);
+  if (int rc = runtime::ParseCommandLine("chaos run", kUsage, Args(args.begin() + 1, args.end()),
+                                         config);
+      rc >= 0) {
+    return rc;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_stop = true; };
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  return RunChaos(flags);
+}
+
+}  // namespace troupe::tools

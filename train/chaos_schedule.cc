@@ -1,0 +1,169 @@
+#include "troupe/train/chaos_schedule.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace troupe::train {
+namespace {
+
+// SplitMix64: a fixed, portable sequence of words per (seed, trial).
+class Words {
+ public:
+  Words(uint64_t seed, int64_t trial)
+      : state_(seed * 0x9E3779B97F4A7C15ull ^
+               static_cast<uint64_t>(trial) * 0xD1B54A32D192ED03ull) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // In [lo, hi] (hi >= lo); the modulo's bias is below 2^-40 for the ranges drawn here.
+  int64_t In(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
+  }
+
+ private:
+  uint64_t state_;
+};
+
+bool TargetsARank(FaultKind k) {
+  return k == FaultKind::kKillWorker || k == FaultKind::kStopWorker ||
+         k == FaultKind::kKillShardAndBuddy || k == FaultKind::kSigtermNode ||
+         k == FaultKind::kPartitionNode || k == FaultKind::kDropNode || k == FaultKind::kDelayNode;
+}
+
+bool KillsInAStep(FaultKind k) {
+  return k == FaultKind::kKillWorker || k == FaultKind::kStopWorker ||
+         k == FaultKind::kKillShardAndBuddy;
+}
+
+// Workers a fault takes out of the job for good. A joiner gives none back here: it may be drawn
+// for a step after the kills it would offset.
+int Removes(FaultKind k) {
+  switch (k) {
+    case FaultKind::kKillWorker:
+    case FaultKind::kStopWorker:
+    case FaultKind::kSigtermNode:
+      return 1;
+    case FaultKind::kKillShardAndBuddy:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+std::vector<FaultKind> OneHostFaultKinds() {
+  return {FaultKind::kKillWorker,        FaultKind::kStopWorker,      FaultKind::kKillShardAndBuddy,
+          FaultKind::kSigtermNode,       FaultKind::kJoinWorker,      FaultKind::kKillCoordinator,
+          FaultKind::kCrashInCheckpoint, FaultKind::kStallCoordinator};
+}
+
+absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list) {
+  std::vector<FaultKind> kinds;
+  for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    name = absl::StripAsciiWhitespace(name);
+    absl::StatusOr<Fault> f = ParseFault(absl::StrCat(name, "@1"));
+    if (!f.ok() || FaultKindName(f->kind) != name) {
+      std::vector<std::string> known;
+      for (int k = 0; k <= static_cast<int>(FaultKind::kDelayNode); ++k) {
+        known.push_back(FaultKindName(static_cast<FaultKind>(k)));
+      }
+      return absl::InvalidArgumentError(absl::StrCat("--faults: unknown fault kind '", name,
+                                                     "'; expected one of ",
+                                                     absl::StrJoin(known, ", ")));
+    }
+    if (std::find(kinds.begin(), kinds.end(), f->kind) == kinds.end()) kinds.push_back(f->kind);
+  }
+  if (kinds.empty()) return absl::InvalidArgumentError("--faults: expected a kind, got none");
+  return kinds;
+}
+
+std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& draw) {
+  Words w(seed, trial);
+  std::vector<Fault> out;
+  if (draw.kinds.empty() || draw.steps < 2) return out;
+  const int n = static_cast<int>(w.In(1, std::max(1, draw.max_faults)));
+  int spare = std::max(0, draw.workers - std::max(1, draw.min_workers));
+  const int64_t last_checkpoint =
+      draw.checkpoint_every > 0 ? (draw.steps / draw.checkpoint_every) * draw.checkpoint_every : 0;
+  for (int i = 0; i < n; ++i) {
+    // Kinds the job can still take; a draw of one it cannot is drawn again from the rest.
+    std::vector<FaultKind> open;
+    for (FaultKind k : draw.kinds) {
+      if (Removes(k) > spare) continue;
+      if (k == FaultKind::kCrashInCheckpoint && last_checkpoint < 1) continue;
+      open.push_back(k);
+    }
+    if (open.empty()) break;
+    Fault f;
+    f.kind = open[w.In(0, static_cast<int64_t>(open.size()) - 1)];
+    const int64_t last = f.kind == FaultKind::kCrashInCheckpoint
+                             ? std::min(last_checkpoint, draw.steps - 1)
+                             : draw.steps - 1;
+    f.step = w.In(1, last);
+    f.arg = TargetsARank(f.kind) ? static_cast<int32_t>(w.In(0, draw.workers - 1)) : -1;
+    if (KillsInAStep(f.kind) && w.In(0, 1) == 1) f.point = StepPoint::kGather;
+    spare -= Removes(f.kind);
+    out.push_back(f);
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Fault& a, const Fault& b) { return a.step < b.step; });
+  return out;
+}
+
+std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& schedule) {
+  std::vector<std::vector<Fault>> out;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    std::vector<Fault> fewer = schedule;
+    fewer.erase(fewer.begin() + static_cast<std::ptrdiff_t>(i));
+    out.push_back(std::move(fewer));
+  }
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    if (schedule[i].step <= 1) continue;
+    std::vector<Fault> earlier = schedule;
+    earlier[i].step = 1 + (schedule[i].step - 1) / 2;
+    std::stable_sort(earlier.begin(), earlier.end(),
+                     [](const Fault& a, const Fault& b) { return a.step < b.step; });
+    out.push_back(std::move(earlier));
+  }
+  return out;
+}
+
+std::string FormatSchedule(const std::vector<Fault>& schedule) {
+  if (schedule.empty()) return "(none)";
+  return absl::StrJoin(schedule, " ",
+                       [](std::string* out, const Fault& f) { out->append(f.ToString()); });
+}
+
+int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every) {
+  int64_t allowed = 0;
+  for (const Fault& f : schedule) {
+    if (f.kind == FaultKind::kKillShardAndBuddy)
+      allowed += std::max<int64_t>(0, checkpoint_every - 1);
+  }
+  return allowed;
+}
+
+absl::Duration RecoveryBound(FaultKind kind, const Timeouts& timeouts) {
+  switch (kind) {
+    case FaultKind::kKillWorker:
+    case FaultKind::kKillShardAndBuddy:
+      return absl::Seconds(1);
+    case FaultKind::kStopWorker:
+      return timeouts.liveness + absl::Seconds(1);
+    case FaultKind::kKillCoordinator:
+    case FaultKind::kCrashInCheckpoint:
+      return absl::Seconds(5);
+    default:
+      return absl::ZeroDuration();
+  }
+}
+
+}  // namespace troupe::train

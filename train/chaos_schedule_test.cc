@@ -1,0 +1,106 @@
+// The schedules of `troupe chaos run` (chaos_schedule.h): reproducible from the seed, always
+// survivable by the job, and shrunk toward fewer and earlier faults.
+#include "troupe/train/chaos_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace troupe::train {
+namespace {
+
+ChaosDraw OneHost() {
+  ChaosDraw d;
+  d.kinds = OneHostFaultKinds();
+  d.max_faults = 4;
+  d.steps = 60;
+  d.checkpoint_every = 10;
+  d.workers = 4;
+  d.min_workers = 1;
+  return d;
+}
+
+// The words behind the draws are troupe's own: these schedules are what every machine draws.
+TEST(ChaosScheduleTest, ASeedAndTrialGiveTheSameScheduleEverywhere) {
+  const ChaosDraw d = OneHost();
+  EXPECT_EQ(FormatSchedule(DrawSchedule(1, 0, d)), FormatSchedule(DrawSchedule(1, 0, d)));
+  std::set<std::string> distinct;
+  for (int64_t t = 0; t < 50; ++t) distinct.insert(FormatSchedule(DrawSchedule(1, t, d)));
+  EXPECT_GT(distinct.size(), 45u) << "50 trials drew few distinct schedules";
+  EXPECT_NE(FormatSchedule(DrawSchedule(1, 3, d)), FormatSchedule(DrawSchedule(2, 3, d)));
+}
+
+TEST(ChaosScheduleTest, DrawsStayInsideTheJobAndLeaveItAWorker) {
+  ChaosDraw d = OneHost();
+  d.checkpoint_every = 25;  // checkpoints at 25 and 50: a crash in one falls on or before 50
+  std::set<FaultKind> seen;
+  for (int64_t t = 0; t < 2000; ++t) {
+    const std::vector<Fault> s = DrawSchedule(7, t, d);
+    ASSERT_GE(s.size(), 1u);
+    ASSERT_LE(s.size(), 4u);
+    int removed = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const Fault& f = s[i];
+      seen.insert(f.kind);
+      EXPECT_GE(f.step, 1) << FormatSchedule(s);
+      EXPECT_LE(f.step, 59) << FormatSchedule(s);
+      if (i > 0) {
+        EXPECT_LE(s[i - 1].step, f.step) << FormatSchedule(s);
+      }
+      EXPECT_LT(f.arg, 4) << FormatSchedule(s);
+      if (f.kind == FaultKind::kCrashInCheckpoint) {
+        EXPECT_LE(f.step, 50) << FormatSchedule(s);
+      }
+      removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
+                 : (f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
+                    f.kind == FaultKind::kSigtermNode)
+                     ? 1
+                     : 0;
+    }
+    // A joiner is not counted on: it may come after the kills.
+    EXPECT_LE(removed, 3) << FormatSchedule(s);
+    for (const Fault& f : s) {
+      absl::StatusOr<Fault> again = ParseFault(f.ToString());
+      ASSERT_TRUE(again.ok()) << f.ToString();
+      EXPECT_EQ(again->ToString(), f.ToString());
+    }
+  }
+  EXPECT_EQ(seen.size(), OneHostFaultKinds().size()) << "some kind was never drawn";
+}
+
+TEST(ChaosScheduleTest, ShrinkingTriesEachRemovalThenEachFaultEarlier) {
+  std::vector<Fault> s;
+  for (const char* f : {"join-worker@1", "kill-worker@5:1", "stop-worker@9:2"}) {
+    s.push_back(*ParseFault(f));
+  }
+  std::vector<std::string> got;
+  for (const auto& c : ShrinkCandidates(s)) got.push_back(FormatSchedule(c));
+  EXPECT_EQ(got,
+            (std::vector<std::string>{
+                "kill-worker@5:1 stop-worker@9:2", "join-worker@1 stop-worker@9:2",
+                "join-worker@1 kill-worker@5:1", "join-worker@1 kill-worker@3:1 stop-worker@9:2",
+                "join-worker@1 kill-worker@5:1 stop-worker@5:2"}));
+  EXPECT_TRUE(ShrinkCandidates({}).empty());
+}
+
+TEST(ChaosScheduleTest, OnlyAnOwnerAndItsBuddyTogetherMayLoseSteps) {
+  EXPECT_EQ(StepsLostAllowed({*ParseFault("kill-worker@5"), *ParseFault("stop-worker@9")}, 10), 0);
+  EXPECT_EQ(StepsLostAllowed({*ParseFault("kill-shard-and-buddy@12")}, 10), 9);
+  Timeouts t;
+  EXPECT_EQ(RecoveryBound(FaultKind::kKillWorker, t), absl::Seconds(1));
+  EXPECT_EQ(RecoveryBound(FaultKind::kStopWorker, t), t.liveness + absl::Seconds(1));
+  EXPECT_EQ(RecoveryBound(FaultKind::kJoinWorker, t), absl::ZeroDuration());
+}
+
+TEST(ChaosScheduleTest, AnUnknownKindIsNamedWithTheVocabulary) {
+  absl::StatusOr<std::vector<FaultKind>> k = ParseFaultKinds("kill-worker, explode");
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.status().message().find("'explode'"), std::string::npos) << k.status();
+  EXPECT_NE(k.status().message().find("stop-worker"), std::string::npos) << k.status();
+  k = ParseFaultKinds("kill-worker,stop-worker,kill-worker");
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(k->size(), 2u);
+}
+
+}  // namespace
+}  // namespace troupe::train
