@@ -50,11 +50,6 @@ absl::Status ElasticRank::Configure(collectives::Communicator* comm, const Gener
       staged_state_.steps == plan.committed_steps) {
     Commit();
   }
-#ifdef TROUPE_MUTATION_APPLY_UNCOMMITTED_STEP
-  // The test-only bug (cmake -DTROUPE_MUTATION=apply-uncommitted-step) `troupe chaos run` must
-  // catch: a step this rank staged is applied though the coordinator never committed it.
-  if (staged_ == Staged::kStep) Commit();
-#endif
   Abandon();
   commit_error_ = absl::OkStatus();  // the state is rebuilt from the plan's source
   comm_ = comm;
