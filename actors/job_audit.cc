@@ -1,5 +1,6 @@
 #include "troupe/actors/job_audit.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -11,7 +12,8 @@
 
 namespace troupe::actors {
 
-std::string ExactlyOnceDefects(const std::string& work_dir, int64_t steps, int32_t microbatches) {
+std::string ExactlyOnceDefects(const std::string& work_dir, int64_t steps, int32_t microbatches,
+                               int64_t steps_lost) {
   std::map<std::pair<int64_t, int64_t>, std::multiset<int64_t>> served;  // (step, gen) -> k
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(work_dir + "/serve", ec)) {
@@ -34,10 +36,18 @@ std::string ExactlyOnceDefects(const std::string& work_dir, int64_t steps, int32
                       microbatches, " microbatches served once for the committed run\n");
     }
   }
+  int64_t again = 0;  // commits of a step after its first: the rolled-back steps re-run
   for (int64_t step = 0; step < steps; ++step) {
-    if (committed[step] != 1) {
-      absl::StrAppend(&defects, "step ", step, " committed ", committed[step], " times\n");
+    if (committed[step] == 0) absl::StrAppend(&defects, "step ", step, " never committed\n");
+    again += std::max(0, committed[step] - 1);
+  }
+  if (again != steps_lost) {
+    std::string which;
+    for (const auto& [step, n] : committed) {
+      if (n > 1) absl::StrAppend(&which, which.empty() ? "" : ", ", step, " (", n, " times)");
     }
+    absl::StrAppend(&defects, again, " steps committed again (", which.empty() ? "none" : which,
+                    "), but the job lost ", steps_lost, "\n");
   }
   if (static_cast<int64_t>(committed.size()) != steps) {
     absl::StrAppend(&defects, committed.size(), " distinct steps committed, want ", steps, "\n");

@@ -41,8 +41,19 @@ TEST_F(JobAuditTest, EachDefectIsNamed) {
   Write("commits.log", "0 1\n1 1\n1 1\n");                   // step 1 committed twice
   const std::string d = ExactlyOnceDefects(dir_, 3, 2);
   EXPECT_NE(d.find("step 0 generation 1: 3 of 2 microbatches"), std::string::npos) << d;
-  EXPECT_NE(d.find("step 1 committed 2 times"), std::string::npos) << d;
-  EXPECT_NE(d.find("step 2 committed 0 times"), std::string::npos) << d;
+  EXPECT_NE(d.find("1 steps committed again (1 (2 times)), but the job lost 0"), std::string::npos)
+      << d;
+  EXPECT_NE(d.find("step 2 never committed"), std::string::npos) << d;
+}
+
+// A rollback to step 1's checkpoint re-runs step 1 in generation 2: committed twice, each time
+// served once, as many re-commits as the job says it lost.
+TEST_F(JobAuditTest, StepsReRunAfterARollbackAreTheStepsLost) {
+  Write("serve/n0_w0.log", "0 0 1\n0 1 1\n1 0 1\n1 1 1\n1 0 2\n1 1 2\n");
+  Write("commits.log", "0 1\n1 1\n1 2\n");
+  EXPECT_EQ(ExactlyOnceDefects(dir_, 2, 2, /*steps_lost=*/1), "");
+  EXPECT_NE(ExactlyOnceDefects(dir_, 2, 2, /*steps_lost=*/0).find("1 steps committed again"),
+            std::string::npos);
 }
 
 TEST_F(JobAuditTest, MissingRecordsAreADefect) {

@@ -208,11 +208,11 @@ class Runner {
                         ", the fault-free run's ", reference_crc_));
     }
     if (r.exit_code == 0) {
-      const std::string defects =
-          actors::ExactlyOnceDefects(dir, spec_.steps, spec_.model.microbatches);
-      if (!defects.empty()) fail("exactly-once", defects.substr(0, defects.find('\n')));
       const auto lost = r.report.find("steps_lost");
       v.steps_lost = lost == r.report.end() ? -1 : std::stoll(lost->second);
+      const std::string defects = actors::ExactlyOnceDefects(
+          dir, spec_.steps, spec_.model.microbatches, std::max<int64_t>(0, v.steps_lost));
+      if (!defects.empty()) fail("exactly-once", defects.substr(0, defects.find('\n')));
       const int64_t allowed = train::StepsLostAllowed(schedule, spec_.checkpoint_every);
       if (v.steps_lost > allowed) {
         fail("steps-lost",

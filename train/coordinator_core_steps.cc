@@ -114,8 +114,12 @@ void CoordinatorCore::CommitStep(Actions* out) {
   suspects_.clear();
   blamed_failures_ = 0;
   blamed_generation_ = 0;
-  const int64_t ckpt = CheckpointAt(record_.committed);
-  if (ckpt >= 0) ExpectCheckpoint(ckpt);
+  int64_t ckpt = CheckpointAt(record_.committed);
+  if (ckpt < 0 && checkpoint_owed_) ckpt = record_.committed;
+  if (ckpt >= 0) {
+    checkpoint_owed_ = false;
+    ExpectCheckpoint(ckpt);
+  }
   CoordinatorAction done{Kind::kCommitted};
   done.step = record_.committed;
   done.generation = record_.generation;

@@ -642,6 +642,35 @@ TEST_F(CoordinatorCoreTest, CrashInCheckpointArmsBetweenTheShardsAndTheManifest)
   EXPECT_EQ(core_->record().fired, (std::set<int32_t>{0}));
 }
 
+// Found by `troupe chaos run` (crash-in-checkpoint@20 then kill-shard-and-buddy@24: 14 steps
+// lost where a checkpoint interval allows 9): a coordinator that died committing step 20's
+// checkpoint left no durable one past step 10, and its successor waited for step 30's boundary.
+// It writes one with its first commit instead.
+TEST_F(CoordinatorCoreTest, ARestartAfterACrashInACheckpointCheckpointsItsFirstCommit) {
+  auto o = Opts();
+  o.steps = 40;
+  o.checkpoint_every = 10;
+  CoordinatorRecord r;
+  r.committed = 20;
+  r.generation = 1;
+  r.active = {"a"};
+  latest_ = 10;  // step 20's manifest was written, LATEST not moved: the store's newest is 10
+  Make(o);
+  core_->Restore(r, kT0);
+  Join({"a"});
+  ConfigureAll();
+  EXPECT_EQ(StepAll(), "save commit(a,g2,ck21) committed(s21,g2,w1) step(a,g2,s21)");
+  EXPECT_EQ(StepAll(), "save commit(a,g2,ck-1) committed(s22,g2,w1) step(a,g2,s22)")
+      << "once: then at the boundaries again";
+  // A restart whose store holds the boundary's checkpoint owes none.
+  latest_ = 20;
+  Make(o);
+  core_->Restore(r, kT0);
+  Join({"a"});
+  ConfigureAll();
+  EXPECT_EQ(StepAll(), "save commit(a,g2,ck-1) committed(s21,g2,w1) step(a,g2,s21)");
+}
+
 TEST_F(CoordinatorCoreTest, SigtermNodeDrainsAtTheNextStepBoundary) {
   auto o = Opts();
   o.faults = {F(FaultKind::kSigtermNode, 1)};

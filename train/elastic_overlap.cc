@@ -219,12 +219,12 @@ absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
 
 absl::Status ElasticRank::OverlappedStep::PostMirror() {
   if (c_.layout.world == 1) return absl::OkStatus();
+  TROUPE_RETURN_IF_ERROR(r_.ops_->Resize(&r_.mirror_grad_, c_.layout.per_rank));
 #ifdef TROUPE_MUTATION_SKIP_BUDDY_MIRROR
   // The test-only bug (cmake -DTROUPE_MUTATION=skip-buddy-mirror) `troupe chaos run` must catch:
   // the buddy's mirror never gets its owner's gradient, so a shard restored from it is stale.
   return absl::OkStatus();
 #endif
-  TROUPE_RETURN_IF_ERROR(r_.ops_->Resize(&r_.mirror_grad_, c_.layout.per_rank));
   std::vector<P2P> moves;
   elastic_internal::AddRangeMirror(c_.layout, c_.rank, c_.buddy, r_.grad_shard_.data(),
                                    r_.mirror_grad_.data(), elastic_internal::kTagMirrorGrad,

@@ -12,9 +12,12 @@
 namespace troupe::actors {
 
 // Every committed (step, generation) of the job in `work_dir` was served exactly once per
-// microbatch, and every step 0..steps-1 was committed exactly once. "" when so, else what is
-// wrong (one line per defect).
-std::string ExactlyOnceDefects(const std::string& work_dir, int64_t steps, int32_t microbatches);
+// microbatch, every step 0..steps-1 was committed, and the commits of a step after its first
+// are exactly the `steps_lost` the job reported (steps re-run after a rollback to a checkpoint,
+// when a shard's owner and its buddy died together). "" when so, else what is wrong (one line
+// per defect).
+std::string ExactlyOnceDefects(const std::string& work_dir, int64_t steps, int32_t microbatches,
+                               int64_t steps_lost = 0);
 
 }  // namespace troupe::actors
 

@@ -296,6 +296,7 @@ class CoordinatorCore {
   bool membership_known_ = false;
   std::string recover_why_;                 // what Recover saw, for the generation it leads to
   int64_t last_checkpoint_ = -1;            // newest checkpoint this incarnation committed
+  bool checkpoint_owed_ = false;            // Restore found a boundary without one: the next commit
   uint64_t final_asked_generation_ = 0;     // the final checkpoint was asked again in this one
   uint64_t handover_asked_generation_ = 0;  // a hand-over checkpoint was asked in this one
   bool notice_window_open_ = false;         // a notice's window runs: its drain waits for it
