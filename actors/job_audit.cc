@@ -38,9 +38,10 @@ std::string ExactlyOnceDefects(const std::string& work_dir, int64_t steps, int32
   }
   int64_t again = 0;  // commits of a step after its first: the rolled-back steps re-run
   for (int64_t step = 0; step < steps; ++step) {
-    if (committed[step] == 0) absl::StrAppend(&defects, "step ", step, " never committed\n");
-    again += std::max(0, committed[step] - 1);
+    const auto it = committed.find(step);
+    if (it == committed.end()) absl::StrAppend(&defects, "step ", step, " never committed\n");
   }
+  for (const auto& [step, n] : committed) again += n - 1;
   if (again != steps_lost) {
     std::string which;
     for (const auto& [step, n] : committed) {

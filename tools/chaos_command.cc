@@ -118,63 +118,116 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
-// Live processes whose command line names `dir` (the trial's roles all carry its log directory).
-std::vector<pid_t> ProcessesUsing(const std::string& dir) {
+// The environment variable that marks every process of one trial (the driver, and through it
+// the head, node agents and workers, which inherit it): its value is the trial's directory.
+constexpr char kTrialMarker[] = "TROUPE_CHAOS_TRIAL";
+
+// Live processes other than this one whose environment carries `marker` exactly.
+std::vector<pid_t> MarkedProcesses(const std::string& marker) {
   std::vector<pid_t> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::string cmd = Slurp(e.path().string() + "/cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (absl::StrContains(cmd, dir)) out.push_back(std::stoi(name));
+    int pid = 0;
+    if (!absl::SimpleAtoi(name, &pid) || pid == getpid()) continue;
+    const std::string env = Slurp(e.path().string() + "/environ");
+    for (size_t at = 0; at < env.size();) {
+      const size_t end = std::min(env.find('\0', at), env.size());
+      if (env.compare(at, end - at, marker) == 0) {
+        out.push_back(pid);
+        break;
+      }
+      at = end + 1;
+    }
   }
   return out;
+}
+
+// A child process's end: its exit status, or kTimedOut / kInterrupted / kNotStarted.
+struct Child {
+  static constexpr int kTimedOut = -1, kInterrupted = -2, kNotStarted = -3;
+  int exit_code = kNotStarted;
+  double seconds = 0;
+};
+
+// Runs `argv` with `env` added to this process's environment, in a process group of its own
+// (a terminal's Ctrl-C reaches the runner only), stdout and stderr to `out_path`; killed (its
+// group) after `timeout`, or when the runner is asked to stop.
+Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
+               const std::string& out_path, std::chrono::nanoseconds timeout) {
+  // Everything the child needs is built before fork: it only calls async-signal-safe functions.
+  std::map<std::string, std::string> all;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) all[k] = v;
+  std::vector<std::string> env_s;
+  for (const auto& [k, v] : all) env_s.push_back(k + "=" + v);
+  std::vector<char*> args, envp;
+  for (std::string& a : argv) args.push_back(a.data());
+  for (std::string& e : env_s) envp.push_back(e.data());
+  args.push_back(nullptr);
+  envp.push_back(nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  Child c;
+  const pid_t pid = fork();
+  if (pid < 0) return c;
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out >= 0) dup2(out, 1), dup2(out, 2), close(out);
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: no race with the kill below
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0) {
+    const bool late = std::chrono::steady_clock::now() - start > timeout;
+    if (late || g_stop) {
+      kill(-pid, SIGTERM);
+      for (int i = 0; i < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      kill(-pid, SIGKILL);
+      if (done == 0) waitpid(pid, &status, 0);
+      c.exit_code = late ? Child::kTimedOut : Child::kInterrupted;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (c.exit_code == Child::kNotStarted && done == pid) {
+    c.exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                        : Child::kNotStarted;
+  }
+  return c;
 }
 
 class Runner {
  public:
   Runner(ChaosFlags flags, train::JobSpec spec, std::string job_toml)
-      : flags_(std::move(flags)), spec_(std::move(spec)), job_toml_(std::move(job_toml)) {}
+      : flags_(std::move(flags)), spec_(std::move(spec)), job_toml_(std::move(job_toml)) {
+    std::error_code ec;
+    self_ = fs::read_symlink("/proc/self/exe", ec).string();  // this binary, for the trials
+  }
 
   // Runs the job with `schedule` in `dir` (emptied first).
   Run Execute(const std::vector<train::Fault>& schedule, const std::string& dir) const {
     std::error_code ec;
     fs::remove_all(dir, ec);
     fs::create_directories(dir + "/tmp", ec);
-    std::vector<std::string> argv = {"/proc/self/exe", "train", "--spec",   job_toml_,
-                                     "--work_dir",     dir,     "--report", dir + "/report.txt"};
+    std::vector<std::string> argv = {self_,        "train", "--spec",   job_toml_,
+                                     "--work_dir", dir,     "--report", dir + "/report.txt"};
     for (const train::Fault& f : schedule) argv.insert(argv.end(), {"--chaos", f.ToString()});
-    const auto start = std::chrono::steady_clock::now();
     Run r;
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);
-      const int out = open((dir + "/out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (out >= 0) dup2(out, 1), dup2(out, 2);
-      setenv("TMPDIR", (dir + "/tmp").c_str(), 1);
-      std::vector<char*> args;
-      for (std::string& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    int status = 0;
-    const auto limit = start + flags_.trial_timeout;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > limit) {
-        kill(-pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        status = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    r.exit_code = status == -1          ? -1
-                  : WIFEXITED(status)   ? WEXITSTATUS(status)
-                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                        : -1;
+    const Child c = RunChild(std::move(argv), {{"TMPDIR", dir + "/tmp"}, {kTrialMarker, dir}},
+                             dir + "/out.txt", flags_.trial_timeout);
+    r.exit_code = c.exit_code;
+    r.seconds = c.seconds;
     std::istringstream rep(Slurp(dir + "/report.txt"));
     for (std::string field; rep >> field;) {
       const size_t eq = field.find('=');
@@ -196,9 +249,12 @@ class Runner {
       v.failures.push_back({inv, std::move(detail)});
     };
     if (r.exit_code != 0) {
-      fail("exit", r.exit_code < 0 ? absl::StrCat("timed out after ", r.seconds, " s")
-                                   : absl::StrCat("exit status ", r.exit_code, ", want 0 (",
-                                                  LastLine(dir + "/out.txt"), ")"));
+      fail("exit", r.exit_code == Child::kTimedOut
+                       ? absl::StrCat("timed out after ", r.seconds, " s")
+                   : r.exit_code == Child::kNotStarted
+                       ? std::string("could not be started (fork or wait failed)")
+                       : absl::StrCat("exit status ", r.exit_code, ", want 0 (",
+                                      LastLine(dir + "/out.txt"), ")"));
     }
     const auto crc = r.report.find("crc32c");
     if (!reference_crc_.empty() && r.exit_code == 0 &&
@@ -209,7 +265,10 @@ class Runner {
     }
     if (r.exit_code == 0) {
       const auto lost = r.report.find("steps_lost");
-      v.steps_lost = lost == r.report.end() ? -1 : std::stoll(lost->second);
+      if (lost == r.report.end() || !absl::SimpleAtoi(lost->second, &v.steps_lost)) {
+        v.steps_lost = -1;
+        fail("steps-lost", "the job's report has no steps_lost");
+      }
       const std::string defects = actors::ExactlyOnceDefects(
           dir, spec_.steps, spec_.model.microbatches, std::max<int64_t>(0, v.steps_lost));
       if (!defects.empty()) fail("exactly-once", defects.substr(0, defects.find('\n')));
@@ -221,25 +280,32 @@ class Runner {
     }
     for (const base::SupervisionEvent& e : r.events) {
       if (e.event != "recovered") continue;
-      const double s = std::stod(e.Field("seconds").empty() ? "0" : e.Field("seconds"));
-      v.recoveries.push_back({e.Field("fault"), s});
+      double s = 0;
       absl::StatusOr<train::Fault> f = train::ParseFault(e.Field("fault") + "@1");
-      if (!f.ok()) continue;
+      if (!absl::SimpleAtod(e.Field("seconds"), &s) || !f.ok()) {
+        fail("recovery", absl::StrCat("unreadable recovered event: ", base::FormatEvent(e)));
+        continue;
+      }
+      v.recoveries.push_back({e.Field("fault"), s});
+      // The recovery ends with a commit: a step's time (the reference's slowest) on top of the
+      // kind's bound.
       const absl::Duration bound = train::RecoveryBound(f->kind, spec_.timeouts);
-      if (bound > absl::ZeroDuration() && absl::Seconds(s) > bound) {
+      const absl::Duration allowed = bound + absl::Seconds(step_slack_s_);
+      if (bound > absl::ZeroDuration() && absl::Seconds(s) > allowed) {
         fail("recovery", absl::StrCat(e.Field("fault"), " took ", s, " s to the next commit, ",
-                                      "bound ", absl::FormatDuration(bound)));
+                                      "bound ", absl::FormatDuration(allowed)));
       }
     }
     Leftovers(dir, &v);
     if (!flags_.invariant.empty()) {
-      setenv("TROUPE_CHAOS_WORK_DIR", dir.c_str(), 1);  // the runner has one thread
-      const std::string cmd =
-          absl::StrCat("(", flags_.invariant, ") >'", dir, "/invariant.txt' 2>&1");
-      const int rc = std::system(cmd.c_str());
-      if (rc != 0) {
+      const Child c =
+          RunChild({"/bin/sh", "-c", flags_.invariant}, {{"TROUPE_CHAOS_WORK_DIR", dir}},
+                   dir + "/invariant.txt", flags_.trial_timeout);
+      if (c.exit_code != 0 && c.exit_code != Child::kInterrupted) {
         fail("user",
-             absl::StrCat("`", flags_.invariant, "` exited ", WIFEXITED(rc) ? WEXITSTATUS(rc) : rc,
+             absl::StrCat("`", flags_.invariant, "` ",
+                          c.exit_code == Child::kTimedOut ? "timed out"
+                                                          : absl::StrCat("exited ", c.exit_code),
                           " (", dir, "/invariant.txt)"));
       }
     }
@@ -257,6 +323,7 @@ class Runner {
         if (*runs >= flags_.shrink_budget || g_stop) break;
         const std::string at = absl::StrCat(dir, "/shrink-", ++*runs);
         const Run r = Execute(candidate, at);
+        if (r.exit_code == Child::kInterrupted) break;
         const Verdict v = Judge(candidate, at, r);
         std::printf("  shrink %d: %s -> %s\n", *runs, train::FormatSchedule(candidate).c_str(),
                     v.FailsAnyOf(failed.failures) ? "still fails" : "holds");
@@ -272,12 +339,16 @@ class Runner {
   }
 
   std::string Reproduce(const std::vector<train::Fault>& schedule) const {
-    std::string cmd = absl::StrCat("troupe train --spec ", job_toml_);
+    std::string cmd = absl::StrCat("troupe train --spec ", job_toml_, " --work_dir ",
+                                   fs::path(job_toml_).parent_path().string(), "/repro");
     for (const train::Fault& f : schedule) absl::StrAppend(&cmd, " --chaos ", f.ToString());
     return cmd;
   }
 
-  void set_reference_crc(std::string crc) { reference_crc_ = std::move(crc); }
+  void set_reference(std::string crc, double slowest_step_s) {
+    reference_crc_ = std::move(crc);
+    step_slack_s_ = slowest_step_s;
+  }
 
  private:
   static std::string LastLine(const std::string& path) {
@@ -286,16 +357,22 @@ class Runner {
     while (std::getline(in, line)) {
       if (!line.empty()) last = line;
     }
-    return last.substr(0, 200);
+    size_t cut = std::min<size_t>(last.size(), 200);
+    while (cut > 0 && cut < last.size() && (static_cast<unsigned char>(last[cut]) & 0xC0) == 0x80) {
+      --cut;  // not inside a UTF-8 character
+    }
+    return last.substr(0, cut);
   }
 
-  // No process of the trial outlives it (the roles die with the driver: a few seconds' grace),
-  // and its TMPDIR is empty. What is left is killed and removed after it is reported.
+  // No process of the trial (its marker in the environment) outlives it — the roles die with
+  // the driver: a few seconds' grace — and its TMPDIR is empty. A process left is killed after it
+  // is reported; the files stay for a person to see.
   static void Leftovers(const std::string& dir, Verdict* v) {
-    std::vector<pid_t> left = ProcessesUsing(dir);
+    const std::string marker = absl::StrCat(kTrialMarker, "=", dir);
+    std::vector<pid_t> left = MarkedProcesses(marker);
     for (int i = 0; i < 100 && !left.empty(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      left = ProcessesUsing(dir);
+      left = MarkedProcesses(marker);
     }
     if (!left.empty()) {
       v->failures.push_back({"leftovers", absl::StrCat(left.size(),
@@ -317,7 +394,8 @@ class Runner {
 
   ChaosFlags flags_;
   train::JobSpec spec_;
-  std::string job_toml_, reference_crc_;
+  std::string job_toml_, reference_crc_, self_;
+  double step_slack_s_ = 0;
 };
 
 // A timeline of a run: faults (red), generations (blue), commits (grey), over seconds.
@@ -388,14 +466,29 @@ int Prepare(const ChaosFlags& flags, Setup* out) {
   }
   std::error_code ec;
   fs::create_directories(flags.report_dir, ec);
-  out->report = fs::absolute(flags.report_dir).lexically_normal();
+  const fs::path report = fs::absolute(flags.report_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "troupe chaos run: --report %s: %s\n", flags.report_dir.c_str(),
+                 ec.message().c_str());
+    return 2;
+  }
+  out->report = report.lexically_normal().string();
   out->kinds = *kinds;
   out->spec = *spec;
   out->spec.faults.clear();
+  // Each trial's checkpoints in its own work_dir: a shared [checkpoint] dir would resume one
+  // trial from another's.
+  out->spec.checkpoint_dir.clear();
   std::string& data = out->spec.model.data_dir;
-  data = fs::absolute(data.empty() ? out->report + "/data" : data).lexically_normal();
+  data = fs::absolute(data.empty() ? out->report + "/data" : data, ec).lexically_normal().string();
   out->job_toml = out->report + "/job.toml";
-  std::ofstream(out->job_toml) << out->spec.ToToml();
+  fs::remove(out->report + "/trials.jsonl", ec);
+  std::ofstream toml(out->job_toml);
+  toml << out->spec.ToToml();
+  if (!toml.flush()) {
+    std::fprintf(stderr, "troupe chaos run: cannot write %s\n", out->job_toml.c_str());
+    return 2;
+  }
   return 0;
 }
 
@@ -406,6 +499,7 @@ json RunTrial(const ChaosFlags& flags, const Runner& runner, const train::ChaosD
       train::DrawSchedule(static_cast<uint64_t>(flags.seed), t, draw);
   const std::string dir = absl::StrCat(report, "/trial-", t);
   const Run r = runner.Execute(schedule, dir);
+  if (r.exit_code == Child::kInterrupted || g_stop) return json();  // stopped: no verdict
   const Verdict v = runner.Judge(schedule, dir, r);
   std::printf("%-6lld %-60s %-8s %-14s %-5lld %.1f\n", static_cast<long long>(t),
               train::FormatSchedule(schedule).c_str(), v.Held() ? "ok" : "FAILED",
@@ -463,6 +557,7 @@ int RunChaos(const ChaosFlags& flags) {
       static_cast<long long>(flags.max_faults), setup.kinds.size(), setup.report.c_str());
   std::fflush(stdout);
   const Run reference = runner.Execute({}, setup.report + "/reference");
+  if (reference.exit_code == Child::kInterrupted) return 130;
   const auto crc = reference.report.find("crc32c");
   if (reference.exit_code != 0 || crc == reference.report.end()) {
     std::fprintf(stderr,
@@ -470,7 +565,14 @@ int RunChaos(const ChaosFlags& flags) {
                  reference.exit_code, (setup.report + "/reference").c_str());
     return 1;
   }
-  if (spec.deterministic) runner.set_reference_crc(crc->second);
+  double slowest_step = 0;
+  for (const base::SupervisionEvent& e : reference.events) {
+    double s = 0;
+    if (e.event == "step" && absl::SimpleAtod(e.Field("step_s"), &s)) {
+      slowest_step = std::max(slowest_step, s);
+    }
+  }
+  runner.set_reference(spec.deterministic ? crc->second : "", slowest_step);
   std::printf("reference: %.1f s, weights crc32c %s%s\n", reference.seconds, crc->second.c_str(),
               spec.deterministic ? "" : " (not deterministic: weights are not compared)");
   std::printf("%-6s %-60s %-8s %-14s %-5s %s\n", "trial", "schedule", "outcome", "recovery_s",
@@ -492,14 +594,20 @@ int RunChaos(const ChaosFlags& flags) {
   int failed = 0;
   const auto started = std::chrono::steady_clock::now();
   for (int64_t t = 0; (flags.continuous || t < flags.trials) && !g_stop; ++t) {
-    doc["trials"].push_back(RunTrial(flags, runner, draw, setup.report, t));
-    failed += doc["trials"].back()["outcome"] == "failed";
+    json row = RunTrial(flags, runner, draw, setup.report, t);
+    if (row.is_null()) break;  // interrupted
+    failed += row["outcome"] == "failed";
+    // A line per trial as it ends: a soak stopped hard still has every finished trial.
+    std::ofstream(setup.report + "/trials.jsonl", std::ios::app)
+        << row.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    doc["trials"].push_back(std::move(row));
   }
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   doc["failed"] = failed;
   doc["seconds"] = wall;
-  std::ofstream(setup.report + "/report.json") << doc.dump(2) << "\n";
+  std::ofstream(setup.report + "/report.json")
+      << doc.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
   std::printf("summary: trials=%zu failed=%d wall_s=%.0f report=%s/report.json\n",
               doc["trials"].size(), failed, wall, setup.report.c_str());
   return failed == 0 ? 0 : 1;
@@ -522,6 +630,7 @@ int RunChaosCommand(const Args& args) {
   }
   struct sigaction sa {};
   sa.sa_handler = [](int) { g_stop = true; };
+  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the runner at once
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   return RunChaos(flags);

@@ -1,6 +1,7 @@
 #include "troupe/train/chaos_schedule.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -143,12 +144,19 @@ std::string FormatSchedule(const std::vector<Fault>& schedule) {
 }
 
 int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every) {
-  int64_t allowed = 0;
+  // Where a shard's owner and its buddy may die together: kill-shard-and-buddy, or two workers
+  // taken out at one step boundary (they may be each other's buddy). Each rolls back to the newest
+  // durable checkpoint, at most an interval behind (the one being written at the boundary the
+  // fault fires on may not be durable yet).
+  std::map<int64_t, int> removed_at;
+  int64_t pairs = 0;
   for (const Fault& f : schedule) {
-    if (f.kind == FaultKind::kKillShardAndBuddy)
-      allowed += std::max<int64_t>(0, checkpoint_every - 1);
+    if (f.kind == FaultKind::kKillShardAndBuddy) ++pairs;
+    if (f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker) {
+      if (++removed_at[f.step] == 2) ++pairs;
+    }
   }
-  return allowed;
+  return pairs * std::max<int64_t>(0, checkpoint_every);
 }
 
 absl::Duration RecoveryBound(FaultKind kind, const Timeouts& timeouts) {

@@ -176,13 +176,14 @@ void CoordinatorCore::Fail(Actions* out, absl::Status status,
 std::vector<CoordinatorAction> CoordinatorCore::Restore(const CoordinatorRecord& record, CoreTime) {
   record_ = record;
   // A checkpoint boundary passed without a durable checkpoint (the previous incarnation died
-  // committing it: crash-in-checkpoint): the next commit writes one, so that a shard's owner and
-  // its buddy dying together later lose less than a checkpoint interval, not two.
+  // committing it: crash-in-checkpoint): the next commits past it write one until one is durable
+  // (asked again after a generation change dropped it; given up if its write fails), so that a
+  // shard's owner and its buddy dying together later lose at most an interval, not two.
   const int64_t every = options_.checkpoint_every;
   const int64_t boundary = every > 0 ? record.committed / every * every : 0;
   const std::optional<int64_t> latest =
       options_.latest_checkpoint ? options_.latest_checkpoint() : std::nullopt;
-  checkpoint_owed_ = boundary > 0 && (!latest || *latest < boundary);
+  owed_boundary_ = boundary > 0 && (!latest || *latest < boundary) ? boundary : -1;
   return {};
 }
 

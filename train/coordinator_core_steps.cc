@@ -115,9 +115,9 @@ void CoordinatorCore::CommitStep(Actions* out) {
   blamed_failures_ = 0;
   blamed_generation_ = 0;
   int64_t ckpt = CheckpointAt(record_.committed);
-  if (ckpt < 0 && checkpoint_owed_) ckpt = record_.committed;
+  if (ckpt < 0 && CheckpointOwed()) ckpt = record_.committed;
   if (ckpt >= 0) {
-    checkpoint_owed_ = false;
+    if (owed_boundary_ >= 0) owed_asked_ = ckpt;
     ExpectCheckpoint(ckpt);
   }
   CoordinatorAction done{Kind::kCommitted};
@@ -202,6 +202,11 @@ void CoordinatorCore::HandOver(Actions* out) {
 
 // ---- checkpoints ---------------------------------------------------------------------------
 
+bool CoordinatorCore::CheckpointOwed() const {
+  return owed_boundary_ >= 0 && record_.committed > owed_boundary_ &&
+         last_checkpoint_ < owed_boundary_ && !checkpoints_.Contains(owed_asked_);
+}
+
 bool CoordinatorCore::CheckpointHolds(int64_t step) const {
   if (last_checkpoint_ >= step) return true;
   std::optional<int64_t> latest =
@@ -239,6 +244,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generati
   if (!checkpoints_.Accepts(step, generation) || phase_ == CoordinatorPhase::kDone) return out;
   if (!status.ok()) {
     checkpoints_.Erase(step);
+    if (step == owed_asked_) owed_boundary_ = -1;  // not retried at every step on a failing disk
     const std::string what =
         absl::StrCat("checkpoint step-", step, ": shard ", index, ": ", status.ToString());
     // Training goes on without it; the last step's checkpoint is the job's result.
@@ -295,6 +301,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnCheckpointCommitted(int64_t st
          std::move(e));
     return out;
   } else {
+    if (step == owed_asked_) owed_boundary_ = -1;
     base::SupervisionEvent e = JobEvent("checkpoint_dropped");
     e.Set("step", step).reason = status.ToString();
     Event(&out, std::move(e));

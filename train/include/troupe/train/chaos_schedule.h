@@ -49,9 +49,9 @@ std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& sched
 // "kill-worker@5:1 stop-worker@9" ("(none)" when empty).
 std::string FormatSchedule(const std::vector<Fault>& schedule);
 
-// The committed steps the schedule may lose: 0, unless a shard's owner and its buddy die
-// together (kill-shard-and-buddy), which rolls back to the last checkpoint (< checkpoint_every
-// steps per such fault).
+// The committed steps the schedule may lose: 0, unless a shard's owner and its buddy may die
+// together (kill-shard-and-buddy, or two workers killed or stopped at one step), which rolls
+// back to the newest durable checkpoint: at most checkpoint_every steps per such event.
 int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every);
 
 // The longest a fault of `kind` may take from firing to the next commit on one host (the

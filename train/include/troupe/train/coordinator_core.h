@@ -272,6 +272,8 @@ class CoordinatorCore {
   // Each rank of the committed configuration's rank in `next`, or -1.
   std::vector<int> OldToNew(const std::vector<std::string>& next) const;
   bool CheckpointHolds(int64_t step) const;
+  // A commit past owed_boundary_ with no checkpoint durable or under way for it writes one.
+  bool CheckpointOwed() const;
   bool FireFaults(Actions* out);
   void CommitStep(Actions* out);
   void CommitGroup(Actions* out, int64_t checkpoint_step);
@@ -294,10 +296,11 @@ class CoordinatorCore {
   uint64_t next_timer_ = 1;
   size_t expected_joins_ = 0;
   bool membership_known_ = false;
-  std::string recover_why_;                 // what Recover saw, for the generation it leads to
-  int64_t last_checkpoint_ = -1;            // newest checkpoint this incarnation committed
-  bool checkpoint_owed_ = false;            // Restore found a boundary without one: the next commit
-  uint64_t final_asked_generation_ = 0;     // the final checkpoint was asked again in this one
+  std::string recover_why_;              // what Recover saw, for the generation it leads to
+  int64_t last_checkpoint_ = -1;         // newest checkpoint this incarnation committed
+  int64_t owed_boundary_ = -1;           // Restore found this boundary without a durable checkpoint
+  int64_t owed_asked_ = -1;              // the checkpoint last asked for it
+  uint64_t final_asked_generation_ = 0;  // the final checkpoint was asked again in this one
   uint64_t handover_asked_generation_ = 0;  // a hand-over checkpoint was asked in this one
   bool notice_window_open_ = false;         // a notice's window runs: its drain waits for it
   std::set<std::string> draining_nodes_;    // noticed: a worker of one joins draining
