@@ -11,6 +11,7 @@
 #define TROUPE_RUNTIME_HEAD_ACTOR_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,6 +79,8 @@ class HeadActor final : public caf::event_based_actor {
                                 const std::string& detail);
   // kReleaseActors: every named actor on `worker`.
   void ReleaseActorsOf(const std::string& worker, const std::string& detail);
+  // Drops worker's pending spawn whose handlers share `answered` (answered by then).
+  void ForgetSpawn(const std::string& worker, const std::shared_ptr<bool>& answered);
   // The directory's part of HandleDown: true if `dm` was a named actor's.
   bool NamedActorDown(const caf::down_msg& dm);
   caf::result<uint64_t, int64_t> HandleLease(const std::string& name);
@@ -126,6 +129,13 @@ class HeadActor final : public caf::event_based_actor {
   std::map<std::string, caf::actor> handles_;  // every member's node agent or worker actor
   Directory directory_;
   std::map<std::string, size_t> hosted_;  // actors spawned on each worker, for placement
+  // Spawns forwarded to a worker and not answered yet, by worker: its death answers them at once
+  // (Unavailable) rather than at spawn_timeout. `answered` is shared with the request's handlers.
+  struct PendingSpawn {
+    std::shared_ptr<bool> answered;
+    std::function<void(const caf::error&)> fail;
+  };
+  std::multimap<std::string, PendingSpawn> pending_spawns_;
   scheduler::Scheduler sched_;
   uint64_t anonymous_ = 0;
   std::vector<caf::actor> subscribers_;

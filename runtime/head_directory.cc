@@ -114,6 +114,26 @@ void HeadActor::ReleaseActorsOf(const std::string& worker, const std::string& de
             ? NamedDown(d, caf::make_error(caf::exit_reason::remote_link_unreachable), detail)
             : std::next(d);
   }
+  // A spawn it was asked for fails now, naming the death, not at spawn_timeout.
+  auto [begin, end] = pending_spawns_.equal_range(worker);
+  std::vector<PendingSpawn> failed;
+  for (auto p = begin; p != end; ++p) failed.push_back(std::move(p->second));
+  pending_spawns_.erase(begin, end);
+  for (PendingSpawn& p : failed) {
+    if (*p.answered) continue;
+    p.fail(StatusToError(absl::UnavailableError(
+        absl::StrCat("worker '", worker, "' died while spawning on it: ", detail))));
+  }
+}
+
+void HeadActor::ForgetSpawn(const std::string& worker, const std::shared_ptr<bool>& answered) {
+  auto [begin, end] = pending_spawns_.equal_range(worker);
+  for (auto p = begin; p != end; ++p) {
+    if (p->second.answered == answered) {
+      pending_spawns_.erase(p);
+      return;
+    }
+  }
 }
 
 bool HeadActor::NamedActorDown(const caf::down_msg& dm) {
@@ -236,17 +256,29 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
   // Before make_response_promise, which takes the sender out of the current message.
   caf::actor requester = caf::actor_cast<caf::actor>(current_sender());
   auto rp = make_response_promise<caf::actor, std::string, std::string>();
+  auto answered = std::make_shared<bool>(false);
+  pending_spawns_.emplace(worker_id,
+                          PendingSpawn{answered, [rp, answered](const caf::error& e) mutable {
+                                         *answered = true;
+                                         rp.deliver(e);
+                                       }});
   request(Handle(worker_id), options_.spawn_timeout, spawn_atom::value, type, args, name, gen)
       .then(
-          [this, rp, id, gen, worker_id, requester](const caf::actor& h) mutable {
+          [this, rp, id, gen, worker_id, requester, answered](const caf::actor& h) mutable {
+            ForgetSpawn(worker_id, answered);
+            if (*answered) return;  // its worker was reported dead first: the actor died with it
+            *answered = true;
             directory_[id] = Named{h, gen, worker_id, requester};
             if (store_) StoreFailed(store_->PutActor({id, worker_id, gen}));
             monitor(h);
             rp.deliver(h, worker_id, DirectEndpoint(worker_id));
           },
-          [this, rp, id, worker_id](caf::error& e) mutable {
+          [this, rp, id, worker_id, answered](caf::error& e) mutable {
+            ForgetSpawn(worker_id, answered);
             (void)sched_.ReleaseActor(id);
             if (auto w = hosted_.find(worker_id); w != hosted_.end() && w->second) w->second--;
+            if (*answered) return;
+            *answered = true;
             rp.deliver(std::move(e));
           });
   return rp;

@@ -350,12 +350,20 @@ int CoordinatorCore::GridWorld(int usable) const {
 }
 
 // The committed configuration's usable workers first (their memory holds the state), then the
-// others in name order, up to the largest world a grid fits (GridWorld).
-std::vector<std::string> CoordinatorCore::NextGroup() const {
+// others in name order, up to the largest world a grid fits (GridWorld); with_draining: also the
+// committed configuration's workers whose nodes are draining but alive.
+std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
+  auto staying = [&](const std::string& w) {
+    auto it = members_.find(w);
+    return with_draining && it != members_.end() && it->second.alive && it->second.draining &&
+           !record_.dead.count(w);
+  };
+  int usable = UsableCount();
+  for (const std::string& w : record_.active) usable += staying(w) ? 1 : 0;
   std::vector<std::string> next;
-  const size_t cap = static_cast<size_t>(GridWorld(UsableCount()));
+  const size_t cap = static_cast<size_t>(GridWorld(usable));
   for (const std::string& w : record_.active) {
-    if (Usable(w) && next.size() < cap) next.push_back(w);
+    if ((Usable(w) || staying(w)) && next.size() < cap) next.push_back(w);
   }
   for (const auto& [w, m] : members_) {
     if (Usable(w) && next.size() < cap && std::find(next.begin(), next.end(), w) == next.end()) {
@@ -406,14 +414,25 @@ std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
 
 void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
                                     const std::string& why,
-                                    const std::map<std::string, std::string>& extra) {
+                                    const std::map<std::string, std::string>& extra,
+                                    bool hand_over) {
   if (phase_ == CoordinatorPhase::kDone) return;
   if (++failed_generations_ > options_.max_failed_generations) {
     return Fail(
         out, absl::UnavailableError(absl::StrCat("gave up after ", options_.max_failed_generations,
                                                  " generations without progress; last: ", why)));
   }
-  const std::vector<std::string> next = NextGroup();
+  // Draining ranks not yet handed over (a failure inside their notice window, a coordinator
+  // restarted meanwhile): where the state survives in memory only with them, they stay for this
+  // generation — alive until their notice ends — and hand their ranges over at the next step
+  // boundary (HandOver: a checkpoint first where memory cannot), instead of the job rolling back
+  // to a checkpoint now.
+  std::vector<std::string> next = NextGroup(false);
+  if (!hand_over && !record_.active.empty() &&
+      !MemoryRestorePossible(OldToNew(next), record_.buddy)) {
+    std::vector<std::string> with = NextGroup(true);
+    if (MemoryRestorePossible(OldToNew(with), record_.buddy)) next = std::move(with);
+  }
   ++record_.generation;
   for (const auto& [w, m] : members_) {
     if (!m.alive) continue;

@@ -153,7 +153,7 @@ void CoordinatorCore::HandOver(Actions* out) {
     leaving.push_back(w);
   }
   const std::string node_list = absl::StrJoin(nodes, " ");
-  const std::vector<std::string> next = NextGroup();
+  const std::vector<std::string> next = NextGroup(false);
   const bool enough = !next.empty() && static_cast<int>(next.size()) >= options_.min_workers;
   const bool memory = enough && MemoryRestorePossible(OldToNew(next), record_.buddy);
   if (!memory && !CheckpointHolds(record_.committed) &&
@@ -197,7 +197,7 @@ void CoordinatorCore::HandOver(Actions* out) {
                 absl::StrCat(nodes.size() == 1 ? "node " : "nodes ", node_list,
                              nodes.size() == 1 ? " is draining: its" : " are draining: their",
                              " ranks leave at this step boundary"),
-                {{"node", node_list}});
+                {{"node", node_list}}, /*hand_over=*/true);
 }
 
 // ---- checkpoints ---------------------------------------------------------------------------

@@ -381,6 +381,24 @@ TEST_F(ClusterTest, ACallToAKilledWorkersActorFailsFastWithUnavailable) {
   EXPECT_LT(Clock::now() - start, milliseconds(2000));
 }
 
+// Found by `troupe chaos run` (a coordinator restarted onto a worker killed 30 ms later waited
+// the 10 s spawn timeout): a spawn the head forwarded to a worker that dies before answering
+// fails as soon as the head declares that worker dead, naming it.
+TEST_F(ClusterTest, ASpawnOnAWorkerThatDiesFailsAtItsDeathNotAtTheSpawnTimeout) {
+  StartNode("node-a", 1);
+  const pid_t victim = static_cast<pid_t>(Member("node-a/w0").pid);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);  // it never answers; missed heartbeats fence it (500 ms)
+  const auto start = Clock::now();
+  auto ref = client_->Spawn("echo", caf::make_message(), "doomed", "node=node-a");
+  const auto took = Clock::now() - start;
+  kill(victim, SIGKILL);
+  ASSERT_FALSE(ref.ok());
+  EXPECT_EQ(ref.status().code(), absl::StatusCode::kUnavailable) << ref.status();
+  EXPECT_NE(ref.status().message().find("died while spawning"), std::string::npos) << ref.status();
+  EXPECT_LT(took, milliseconds(5000)) << "the spawn timeout is 10 s";
+}
+
 TEST_F(ClusterTest, KillDashNineGivesDownEventWithSignalAndStderrAndRestartElsewhere) {
   StartNode("node-a", 2);
   StartNode("node-b", 2);

@@ -251,13 +251,15 @@ class CoordinatorCore {
   void Fail(Actions* out, absl::Status status,
             std::optional<base::SupervisionEvent> event = std::nullopt);
   void MaybeStart(Actions* out);
-  std::vector<std::string> NextGroup() const;
+  std::vector<std::string> NextGroup(bool with_draining) const;
   // The largest world of at most `usable` (and max_world) workers that a grid fits.
   int GridWorld(int usable) const;
   // `trigger`: the generation event's trigger= (start, workers, worker_down, drain, join,
   // failure); `why`: its reason; `extra`: further fields (down=, node=: who leaves).
+  // hand_over: the draining ranks leave now (HandOver made sure their state survives them);
+  // else they stay where the state survives in memory only with them.
   void NewGeneration(Actions* out, const std::string& trigger, const std::string& why,
-                     const std::map<std::string, std::string>& extra = {});
+                     const std::map<std::string, std::string>& extra = {}, bool hand_over = false);
   // The plan's restore source; the generation event's source= (owners, mirrors, checkpoint, seed).
   std::string PlanSource(const std::vector<std::string>& next, GenerationPlan* plan);
   // A rank's failure: `event` (recovering) is logged; `why` becomes the next generation's reason.
