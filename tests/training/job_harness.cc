@@ -102,9 +102,14 @@ void JobTest::TearDown() {
 }
 
 pid_t JobTest::Start(const std::string& dir, const std::vector<std::string>& extra) {
-  fs::create_directories(dir);
-  std::vector<std::string> args = {TROUPE_BINARY, "train", "--spec",   spec_,
-                                   "--work_dir",  dir,     "--report", dir + "/report"};
+  // Its own TMPDIR (the embedded cluster's directory), inside the run's: a job a test kills
+  // with SIGKILL leaves nothing in /tmp.
+  fs::create_directories(dir + "/tmp");
+  std::vector<std::string> args = {"/usr/bin/env", "TMPDIR=" + dir + "/tmp",
+                                   TROUPE_BINARY,  "train",
+                                   "--spec",       spec_,
+                                   "--work_dir",   dir,
+                                   "--report",     dir + "/report"};
   args.insert(args.end(), extra.begin(), extra.end());
   pid_t pid = fork();
   if (pid == 0) {
