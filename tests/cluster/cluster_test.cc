@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "caf/all.hpp"
+#include "troupe/runtime/processes.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
@@ -388,7 +389,9 @@ TEST_F(ClusterTest, ASpawnOnAWorkerThatDiesFailsAtItsDeathNotAtTheSpawnTimeout) 
   StartNode("node-a", 1);
   const pid_t victim = static_cast<pid_t>(Member("node-a/w0").pid);
   ASSERT_GT(victim, 0);
-  ASSERT_EQ(kill(victim, SIGSTOP), 0);  // it never answers; missed heartbeats fence it (500 ms)
+  // It never answers (every thread stopped before the spawn is sent); missed heartbeats fence it
+  // (500 ms).
+  ASSERT_TRUE(testing::StopAndWait(victim));
   const auto start = Clock::now();
   auto ref = client_->Spawn("echo", caf::make_message(), "doomed", "node=node-a");
   const auto took = Clock::now() - start;

@@ -5,7 +5,6 @@
 // the scheduler path (--no-inline) under concurrent callers.
 #include "troupe/runtime/direct.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -16,12 +15,12 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 #include <future>
 #include <thread>
 
 #include "caf/all.hpp"
 #include "direct_wire.h"
+#include "troupe/runtime/processes.h"
 #include "troupe/runtime/runtime.h"
 
 extern char** environ;
@@ -79,27 +78,6 @@ class ServerProcess {
       waitpid(pid_, nullptr, 0);
       pid_ = 0;
     }
-  }
-  // SIGSTOP reaches the threads of a process one by one: wait until all of them are stopped.
-  bool WaitStopped() {
-    for (int i = 0; i < 400; ++i) {
-      bool all = true;
-      DIR* d = opendir(("/proc/" + std::to_string(pid_) + "/task").c_str());
-      while (dirent* e = d ? readdir(d) : nullptr) {
-        if (e->d_name[0] == '.') continue;
-        std::ifstream stat("/proc/" + std::to_string(pid_) + "/task/" + e->d_name + "/stat");
-        std::string line;
-        std::getline(stat, line);
-        size_t close = line.rfind(')');
-        if (close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'T') {
-          all = false;
-        }
-      }
-      if (d) closedir(d);
-      if (all) return true;
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    return false;
   }
   uint16_t port() const { return port_; }
   pid_t pid() const { return pid_; }
@@ -371,8 +349,7 @@ TEST_F(DirectTest, StoppedServerHitsTheDeadlineThenRecovers) {
   ServerProcess server;
   auto client = Connect(server);
   ASSERT_NE(client, nullptr);
-  server.Kill(SIGSTOP);
-  ASSERT_TRUE(server.WaitStopped());
+  ASSERT_TRUE(runtime::testing::StopAndWait(server.pid()));
   auto r = client->Call(caf::make_message(echo_atom::value, int64_t{1}), milliseconds(300));
   EXPECT_TRUE(absl::IsUnavailable(r.status())) << r.status();
   EXPECT_NE(r.status().message().find("no reply within 300 ms"), std::string::npos) << r.status();
