@@ -129,12 +129,15 @@ void Coordinator::InjectNodeFault(const std::string& worker, train::FaultKind ki
   runtime::NodeFault f;
   f.kind = kind == train::FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
            : kind == train::FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
+           : kind == train::FaultKind::kOneWayNode    ? runtime::NodeFaultKind::kOneWay
+           : kind == train::FaultKind::kFlapNode      ? runtime::NodeFaultKind::kFlap
            : kind == train::FaultKind::kDelayNode     ? runtime::NodeFaultKind::kDelay
                                                       : runtime::NodeFaultKind::kDrop;
   f.duration_ms = absl::ToInt64Milliseconds(spec_.network_fault);
   f.drop_percent = spec_.drop_percent;
   f.delay_us = absl::ToInt64Microseconds(spec_.delay);
   f.jitter_us = absl::ToInt64Microseconds(spec_.jitter);
+  f.period_ms = absl::ToInt64Milliseconds(spec_.flap_period);
   FaultFired(kind, core_->committed(), it->second.node);
   self_->request(head_, Rpc(), runtime::node_fault_atom::value, it->second.node, f)
       .then([](bool) {},

@@ -149,6 +149,10 @@ TEST(MembershipEventTest, EnumsSurviveCafSerialization) {
   EXPECT_EQ(d2.kind, NodeFaultKind::kDelay);
   EXPECT_EQ(d2.delay_us, 5000);
   EXPECT_EQ(d2.jitter_us, 1000);
+  NodeFault flap{NodeFaultKind::kFlap, 4000, 0, 0, 0, 500};
+  NodeFault flap2 = ThroughCaf(flap);
+  EXPECT_EQ(flap2.kind, NodeFaultKind::kFlap);
+  EXPECT_EQ(flap2.period_ms, 500);
 }
 
 }  // namespace

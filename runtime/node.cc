@@ -93,6 +93,9 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
             absl::StrAppend(&what, " (", f.delay_us / 1000.0, " ms ± ", f.jitter_us / 1000.0,
                             " ms each way)");
           }
+          if (f.kind == NodeFaultKind::kFlap) {
+            absl::StrAppend(&what, " (cut and restored every ", f.period_ms, " ms)");
+          }
           LogWarn("node", "chaos: " + what);
         } else {
           LogError("node", std::string(s.message()));

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -208,12 +209,27 @@ pid_t StartRelay(std::vector<char*>& relay) {
   return -1;
 }
 
+// Sleeps `ms` (async-signal-safe).
+void SleepMs(int64_t ms) {
+  timespec left{static_cast<time_t>(ms / 1000), static_cast<long>((ms % 1000) * 1000000)};
+  while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+  }
+}
+
+int64_t MonotonicMs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+}
+
 // The network fault's helper, in a grandchild of the agent (after fork, setsid, fork): starts the
 // relay (a delay only), adds the rules, writes the first failure's index (add.size() for the
-// relay; -1 for none) to `report`, waits out the fault (the relay runs for it), removes them.
+// relay; -1 for none) to `report`, waits out the fault (the relay runs for it; a flap takes the
+// rules out and puts them back every `period_ms`), removes them.
 [[noreturn]] void NetworkFaultHelper(std::vector<std::vector<char*>>& add,
                                      std::vector<std::vector<char*>>& remove,
-                                     std::vector<char*>& relay, int report, int64_t duration_ms) {
+                                     std::vector<char*>& relay, int report, int64_t duration_ms,
+                                     int64_t period_ms) {
   dup2(report, 3);  // the report pipe on fd 3; every other descriptor of the agent closed
   close_range(4, ~0U, 0);
   int failed = -1;
@@ -224,18 +240,27 @@ pid_t StartRelay(std::vector<char*>& relay) {
   }
   [[maybe_unused]] ssize_t n = write(3, &failed, sizeof failed);
   close(3);
+  const int64_t end = MonotonicMs() + duration_ms;
+  bool in = true;  // the rules are in place
   if (failed < 0 && relay_pid > 0) {
     while (waitpid(relay_pid, nullptr, 0) < 0 && errno == EINTR) {
     }
-  } else if (failed < 0) {
-    timespec left{duration_ms / 1000, (duration_ms % 1000) * 1000000};
-    while (nanosleep(&left, &left) != 0 && errno == EINTR) {
+  } else if (failed < 0 && period_ms > 0) {
+    for (;;) {
+      const int64_t left = end - MonotonicMs();
+      if (left <= 0) break;
+      SleepMs(left < period_ms ? left : period_ms);
+      if (MonotonicMs() >= end) break;
+      for (auto& argv : in ? remove : add) RunAndWait(argv.data());
+      in = !in;
     }
+  } else if (failed < 0) {
+    SleepMs(duration_ms);
   } else if (relay_pid > 0) {
     kill(relay_pid, SIGTERM);
     waitpid(relay_pid, nullptr, 0);
   }
-  for (size_t i = 0; i < remove.size(); ++i) RunAndWait(remove[i].data());
+  for (size_t i = 0; i < remove.size() && in; ++i) RunAndWait(remove[i].data());
   _exit(failed < 0 ? 0 : 1);
 }
 
@@ -270,6 +295,7 @@ absl::Status StartNetworkFault(const NodeFault& f) {
   // Everything the helper needs is built here: after fork it may only make system calls.
   std::vector<std::vector<std::string>> add_args, remove_args;
   for (const char* chain : {"INPUT", "OUTPUT"}) {
+    if (f.kind == NodeFaultKind::kOneWay && chain[0] == 'I') continue;  // what it sends, only
     std::vector<std::string> rule = {"!", chain[0] == 'I' ? "-i" : "-o", "lo"};
     for (std::string& word : FaultRuleTail(f)) rule.push_back(std::move(word));
     add_args.push_back({iptables, "-w", "-I", chain, "1"});
@@ -298,7 +324,10 @@ absl::Status StartNetworkFault(const NodeFault& f) {
   const pid_t child = fork();
   if (child == 0) {
     setsid();
-    if (fork() == 0) NetworkFaultHelper(add, remove, relay, report[1], f.duration_ms);
+    if (fork() == 0) {
+      NetworkFaultHelper(add, remove, relay, report[1], f.duration_ms,
+                         f.kind == NodeFaultKind::kFlap ? std::max<int64_t>(1, f.period_ms) : 0);
+    }
     _exit(0);
   }
   close(report[1]);

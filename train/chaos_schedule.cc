@@ -35,7 +35,8 @@ class Words {
 bool TargetsARank(FaultKind k) {
   return k == FaultKind::kKillWorker || k == FaultKind::kStopWorker ||
          k == FaultKind::kKillShardAndBuddy || k == FaultKind::kSigtermNode ||
-         k == FaultKind::kPartitionNode || k == FaultKind::kDropNode || k == FaultKind::kDelayNode;
+         k == FaultKind::kPartitionNode || k == FaultKind::kDropNode ||
+         k == FaultKind::kDelayNode || k == FaultKind::kOneWayNode || k == FaultKind::kFlapNode;
 }
 
 bool KillsInAStep(FaultKind k) {
@@ -44,12 +45,16 @@ bool KillsInAStep(FaultKind k) {
 }
 
 // Workers a fault takes out of the job for good. A joiner gives none back here: it may be drawn
-// for a step after the kills it would offset.
+// for a step after the kills it would offset. A cut host's worker is declared dead (its node
+// joins again with a new one after the heal, which is not counted on either).
 int Removes(FaultKind k) {
   switch (k) {
     case FaultKind::kKillWorker:
     case FaultKind::kStopWorker:
     case FaultKind::kSigtermNode:
+    case FaultKind::kPartitionNode:
+    case FaultKind::kOneWayNode:
+    case FaultKind::kFlapNode:
       return 1;
     case FaultKind::kKillShardAndBuddy:
       return 2;
@@ -66,6 +71,18 @@ std::vector<FaultKind> OneHostFaultKinds() {
           FaultKind::kCrashInCheckpoint, FaultKind::kStallCoordinator};
 }
 
+std::vector<FaultKind> LabFaultKinds() {
+  std::vector<FaultKind> kinds;
+  for (FaultKind k : OneHostFaultKinds()) {
+    if (k != FaultKind::kJoinWorker) kinds.push_back(k);
+  }
+  for (FaultKind k : {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
+                      FaultKind::kDropNode, FaultKind::kDelayNode}) {
+    kinds.push_back(k);
+  }
+  return kinds;
+}
+
 absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list) {
   std::vector<FaultKind> kinds;
   for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
@@ -73,7 +90,7 @@ absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list) 
     absl::StatusOr<Fault> f = ParseFault(absl::StrCat(name, "@1"));
     if (!f.ok() || FaultKindName(f->kind) != name) {
       std::vector<std::string> known;
-      for (int k = 0; k <= static_cast<int>(FaultKind::kDelayNode); ++k) {
+      for (int k = 0; k <= static_cast<int>(FaultKind::kFlapNode); ++k) {
         known.push_back(FaultKindName(static_cast<FaultKind>(k)));
       }
       return absl::InvalidArgumentError(absl::StrCat("--faults: unknown fault kind '", name,
@@ -152,9 +169,10 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
   int64_t pairs = 0;
   for (const Fault& f : schedule) {
     if (f.kind == FaultKind::kKillShardAndBuddy) ++pairs;
-    if (f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker) {
-      if (++removed_at[f.step] == 2) ++pairs;
-    }
+    const bool takes_one = f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
+                           f.kind == FaultKind::kPartitionNode ||
+                           f.kind == FaultKind::kOneWayNode || f.kind == FaultKind::kFlapNode;
+    if (takes_one && ++removed_at[f.step] == 2) ++pairs;
   }
   return pairs * std::max<int64_t>(0, checkpoint_every);
 }

@@ -93,6 +93,43 @@ TEST(ChaosScheduleTest, OnlyAnOwnerAndItsBuddyTogetherMayLoseSteps) {
   EXPECT_EQ(RecoveryBound(FaultKind::kKillWorker, t), absl::Seconds(1));
   EXPECT_EQ(RecoveryBound(FaultKind::kStopWorker, t), t.liveness + absl::Seconds(1));
   EXPECT_EQ(RecoveryBound(FaultKind::kJoinWorker, t), absl::ZeroDuration());
+  EXPECT_EQ(
+      StepsLostAllowed({*ParseFault("partition-node@7:1"), *ParseFault("kill-worker@7:2")}, 10), 10)
+      << "a host cut off and a worker killed at one boundary may be an owner and its buddy";
+  EXPECT_EQ(StepsLostAllowed({*ParseFault("drop-node@7:1"), *ParseFault("kill-worker@7:2")}, 10), 0)
+      << "a lossy link takes nobody out";
+}
+
+// On the lab: every network kind is drawn, a join never (nobody would start the joiner), and the
+// hosts cut off count against min_workers like the workers killed.
+TEST(ChaosScheduleTest, LabDrawsEveryNetworkKindAndNoJoin) {
+  ChaosDraw d = OneHost();
+  d.kinds = LabFaultKinds();
+  d.min_workers = 2;
+  std::set<FaultKind> seen;
+  for (int64_t t = 0; t < 2000; ++t) {
+    const std::vector<Fault> s = DrawSchedule(3, t, d);
+    int removed = 0;
+    for (const Fault& f : s) {
+      seen.insert(f.kind);
+      removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
+                 : (f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
+                    f.kind == FaultKind::kSigtermNode || f.kind == FaultKind::kPartitionNode ||
+                    f.kind == FaultKind::kOneWayNode || f.kind == FaultKind::kFlapNode)
+                     ? 1
+                     : 0;
+    }
+    EXPECT_LE(removed, 2) << FormatSchedule(s);
+  }
+  EXPECT_EQ(seen.size(), LabFaultKinds().size()) << "some kind was never drawn";
+  EXPECT_EQ(seen.count(FaultKind::kJoinWorker), 0u);
+  for (FaultKind k : {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
+                      FaultKind::kDropNode, FaultKind::kDelayNode}) {
+    EXPECT_EQ(seen.count(k), 1u) << FaultKindName(k);
+  }
+  absl::StatusOr<std::vector<FaultKind>> k = ParseFaultKinds("oneway-node,flap-node");
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_EQ(*k, (std::vector<FaultKind>{FaultKind::kOneWayNode, FaultKind::kFlapNode}));
 }
 
 TEST(ChaosScheduleTest, AnUnknownKindIsNamedWithTheVocabulary) {

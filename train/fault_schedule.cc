@@ -102,7 +102,9 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
     case FaultKind::kSigtermNode:
     case FaultKind::kPartitionNode:
     case FaultKind::kDropNode:
-    case FaultKind::kDelayNode: {
+    case FaultKind::kDelayNode:
+    case FaultKind::kOneWayNode:
+    case FaultKind::kFlapNode: {
       const int r = FaultRank(f.arg, world);
       actions.push_back(
           Armed(armed.Set("worker", t.workers[r]).Set("node", t.nodes[r]), t.generation));

@@ -27,7 +27,8 @@ bool FaultAwaitsRecovery(FaultKind kind) {
   // A drain and a join are planned; a network fault may heal before anyone notices it.
   return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker &&
          kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode &&
-         kind != FaultKind::kStallCoordinator && kind != FaultKind::kDelayNode;
+         kind != FaultKind::kStallCoordinator && kind != FaultKind::kDelayNode &&
+         kind != FaultKind::kOneWayNode && kind != FaultKind::kFlapNode;
 }
 
 namespace {
@@ -69,6 +70,14 @@ std::string DescribeFaultArmed(const SupervisionEvent& e) {
     return absl::StrCat("chaos: node ", e.Field("node"), "'s host ",
                         kind == "partition-node" ? "cut off from the other hosts"
                                                  : "dropping packets to and from the others",
+                        " for a while ([chaos] network_fault), before step ", step);
+  }
+  if (kind == "oneway-node" || kind == "flap-node") {
+    return absl::StrCat("chaos: node ", e.Field("node"), "'s host ",
+                        kind == "oneway-node"
+                            ? "sending into the void (what it sends is dropped, not what it gets)"
+                            : "cut off from the other hosts and restored in turn ([chaos] "
+                              "flap_period)",
                         " for a while ([chaos] network_fault), before step ", step);
   }
   if (kind == "delay-node") {

@@ -41,6 +41,8 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kDropNode, "drop-node"},
     {FaultKind::kStallCoordinator, "stall-coordinator"},
     {FaultKind::kDelayNode, "delay-node"},
+    {FaultKind::kOneWayNode, "oneway-node"},
+    {FaultKind::kFlapNode, "flap-node"},
 };
 }  // namespace
 
@@ -212,6 +214,7 @@ void ReadChaos(Section& s, JobSpec& spec) {
   s.Duration("stall", &spec.stall);
   s.Duration("delay", &spec.delay);
   s.Duration("jitter", &spec.jitter, /*zero_ok=*/true);
+  s.Duration("flap_period", &spec.flap_period);
   if (spec.jitter > spec.delay) {
     s.Fail("jitter", absl::StrCat("at most [chaos] delay (", absl::FormatDuration(spec.delay), ")"),
            absl::StrCat("\"", absl::FormatDuration(spec.jitter), "\""));
@@ -383,9 +386,9 @@ std::string JobSpec::ToToml() const {
       "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
       "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
-      absl::FormatDuration(jitter), "\"\n\n[timeouts]\nliveness = \"",
-      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
-      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      absl::FormatDuration(jitter), "\"\nflap_period = \"", absl::FormatDuration(flap_period),
+      "\"\n\n[timeouts]\nliveness = \"", absl::FormatDuration(timeouts.liveness),
+      "\"\ncollective = \"", absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
       absl::FormatDuration(timeouts.join_wait), "\"\nnotice_window = \"",

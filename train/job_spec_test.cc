@@ -71,9 +71,10 @@ max_workers = 5
 every = 4
 keep_last = 2
 [chaos]
-faults = ["kill-worker@5:2", "join-worker@7", "delay-node@3:1"]
+faults = ["kill-worker@5:2", "join-worker@7", "delay-node@3:1", "flap-node@4:2"]
 delay = "20ms"
 jitter = "0s"
+flap_period = "400ms"
 [timeouts]
 liveness = "500ms"
 watchdog = "90s"
@@ -82,8 +83,10 @@ watchdog = "90s"
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->model.options.at("hidden"), "32");
   EXPECT_EQ(s->model.device, "cuda:1");
-  ASSERT_EQ(s->faults.size(), 3u);
+  ASSERT_EQ(s->faults.size(), 4u);
   EXPECT_EQ(s->faults[2].kind, FaultKind::kDelayNode);
+  EXPECT_EQ(s->faults[3].ToString(), "flap-node@4:2");
+  EXPECT_EQ(s->flap_period, absl::Milliseconds(400));
   EXPECT_EQ(s->delay, absl::Milliseconds(20));
   EXPECT_EQ(s->jitter, absl::ZeroDuration());
   EXPECT_EQ(s->faults[0].kind, FaultKind::kKillWorker);
@@ -101,6 +104,7 @@ watchdog = "90s"
   EXPECT_EQ(back->timeouts.collective, absl::Seconds(30)) << "the default";
   EXPECT_EQ(back->delay, absl::Milliseconds(20));
   EXPECT_EQ(back->jitter, absl::ZeroDuration());
+  EXPECT_EQ(back->flap_period, absl::Milliseconds(400));
 }
 
 struct BadCase {

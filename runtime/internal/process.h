@@ -37,10 +37,11 @@ std::string SelfExe();
 // has left the kernel, which can take over a second on a loaded machine.
 bool AlreadyDying(pid_t pid);
 
-// A network fault on this host, for the node agent's chaos (NodeFault kPartition, kDrop or kDelay,
-// in troupe/runtime/cluster.h): iptables rules on INPUT and OUTPUT for every packet not on
-// loopback — DROP (all, or `drop_percent` % at random), or NFQUEUE kChaosDelayQueue served by a
-// `troupe relay` process (this binary's) — removed after `duration_ms` by a detached process of
+// A network fault on this host, for the node agent's chaos (NodeFault kPartition, kOneWay, kFlap,
+// kDrop or kDelay, in troupe/runtime/cluster.h): iptables rules on INPUT and OUTPUT (kOneWay:
+// OUTPUT only) for every packet not on loopback — DROP (all, or `drop_percent` % at random), or
+// NFQUEUE kChaosDelayQueue served by a `troupe relay` process (this binary's) — taken out and put
+// back every `period_ms` (kFlap), removed after `duration_ms` by a detached process of
 // their own (not this one's child; no descriptor of this process kept open), so the heal happens
 // even if this process dies meanwhile. Returns once the rules are in place: FailedPrecondition
 // when iptables is missing or refuses (no CAP_NET_ADMIN), or the relay cannot bind its queue,

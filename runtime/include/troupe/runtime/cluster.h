@@ -111,29 +111,42 @@ using membership_subscribe_atom = caf::atom_constant<caf::atom("tr_sub")>;
 using release_node_atom = caf::atom_constant<caf::atom("tr_relnode")>;
 // Chaos on one node, carried out by its agent on its own host: no pid or firewall rule crosses a
 // machine. kPreempt: a preemption notice (SIGTERM to the agent, as a cloud gives it). kPartition:
-// the host cut off from every other host, both ways; kDrop: `drop_percent` % of the host's
-// packets lost each way; kDelay: every packet in or out of the host held `delay_us` ± `jitter_us`
-// (uniform) by a `troupe relay` process (NFQUEUE: this needs no netem) — each healed after
-// `duration_ms` by a process of their own (the heal happens even if the agent dies meanwhile);
-// iptables rules in the host's network namespace, loopback untouched, so they need CAP_NET_ADMIN
-// there (root on a host of its own).
-enum class NodeFaultKind { kPreempt, kPartition, kDrop, kDelay };
+// the host cut off from every other host, both ways; kOneWay: what the host sends is dropped, what
+// is sent to it arrives; kFlap: the host cut off both ways and restored, every `period_ms` in turn;
+// kDrop: `drop_percent` % of the host's packets lost each way; kDelay: every packet in or out of
+// the host held `delay_us` ± `jitter_us` (uniform) by a `troupe relay` process (NFQUEUE: this
+// needs no netem) — each healed after `duration_ms` by a process of their own (the heal happens
+// even if the agent dies meanwhile); iptables rules in the host's network namespace, loopback
+// untouched, so they need CAP_NET_ADMIN there (root on a host of its own).
+enum class NodeFaultKind { kPreempt, kPartition, kDrop, kDelay, kOneWay, kFlap };
 struct NodeFault {
   NodeFaultKind kind = NodeFaultKind::kPreempt;
   int64_t duration_ms = 0;
   int32_t drop_percent = 0;
   int64_t delay_us = 0, jitter_us = 0;
+  int64_t period_ms = 0;  // kFlap: how long each cut, and each gap between cuts, lasts
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, NodeFault& x) {
   return f(caf::meta::type_name("troupe.NodeFault"), x.kind, x.duration_ms, x.drop_percent,
-           x.delay_us, x.jitter_us);
+           x.delay_us, x.jitter_us, x.period_ms);
 }
 inline std::string to_string(NodeFaultKind x) {
-  return x == NodeFaultKind::kPreempt     ? "preempt"
-         : x == NodeFaultKind::kPartition ? "partition"
-         : x == NodeFaultKind::kDrop      ? "drop"
-                                          : "delay";
+  switch (x) {
+    case NodeFaultKind::kPreempt:
+      return "preempt";
+    case NodeFaultKind::kPartition:
+      return "partition";
+    case NodeFaultKind::kDrop:
+      return "drop";
+    case NodeFaultKind::kDelay:
+      return "delay";
+    case NodeFaultKind::kOneWay:
+      return "one-way partition";
+    case NodeFaultKind::kFlap:
+      return "flapping";
+  }
+  return "?";
 }
 // (node_fault_atom, node name, NodeFault) to the head → bool (NotFound: no live node of that
 // name): chaos by name. The head forwards (node_fault_atom, NodeFault) to that node's agent.
@@ -179,7 +192,7 @@ using ops_view_atom = caf::atom_constant<caf::atom("tr_view")>;
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 8;
+inline constexpr uint32_t kClusterProtocolVersion = 9;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a

@@ -34,6 +34,10 @@ struct ChaosDraw {
 
 // The faults that act on one machine (the network kinds need hosts of their own: --lab).
 std::vector<FaultKind> OneHostFaultKinds();
+// The faults of a run on the lab's hosts: the one-machine kinds but join-worker (the driver of a
+// job on a cluster it did not start starts no worker, so the step would wait out join_wait), and
+// every network kind: partition-node, oneway-node, flap-node, drop-node, delay-node.
+std::vector<FaultKind> LabFaultKinds();
 // "kill-worker,stop-worker" -> kinds; an unknown name is InvalidArgument naming it and the list.
 absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list);
 
@@ -50,8 +54,8 @@ std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& sched
 std::string FormatSchedule(const std::vector<Fault>& schedule);
 
 // The committed steps the schedule may lose: 0, unless a shard's owner and its buddy may die
-// together (kill-shard-and-buddy, or two workers killed or stopped at one step), which rolls
-// back to the newest durable checkpoint: at most checkpoint_every steps per such event.
+// together (kill-shard-and-buddy, or two workers killed, stopped or cut off at one step), which
+// rolls back to the newest durable checkpoint: at most checkpoint_every steps per such event.
 int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every);
 
 // The longest a fault of `kind` may take from firing to the next commit on one host (the

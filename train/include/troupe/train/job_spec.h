@@ -14,7 +14,7 @@
 //                ("1f1b" or "gpipe")
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
-//                drop_percent, delay and jitter (durations), stall
+//                drop_percent, delay and jitter (durations), flap_period, stall
 //   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
 //                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
 //
@@ -64,6 +64,10 @@ namespace troupe::train {
 //   delay-node@S[:R]         every packet in or out of the host of rank R's node is held [chaos]
 //                            delay ± jitter before step S, for [chaos] network_fault (a relay of
 //                            troupe's on that host: no netem needed)
+//   oneway-node@S[:R]        what the host of rank R's node sends is dropped, what is sent to it
+//                            arrives, before step S, for [chaos] network_fault
+//   flap-node@S[:R]          the host of rank R's node cut off both ways and restored, every
+//                            [chaos] flap_period in turn, before step S, for [chaos] network_fault
 // The network faults are carried out by the node's agent on its own host (iptables in its network
 // namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
 // even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
@@ -80,6 +84,8 @@ enum class FaultKind {
   kDropNode,
   kStallCoordinator,
   kDelayNode,
+  kOneWayNode,
+  kFlapNode,
 };
 // "kill-worker", ... as written in job specs and on the command line.
 const char* FaultKindName(FaultKind kind);
@@ -159,6 +165,7 @@ struct JobSpec {
   absl::Duration stall = absl::Seconds(12);         // stall-coordinator: how long
   absl::Duration delay = absl::Milliseconds(5);     // delay-node: each way, on the node's host
   absl::Duration jitter = absl::Milliseconds(1);    // delay-node: ± (uniform), at most delay
+  absl::Duration flap_period = absl::Seconds(1);    // flap-node: each cut, and each gap
   Timeouts timeouts;
 
   std::string ToToml() const;
