@@ -23,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "chaos_lab.h"
 #include "commands.h"
 #include "nlohmann/json.hpp"
 #include "troupe/actors/job_audit.h"
@@ -38,8 +40,9 @@ using json = nlohmann::json;
 
 constexpr char kUsage[] =
     "usage: troupe chaos run [--spec FILE.toml] [--trials N] [--seed S] [--faults LIST]\n"
-    "                        [--max-faults K] [--report DIR] [--shrink-budget N] [--continuous]\n"
-    "                        [--invariant CMD] [--workers N] [--steps N] [--data_dir DIR]\n"
+    "                        [--max-faults K] [--lab HOSTS] [--schedule FAULTS] [--report DIR]\n"
+    "                        [--shrink-budget N] [--continuous] [--invariant CMD] [--workers N]\n"
+    "                        [--steps N] [--data_dir DIR]\n"
     "  Runs the job once without faults (the reference weights), then N trials, each with a\n"
     "  schedule of 1..K faults drawn from the seed (kinds from --faults; default: every kind that\n"
     "  acts on one machine). After each trial it checks: exit status 0; the final weights equal\n"
@@ -50,15 +53,20 @@ constexpr char kUsage[] =
     "  holds). A failing schedule is shrunk (faults removed, moved earlier) to a smallest one "
     "that\n"
     "  still fails, printed as the `troupe train` command that reproduces it.\n"
+    "  --lab HOSTS: each trial on a fresh lab of namespaced hosts (scripts/lab; root): a node\n"
+    "  agent with one worker on each of HOSTS hosts, the head and the driver on one more; the\n"
+    "  network kinds join the draw (partition-, oneway-, flap-, drop-, delay-node), and the\n"
+    "  workers must be idle, the hosts' /tmp empty and the lab removable after each trial.\n"
+    "  --schedule FAULTS: run that one schedule (\"kill-worker@5:1 partition-node@9:2\") as\n"
+    "  every trial, instead of drawing: how a lab failure is reproduced.\n"
     "  Report: <report>/report.json, a table on stdout, an SVG timeline per failing trial.\n"
     "Exit status: 0 every invariant held, 1 some failed, 2 bad spec or flags.";
-
-std::atomic<bool> g_stop{false};
 
 struct ChaosFlags {
   SpecFlags spec;
   int64_t trials = 20, seed = 1, max_faults = 3, shrink_budget = 20;
-  std::string faults, report_dir = "troupe-chaos", invariant;
+  int64_t lab = 0;
+  std::string faults, report_dir = "troupe-chaos", invariant, schedule;
   bool continuous = false;
   runtime::Duration trial_timeout = std::chrono::minutes(10);
 
@@ -70,6 +78,11 @@ struct ChaosFlags {
                      "fault kinds to draw from, comma-separated (\"\": every kind that acts on "
                      "one machine)");
     config.AddInt("max-faults", &max_faults, "faults per trial: 1..K", runtime::InRange(1, 32));
+    config.AddInt("lab", &lab,
+                  "worker hosts of a lab each trial runs on (0: this machine's embedded cluster)",
+                  runtime::InRange(0, 16));
+    config.AddString("schedule", &schedule,
+                     "one schedule every trial runs, faults separated by spaces (\"\": drawn)");
     config.AddString("report", &report_dir, "where the trials, report.json and timelines go");
     config.AddInt("shrink-budget", &shrink_budget,
                   "runs a failing schedule's shrinking may take (0: no shrinking)",
@@ -84,16 +97,17 @@ struct ChaosFlags {
   }
 };
 
+struct Failure {
+  std::string invariant, detail;
+};
+
 // What one run of the job gave.
 struct Run {
   int exit_code = -1;  // -1: timed out (killed)
   double seconds = 0;
   std::map<std::string, std::string> report;  // `troupe train --report` fields
   std::vector<base::SupervisionEvent> events;
-};
-
-struct Failure {
-  std::string invariant, detail;
+  std::vector<Failure> lab;  // on the lab: what its cluster or its removal found wrong
 };
 
 struct Verdict {
@@ -143,80 +157,20 @@ std::vector<pid_t> MarkedProcesses(const std::string& marker) {
   return out;
 }
 
-// A child process's end: its exit status, or kTimedOut / kInterrupted / kNotStarted.
-struct Child {
-  static constexpr int kTimedOut = -1, kInterrupted = -2, kNotStarted = -3;
-  int exit_code = kNotStarted;
-  double seconds = 0;
-};
-
-// Runs `argv` with `env` added to this process's environment, in a process group of its own
-// (a terminal's Ctrl-C reaches the runner only), stdout and stderr to `out_path`; killed (its
-// group) after `timeout`, or when the runner is asked to stop.
-Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
-               const std::string& out_path, std::chrono::nanoseconds timeout) {
-  // Everything the child needs is built before fork: it only calls async-signal-safe functions.
-  std::map<std::string, std::string> all;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    const size_t eq = kv.find('=');
-    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  for (const auto& [k, v] : env) all[k] = v;
-  std::vector<std::string> env_s;
-  for (const auto& [k, v] : all) env_s.push_back(k + "=" + v);
-  std::vector<char*> args, envp;
-  for (std::string& a : argv) args.push_back(a.data());
-  for (std::string& e : env_s) envp.push_back(e.data());
-  args.push_back(nullptr);
-  envp.push_back(nullptr);
-  const auto start = std::chrono::steady_clock::now();
-  Child c;
-  const pid_t pid = fork();
-  if (pid < 0) return c;
-  if (pid == 0) {
-    setpgid(0, 0);
-    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (out >= 0) dup2(out, 1), dup2(out, 2), close(out);
-    execve(args[0], args.data(), envp.data());
-    _exit(127);
-  }
-  setpgid(pid, pid);  // also here: no race with the kill below
-  int status = 0;
-  pid_t done = 0;
-  while ((done = waitpid(pid, &status, WNOHANG)) == 0) {
-    const bool late = std::chrono::steady_clock::now() - start > timeout;
-    if (late || g_stop) {
-      kill(-pid, SIGTERM);
-      for (int i = 0; i < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
-      kill(-pid, SIGKILL);
-      if (done == 0) waitpid(pid, &status, 0);
-      c.exit_code = late ? Child::kTimedOut : Child::kInterrupted;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (c.exit_code == Child::kNotStarted && done == pid) {
-    c.exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
-                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                        : Child::kNotStarted;
-  }
-  return c;
-}
-
 class Runner {
  public:
-  Runner(ChaosFlags flags, train::JobSpec spec, std::string job_toml)
-      : flags_(std::move(flags)), spec_(std::move(spec)), job_toml_(std::move(job_toml)) {
+  Runner(ChaosFlags flags, train::JobSpec spec, std::string job_toml, std::string lab_script)
+      : flags_(std::move(flags)),
+        spec_(std::move(spec)),
+        job_toml_(std::move(job_toml)),
+        lab_script_(std::move(lab_script)) {
     std::error_code ec;
     self_ = fs::read_symlink("/proc/self/exe", ec).string();  // this binary, for the trials
   }
 
   // Runs the job with `schedule` in `dir` (emptied first).
   Run Execute(const std::vector<train::Fault>& schedule, const std::string& dir) const {
+    if (flags_.lab > 0) return ExecuteOnLab(schedule, dir);
     std::error_code ec;
     fs::remove_all(dir, ec);
     fs::create_directories(dir + "/tmp", ec);
@@ -228,6 +182,61 @@ class Runner {
                              dir + "/out.txt", flags_.trial_timeout);
     r.exit_code = c.exit_code;
     r.seconds = c.seconds;
+    ReadOutcome(dir, &r);
+    return r;
+  }
+
+  // The same on a fresh lab: the job's work_dir on the lab's shared directory, copied to `dir`
+  // once the checks that need the lab are done; the lab removed.
+  Run ExecuteOnLab(const std::vector<train::Fault>& schedule, const std::string& dir) const {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    Run r;
+    const std::map<std::string, std::string> env = {{kTrialMarker, dir}};
+    ChaosLab lab(lab_script_, self_, static_cast<int>(flags_.lab));
+    if (absl::Status up = lab.Up(env); !up.ok()) {
+      r.exit_code = Child::kNotStarted;
+      r.lab.push_back({"lab", std::string(up.message())});
+      (void)lab.Down();
+      return r;
+    }
+    // The spec and the corpus where every host sees them (a report under /tmp would not be).
+    train::JobSpec spec = spec_;
+    const std::string data = spec.model.data_dir;
+    spec.model.data_dir = lab.shared() + "/data";
+    if (fs::exists(data, ec)) fs::copy(data, spec.model.data_dir, fs::copy_options::recursive, ec);
+    std::ofstream(lab.shared() + "/job.toml") << spec.ToToml();
+    const std::string work = lab.shared() + "/job";
+    std::vector<std::string> argv = {self_,        "train",
+                                     "--head",     lab.head(),
+                                     "--spec",     lab.shared() + "/job.toml",
+                                     "--work_dir", work,
+                                     "--report",   work + "/report.txt"};
+    for (const train::Fault& f : schedule) argv.insert(argv.end(), {"--chaos", f.ToString()});
+    const Child c = RunChild(lab.OnHeadHost(argv), env, dir + "/out.txt", flags_.trial_timeout);
+    r.exit_code = c.exit_code;
+    r.seconds = c.seconds;
+    if (c.exit_code != Child::kInterrupted) {
+      for (absl::Status s : {lab.WorkersIdle(std::chrono::seconds(10)), lab.HostTmpEmpty()}) {
+        if (!s.ok()) r.lab.push_back({"leftovers", std::string(s.message())});
+      }
+    }
+    fs::copy(work, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
+    fs::copy(lab.shared() + "/logs", dir + "/cluster-logs", fs::copy_options::recursive, ec);
+    if (!fs::exists(data, ec)) {
+      fs::copy(spec.model.data_dir, data, fs::copy_options::recursive, ec);
+    }
+    if (absl::Status down = lab.Down(); !down.ok()) {
+      r.lab.push_back({"leftovers", std::string(down.message())});
+    }
+    ReadOutcome(dir, &r);
+    return r;
+  }
+
+  // The job's report and event log in `dir`.
+  static void ReadOutcome(const std::string& dir, Run* out) {
+    Run& r = *out;
     std::istringstream rep(Slurp(dir + "/report.txt"));
     for (std::string field; rep >> field;) {
       const size_t eq = field.find('=');
@@ -238,7 +247,6 @@ class Runner {
       base::SupervisionEvent e;
       if (base::ParseEvent(line, &e)) r.events.push_back(std::move(e));
     }
-    return r;
   }
 
   // The invariants of a run of `schedule` in `dir`.
@@ -248,6 +256,7 @@ class Runner {
     auto fail = [&](const std::string& inv, std::string detail) {
       v.failures.push_back({inv, std::move(detail)});
     };
+    for (const Failure& f : r.lab) fail(f.invariant, f.detail);
     if (r.exit_code != 0) {
       fail("exit", r.exit_code == Child::kTimedOut
                        ? absl::StrCat("timed out after ", r.seconds, " s")
@@ -320,7 +329,7 @@ class Runner {
     for (bool smaller = true; smaller && *runs < flags_.shrink_budget;) {
       smaller = false;
       for (const auto& candidate : train::ShrinkCandidates(schedule)) {
-        if (*runs >= flags_.shrink_budget || g_stop) break;
+        if (*runs >= flags_.shrink_budget || g_chaos_stop) break;
         const std::string at = absl::StrCat(dir, "/shrink-", ++*runs);
         const Run r = Execute(candidate, at);
         if (r.exit_code == Child::kInterrupted) break;
@@ -339,6 +348,11 @@ class Runner {
   }
 
   std::string Reproduce(const std::vector<train::Fault>& schedule) const {
+    if (flags_.lab > 0) {
+      return absl::StrCat("troupe chaos run --spec ", job_toml_, " --lab ", flags_.lab,
+                          " --trials 1 --report ", fs::path(job_toml_).parent_path().string(),
+                          "/repro --schedule '", train::FormatSchedule(schedule), "'");
+    }
     std::string cmd = absl::StrCat("troupe train --spec ", job_toml_, " --work_dir ",
                                    fs::path(job_toml_).parent_path().string(), "/repro");
     for (const train::Fault& f : schedule) absl::StrAppend(&cmd, " --chaos ", f.ToString());
@@ -394,7 +408,7 @@ class Runner {
 
   ChaosFlags flags_;
   train::JobSpec spec_;
-  std::string job_toml_, reference_crc_, self_;
+  std::string job_toml_, lab_script_, reference_crc_, self_;
   double step_slack_s_ = 0;
 };
 
@@ -451,14 +465,41 @@ std::string RecoverySummary(const Verdict& v) {
 struct Setup {
   train::JobSpec spec;
   std::vector<train::FaultKind> kinds;
-  std::string report, job_toml;
+  std::vector<train::Fault> schedule;  // --schedule: every trial's
+  std::string report, job_toml, lab_script;
 };
+
+// --schedule's faults, or --lab's script: a usage error names what is wrong.
+absl::Status PrepareFixed(const ChaosFlags& flags, Setup* out) {
+  for (absl::string_view f : absl::StrSplit(flags.schedule, ' ', absl::SkipWhitespace())) {
+    absl::StatusOr<train::Fault> fault = train::ParseFault(std::string(f));
+    if (!fault.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--schedule: '", f, "': ", fault.status().message()));
+    }
+    out->schedule.push_back(*fault);
+  }
+  if (flags.lab > 0) {
+    std::error_code ec;
+    out->lab_script = ChaosLab::FindScript(fs::read_symlink("/proc/self/exe", ec).string());
+    if (out->lab_script.empty()) {
+      return absl::FailedPreconditionError(
+          "--lab: scripts/lab not found (set TROUPE_LAB_SCRIPT to troupe's scripts/lab)");
+    }
+    if (geteuid() != 0) {
+      return absl::FailedPreconditionError("--lab: the lab needs root (namespaces, links)");
+    }
+  }
+  return absl::OkStatus();
+}
 
 int Prepare(const ChaosFlags& flags, Setup* out) {
   absl::StatusOr<train::JobSpec> spec = flags.spec.Make();
   absl::StatusOr<std::vector<train::FaultKind>> kinds =
-      flags.faults.empty() ? train::OneHostFaultKinds() : train::ParseFaultKinds(flags.faults);
-  for (const absl::Status& s : {spec.status(), kinds.status()}) {
+      !flags.faults.empty() ? train::ParseFaultKinds(flags.faults)
+      : flags.lab > 0       ? train::LabFaultKinds()
+                            : train::OneHostFaultKinds();
+  for (const absl::Status& s : {spec.status(), kinds.status(), PrepareFixed(flags, out)}) {
     if (!s.ok()) {
       std::fprintf(stderr, "troupe chaos run: %s\n", std::string(s.message()).c_str());
       return 2;
@@ -476,6 +517,11 @@ int Prepare(const ChaosFlags& flags, Setup* out) {
   out->kinds = *kinds;
   out->spec = *spec;
   out->spec.faults.clear();
+  if (flags.lab > 0) {  // a worker per host
+    out->spec.workers = static_cast<int32_t>(flags.lab);
+    out->spec.min_workers = std::min(out->spec.min_workers, out->spec.workers);
+    out->spec.max_workers = std::max(out->spec.max_workers, out->spec.workers);
+  }
   // Each trial's checkpoints in its own work_dir: a shared [checkpoint] dir would resume one
   // trial from another's.
   out->spec.checkpoint_dir.clear();
@@ -494,12 +540,12 @@ int Prepare(const ChaosFlags& flags, Setup* out) {
 
 // Runs and judges trial `t`; prints its line, shrinks it if it failed; its report entry.
 json RunTrial(const ChaosFlags& flags, const Runner& runner, const train::ChaosDraw& draw,
-              const std::string& report, int64_t t) {
+              const std::vector<train::Fault>& fixed, const std::string& report, int64_t t) {
   const std::vector<train::Fault> schedule =
-      train::DrawSchedule(static_cast<uint64_t>(flags.seed), t, draw);
+      !fixed.empty() ? fixed : train::DrawSchedule(static_cast<uint64_t>(flags.seed), t, draw);
   const std::string dir = absl::StrCat(report, "/trial-", t);
   const Run r = runner.Execute(schedule, dir);
-  if (r.exit_code == Child::kInterrupted || g_stop) return json();  // stopped: no verdict
+  if (r.exit_code == Child::kInterrupted || g_chaos_stop) return json();  // stopped: no verdict
   const Verdict v = runner.Judge(schedule, dir, r);
   std::printf("%-6lld %-60s %-8s %-14s %-5lld %.1f\n", static_cast<long long>(t),
               train::FormatSchedule(schedule).c_str(), v.Held() ? "ok" : "FAILED",
@@ -547,11 +593,15 @@ int RunChaos(const ChaosFlags& flags) {
   Setup setup;
   if (int rc = Prepare(flags, &setup); rc != 0) return rc;
   const train::JobSpec& spec = setup.spec;
-  Runner runner(flags, spec, setup.job_toml);
+  Runner runner(flags, spec, setup.job_toml, setup.lab_script);
   std::printf(
-      "troupe chaos: %s, %lld steps on %d workers; seed %lld, %s trials of 1..%lld "
+      "troupe chaos: %s, %lld steps on %d workers%s; seed %lld, %s trials of 1..%lld "
       "faults from %zu kinds; report in %s\n",
       spec.name.c_str(), static_cast<long long>(spec.steps), spec.workers,
+      flags.lab > 0 ? absl::StrCat(" (a host each, on lab ", ChaosLab("", "", 0).name(), " of ",
+                                   flags.lab + 1, " hosts)")
+                          .c_str()
+                    : "",
       static_cast<long long>(flags.seed),
       flags.continuous ? "continuous" : std::to_string(flags.trials).c_str(),
       static_cast<long long>(flags.max_faults), setup.kinds.size(), setup.report.c_str());
@@ -584,6 +634,7 @@ int RunChaos(const ChaosFlags& flags) {
       {"spec", setup.job_toml},
       {"seed", flags.seed},
       {"max_faults", flags.max_faults},
+      {"lab_hosts", flags.lab > 0 ? flags.lab + 1 : 0},
       {"kinds", json::array()},
       {"reference_crc32c", crc->second},
       {"deterministic", spec.deterministic},
@@ -593,8 +644,8 @@ int RunChaos(const ChaosFlags& flags) {
   if (!flags.invariant.empty()) doc["invariants"].push_back("user");
   int failed = 0;
   const auto started = std::chrono::steady_clock::now();
-  for (int64_t t = 0; (flags.continuous || t < flags.trials) && !g_stop; ++t) {
-    json row = RunTrial(flags, runner, draw, setup.report, t);
+  for (int64_t t = 0; (flags.continuous || t < flags.trials) && !g_chaos_stop; ++t) {
+    json row = RunTrial(flags, runner, draw, setup.schedule, setup.report, t);
     if (row.is_null()) break;  // interrupted
     failed += row["outcome"] == "failed";
     // A line per trial as it ends: a soak stopped hard still has every finished trial.
@@ -629,7 +680,7 @@ int RunChaosCommand(const Args& args) {
     return rc;
   }
   struct sigaction sa {};
-  sa.sa_handler = [](int) { g_stop = true; };
+  sa.sa_handler = [](int) { g_chaos_stop = true; };
   sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the runner at once
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);

@@ -114,6 +114,33 @@ TEST_F(ChaosCommandTest, AFailingInvariantExitsOneAndIsShrunkToTheReproducingCom
   EXPECT_NE(out.find("reproduce with:"), std::string::npos) << out;
 }
 
+// --lab: each trial on a fresh lab of namespaced hosts (here 2 worker hosts and the head's). A
+// partition of a worker's host holds every invariant (the trial's event log shows the worker
+// declared down), and no namespace or state of the lab is left.
+TEST_F(ChaosCommandTest, OnALabAPartitionedHostsTrialHoldsAndNoLabIsLeft) {
+  std::string out;
+  ASSERT_EQ(Chaos("lab",
+                  "--lab 2 --trials 1 --schedule partition-node@4:1 --invariant "
+                  "'grep -q trigger=worker_down $TROUPE_CHAOS_WORK_DIR/logs/events.log'",
+                  &out),
+            0)
+      << out;
+  const json r = Report("lab");
+  EXPECT_EQ(r["lab_hosts"], 3) << out;
+  ASSERT_EQ(r["trials"].size(), 1u) << out;
+  EXPECT_EQ(r["trials"][0]["schedule"], "partition-node@4:1");
+  EXPECT_EQ(r["trials"][0]["outcome"], "ok") << r["trials"][0].dump();
+  const std::string said = "on 2 workers (a host each, on lab ";
+  const size_t at = out.find(said);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string lab =
+      out.substr(at + said.size(), out.find(' ', at + said.size()) - at - said.size());
+  EXPECT_EQ(lab.rfind("trlabc", 0), 0u) << lab;
+  std::string left;
+  Shell("ip netns list; ls /run/troupe-lab 2>/dev/null", &left);
+  EXPECT_EQ(left.find(lab), std::string::npos) << left;
+}
+
 TEST_F(ChaosCommandTest, AnUnknownFaultKindIsAUsageError) {
   std::string out;
   EXPECT_EQ(Chaos("bad", "--faults kill-worker,explode", &out), 2) << out;

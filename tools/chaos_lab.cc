@@ -1,0 +1,230 @@
+#include "chaos_lab.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace troupe::tools {
+
+namespace fs = std::filesystem;
+
+std::atomic<bool> g_chaos_stop{false};
+
+Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
+               const std::string& out_path, std::chrono::nanoseconds timeout) {
+  // Everything the child needs is built before fork: it only calls async-signal-safe functions.
+  std::map<std::string, std::string> all;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) all[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) all[k] = v;
+  std::vector<std::string> env_s;
+  for (const auto& [k, v] : all) env_s.push_back(k + "=" + v);
+  std::vector<char*> args, envp;
+  for (std::string& a : argv) args.push_back(a.data());
+  for (std::string& e : env_s) envp.push_back(e.data());
+  args.push_back(nullptr);
+  envp.push_back(nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  Child c;
+  const pid_t pid = fork();
+  if (pid < 0) return c;
+  if (pid == 0) {
+    setpgid(0, 0);
+    const int out = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out >= 0) dup2(out, 1), dup2(out, 2), close(out);
+    execve(args[0], args.data(), envp.data());
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here: no race with the kill below
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(pid, &status, WNOHANG)) == 0) {
+    const bool late = std::chrono::steady_clock::now() - start > timeout;
+    if (late || g_chaos_stop) {
+      kill(-pid, SIGTERM);
+      for (int i = 0; i < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      kill(-pid, SIGKILL);
+      if (done == 0) waitpid(pid, &status, 0);
+      c.exit_code = late ? Child::kTimedOut : Child::kInterrupted;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (c.exit_code == Child::kNotStarted && done == pid) {
+    c.exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                  : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                        : Child::kNotStarted;
+  }
+  return c;
+}
+
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A command line for `sh -c`, every word single-quoted.
+std::string ShellWords(const std::vector<std::string>& argv) {
+  std::vector<std::string> q;
+  for (const std::string& a : argv)
+    q.push_back("'" + absl::StrReplaceAll(a, {{"'", "'\\''"}}) + "'");
+  return absl::StrJoin(q, " ");
+}
+
+}  // namespace
+
+ChaosLab::ChaosLab(std::string script, std::string troupe, int workers)
+    : script_(std::move(script)), troupe_(std::move(troupe)), workers_(workers) {
+  // "trlab" and 4 of [a-z0-9] (scripts/lab's rule): "c" and three from this runner's pid, so two
+  // runners (a test and a person's soak) never share a lab.
+  constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  unsigned v = static_cast<unsigned>(getpid()) % (36 * 36 * 36);
+  name_ = "trlabc";
+  for (int i = 0; i < 3; ++i, v /= 36) name_ += kDigits[v % 36];
+}
+
+std::string ChaosLab::FindScript(const std::string& troupe) {
+  std::error_code ec;
+  if (const char* env = std::getenv("TROUPE_LAB_SCRIPT"); env != nullptr && *env != '\0') {
+    return fs::exists(env, ec) ? env : "";
+  }
+  // <tree>/<build dir>/tools/troupe -> <tree>/scripts/lab
+  const fs::path tree = fs::path(troupe).parent_path().parent_path().parent_path();
+  const fs::path script = tree / "scripts" / "lab";
+  return fs::exists(script, ec) ? script.string() : "";
+}
+
+std::string ChaosLab::Host(int i) const { return absl::StrCat(name_, "-h", i); }
+
+int ChaosLab::Run(const std::vector<std::string>& argv, std::string* output) const {
+  char path[] = "/tmp/troupe-chaos-lab-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return Child::kNotStarted;
+  close(fd);
+  const Child c = RunChild(argv, env_, path, std::chrono::seconds(30));
+  if (output != nullptr) *output = ReadAll(path);
+  unlink(path);
+  return c.exit_code;
+}
+
+absl::Status ChaosLab::Up(const std::map<std::string, std::string>& env) {
+  env_ = env;
+  std::string out;
+  const int hosts = workers_ + 1;
+  if (Run({script_, "up", std::to_string(hosts), "--name", name_}, &out) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("`", script_, " up ", hosts, "` failed: ", absl::StripAsciiWhitespace(out)));
+  }
+  shared_ = std::string(
+      absl::StripAsciiWhitespace(ReadAll(absl::StrCat("/run/troupe-lab/", name_, "/shared"))));
+  std::string address;
+  Run({script_, "hosts", "--name", name_}, &out);
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() >= 2 && f[0] == Host(hosts)) address = f[1];
+  }
+  if (shared_.empty() || address.empty()) {
+    return absl::InternalError(
+        absl::StrCat("the lab ", name_, " has no shared directory or no ", Host(hosts), ": ", out));
+  }
+  head_ = address + ":7000";
+  fs::create_directories(shared_ + "/logs");
+  auto background = [&](const std::string& host, const std::vector<std::string>& argv,
+                        const std::string& log) {
+    return Run({script_, "exec", host, "/bin/sh", "-c",
+                absl::StrCat("exec ", ShellWords(argv), " >", log, " 2>&1 &")},
+               nullptr) == 0;
+  };
+  bool ok = background(Host(hosts), {troupe_, "head", "--host", address, "--port", "7000"},
+                       shared_ + "/logs/head.txt");
+  for (int i = 1; i <= workers_ && ok; ++i) {
+    ok = background(Host(i),
+                    {troupe_, "node", "--head", head_, "--name", Host(i), "--workers", "1",
+                     "--log_dir", shared_ + "/logs"},
+                    absl::StrCat(shared_, "/logs/node-", Host(i), ".txt"));
+  }
+  if (!ok || Run(OnHeadHost({troupe_, "status", "--head", head_, "--wait_workers",
+                             std::to_string(workers_), "--timeout", "20s"}),
+                 &out) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("the lab's cluster did not form: ", absl::StripAsciiWhitespace(out),
+                     " (logs in ", shared_, "/logs)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ChaosLab::OnHeadHost(const std::vector<std::string>& argv) const {
+  std::vector<std::string> full = {script_, "exec", Host(workers_ + 1)};
+  full.insert(full.end(), argv.begin(), argv.end());
+  return full;
+}
+
+absl::Status ChaosLab::WorkersIdle(std::chrono::milliseconds within) const {
+  const auto until = std::chrono::steady_clock::now() + within;
+  std::string busy;
+  do {
+    std::string out;
+    if (Run(OnHeadHost({troupe_, "status", "--head", head_}), &out) != 0) {
+      busy = "`troupe status` failed: " + out;
+    } else {
+      busy.clear();
+      for (absl::string_view line : absl::StrSplit(out, '\n')) {
+        if (absl::StartsWith(line, "  worker ") && absl::StrContains(line, " alive ") &&
+            !absl::EndsWith(line, " actors=-")) {
+          absl::StrAppend(&busy, busy.empty() ? "" : "; ", absl::StripAsciiWhitespace(line));
+        }
+      }
+    }
+    if (busy.empty()) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  } while (std::chrono::steady_clock::now() < until);
+  return absl::FailedPreconditionError("workers still busy after the job: " + busy);
+}
+
+absl::Status ChaosLab::HostTmpEmpty() const {
+  std::vector<std::string> left;
+  for (int i = 1; i <= workers_ + 1; ++i) {
+    std::string out;
+    Run({script_, "exec", Host(i), "/bin/ls", "-A", "/tmp"}, &out);
+    for (absl::string_view f : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
+      left.push_back(absl::StrCat(Host(i), ":/tmp/", f));
+    }
+  }
+  if (left.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError("temporary files left on the hosts: " +
+                                       absl::StrJoin(left, " "));
+}
+
+absl::Status ChaosLab::Down() {
+  std::string out;
+  if (Run({script_, "down", "--name", name_}, &out) != 0) {
+    return absl::InternalError(
+        absl::StrCat("`", script_, " down` found things left: ", absl::StripAsciiWhitespace(out)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace troupe::tools

@@ -1,0 +1,79 @@
+// chaos_lab.h — what `troupe chaos run` needs beyond the job: its child processes, and for --lab N
+// a cluster on the lab's hosts (scripts/lab: each host its own network, PID, mount and UTS
+// namespace on this machine), so that the network faults have links to act on.
+//
+//   ChaosLab lab(script, self, /*workers=*/4);   // hosts trlabcXYZ-h1..h5; the head on h5
+//   if (absl::Status s = lab.Up(marker_env); !s.ok()) ...   // a node agent with one worker on
+//                                                            // each of h1..h4, all joined
+//   RunChild(lab.OnHeadHost({self, "train", "--head", lab.head(), ...}), env, out, timeout);
+//   lab.WorkersIdle(...); lab.HostTmpEmpty(); lab.Down();   // each a leftover check
+#ifndef TROUPE_TOOLS_CHAOS_LAB_H_
+#define TROUPE_TOOLS_CHAOS_LAB_H_
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace troupe::tools {
+
+// Set by the runner's SIGINT/SIGTERM handler: a running child is stopped (its process group).
+extern std::atomic<bool> g_chaos_stop;
+
+// A child process's end: its exit status, or kTimedOut / kInterrupted / kNotStarted.
+struct Child {
+  static constexpr int kTimedOut = -1, kInterrupted = -2, kNotStarted = -3;
+  int exit_code = kNotStarted;
+  double seconds = 0;
+};
+
+// Runs `argv` (argv[0] a path) with `env` added to this process's environment, in a process
+// group of its own (a terminal's Ctrl-C reaches the runner only), stdout and stderr to
+// `out_path`; killed (its group: TERM, then KILL) after `timeout` or once g_chaos_stop is set.
+Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
+               const std::string& out_path, std::chrono::nanoseconds timeout);
+
+// A cluster on a fresh lab, for one trial: made by Up, removed by Down.
+class ChaosLab {
+ public:
+  // `script`: scripts/lab; `troupe`: this binary; `workers`: worker hosts (the head gets one more).
+  ChaosLab(std::string script, std::string troupe, int workers);
+
+  // scripts/lab: $TROUPE_LAB_SCRIPT, else scripts/lab of the source tree this binary was built in
+  // (<tree>/build*/tools/troupe); "" when neither exists.
+  static std::string FindScript(const std::string& troupe);
+
+  // Starts the lab (a stale one of its name removed first), a head on the last host and a node
+  // agent with one worker on each other, every process with `env`; returns once every worker
+  // has joined. The lab's shared directory is empty.
+  absl::Status Up(const std::map<std::string, std::string>& env);
+  // The lab's hosts and namespaces removed; an error names what was left (a leftover).
+  absl::Status Down();
+
+  // argv run on the head's host (scripts/lab exec).
+  std::vector<std::string> OnHeadHost(const std::vector<std::string>& argv) const;
+  // Every alive worker hosts no actor (`troupe status`), within `within` of the job's end.
+  absl::Status WorkersIdle(std::chrono::milliseconds within) const;
+  // No host has a file left in its /tmp.
+  absl::Status HostTmpEmpty() const;
+
+  const std::string& name() const { return name_; }      // "trlabc" and three of [a-z0-9]
+  const std::string& head() const { return head_; }      // "ADDRESS:PORT"
+  const std::string& shared() const { return shared_; }  // the same path on every host and here
+
+ private:
+  // Runs `argv` here and waits (30 s at most); its exit code and output.
+  int Run(const std::vector<std::string>& argv, std::string* output) const;
+  std::string Host(int i) const;  // i in 1..workers+1
+
+  std::string script_, troupe_, name_, head_, shared_;
+  int workers_;
+  std::map<std::string, std::string> env_;
+};
+
+}  // namespace troupe::tools
+
+#endif  // TROUPE_TOOLS_CHAOS_LAB_H_
