@@ -55,7 +55,8 @@ constexpr char kUsage[] =
     "  still fails, printed as the `troupe train` command that reproduces it.\n"
     "  --lab HOSTS: each trial on a fresh lab of namespaced hosts (scripts/lab; root): a node\n"
     "  agent with one worker on each of HOSTS hosts, the head and the driver on one more; the\n"
-    "  network kinds join the draw (partition-, oneway-, flap-, drop-, delay-node), and the\n"
+    "  network kinds join the draw (partition-, oneway-, flap-, drop-, delay-node) and the\n"
+    "  head's (kill-head, stop-head: carried out here once the step is committed), and the\n"
     "  workers must be idle, the hosts' /tmp empty and the lab removable after each trial.\n"
     "  --schedule FAULTS: run that one schedule (\"kill-worker@5:1 partition-node@9:2\") as\n"
     "  every trial, instead of drawing: how a lab failure is reproduced.\n"
@@ -125,37 +126,9 @@ struct Verdict {
   }
 };
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The environment variable that marks every process of one trial (the driver, and through it
 // the head, node agents and workers, which inherit it): its value is the trial's directory.
 constexpr char kTrialMarker[] = "TROUPE_CHAOS_TRIAL";
-
-// Live processes other than this one whose environment carries `marker` exactly.
-std::vector<pid_t> MarkedProcesses(const std::string& marker) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename();
-    int pid = 0;
-    if (!absl::SimpleAtoi(name, &pid) || pid == getpid()) continue;
-    const std::string env = Slurp(e.path().string() + "/environ");
-    for (size_t at = 0; at < env.size();) {
-      const size_t end = std::min(env.find('\0', at), env.size());
-      if (env.compare(at, end - at, marker) == 0) {
-        out.push_back(pid);
-        break;
-      }
-      at = end + 1;
-    }
-  }
-  return out;
-}
 
 class Runner {
  public:
@@ -213,8 +186,17 @@ class Runner {
                                      "--spec",     lab.shared() + "/job.toml",
                                      "--work_dir", work,
                                      "--report",   work + "/report.txt"};
-    for (const train::Fault& f : schedule) argv.insert(argv.end(), {"--chaos", f.ToString()});
+    std::vector<HeadFaults::At> head;  // the runner's to carry out; the rest the job's
+    for (const train::Fault& f : schedule) {
+      if (train::IsHeadFault(f.kind))
+        head.push_back({f.step, f.kind == train::FaultKind::kKillHead});
+      if (!train::IsHeadFault(f.kind)) argv.insert(argv.end(), {"--chaos", f.ToString()});
+    }
+    HeadFaults faults(&lab, head, work + "/commits.log",
+                      absl::ToChronoMilliseconds(spec_.network_fault));
     const Child c = RunChild(lab.OnHeadHost(argv), env, dir + "/out.txt", flags_.trial_timeout);
+    faults.Join();
+    std::ofstream(dir + "/head-faults.txt") << absl::StrJoin(faults.done(), "\n");
     r.exit_code = c.exit_code;
     r.seconds = c.seconds;
     if (c.exit_code != Child::kInterrupted) {
@@ -281,7 +263,8 @@ class Runner {
       const std::string defects = actors::ExactlyOnceDefects(
           dir, spec_.steps, spec_.model.microbatches, std::max<int64_t>(0, v.steps_lost));
       if (!defects.empty()) fail("exactly-once", defects.substr(0, defects.find('\n')));
-      const int64_t allowed = train::StepsLostAllowed(schedule, spec_.checkpoint_every);
+      const int64_t allowed =
+          train::StepsLostAllowed(schedule, spec_.checkpoint_every, flags_.lab > 0);
       if (v.steps_lost > allowed) {
         fail("steps-lost",
              absl::StrCat(v.steps_lost, " committed steps lost, the faults allow ", allowed));
@@ -515,6 +498,13 @@ int Prepare(const ChaosFlags& flags, Setup* out) {
   }
   out->report = report.lexically_normal().string();
   out->kinds = *kinds;
+  for (train::FaultKind k : out->kinds) {
+    if (train::IsHeadFault(k) && flags.lab == 0) {
+      std::fprintf(stderr, "troupe chaos run: --faults %s: the head's faults need --lab\n",
+                   train::FaultKindName(k));
+      return 2;
+    }
+  }
   out->spec = *spec;
   out->spec.faults.clear();
   if (flags.lab > 0) {  // a worker per host
@@ -629,7 +619,8 @@ int RunChaos(const ChaosFlags& flags) {
               "lost", "seconds");
   const train::ChaosDraw draw{setup.kinds,  static_cast<int>(flags.max_faults),
                               spec.steps,   spec.checkpoint_every,
-                              spec.workers, spec.min_workers};
+                              spec.workers, spec.min_workers,
+                              flags.lab > 0};
   json doc = {
       {"spec", setup.job_toml},
       {"seed", flags.seed},

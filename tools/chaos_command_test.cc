@@ -115,20 +115,22 @@ TEST_F(ChaosCommandTest, AFailingInvariantExitsOneAndIsShrunkToTheReproducingCom
 }
 
 // --lab: each trial on a fresh lab of namespaced hosts (here 2 worker hosts and the head's). A
-// partition of a worker's host holds every invariant (the trial's event log shows the worker
-// declared down), and no namespace or state of the lab is left.
-TEST_F(ChaosCommandTest, OnALabAPartitionedHostsTrialHoldsAndNoLabIsLeft) {
+// partition of a worker's host, then a kill -9 of the head (the runner's to carry out) hold
+// every invariant — the trial's event log shows the worker declared down, the runner's record
+// the head killed and started again — and no namespace or state of the lab is left.
+TEST_F(ChaosCommandTest, OnALabAPartitionedHostAndAKilledHeadHoldAndNoLabIsLeft) {
   std::string out;
   ASSERT_EQ(Chaos("lab",
-                  "--lab 2 --trials 1 --schedule partition-node@4:1 --invariant "
-                  "'grep -q trigger=worker_down $TROUPE_CHAOS_WORK_DIR/logs/events.log'",
+                  "--lab 2 --trials 1 --schedule 'partition-node@4:1 kill-head@8' --invariant "
+                  "'grep -q trigger=worker_down $TROUPE_CHAOS_WORK_DIR/logs/events.log && grep -q "
+                  "\"kill-head after commit .*: done\" $TROUPE_CHAOS_WORK_DIR/head-faults.txt'",
                   &out),
             0)
       << out;
   const json r = Report("lab");
   EXPECT_EQ(r["lab_hosts"], 3) << out;
   ASSERT_EQ(r["trials"].size(), 1u) << out;
-  EXPECT_EQ(r["trials"][0]["schedule"], "partition-node@4:1");
+  EXPECT_EQ(r["trials"][0]["schedule"], "partition-node@4:1 kill-head@8");
   EXPECT_EQ(r["trials"][0]["outcome"], "ok") << r["trials"][0].dump();
   const std::string said = "on 2 workers (a host each, on lab ";
   const size_t at = out.find(said);

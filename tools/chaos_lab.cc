@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
@@ -77,13 +79,38 @@ Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::s
   return c;
 }
 
-namespace {
-
-std::string ReadAll(const std::string& path) {
+std::string Slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::vector<pid_t> MarkedProcesses(const std::string& marker) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    int pid = 0;
+    if (!absl::SimpleAtoi(name, &pid) || pid == getpid()) continue;
+    const std::string env = Slurp(e.path().string() + "/environ");
+    for (size_t at = 0; at < env.size();) {
+      const size_t end = std::min(env.find('\0', at), env.size());
+      if (env.compare(at, end - at, marker) == 0) {
+        out.push_back(pid);
+        break;
+      }
+      at = end + 1;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+int64_t Lines(const std::string& path) {
+  const std::string text = Slurp(path);
+  return std::count(text.begin(), text.end(), '\n');
 }
 
 // A command line for `sh -c`, every word single-quoted.
@@ -125,7 +152,7 @@ int ChaosLab::Run(const std::vector<std::string>& argv, std::string* output) con
   if (fd < 0) return Child::kNotStarted;
   close(fd);
   const Child c = RunChild(argv, env_, path, std::chrono::seconds(30));
-  if (output != nullptr) *output = ReadAll(path);
+  if (output != nullptr) *output = Slurp(path);
   unlink(path);
   return c.exit_code;
 }
@@ -139,7 +166,7 @@ absl::Status ChaosLab::Up(const std::map<std::string, std::string>& env) {
         absl::StrCat("`", script_, " up ", hosts, "` failed: ", absl::StripAsciiWhitespace(out)));
   }
   shared_ = std::string(
-      absl::StripAsciiWhitespace(ReadAll(absl::StrCat("/run/troupe-lab/", name_, "/shared"))));
+      absl::StripAsciiWhitespace(Slurp(absl::StrCat("/run/troupe-lab/", name_, "/shared"))));
   std::string address;
   Run({script_, "hosts", "--name", name_}, &out);
   for (absl::string_view line : absl::StrSplit(out, '\n')) {
@@ -158,8 +185,7 @@ absl::Status ChaosLab::Up(const std::map<std::string, std::string>& env) {
                 absl::StrCat("exec ", ShellWords(argv), " >", log, " 2>&1 &")},
                nullptr) == 0;
   };
-  bool ok = background(Host(hosts), {troupe_, "head", "--host", address, "--port", "7000"},
-                       shared_ + "/logs/head.txt");
+  bool ok = background(Host(hosts), HeadArgv(), shared_ + "/logs/head.txt");
   for (int i = 1; i <= workers_ && ok; ++i) {
     ok = background(Host(i),
                     {troupe_, "node", "--head", head_, "--name", Host(i), "--workers", "1",
@@ -216,6 +242,67 @@ absl::Status ChaosLab::HostTmpEmpty() const {
   if (left.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError("temporary files left on the hosts: " +
                                        absl::StrJoin(left, " "));
+}
+
+std::vector<std::string> ChaosLab::HeadArgv() const {
+  const std::string address = head_.substr(0, head_.rfind(':'));
+  return {troupe_, "head", "--host", address, "--port", "7000", "--store", shared_ + "/head.db"};
+}
+
+absl::Status ChaosLab::KillHead() {
+  std::string out;
+  // The head's process, found by its command line on its own host (the driver runs there too).
+  const std::string pattern = absl::StrCat("^", troupe_, " head ");
+  if (Run(OnHeadHost({"/usr/bin/pkill", "-KILL", "-f", pattern}), &out) != 0) {
+    return absl::NotFoundError("no head to kill: " + out);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (Run({script_, "exec", Host(workers_ + 1), "/bin/sh", "-c",
+           absl::StrCat("exec ", ShellWords(HeadArgv()), " >>", shared_, "/logs/head.txt 2>&1 &")},
+          &out) != 0) {
+    return absl::InternalError("the head did not start again: " + out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChaosLab::StopHead(std::chrono::milliseconds stop_for) {
+  std::string out;
+  const std::string pattern = absl::StrCat("^", troupe_, " head ");
+  if (Run(OnHeadHost({"/usr/bin/pkill", "-STOP", "-f", pattern}), &out) != 0) {
+    return absl::NotFoundError("no head to stop: " + out);
+  }
+  std::this_thread::sleep_for(stop_for);
+  if (Run(OnHeadHost({"/usr/bin/pkill", "-CONT", "-f", pattern}), &out) != 0) {
+    return absl::InternalError("the head could not be continued: " + out);
+  }
+  return absl::OkStatus();
+}
+
+HeadFaults::HeadFaults(ChaosLab* lab, std::vector<At> faults, std::string commits_log,
+                       std::chrono::milliseconds stop_for)
+    : lab_(lab),
+      faults_(std::move(faults)),
+      commits_log_(std::move(commits_log)),
+      stop_for_(stop_for) {
+  if (!faults_.empty()) thread_ = std::thread([this] { Run(); });
+}
+
+void HeadFaults::Join() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void HeadFaults::Run() {
+  for (const At& f : faults_) {
+    int64_t commits = 0;
+    while ((commits = Lines(commits_log_)) < f.step) {
+      if (stop_) return;  // the job ended before it was due
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const absl::Status s = f.kill ? lab_->KillHead() : lab_->StopHead(stop_for_);
+    done_.push_back(absl::StrCat(f.kill ? "kill-head" : "stop-head", " after commit ", commits,
+                                 ": ", s.ok() ? "done" : std::string(s.message())));
+  }
 }
 
 absl::Status ChaosLab::Down() {

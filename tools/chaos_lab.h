@@ -10,10 +10,13 @@
 #ifndef TROUPE_TOOLS_CHAOS_LAB_H_
 #define TROUPE_TOOLS_CHAOS_LAB_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,6 +38,12 @@ struct Child {
 // `out_path`; killed (its group: TERM, then KILL) after `timeout` or once g_chaos_stop is set.
 Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
                const std::string& out_path, std::chrono::nanoseconds timeout);
+
+// A file's text ("" when it cannot be read).
+std::string Slurp(const std::string& path);
+
+// Live processes other than this one whose environment carries `marker` ("NAME=VALUE") exactly.
+std::vector<pid_t> MarkedProcesses(const std::string& marker);
 
 // A cluster on a fresh lab, for one trial: made by Up, removed by Down.
 class ChaosLab {
@@ -59,6 +68,10 @@ class ChaosLab {
   absl::Status WorkersIdle(std::chrono::milliseconds within) const;
   // No host has a file left in its /tmp.
   absl::Status HostTmpEmpty() const;
+  // The head killed (-9) and started again from its store (on the shared directory) 0.3 s later,
+  // as systemd would; or stopped (SIGSTOP) for `stop_for`, then continued.
+  absl::Status KillHead();
+  absl::Status StopHead(std::chrono::milliseconds stop_for);
 
   const std::string& name() const { return name_; }      // "trlabc" and three of [a-z0-9]
   const std::string& head() const { return head_; }      // "ADDRESS:PORT"
@@ -69,9 +82,40 @@ class ChaosLab {
   int Run(const std::vector<std::string>& argv, std::string* output) const;
   std::string Host(int i) const;  // i in 1..workers+1
 
+  std::vector<std::string> HeadArgv() const;
+
   std::string script_, troupe_, name_, head_, shared_;
   int workers_;
   std::map<std::string, std::string> env_;
+};
+
+// Carries out the head's faults, each once its step is committed (a line per commit in
+// `commits_log`), from a thread of its own; stops (joins) when destroyed.
+class HeadFaults {
+ public:
+  struct At {
+    int64_t step = 0;
+    bool kill = true;  // else a stop
+  };
+  HeadFaults(ChaosLab* lab, std::vector<At> faults, std::string commits_log,
+             std::chrono::milliseconds stop_for);
+  ~HeadFaults() { Join(); }
+  void Join();  // the faults already due are carried out; the others never will be
+  HeadFaults(const HeadFaults&) = delete;
+  HeadFaults& operator=(const HeadFaults&) = delete;
+  // What was done: "kill-head after commit 12: ok", one line each (after the destructor's join).
+  const std::vector<std::string>& done() const { return done_; }
+
+ private:
+  void Run();
+
+  ChaosLab* lab_;
+  std::vector<At> faults_;
+  std::string commits_log_;
+  std::chrono::milliseconds stop_for_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::string> done_;
+  std::thread thread_;
 };
 
 }  // namespace troupe::tools

@@ -47,8 +47,11 @@ bool KillsInAStep(FaultKind k) {
 // Workers a fault takes out of the job for good. A joiner gives none back here: it may be drawn
 // for a step after the kills it would offset. A cut host's worker is declared dead (its node
 // joins again with a new one after the heal, which is not counted on either).
-int Removes(FaultKind k) {
+int Removes(FaultKind k, bool coordinator_on_a_worker) {
   switch (k) {
+    case FaultKind::kKillCoordinator:
+    case FaultKind::kCrashInCheckpoint:
+      return coordinator_on_a_worker ? 1 : 0;
     case FaultKind::kKillWorker:
     case FaultKind::kStopWorker:
     case FaultKind::kSigtermNode:
@@ -76,8 +79,9 @@ std::vector<FaultKind> LabFaultKinds() {
   for (FaultKind k : OneHostFaultKinds()) {
     if (k != FaultKind::kJoinWorker) kinds.push_back(k);
   }
-  for (FaultKind k : {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
-                      FaultKind::kDropNode, FaultKind::kDelayNode}) {
+  for (FaultKind k :
+       {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
+        FaultKind::kDropNode, FaultKind::kDelayNode, FaultKind::kKillHead, FaultKind::kStopHead}) {
     kinds.push_back(k);
   }
   return kinds;
@@ -90,7 +94,7 @@ absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list) 
     absl::StatusOr<Fault> f = ParseFault(absl::StrCat(name, "@1"));
     if (!f.ok() || FaultKindName(f->kind) != name) {
       std::vector<std::string> known;
-      for (int k = 0; k <= static_cast<int>(FaultKind::kFlapNode); ++k) {
+      for (int k = 0; k <= static_cast<int>(FaultKind::kStopHead); ++k) {
         known.push_back(FaultKindName(static_cast<FaultKind>(k)));
       }
       return absl::InvalidArgumentError(absl::StrCat("--faults: unknown fault kind '", name,
@@ -115,7 +119,7 @@ std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& d
     // Kinds the job can still take; a draw of one it cannot is drawn again from the rest.
     std::vector<FaultKind> open;
     for (FaultKind k : draw.kinds) {
-      if (Removes(k) > spare) continue;
+      if (Removes(k, draw.coordinator_on_a_worker) > spare) continue;
       if (k == FaultKind::kCrashInCheckpoint && last_checkpoint < 1) continue;
       open.push_back(k);
     }
@@ -128,7 +132,7 @@ std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& d
     f.step = w.In(1, last);
     f.arg = TargetsARank(f.kind) ? static_cast<int32_t>(w.In(0, draw.workers - 1)) : -1;
     if (KillsInAStep(f.kind) && w.In(0, 1) == 1) f.point = StepPoint::kGather;
-    spare -= Removes(f.kind);
+    spare -= Removes(f.kind, draw.coordinator_on_a_worker);
     out.push_back(f);
   }
   std::stable_sort(out.begin(), out.end(),
@@ -160,7 +164,8 @@ std::string FormatSchedule(const std::vector<Fault>& schedule) {
                        [](std::string* out, const Fault& f) { out->append(f.ToString()); });
 }
 
-int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every) {
+int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every,
+                         bool coordinator_on_a_worker) {
   // Where a shard's owner and its buddy may die together: kill-shard-and-buddy, or two workers
   // taken out at one step boundary (they may be each other's buddy). Each rolls back to the newest
   // durable checkpoint, at most an interval behind (the one being written at the boundary the
@@ -169,10 +174,10 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
   int64_t pairs = 0;
   for (const Fault& f : schedule) {
     if (f.kind == FaultKind::kKillShardAndBuddy) ++pairs;
-    const bool takes_one = f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
-                           f.kind == FaultKind::kPartitionNode ||
-                           f.kind == FaultKind::kOneWayNode || f.kind == FaultKind::kFlapNode;
-    if (takes_one && ++removed_at[f.step] == 2) ++pairs;
+    if (f.kind != FaultKind::kKillShardAndBuddy && Removes(f.kind, coordinator_on_a_worker) == 1 &&
+        f.kind != FaultKind::kSigtermNode && ++removed_at[f.step] == 2) {
+      ++pairs;  // a drain hands its state over first: it loses nothing
+    }
   }
   return pairs * std::max<int64_t>(0, checkpoint_every);
 }

@@ -123,10 +123,30 @@ TEST(ChaosScheduleTest, LabDrawsEveryNetworkKindAndNoJoin) {
   }
   EXPECT_EQ(seen.size(), LabFaultKinds().size()) << "some kind was never drawn";
   EXPECT_EQ(seen.count(FaultKind::kJoinWorker), 0u);
-  for (FaultKind k : {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
-                      FaultKind::kDropNode, FaultKind::kDelayNode}) {
+  for (FaultKind k :
+       {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
+        FaultKind::kDropNode, FaultKind::kDelayNode, FaultKind::kKillHead, FaultKind::kStopHead}) {
     EXPECT_EQ(seen.count(k), 1u) << FaultKindName(k);
   }
+  // There the coordinator's process is a worker's: killing it takes a worker too.
+  d.coordinator_on_a_worker = true;
+  for (int64_t t = 0; t < 2000; ++t) {
+    const std::vector<Fault> s = DrawSchedule(3, t, d);
+    int removed = 0;
+    for (const Fault& f : s) {
+      removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
+                 : (f.kind == FaultKind::kDropNode || f.kind == FaultKind::kDelayNode ||
+                    f.kind == FaultKind::kStallCoordinator || IsHeadFault(f.kind))
+                     ? 0
+                     : 1;
+    }
+    EXPECT_LE(removed, 2) << FormatSchedule(s);
+  }
+  EXPECT_EQ(StepsLostAllowed({*ParseFault("kill-coordinator@7"), *ParseFault("kill-worker@7:2")},
+                             10, /*coordinator_on_a_worker=*/true),
+            10);
+  EXPECT_EQ(
+      StepsLostAllowed({*ParseFault("kill-coordinator@7"), *ParseFault("kill-worker@7:2")}, 10), 0);
   absl::StatusOr<std::vector<FaultKind>> k = ParseFaultKinds("oneway-node,flap-node");
   ASSERT_TRUE(k.ok()) << k.status();
   EXPECT_EQ(*k, (std::vector<FaultKind>{FaultKind::kOneWayNode, FaultKind::kFlapNode}));

@@ -133,6 +133,8 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
       actions.emplace_back(Kind::kStallSelf);
       break;
     case FaultKind::kCrashInCheckpoint:
+    case FaultKind::kKillHead:  // the runner's (ParseJobSpec refuses them in a job)
+    case FaultKind::kStopHead:
       break;
   }
   return out;

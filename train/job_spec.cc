@@ -43,8 +43,14 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kDelayNode, "delay-node"},
     {FaultKind::kOneWayNode, "oneway-node"},
     {FaultKind::kFlapNode, "flap-node"},
+    {FaultKind::kKillHead, "kill-head"},
+    {FaultKind::kStopHead, "stop-head"},
 };
 }  // namespace
+
+bool IsHeadFault(FaultKind kind) {
+  return kind == FaultKind::kKillHead || kind == FaultKind::kStopHead;
+}
 
 const char* FaultKindName(FaultKind kind) {
   for (const auto& [k, name] : kFaultKinds) {
@@ -304,6 +310,11 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
   for (const Fault& f : spec.faults) {
     if (f.step >= spec.steps) {
       return bad("chaos.faults", absl::StrCat("a step below job.steps (", spec.steps, ")"),
+                 absl::StrCat("'", f.ToString(), "'"));
+    }
+    if (IsHeadFault(f.kind)) {
+      return bad("chaos.faults",
+                 "a fault of the job (the head's are `troupe chaos run --lab`'s to carry out)",
                  absl::StrCat("'", f.ToString(), "'"));
     }
   }

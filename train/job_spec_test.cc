@@ -150,6 +150,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "timeouts.watchdog: expected less than timeouts.driver_silence (3m), got 5m"},
         BadCase{"[chaos]\ndelay = \"0s\"\n", "chaos.delay: expected a positive duration"},
         BadCase{"[chaos]\njitter = \"-1ms\"\n", "chaos.jitter: expected a duration >= 0"},
+        BadCase{"[chaos]\nfaults = [\"kill-head@3\"]\n",
+                "chaos.faults: expected a fault of the job (the head's are `troupe chaos run "
+                "--lab`'s to carry out), got 'kill-head@3'"},
         BadCase{"[chaos]\ndelay = \"2ms\"\njitter = \"3ms\"\n",
                 "chaos.jitter: expected at most [chaos] delay (2ms), got \"3ms\""},
         BadCase{"model = 3\n", "model: expected a table, got integer"},

@@ -30,13 +30,17 @@ struct ChaosDraw {
   int64_t checkpoint_every = 0;  // crash-in-checkpoint falls on or before the last checkpoint
   int32_t workers = 4;           // the job's first world: ranks are drawn in [0, workers)
   int32_t min_workers = 1;       // the faults never take the world below this
+  // The coordinator's process is one of the job's workers (a cluster the driver did not start,
+  // as on the lab): killing it takes that worker too.
+  bool coordinator_on_a_worker = false;
 };
 
 // The faults that act on one machine (the network kinds need hosts of their own: --lab).
 std::vector<FaultKind> OneHostFaultKinds();
 // The faults of a run on the lab's hosts: the one-machine kinds but join-worker (the driver of a
-// job on a cluster it did not start starts no worker, so the step would wait out join_wait), and
-// every network kind: partition-node, oneway-node, flap-node, drop-node, delay-node.
+// job on a cluster it did not start starts no worker, so the step would wait out join_wait),
+// every network kind (partition-node, oneway-node, flap-node, drop-node, delay-node), and the
+// head's (kill-head, stop-head: the runner's to carry out, not the job's).
 std::vector<FaultKind> LabFaultKinds();
 // "kill-worker,stop-worker" -> kinds; an unknown name is InvalidArgument naming it and the list.
 absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list);
@@ -56,7 +60,8 @@ std::string FormatSchedule(const std::vector<Fault>& schedule);
 // The committed steps the schedule may lose: 0, unless a shard's owner and its buddy may die
 // together (kill-shard-and-buddy, or two workers killed, stopped or cut off at one step), which
 // rolls back to the newest durable checkpoint: at most checkpoint_every steps per such event.
-int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every);
+int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every,
+                         bool coordinator_on_a_worker = false);
 
 // The longest a fault of `kind` may take from firing to the next commit on one host (the
 // `recovered` event's seconds): a kill is found at once (the liveness connection closes): 1 s;

@@ -68,6 +68,10 @@ namespace troupe::train {
 //                            arrives, before step S, for [chaos] network_fault
 //   flap-node@S[:R]          the host of rank R's node cut off both ways and restored, every
 //                            [chaos] flap_period in turn, before step S, for [chaos] network_fault
+//   kill-head@S, stop-head@S the head killed (-9) and started again from its store 0.3 s later, or
+//                            stopped (SIGSTOP) for [chaos] network_fault, once step S is
+//                            committed: carried out by `troupe chaos run --lab` on the head's host
+//                            (the head is no process of the job's); `troupe train` refuses them
 // The network faults are carried out by the node's agent on its own host (iptables in its network
 // namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
 // even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
@@ -86,7 +90,12 @@ enum class FaultKind {
   kDelayNode,
   kOneWayNode,
   kFlapNode,
+  kKillHead,
+  kStopHead,
 };
+// kill-head and stop-head: faults of the cluster's head, which `troupe chaos run --lab` carries
+// out; not the job's.
+bool IsHeadFault(FaultKind kind);
 // "kill-worker", ... as written in job specs and on the command line.
 const char* FaultKindName(FaultKind kind);
 
