@@ -93,6 +93,7 @@ MembershipCore::MembershipCore(Options options) : options_(std::move(options)) {
 void MembershipCore::Restore(uint64_t generation, std::vector<MemberInfo> members) {
   generation_ = generation;
   restored_ = std::move(members);
+  expecting_restored_ = true;
 }
 
 void MembershipCore::Publish(Actions* out, MembershipKind kind, const std::string& subject,
@@ -314,6 +315,7 @@ Actions MembershipCore::OnTick(TimePoint now) {
     for (auto& [id, m] : members_) m.last_seen += stall;
   }
   last_tick_ = now;
+  ExpectRestored(now);
   std::vector<std::string> silent;
   for (auto& [id, m] : members_) {
     if (m.info.state == MemberState::kDead) continue;
@@ -322,6 +324,30 @@ Actions MembershipCore::OnTick(TimePoint now) {
   Actions out;
   for (const auto& id : silent) DeclareSilent(&out, id, now);
   return out;
+}
+
+void MembershipCore::ExpectRestored(TimePoint now) {
+  if (!expecting_restored_) return;
+  if (!restored_since_) restored_since_ = now;
+  if (now - *restored_since_ <= 2 * options_.heartbeat_timeout) return;
+  // The previous head's alive members that have not come back (they retry every few hundred ms)
+  // become members last heard from at this head's start: silent past heartbeat_timeout, they are
+  // declared dead below like any other, and fenced (found by `troupe chaos`: a worker stopped
+  // while the head restarted was never declared dead, and every generation that counted on it
+  // waited out its bootstrap timeout until the job's watchdog failed it).
+  std::vector<MemberInfo> dead;
+  for (MemberInfo& r : restored_) {
+    if (r.state == MemberState::kDead) {
+      dead.push_back(std::move(r));
+    } else if (!members_.count(r.id)) {
+      Member m;
+      m.info = std::move(r);
+      m.last_seen = *restored_since_;
+      members_[m.info.id] = std::move(m);
+    }
+  }
+  restored_ = std::move(dead);
+  expecting_restored_ = false;
 }
 
 void MembershipCore::DeclareSilent(Actions* out, const std::string& id, TimePoint now) {

@@ -31,6 +31,9 @@
 //   is told to kill it when it was fenced. A worker's death releases its named actors; the last
 //   alive worker of an alive node takes the node out of placement (sched_drain).
 //
+// A head restored from its store (Restore) expects the previous head's alive members back
+// within 2 × heartbeat_timeout of its first tick; one that is not is declared dead as silent.
+//
 // Failure detector: OnTick every heartbeat_interval / 4. A member silent for more than
 // heartbeat_timeout is declared dead (11, 4). Silence that overlaps the head's own stall is not
 // the members': a tick later than 2 × heartbeat_interval after the previous one shifts every
@@ -123,7 +126,8 @@ class MembershipCore {
   explicit MembershipCore(Options options);
 
   // What a previous head left in the store: the generation goes on from `generation`; a worker
-  // `members` has dead stays refused.
+  // `members` has dead stays refused; a member it has alive that has not registered again within
+  // 2 × heartbeat_timeout of the first tick is then a member silent since that tick (11, 4).
   void Restore(uint64_t generation, std::vector<MemberInfo> members);
 
   // The first message of every join (`kind` "node" | "worker" as sent): [] to go on, or
@@ -195,6 +199,7 @@ class MembershipCore {
                       base::ExitCause cause);
   void ReportWorkerDown(Actions* out, const std::string& id);
   void MarkNodeDead(Actions* out, const std::string& node, const std::string& why);
+  void ExpectRestored(TimePoint now);  // see Restore
   void DeclareSilent(Actions* out, const std::string& id, TimePoint now);
   bool HasAliveWorker(const std::string& node) const;
 
@@ -202,6 +207,9 @@ class MembershipCore {
   uint64_t generation_ = 0;
   std::map<std::string, Member> members_;
   std::vector<MemberInfo> restored_;  // the previous head's table (Restore)
+  // Its alive members are expected back within 2 × heartbeat_timeout of the first tick.
+  bool expecting_restored_ = false;
+  std::optional<TimePoint> restored_since_;
   std::optional<TimePoint> last_tick_;
 };
 

@@ -363,6 +363,46 @@ TEST(MembershipCoreTest, ARestoredHeadGoesOnFromItsGenerationAndRefusesTheDead) 
             "publish(+g43,worker_alive,n1/w1)");
 }
 
+// Found by `troupe chaos run --lab` (kill-head@25 stop-worker@33:1): a worker stopped while the
+// head restarted never registered with the new head, which did not know it, so nobody declared
+// it dead and every generation counting on it waited out its bootstrap. The restored head expects
+// the previous head's alive members back within 2 × heartbeat_timeout of its first tick; one that
+// is not back is declared dead as silent, and fenced through its node if that came back.
+TEST(MembershipCoreTest, ARestoredMemberThatNeverComesBackIsDeclaredDeadAndFenced) {
+  MembershipCore core(TestOptions());
+  MemberInfo node = NodeJoin("n1");
+  node.state = MemberState::kAlive;
+  MemberInfo back = WorkerJoin("n1/w0", "n1"), stopped = WorkerJoin("n1/w1", "n1", 101);
+  back.kind = stopped.kind = MemberKind::kWorker;
+  back.state = stopped.state = MemberState::kAlive;
+  core.Restore(41, {node, back, stopped});
+  EXPECT_EQ(DebugString(core.OnTick(kT0)), "");
+  EXPECT_EQ(DebugString(core.OnNodeJoined(NodeJoin("n1"), kT0 + milliseconds(300))),
+            "publish(+g42,node_alive,n1) place_jobs");
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(WorkerJoin("n1/w0", "n1"), kT0 + milliseconds(300))),
+            "publish(+g43,worker_alive,n1/w0)");
+  std::string out;
+  for (int ms = 25; ms <= 2000; ms += 25) {
+    if (ms % 100 == 0) {
+      core.OnHeartbeat("n1", {}, kT0 + milliseconds(ms));
+      core.OnHeartbeat("n1/w0", {}, kT0 + milliseconds(ms));
+    }
+    out += DebugString(core.OnTick(kT0 + milliseconds(ms)));
+  }
+  EXPECT_EQ(out, "") << "within 2 × heartbeat_timeout, nobody is declared dead";
+  EXPECT_EQ(core.Phase("n1/w1"), MemberPhase::kAbsent);
+  out = DebugString(core.OnTick(kT0 + milliseconds(2025)));
+  EXPECT_NE(out.find("fence(n1,n1/w1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("release_actors(n1/w1)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("n1/w0"), std::string::npos) << "the worker that came back stays: " << out;
+  EXPECT_EQ(core.Phase("n1/w0"), MemberPhase::kAlive);
+  core.OnFlush("n1/w1");
+  EXPECT_EQ(core.Phase("n1/w1"), MemberPhase::kDead);
+  EXPECT_EQ(DebugString(core.OnRegisterWorker(stopped, kT0 + milliseconds(3000))),
+            "refuse(FAILED_PRECONDITION)")
+      << "declared dead: it stays out";
+}
+
 TEST(MembershipCoreTest, EventsAboutStrangersChangeNothing) {
   MembershipCore core = Cluster({"n1/w0"});
   const std::string before = core.DebugString();
