@@ -313,6 +313,7 @@ Actions MembershipCore::OnTick(TimePoint now) {
   if (last_tick_ && now - *last_tick_ > 2 * options_.heartbeat_interval) {
     const Duration stall = now - *last_tick_ - tick;
     for (auto& [id, m] : members_) m.last_seen += stall;
+    if (restored_since_) *restored_since_ += stall;  // nor is the wait for the restored
   }
   last_tick_ = now;
   ExpectRestored(now);

@@ -390,6 +390,20 @@ TEST(MembershipCoreTest, ARestoredMemberThatNeverComesBackIsDeclaredDeadAndFence
     out += DebugString(core.OnTick(kT0 + milliseconds(ms)));
   }
   EXPECT_EQ(out, "") << "within 2 × heartbeat_timeout, nobody is declared dead";
+  {
+    // A stall of the head's own inside that window is not the members': it extends the wait
+    // (here by 1.875 s: nobody is expected before 3.875 s).
+    MembershipCore stalled(TestOptions());
+    stalled.Restore(41, {node, back, stopped});
+    EXPECT_EQ(DebugString(stalled.OnTick(kT0)), "");
+    std::string early, late;
+    for (int ms = 1900; ms <= 4000; ms += 25) {
+      (ms <= 3875 ? early : late) += DebugString(stalled.OnTick(kT0 + milliseconds(ms)));
+    }
+    EXPECT_EQ(early, "");
+    EXPECT_NE(late.find("release_actors(n1/w1)"), std::string::npos) << late;
+    EXPECT_NE(late.find("node_dead,n1"), std::string::npos) << "its node never came back either";
+  }
   EXPECT_EQ(core.Phase("n1/w1"), MemberPhase::kAbsent);
   out = DebugString(core.OnTick(kT0 + milliseconds(2025)));
   EXPECT_NE(out.find("fence(n1,n1/w1)"), std::string::npos) << out;

@@ -260,7 +260,12 @@ int64_t MonotonicMs() {
     kill(relay_pid, SIGTERM);
     waitpid(relay_pid, nullptr, 0);
   }
-  for (size_t i = 0; i < remove.size() && in; ++i) RunAndWait(remove[i].data());
+  // Every rule out, however the flaps went (a failed command may have left a copy in or out): each
+  // deleted until iptables finds none.
+  for (size_t i = 0; i < remove.size() && (in || period_ms > 0); ++i) {
+    for (int tries = 0; tries < 8 && RunAndWait(remove[i].data()) == 0; ++tries) {
+    }
+  }
   _exit(failed < 0 ? 0 : 1);
 }
 

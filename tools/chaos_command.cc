@@ -197,6 +197,9 @@ class Runner {
     const Child c = RunChild(lab.OnHeadHost(argv), env, dir + "/out.txt", flags_.trial_timeout);
     faults.Join();
     std::ofstream(dir + "/head-faults.txt") << absl::StrJoin(faults.done(), "\n");
+    if (faults.failed()) {
+      r.lab.push_back({"head-fault", absl::StrJoin(faults.done(), "; ")});
+    }
     r.exit_code = c.exit_code;
     r.seconds = c.seconds;
     if (c.exit_code != Child::kInterrupted) {
@@ -459,6 +462,10 @@ absl::Status PrepareFixed(const ChaosFlags& flags, Setup* out) {
     if (!fault.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--schedule: '", f, "': ", fault.status().message()));
+    }
+    if (train::IsHeadFault(fault->kind) && flags.lab == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--schedule: '", f, "': the head's faults need --lab"));
     }
     out->schedule.push_back(*fault);
   }

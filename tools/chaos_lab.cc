@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 std::atomic<bool> g_chaos_stop{false};
 
 Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
-               const std::string& out_path, std::chrono::nanoseconds timeout) {
+               const std::string& out_path, std::chrono::nanoseconds timeout, bool finish) {
   // Everything the child needs is built before fork: it only calls async-signal-safe functions.
   std::map<std::string, std::string> all;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -58,7 +58,7 @@ Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::s
   pid_t done = 0;
   while ((done = waitpid(pid, &status, WNOHANG)) == 0) {
     const bool late = std::chrono::steady_clock::now() - start > timeout;
-    if (late || g_chaos_stop) {
+    if (late || (g_chaos_stop && !finish)) {
       kill(-pid, SIGTERM);
       for (int i = 0; i < 100 && (done = waitpid(pid, &status, WNOHANG)) == 0; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -113,6 +113,16 @@ int64_t Lines(const std::string& path) {
   return std::count(text.begin(), text.end(), '\n');
 }
 
+// `text` matched literally by an extended regular expression (pkill -f).
+std::string RegexLiteral(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string_view("\\.^$|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 // A command line for `sh -c`, every word single-quoted.
 std::string ShellWords(const std::vector<std::string>& argv) {
   std::vector<std::string> q;
@@ -151,7 +161,7 @@ int ChaosLab::Run(const std::vector<std::string>& argv, std::string* output) con
   const int fd = mkstemp(path);
   if (fd < 0) return Child::kNotStarted;
   close(fd);
-  const Child c = RunChild(argv, env_, path, std::chrono::seconds(30));
+  const Child c = RunChild(argv, env_, path, std::chrono::seconds(30), /*finish=*/true);
   if (output != nullptr) *output = Slurp(path);
   unlink(path);
   return c.exit_code;
@@ -182,7 +192,7 @@ absl::Status ChaosLab::Up(const std::map<std::string, std::string>& env) {
   auto background = [&](const std::string& host, const std::vector<std::string>& argv,
                         const std::string& log) {
     return Run({script_, "exec", host, "/bin/sh", "-c",
-                absl::StrCat("exec ", ShellWords(argv), " >", log, " 2>&1 &")},
+                absl::StrCat("exec ", ShellWords(argv), " >", ShellWords({log}), " 2>&1 &")},
                nullptr) == 0;
   };
   bool ok = background(Host(hosts), HeadArgv(), shared_ + "/logs/head.txt");
@@ -234,7 +244,9 @@ absl::Status ChaosLab::HostTmpEmpty() const {
   std::vector<std::string> left;
   for (int i = 1; i <= workers_ + 1; ++i) {
     std::string out;
-    Run({script_, "exec", Host(i), "/bin/ls", "-A", "/tmp"}, &out);
+    if (Run({script_, "exec", Host(i), "/bin/ls", "-A", "/tmp"}, &out) != 0) {
+      return absl::UnavailableError(absl::StrCat("cannot list ", Host(i), ":/tmp: ", out));
+    }
     for (absl::string_view f : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
       left.push_back(absl::StrCat(Host(i), ":/tmp/", f));
     }
@@ -252,22 +264,24 @@ std::vector<std::string> ChaosLab::HeadArgv() const {
 absl::Status ChaosLab::KillHead() {
   std::string out;
   // The head's process, found by its command line on its own host (the driver runs there too).
-  const std::string pattern = absl::StrCat("^", troupe_, " head ");
+  const std::string pattern = absl::StrCat("^", RegexLiteral(troupe_), " head ");
   if (Run(OnHeadHost({"/usr/bin/pkill", "-KILL", "-f", pattern}), &out) != 0) {
     return absl::NotFoundError("no head to kill: " + out);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  if (Run({script_, "exec", Host(workers_ + 1), "/bin/sh", "-c",
-           absl::StrCat("exec ", ShellWords(HeadArgv()), " >>", shared_, "/logs/head.txt 2>&1 &")},
-          &out) != 0) {
-    return absl::InternalError("the head did not start again: " + out);
+  Run({script_, "exec", Host(workers_ + 1), "/bin/sh", "-c",
+       absl::StrCat("exec ", ShellWords(HeadArgv()), " >>",
+                    ShellWords({shared_ + "/logs/head.txt"}), " 2>&1 &")},
+      &out);
+  if (Run(OnHeadHost({troupe_, "status", "--head", head_, "--timeout", "10s"}), &out) != 0) {
+    return absl::UnavailableError("the head did not come back: " + out);
   }
   return absl::OkStatus();
 }
 
 absl::Status ChaosLab::StopHead(std::chrono::milliseconds stop_for) {
   std::string out;
-  const std::string pattern = absl::StrCat("^", troupe_, " head ");
+  const std::string pattern = absl::StrCat("^", RegexLiteral(troupe_), " head ");
   if (Run(OnHeadHost({"/usr/bin/pkill", "-STOP", "-f", pattern}), &out) != 0) {
     return absl::NotFoundError("no head to stop: " + out);
   }
@@ -295,11 +309,16 @@ void HeadFaults::Join() {
 void HeadFaults::Run() {
   for (const At& f : faults_) {
     int64_t commits = 0;
-    while ((commits = Lines(commits_log_)) < f.step) {
-      if (stop_) return;  // the job ended before it was due
+    while ((commits = Lines(commits_log_)) < f.step && !stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+    if (stop_) {  // the job is over: a fault now would change nothing it is judged on
+      done_.push_back(absl::StrCat(f.kill ? "kill-head" : "stop-head", "@", f.step,
+                                   ": not carried out, the job ended first"));
+      continue;
+    }
     const absl::Status s = f.kill ? lab_->KillHead() : lab_->StopHead(stop_for_);
+    failed_ |= !s.ok();
     done_.push_back(absl::StrCat(f.kill ? "kill-head" : "stop-head", " after commit ", commits,
                                  ": ", s.ok() ? "done" : std::string(s.message())));
   }

@@ -35,9 +35,10 @@ struct Child {
 
 // Runs `argv` (argv[0] a path) with `env` added to this process's environment, in a process
 // group of its own (a terminal's Ctrl-C reaches the runner only), stdout and stderr to
-// `out_path`; killed (its group: TERM, then KILL) after `timeout` or once g_chaos_stop is set.
+// `out_path`; killed (its group: TERM, then KILL) after `timeout`, or once g_chaos_stop is set
+// unless `finish` (a clean-up that must run to its end, as removing a lab).
 Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
-               const std::string& out_path, std::chrono::nanoseconds timeout);
+               const std::string& out_path, std::chrono::nanoseconds timeout, bool finish = false);
 
 // A file's text ("" when it cannot be read).
 std::string Slurp(const std::string& path);
@@ -78,7 +79,8 @@ class ChaosLab {
   const std::string& shared() const { return shared_; }  // the same path on every host and here
 
  private:
-  // Runs `argv` here and waits (30 s at most); its exit code and output.
+  // Runs `argv` here and waits (30 s at most; a Ctrl-C does not cut it short: the lab is made and
+  // removed whole); its exit code and output.
   int Run(const std::vector<std::string>& argv, std::string* output) const;
   std::string Host(int i) const;  // i in 1..workers+1
 
@@ -89,8 +91,9 @@ class ChaosLab {
   std::map<std::string, std::string> env_;
 };
 
-// Carries out the head's faults, each once its step is committed (a line per commit in
-// `commits_log`), from a thread of its own; stops (joins) when destroyed.
+// Carries out the head's faults, each once `step` commits are recorded (lines in `commits_log`;
+// a step committed again after a rollback counts again), from a thread of its own; stops
+// (joins) when destroyed.
 class HeadFaults {
  public:
   struct At {
@@ -100,7 +103,8 @@ class HeadFaults {
   HeadFaults(ChaosLab* lab, std::vector<At> faults, std::string commits_log,
              std::chrono::milliseconds stop_for);
   ~HeadFaults() { Join(); }
-  void Join();  // the faults already due are carried out; the others never will be
+  void Join();  // the faults not carried out yet never will be (the job is over)
+  bool failed() const { return failed_; }  // a fault could not be carried out
   HeadFaults(const HeadFaults&) = delete;
   HeadFaults& operator=(const HeadFaults&) = delete;
   // What was done: "kill-head after commit 12: ok", one line each (after the destructor's join).
@@ -115,6 +119,7 @@ class HeadFaults {
   std::chrono::milliseconds stop_for_;
   std::atomic<bool> stop_{false};
   std::vector<std::string> done_;
+  bool failed_ = false;
   std::thread thread_;
 };
 

@@ -221,6 +221,10 @@ void ReadChaos(Section& s, JobSpec& spec) {
   s.Duration("delay", &spec.delay);
   s.Duration("jitter", &spec.jitter, /*zero_ok=*/true);
   s.Duration("flap_period", &spec.flap_period);
+  if (spec.flap_period < absl::Milliseconds(50)) {  // each flap runs iptables twice
+    s.Fail("flap_period", "at least 50ms",
+           absl::StrCat("\"", absl::FormatDuration(spec.flap_period), "\""));
+  }
   if (spec.jitter > spec.delay) {
     s.Fail("jitter", absl::StrCat("at most [chaos] delay (", absl::FormatDuration(spec.delay), ")"),
            absl::StrCat("\"", absl::FormatDuration(spec.jitter), "\""));

@@ -150,6 +150,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "timeouts.watchdog: expected less than timeouts.driver_silence (3m), got 5m"},
         BadCase{"[chaos]\ndelay = \"0s\"\n", "chaos.delay: expected a positive duration"},
         BadCase{"[chaos]\njitter = \"-1ms\"\n", "chaos.jitter: expected a duration >= 0"},
+        BadCase{"[chaos]\nflap_period = \"10ms\"\n",
+                "chaos.flap_period: expected at least 50ms, got \"10ms\""},
         BadCase{"[chaos]\nfaults = [\"kill-head@3\"]\n",
                 "chaos.faults: expected a fault of the job (the head's are `troupe chaos run "
                 "--lab`'s to carry out), got 'kill-head@3'"},
