@@ -241,6 +241,13 @@ absl::Status ChaosLab::WorkersIdle(std::chrono::milliseconds within) const {
 }
 
 absl::Status ChaosLab::HostTmpEmpty() const {
+  // A checkout under /tmp is bound back into each host's own /tmp by scripts/lab (a clone anywhere
+  // must work): its first directory there is the lab's, not a leftover.
+  std::error_code ec;
+  const fs::path checkout = fs::canonical(script_, ec).parent_path().parent_path();
+  const fs::path under_tmp = checkout.lexically_relative("/tmp");
+  const std::string lab_own =
+      !ec && !under_tmp.empty() && *under_tmp.begin() != ".." ? under_tmp.begin()->string() : "";
   std::vector<std::string> left;
   for (int i = 1; i <= workers_ + 1; ++i) {
     std::string out;
@@ -248,7 +255,7 @@ absl::Status ChaosLab::HostTmpEmpty() const {
       return absl::UnavailableError(absl::StrCat("cannot list ", Host(i), ":/tmp: ", out));
     }
     for (absl::string_view f : absl::StrSplit(out, '\n', absl::SkipWhitespace())) {
-      left.push_back(absl::StrCat(Host(i), ":/tmp/", f));
+      if (f != lab_own) left.push_back(absl::StrCat(Host(i), ":/tmp/", f));
     }
   }
   if (left.empty()) return absl::OkStatus();
