@@ -188,9 +188,11 @@ class Runner {
                                      "--report",   work + "/report.txt"};
     std::vector<HeadFaults::At> head;  // the runner's to carry out; the rest the job's
     for (const train::Fault& f : schedule) {
-      if (train::IsHeadFault(f.kind))
+      if (train::IsHeadFault(f.kind)) {
         head.push_back({f.step, f.kind == train::FaultKind::kKillHead});
-      if (!train::IsHeadFault(f.kind)) argv.insert(argv.end(), {"--chaos", f.ToString()});
+      } else {
+        argv.insert(argv.end(), {"--chaos", f.ToString()});
+      }
     }
     HeadFaults faults(&lab, head, work + "/commits.log",
                       absl::ToChronoMilliseconds(spec_.network_fault));
@@ -455,8 +457,15 @@ struct Setup {
   std::string report, job_toml, lab_script;
 };
 
-// --schedule's faults, or --lab's script: a usage error names what is wrong.
-absl::Status PrepareFixed(const ChaosFlags& flags, Setup* out) {
+// --schedule's faults, the kinds' needs, or --lab's script: a usage error names what is wrong.
+absl::Status PrepareFixed(const ChaosFlags& flags, const std::vector<train::FaultKind>& kinds,
+                          Setup* out) {
+  for (train::FaultKind k : kinds) {
+    if (train::IsHeadFault(k) && flags.lab == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--faults ", train::FaultKindName(k), ": the head's faults need --lab"));
+    }
+  }
   for (absl::string_view f : absl::StrSplit(flags.schedule, ' ', absl::SkipWhitespace())) {
     absl::StatusOr<train::Fault> fault = train::ParseFault(std::string(f));
     if (!fault.ok()) {
@@ -489,7 +498,8 @@ int Prepare(const ChaosFlags& flags, Setup* out) {
       !flags.faults.empty() ? train::ParseFaultKinds(flags.faults)
       : flags.lab > 0       ? train::LabFaultKinds()
                             : train::OneHostFaultKinds();
-  for (const absl::Status& s : {spec.status(), kinds.status(), PrepareFixed(flags, out)}) {
+  for (const absl::Status& s : {spec.status(), kinds.status(),
+                                kinds.ok() ? PrepareFixed(flags, *kinds, out) : absl::OkStatus()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "troupe chaos run: %s\n", std::string(s.message()).c_str());
       return 2;
@@ -505,13 +515,6 @@ int Prepare(const ChaosFlags& flags, Setup* out) {
   }
   out->report = report.lexically_normal().string();
   out->kinds = *kinds;
-  for (train::FaultKind k : out->kinds) {
-    if (train::IsHeadFault(k) && flags.lab == 0) {
-      std::fprintf(stderr, "troupe chaos run: --faults %s: the head's faults need --lab\n",
-                   train::FaultKindName(k));
-      return 2;
-    }
-  }
   out->spec = *spec;
   out->spec.faults.clear();
   if (flags.lab > 0) {  // a worker per host

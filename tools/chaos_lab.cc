@@ -268,13 +268,18 @@ std::vector<std::string> ChaosLab::HeadArgv() const {
   return {troupe_, "head", "--host", address, "--port", "7000", "--store", shared_ + "/head.db"};
 }
 
+absl::Status ChaosLab::SignalHead(const char* signal, std::string* out) const {
+  // The head's process, found by its command line on its own host (the driver runs there too).
+  return Run(OnHeadHost({"/usr/bin/pkill", signal, "-f",
+                         absl::StrCat("^", RegexLiteral(troupe_), " head ")}),
+             out) == 0
+             ? absl::OkStatus()
+             : absl::NotFoundError(absl::StrCat("pkill ", signal, " of the head: ", *out));
+}
+
 absl::Status ChaosLab::KillHead() {
   std::string out;
-  // The head's process, found by its command line on its own host (the driver runs there too).
-  const std::string pattern = absl::StrCat("^", RegexLiteral(troupe_), " head ");
-  if (Run(OnHeadHost({"/usr/bin/pkill", "-KILL", "-f", pattern}), &out) != 0) {
-    return absl::NotFoundError("no head to kill: " + out);
-  }
+  if (absl::Status s = SignalHead("-KILL", &out); !s.ok()) return s;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   Run({script_, "exec", Host(workers_ + 1), "/bin/sh", "-c",
        absl::StrCat("exec ", ShellWords(HeadArgv()), " >>",
@@ -288,15 +293,9 @@ absl::Status ChaosLab::KillHead() {
 
 absl::Status ChaosLab::StopHead(std::chrono::milliseconds stop_for) {
   std::string out;
-  const std::string pattern = absl::StrCat("^", RegexLiteral(troupe_), " head ");
-  if (Run(OnHeadHost({"/usr/bin/pkill", "-STOP", "-f", pattern}), &out) != 0) {
-    return absl::NotFoundError("no head to stop: " + out);
-  }
+  if (absl::Status s = SignalHead("-STOP", &out); !s.ok()) return s;
   std::this_thread::sleep_for(stop_for);
-  if (Run(OnHeadHost({"/usr/bin/pkill", "-CONT", "-f", pattern}), &out) != 0) {
-    return absl::InternalError("the head could not be continued: " + out);
-  }
-  return absl::OkStatus();
+  return SignalHead("-CONT", &out);
 }
 
 HeadFaults::HeadFaults(ChaosLab* lab, std::vector<At> faults, std::string commits_log,

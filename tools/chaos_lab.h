@@ -85,6 +85,8 @@ class ChaosLab {
   std::string Host(int i) const;  // i in 1..workers+1
 
   std::vector<std::string> HeadArgv() const;
+  // pkill `signal` ("-KILL", ...) of the head's process on its host; `out` is pkill's output.
+  absl::Status SignalHead(const char* signal, std::string* out) const;
 
   std::string script_, troupe_, name_, head_, shared_;
   int workers_;
