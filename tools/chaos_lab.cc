@@ -285,8 +285,13 @@ absl::Status ChaosLab::KillHead() {
        absl::StrCat("exec ", ShellWords(HeadArgv()), " >>",
                     ShellWords({shared_ + "/logs/head.txt"}), " 2>&1 &")},
       &out);
-  if (Run(OnHeadHost({troupe_, "status", "--head", head_, "--timeout", "10s"}), &out) != 0) {
-    return absl::UnavailableError("the head did not come back: " + out);
+  // `troupe status` tries once: asked again until the new head listens, for 10 s at most.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Run(OnHeadHost({troupe_, "status", "--head", head_}), &out) != 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      return absl::UnavailableError("the head did not come back within 10 s: " + out);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return absl::OkStatus();
 }
