@@ -336,6 +336,9 @@ caf::behavior Coordinator::Behavior() {
             "job ", id, " stopped by `troupe job stop` at step ", core_->committed())))}));
       },
       [this](runtime::membership_atom, const runtime::MembershipEvent& e) { HandleMembership(e); },
+      [this](give_up_atom, int32_t n) {
+        Execute(core_->OnGiveUp(n, "given up for a queued job of higher priority", Now()));
+      },
       [this](const RankConfigured& m) {
         Execute(core_->OnConfigured(m.generation, m.worker, m.status.ToStatus(), Now(), m.blamed));
       },

@@ -64,6 +64,8 @@ void Coordinator::Do(const train::CoordinatorAction& a) {
     case Kind::kReleaseNode:
       if (head_) self_->send(head_, runtime::release_node_atom::value, a.text);
       return;
+    case Kind::kReleaseRank:
+      return ReleaseRank(a.worker);
     case Kind::kMoveSelf:
       // An error exit: the job supervisor restarts this child where the scheduler places it now
       // (never on a draining node); the next incarnation resumes from the record just saved.
@@ -93,6 +95,17 @@ void Coordinator::Do(const train::CoordinatorAction& a) {
 }
 
 // The job's chaos faults, carried out where the core armed them.
+// A rank given up for another job, out of the generation: stopped, out of this job's watch first
+// (its exit is no worker's death); the driver hears which.
+void Coordinator::ReleaseRank(const std::string& worker) {
+  if (auto r = ranks_.find(worker); r != ranks_.end()) {
+    self_->demonitor(r->second.handle);
+    self_->send_exit(r->second.handle, caf::exit_reason::user_shutdown);
+    ranks_.erase(r);
+  }
+  self_->send(driver_, give_up_atom::value, worker);
+}
+
 void Coordinator::DoChaos(const train::CoordinatorAction& a) {
   switch (a.kind) {
     case Kind::kKillWorker:

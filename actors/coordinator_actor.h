@@ -104,6 +104,7 @@ class Coordinator {
   void Carry(const std::vector<LeaseAction>& actions);
   void Carry(const LeaseAction& a);
   void Do(const train::CoordinatorAction& a);
+  void ReleaseRank(const std::string& worker);
   void DoChaos(const train::CoordinatorAction& a);
   void AskLease();
   void LoseLease(const LeaseAction& a);

@@ -219,6 +219,11 @@ typename Inspector::result_type inspect(Inspector& f, JobFailed& x) {
 // Declares every message above to `registry` (RegisterTrainingActors calls it).
 void AddTrainingMessageTypes(runtime::ActorRegistry& registry);
 
+// (give_up_atom, int32 n) driver -> coordinator: the head asks the job to give n ranks up for a
+// queued job of higher priority (runtime::job_shrink_atom); (give_up_atom, worker) coordinator ->
+// driver: that worker's rank was handed over and stopped.
+using give_up_atom = caf::atom_constant<caf::atom("tr_giveup")>;
+
 // The collectives bootstrap's key-value store, served by the coordinator.
 using put_atom = caf::atom_constant<caf::atom("tr_put")>;
 using get_atom = caf::atom_constant<caf::atom("tr_get")>;

@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <map>
@@ -141,6 +143,16 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
           st->Finish(absl::CancelledError("stopped by `troupe job stop`"));
         }
       },
+      // Ranks for a queued job of higher priority: the coordinator hands them over, says which.
+      [st](runtime::job_shrink_atom, const std::string& id, int32_t n) {
+        *st->out << "job " << id << ": giving up " << n
+                 << " rank(s) to a queued job of higher priority" << std::endl;
+        if (st->coordinator) caf::anon_send(st->coordinator, give_up_atom::value, n);
+      },
+      [st](give_up_atom, const std::string& worker) {
+        st->ranks.erase(worker);
+        st->queue->Push({"rank_gone", worker});
+      },
       [st, forward](const RankJoined& j) {
         st->ranks[j.worker] = JoinInfo{j.node, j.domain, j.rank_name};
         if (st->coordinator) forward(j.worker, st->ranks[j.worker]);
@@ -148,6 +160,10 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
       [st](runtime::membership_atom, const runtime::MembershipEvent& e) {
         if (e.kind == runtime::MembershipKind::kWorkerAlive) st->queue->Push({"spawn", e.subject});
         if (e.kind == runtime::MembershipKind::kWorkerDown) st->ranks.erase(e.subject);
+        if (e.kind == runtime::MembershipKind::kWorkerDown ||
+            e.kind == runtime::MembershipKind::kWorkerExit) {
+          st->queue->Push({"rank_gone", e.subject});
+        }
         if (e.kind == runtime::MembershipKind::kWorkerDown ||
             e.kind == runtime::MembershipKind::kWorkerExit ||
             e.kind == runtime::MembershipKind::kNodeDead) {
@@ -320,10 +336,9 @@ absl::StatusOr<JobCluster> StartCluster(const train::JobSpec& spec, const TrainO
   return c;
 }
 
-// Workers register asynchronously: waits for `want` of them — all of the embedded cluster's, or
-// min_workers of a running cluster's (a job cannot start with fewer).
-absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec& spec, size_t want,
-                            const std::string& cluster) {
+// Workers register asynchronously: waits for all of the embedded cluster's `want` workers.
+absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec& spec,
+                            size_t want) {
   const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
   size_t alive = 0;
   while (absl::Now() < deadline) {
@@ -336,66 +351,116 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec
         }
       }
     }
-    if (alive >= want) break;
+    if (alive >= want) return absl::OkStatus();
     absl::SleepFor(absl::Milliseconds(10));
   }
-  if (alive < want) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        cluster, ": ", alive, " of ", want, " workers alive within ",
-        absl::FormatDuration(spec.timeouts.cluster_start), " (timeouts.cluster_start; logs in ",
-        cluster == "embedded cluster" ? spec.work_dir + "/logs" : "the node agents' --log_dir",
-        ")"));
-  }
-  return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat("embedded cluster: ", alive, " of ", want, " workers alive within ",
+                   absl::FormatDuration(spec.timeouts.cluster_start),
+                   " (timeouts.cluster_start; logs in ", spec.work_dir, "/logs)"));
 }
 
-// A rank actor on every live worker not yet serving this job (except the coordinator's node).
+// The job's ranks: asked of the head as a gang (ClusterClient::ReserveRanks: between min_workers
+// and the largest world at once, or the job waits queued, saying why), then a rank actor spawned
+// on each worker granted; more as workers join or are freed, up to the largest world.
 class RankSpawner {
  public:
   RankSpawner(runtime::ClusterClient& client, const train::JobSpec& spec, std::string spec_text,
-              bool embedded, caf::actor driver, std::ostream& out)
+              bool embedded, caf::actor driver, std::string job_id, std::ostream& out)
       : client_(client),
         spec_(spec),
         spec_text_(std::move(spec_text)),
         embedded_(embedded),
         driver_(std::move(driver)),
+        job_id_(std::move(job_id)),
         out_(out) {}
 
-  void SpawnNew() {
-    absl::StatusOr<std::vector<runtime::MemberInfo>> members = client_.Members();
-    if (!members.ok()) return;
-    for (const runtime::MemberInfo& m : *members) {
-      if (m.kind != runtime::MemberKind::kWorker || m.state != runtime::MemberState::kAlive ||
-          spawned_.count(m.id)) {
-        continue;
+  // Until the head grants the job its minimum, or `done` (the job was stopped while it waited).
+  absl::Status Admit(const std::function<bool()>& done) {
+    std::string said;
+    while (!done()) {
+      absl::StatusOr<runtime::RankGrant> g = client_.ReserveRanks(Gang(false));
+      if (!g.ok()) return g.status();
+      if (!g->workers.empty()) {
+        if (!said.empty()) out_ << "admitted: " << g->workers.size() << " ranks" << std::endl;
+        Spawn(g->workers);
+        return absl::OkStatus();
       }
-      if (embedded_ && m.node == "coord") continue;
-      spawned_.insert(m.id);
-      const std::string name =
-          absl::StrCat(spec_.name, ".", RunId(), ".rank.", absl::StrReplaceAll(m.id, {{"/", "."}}));
-      // A rank takes a cpu slot of its node (the coordinator takes none, so spread placement
-      // puts it where no rank is).
-      runtime::Placement at;
-      at.worker = m.id;
-      absl::StatusOr<train::Device> device = train::ParseDevice(spec_.model.device);
-      at.resources = device.ok() && device->is_cuda() ? "cpu=1,gpu=1" : "cpu=1";
-      absl::StatusOr<runtime::ActorRef> ref =
-          client_.Spawn(kRankActorType, caf::make_message(spec_text_, m.id, m.address), name, at);
-      if (!ref.ok()) {
-        out_ << "warning: cannot start a rank on " << m.id << ": " << ref.status() << std::endl;
-        continue;
-      }
-      caf::anon_send(driver_, RankJoined{m.id, m.node, FailureDomain(m), name});
+      if (g->waiting != said) out_ << "queued: " << g->waiting << std::endl;
+      said = g->waiting;
+      absl::SleepFor(absl::Milliseconds(200));
     }
+    return absl::OkStatus();
   }
+
+  // More ranks where the head grants them (a worker joined, another job freed some).
+  void Grow() {
+    if (static_cast<int32_t>(spawned_.size()) >= MaxRanks()) return;
+    absl::StatusOr<runtime::RankGrant> g = client_.ReserveRanks(Gang(true));
+    if (g.ok()) Spawn(g->workers);
+  }
+  // `worker`'s rank is gone (its worker died, or the rank was handed over).
+  void Forget(const std::string& worker) { spawned_.erase(worker); }
+  bool Full() const { return static_cast<int32_t>(spawned_.size()) >= MaxRanks(); }
   static int RunId() { return static_cast<int>(getpid()); }
 
  private:
+  int32_t MaxRanks() const {
+    return static_cast<int32_t>(std::min<int64_t>(
+        spec_.max_workers, int64_t{spec_.model.microbatches} * spec_.pipeline_stages));
+  }
+  runtime::RankGang Gang(bool grow) const {
+    runtime::RankGang g;
+    g.job = job_id_;
+    g.prefix = absl::StrCat(spec_.name, ".", RunId(), ".rank.");
+    // On a shared cluster the coordinator lives beside one of the job's own ranks; the embedded
+    // cluster keeps a node for it.
+    if (!embedded_) g.actors = absl::StrCat(spec_.name, ".", RunId(), ".");
+    g.min = std::min(spec_.min_workers, MaxRanks());
+    g.max = MaxRanks();
+    g.priority = spec_.priority;
+    g.grow = grow;
+    // A rank takes a cpu slot of its node (the coordinator takes none, so spread placement puts
+    // it where no rank is); on the embedded cluster, only the worker nodes (spot), never the
+    // coordinator's.
+    absl::StatusOr<train::Device> device = train::ParseDevice(spec_.model.device);
+    g.each.resources = device.ok() && device->is_cuda() ? "cpu=1,gpu=1" : "cpu=1";
+    g.each.strategy = runtime::PlacementStrategy::kSpread;
+    g.each.spot = runtime::SpotPreference::kPrefer;
+    if (embedded_) g.each.labels = "spot=true";
+    return g;
+  }
+
+  void Spawn(const std::vector<std::string>& workers) {
+    if (workers.empty()) return;
+    absl::StatusOr<std::vector<runtime::MemberInfo>> members = client_.Members();
+    if (!members.ok()) return;  // the reservations lapse; asked again at the next Grow
+    const runtime::RankGang gang = Gang(false);
+    for (const std::string& w : workers) {
+      auto m = std::find_if(members->begin(), members->end(),
+                            [&](const runtime::MemberInfo& x) { return x.id == w; });
+      if (m == members->end() || spawned_.count(w)) continue;
+      spawned_.insert(w);
+      const std::string name = gang.prefix + absl::StrReplaceAll(w, {{"/", "."}});
+      runtime::Placement at = gang.each;
+      at.worker = w;
+      absl::StatusOr<runtime::ActorRef> ref =
+          client_.Spawn(kRankActorType, caf::make_message(spec_text_, w, m->address), name, at);
+      if (!ref.ok()) {
+        out_ << "warning: cannot start a rank on " << w << ": " << ref.status() << std::endl;
+        spawned_.erase(w);
+        continue;
+      }
+      caf::anon_send(driver_, RankJoined{w, m->node, FailureDomain(*m), name});
+    }
+  }
+
   runtime::ClusterClient& client_;
   const train::JobSpec& spec_;
   const std::string spec_text_;
   const bool embedded_;
   caf::actor driver_;
+  const std::string job_id_;
   std::ostream& out_;
   std::set<std::string> spawned_;
 };
@@ -431,14 +496,22 @@ absl::StatusOr<JobReport> AwaitReport(const train::JobSpec& spec, const TrainOpt
                                       std::future<absl::StatusOr<JobReport>>& result,
                                       std::ostream& out) {
   const int64_t silence_ns = absl::ToInt64Nanoseconds(spec.timeouts.driver_silence);
+  absl::Time next_grow = absl::Now() + absl::Seconds(1);
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
+    // Capacity freed by another job reaches no event here: asked again every second.
+    if (absl::Now() >= next_grow && !ranks.Full()) {
+      ranks.Grow();
+      next_grow = absl::Now() + absl::Seconds(1);
+    }
     if (req && req->kind == "add_node" && cluster.local != nullptr) {
       absl::StatusOr<pid_t> pid = cluster.AddWorkerNode(req->arg);
       if (!pid.ok())
         out << "warning: adding node " << req->arg << ": " << pid.status() << std::endl;
     } else if (req && req->kind == "spawn") {
-      ranks.SpawnNew();
+      ranks.Grow();
+    } else if (req && req->kind == "rank_gone") {
+      ranks.Forget(req->arg);
     } else if (req && req->kind == "head_lost") {
       out << "head lost (" << req->arg << "): rejoining " << client.address() << " within "
           << absl::FormatDuration(absl::FromChrono(options.head_grace)) << std::endl;
@@ -498,14 +571,17 @@ absl::StatusOr<JobReport> Drive(const train::JobSpec& spec, const std::string& s
                                 const TrainOptions& options, JobCluster& cluster,
                                 runtime::ClusterClient& client, runtime::Runtime& rt,
                                 const caf::actor& driver, DriverState& st, DriverQueue& queue,
-                                std::future<absl::StatusOr<JobReport>>& result, std::ostream& out) {
-  TROUPE_RETURN_IF_ERROR(
-      cluster.local != nullptr
-          ? WaitForWorkers(client, spec, static_cast<size_t>(spec.workers) + 1, "embedded cluster")
-          : WaitForWorkers(client, spec, static_cast<size_t>(spec.min_workers),
-                           absl::StrCat("the cluster at ", options.head)));
-  RankSpawner ranks(client, spec, spec_text, cluster.local != nullptr, driver, out);
-  ranks.SpawnNew();
+                                std::future<absl::StatusOr<JobReport>>& result,
+                                const std::string& job_id, std::ostream& out) {
+  // A running cluster's job waits for its ranks in the head's queue (RankSpawner::Admit), with
+  // no deadline: it says why it waits.
+  if (cluster.local != nullptr) {
+    TROUPE_RETURN_IF_ERROR(WaitForWorkers(client, spec, static_cast<size_t>(spec.workers) + 1));
+  }
+  RankSpawner ranks(client, spec, spec_text, cluster.local != nullptr, driver, job_id, out);
+  TROUPE_RETURN_IF_ERROR(ranks.Admit(
+      [&result] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }));
+  if (result.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return result.get();
   TROUPE_RETURN_IF_ERROR(StartJobSupervisor(rt, spec, spec_text, driver));
   absl::StatusOr<JobReport> report =
       AwaitReport(spec, options, cluster, client, driver, st, queue, ranks, result, out);
@@ -579,8 +655,8 @@ absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions
   TROUPE_RETURN_IF_ERROR(reporter.Connect(rt->system(), client.head(), driver));
   st->reporter = &reporter;
   out << "job " << reporter.id() << " on the head at " << client.address() << std::endl;
-  absl::StatusOr<JobReport> report =
-      Drive(spec, spec_text, options, cluster, client, *rt, driver, *st, queue, result, out);
+  absl::StatusOr<JobReport> report = Drive(spec, spec_text, options, cluster, client, *rt, driver,
+                                           *st, queue, result, reporter.id(), out);
   reporter.End(report);
   return report;
 }

@@ -44,6 +44,8 @@ void RegisterClusterTypes(caf::actor_system_config& cfg) {
   cfg.add_message_type<MembershipEvent>("troupe.MembershipEvent");
   cfg.add_message_type<NodeFault>("troupe.NodeFault");
   cfg.add_message_type<Placement>("troupe.Placement");
+  cfg.add_message_type<RankGang>("troupe.RankGang");
+  cfg.add_message_type<RankGrant>("troupe.RankGrant");
   cfg.add_message_type<GroupStrategy>("troupe.GroupStrategy");
   cfg.add_message_type<internal::ActorStat>("troupe.ActorStat");
   cfg.add_message_type<std::vector<internal::ActorStat>>("troupe.ActorStats");
@@ -212,6 +214,12 @@ absl::StatusOr<std::string> ClusterClient::SubmitJob(const std::string& name,
 
 absl::Status ClusterClient::StopJob(const std::string& id) {
   return Ask<bool>(runtime_->system(), head_, timeout_, job_stop_atom::value, id).status();
+}
+
+absl::StatusOr<RankGrant> ClusterClient::ReserveRanks(const RankGang& gang) {
+  TROUPE_ASSIGN_OR_RETURN(
+      auto r, Ask<RankGrant>(runtime_->system(), head_, timeout_, job_gang_atom::value, gang));
+  return std::get<0>(r);
 }
 
 absl::StatusOr<std::string> ClusterClient::View(const std::string& what, const std::string& arg) {

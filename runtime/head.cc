@@ -55,6 +55,7 @@ caf::behavior HeadActor::make_behavior() {
   return MembershipHandlers()
       .or_else(DirectoryHandlers())
       .or_else(JobHandlers())
+      .or_else(GangHandlers())
       .or_else(ViewHandlers());
 }
 

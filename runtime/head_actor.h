@@ -5,6 +5,8 @@
 //   head_directory.cc  the named-actor directory: lookups, re-registration, leases, remote spawn
 //                      and placement groups
 //   head_jobs.cc       jobs: submit, register, end, stop, placing their drivers
+//   head_gangs.cc      jobs' ranks: gangs reserved, the queue of jobs waiting for theirs,
+//                      shrinking lower-priority jobs for a higher one
 //   head_views.cc      the ops views (cluster, jobs, job, logs, metrics) for the HTTP API
 // Private to those files. All state is touched only by the actor's own thread.
 #ifndef TROUPE_RUNTIME_HEAD_ACTOR_H_
@@ -30,6 +32,14 @@ namespace troupe::runtime::internal {
 
 // Every node carries this label, so a request can be pinned to one node by a selector.
 inline constexpr char kNodeLabel[] = "troupe.node";
+
+// The scheduler's request for a spawn placed by `where` (pinned to `node_pin` unless ""), and an
+// unschedulable decision as a status: ResourceExhausted when waiting may help, FailedPrecondition
+// when no node could ever fit (what ClusterClient callers branch on).
+absl::StatusOr<scheduler::ActorRequest> MakeActorRequest(const std::string& id,
+                                                         const Placement& where,
+                                                         const std::string& node_pin);
+absl::Status Unschedulable(const scheduler::Unschedulable& u, const std::string& what);
 
 class HeadActor final : public caf::event_based_actor {
  public:
@@ -117,6 +127,44 @@ class HeadActor final : public caf::event_based_actor {
   // A node labelled spot=true, its labels read as at its registration (ParseNodeSpec).
   static bool IsSpot(const MemberInfo& node);
 
+  // head_gangs.cc: jobs' ranks.
+  struct Reservation {
+    std::string job, worker;
+    Clock::time_point until;
+  };
+  struct QueuedJob {
+    int32_t priority = 0;
+    uint64_t seq = 0;  // first come, first served within a priority
+    bool can_fit = true;
+    int32_t missing = 0;  // ranks short of its min when it last asked
+    Clock::time_point asked;
+    std::string why;
+  };
+  struct Gang {
+    int32_t min = 1, max = 1, priority = 0;
+    std::string actors;              // RankGang::actors
+    Clock::time_point asked_shrink;  // when the head last asked this job to give ranks up
+  };
+  caf::message_handler GangHandlers();
+  RankGrant HandleGang(const RankGang& g);
+  // Reserves up to g.max ranks; returns the workers and, when it stopped short, why.
+  std::vector<std::string> ReserveUpTo(const RankGang& g, std::string* why);
+  // The queued job `g` waits behind ("" when none): a higher priority, or the same one earlier.
+  std::string QueuedAhead(const RankGang& g, uint64_t seq) const;
+  // An alive worker on `node` with no rank of any job and no reservation, or "".
+  std::string FreeRankWorker(const std::string& node) const;
+  // How many ranks of `each` the alive nodes could hold if nothing else ran there.
+  int64_t RankCapacity(const Placement& each) const;
+  int32_t RanksOf(const std::string& job) const;
+  // For a job's actor `name` other than its ranks (RankGang::actors): a worker of that job's own
+  // ranks, an on-demand node's first; "" for any other actor.
+  std::string OwnRankWorker(const std::string& name) const;
+  // Running lower-priority jobs above their min give up ranks for queued job `job`.
+  void ShrinkFor(const std::string& job, const QueuedJob& q);
+  void DropReservations(const std::function<bool(const Reservation&)>& which);
+  // The job ended: its reservations, queue place and gang go.
+  void EndGang(const std::string& job);
+
   // head_views.cc: the ops views.
   caf::message_handler ViewHandlers();
   absl::StatusOr<std::string> View(const std::string& what, const std::string& arg);
@@ -143,6 +191,11 @@ class HeadActor final : public caf::event_based_actor {
   JobTable jobs_;
   std::map<std::string, caf::actor> drivers_;  // running jobs' drivers, by job id
   Clock::time_point leases_from_;  // a head that took over grants none before (HandleLease)
+  std::map<std::string, Reservation> reserved_;  // ranks granted, not spawned yet, by name
+  std::map<std::string, std::string> rank_job_;  // every granted rank (reserved or running) -> job
+  std::map<std::string, QueuedJob> queued_;      // by job id
+  std::map<std::string, Gang> gangs_;            // jobs that asked for ranks, by job id
+  uint64_t queue_seq_ = 0;
 };
 
 }  // namespace troupe::runtime::internal

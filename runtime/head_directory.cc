@@ -9,7 +9,6 @@
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime::internal {
-namespace {
 
 // An unschedulable request: ResourceExhausted when waiting for resources may help,
 // FailedPrecondition when no node could ever fit (what ClusterClient callers branch on).
@@ -62,8 +61,6 @@ absl::StatusOr<scheduler::ActorRequest> MakeActorRequest(const std::string& id,
   return r;
 }
 
-}  // namespace
-
 caf::message_handler HeadActor::DirectoryHandlers() {
   return {
       [this](reg_actor_atom, const std::string& worker, const std::string& name, uint64_t gen,
@@ -101,6 +98,7 @@ HeadActor::Directory::iterator HeadActor::NamedDown(Directory::iterator it,
     send(it->second.requester, rdown_atom::value, it->first, it->second.generation, reason, detail);
   }
   (void)sched_.ReleaseActor(it->first);
+  rank_job_.erase(it->first);
   if (store_) StoreFailed(store_->RemoveActor(it->first));
   if (auto w = hosted_.find(it->second.worker); w != hosted_.end() && w->second > 0) {
     w->second--;
@@ -109,6 +107,7 @@ HeadActor::Directory::iterator HeadActor::NamedDown(Directory::iterator it,
 }
 
 void HeadActor::ReleaseActorsOf(const std::string& worker, const std::string& detail) {
+  DropReservations([&](const Reservation& r) { return r.worker == worker; });
   for (auto d = directory_.begin(); d != directory_.end();) {
     d = d->second.worker == worker
             ? NamedDown(d, caf::make_error(caf::exit_reason::remote_link_unreachable), detail)
@@ -226,33 +225,43 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
                                                                          uint64_t gen,
                                                                          const Placement& where) {
   std::string id = name.empty() ? absl::StrCat("anon-", ++anonymous_) : name;
+  // A job's rank spawned where the head reserved it (job_gang_atom): the reservation becomes
+  // the actor's own placement below.
+  std::string rank_of;
+  if (auto r = reserved_.find(id); r != reserved_.end()) {
+    rank_of = r->second.job;
+    reserved_.erase(r);
+  }
   if (directory_.count(id)) {
     // A restart of a named actor whose old incarnation the head has not seen die yet.
     NamedDown(directory_.find(id), caf::make_error(caf::exit_reason::user_shutdown),
               "replaced by a new incarnation");
   }
   (void)sched_.ReleaseActor(id);
-  std::string node_pin = where.node;
-  if (!where.worker.empty()) {
-    const MemberInfo* w = core_.Find(where.worker);
+  Placement at = where;
+  if (rank_of.empty() && at.worker.empty() && at.node.empty()) at.worker = OwnRankWorker(id);
+  std::string node_pin = at.node;
+  if (!at.worker.empty()) {
+    const MemberInfo* w = core_.Find(at.worker);
     if (w == nullptr || w->kind != MemberKind::kWorker || w->state != MemberState::kAlive) {
       return StatusToError(
-          absl::UnavailableError(absl::StrCat("no alive worker '", where.worker, "'")));
+          absl::UnavailableError(absl::StrCat("no alive worker '", at.worker, "'")));
     }
     node_pin = w->node;
   }
-  auto actor_request = MakeActorRequest(id, where, node_pin);
+  auto actor_request = MakeActorRequest(id, at, node_pin);
   if (!actor_request.ok()) return StatusToError(actor_request.status());
   auto decision = sched_.PlaceActor(*actor_request);
   if (!decision.ok()) return StatusToError(decision.status());
   if (!decision->placed()) return StatusToError(Unschedulable(*decision->unschedulable, id));
-  const std::string worker_id = LeastLoadedWorker(decision->node, where.worker);
+  const std::string worker_id = LeastLoadedWorker(decision->node, at.worker);
   if (worker_id.empty()) {
     (void)sched_.ReleaseActor(id);
     return StatusToError(absl::UnavailableError(
         absl::StrCat("no alive worker on node '", decision->node, "' for ", id)));
   }
   hosted_[worker_id]++;
+  if (!rank_of.empty()) rank_job_[id] = rank_of;
   // Before make_response_promise, which takes the sender out of the current message.
   caf::actor requester = caf::actor_cast<caf::actor>(current_sender());
   auto rp = make_response_promise<caf::actor, std::string, std::string>();
@@ -276,6 +285,7 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
           [this, rp, id, worker_id, answered](caf::error& e) mutable {
             ForgetSpawn(worker_id, answered);
             (void)sched_.ReleaseActor(id);
+            rank_job_.erase(id);
             if (auto w = hosted_.find(worker_id); w != hosted_.end() && w->second) w->second--;
             if (*answered) return;
             *answered = true;

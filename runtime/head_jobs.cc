@@ -94,6 +94,7 @@ void HeadActor::EndJob(const std::string& id, JobState state, const std::string&
   if (j == nullptr || JobEnded(j->state)) return;
   jobs_.End(id, state, error, report, Now());
   drivers_.erase(id);
+  EndGang(id);
   aout(this) << "troupe-head: job " << id << " " << Name(state) << (error.empty() ? "" : ": ")
              << error << std::endl;
   PutJob(id);

@@ -79,6 +79,8 @@ const char* Name(JobState s) {
   switch (s) {
     case JobState::kPending:
       return "pending";
+    case JobState::kQueued:
+      return "queued";
     case JobState::kRunning:
       return "running";
     case JobState::kSucceeded:
@@ -97,7 +99,9 @@ absl::StatusOr<JobState> ParseJobState(const std::string& text) {
   return ParseEnum("job state", text, kJobStates);
 }
 
-bool JobEnded(JobState s) { return s != JobState::kPending && s != JobState::kRunning; }
+bool JobEnded(JobState s) {
+  return s != JobState::kPending && s != JobState::kQueued && s != JobState::kRunning;
+}
 
 void Histogram::Observe(double v) {
   size_t i = 0;
@@ -165,6 +169,21 @@ absl::StatusOr<std::string> JobTable::Register(const std::string& id, const std:
 
 void JobTable::Placed(const std::string& id, const std::string& node) {
   if (Job* j = Find(id)) j->node = node;
+}
+
+void JobTable::Queued(const std::string& id, const std::string& why, int32_t priority) {
+  Job* j = Find(id);
+  if (j == nullptr || JobEnded(j->state)) return;
+  j->state = JobState::kQueued;
+  j->waiting = why;
+  j->priority = priority;
+}
+
+void JobTable::Admitted(const std::string& id) {
+  Job* j = Find(id);
+  if (j == nullptr || JobEnded(j->state)) return;
+  j->state = JobState::kRunning;
+  j->waiting.clear();
 }
 
 void JobTable::Ingest(const std::string& id, const std::vector<std::string>& lines) {
@@ -293,6 +312,8 @@ json JobTable::Summary(const Job& j) {
             {"steps_lost", j.steps_lost},
             {"recoveries", j.recoveries},
             {"last_event", j.last_event},
+            {"priority", j.priority},
+            {"waiting", j.waiting},
             {"error", j.error}};
   if (!j.report.is_null()) s["report"] = j.report;
   return s;
@@ -334,6 +355,8 @@ absl::Status JobTable::Restore(const std::string& id, const std::string& record)
     j.node = r.value("node", "");
     j.error = r.value("error", "");
     j.last_event = r.value("last_event", "");
+    j.waiting = r.value("waiting", "");
+    j.priority = r.value("priority", int32_t{0});
     j.submitted = r.value("submitted", false);
     j.driver_pid = r.value("driver_pid", int64_t{0});
     j.steps = r.value("steps", int64_t{0});

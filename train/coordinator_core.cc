@@ -93,6 +93,8 @@ std::string DebugString(const CoordinatorAction& a) {
       return "move_self";
     case Kind::kReleaseNode:
       return absl::StrCat("release_node(", a.text, ")");
+    case Kind::kReleaseRank:
+      return absl::StrCat("release_rank(", a.worker, ")");
     case Kind::kStallSelf:
       return "stall_self";
     case Kind::kArmCrash:
@@ -266,6 +268,27 @@ std::vector<CoordinatorAction> CoordinatorCore::OnNodeDraining(const std::string
 }
 
 void CoordinatorCore::SetOwnNode(const std::string& node) { own_node_ = node; }
+
+std::vector<CoordinatorAction> CoordinatorCore::OnGiveUp(int32_t n, const std::string& why,
+                                                         CoreTime) {
+  Actions out;
+  if (phase_ == CoordinatorPhase::kDone) return out;
+  // The highest ranks of the group leave; never below min_workers.
+  int32_t can = static_cast<int32_t>(UsableCount()) - options_.min_workers;
+  for (auto w = group_.rbegin(); w != group_.rend() && n > 0 && can > 0; ++w) {
+    Member& m = members_[*w];
+    if (!m.alive || m.draining) continue;
+    m.draining = true;
+    given_up_.insert(*w);
+    --n;
+    --can;
+    base::SupervisionEvent e = JobEvent("drain", *w);
+    e.Set("node", m.node).reason = why;
+    Event(&out, std::move(e));
+  }
+  if (phase_ == CoordinatorPhase::kAwaitingJoin) StartStep(&out);
+  return out;
+}
 
 std::vector<CoordinatorAction> CoordinatorCore::OnNodeDead(const std::string& node, CoreTime) {
   Actions out;
@@ -593,6 +616,17 @@ std::vector<CoordinatorAction> CoordinatorCore::OnConfigured(uint64_t generation
     CoordinatorAction a{Kind::kReleaseNode};
     a.text = node;
     Emit(&out, std::move(a));
+  }
+  for (auto w = given_up_.begin(); w != given_up_.end();) {
+    if (std::find(group_.begin(), group_.end(), *w) != group_.end()) {
+      ++w;
+      continue;
+    }
+    CoordinatorAction a{Kind::kReleaseRank};
+    a.worker = *w;
+    Emit(&out, std::move(a));
+    members_.erase(*w);  // a rank spawned there again joins as a new member
+    w = given_up_.erase(w);
   }
   StartStep(&out);
   return out;

@@ -371,6 +371,12 @@ class Sim {
           if (s.node == a.text && s.alive) Kill(w);  // it leaves now
         }
         break;
+      case Kind::kReleaseRank:
+        // Given up for another job: out of the generation just configured.
+        for (const std::string& w : core_->group()) {
+          if (w == a.worker) Fail(absl::StrCat("released rank ", a.worker, " is in the group"));
+        }
+        break;
       case Kind::kMoveSelf:
         CountFault(absl::StrCat("move@", core_->committed(), "#", moves_++), 1);
         crashed_ = true;  // the supervisor restarts it elsewhere, from its record

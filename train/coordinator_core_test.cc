@@ -1166,5 +1166,35 @@ TEST_F(CoordinatorCoreTest, AFinalManifestThatCannotBeCommittedFailsTheJob) {
             "fail(DATA_LOSS)");
 }
 
+// The head asks the job to give ranks up for a queued job of higher priority (job_shrink_atom):
+// the highest ranks leave at the next step boundary, handed over from memory (nothing lost),
+// never below min_workers; each is released once the generation without it is configured, and a
+// rank spawned on its worker later joins as a new member.
+TEST_F(CoordinatorCoreTest, GivingRanksUpHandsTheHighestOverAtAStepBoundaryNeverBelowMin) {
+  CoordinatorCore::Options o = Opts();
+  o.min_workers = 2;
+  o.steps = 10;
+  Make(o);
+  Running({"a", "b", "c", "d"});
+  EXPECT_EQ(Str(core_->OnGiveUp(5, "for job-2", kT0)), "event event") << "only 2 of 4 may go";
+  Make(o);
+  Running({"a", "b", "c", "d"});
+  EXPECT_EQ(Str(core_->OnGiveUp(1, "for job-2", kT0)), "event");
+  EXPECT_EQ(StepAll(),
+            "save commit(a,g1,ck-1) commit(b,g1,ck-1) commit(c,g1,ck-1) commit(d,g1,ck-1) "
+            "committed(s1,g1,w4) abort(a,g2) abort(b,g2) abort(c,g2) abort(d,g2) event save "
+            "configure(a,g2,r0/3,s1,memory) configure(b,g2,r1/3,s1,memory) "
+            "configure(c,g2,r2/3,s1,memory)")
+      << "d's range moves from memory at the step boundary";
+  EXPECT_EQ(ConfigureAll(),
+            "save commit(a,g2,ck-1) commit(b,g2,ck-1) commit(c,g2,ck-1) release_rank(d) "
+            "step(a,g2,s1) step(b,g2,s1) step(c,g2,s1)")
+      << "released once the generation without it is configured";
+  EXPECT_EQ(core_->group(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(core_->record().steps_lost, 0);
+  EXPECT_EQ(core_->committed(), 1);
+  EXPECT_EQ(Str(core_->OnJoin("d", "n-d", kT0)), "event") << "d joins again, folded in later";
+}
+
 }  // namespace
 }  // namespace troupe::train

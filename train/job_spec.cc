@@ -128,6 +128,7 @@ void ReadJob(Section& s, JobSpec& spec) {
   spec.seed = static_cast<uint64_t>(seed);
   s.Str("work_dir", &spec.work_dir, true);
   s.Bool("deterministic", &spec.deterministic);
+  s.Int32("priority", &spec.priority, -1000, 1000);
   spec.model.seed = spec.seed;
 }
 
@@ -383,18 +384,18 @@ std::string JobSpec::ToToml() const {
   return absl::StrCat(
       "[job]\nname = ", Quote(name), "\nsteps = ", steps, "\nseed = ", seed,
       "\nwork_dir = ", Quote(work_dir), "\ndeterministic = ", deterministic ? "true" : "false",
-      "\n\n[model]\ntype = ", Quote(model.type), "\nsize = ", Quote(model.size),
-      "\ndata_dir = ", Quote(model.data_dir), "\ndevice = ", Quote(model.device),
-      "\nprecision = ", Quote(model.precision), "\nseq_len = ", model.seq_len,
-      "\nmicrobatch_size = ", model.microbatch_size, "\nmicrobatches = ", model.microbatches,
-      "\n\n[model.options]\n", options, "\n[optimizer]\nlr = ", num(schedule.max_lr),
-      "\nmin_lr = ", num(schedule.min_lr), "\nwarmup_steps = ", schedule.warmup_steps,
-      "\ntotal_steps = ", schedule.total_steps, "\nweight_decay = ", num(adamw.weight_decay),
-      "\nmax_grad_norm = ", num(adamw.max_grad_norm), "\nbeta1 = ", num(adamw.beta1),
-      "\nbeta2 = ", num(adamw.beta2), "\n\n[elastic]\nworkers = ", workers,
-      "\nmin_workers = ", min_workers, "\nmax_workers = ", max_workers,
-      "\nranks_per_gpu = ", ranks_per_gpu, "\nbucket_kib = ", bucket_kib,
-      "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\npriority = ", priority, "\n\n[model]\ntype = ", Quote(model.type),
+      "\nsize = ", Quote(model.size), "\ndata_dir = ", Quote(model.data_dir),
+      "\ndevice = ", Quote(model.device), "\nprecision = ", Quote(model.precision),
+      "\nseq_len = ", model.seq_len, "\nmicrobatch_size = ", model.microbatch_size,
+      "\nmicrobatches = ", model.microbatches, "\n\n[model.options]\n", options,
+      "\n[optimizer]\nlr = ", num(schedule.max_lr), "\nmin_lr = ", num(schedule.min_lr),
+      "\nwarmup_steps = ", schedule.warmup_steps, "\ntotal_steps = ", schedule.total_steps,
+      "\nweight_decay = ", num(adamw.weight_decay), "\nmax_grad_norm = ", num(adamw.max_grad_norm),
+      "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
+      "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
+      "\nmax_workers = ", max_workers, "\nranks_per_gpu = ", ranks_per_gpu,
+      "\nbucket_kib = ", bucket_kib, "\n\n[pipeline]\nstages = ", pipeline_stages,
       "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),

@@ -26,12 +26,14 @@
 
 namespace troupe::runtime::internal {
 
-// kPreempted: every worker was noticed; the committed step is checkpointed, and the same job
-// submitted again resumes from it (`troupe job wait` exits 75 for it, as `troupe train` does).
-enum class JobState { kPending, kRunning, kSucceeded, kFailed, kStopped, kPreempted };
-inline constexpr JobState kJobStates[] = {JobState::kPending,   JobState::kRunning,
-                                          JobState::kSucceeded, JobState::kFailed,
-                                          JobState::kStopped,   JobState::kPreempted};
+// kQueued: its driver runs, and waits for the head to grant its minimum of ranks at once (why:
+// Job::waiting). kPreempted: every worker was noticed; the committed step is checkpointed, and the
+// same job submitted again resumes from it (`troupe job wait` exits 75 for it, as `troupe train`
+// does).
+enum class JobState { kPending, kQueued, kRunning, kSucceeded, kFailed, kStopped, kPreempted };
+inline constexpr JobState kJobStates[] = {
+    JobState::kPending, JobState::kQueued,  JobState::kRunning,  JobState::kSucceeded,
+    JobState::kFailed,  JobState::kStopped, JobState::kPreempted};
 // "pending", "running", ...: the state as the API, the store and `troupe job` spell it.
 const char* Name(JobState s);
 // The inverse of Name (internal/enum_text.h); InvalidArgument naming "job state" otherwise.
@@ -50,7 +52,9 @@ struct Histogram {
 
 struct Job {
   std::string id, name, spec_toml, node, error, last_event;
+  std::string waiting;  // queued: why its ranks do not fit yet
   JobState state = JobState::kPending;
+  int32_t priority = 0;  // [job] priority, as its driver asks for ranks
   bool submitted = false;
   int64_t driver_pid = 0, steps = 0;
   double submitted_at = 0, started_at = 0, ended_at = 0;
@@ -82,6 +86,9 @@ class JobTable {
                                        const std::string& spec_toml, int64_t steps, int64_t pid,
                                        const std::string& node, double now);
   void Placed(const std::string& id, const std::string& node);
+  // The job's driver waits for its ranks (`why`), or got them: queued <-> running.
+  void Queued(const std::string& id, const std::string& why, int32_t priority);
+  void Admitted(const std::string& id);
   // Lines of the job's event log, in order.
   void Ingest(const std::string& id, const std::vector<std::string>& lines);
   void Log(const std::string& id, const std::vector<std::string>& lines);

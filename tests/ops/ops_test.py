@@ -22,6 +22,9 @@ CASE:
   trace      TraceTest: `troupe job trace` and `troupe job plot` of a job with a fault.
   metrics_tls  MetricsTest: with TLS, /metrics over HTTPS to a client of the cluster's CA only
              (no cluster: the head alone).
+  prometheus MetricsTest: Debian's prometheus scrapes the head every second during a job; its
+             HTTP API answers `up`, the job's `troupe_job_step` and a `histogram_quantile` of
+             `troupe_step_seconds`, its target is up; SIGTERM stops it, none left behind.
 """
 import http.client
 import json
@@ -29,11 +32,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.environ.get("TROUPE_DEPLOY_TOOLS", "/opt/troupe/deploy-tools"))
@@ -316,6 +321,108 @@ def metrics(c, art):
     print(f"{job_id}: 2 scrapes, {len(second)} families; recovery {rec_sum:.3f}s "
           f"(line: {figure}s)")
     c.finish(job_id)
+
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_prometheus(c):
+    """Debian's prometheus scraping the head's /metrics every second; its HTTP API's address."""
+    conf = os.path.join(c.tmp, "prometheus.yml")
+    with open(conf, "w") as f:
+        f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                "scrape_configs:\n  - job_name: troupe\n    static_configs:\n"
+                f"      - targets: ['127.0.0.1:{c.http}']\n")
+    for _ in range(3):  # the free port may be taken before prometheus binds it: another one
+        api = f"127.0.0.1:{free_port()}"
+        log = open(os.path.join(c.tmp, "prometheus.log"), "w")
+        p = subprocess.Popen(["/usr/bin/prometheus", f"--config.file={conf}",
+                              f"--storage.tsdb.path={c.tmp}/tsdb", f"--web.listen-address={api}",
+                              "--log.level=warn"],
+                             stdout=log, stderr=log, start_new_session=True)
+
+        def ready():
+            if p.poll() is not None:
+                return "exited"
+            try:
+                with urllib.request.urlopen(f"http://{api}/-/ready", timeout=2) as r:
+                    return r.status == 200 and "ready"
+            except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
+                return None
+        if wait_for("prometheus to be ready", ready, 30, 0.1) == "ready":
+            return p, api
+        if "address already in use" not in open(log.name).read():
+            fail(f"prometheus exited {p.returncode}:\n{open(log.name).read()}")
+    fail(f"prometheus found no free port:\n{open(log.name).read()}")
+
+
+def stop(p):
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(10)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def prometheus(c, art):
+    """Debian's prometheus scrapes the head during a job; its HTTP API has the job's series. The
+    head's own `job` label (the job's id) becomes `exported_job`: prometheus' `job` is the
+    scrape job's (honor_labels: false, the default)."""
+    p, api = start_prometheus(c)
+    c.procs.append(p)  # killed with the cluster if a check below fails
+    last = {}
+
+    def query(q):
+        url = f"http://{api}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+        with urllib.request.urlopen(url, timeout=10) as r:
+            last[q] = answer = json.loads(r.read().decode())
+        if answer["status"] != "success":
+            fail(f"prometheus: {q}: {answer}")
+        return [float(v["value"][1]) for v in answer["data"]["result"]]
+
+    def until(what, q, pred, timeout=30):
+        def ok():
+            vs = query(q)
+            return vs if len(vs) == 1 and pred(vs[0]) else None
+        try:
+            return wait_for(f"{what}: {q}", ok, timeout, 0.5)[0]
+        except AssertionError as e:
+            fail(f"{e}; prometheus' last answer: {json.dumps(last.get(q))}")
+
+    job_id = c.submit("--steps", "100000")
+    c.wait_step(job_id, 3)
+    until("the head up", 'up{job="troupe"}', lambda v: v == 1)
+    step = until("the job's step", f'troupe_job_step{{exported_job="{job_id}"}}',
+                 lambda v: v >= 20)
+    if step > c.job(job_id)["step"]:
+        fail(f"prometheus has {job_id} at step {step}, the head at {c.job(job_id)['step']}")
+    q50 = until("the median step time",
+                f'histogram_quantile(0.5, sum by (le) (rate(troupe_step_seconds_bucket'
+                f'{{exported_job="{job_id}"}}[30s])))', lambda v: 0 < v < 60)
+    with urllib.request.urlopen(f"http://{api}/api/v1/targets", timeout=10) as r:
+        targets = json.loads(r.read().decode())["data"]["activeTargets"]
+    if ([(t["scrapeUrl"], t["health"]) for t in targets]
+            != [(f"http://127.0.0.1:{c.http}/metrics", "up")]):
+        fail(f"prometheus' targets: {json.dumps(targets)}")
+    c.troupe("job", "stop", job_id, "--head", c.head)
+    wait_for(f"{job_id} stopped", lambda: c.job(job_id)["state"] == "stopped", 30, 0.2)
+    stop(p)
+    if p.returncode != 0:
+        fail(f"prometheus exited {p.returncode} on SIGTERM:\n"
+             f"{open(os.path.join(c.tmp, 'prometheus.log')).read()}")
+    left = subprocess.run(["pgrep", "-f", f"{c.tmp}/prometheus.yml"], capture_output=True,
+                          text=True).stdout
+    if left:
+        fail(f"prometheus left behind: {left}")
+    print(f"{job_id}: prometheus at {api} scraped the head: up, step {step:.0f}, median step "
+          f"{q50 * 1000:.1f} ms; stopped at step {c.job(job_id)['step']}")
 
 
 def dashboard(c, art):

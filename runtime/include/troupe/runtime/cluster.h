@@ -186,13 +186,56 @@ using job_end_atom = caf::atom_constant<caf::atom("tr_jend")>;
 using job_stop_atom = caf::atom_constant<caf::atom("tr_jstop")>;
 using ops_view_atom = caf::atom_constant<caf::atom("tr_view")>;
 
+// A job's ranks, asked for by its driver as a gang: (job_gang_atom, RankGang) -> RankGrant.
+// `min` and `max` are the job's (min_workers, max_workers). The head reserves ranks of `each`'s
+// demands, each on an alive worker of its own that hosts no rank of any job, spread over the
+// nodes (`each.strategy`): up to `max` counting those the job holds, and at least `min` at once —
+// or none, and the job is queued (JobState kQueued) with why. A rank reserved on worker W is
+// spawned under the name `prefix` + W ('/' as '.'); a reservation not spawned within 30 s lapses,
+// and a job's reservations end with it. The queue is ordered by priority, then first come first
+// served; a job that can never fit (the alive nodes could not hold its min) waits without holding
+// up the others, and one whose driver stopped asking for 10 s is passed over. `grow` (a running
+// job asking for more, up to max): granted only while no job that could fit is queued — freed
+// capacity goes to the queue first. A queued job takes ranks from running jobs of lower priority,
+// never below their min: the head sends (job_shrink_atom, job id, int32 n) to such a job's
+// driver, which hands n ranks over at a step boundary (as a spot notice does) and stops them.
+// `actors` (optional): the prefix of the names of the job's other actors (its coordinator); the
+// head places such an actor on a worker of the job's own ranks (an on-demand one first), so that
+// a process killed in one job never takes another job's actor with it.
+struct RankGang {
+  std::string job;
+  std::string prefix;
+  std::string actors;
+  int32_t min = 1;
+  int32_t max = 1;
+  Placement each;
+  int32_t priority = 0;
+  bool grow = false;
+};
+struct RankGrant {
+  std::vector<std::string> workers;  // reserved: one rank each
+  std::string waiting;               // none reserved: why
+  bool can_fit = true;               // false: fewer workers that could take a rank exist than min
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankGang& x) {
+  return f(caf::meta::type_name("troupe.RankGang"), x.job, x.prefix, x.actors, x.min, x.max, x.each,
+           x.priority, x.grow);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RankGrant& x) {
+  return f(caf::meta::type_name("troupe.RankGrant"), x.workers, x.waiting, x.can_fit);
+}
+using job_gang_atom = caf::atom_constant<caf::atom("tr_jgang")>;
+using job_shrink_atom = caf::atom_constant<caf::atom("tr_jshrink")>;
+
 // The version of the messages between head, node agents and workers. Every member's join starts
 // with (cluster_hello_atom, uint32 protocol version, build id, kind "node"|"worker", name), a
 // message whose shape never changes: the head answers with its own version (uint32), or refuses a
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 9;
+inline constexpr uint32_t kClusterProtocolVersion = 10;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -251,6 +294,8 @@ class ClusterClient {
   [[nodiscard]] absl::StatusOr<std::string> SubmitJob(const std::string& name,
                                                       const std::string& spec_toml, int64_t steps);
   [[nodiscard]] absl::Status StopJob(const std::string& id);
+  // A job's driver asks for its ranks (see job_gang_atom).
+  [[nodiscard]] absl::StatusOr<RankGrant> ReserveRanks(const RankGang& gang);
   [[nodiscard]] absl::StatusOr<std::string> View(const std::string& what,
                                                  const std::string& arg = "");
   // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.

@@ -104,6 +104,7 @@ struct CoordinatorAction {
     kCrashSelf,    // chaos: this process dies now (kill-coordinator)
     kMoveSelf,     // this incarnation's node got a notice: stop, to be restarted on another node
     kReleaseNode,  // the noticed node `text` holds nothing of the job any more: it may leave now
+    kReleaseRank,  // `worker`, given up (OnGiveUp), is out of the generation: stop its rank
     kStallSelf,    // chaos: this actor blocks for a while (stall-coordinator)
     kArmCrash,     // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
     kCommitted,    // step `step` committed in `generation` (world `world`, mean `loss`)
@@ -190,6 +191,10 @@ class CoordinatorCore {
   std::vector<CoordinatorAction> OnNodeDraining(const std::string& node, const std::string& why,
                                                 CoreTime now);
   void SetOwnNode(const std::string& node);
+  // The head asks the job to give up `n` ranks for a queued job of higher priority: as many as
+  // keep min_workers leave at the next step boundary, handed over as a noticed node's are (nothing
+  // lost), then kReleaseRank for each; they may join again later as new members.
+  std::vector<CoordinatorAction> OnGiveUp(int32_t n, const std::string& why, CoreTime now);
   std::vector<CoordinatorAction> OnNodeDead(const std::string& node, CoreTime now);
   // A node joined (again, after it was declared dead: a healed partition): workers of it that
   // join from now on are new members (its old ones stay dead).
@@ -308,6 +313,7 @@ class CoordinatorCore {
   std::set<std::string> draining_nodes_;    // noticed: a worker of one joins draining
   std::string own_node_;                    // where this incarnation runs ("": unknown)
   std::set<std::string> released_nodes_;    // noticed nodes told they may leave
+  std::set<std::string> given_up_;          // workers leaving for another job (OnGiveUp)
   int failed_generations_ = 0;
   // Since the last commit: the workers every blamed failure had in common (reporter or blamed),
   // and how many failed generations named one.

@@ -142,6 +142,9 @@ struct JobSpec {
   uint64_t seed = 1;
   std::string work_dir = "troupe-job";
   bool deterministic = true;
+  // On a shared cluster: a queued job of higher priority is granted ranks first, and takes them
+  // from running jobs of lower priority above their min_workers (job_gang_atom, cluster.h).
+  int32_t priority = 0;
 
   ModelSpec model;
   model::AdamWConfig adamw;

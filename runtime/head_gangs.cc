@@ -1,0 +1,307 @@
+// The head's side of jobs' ranks (job_gang_atom in cluster.h): a job's driver asks for its ranks
+// as a gang; the head reserves them on free workers or queues the job with why, and asks running
+// jobs of lower priority to give ranks up for a queued one.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "head_actor.h"
+#include "internal/resources.h"
+#include "troupe/runtime/status.h"
+
+namespace troupe::runtime::internal {
+namespace {
+
+constexpr auto kReservationLife = std::chrono::seconds(30);
+// A queued job whose driver has not asked for this long no longer holds its place.
+constexpr auto kQueueStale = std::chrono::seconds(10);
+// How long a job asked to give ranks up has to hand them over before it is asked again.
+constexpr auto kShrinkPatience = std::chrono::seconds(10);
+
+std::string RankName(const std::string& prefix, const std::string& worker) {
+  return prefix + absl::StrReplaceAll(worker, {{"/", "."}});
+}
+
+}  // namespace
+
+caf::message_handler HeadActor::GangHandlers() {
+  return {
+      [this](job_gang_atom, const RankGang& g) -> caf::result<RankGrant> {
+        if (g.min < 1 || g.max < g.min) {
+          return StatusToError(absl::InvalidArgumentError(
+              absl::StrCat("job ", g.job, ": ranks expected 1 <= min <= max, got min ", g.min,
+                           ", max ", g.max)));
+        }
+        const Job* j = jobs_.Find(g.job);
+        if (j == nullptr || JobEnded(j->state)) {
+          return StatusToError(absl::FailedPreconditionError(
+              absl::StrCat("job '", g.job, "' is not running on this head: no ranks for it")));
+        }
+        return HandleGang(g);
+      },
+  };
+}
+
+RankGrant HeadActor::HandleGang(const RankGang& g) {
+  const Clock::time_point now = Clock::now();
+  DropReservations([now](const Reservation& r) { return r.until < now; });
+  Gang& gang = gangs_[g.job];
+  gang.min = g.min;
+  gang.max = g.max;
+  gang.priority = g.priority;
+  gang.actors = g.actors;
+  const int32_t held = RanksOf(g.job);
+  RankGrant out;
+  if (held >= g.max) return out;
+  auto q = queued_.find(g.job);
+  const uint64_t seq = q != queued_.end() ? q->second.seq : ++queue_seq_;
+  std::string why = QueuedAhead(g, seq);
+  if (why.empty()) {
+    std::vector<std::string> got = ReserveUpTo(g, &why);
+    if (g.grow || held + static_cast<int32_t>(got.size()) >= g.min) {
+      if (q != queued_.end()) queued_.erase(q);
+      if (const Job* j = jobs_.Find(g.job); !g.grow && j->state == JobState::kQueued) {
+        aout(this) << "troupe-head: job " << g.job << " admitted: " << got.size() << " ranks"
+                   << std::endl;
+      }
+      if (!g.grow) {
+        jobs_.Admitted(g.job);
+        PutJob(g.job);
+      }
+      out.workers = std::move(got);
+      return out;
+    }
+    const std::set<std::string> mine(got.begin(), got.end());
+    DropReservations([&](const Reservation& r) { return r.job == g.job && mine.count(r.worker); });
+    why = absl::StrCat(held + got.size(), " fit now: ", why);
+  }
+  if (g.grow) {
+    out.waiting = why;
+    return out;
+  }
+  QueuedJob& qj = queued_[g.job];
+  qj.priority = g.priority;
+  qj.seq = seq;
+  qj.asked = now;
+  const int64_t capacity = RankCapacity(g.each);
+  qj.can_fit = capacity >= g.min;
+  const std::string each = g.each.resources.empty() ? "no resources" : g.each.resources;
+  out.waiting = qj.can_fit ? absl::StrCat("needs min_workers=", g.min, " ranks (", each,
+                                          ", a worker each) at once; ", why)
+                           : absl::StrCat("can never fit: needs min_workers=", g.min, " ranks (",
+                                          each, ", a worker each), and the alive nodes could hold ",
+                                          capacity, " if nothing else ran");
+  out.can_fit = qj.can_fit;
+  if (qj.why != out.waiting) {
+    qj.why = out.waiting;
+    aout(this) << "troupe-head: job " << g.job << " queued: " << out.waiting << std::endl;
+    jobs_.Queued(g.job, out.waiting, g.priority);
+    PutJob(g.job);
+  }
+  qj.missing = g.min - held;
+  if (qj.can_fit && QueuedAhead(g, seq).empty()) ShrinkFor(g.job, qj);
+  return out;
+}
+
+std::vector<std::string> HeadActor::ReserveUpTo(const RankGang& g, std::string* why) {
+  std::vector<std::string> got;
+  std::vector<std::string> full;  // nodes whose alive workers all hold a rank
+  const std::string probe = absl::StrCat(g.job, "#probe");
+  const int32_t held = RanksOf(g.job);
+  while (held + static_cast<int32_t>(got.size()) < g.max) {
+    absl::StatusOr<scheduler::ActorRequest> req = MakeActorRequest(probe, g.each, "");
+    if (!req.ok()) {
+      *why = std::string(req.status().message());
+      break;
+    }
+    if (!full.empty()) {
+      req->selector.push_back({kNodeLabel, scheduler::LabelTerm::Op::kNotIn, full});
+    }
+    absl::StatusOr<scheduler::ActorDecision> d = sched_.PlaceActor(*req);
+    if (!d.ok() || !d->placed()) {
+      *why = !d.ok() ? std::string(d.status().message()) : d->unschedulable->reason;
+      if (!full.empty()) {
+        absl::StrAppend(why, "; every worker of ", absl::StrJoin(full, ", "), " holds a rank");
+      }
+      break;
+    }
+    (void)sched_.ReleaseActor(probe);
+    const std::string worker = FreeRankWorker(d->node);
+    if (worker.empty()) {
+      full.push_back(d->node);
+      continue;
+    }
+    const std::string name = RankName(g.prefix, worker);
+    absl::StatusOr<scheduler::ActorRequest> pinned = MakeActorRequest(name, g.each, d->node);
+    absl::StatusOr<scheduler::ActorDecision> at =
+        pinned.ok() ? sched_.PlaceActor(*pinned) : pinned.status();
+    if (!at.ok() || !at->placed()) {
+      *why = absl::StrCat("cannot hold a rank on ", d->node, ": ",
+                          !at.ok() ? at.status().message() : at->unschedulable->reason);
+      break;
+    }
+    reserved_[name] = Reservation{g.job, worker, Clock::now() + kReservationLife};
+    rank_job_[name] = g.job;
+    got.push_back(worker);
+  }
+  return got;
+}
+
+std::string HeadActor::QueuedAhead(const RankGang& g, uint64_t seq) const {
+  const Clock::time_point now = Clock::now();
+  for (const auto& [id, q] : queued_) {
+    if (id == g.job || !q.can_fit || now - q.asked > kQueueStale) continue;
+    if (g.grow) return absl::StrCat("freed capacity goes to the queued job ", id, " first");
+    if (q.priority > g.priority || (q.priority == g.priority && q.seq < seq)) {
+      return absl::StrCat("queued behind job ", id, " (priority ", q.priority,
+                          q.priority == g.priority ? ", queued first)" : ")");
+    }
+  }
+  return "";
+}
+
+std::string HeadActor::FreeRankWorker(const std::string& node) const {
+  std::set<std::string> busy;
+  for (const auto& [name, job] : rank_job_) {
+    if (auto r = reserved_.find(name); r != reserved_.end()) {
+      busy.insert(r->second.worker);
+    } else if (auto d = directory_.find(name); d != directory_.end()) {
+      busy.insert(d->second.worker);
+    }
+  }
+  std::string best;
+  size_t best_hosted = 0;
+  core_.ForEachMember([&](const MemberInfo& m) {
+    if (m.kind != MemberKind::kWorker || m.state != MemberState::kAlive || m.node != node ||
+        busy.count(m.id)) {
+      return;
+    }
+    auto h = hosted_.find(m.id);
+    const size_t hosted = h == hosted_.end() ? 0 : h->second;
+    if (best.empty() || hosted < best_hosted) {
+      best = m.id;
+      best_hosted = hosted;
+    }
+  });
+  return best;
+}
+
+int64_t HeadActor::RankCapacity(const Placement& each) const {
+  absl::StatusOr<std::map<std::string, double>> demands = ParseResources(each.resources, "");
+  absl::StatusOr<std::map<std::string, std::string>> labels = ParseLabels(each.labels, "");
+  if (!demands.ok() || !labels.ok()) return 0;
+  std::map<std::string, int64_t> workers_on;
+  core_.ForEachMember([&](const MemberInfo& m) {
+    if (m.kind == MemberKind::kWorker && m.state == MemberState::kAlive) ++workers_on[m.node];
+  });
+  int64_t total = 0;
+  for (const auto& [node, workers] : workers_on) {
+    std::optional<scheduler::NodeView> v = sched_.Node(node);
+    if (!v || v->state != scheduler::NodeState::kAlive) continue;
+    bool match = true;
+    for (const auto& [k, want] : *labels) {
+      auto l = v->labels.find(k);
+      match &= l != v->labels.end() && l->second == want;
+    }
+    if (!match) continue;
+    int64_t fit = workers;
+    for (const auto& [r, amount] : *demands) {
+      if (amount <= 0) continue;
+      auto t = v->total.find(r);
+      const double have = t == v->total.end() ? 0 : t->second;
+      fit = std::min(fit, static_cast<int64_t>(std::floor(have / amount + 1e-9)));
+    }
+    total += fit;
+  }
+  return total;
+}
+
+std::string HeadActor::OwnRankWorker(const std::string& name) const {
+  std::string job;
+  for (const auto& [id, gang] : gangs_) {
+    if (!gang.actors.empty() && absl::StartsWith(name, gang.actors)) job = id;
+  }
+  if (job.empty()) return "";
+  std::string best;
+  std::pair<bool, size_t> best_rank;
+  for (const auto& [rank, j] : rank_job_) {
+    auto d = directory_.find(rank);
+    if (j != job || d == directory_.end()) continue;
+    const MemberInfo* w = core_.Find(d->second.worker);
+    const MemberInfo* n = w == nullptr ? nullptr : core_.Find(w->node);
+    if (w == nullptr || n == nullptr || w->state != MemberState::kAlive) continue;
+    auto h = hosted_.find(w->id);
+    const std::pair<bool, size_t> r{IsSpot(*n), h == hosted_.end() ? 0 : h->second};
+    if (best.empty() || r < best_rank) {
+      best = w->id;
+      best_rank = r;
+    }
+  }
+  return best;
+}
+
+int32_t HeadActor::RanksOf(const std::string& job) const {
+  int32_t n = 0;
+  for (const auto& [name, j] : rank_job_) n += j == job;
+  return n;
+}
+
+void HeadActor::ShrinkFor(const std::string& job, const QueuedJob& q) {
+  struct Victim {
+    int32_t priority;
+    double started;
+    std::string id;
+    int32_t spare;
+  };
+  std::vector<Victim> victims;
+  for (const auto& [id, gang] : gangs_) {
+    const Job* j = jobs_.Find(id);
+    if (id == job || j == nullptr || j->state != JobState::kRunning || gang.priority >= q.priority)
+      continue;
+    const int32_t spare = RanksOf(id) - gang.min;
+    if (spare > 0) victims.push_back({gang.priority, j->started_at, id, spare});
+  }
+  // The lowest priority first; within one, the job started last.
+  std::sort(victims.begin(), victims.end(), [](const Victim& a, const Victim& b) {
+    return a.priority != b.priority ? a.priority < b.priority : a.started > b.started;
+  });
+  const Clock::time_point now = Clock::now();
+  int32_t need = q.missing;
+  for (const Victim& v : victims) {
+    if (need <= 0) break;
+    Gang& gang = gangs_[v.id];
+    const int32_t n = std::min(need, v.spare);
+    need -= n;
+    if (now - gang.asked_shrink < kShrinkPatience) continue;  // handing over already
+    auto d = drivers_.find(v.id);
+    if (d == drivers_.end()) continue;
+    gang.asked_shrink = now;
+    aout(this) << "troupe-head: job " << v.id << " (priority " << v.priority << ") gives up " << n
+               << " rank(s) for job " << job << " (priority " << q.priority << ")" << std::endl;
+    send(d->second, job_shrink_atom::value, v.id, n);
+  }
+}
+
+void HeadActor::DropReservations(const std::function<bool(const Reservation&)>& which) {
+  for (auto r = reserved_.begin(); r != reserved_.end();) {
+    if (!which(r->second)) {
+      ++r;
+      continue;
+    }
+    (void)sched_.ReleaseActor(r->first);
+    rank_job_.erase(r->first);
+    r = reserved_.erase(r);
+  }
+}
+
+void HeadActor::EndGang(const std::string& job) {
+  DropReservations([&](const Reservation& r) { return r.job == job; });
+  queued_.erase(job);
+  gangs_.erase(job);
+}
+
+}  // namespace troupe::runtime::internal

@@ -1,0 +1,326 @@
+#!/usr/bin/python3
+"""SchedulingTest: many jobs on one cluster of real processes, placed by the head as gangs.
+
+  scheduling_test.py CASE TROUPE_BINARY
+A head and three node agents (zones a, b, c; 2 workers and cpu=2 each: 6 workers) on this
+machine; jobs submitted with `troupe job submit`, each with its own spec. Every job trains the
+same model from the same seed, so in deterministic mode every one ends with the same weights (the
+reference: `troupe train` on an embedded cluster), whatever its world did on the way.
+CASE: share, queue, grow, priority, never_fits, kill.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+STEPS = 40
+
+
+def fail(msg):
+    raise AssertionError(msg)
+
+
+def wait_for(what, pred, timeout=60, every=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, binary, tmp):
+        self.binary, self.tmp, self.procs = binary, tmp, []
+        self.logs_dir = os.path.join(tmp, "logs")
+        os.makedirs(self.logs_dir)
+        self.data = os.path.join(tmp, "data")
+        self.start("head", ["head", "--port", "0", "--port_file", f"{tmp}/head.port",
+                            "--http_port", "0", "--http_port_file", f"{tmp}/head.http",
+                            "--log_dir", self.logs_dir])
+        port = wait_for("the head's port", lambda: self.read(f"{tmp}/head.port"), 20)
+        self.http = int(wait_for("the head's http port", lambda: self.read(f"{tmp}/head.http")))
+        self.head = f"127.0.0.1:{port}"
+        for zone in "abc":
+            self.start(f"node-{zone}", ["node", "--head", self.head, "--name", zone,
+                                        "--workers", "2", "--resources", "cpu=2",
+                                        "--labels", f"zone={zone}", "--log_dir", self.logs_dir])
+        self.troupe("status", "--head", self.head, "--wait_workers", "6", "--timeout", "30s")
+
+    @staticmethod
+    def read(path):
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    def start(self, name, args):
+        out = open(os.path.join(self.tmp, f"{name}.log"), "w")
+        self.procs.append(subprocess.Popen([self.binary] + args, stdout=out, stderr=out,
+                                           start_new_session=True))
+
+    def troupe(self, *args, timeout=60, check=True):
+        r = subprocess.run([self.binary] + list(args), capture_output=True, text=True,
+                           timeout=timeout)
+        if check and r.returncode != 0:
+            fail(f"troupe {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def get(self, path):
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}{path}", timeout=10) as r:
+            return json.loads(r.read().decode())
+
+    def job(self, job_id):
+        return self.get(f"/api/jobs/{job_id}")
+
+    def spec(self, name, workers, min_workers, max_workers, priority=0, steps=STEPS, chaos=()):
+        path = os.path.join(self.tmp, f"{name}.toml")
+        faults = ", ".join(f'"{f}"' for f in chaos)
+        with open(path, "w") as f:
+            f.write(f'[job]\nname = "{name}"\nsteps = {steps}\npriority = {priority}\n'
+                    f'work_dir = "{self.tmp}/{name}"\n'
+                    f'[model]\ndata_dir = "{self.data}"\n'
+                    f'[elastic]\nworkers = {workers}\nmin_workers = {min_workers}\n'
+                    f'max_workers = {max_workers}\n[chaos]\nfaults = [{faults}]\n')
+        return path
+
+    def submit(self, name, workers, min_workers, max_workers, **kw):
+        spec = self.spec(name, workers, min_workers, max_workers, **kw)
+        r = self.troupe("job", "submit", "--head", self.head, "--spec", spec)
+        job_id = r.stdout.strip().splitlines()[-1]
+        if not re.fullmatch(r"job-\d+", job_id):
+            fail(f"submit printed {r.stdout!r}: expected a job id")
+        return job_id
+
+    def state(self, job_id, *states, timeout=90):
+        def reached():
+            j = self.job(job_id)
+            if j["state"] in ("failed", "stopped") and j["state"] not in states:
+                fail(f"job {job_id} {j['state']}: {j['error']}\n{self.logs()}")
+            return j if j["state"] in states else None
+        return wait_for(f"{job_id} {'/'.join(states)}", reached, timeout, 0.2)
+
+    def at_step(self, job_id, step, timeout=90):
+        def reached():
+            j = self.job(job_id)
+            if j["state"] in ("failed", "stopped"):
+                fail(f"job {job_id} {j['state']}: {j['error']}\n{self.logs()}")
+            return j if j["step"] >= step or j["state"] == "succeeded" else None
+        return wait_for(f"{job_id} at step {step}", reached, timeout, 0.1)
+
+    def finish(self, job_id):
+        r = self.troupe("job", "wait", job_id, "--head", self.head, "--timeout", "180s",
+                        timeout=200, check=False)
+        if r.returncode != 0:
+            fail(f"job wait {job_id} exited {r.returncode}:\n{r.stdout}{r.stderr}\n{self.logs()}")
+        return self.job(job_id)
+
+    def ranks(self, name):
+        """The workers, and their nodes, hosting job `name`'s rank actors now."""
+        out = {}
+        for node in self.get("/api/cluster")["nodes"]:
+            for w in node["workers"]:
+                for a in w["actors"]:
+                    if a.startswith(f"{name}.") and ".rank." in a:
+                        out[w["id"]] = node["name"]
+        return out
+
+    def worker_pid(self, worker):
+        for node in self.get("/api/cluster")["nodes"]:
+            for w in node["workers"]:
+                if w["id"] == worker:
+                    return w["pid"]
+        fail(f"no worker {worker}")
+
+    def logs(self):
+        out = ""
+        for root, _, files in os.walk(self.tmp):
+            for f in sorted(files):
+                if f.endswith((".log", ".err", ".out")) and "events" not in f:
+                    p = os.path.join(root, f)
+                    out += f"--- {p}\n" + open(p, errors="replace").read()[-2500:]
+        return out
+
+    def close(self):
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        deadline = time.time() + 10
+        while self.leftovers() and time.time() < deadline:
+            time.sleep(0.1)
+
+    def leftovers(self):
+        return subprocess.run(["pgrep", "-f", self.tmp], capture_output=True, text=True).stdout
+
+
+def reference(c, steps=STEPS):
+    """The weights' crc32c of the same job trained alone on an embedded cluster."""
+    r = c.troupe("train", "--spec", c.spec(f"ref{steps}", 2, 1, 8, steps=steps), timeout=180)
+    m = re.search(r"params crc32c ([0-9a-f]{8})", r.stdout)
+    if not m:
+        fail(f"no crc in the reference run:\n{r.stdout}\n{r.stderr}")
+    return m.group(1)
+
+
+def crc(j):
+    return j["report"]["crc32c"]
+
+
+def check_crc(c, jobs, ref):
+    for job_id in jobs:
+        j = c.finish(job_id)
+        if crc(j) != ref:
+            fail(f"{job_id} ended with crc32c {crc(j)}, the reference run with {ref}")
+
+
+def share(c):
+    ref = reference(c)
+    a = c.submit("A", 3, 3, 3)
+    b = c.submit("B", 3, 3, 3)
+    c.at_step(a, 5)
+    c.at_step(b, 5)
+    ra, rb = c.ranks("A"), c.ranks("B")
+    if len(ra) != 3 or len(rb) != 3 or set(ra) & set(rb):
+        fail(f"expected 3 ranks each on distinct workers: A {ra}, B {rb}")
+    for name, r in (("A", ra), ("B", rb)):
+        if sorted(r.values()) != ["a", "b", "c"]:
+            fail(f"job {name}'s ranks are not spread over the three zones: {r}")
+    check_crc(c, [a, b], ref)
+    print(f"A on {ra}, B on {rb}; both crc32c {ref}")
+
+
+def queue(c):
+    """A third job queues while two run and starts when one ends; a fourth, of the same priority
+    and smaller, submitted after it, does not overtake it (first come, first served)."""
+    ref = reference(c)
+    a = c.submit("A", 3, 3, 3)
+    b = c.submit("B", 3, 3, 3, steps=STEPS * 50)
+    c.at_step(a, 2)
+    c.at_step(b, 2)
+    q = c.submit("C", 3, 3, 3)
+    j = c.state(q, "queued")
+    if "min_workers=3" not in j["waiting"]:
+        fail(f"the queued job says {j['waiting']!r}: expected why (its min_workers=3)")
+    d = c.submit("D", 2, 2, 2)
+    jd = wait_for("D queued behind C",
+                  lambda: (lambda x: x if q in x["waiting"] else None)(c.job(d)), 30, 0.2)
+    listing = c.troupe("job", "list", "--head", c.head).stdout
+    if not re.search(rf"{q}\s.*queued", listing):
+        fail(f"`troupe job list` does not show {q} queued:\n{listing}")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{c.http}/metrics", timeout=10).read()
+    if 'troupe_jobs{state="queued"} 2' not in metrics.decode():
+        fail(f"/metrics: expected troupe_jobs{{state=\"queued\"}} 2:\n{metrics.decode()}")
+    c.finish(a)
+    c.state(q, "running", "succeeded")
+    if c.job(d)["state"] != "queued":
+        fail(f"D overtook C or ran beside it: D {c.job(d)['state']}")
+    c.troupe("job", "stop", b, "--head", c.head)
+    check_crc(c, [q, d], ref)
+    print(f"C queued ({j['waiting']}), ran when A ended; D waited ({jd['waiting']}), ran when B "
+          f"was stopped; crc32c {ref}")
+
+
+def grow(c):
+    ref = reference(c, STEPS * 3)
+    b = c.submit("B", 3, 3, 3, steps=STEPS // 2)
+    c.at_step(b, 2)
+    e = c.submit("E", 2, 2, 6, steps=STEPS * 3)
+    c.at_step(e, 2)
+    if len(c.ranks("E")) != 3:
+        fail(f"E should hold the 3 free workers: {c.ranks('E')}")
+    c.finish(b)
+    wait_for("E to grow to 6 ranks", lambda: c.job(e)["world"] == 6, 60, 0.2)
+    grown = [x for x in c.job(e)["events"] if x["event"] == "generation"]
+    check_crc(c, [e], ref)
+    print(f"E grew to world 6 when B ended ({len(grown)} generations); crc32c {ref}")
+
+
+def priority(c):
+    ref = reference(c, STEPS * 4)
+    e = c.submit("E", 6, 2, 6, steps=STEPS * 4)
+    c.at_step(e, 3)
+    if c.job(e)["world"] != 6:
+        fail(f"E should hold all 6 workers: world {c.job(e)['world']}")
+    h = c.submit("H", 4, 4, 4, priority=10)
+    c.state(h, "running", "succeeded", timeout=60)
+    j = c.job(e)
+    if j["world"] != 2:
+        fail(f"E should be shrunk to its min_workers=2: world {j['world']}")
+    check_crc(c, [h], reference(c))
+    j = c.finish(e)
+    if crc(j) != ref or j["report"]["steps_lost"] != 0:
+        fail(f"E: crc32c {crc(j)} (reference {ref}), steps lost {j['report']['steps_lost']}")
+    print(f"H (priority 10) took 4 of E's 6 workers; E: 0 steps lost, crc32c {ref}")
+
+
+def never_fits(c):
+    big = c.submit("BIG", 7, 7, 7)
+    j = c.state(big, "queued")
+    if "can never fit" not in j["waiting"] or "could hold 6" not in j["waiting"]:
+        fail(f"BIG waits saying {j['waiting']!r}: expected that it can never fit (6 workers)")
+    ref = reference(c)
+    a = c.submit("A", 2, 2, 2)
+    check_crc(c, [a], ref)
+    if c.job(big)["state"] != "queued":
+        fail(f"BIG should still be queued: {c.job(big)}")
+    c.troupe("job", "stop", big, "--head", c.head)
+    c.state(big, "stopped")
+    print(f"BIG queued: {j['waiting']}; A ran meanwhile")
+
+
+def kill(c):
+    ref = reference(c, STEPS * 2)
+    a = c.submit("A", 3, 3, 3, steps=STEPS * 2)
+    b = c.submit("B", 3, 3, 3, steps=STEPS * 2)
+    c.at_step(a, 5)
+    c.at_step(b, 5)
+    victim = sorted(c.ranks("A"))[0]
+    os.kill(c.worker_pid(victim), signal.SIGKILL)
+    ra, rb = c.finish(a)["report"], c.finish(b)["report"]
+    if ra["generations"] < 2:
+        fail(f"A went through {ra['generations']} generation(s) after its worker {victim} was "
+             f"killed: expected a recovery")
+    if rb["generations"] != 1 or rb["steps_lost"] != 0:
+        fail(f"B was touched by A's kill: {rb['generations']} generations, "
+             f"{rb['steps_lost']} steps lost")
+    check_crc(c, [a, b], ref)
+    print(f"killed A's {victim}: A recovered ({ra['generations']} generations); B untouched; "
+          f"both crc32c {ref}")
+
+
+CASES = {"share": share, "queue": queue, "grow": grow, "priority": priority,
+         "never_fits": never_fits, "kill": kill}
+
+
+def main():
+    case, binary = sys.argv[1], os.path.abspath(sys.argv[2])
+    tmp = tempfile.mkdtemp(prefix="troupe-sched-")
+    c = Cluster(binary, tmp)
+    ok = False
+    try:
+        t0 = time.time()
+        CASES[case](c)
+        ok = True
+        print(f"SchedulingTest.{case}: passed in {time.time() - t0:.1f}s")
+    finally:
+        if not ok:
+            print(c.logs(), file=sys.stderr)
+        c.close()
+        left = c.leftovers()
+        subprocess.run(["rm", "-rf", tmp])
+        if left:
+            fail(f"processes left behind:\n{left}")
+
+
+if __name__ == "__main__":
+    main()
