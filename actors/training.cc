@@ -26,6 +26,7 @@
 #include "caf/all.hpp"
 #include "job_reporter.h"
 #include "protocol.h"
+#include "rank_spawner.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/cluster.h"
@@ -35,6 +36,9 @@
 #include "troupe/train/preempted.h"
 
 namespace troupe::actors {
+
+using internal::JobActorPrefix;
+using internal::RankSpawner;
 namespace {
 
 // Requests from the coordinator to the driver thread (which owns the cluster handle).
@@ -69,15 +73,6 @@ struct JoinInfo {
   std::string domain;
   std::string rank;  // the rank actor's cluster-wide name
 };
-
-// A worker's failure domain: its node's zone label where it has one, else its host (two nodes
-// on one machine share it), else the node.
-std::string FailureDomain(const runtime::MemberInfo& m) {
-  for (absl::string_view kv : absl::StrSplit(m.labels, ',', absl::SkipEmpty())) {
-    if (absl::ConsumePrefix(&kv, "zone=")) return absl::StrCat("zone:", kv);
-  }
-  return m.host.empty() ? absl::StrCat("node:", m.node) : absl::StrCat("host:", m.host);
-}
 
 // What the driver actor shares with the driver thread.
 struct DriverState {
@@ -360,121 +355,17 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec
                    " (timeouts.cluster_start; logs in ", spec.work_dir, "/logs)"));
 }
 
-// The job's ranks: asked of the head as a gang (ClusterClient::ReserveRanks: between min_workers
-// and the largest world at once, or the job waits queued, saying why), then a rank actor spawned
-// on each worker granted; more as workers join or are freed, up to the largest world.
-class RankSpawner {
- public:
-  RankSpawner(runtime::ClusterClient& client, const train::JobSpec& spec, std::string spec_text,
-              bool embedded, caf::actor driver, std::string job_id, std::ostream& out)
-      : client_(client),
-        spec_(spec),
-        spec_text_(std::move(spec_text)),
-        embedded_(embedded),
-        driver_(std::move(driver)),
-        job_id_(std::move(job_id)),
-        out_(out) {}
-
-  // Until the head grants the job its minimum, or `done` (the job was stopped while it waited).
-  absl::Status Admit(const std::function<bool()>& done) {
-    std::string said;
-    while (!done()) {
-      absl::StatusOr<runtime::RankGrant> g = client_.ReserveRanks(Gang(false));
-      if (!g.ok()) return g.status();
-      if (!g->workers.empty()) {
-        if (!said.empty()) out_ << "admitted: " << g->workers.size() << " ranks" << std::endl;
-        Spawn(g->workers);
-        return absl::OkStatus();
-      }
-      if (g->waiting != said) out_ << "queued: " << g->waiting << std::endl;
-      said = g->waiting;
-      absl::SleepFor(absl::Milliseconds(200));
-    }
-    return absl::OkStatus();
-  }
-
-  // More ranks where the head grants them (a worker joined, another job freed some).
-  void Grow() {
-    if (static_cast<int32_t>(spawned_.size()) >= MaxRanks()) return;
-    absl::StatusOr<runtime::RankGrant> g = client_.ReserveRanks(Gang(true));
-    if (g.ok()) Spawn(g->workers);
-  }
-  // `worker`'s rank is gone (its worker died, or the rank was handed over).
-  void Forget(const std::string& worker) { spawned_.erase(worker); }
-  bool Full() const { return static_cast<int32_t>(spawned_.size()) >= MaxRanks(); }
-  static int RunId() { return static_cast<int>(getpid()); }
-
- private:
-  int32_t MaxRanks() const {
-    return static_cast<int32_t>(std::min<int64_t>(
-        spec_.max_workers, int64_t{spec_.model.microbatches} * spec_.pipeline_stages));
-  }
-  runtime::RankGang Gang(bool grow) const {
-    runtime::RankGang g;
-    g.job = job_id_;
-    g.prefix = absl::StrCat(spec_.name, ".", RunId(), ".rank.");
-    // On a shared cluster the coordinator lives beside one of the job's own ranks; the embedded
-    // cluster keeps a node for it.
-    if (!embedded_) g.actors = absl::StrCat(spec_.name, ".", RunId(), ".");
-    g.min = std::min(spec_.min_workers, MaxRanks());
-    g.max = MaxRanks();
-    g.priority = spec_.priority;
-    g.grow = grow;
-    // A rank takes a cpu slot of its node (the coordinator takes none, so spread placement puts
-    // it where no rank is); on the embedded cluster, only the worker nodes (spot), never the
-    // coordinator's.
-    absl::StatusOr<train::Device> device = train::ParseDevice(spec_.model.device);
-    g.each.resources = device.ok() && device->is_cuda() ? "cpu=1,gpu=1" : "cpu=1";
-    g.each.strategy = runtime::PlacementStrategy::kSpread;
-    g.each.spot = runtime::SpotPreference::kPrefer;
-    if (embedded_) g.each.labels = "spot=true";
-    return g;
-  }
-
-  void Spawn(const std::vector<std::string>& workers) {
-    if (workers.empty()) return;
-    absl::StatusOr<std::vector<runtime::MemberInfo>> members = client_.Members();
-    if (!members.ok()) return;  // the reservations lapse; asked again at the next Grow
-    const runtime::RankGang gang = Gang(false);
-    for (const std::string& w : workers) {
-      auto m = std::find_if(members->begin(), members->end(),
-                            [&](const runtime::MemberInfo& x) { return x.id == w; });
-      if (m == members->end() || spawned_.count(w)) continue;
-      spawned_.insert(w);
-      const std::string name = gang.prefix + absl::StrReplaceAll(w, {{"/", "."}});
-      runtime::Placement at = gang.each;
-      at.worker = w;
-      absl::StatusOr<runtime::ActorRef> ref =
-          client_.Spawn(kRankActorType, caf::make_message(spec_text_, w, m->address), name, at);
-      if (!ref.ok()) {
-        out_ << "warning: cannot start a rank on " << w << ": " << ref.status() << std::endl;
-        spawned_.erase(w);
-        continue;
-      }
-      caf::anon_send(driver_, RankJoined{w, m->node, FailureDomain(*m), name});
-    }
-  }
-
-  runtime::ClusterClient& client_;
-  const train::JobSpec& spec_;
-  const std::string spec_text_;
-  const bool embedded_;
-  caf::actor driver_;
-  const std::string job_id_;
-  std::ostream& out_;
-  std::set<std::string> spawned_;
-};
-
 // The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
 // if its process dies. It avoids spot nodes while an on-demand one can take it.
 absl::Status StartJobSupervisor(runtime::Runtime& rt, const train::JobSpec& spec,
-                                const std::string& spec_text, const caf::actor& driver) {
-  const int run_id = RankSpawner::RunId();
+                                const std::string& spec_text, const caf::actor& driver,
+                                const std::string& job_id) {
+  const std::string prefix = JobActorPrefix(spec, job_id);
   runtime::SupervisorSpec sup;
-  sup.name = absl::StrCat(spec.name, ".", run_id, ".job");
+  sup.name = absl::StrCat(prefix, "job");
   sup.strategy = runtime::Strategy::kOneForOne;
   runtime::ChildSpec coordinator = runtime::ChildSpec::Actor(
-      absl::StrCat(spec.name, ".", run_id, ".coordinator"), kCoordinatorActorType,
+      absl::StrCat(prefix, "coordinator"), kCoordinatorActorType,
       caf::make_message(spec_text, driver), runtime::RestartType::kTransient);
   runtime::Placement where;
   where.strategy = runtime::PlacementStrategy::kSpread;
@@ -485,6 +376,27 @@ absl::Status StartJobSupervisor(runtime::Runtime& rt, const train::JobSpec& spec
   sup.intensity = {10, std::chrono::seconds(30)};
   sup.children.push_back(coordinator);
   return rt.StartSupervisor(sup).status();
+}
+
+// The head lost (`why`): connects again within options.head_grace and points the driver actor
+// and the job's reporter at the head now there.
+absl::Status RejoinHead(const std::string& why, const TrainOptions& options,
+                        runtime::ClusterClient& client, const caf::actor& driver, DriverState& st,
+                        std::ostream& out) {
+  out << "head lost (" << why << "): rejoining " << client.address() << " within "
+      << absl::FormatDuration(absl::FromChrono(options.head_grace)) << std::endl;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (absl::Status s = client.Reconnect(options.head_grace); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("training job failed: ", s.message()));
+  }
+  caf::anon_send(driver, head_atom::value, client.head());
+  if (st.reporter != nullptr) st.reporter->SetHead(client.head());
+  out << "head back: rejoined " << client.address() << " after "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               t0)
+             .count()
+      << " ms" << std::endl;
+  return absl::OkStatus();
 }
 
 // Until the coordinator reports: carries out its requests (nodes to add, ranks to spawn) and
@@ -500,7 +412,7 @@ absl::StatusOr<JobReport> AwaitReport(const train::JobSpec& spec, const TrainOpt
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
     // Capacity freed by another job reaches no event here: asked again every second.
-    if (absl::Now() >= next_grow && !ranks.Full()) {
+    if (absl::Now() >= next_grow && ranks.ShouldPoll()) {
       ranks.Grow();
       next_grow = absl::Now() + absl::Seconds(1);
     }
@@ -513,19 +425,7 @@ absl::StatusOr<JobReport> AwaitReport(const train::JobSpec& spec, const TrainOpt
     } else if (req && req->kind == "rank_gone") {
       ranks.Forget(req->arg);
     } else if (req && req->kind == "head_lost") {
-      out << "head lost (" << req->arg << "): rejoining " << client.address() << " within "
-          << absl::FormatDuration(absl::FromChrono(options.head_grace)) << std::endl;
-      const auto t0 = std::chrono::steady_clock::now();
-      if (absl::Status s = client.Reconnect(options.head_grace); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("training job failed: ", s.message()));
-      }
-      caf::anon_send(driver, head_atom::value, client.head());
-      if (st.reporter != nullptr) st.reporter->SetHead(client.head());
-      out << "head back: rejoined " << client.address() << " after "
-          << std::chrono::duration_cast<std::chrono::milliseconds>(
-                 std::chrono::steady_clock::now() - t0)
-                 .count()
-          << " ms" << std::endl;
+      TROUPE_RETURN_IF_ERROR(RejoinHead(req->arg, options, client, driver, st, out));
       st.last_heard_ns = absl::ToUnixNanos(absl::Now());
     }
     if (absl::ToUnixNanos(absl::Now()) - st.last_heard_ns.load() > silence_ns) {
@@ -580,9 +480,12 @@ absl::StatusOr<JobReport> Drive(const train::JobSpec& spec, const std::string& s
   }
   RankSpawner ranks(client, spec, spec_text, cluster.local != nullptr, driver, job_id, out);
   TROUPE_RETURN_IF_ERROR(ranks.Admit(
-      [&result] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }));
+      [&result] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; },
+      [&](const absl::Status& why) {
+        return RejoinHead(std::string(why.message()), options, client, driver, st, out);
+      }));
   if (result.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return result.get();
-  TROUPE_RETURN_IF_ERROR(StartJobSupervisor(rt, spec, spec_text, driver));
+  TROUPE_RETURN_IF_ERROR(StartJobSupervisor(rt, spec, spec_text, driver, job_id));
   absl::StatusOr<JobReport> report =
       AwaitReport(spec, options, cluster, client, driver, st, queue, ranks, result, out);
   if (report.ok()) PrintSummary(*report, out);

@@ -216,9 +216,10 @@ absl::Status ClusterClient::StopJob(const std::string& id) {
   return Ask<bool>(runtime_->system(), head_, timeout_, job_stop_atom::value, id).status();
 }
 
-absl::StatusOr<RankGrant> ClusterClient::ReserveRanks(const RankGang& gang) {
-  TROUPE_ASSIGN_OR_RETURN(
-      auto r, Ask<RankGrant>(runtime_->system(), head_, timeout_, job_gang_atom::value, gang));
+absl::StatusOr<RankGrant> ClusterClient::ReserveRanks(const RankGang& gang, Duration timeout) {
+  TROUPE_ASSIGN_OR_RETURN(auto r, Ask<RankGrant>(runtime_->system(), head_,
+                                                 timeout > Duration::zero() ? timeout : timeout_,
+                                                 job_gang_atom::value, gang));
   return std::get<0>(r);
 }
 

@@ -129,7 +129,7 @@ class HeadActor final : public caf::event_based_actor {
 
   // head_gangs.cc: jobs' ranks.
   struct Reservation {
-    std::string job, worker;
+    std::string name, job, worker;
     Clock::time_point until;
   };
   struct QueuedJob {
@@ -147,10 +147,18 @@ class HeadActor final : public caf::event_based_actor {
   };
   caf::message_handler GangHandlers();
   RankGrant HandleGang(const RankGang& g);
-  // Reserves up to g.max ranks; returns the workers and, when it stopped short, why.
-  std::vector<std::string> ReserveUpTo(const RankGang& g, std::string* why);
+  // Reserves ranks until the job holds `cap`; returns the workers and, when it stopped short, why.
+  std::vector<std::string> ReserveUpTo(const RankGang& g, int32_t cap, std::string* why);
+  // The running job whose rank `name` is ("<spec name>.<job id>.rank.<worker>"), or "".
+  std::string JobOfRank(const std::string& name) const;
+  // A rank of `job` is spawned on `worker`: its reservation is kept through the spawn; one that
+  // lapsed is taken again if no other rank holds the worker (FailedPrecondition otherwise).
+  absl::Status ClaimRankWorker(const std::string& name, const std::string& job,
+                               const std::string& worker);
   // The queued job `g` waits behind ("" when none): a higher priority, or the same one earlier.
   std::string QueuedAhead(const RankGang& g, uint64_t seq) const;
+  // The worker of a granted rank (reserved or running), or "".
+  std::string RankWorker(const std::string& name) const;
   // An alive worker on `node` with no rank of any job and no reservation, or "".
   std::string FreeRankWorker(const std::string& node) const;
   // How many ranks of `each` the alive nodes could hold if nothing else ran there.

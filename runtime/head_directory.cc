@@ -193,6 +193,7 @@ void HeadActor::HandleRegisterActor(const std::string& worker, const std::string
   }
   directory_[name] = Named{h, gen, worker, caf::actor()};
   hosted_[worker]++;
+  if (std::string job = JobOfRank(name); !job.empty()) rank_job_[name] = job;
   if (store_) StoreFailed(store_->PutActor({name, worker, gen}));
   monitor(h);
 }
@@ -225,43 +226,46 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
                                                                          uint64_t gen,
                                                                          const Placement& where) {
   std::string id = name.empty() ? absl::StrCat("anon-", ++anonymous_) : name;
-  // A job's rank spawned where the head reserved it (job_gang_atom): the reservation becomes
-  // the actor's own placement below.
-  std::string rank_of;
-  if (auto r = reserved_.find(id); r != reserved_.end()) {
-    rank_of = r->second.job;
-    reserved_.erase(r);
-  }
   if (directory_.count(id)) {
     // A restart of a named actor whose old incarnation the head has not seen die yet.
     NamedDown(directory_.find(id), caf::make_error(caf::exit_reason::user_shutdown),
               "replaced by a new incarnation");
   }
   (void)sched_.ReleaseActor(id);
+  // A job's rank (job_gang_atom): on the worker reserved for it, which stays reserved until the
+  // actor is in the directory, so no other job's rank is reserved there meanwhile.
+  const std::string rank_of = JobOfRank(id);
+  if (!rank_of.empty()) {
+    if (absl::Status s = ClaimRankWorker(id, rank_of, where.worker); !s.ok()) {
+      return StatusToError(s);
+    }
+  }
+  auto refuse = [&](const absl::Status& s) {
+    if (!rank_of.empty()) DropReservations([&](const Reservation& r) { return r.name == id; });
+    return StatusToError(s);
+  };
   Placement at = where;
   if (rank_of.empty() && at.worker.empty() && at.node.empty()) at.worker = OwnRankWorker(id);
   std::string node_pin = at.node;
   if (!at.worker.empty()) {
     const MemberInfo* w = core_.Find(at.worker);
     if (w == nullptr || w->kind != MemberKind::kWorker || w->state != MemberState::kAlive) {
-      return StatusToError(
-          absl::UnavailableError(absl::StrCat("no alive worker '", at.worker, "'")));
+      return refuse(absl::UnavailableError(absl::StrCat("no alive worker '", at.worker, "'")));
     }
     node_pin = w->node;
   }
   auto actor_request = MakeActorRequest(id, at, node_pin);
-  if (!actor_request.ok()) return StatusToError(actor_request.status());
+  if (!actor_request.ok()) return refuse(actor_request.status());
   auto decision = sched_.PlaceActor(*actor_request);
-  if (!decision.ok()) return StatusToError(decision.status());
-  if (!decision->placed()) return StatusToError(Unschedulable(*decision->unschedulable, id));
+  if (!decision.ok()) return refuse(decision.status());
+  if (!decision->placed()) return refuse(Unschedulable(*decision->unschedulable, id));
   const std::string worker_id = LeastLoadedWorker(decision->node, at.worker);
   if (worker_id.empty()) {
     (void)sched_.ReleaseActor(id);
-    return StatusToError(absl::UnavailableError(
+    return refuse(absl::UnavailableError(
         absl::StrCat("no alive worker on node '", decision->node, "' for ", id)));
   }
   hosted_[worker_id]++;
-  if (!rank_of.empty()) rank_job_[id] = rank_of;
   // Before make_response_promise, which takes the sender out of the current message.
   caf::actor requester = caf::actor_cast<caf::actor>(current_sender());
   auto rp = make_response_promise<caf::actor, std::string, std::string>();
@@ -277,6 +281,7 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
             ForgetSpawn(worker_id, answered);
             if (*answered) return;  // its worker was reported dead first: the actor died with it
             *answered = true;
+            reserved_.erase(id);  // the rank holds its worker now (rank_job_)
             directory_[id] = Named{h, gen, worker_id, requester};
             if (store_) StoreFailed(store_->PutActor({id, worker_id, gen}));
             monitor(h);
@@ -285,6 +290,7 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
           [this, rp, id, worker_id, answered](caf::error& e) mutable {
             ForgetSpawn(worker_id, answered);
             (void)sched_.ReleaseActor(id);
+            reserved_.erase(id);
             rank_job_.erase(id);
             if (auto w = hosted_.find(worker_id); w != hosted_.end() && w->second) w->second--;
             if (*answered) return;

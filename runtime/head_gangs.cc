@@ -59,17 +59,21 @@ RankGrant HeadActor::HandleGang(const RankGang& g) {
   if (held >= g.max) return out;
   auto q = queued_.find(g.job);
   const uint64_t seq = q != queued_.end() ? q->second.seq : ++queue_seq_;
-  std::string why = QueuedAhead(g, seq);
+  // A running job below its min (it lost ranks) takes back its min before any queued job.
+  const bool reclaim = g.grow && held < g.min;
+  std::string why = reclaim ? "" : QueuedAhead(g, seq);
+  int32_t fit = 0;
   if (why.empty()) {
-    std::vector<std::string> got = ReserveUpTo(g, &why);
-    if (g.grow || held + static_cast<int32_t>(got.size()) >= g.min) {
+    std::vector<std::string> got = ReserveUpTo(g, reclaim ? g.min : g.max, &why);
+    fit = static_cast<int32_t>(got.size());
+    if (g.grow || held + fit >= g.min) {
       if (q != queued_.end()) queued_.erase(q);
-      if (const Job* j = jobs_.Find(g.job); !g.grow && j->state == JobState::kQueued) {
-        aout(this) << "troupe-head: job " << g.job << " admitted: " << got.size() << " ranks"
-                   << std::endl;
-      }
       if (!g.grow) {
-        jobs_.Admitted(g.job);
+        if (jobs_.Find(g.job)->state == JobState::kQueued) {
+          aout(this) << "troupe-head: job " << g.job << " admitted: " << fit << " ranks"
+                     << std::endl;
+        }
+        jobs_.Admitted(g.job, g.priority);
         PutJob(g.job);
       }
       out.workers = std::move(got);
@@ -77,7 +81,7 @@ RankGrant HeadActor::HandleGang(const RankGang& g) {
     }
     const std::set<std::string> mine(got.begin(), got.end());
     DropReservations([&](const Reservation& r) { return r.job == g.job && mine.count(r.worker); });
-    why = absl::StrCat(held + got.size(), " fit now: ", why);
+    why = absl::StrCat(held + fit, " fit now: ", why);
   }
   if (g.grow) {
     out.waiting = why;
@@ -102,26 +106,47 @@ RankGrant HeadActor::HandleGang(const RankGang& g) {
     jobs_.Queued(g.job, out.waiting, g.priority);
     PutJob(g.job);
   }
-  qj.missing = g.min - held;
+  qj.missing = g.min - held - fit;
   if (qj.can_fit && QueuedAhead(g, seq).empty()) ShrinkFor(g.job, qj);
   return out;
 }
 
-std::vector<std::string> HeadActor::ReserveUpTo(const RankGang& g, std::string* why) {
+// Each rank's node is the scheduler's pick (`each`'s strategy and spot preference) among the nodes
+// with a free worker, in a failure domain (its zone, else the node) holding none of the job's
+// ranks while there is one: a job's ranks spread over zones first, then nodes.
+std::vector<std::string> HeadActor::ReserveUpTo(const RankGang& g, int32_t cap, std::string* why) {
   std::vector<std::string> got;
-  std::vector<std::string> full;  // nodes whose alive workers all hold a rank
+  std::vector<std::string> full;       // nodes whose alive workers all hold a rank
+  std::set<std::string> nodes, zones;  // the job's ranks' nodes and zones
+  auto note = [&](const std::string& node) {
+    nodes.insert(node);
+    std::optional<scheduler::NodeView> v = sched_.Node(node);
+    if (!v) return;
+    if (auto z = v->labels.find(scheduler::kZoneLabel); z != v->labels.end())
+      zones.insert(z->second);
+  };
+  for (const auto& [name, job] : rank_job_) {
+    const MemberInfo* w = job == g.job ? core_.Find(RankWorker(name)) : nullptr;
+    if (w != nullptr) note(w->node);
+  }
   const std::string probe = absl::StrCat(g.job, "#probe");
-  const int32_t held = RanksOf(g.job);
-  while (held + static_cast<int32_t>(got.size()) < g.max) {
+  auto place = [&](bool new_domain) -> absl::StatusOr<scheduler::ActorDecision> {
     absl::StatusOr<scheduler::ActorRequest> req = MakeActorRequest(probe, g.each, "");
-    if (!req.ok()) {
-      *why = std::string(req.status().message());
-      break;
+    if (!req.ok()) return req.status();
+    using Op = scheduler::LabelTerm::Op;
+    if (!full.empty()) req->selector.push_back({kNodeLabel, Op::kNotIn, full});
+    if (new_domain && !nodes.empty()) {
+      req->selector.push_back({kNodeLabel, Op::kNotIn, {nodes.begin(), nodes.end()}});
     }
-    if (!full.empty()) {
-      req->selector.push_back({kNodeLabel, scheduler::LabelTerm::Op::kNotIn, full});
+    if (new_domain && !zones.empty()) {
+      req->selector.push_back({scheduler::kZoneLabel, Op::kNotIn, {zones.begin(), zones.end()}});
     }
-    absl::StatusOr<scheduler::ActorDecision> d = sched_.PlaceActor(*req);
+    return sched_.PlaceActor(*req);
+  };
+  const int32_t held = RanksOf(g.job);
+  while (held + static_cast<int32_t>(got.size()) < cap) {
+    absl::StatusOr<scheduler::ActorDecision> d = place(true);
+    if (d.ok() && !d->placed()) d = place(false);
     if (!d.ok() || !d->placed()) {
       *why = !d.ok() ? std::string(d.status().message()) : d->unschedulable->reason;
       if (!full.empty()) {
@@ -144,18 +169,57 @@ std::vector<std::string> HeadActor::ReserveUpTo(const RankGang& g, std::string* 
                           !at.ok() ? at.status().message() : at->unschedulable->reason);
       break;
     }
-    reserved_[name] = Reservation{g.job, worker, Clock::now() + kReservationLife};
+    reserved_[name] = Reservation{name, g.job, worker, Clock::now() + kReservationLife};
     rank_job_[name] = g.job;
     got.push_back(worker);
+    note(d->node);
   }
   return got;
+}
+
+std::string HeadActor::JobOfRank(const std::string& name) const {
+  const size_t rank = name.find(".rank.");
+  if (rank == std::string::npos || rank == 0) return "";
+  const size_t dot = name.rfind('.', rank - 1);
+  const std::string job = name.substr(dot == std::string::npos ? 0 : dot + 1,
+                                      rank - (dot == std::string::npos ? 0 : dot + 1));
+  const Job* j = jobs_.Find(job);
+  return j != nullptr && !JobEnded(j->state) ? job : "";
+}
+
+absl::Status HeadActor::ClaimRankWorker(const std::string& name, const std::string& job,
+                                        const std::string& worker) {
+  const Clock::time_point until = Clock::now() + options_.spawn_timeout + kReservationLife;
+  if (auto r = reserved_.find(name); r != reserved_.end() && r->second.worker == worker) {
+    r->second.until = until;
+    return absl::OkStatus();
+  }
+  for (const auto& [other, j] : rank_job_) {
+    if (other != name && RankWorker(other) == worker) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", name, ": worker ", worker, " holds rank ", other, " of job ", j,
+                       " (its reservation lapsed: ask the head for ranks again)"));
+    }
+  }
+  reserved_[name] = Reservation{name, job, worker, until};
+  rank_job_[name] = job;
+  return absl::OkStatus();
+}
+
+std::string HeadActor::RankWorker(const std::string& name) const {
+  if (auto r = reserved_.find(name); r != reserved_.end()) return r->second.worker;
+  if (auto d = directory_.find(name); d != directory_.end()) return d->second.worker;
+  return "";
 }
 
 std::string HeadActor::QueuedAhead(const RankGang& g, uint64_t seq) const {
   const Clock::time_point now = Clock::now();
   for (const auto& [id, q] : queued_) {
     if (id == g.job || !q.can_fit || now - q.asked > kQueueStale) continue;
-    if (g.grow) return absl::StrCat("freed capacity goes to the queued job ", id, " first");
+    if (g.grow && q.priority >= g.priority) {
+      return absl::StrCat("freed capacity goes to the queued job ", id, " first");
+    }
+    if (g.grow) continue;
     if (q.priority > g.priority || (q.priority == g.priority && q.seq < seq)) {
       return absl::StrCat("queued behind job ", id, " (priority ", q.priority,
                           q.priority == g.priority ? ", queued first)" : ")");
@@ -166,13 +230,7 @@ std::string HeadActor::QueuedAhead(const RankGang& g, uint64_t seq) const {
 
 std::string HeadActor::FreeRankWorker(const std::string& node) const {
   std::set<std::string> busy;
-  for (const auto& [name, job] : rank_job_) {
-    if (auto r = reserved_.find(name); r != reserved_.end()) {
-      busy.insert(r->second.worker);
-    } else if (auto d = directory_.find(name); d != directory_.end()) {
-      busy.insert(d->second.worker);
-    }
-  }
+  for (const auto& [name, job] : rank_job_) busy.insert(RankWorker(name));
   std::string best;
   size_t best_hosted = 0;
   core_.ForEachMember([&](const MemberInfo& m) {
@@ -233,7 +291,10 @@ std::string HeadActor::OwnRankWorker(const std::string& name) const {
     if (j != job || d == directory_.end()) continue;
     const MemberInfo* w = core_.Find(d->second.worker);
     const MemberInfo* n = w == nullptr ? nullptr : core_.Find(w->node);
-    if (w == nullptr || n == nullptr || w->state != MemberState::kAlive) continue;
+    if (w == nullptr || n == nullptr || w->state != MemberState::kAlive ||
+        n->state != MemberState::kAlive) {
+      continue;  // never back onto a draining node (the coordinator moves off a noticed one)
+    }
     auto h = hosted_.find(w->id);
     const std::pair<bool, size_t> r{IsSpot(*n), h == hosted_.end() ? 0 : h->second};
     if (best.empty() || r < best_rank) {
@@ -271,14 +332,17 @@ void HeadActor::ShrinkFor(const std::string& job, const QueuedJob& q) {
   });
   const Clock::time_point now = Clock::now();
   int32_t need = q.missing;
+  int32_t spare = 0;
+  for (const Victim& v : victims) spare += drivers_.count(v.id) ? v.spare : 0;
+  if (spare < need) return;  // shrinking them all would not make it fit: nobody is asked
   for (const Victim& v : victims) {
+    auto d = drivers_.find(v.id);
     if (need <= 0) break;
+    if (d == drivers_.end()) continue;
     Gang& gang = gangs_[v.id];
     const int32_t n = std::min(need, v.spare);
     need -= n;
     if (now - gang.asked_shrink < kShrinkPatience) continue;  // handing over already
-    auto d = drivers_.find(v.id);
-    if (d == drivers_.end()) continue;
     gang.asked_shrink = now;
     aout(this) << "troupe-head: job " << v.id << " (priority " << v.priority << ") gives up " << n
                << " rank(s) for job " << job << " (priority " << q.priority << ")" << std::endl;

@@ -179,11 +179,12 @@ void JobTable::Queued(const std::string& id, const std::string& why, int32_t pri
   j->priority = priority;
 }
 
-void JobTable::Admitted(const std::string& id) {
+void JobTable::Admitted(const std::string& id, int32_t priority) {
   Job* j = Find(id);
   if (j == nullptr || JobEnded(j->state)) return;
   j->state = JobState::kRunning;
   j->waiting.clear();
+  j->priority = priority;
 }
 
 void JobTable::Ingest(const std::string& id, const std::vector<std::string>& lines) {
@@ -278,6 +279,11 @@ void JobTable::End(const std::string& id, JobState state, const std::string& err
       j->steps_lost = j->report.value("steps_lost", j->steps_lost);
     }
   }
+}
+
+const Job* JobTable::Find(const std::string& id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
 }
 
 Job* JobTable::Find(const std::string& id) {
@@ -392,7 +398,7 @@ std::string JobTable::Metrics() const {
   auto each = [&](const char* name, const char* type, const char* help, auto value) {
     Family(&out, name, type, help);
     for (const auto& [id, j] : jobs_) {
-      absl::StrAppend(&out, name, "{job=\"", Label(id), "\"} ", value(j), "\n");
+      absl::StrAppend(&out, name, "{job_id=\"", Label(id), "\"} ", value(j), "\n");
     }
   };
   each("troupe_job_step", "gauge", "The job's last committed step.",
@@ -419,7 +425,7 @@ std::string JobTable::Metrics() const {
          "Restarts of the job's actors by supervisor.");
   for (const auto& [id, j] : jobs_) {
     for (const auto& [sup, n] : j.restarts) {
-      absl::StrAppend(&out, "troupe_job_restarts_total{job=\"", Label(id), "\",supervisor=\"",
+      absl::StrAppend(&out, "troupe_job_restarts_total{job_id=\"", Label(id), "\",supervisor=\"",
                       Label(sup), "\"} ", n, "\n");
     }
   }
@@ -433,7 +439,7 @@ std::string JobTable::Metrics() const {
   for (size_t i = 0; i < 3; ++i) {
     Family(&out, histos[i].first, "histogram", help[i]);
     for (const auto& [id, j] : jobs_) {
-      Histo(&out, histos[i].first, absl::StrCat("job=\"", Label(id), "\""), j.*histos[i].second);
+      Histo(&out, histos[i].first, absl::StrCat("job_id=\"", Label(id), "\""), j.*histos[i].second);
     }
   }
   return out;

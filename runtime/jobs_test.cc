@@ -93,13 +93,13 @@ TEST(JobTableTest, TheEventLogBecomesSeriesEventsRanksAndMetrics) {
   const std::string m = t.Metrics();
   for (const char* want : {
            "troupe_jobs{state=\"running\"} 1\n",
-           "troupe_job_step{job=\"job-1\"} 2\n",
-           "troupe_job_recoveries_total{job=\"job-1\"} 1\n",
-           "troupe_collective_bytes_total{job=\"job-1\"} 4196\n",
-           "troupe_step_seconds_bucket{job=\"job-1\",le=\"0.025\"} 1\n",
-           "troupe_step_seconds_bucket{job=\"job-1\",le=\"+Inf\"} 2\n",
-           "troupe_step_seconds_count{job=\"job-1\"} 2\n",
-           "troupe_recovery_seconds_sum{job=\"job-1\"} 0.25\n",
+           "troupe_job_step{job_id=\"job-1\"} 2\n",
+           "troupe_job_recoveries_total{job_id=\"job-1\"} 1\n",
+           "troupe_collective_bytes_total{job_id=\"job-1\"} 4196\n",
+           "troupe_step_seconds_bucket{job_id=\"job-1\",le=\"0.025\"} 1\n",
+           "troupe_step_seconds_bucket{job_id=\"job-1\",le=\"+Inf\"} 2\n",
+           "troupe_step_seconds_count{job_id=\"job-1\"} 2\n",
+           "troupe_recovery_seconds_sum{job_id=\"job-1\"} 0.25\n",
            "# TYPE troupe_checkpoint_write_seconds histogram\n",
        }) {
     EXPECT_TRUE(absl::StrContains(m, want)) << want << " not in\n" << m;

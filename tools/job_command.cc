@@ -112,6 +112,9 @@ std::string StatusText(const json& j) {
     absl::StrAppend(&out, "  driver: pid ", j.value("driver_pid", 0), " on node ",
                     j.value("node", ""), "\n");
   }
+  if (!j.value("waiting", "").empty()) {
+    absl::StrAppend(&out, "  waiting: ", j.value("waiting", ""), "\n");
+  }
   if (!j.value("last_event", "").empty()) {
     absl::StrAppend(&out, "  last event: ", j.value("last_event", ""), "\n");
   }
@@ -146,13 +149,14 @@ int List(runtime::ClusterClient& c) {
   absl::StatusOr<std::string> v = c.View("jobs");
   if (!v.ok()) return Fail(v.status());
   std::cout << absl::StrFormat("%-10s %-10s %-14s %-9s %-9s %-9s %s\n", "ID", "STATE", "NAME",
-                               "STEP", "LOSS", "TOK/S", "LAST EVENT");
+                               "STEP", "LOSS", "TOK/S", "LAST EVENT (QUEUED: WHY)");
   const json list = json::parse(*v);
   for (const json& j : list["jobs"]) {
     std::cout << absl::StrFormat(
         "%-10s %-10s %-14s %-9s %-9.4f %-9.0f %s\n", j.value("id", ""), j.value("state", ""),
         j.value("name", ""), absl::StrCat(j.value("step", 0), "/", j.value("steps", 0)),
-        j.value("loss", 0.0), j.value("tokens_per_s", 0.0), j.value("last_event", ""));
+        j.value("loss", 0.0), j.value("tokens_per_s", 0.0),
+        j.value("waiting", "").empty() ? j.value("last_event", "") : j.value("waiting", ""));
   }
   return 0;
 }

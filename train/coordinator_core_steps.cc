@@ -193,11 +193,18 @@ void CoordinatorCore::HandOver(Actions* out) {
                     ": run the same job again to resume")),
                 std::move(e));
   }
-  NewGeneration(out, "drain",
-                absl::StrCat(nodes.size() == 1 ? "node " : "nodes ", node_list,
-                             nodes.size() == 1 ? " is draining: its" : " are draining: their",
-                             " ranks leave at this step boundary"),
-                {{"node", node_list}}, /*hand_over=*/true);
+  const bool given_up = std::all_of(leaving.begin(), leaving.end(),
+                                    [&](const std::string& w) { return given_up_.count(w) > 0; });
+  NewGeneration(
+      out, "drain",
+      given_up ? absl::StrCat(
+                     leaving.size() == 1 ? "rank on " : "ranks on ", absl::StrJoin(leaving, " "),
+                     " given up for a queued job of higher priority: ",
+                     leaving.size() == 1 ? "it leaves" : "they leave", " at this step boundary")
+               : absl::StrCat(nodes.size() == 1 ? "node " : "nodes ", node_list,
+                              nodes.size() == 1 ? " is draining: its" : " are draining: their",
+                              " ranks leave at this step boundary"),
+      {{"node", node_list}}, /*hand_over=*/true);
 }
 
 // ---- checkpoints ---------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class JobTable {
   void Placed(const std::string& id, const std::string& node);
   // The job's driver waits for its ranks (`why`), or got them: queued <-> running.
   void Queued(const std::string& id, const std::string& why, int32_t priority);
-  void Admitted(const std::string& id);
+  void Admitted(const std::string& id, int32_t priority);
   // Lines of the job's event log, in order.
   void Ingest(const std::string& id, const std::vector<std::string>& lines);
   void Log(const std::string& id, const std::vector<std::string>& lines);
@@ -97,6 +97,7 @@ class JobTable {
            const std::string& report, double now);
 
   Job* Find(const std::string& id);
+  const Job* Find(const std::string& id) const;
   const std::map<std::string, Job>& jobs() const { return jobs_; }
   // Jobs whose driver is to be started (pending, not yet placed).
   std::vector<std::string> Unplaced() const;

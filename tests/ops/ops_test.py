@@ -300,7 +300,7 @@ def metrics(c, art):
     for key, v in before.items():
         if key in after and after[key] < v:
             fail(f"/metrics: counter {key} went from {v} to {after[key]}")
-    lab = (("job", job_id),)
+    lab = (("job_id", job_id),)
     rec_count = after[("troupe_recovery_seconds_count", lab)]
     rec_sum = after[("troupe_recovery_seconds_sum", lab)]
     recovered = [e for e in c.job(job_id)["events"] if e["event"] == "recovered"]
@@ -372,9 +372,8 @@ def stop(p):
 
 
 def prometheus(c, art):
-    """Debian's prometheus scrapes the head during a job; its HTTP API has the job's series. The
-    head's own `job` label (the job's id) becomes `exported_job`: prometheus' `job` is the
-    scrape job's (honor_labels: false, the default)."""
+    """Debian's prometheus scrapes the head during a job; its HTTP API has the job's series,
+    labelled `job_id` (Prometheus keeps `job` for its scrape job)."""
     p, api = start_prometheus(c)
     c.procs.append(p)  # killed with the cluster if a check below fails
     last = {}
@@ -399,13 +398,13 @@ def prometheus(c, art):
     job_id = c.submit("--steps", "100000")
     c.wait_step(job_id, 3)
     until("the head up", 'up{job="troupe"}', lambda v: v == 1)
-    step = until("the job's step", f'troupe_job_step{{exported_job="{job_id}"}}',
+    step = until("the job's step", f'troupe_job_step{{job_id="{job_id}"}}',
                  lambda v: v >= 20)
     if step > c.job(job_id)["step"]:
         fail(f"prometheus has {job_id} at step {step}, the head at {c.job(job_id)['step']}")
     q50 = until("the median step time",
                 f'histogram_quantile(0.5, sum by (le) (rate(troupe_step_seconds_bucket'
-                f'{{exported_job="{job_id}"}}[30s])))', lambda v: 0 < v < 60)
+                f'{{job_id="{job_id}"}}[30s])))', lambda v: 0 < v < 60)
     with urllib.request.urlopen(f"http://{api}/api/v1/targets", timeout=10) as r:
         targets = json.loads(r.read().decode())["data"]["activeTargets"]
     if ([(t["scrapeUrl"], t["health"]) for t in targets]

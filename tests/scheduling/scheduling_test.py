@@ -19,6 +19,7 @@ import time
 import urllib.request
 
 STEPS = 40
+LONG = 200  # steps of a job that must still run while the test acts on it
 
 
 def fail(msg):
@@ -184,14 +185,17 @@ def check_crc(c, jobs, ref):
 
 
 def share(c):
-    ref = reference(c)
-    a = c.submit("A", 3, 3, 3)
-    b = c.submit("B", 3, 3, 3)
-    c.at_step(a, 5)
-    c.at_step(b, 5)
-    ra, rb = c.ranks("A"), c.ranks("B")
-    if len(ra) != 3 or len(rb) != 3 or set(ra) & set(rb):
-        fail(f"expected 3 ranks each on distinct workers: A {ra}, B {rb}")
+    """Two jobs of 3 ranks on 6 workers: each its gang, over the three zones, both to the
+    reference weights."""
+    ref = reference(c, LONG)
+    a = c.submit("A", 3, 3, 3, steps=LONG)
+    b = c.submit("B", 3, 3, 3, steps=LONG)
+    c.at_step(a, 2)
+    c.at_step(b, 2)
+    ra = wait_for("A's 3 ranks", lambda: (lambda r: r if len(r) == 3 else None)(c.ranks("A")))
+    rb = wait_for("B's 3 ranks", lambda: (lambda r: r if len(r) == 3 else None)(c.ranks("B")))
+    if set(ra) & set(rb):
+        fail(f"A and B share a worker: A {ra}, B {rb}")
     for name, r in (("A", ra), ("B", rb)):
         if sorted(r.values()) != ["a", "b", "c"]:
             fail(f"job {name}'s ranks are not spread over the three zones: {r}")
@@ -203,7 +207,7 @@ def queue(c):
     """A third job queues while two run and starts when one ends; a fourth, of the same priority
     and smaller, submitted after it, does not overtake it (first come, first served)."""
     ref = reference(c)
-    a = c.submit("A", 3, 3, 3)
+    a = c.submit("A", 3, 3, 3, steps=STEPS * 50)
     b = c.submit("B", 3, 3, 3, steps=STEPS * 50)
     c.at_step(a, 2)
     c.at_step(b, 2)
@@ -215,34 +219,59 @@ def queue(c):
     jd = wait_for("D queued behind C",
                   lambda: (lambda x: x if q in x["waiting"] else None)(c.job(d)), 30, 0.2)
     listing = c.troupe("job", "list", "--head", c.head).stdout
-    if not re.search(rf"{q}\s.*queued", listing):
-        fail(f"`troupe job list` does not show {q} queued:\n{listing}")
+    if not re.search(rf"{q}\s.*queued.*min_workers=3", listing):
+        fail(f"`troupe job list` does not show {q} queued, and why:\n{listing}")
+    status = c.troupe("job", "status", d, "--head", c.head).stdout
+    if f"waiting: needs min_workers=2" not in status or q not in status:
+        fail(f"`troupe job status {d}` does not say why it waits:\n{status}")
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{c.http}/metrics", timeout=10).read()
     if 'troupe_jobs{state="queued"} 2' not in metrics.decode():
         fail(f"/metrics: expected troupe_jobs{{state=\"queued\"}} 2:\n{metrics.decode()}")
-    c.finish(a)
+    c.troupe("job", "stop", a, "--head", c.head)
     c.state(q, "running", "succeeded")
     if c.job(d)["state"] != "queued":
         fail(f"D overtook C or ran beside it: D {c.job(d)['state']}")
     c.troupe("job", "stop", b, "--head", c.head)
     check_crc(c, [q, d], ref)
-    print(f"C queued ({j['waiting']}), ran when A ended; D waited ({jd['waiting']}), ran when B "
+    print(f"C queued ({j['waiting']}), ran when A was stopped; D waited ({jd['waiting']}), ran when B "
           f"was stopped; crc32c {ref}")
 
 
 def grow(c):
-    ref = reference(c, STEPS * 3)
-    b = c.submit("B", 3, 3, 3, steps=STEPS // 2)
+    """E (2..6 ranks) gets the 3 workers B leaves free, and grows to 6 at a step boundary when B
+    is stopped; its weights are the reference's."""
+    ref = reference(c, LONG)
+    b = c.submit("B", 3, 3, 3, steps=STEPS * 50)
     c.at_step(b, 2)
-    e = c.submit("E", 2, 2, 6, steps=STEPS * 3)
+    e = c.submit("E", 2, 2, 6, steps=LONG)
     c.at_step(e, 2)
-    if len(c.ranks("E")) != 3:
-        fail(f"E should hold the 3 free workers: {c.ranks('E')}")
-    c.finish(b)
+    if len(c.ranks("E")) != 3 or c.job(e)["world"] != 3:
+        fail(f"E should hold the 3 free workers: {c.ranks('E')}, world {c.job(e)['world']}")
+    c.troupe("job", "stop", b, "--head", c.head)
     wait_for("E to grow to 6 ranks", lambda: c.job(e)["world"] == 6, 60, 0.2)
-    grown = [x for x in c.job(e)["events"] if x["event"] == "generation"]
     check_crc(c, [e], ref)
-    print(f"E grew to world 6 when B ended ({len(grown)} generations); crc32c {ref}")
+    print(f"E grew from world 3 to 6 when B was stopped; crc32c {ref}")
+
+
+def priority(c):
+    """H (priority 10, 4 ranks) arrives while E (priority 0, 2..6 ranks) holds all 6 workers: E
+    hands 4 ranks over at a step boundary and goes on with its min, losing nothing; both end
+    with the reference weights."""
+    ref = reference(c, LONG)
+    e = c.submit("E", 6, 2, 6, steps=LONG)
+    c.at_step(e, 3)
+    if c.job(e)["world"] != 6:
+        fail(f"E should hold all 6 workers: world {c.job(e)['world']}")
+    h = c.submit("H", 4, 4, 4, priority=10, steps=LONG)
+    c.state(h, "running", timeout=60)
+    wait_for("E shrunk to its min_workers=2", lambda: c.job(e)["world"] == 2, 60, 0.1)
+    if c.job(h)["world"] not in (0, 4):
+        fail(f"H should train with 4 ranks: world {c.job(h)['world']}")
+    check_crc(c, [h], ref)
+    j = c.finish(e)
+    if crc(j) != ref or j["report"]["steps_lost"] != 0:
+        fail(f"E: crc32c {crc(j)} (reference {ref}), steps lost {j['report']['steps_lost']}")
+    print(f"H (priority 10) took 4 of E's 6 workers; E: 0 steps lost, crc32c {ref}")
 
 
 def priority(c):
@@ -279,11 +308,16 @@ def never_fits(c):
 
 
 def kill(c):
-    ref = reference(c, STEPS * 2)
-    a = c.submit("A", 3, 3, 3, steps=STEPS * 2)
-    b = c.submit("B", 3, 3, 3, steps=STEPS * 2)
+    """A kill -9 of a worker of job A: A recovers, B (on the same cluster) is untouched, and a
+    queued job C does not take the restarted worker from A (a running job gets its min back
+    first), then runs when A and B are done."""
+    ref = reference(c, LONG)
+    a = c.submit("A", 3, 3, 3, steps=LONG)
+    b = c.submit("B", 3, 3, 3, steps=LONG)
     c.at_step(a, 5)
     c.at_step(b, 5)
+    q = c.submit("C", 3, 3, 3, steps=LONG)
+    c.state(q, "queued")
     victim = sorted(c.ranks("A"))[0]
     os.kill(c.worker_pid(victim), signal.SIGKILL)
     ra, rb = c.finish(a)["report"], c.finish(b)["report"]
@@ -293,9 +327,9 @@ def kill(c):
     if rb["generations"] != 1 or rb["steps_lost"] != 0:
         fail(f"B was touched by A's kill: {rb['generations']} generations, "
              f"{rb['steps_lost']} steps lost")
-    check_crc(c, [a, b], ref)
-    print(f"killed A's {victim}: A recovered ({ra['generations']} generations); B untouched; "
-          f"both crc32c {ref}")
+    check_crc(c, [a, b, q], ref)
+    print(f"killed A's {victim}: A recovered ({ra['generations']} generations, world "
+          f"{ra['final_world']}); B untouched; C ran after; all crc32c {ref}")
 
 
 CASES = {"share": share, "queue": queue, "grow": grow, "priority": priority,

@@ -294,8 +294,10 @@ class ClusterClient {
   [[nodiscard]] absl::StatusOr<std::string> SubmitJob(const std::string& name,
                                                       const std::string& spec_toml, int64_t steps);
   [[nodiscard]] absl::Status StopJob(const std::string& id);
-  // A job's driver asks for its ranks (see job_gang_atom).
-  [[nodiscard]] absl::StatusOr<RankGrant> ReserveRanks(const RankGang& gang);
+  // A job's driver asks for its ranks (see job_gang_atom); `timeout` (when set) instead of the
+  // client's, for an ask that must not hold up its caller.
+  [[nodiscard]] absl::StatusOr<RankGrant> ReserveRanks(const RankGang& gang,
+                                                       Duration timeout = Duration::zero());
   [[nodiscard]] absl::StatusOr<std::string> View(const std::string& what,
                                                  const std::string& arg = "");
   // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.
