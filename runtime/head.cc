@@ -85,6 +85,7 @@ caf::message_handler HeadActor::MembershipHandlers() {
       [this](release_node_atom, const std::string& node) { Execute(core_.OnRelease(node)); },
       [this](drain_atom, const std::string& node, int64_t grace_ms, const std::string& notice) {
         Execute(core_.OnDrain(node, grace_ms, notice));
+        ReleaseIfIdle(node);
       },
       [this](leave_atom, const std::string& node) { Execute(core_.OnLeave(node)); },
       [this](members_atom) { return core_.Members(); },
@@ -285,6 +286,28 @@ void HeadActor::StoreFailed(const absl::Status& s) {
 caf::actor SpawnHead(caf::actor_system& system, ClusterOptions options, std::string build_id,
                      std::shared_ptr<HeadStore> store) {
   return system.spawn<HeadActor>(std::move(options), std::move(build_id), std::move(store));
+}
+
+// A draining node that hosts nothing of any job — no named actor or rank reservation on its
+// workers, no running driver — is released now rather than at the end of its notice: an agent
+// stopped after its job ended (SLURM's end of a job) leaves at once.
+void HeadActor::ReleaseIfIdle(const std::string& node) {
+  const MemberInfo* n = core_.Find(node);
+  if (n == nullptr || n->kind != MemberKind::kNode || n->state != MemberState::kDraining) return;
+  auto on_node = [&](const std::string& worker) {
+    const MemberInfo* w = core_.Find(worker);
+    return w != nullptr && w->node == node;
+  };
+  for (const auto& [name, named] : directory_) {
+    if (on_node(named.worker)) return;
+  }
+  for (const auto& [name, r] : reserved_) {
+    if (on_node(r.worker)) return;
+  }
+  for (const auto& [id, j] : jobs_.jobs()) {
+    if (j.node == node && !JobEnded(j.state)) return;
+  }
+  Execute(core_.OnRelease(node));
 }
 
 }  // namespace troupe::runtime::internal

@@ -75,6 +75,7 @@ class HeadActor final : public caf::event_based_actor {
   void Execute(const std::vector<MembershipAction>& actions);
   static absl::Status Refusal(const std::vector<MembershipAction>& actions);
   void Publish(const MembershipAction& a);
+  void ReleaseIfIdle(const std::string& node);
   // The member's node agent or worker actor (an invalid handle for no member).
   const caf::actor& Handle(const std::string& member) const;
   void Restore();

@@ -103,7 +103,11 @@ HeadActor::Directory::iterator HeadActor::NamedDown(Directory::iterator it,
   if (auto w = hosted_.find(it->second.worker); w != hosted_.end() && w->second > 0) {
     w->second--;
   }
-  return directory_.erase(it);
+  const MemberInfo* w = core_.Find(it->second.worker);
+  const std::string node = w != nullptr ? w->node : "";
+  auto next = directory_.erase(it);
+  if (!node.empty()) ReleaseIfIdle(node);
+  return next;
 }
 
 void HeadActor::ReleaseActorsOf(const std::string& worker, const std::string& detail) {

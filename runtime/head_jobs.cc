@@ -95,6 +95,7 @@ void HeadActor::EndJob(const std::string& id, JobState state, const std::string&
   jobs_.End(id, state, error, report, Now());
   drivers_.erase(id);
   EndGang(id);
+  if (!j->node.empty()) ReleaseIfIdle(j->node);
   aout(this) << "troupe-head: job " << id << " " << Name(state) << (error.empty() ? "" : ": ")
              << error << std::endl;
   PutJob(id);

@@ -341,11 +341,16 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   if (int rc = OpenStore(flags, &store); rc != 0) return rc;
   const std::string& host = flags.host;
   caf::actor head = SpawnHead((*rt)->system(), co, co.EffectiveBuildId(), store);
+  // A head that cannot serve stops its actor and exits at once: returning would wait for that
+  // actor forever (the actor system's destructor), holding its store and its other port.
+  auto fail = [&head](const absl::Status& s) {
+    LogError("head", std::string(s.message()));
+    caf::anon_send_exit(head, caf::exit_reason::user_shutdown);
+    std::fflush(nullptr);
+    _exit(1);
+  };
   auto bound = Publish(**rt, head, static_cast<uint16_t>(flags.port), host);
-  if (!bound.ok()) {
-    LogError("head", std::string(bound.status().message()));
-    return 1;
-  }
+  if (!bound.ok()) fail(bound.status());
   std::cout << "troupe head: listening on " << host << ":" << *bound
             << (ro.tls() ? " (mutual TLS)"
                          : " (plain TCP without TLS: for loopback and trusted local networks only)")
@@ -354,10 +359,7 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   if (flags.http_port >= 0) {
     auto started =
         OpsHttp::Start((*rt)->system(), head, host, static_cast<int>(flags.http_port), ro);
-    if (!started.ok()) {
-      LogError("head", std::string(started.status().message()));
-      return 1;
-    }
+    if (!started.ok()) fail(started.status());
     http = std::move(*started);
     std::cout << "troupe head: dashboard, JSON API and /metrics at "
               << (ro.tls() ? "https" : "http") << "://" << host << ":" << http->port() << "/"

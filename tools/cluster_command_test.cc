@@ -1,6 +1,9 @@
 // The stock binary's cluster roles, run as a person would run them.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +39,29 @@ TEST(ClusterCommandTest, BadArgumentsNameTheOption) {
   EXPECT_NE(out.find("option 'port'"), std::string::npos) << out;
   EXPECT_EQ(Shell(std::string(TROUPE_BINARY) + " up --workers many", &out), 2);
   EXPECT_NE(out.find("expected an integer"), std::string::npos) << out;
+}
+
+// A head whose port is taken (another job's head on a shared SLURM node) fails at once, exit 1,
+// naming why: it never hangs holding its store, nor serves as if it were up.
+TEST(ClusterCommandTest, AHeadThatCannotListenExitsOneAtOnce) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  std::string out;
+  EXPECT_EQ(
+      Shell("timeout 20 " + std::string(TROUPE_BINARY) + " head --host 127.0.0.1 --port " + port,
+            &out),
+      1)
+      << "124 is a head that hung instead of exiting: " << out;
+  EXPECT_NE(out.find(port), std::string::npos) << out;
+  close(fd);
 }
 
 TEST(ClusterCommandTest, UpStartsAClusterAndTearsItDownOnSigterm) {
