@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -102,8 +103,10 @@ class HeadActor final : public caf::event_based_actor {
                                                                 const std::string& name,
                                                                 uint64_t gen,
                                                                 const Placement& where);
-  // The alive worker on `node` hosting the fewest actors (only `pinned`, when given), or "".
-  std::string LeastLoadedWorker(const std::string& node, const std::string& pinned) const;
+  // The alive worker on `node` hosting the fewest actors (only `pinned`, when given; none of
+  // `skip`), or "".
+  std::string LeastLoadedWorker(const std::string& node, const std::string& pinned,
+                                const std::set<std::string>& skip = {}) const;
   caf::result<std::vector<std::string>> HandlePlacementGroup(
       const std::string& name, const std::vector<std::string>& bundles, GroupStrategy strategy,
       const std::string& domain_key);

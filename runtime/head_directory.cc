@@ -208,12 +208,13 @@ std::string HeadActor::DirectEndpoint(const std::string& worker) const {
   return absl::StrCat(w->address, ":", w->direct_port);
 }
 
-std::string HeadActor::LeastLoadedWorker(const std::string& node, const std::string& pinned) const {
+std::string HeadActor::LeastLoadedWorker(const std::string& node, const std::string& pinned,
+                                         const std::set<std::string>& skip) const {
   std::string best;
   size_t best_hosted = 0;
   core_.ForEachMember([&](const MemberInfo& m) {
     if (m.kind != MemberKind::kWorker || m.state != MemberState::kAlive || m.node != node) return;
-    if (!pinned.empty() && m.id != pinned) return;
+    if ((!pinned.empty() && m.id != pinned) || skip.count(m.id)) return;
     auto h = hosted_.find(m.id);
     const size_t hosted = h == hosted_.end() ? 0 : h->second;
     if (best.empty() || hosted < best_hosted) {

@@ -231,21 +231,7 @@ std::string HeadActor::QueuedAhead(const RankGang& g, uint64_t seq) const {
 std::string HeadActor::FreeRankWorker(const std::string& node) const {
   std::set<std::string> busy;
   for (const auto& [name, job] : rank_job_) busy.insert(RankWorker(name));
-  std::string best;
-  size_t best_hosted = 0;
-  core_.ForEachMember([&](const MemberInfo& m) {
-    if (m.kind != MemberKind::kWorker || m.state != MemberState::kAlive || m.node != node ||
-        busy.count(m.id)) {
-      return;
-    }
-    auto h = hosted_.find(m.id);
-    const size_t hosted = h == hosted_.end() ? 0 : h->second;
-    if (best.empty() || hosted < best_hosted) {
-      best = m.id;
-      best_hosted = hosted;
-    }
-  });
-  return best;
+  return LeastLoadedWorker(node, "", busy);
 }
 
 int64_t HeadActor::RankCapacity(const Placement& each) const {

@@ -42,69 +42,19 @@ import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.environ.get("TROUPE_DEPLOY_TOOLS", "/opt/troupe/deploy-tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import ProcessCluster, fail, run, wait_for  # noqa: E402
 FAULT_STEP = 8
 
 
-def fail(msg):
-    raise AssertionError(msg)
+class Cluster(ProcessCluster):
+    """The head, an on-demand node agent with one worker and a spot one with three."""
 
-
-def run(cmd, timeout=60, check=True):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        fail(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
-    return r
-
-
-def wait_for(what, pred, timeout=60, every=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    fail(f"timed out after {timeout}s waiting for {what}")
-
-
-class Cluster:
     def __init__(self, binary, tmp):
-        self.binary, self.tmp, self.procs = binary, tmp, []
-        logs = os.path.join(tmp, "logs")
-        os.makedirs(logs)
-        self.start("head", ["head", "--port", "0", "--port_file", f"{tmp}/head.port",
-                            "--http_port", "0", "--http_port_file", f"{tmp}/head.http",
-                            "--log_dir", logs])
-        port = wait_for("the head's port", lambda: self.read(f"{tmp}/head.port"), 20)
-        self.http = int(self.read(f"{tmp}/head.http"))
-        self.head = f"127.0.0.1:{port}"
-        self.start("od", ["node", "--head", self.head, "--name", "od", "--workers", "1",
-                          "--resources", "cpu=1", "--log_dir", logs])
-        self.start("s", ["node", "--head", self.head, "--name", "s", "--workers", "3",
-                         "--resources", "cpu=3", "--labels", "spot=true", "--log_dir", logs])
-        self.troupe("status", "--head", self.head, "--wait_workers", "4", "--timeout", "30s")
-
-    @staticmethod
-    def read(path):
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            return ""
-
-    def start(self, name, args):
-        out = open(os.path.join(self.tmp, f"{name}.log"), "w")
-        self.procs.append(subprocess.Popen([self.binary] + args, stdout=out, stderr=out,
-                                           start_new_session=True))
-
-    def troupe(self, *args, timeout=60, check=True):
-        return run([self.binary] + list(args), timeout=timeout, check=check)
-
-    def get(self, path):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}{path}", timeout=10) as r:
-            return r.read().decode()
-
-    def job(self, job_id):
-        return json.loads(self.get(f"/api/jobs/{job_id}"))
+        super().__init__(binary, tmp)
+        self.node("od", 1, "--resources", "cpu=1")
+        self.node("s", 3, "--resources", "cpu=3", "--labels", "spot=true")
+        self.wait_workers(4)
 
     def submit(self, *flags):
         spec = ["--workers", "4", "--work_dir", os.path.join(self.tmp, f"job{len(self.procs)}")]
@@ -115,45 +65,6 @@ class Cluster:
         if not re.fullmatch(r"job-\d+", job_id) or took > 10:
             fail(f"submit printed {r.stdout!r} after {took:.1f}s: expected a job id at once")
         return job_id
-
-    def wait_step(self, job_id, step, timeout=120):
-        def reached():
-            j = self.job(job_id)
-            if j["state"] in ("failed", "stopped"):
-                fail(f"job {job_id} {j['state']}: {j['error']}\n{self.logs()}")
-            return j if j["step"] >= step or j["state"] == "succeeded" else None
-        return wait_for(f"{job_id} at step {step}", reached, timeout, 0.2)
-
-    def finish(self, job_id):
-        r = self.troupe("job", "wait", job_id, "--head", self.head, "--timeout", "180s",
-                        timeout=200, check=False)
-        if r.returncode != 0:
-            fail(f"job wait {job_id} exited {r.returncode}:\n{r.stdout}{r.stderr}\n{self.logs()}")
-        return self.job(job_id)
-
-    def logs(self):
-        out = ""
-        for root, _, files in os.walk(self.tmp):
-            for f in sorted(files):
-                if f.endswith((".log", ".err", ".out")) and "events" not in f:
-                    p = os.path.join(root, f)
-                    out += f"--- {p}\n" + open(p, errors="replace").read()[-3000:]
-        return out
-
-    def close(self):
-        # The agents' workers and job drivers die with them (PR_SET_PDEATHSIG).
-        for p in reversed(self.procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        deadline = time.time() + 10
-        while self.leftovers() and time.time() < deadline:
-            time.sleep(0.1)
-
-    def leftovers(self):
-        return subprocess.run(["pgrep", "-f", self.tmp], capture_output=True, text=True).stdout
 
 
 def job_api(c, art):

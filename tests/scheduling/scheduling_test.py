@@ -18,68 +18,25 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ops"))
+from harness import ProcessCluster, fail, wait_for  # noqa: E402
+
 STEPS = 40
 LONG = 200  # steps of a job that must still run while the test acts on it
 
 
-def fail(msg):
-    raise AssertionError(msg)
+class Cluster(ProcessCluster):
+    """The head and three node agents, zones a, b and c, 2 workers and cpu=2 each."""
 
-
-def wait_for(what, pred, timeout=60, every=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    fail(f"timed out after {timeout}s waiting for {what}")
-
-
-class Cluster:
     def __init__(self, binary, tmp):
-        self.binary, self.tmp, self.procs = binary, tmp, []
-        self.logs_dir = os.path.join(tmp, "logs")
-        os.makedirs(self.logs_dir)
+        super().__init__(binary, tmp)
         self.data = os.path.join(tmp, "data")
-        self.start("head", ["head", "--port", "0", "--port_file", f"{tmp}/head.port",
-                            "--http_port", "0", "--http_port_file", f"{tmp}/head.http",
-                            "--log_dir", self.logs_dir])
-        port = wait_for("the head's port", lambda: self.read(f"{tmp}/head.port"), 20)
-        self.http = int(wait_for("the head's http port", lambda: self.read(f"{tmp}/head.http")))
-        self.head = f"127.0.0.1:{port}"
         for zone in "abc":
-            self.start(f"node-{zone}", ["node", "--head", self.head, "--name", zone,
-                                        "--workers", "2", "--resources", "cpu=2",
-                                        "--labels", f"zone={zone}", "--log_dir", self.logs_dir])
-        self.troupe("status", "--head", self.head, "--wait_workers", "6", "--timeout", "30s")
+            self.node(zone, 2, "--resources", "cpu=2", "--labels", f"zone={zone}")
+        self.wait_workers(6)
 
-    @staticmethod
-    def read(path):
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            return ""
-
-    def start(self, name, args):
-        out = open(os.path.join(self.tmp, f"{name}.log"), "w")
-        self.procs.append(subprocess.Popen([self.binary] + args, stdout=out, stderr=out,
-                                           start_new_session=True))
-
-    def troupe(self, *args, timeout=60, check=True):
-        r = subprocess.run([self.binary] + list(args), capture_output=True, text=True,
-                           timeout=timeout)
-        if check and r.returncode != 0:
-            fail(f"troupe {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
-        return r
-
-    def get(self, path):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http}{path}", timeout=10) as r:
-            return json.loads(r.read().decode())
-
-    def job(self, job_id):
-        return self.get(f"/api/jobs/{job_id}")
+    def api(self, path):
+        return json.loads(self.get(path))
 
     def spec(self, name, workers, min_workers, max_workers, priority=0, steps=STEPS, chaos=()):
         path = os.path.join(self.tmp, f"{name}.toml")
@@ -108,25 +65,10 @@ class Cluster:
             return j if j["state"] in states else None
         return wait_for(f"{job_id} {'/'.join(states)}", reached, timeout, 0.2)
 
-    def at_step(self, job_id, step, timeout=90):
-        def reached():
-            j = self.job(job_id)
-            if j["state"] in ("failed", "stopped"):
-                fail(f"job {job_id} {j['state']}: {j['error']}\n{self.logs()}")
-            return j if j["step"] >= step or j["state"] == "succeeded" else None
-        return wait_for(f"{job_id} at step {step}", reached, timeout, 0.1)
-
-    def finish(self, job_id):
-        r = self.troupe("job", "wait", job_id, "--head", self.head, "--timeout", "180s",
-                        timeout=200, check=False)
-        if r.returncode != 0:
-            fail(f"job wait {job_id} exited {r.returncode}:\n{r.stdout}{r.stderr}\n{self.logs()}")
-        return self.job(job_id)
-
     def ranks(self, name):
         """The workers, and their nodes, hosting job `name`'s rank actors now."""
         out = {}
-        for node in self.get("/api/cluster")["nodes"]:
+        for node in self.api("/api/cluster")["nodes"]:
             for w in node["workers"]:
                 for a in w["actors"]:
                     if a.startswith(f"{name}.") and ".rank." in a:
@@ -134,34 +76,11 @@ class Cluster:
         return out
 
     def worker_pid(self, worker):
-        for node in self.get("/api/cluster")["nodes"]:
+        for node in self.api("/api/cluster")["nodes"]:
             for w in node["workers"]:
                 if w["id"] == worker:
                     return w["pid"]
         fail(f"no worker {worker}")
-
-    def logs(self):
-        out = ""
-        for root, _, files in os.walk(self.tmp):
-            for f in sorted(files):
-                if f.endswith((".log", ".err", ".out")) and "events" not in f:
-                    p = os.path.join(root, f)
-                    out += f"--- {p}\n" + open(p, errors="replace").read()[-2500:]
-        return out
-
-    def close(self):
-        for p in reversed(self.procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-        deadline = time.time() + 10
-        while self.leftovers() and time.time() < deadline:
-            time.sleep(0.1)
-
-    def leftovers(self):
-        return subprocess.run(["pgrep", "-f", self.tmp], capture_output=True, text=True).stdout
 
 
 def reference(c, steps=STEPS):
@@ -190,8 +109,8 @@ def share(c):
     ref = reference(c, LONG)
     a = c.submit("A", 3, 3, 3, steps=LONG)
     b = c.submit("B", 3, 3, 3, steps=LONG)
-    c.at_step(a, 2)
-    c.at_step(b, 2)
+    c.wait_step(a, 2)
+    c.wait_step(b, 2)
     ra = wait_for("A's 3 ranks", lambda: (lambda r: r if len(r) == 3 else None)(c.ranks("A")))
     rb = wait_for("B's 3 ranks", lambda: (lambda r: r if len(r) == 3 else None)(c.ranks("B")))
     if set(ra) & set(rb):
@@ -209,8 +128,8 @@ def queue(c):
     ref = reference(c)
     a = c.submit("A", 3, 3, 3, steps=STEPS * 50)
     b = c.submit("B", 3, 3, 3, steps=STEPS * 50)
-    c.at_step(a, 2)
-    c.at_step(b, 2)
+    c.wait_step(a, 2)
+    c.wait_step(b, 2)
     q = c.submit("C", 3, 3, 3)
     j = c.state(q, "queued")
     if "min_workers=3" not in j["waiting"]:
@@ -242,9 +161,9 @@ def grow(c):
     is stopped; its weights are the reference's."""
     ref = reference(c, LONG)
     b = c.submit("B", 3, 3, 3, steps=STEPS * 50)
-    c.at_step(b, 2)
+    c.wait_step(b, 2)
     e = c.submit("E", 2, 2, 6, steps=LONG)
-    c.at_step(e, 2)
+    c.wait_step(e, 2)
     if len(c.ranks("E")) != 3 or c.job(e)["world"] != 3:
         fail(f"E should hold the 3 free workers: {c.ranks('E')}, world {c.job(e)['world']}")
     c.troupe("job", "stop", b, "--head", c.head)
@@ -259,7 +178,7 @@ def priority(c):
     with the reference weights."""
     ref = reference(c, LONG)
     e = c.submit("E", 6, 2, 6, steps=LONG)
-    c.at_step(e, 3)
+    c.wait_step(e, 3)
     if c.job(e)["world"] != 6:
         fail(f"E should hold all 6 workers: world {c.job(e)['world']}")
     h = c.submit("H", 4, 4, 4, priority=10, steps=LONG)
@@ -268,24 +187,6 @@ def priority(c):
     if c.job(h)["world"] not in (0, 4):
         fail(f"H should train with 4 ranks: world {c.job(h)['world']}")
     check_crc(c, [h], ref)
-    j = c.finish(e)
-    if crc(j) != ref or j["report"]["steps_lost"] != 0:
-        fail(f"E: crc32c {crc(j)} (reference {ref}), steps lost {j['report']['steps_lost']}")
-    print(f"H (priority 10) took 4 of E's 6 workers; E: 0 steps lost, crc32c {ref}")
-
-
-def priority(c):
-    ref = reference(c, STEPS * 4)
-    e = c.submit("E", 6, 2, 6, steps=STEPS * 4)
-    c.at_step(e, 3)
-    if c.job(e)["world"] != 6:
-        fail(f"E should hold all 6 workers: world {c.job(e)['world']}")
-    h = c.submit("H", 4, 4, 4, priority=10)
-    c.state(h, "running", "succeeded", timeout=60)
-    j = c.job(e)
-    if j["world"] != 2:
-        fail(f"E should be shrunk to its min_workers=2: world {j['world']}")
-    check_crc(c, [h], reference(c))
     j = c.finish(e)
     if crc(j) != ref or j["report"]["steps_lost"] != 0:
         fail(f"E: crc32c {crc(j)} (reference {ref}), steps lost {j['report']['steps_lost']}")
@@ -314,8 +215,8 @@ def kill(c):
     ref = reference(c, LONG)
     a = c.submit("A", 3, 3, 3, steps=LONG)
     b = c.submit("B", 3, 3, 3, steps=LONG)
-    c.at_step(a, 5)
-    c.at_step(b, 5)
+    c.wait_step(a, 5)
+    c.wait_step(b, 5)
     q = c.submit("C", 3, 3, 3, steps=LONG)
     c.state(q, "queued")
     victim = sorted(c.ranks("A"))[0]
