@@ -124,14 +124,18 @@ class RankSpawner {
     g.max = MaxRanks();
     g.priority = spec_.priority;
     g.grow = grow;
-    // A rank takes a cpu slot of its node (the coordinator takes none, so spread placement puts
-    // it where no rank is); on the embedded cluster, only the worker nodes (spot), never the
-    // coordinator's.
+    // A rank takes a cpu slot of its node by default (the coordinator takes none, so spread
+    // placement puts it where no rank is); on the embedded cluster, only the worker nodes (spot),
+    // never the coordinator's.
     absl::StatusOr<train::Device> device = train::ParseDevice(spec_.model.device);
-    g.each.resources = device.ok() && device->is_cuda() ? "cpu=1,gpu=1" : "cpu=1";
+    g.each.resources = !spec_.rank_resources.empty()      ? spec_.rank_resources
+                       : device.ok() && device->is_cuda() ? "cpu=1,gpu=1"
+                                                          : "cpu=1";
     g.each.strategy = runtime::PlacementStrategy::kSpread;
-    g.each.spot = runtime::SpotPreference::kPrefer;
-    if (embedded_) g.each.labels = "spot=true";
+    g.each.spot = spec_.rank_spot == "avoid"  ? runtime::SpotPreference::kAvoid
+                  : spec_.rank_spot == "none" ? runtime::SpotPreference::kNone
+                                              : runtime::SpotPreference::kPrefer;
+    g.each.labels = embedded_ ? "spot=true" : spec_.rank_labels;
     return g;
   }
 

@@ -176,6 +176,18 @@ void ReadElastic(Section& s, JobSpec& spec) {
   s.Int32("max_workers", &spec.max_workers, 1, 1024);
   s.Int32("ranks_per_gpu", &spec.ranks_per_gpu, 1, 64);
   s.Int32("bucket_kib", &spec.bucket_kib, 0, 1 << 20);
+  s.Str("rank_resources", &spec.rank_resources);
+  s.Str("rank_labels", &spec.rank_labels);
+  s.Str("rank_spot", &spec.rank_spot, true);
+}
+
+// "k=v,k=v" (no empty key or value), as --resources and --labels take it.
+bool KeyValueList(const std::string& text) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t eq = item.find('=');
+    if (eq == 0 || eq == absl::string_view::npos || eq + 1 == item.size()) return false;
+  }
+  return true;
 }
 
 void ReadPipeline(Section& s, JobSpec& spec) {
@@ -247,6 +259,26 @@ void ReadTimeouts(Section& s, JobSpec& spec) {
 }
 
 // The relations between fields (each field's own range is checked as it is read).
+// [elastic] rank_resources, rank_labels, rank_spot: what each rank asks of the scheduler.
+absl::Status CheckRankAsks(const JobSpec& spec, const std::string& file) {
+  auto bad = [&](const std::string& field, const std::string& expected, const std::string& got) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": ", field, ": expected ", expected, ", got ", got));
+  };
+  for (const auto& [field, text] : {std::pair{"elastic.rank_resources", &spec.rank_resources},
+                                    std::pair{"elastic.rank_labels", &spec.rank_labels}}) {
+    if (!KeyValueList(*text)) {
+      return bad(field, "\"key=value,key=value\" (e.g. \"cpu=2,memory=8G\")",
+                 absl::StrCat("\"", *text, "\""));
+    }
+  }
+  if (spec.rank_spot != "prefer" && spec.rank_spot != "avoid" && spec.rank_spot != "none") {
+    return bad("elastic.rank_spot", "\"prefer\", \"avoid\" or \"none\"",
+               absl::StrCat("\"", spec.rank_spot, "\""));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const JobSpec& spec, const std::string& file) {
   auto bad = [&](const std::string& field, const std::string& expected, const std::string& got) {
     return absl::InvalidArgumentError(
@@ -269,6 +301,7 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             "): every worker computes at least one microbatch of a stage"),
                absl::StrCat(spec.min_workers));
   }
+  TROUPE_RETURN_IF_ERROR(CheckRankAsks(spec, file));
   absl::StatusOr<Device> device = ParseDevice(spec.model.device);
   if (!device.ok()) {
     return bad("model.device", "\"cpu\", \"cuda\" or \"cuda:N\"",
@@ -395,7 +428,9 @@ std::string JobSpec::ToToml() const {
       "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
       "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
       "\nmax_workers = ", max_workers, "\nranks_per_gpu = ", ranks_per_gpu,
-      "\nbucket_kib = ", bucket_kib, "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\nbucket_kib = ", bucket_kib, "\nrank_resources = ", Quote(rank_resources),
+      "\nrank_labels = ", Quote(rank_labels), "\nrank_spot = ", Quote(rank_spot),
+      "\n\n[pipeline]\nstages = ", pipeline_stages,
       "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),

@@ -168,6 +168,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[elastic]\nranks_per_gpu = 0\n", "elastic.ranks_per_gpu: expected"},
         BadCase{"[elastic]\nbucket_kib = 2000000\n",
                 "elastic.bucket_kib: expected an integer in [0, 1048576], got 2000000"},
+        BadCase{"[elastic]\nrank_resources = \"cpu\"\n",
+                "elastic.rank_resources: expected \"key=value,key=value\" (e.g. "
+                "\"cpu=2,memory=8G\"), got \"cpu\""},
+        BadCase{"[elastic]\nrank_labels = \"=a\"\n", "elastic.rank_labels: expected"},
+        BadCase{"[elastic]\nrank_spot = \"always\"\n",
+                "elastic.rank_spot: expected \"prefer\", \"avoid\" or \"none\", got \"always\""},
+        BadCase{"[job]\npriority = 5000\n",
+                "job.priority: expected an integer in [-1000, 1000], got 5000"},
         // The GPU path has no pipeline stages: refused here, not at every generation's configure.
         BadCase{"[model]\ndevice = \"cuda\"\n[pipeline]\nstages = 2\n",
                 "pipeline.stages: expected 1 with model.device = \"cuda\" (pipeline stages run "
@@ -196,6 +204,24 @@ TEST(JobSpecTest, BucketSizeIsReadAndRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->bucket_kib, 64);
   EXPECT_EQ(ParseJobSpec("", "d.toml")->bucket_kib, 0);  // chosen by the link
+}
+
+TEST(JobSpecTest, PriorityAndWhatEachRankAsksAreReadAndRoundTrip) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[job]\npriority = 10\n[elastic]\nrank_resources = \"cpu=2,memory=8G\"\n"
+      "rank_labels = \"zone=a\"\nrank_spot = \"avoid\"\n",
+      "r.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->priority, 10);
+  EXPECT_EQ(back->rank_resources, "cpu=2,memory=8G");
+  EXPECT_EQ(back->rank_labels, "zone=a");
+  EXPECT_EQ(back->rank_spot, "avoid");
+  absl::StatusOr<JobSpec> d = ParseJobSpec("", "d.toml");
+  EXPECT_EQ(d->priority, 0);
+  EXPECT_EQ(d->rank_resources, "");  // cpu=1 (+ gpu=1 on CUDA)
+  EXPECT_EQ(d->rank_spot, "prefer");
 }
 
 TEST(FaultTest, APointInsideTheStepIsReadAndRoundTrips) {

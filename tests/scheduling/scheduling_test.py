@@ -38,7 +38,8 @@ class Cluster(ProcessCluster):
     def api(self, path):
         return json.loads(self.get(path))
 
-    def spec(self, name, workers, min_workers, max_workers, priority=0, steps=STEPS, chaos=()):
+    def spec(self, name, workers, min_workers, max_workers, priority=0, steps=STEPS, chaos=(),
+             rank_resources=""):
         path = os.path.join(self.tmp, f"{name}.toml")
         faults = ", ".join(f'"{f}"' for f in chaos)
         with open(path, "w") as f:
@@ -46,7 +47,8 @@ class Cluster(ProcessCluster):
                     f'work_dir = "{self.tmp}/{name}"\n'
                     f'[model]\ndata_dir = "{self.data}"\n'
                     f'[elastic]\nworkers = {workers}\nmin_workers = {min_workers}\n'
-                    f'max_workers = {max_workers}\n[chaos]\nfaults = [{faults}]\n')
+                    f'max_workers = {max_workers}\nrank_resources = "{rank_resources}"\n'
+                    f'[chaos]\nfaults = [{faults}]\n')
         return path
 
     def submit(self, name, workers, min_workers, max_workers, **kw):
@@ -194,18 +196,25 @@ def priority(c):
 
 
 def never_fits(c):
+    """A job whose minimum no node set here could ever hold waits, saying why, and holds up no
+    one: 7 ranks on 6 workers; ranks asking for a GPU of CPU nodes."""
     big = c.submit("BIG", 7, 7, 7)
     j = c.state(big, "queued")
     if "can never fit" not in j["waiting"] or "could hold 6" not in j["waiting"]:
         fail(f"BIG waits saying {j['waiting']!r}: expected that it can never fit (6 workers)")
+    gpu = c.submit("GPU", 1, 1, 1, rank_resources="cpu=1,gpu=1")
+    jg = c.state(gpu, "queued")
+    if "can never fit" not in jg["waiting"] or "gpu=1" not in jg["waiting"]:
+        fail(f"GPU waits saying {jg['waiting']!r}: expected that its gpu=1 ranks never fit")
     ref = reference(c)
     a = c.submit("A", 2, 2, 2)
     check_crc(c, [a], ref)
-    if c.job(big)["state"] != "queued":
-        fail(f"BIG should still be queued: {c.job(big)}")
-    c.troupe("job", "stop", big, "--head", c.head)
-    c.state(big, "stopped")
-    print(f"BIG queued: {j['waiting']}; A ran meanwhile")
+    for q in (big, gpu):
+        if c.job(q)["state"] != "queued":
+            fail(f"{q} should still be queued: {c.job(q)}")
+        c.troupe("job", "stop", q, "--head", c.head)
+        c.state(q, "stopped")
+    print(f"BIG queued: {j['waiting']}; GPU queued: {jg['waiting']}; A ran meanwhile")
 
 
 def kill(c):

@@ -1,6 +1,6 @@
 // troupe/train/job_spec.h — a training job, from a TOML file (Debian's libtomlplusplus).
 //
-//   [job]        name, steps, seed, work_dir, deterministic
+//   [job]        name, steps, seed, work_dir, deterministic, priority (on a shared cluster)
 //   [model]      type ("gpt" or a registered Trainable), size, data_dir, device ("cpu",
 //                "cuda", "cuda:N"), precision ("fp32", or "bf16" on CUDA), seq_len,
 //                microbatch_size, microbatches (M per step, fixed whatever the world size),
@@ -8,7 +8,8 @@
 //   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers,
 //                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU),
-//                bucket_kib (the overlapped gradient exchange's pieces; 0: chosen by the link)
+//                bucket_kib (the overlapped gradient exchange's pieces; 0: chosen by the link),
+//                rank_resources, rank_labels, rank_spot (what each rank asks of a node)
 //   [pipeline]   stages (pipeline stages asked for: each generation's grid takes the divisor of
 //                its world closest to it, see ChooseStages; 1 with device "cuda"), schedule
 //                ("1f1b" or "gpipe")
@@ -163,6 +164,13 @@ struct JobSpec {
   // AdamW (ElasticRank::Options::bucket_bytes); 0: the rank chooses by its link (16 MiB on one
   // host, 4 MiB across hosts).
   int32_t bucket_kib = 0;
+  // What each rank asks of the cluster's scheduler (runtime::RankGang): its resources ("" =
+  // cpu=1, plus gpu=1 with model.device on CUDA; e.g. "cpu=2,memory=8G"), node labels that must
+  // hold ("zone=a,instance=p5"), and "prefer" (spot nodes first: a preemption only shrinks the
+  // job), "avoid" or "none".
+  std::string rank_resources;
+  std::string rank_labels;
+  std::string rank_spot = "prefer";
 
   int32_t pipeline_stages = 1;  // 1: data parallelism only
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
