@@ -163,14 +163,22 @@ class HeadActor final : public caf::event_based_actor {
   std::string QueuedAhead(const RankGang& g, uint64_t seq) const;
   // The worker of a granted rank (reserved or running), or "".
   std::string RankWorker(const std::string& name) const;
-  // An alive worker on `node` with no rank of any job and no reservation, or "".
-  std::string FreeRankWorker(const std::string& node) const;
+  // An alive worker on `node` for a rank of `job`: none of any job's ranks or reservations, none
+  // of another job's actors; or "".
+  std::string FreeRankWorker(const std::string& node, const std::string& job) const;
+  // The job an actor belongs to ("" for none): a rank by its name, another of its actors by the
+  // prefix its driver gave (RankGang::actors).
+  std::string JobOfActor(const std::string& name) const;
+  // The workers holding anything of a job other than `job`.
+  std::set<std::string> OtherJobsWorkers(const std::string& job) const;
   // How many ranks of `each` the alive nodes could hold if nothing else ran there.
   int64_t RankCapacity(const Placement& each) const;
   int32_t RanksOf(const std::string& job) const;
-  // For a job's actor `name` other than its ranks (RankGang::actors): a worker of that job's own
-  // ranks, an on-demand node's first; "" for any other actor.
-  std::string OwnRankWorker(const std::string& name) const;
+  // For a job's actor `name` other than its ranks (RankGang::actors: its coordinator): an alive
+  // worker holding nothing of another job, on-demand first, then one of the job's own ranks', then
+  // the least loaded; "" for any other actor. A process killed in one job never takes another
+  // job's actor with it.
+  std::string JobActorWorker(const std::string& name) const;
   // Running lower-priority jobs above their min give up ranks for queued job `job`.
   void ShrinkFor(const std::string& job, const QueuedJob& q);
   void DropReservations(const std::function<bool(const Reservation&)>& which);

@@ -250,7 +250,7 @@ caf::result<caf::actor, std::string, std::string> HeadActor::HandleSpawn(const s
     return StatusToError(s);
   };
   Placement at = where;
-  if (rank_of.empty() && at.worker.empty() && at.node.empty()) at.worker = OwnRankWorker(id);
+  if (rank_of.empty() && at.worker.empty() && at.node.empty()) at.worker = JobActorWorker(id);
   std::string node_pin = at.node;
   if (!at.worker.empty()) {
     const MemberInfo* w = core_.Find(at.worker);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -155,7 +156,7 @@ std::vector<std::string> HeadActor::ReserveUpTo(const RankGang& g, int32_t cap, 
       break;
     }
     (void)sched_.ReleaseActor(probe);
-    const std::string worker = FreeRankWorker(d->node);
+    const std::string worker = FreeRankWorker(d->node, g.job);
     if (worker.empty()) {
       full.push_back(d->node);
       continue;
@@ -228,10 +229,30 @@ std::string HeadActor::QueuedAhead(const RankGang& g, uint64_t seq) const {
   return "";
 }
 
-std::string HeadActor::FreeRankWorker(const std::string& node) const {
-  std::set<std::string> busy;
-  for (const auto& [name, job] : rank_job_) busy.insert(RankWorker(name));
+std::string HeadActor::FreeRankWorker(const std::string& node, const std::string& job) const {
+  std::set<std::string> busy = OtherJobsWorkers(job);
+  for (const auto& [name, j] : rank_job_) busy.insert(RankWorker(name));
   return LeastLoadedWorker(node, "", busy);
+}
+
+std::string HeadActor::JobOfActor(const std::string& name) const {
+  if (std::string job = JobOfRank(name); !job.empty()) return job;
+  for (const auto& [id, gang] : gangs_) {
+    if (!gang.actors.empty() && absl::StartsWith(name, gang.actors)) return id;
+  }
+  return "";
+}
+
+std::set<std::string> HeadActor::OtherJobsWorkers(const std::string& job) const {
+  std::set<std::string> out;
+  for (const auto& [name, j] : rank_job_) {
+    if (j != job) out.insert(RankWorker(name));
+  }
+  for (const auto& [name, named] : directory_) {
+    const std::string j = JobOfActor(name);
+    if (!j.empty() && j != job) out.insert(named.worker);
+  }
+  return out;
 }
 
 int64_t HeadActor::RankCapacity(const Placement& each) const {
@@ -264,30 +285,34 @@ int64_t HeadActor::RankCapacity(const Placement& each) const {
   return total;
 }
 
-std::string HeadActor::OwnRankWorker(const std::string& name) const {
+std::string HeadActor::JobActorWorker(const std::string& name) const {
   std::string job;
   for (const auto& [id, gang] : gangs_) {
     if (!gang.actors.empty() && absl::StartsWith(name, gang.actors)) job = id;
   }
   if (job.empty()) return "";
-  std::string best;
-  std::pair<bool, size_t> best_rank;
+  const std::set<std::string> others = OtherJobsWorkers(job);
+  std::set<std::string> own;
   for (const auto& [rank, j] : rank_job_) {
-    auto d = directory_.find(rank);
-    if (j != job || d == directory_.end()) continue;
-    const MemberInfo* w = core_.Find(d->second.worker);
-    const MemberInfo* n = w == nullptr ? nullptr : core_.Find(w->node);
-    if (w == nullptr || n == nullptr || w->state != MemberState::kAlive ||
-        n->state != MemberState::kAlive) {
-      continue;  // never back onto a draining node (the coordinator moves off a noticed one)
+    if (j == job) own.insert(RankWorker(rank));
+  }
+  std::string best;
+  std::tuple<bool, bool, size_t> best_rank;
+  core_.ForEachMember([&](const MemberInfo& w) {
+    const MemberInfo* n = w.kind == MemberKind::kWorker ? core_.Find(w.node) : nullptr;
+    // Never onto a draining node (the coordinator moves off a noticed one).
+    if (n == nullptr || w.state != MemberState::kAlive || n->state != MemberState::kAlive ||
+        others.count(w.id)) {
+      return;
     }
-    auto h = hosted_.find(w->id);
-    const std::pair<bool, size_t> r{IsSpot(*n), h == hosted_.end() ? 0 : h->second};
+    auto h = hosted_.find(w.id);
+    const std::tuple<bool, bool, size_t> r{IsSpot(*n), own.count(w.id) == 0,
+                                           h == hosted_.end() ? 0 : h->second};
     if (best.empty() || r < best_rank) {
-      best = w->id;
+      best = w.id;
       best_rank = r;
     }
-  }
+  });
   return best;
 }
 

@@ -77,6 +77,15 @@ class Cluster(ProcessCluster):
                         out[w["id"]] = node["name"]
         return out
 
+    def coordinator(self, name):
+        """The worker hosting job `name`'s coordinator now, or None."""
+        for node in self.api("/api/cluster")["nodes"]:
+            for w in node["workers"]:
+                if any(a.startswith(f"{name}.") and a.endswith(".coordinator")
+                       for a in w["actors"]):
+                    return w["id"]
+        return None
+
     def worker_pid(self, worker):
         for node in self.api("/api/cluster")["nodes"]:
             for w in node["workers"]:
@@ -120,8 +129,13 @@ def share(c):
     for name, r in (("A", ra), ("B", rb)):
         if sorted(r.values()) != ["a", "b", "c"]:
             fail(f"job {name}'s ranks are not spread over the three zones: {r}")
+    ca = wait_for("A's coordinator", lambda: c.coordinator("A"))
+    cb = wait_for("B's coordinator", lambda: c.coordinator("B"))
+    if ca in rb or cb in ra:
+        fail(f"a coordinator shares a worker with the other job's rank: A's on {ca} (B's ranks "
+             f"{sorted(rb)}), B's on {cb} (A's ranks {sorted(ra)})")
     check_crc(c, [a, b], ref)
-    print(f"A on {ra}, B on {rb}; both crc32c {ref}")
+    print(f"A on {ra} (coordinator {ca}), B on {rb} (coordinator {cb}); both crc32c {ref}")
 
 
 def queue(c):
