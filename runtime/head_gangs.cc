@@ -286,10 +286,7 @@ int64_t HeadActor::RankCapacity(const Placement& each) const {
 }
 
 std::string HeadActor::JobActorWorker(const std::string& name) const {
-  std::string job;
-  for (const auto& [id, gang] : gangs_) {
-    if (!gang.actors.empty() && absl::StartsWith(name, gang.actors)) job = id;
-  }
+  const std::string job = JobOfActor(name);
   if (job.empty()) return "";
   const std::set<std::string> others = OtherJobsWorkers(job);
   std::set<std::string> own;
