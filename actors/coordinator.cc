@@ -52,9 +52,12 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
           spec_.model.type, " size ", spec_.model.size, "), got ", spec_.pipeline_stages));
     }
   }
+  disk_ = std::make_unique<train::ChaosFileSystem>(train::PosixFileSystem(),
+                                                   train::DiskFaultsOf(spec_));
   absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store = train::CheckpointStore::Open(
       {.dir = spec_.CheckpointDir(),
        .keep_last = spec_.keep_last,
+       .fs = disk_.get(),
        .warning = [this](const std::string& w) { Print("warning: " + w); }});
   if (!store.ok()) return store.status();
   store_ = std::move(*store);
@@ -398,6 +401,7 @@ void AddTrainingMessageTypes(runtime::ActorRegistry& r) {
   r.AddMessageType<AbortBelow>("troupe.AbortBelow");
   r.AddMessageType<RankEpoch>("troupe.RankEpoch");
   r.AddMessageType<ArmKill>("troupe.ArmKill");
+  r.AddMessageType<Evict>("troupe.Evict");
   r.AddMessageType<AskFinal>("troupe.AskFinal");
   r.AddMessageType<ShardWritten>("troupe.ShardWritten");
   r.AddMessageType<FinalParams>("troupe.FinalParams");

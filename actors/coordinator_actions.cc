@@ -66,6 +66,8 @@ void Coordinator::Do(const train::CoordinatorAction& a) {
       return;
     case Kind::kReleaseRank:
       return ReleaseRank(a.worker);
+    case Kind::kEvict:
+      return Send(a.worker, caf::make_message(Evict{a.generation, a.text}));
     case Kind::kMoveSelf:
       // An error exit: the job supervisor restarts this child where the scheduler places it now
       // (never on a draining node); the next incarnation resumes from the record just saved.

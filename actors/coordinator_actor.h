@@ -29,6 +29,7 @@
 #include "protocol.h"
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/cluster.h"
+#include "troupe/train/chaos_file_system.h"
 #include "troupe/train/checkpoint_store.h"
 #include "troupe/train/coordinator_core.h"
 #include "troupe/train/job_events.h"
@@ -138,6 +139,7 @@ class Coordinator {
   int64_t num_params_ = 0;
   int64_t tokens_per_microbatch_ = 0;
   std::optional<model::GptConfig> gpt_config_;
+  std::unique_ptr<train::ChaosFileSystem> disk_;  // under store_
   std::unique_ptr<train::CheckpointStore> store_;
   std::unique_ptr<train::CoordinatorCore> core_;
   std::unique_ptr<train::EventLog> events_;  // <work_dir>/logs/events.log

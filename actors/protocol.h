@@ -8,6 +8,7 @@
 //                         CommitRank      apply what is staged; write checkpoint s unless -1
 //                         AbortBelow      fail collectives below `generation` now
 //                         ArmKill         chaos: die with `signal` mid-exchange of step s
+//                         Evict           out of the job for good: end this process
 //                         AskFinal        report the parameters' CRC32C
 //   rank → coordinator:   RankConfigured, StepDone, ShardWritten, FinalParams
 //   rank → coordinator (collectives bootstrap): (put_atom, key, value) → bool;
@@ -97,6 +98,12 @@ struct ArmKill {
   int32_t fault_kind = 0;  // the FaultKind this carries out (for the rank's fault_fired event)
   int32_t point = 0;       // the train::StepPoint it strikes at
 };
+// The rank failed its peers generation after generation while alive (its step stuck, or no peer
+// reaches it): its process ends itself, which also ends a stuck step thread.
+struct Evict {
+  uint64_t generation = 0;
+  std::string why;
+};
 struct AskFinal {
   uint64_t generation = 0;
 };
@@ -177,6 +184,10 @@ typename Inspector::result_type inspect(Inspector& f, RankEpoch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ArmKill& x) {
   return f(caf::meta::type_name("troupe.ArmKill"), x.step, x.signal, x.fault_kind, x.point);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Evict& x) {
+  return f(caf::meta::type_name("troupe.Evict"), x.generation, x.why);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AskFinal& x) {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
@@ -23,6 +24,7 @@
 #include "troupe/runtime/actor.h"
 #include "troupe/runtime/log.h"
 #include "troupe/runtime/status.h"
+#include "troupe/train/chaos_file_system.h"
 #include "troupe/train/elastic.h"
 #include "troupe/train/job_events.h"
 #include "troupe/train/line_log.h"
@@ -105,7 +107,15 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
       if (!st.ok()) return st;
       if (value) return *value;
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("bootstrap: ", key, " never published"));
+        // The rank whose key it is never got as far as publishing it: blame it.
+        int rank = -1;
+        const size_t slash = key.rfind('/');
+        absl::Status late =
+            absl::DeadlineExceededError(absl::StrCat("bootstrap: ", key, " never published"));
+        if (slash != std::string::npos && absl::SimpleAtoi(key.substr(slash + 1), &rank)) {
+          late = collectives::BlamePeer(std::move(late), rank);
+        }
+        return late;
       }
       absl::SleepFor(absl::Milliseconds(2));
     }
@@ -133,8 +143,20 @@ class RankState {
     TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainable> model,
                             train::TrainableRegistry::Global().Create(spec_.model));
     model_ = std::move(model);
-    absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store = train::CheckpointStore::Open(
-        {.dir = spec_.CheckpointDir(), .keep_last = spec_.keep_last, .warning = {}});
+    // Chaos on the checkpoint disk, and kills in the middle of writing a shard, live under the
+    // store (chaos_file_system.h).
+    disk_ = std::make_unique<train::ChaosFileSystem>(
+        train::PosixFileSystem(), train::DiskFaultsOf(spec_), [this](int64_t step) {
+          if (kill_at_step_.load() == step &&
+              kill_point_.load() == static_cast<int32_t>(train::StepPoint::kCheckpoint)) {
+            FireArmedFault(step, train::StepPoint::kCheckpoint);
+          }
+        });
+    absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store =
+        train::CheckpointStore::Open({.dir = spec_.CheckpointDir(),
+                                      .keep_last = spec_.keep_last,
+                                      .fs = disk_.get(),
+                                      .warning = {}});
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
     serve_log_ = std::make_unique<train::LineLog>(absl::StrCat(
@@ -153,21 +175,7 @@ class RankState {
     };
     o.on_point = [this](int64_t step, train::StepPoint point) {
       if (kill_at_step_.load() != step || kill_point_.load() != static_cast<int32_t>(point)) return;
-      // Chaos: die like kill -9 (or hang like a stopped process) in the middle of the step (its
-      // gradient exchange or its parameters' share under way), after writing down when (the
-      // coordinator measures recovery from at_ns).
-      const int sig = kill_signal_.load();
-      base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
-      e.generation = gen_;
-      e.pid = getpid();
-      e.signal = sig;
-      e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
-          .Set("step", step)
-          .Set("point", train::StepPointName(point))
-          .Set("rank", rank_->rank())
-          .Set("at_ns", absl::ToUnixNanos(absl::Now()));
-      train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
-      raise(sig);
+      FireArmedFault(step, point);
     };
     rank_ = std::make_unique<train::ElasticRank>(model_.get(), std::move(o));
     thread_ = std::thread([this] { Loop(); });
@@ -204,8 +212,45 @@ class RankState {
     cv_.notify_all();
   }
 
+  // Chaos: die like kill -9 (or hang like a stopped process, or stop making progress while the
+  // process goes on answering: signal 0) in the middle of the step (its gradient exchange or its
+  // parameters' share under way) or of writing its checkpoint shard, after writing down when
+  // (the coordinator measures recovery from at_ns).
+  void FireArmedFault(int64_t step, train::StepPoint point) {
+    const int sig = kill_signal_.load();
+    base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
+    e.generation = gen_;
+    e.pid = getpid();
+    e.signal = sig;
+    e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
+        .Set("step", step)
+        .Set("point", train::StepPointName(point))
+        .Set("rank", rank_->rank())
+        .Set("at_ns", absl::ToUnixNanos(absl::Now()));
+    train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
+    if (sig != 0) {
+      raise(sig);
+      return;
+    }
+    // Stuck for good: only being fenced (SIGKILL from its node) ends it.
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+
+  // From the actor's thread: the coordinator gave this rank up for good while it was alive. Its
+  // step thread may be stuck, which nothing but the end of the process stops.
+  void Evicted(const std::string& why) {
+    base::SupervisionEvent e = train::JobEvent("evicted", worker_, "rank");
+    e.generation = gen_;
+    e.pid = getpid();
+    e.reason = why;
+    train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
+    runtime::LogWarn(worker_, "evicted from the job (" + why + "): this process ends");
+    std::fflush(nullptr);
+    _exit(3);
+  }
+
   void ArmKill(int64_t step, int32_t sig, int32_t fault_kind, int32_t point) {
-    kill_signal_.store(sig == SIGSTOP ? SIGSTOP : SIGKILL);
+    kill_signal_.store(sig == SIGSTOP || sig == 0 ? sig : SIGKILL);
     kill_fault_.store(fault_kind);
     kill_point_.store(point);
     kill_at_step_.store(step);
@@ -400,6 +445,7 @@ class RankState {
   std::string worker_;
   std::string address_;
   std::unique_ptr<train::Trainable> model_;
+  std::unique_ptr<train::ChaosFileSystem> disk_;  // under store_
   std::unique_ptr<train::CheckpointStore> store_;
   std::unique_ptr<train::ElasticRank> rank_;
   uint64_t in_flight_gen_ = 0;  // NoteInFlight: the generation and its most so far
@@ -465,6 +511,7 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
                   m.generation, [st, m] { st->NewEpoch(m.epoch); }, /*always=*/true);
             },
             [st](const ArmKill& m) { st->ArmKill(m.step, m.signal, m.fault_kind, m.point); },
+            [st](const Evict& m) { st->Evicted(m.why); },
             [st](const AskFinal& m) {
               st->Post(m.generation, [st, m] { st->Final(m.generation); });
             },

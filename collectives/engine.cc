@@ -259,8 +259,11 @@ bool Engine::PollPointToPoint() {
   for (size_t i = 0; i < p2p_.size();) {
     absl::StatusOr<bool> done = transport_->Test(p2p_[i].first);
     if (done.ok() && !*done && now > p2p_[i].second.deadline) {
-      done = absl::DeadlineExceededError(
-          absl::StrCat("collectives: rank ", rank(), " point-to-point operation deadline passed"));
+      // The peer never sent (or never took) its part: blame it.
+      done = BlamePeer(absl::DeadlineExceededError(absl::StrCat(
+                           "collectives: rank ", rank(), " point-to-point operation with rank ",
+                           p2p_[i].second.peer, " deadline passed")),
+                       p2p_[i].second.peer);
     }
     if (!done.ok()) {
       FailOp(done.status());

@@ -34,9 +34,10 @@ class Words {
 
 bool TargetsARank(FaultKind k) {
   return k == FaultKind::kKillWorker || k == FaultKind::kStopWorker ||
-         k == FaultKind::kKillShardAndBuddy || k == FaultKind::kSigtermNode ||
-         k == FaultKind::kPartitionNode || k == FaultKind::kDropNode ||
-         k == FaultKind::kDelayNode || k == FaultKind::kOneWayNode || k == FaultKind::kFlapNode;
+         k == FaultKind::kHangWorker || k == FaultKind::kKillShardAndBuddy ||
+         k == FaultKind::kSigtermNode || k == FaultKind::kPartitionNode ||
+         k == FaultKind::kDropNode || k == FaultKind::kDelayNode || k == FaultKind::kOneWayNode ||
+         k == FaultKind::kFlapNode;
 }
 
 bool KillsInAStep(FaultKind k) {
@@ -54,6 +55,7 @@ int Removes(FaultKind k, bool coordinator_on_a_worker) {
       return coordinator_on_a_worker ? 1 : 0;
     case FaultKind::kKillWorker:
     case FaultKind::kStopWorker:
+    case FaultKind::kHangWorker:
     case FaultKind::kSigtermNode:
     case FaultKind::kPartitionNode:
     case FaultKind::kOneWayNode:
@@ -69,9 +71,11 @@ int Removes(FaultKind k, bool coordinator_on_a_worker) {
 }  // namespace
 
 std::vector<FaultKind> OneHostFaultKinds() {
-  return {FaultKind::kKillWorker,        FaultKind::kStopWorker,      FaultKind::kKillShardAndBuddy,
-          FaultKind::kSigtermNode,       FaultKind::kJoinWorker,      FaultKind::kKillCoordinator,
-          FaultKind::kCrashInCheckpoint, FaultKind::kStallCoordinator};
+  return {
+      FaultKind::kKillWorker,        FaultKind::kStopWorker,       FaultKind::kKillShardAndBuddy,
+      FaultKind::kSigtermNode,       FaultKind::kJoinWorker,       FaultKind::kKillCoordinator,
+      FaultKind::kCrashInCheckpoint, FaultKind::kStallCoordinator, FaultKind::kHangWorker,
+      FaultKind::kDiskFull,          FaultKind::kDiskFail,         FaultKind::kDiskSlow};
 }
 
 std::vector<FaultKind> LabFaultKinds() {
@@ -94,7 +98,7 @@ absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list) 
     absl::StatusOr<Fault> f = ParseFault(absl::StrCat(name, "@1"));
     if (!f.ok() || FaultKindName(f->kind) != name) {
       std::vector<std::string> known;
-      for (int k = 0; k <= static_cast<int>(FaultKind::kStopHead); ++k) {
+      for (int k = 0; k <= static_cast<int>(kLastFaultKind); ++k) {
         known.push_back(FaultKindName(static_cast<FaultKind>(k)));
       }
       return absl::InvalidArgumentError(absl::StrCat("--faults: unknown fault kind '", name,
@@ -113,14 +117,17 @@ std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& d
   if (draw.kinds.empty() || draw.steps < 2) return out;
   const int n = static_cast<int>(w.In(1, std::max(1, draw.max_faults)));
   int spare = std::max(0, draw.workers - std::max(1, draw.min_workers));
-  const int64_t last_checkpoint =
-      draw.checkpoint_every > 0 ? (draw.steps / draw.checkpoint_every) * draw.checkpoint_every : 0;
+  const int64_t every = std::max<int64_t>(0, draw.checkpoint_every);
+  const int64_t last_checkpoint = every > 0 ? (draw.steps / every) * every : 0;
+  // Checkpoints before the last step's (which must be written for the job to succeed).
+  const int64_t inner_checkpoints = every > 0 ? (draw.steps - 1) / every : 0;
   for (int i = 0; i < n; ++i) {
     // Kinds the job can still take; a draw of one it cannot is drawn again from the rest.
     std::vector<FaultKind> open;
     for (FaultKind k : draw.kinds) {
       if (Removes(k, draw.coordinator_on_a_worker) > spare) continue;
       if (k == FaultKind::kCrashInCheckpoint && last_checkpoint < 1) continue;
+      if (IsDiskFault(k) && inner_checkpoints < 1) continue;
       open.push_back(k);
     }
     if (open.empty()) break;
@@ -131,7 +138,19 @@ std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& d
                              : draw.steps - 1;
     f.step = w.In(1, last);
     f.arg = TargetsARank(f.kind) ? static_cast<int32_t>(w.In(0, draw.workers - 1)) : -1;
-    if (KillsInAStep(f.kind) && w.In(0, 1) == 1) f.point = StepPoint::kGather;
+    if (KillsInAStep(f.kind) || f.kind == FaultKind::kHangWorker) {
+      const int points = KillsInAStep(f.kind) && inner_checkpoints > 0 ? 3 : 2;
+      f.point = static_cast<StepPoint>(w.In(0, points - 1));
+      // Mid-checkpoint: at one of the checkpoints before the last step.
+      if (f.point == StepPoint::kCheckpoint) f.step = every * w.In(1, inner_checkpoints);
+    }
+    if (IsDiskFault(f.kind)) {
+      // From a checkpoint on, over it and maybe the next, never the last step's.
+      const int64_t c = every * w.In(1, inner_checkpoints);
+      f.step = c - w.In(0, every - 1);
+      f.arg = static_cast<int32_t>(
+          std::min<int64_t>(w.In(c - f.step + 1, c - f.step + every), draw.steps - f.step));
+    }
     spare -= Removes(f.kind, draw.coordinator_on_a_worker);
     out.push_back(f);
   }
@@ -140,7 +159,8 @@ std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& d
   return out;
 }
 
-std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& schedule) {
+std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& schedule,
+                                                 int64_t checkpoint_every) {
   std::vector<std::vector<Fault>> out;
   for (size_t i = 0; i < schedule.size(); ++i) {
     std::vector<Fault> fewer = schedule;
@@ -151,6 +171,11 @@ std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& sched
     if (schedule[i].step <= 1) continue;
     std::vector<Fault> earlier = schedule;
     earlier[i].step = 1 + (schedule[i].step - 1) / 2;
+    if (schedule[i].point == StepPoint::kCheckpoint) {  // to an earlier checkpoint's
+      if (checkpoint_every <= 0 || schedule[i].step <= checkpoint_every) continue;
+      earlier[i].step = std::max<int64_t>(checkpoint_every,
+                                          earlier[i].step / checkpoint_every * checkpoint_every);
+    }
     std::stable_sort(earlier.begin(), earlier.end(),
                      [](const Fault& a, const Fault& b) { return a.step < b.step; });
     out.push_back(std::move(earlier));
@@ -172,6 +197,13 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
   // fault fires on may not be durable yet).
   std::map<int64_t, int> removed_at;
   int64_t pairs = 0;
+  // A full or failing disk drops the checkpoints it covers: a rollback may reach one further.
+  int64_t undurable = 0;
+  for (const Fault& f : schedule) {
+    if (f.kind == FaultKind::kDiskFull || f.kind == FaultKind::kDiskFail) {
+      undurable += f.arg > 0 ? f.arg : checkpoint_every;
+    }
+  }
   for (const Fault& f : schedule) {
     if (f.kind == FaultKind::kKillShardAndBuddy) ++pairs;
     if (f.kind != FaultKind::kKillShardAndBuddy && Removes(f.kind, coordinator_on_a_worker) == 1 &&
@@ -179,7 +211,7 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
       ++pairs;  // a drain hands its state over first: it loses nothing
     }
   }
-  return pairs * std::max<int64_t>(0, checkpoint_every);
+  return pairs * (std::max<int64_t>(0, checkpoint_every) + undurable);
 }
 
 absl::Duration RecoveryBound(FaultKind kind, const Timeouts& timeouts) {
@@ -192,6 +224,10 @@ absl::Duration RecoveryBound(FaultKind kind, const Timeouts& timeouts) {
     case FaultKind::kKillCoordinator:
     case FaultKind::kCrashInCheckpoint:
       return absl::Seconds(5);
+    case FaultKind::kHangWorker:
+      // Its peers' exchange times out, then the next generation's bootstrap waits for it: both
+      // blame it, and it is evicted (coordinator_core.h).
+      return timeouts.collective + timeouts.bootstrap + 2 * timeouts.retry + absl::Seconds(1);
     default:
       return absl::ZeroDuration();
   }

@@ -47,13 +47,24 @@ TEST(ChaosScheduleTest, DrawsStayInsideTheJobAndLeaveItAWorker) {
       if (i > 0) {
         EXPECT_LE(s[i - 1].step, f.step) << FormatSchedule(s);
       }
-      EXPECT_LT(f.arg, 4) << FormatSchedule(s);
+      if (IsDiskFault(f.kind)) {
+        // Its window covers the checkpoint at 25 or 50, never the last step's (60).
+        const int64_t end = f.step + f.arg;
+        EXPECT_TRUE((f.step <= 25 && end > 25) || (f.step <= 50 && end > 50)) << f.ToString();
+        EXPECT_LE(end, 60) << f.ToString();
+      } else {
+        EXPECT_LT(f.arg, 4) << FormatSchedule(s);
+      }
+      if (f.point == StepPoint::kCheckpoint) {
+        EXPECT_TRUE(f.step == 25 || f.step == 50) << f.ToString();
+        EXPECT_NE(f.kind, FaultKind::kHangWorker) << f.ToString();
+      }
       if (f.kind == FaultKind::kCrashInCheckpoint) {
         EXPECT_LE(f.step, 50) << FormatSchedule(s);
       }
       removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
                  : (f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
-                    f.kind == FaultKind::kSigtermNode)
+                    f.kind == FaultKind::kSigtermNode || f.kind == FaultKind::kHangWorker)
                      ? 1
                      : 0;
     }
@@ -81,6 +92,16 @@ TEST(ChaosScheduleTest, ShrinkingTriesEachRemovalThenEachFaultEarlier) {
                 "join-worker@1 kill-worker@5:1", "join-worker@1 kill-worker@3:1 stop-worker@9:2",
                 "join-worker@1 kill-worker@5:1 stop-worker@5:2"}));
   EXPECT_TRUE(ShrinkCandidates({}).empty());
+  // A kill mid-checkpoint moves to an earlier checkpoint, or stays where none is earlier.
+  got.clear();
+  for (const auto& c : ShrinkCandidates({*ParseFault("kill-worker@30:1:mid-checkpoint"),
+                                         *ParseFault("kill-worker@10:2:mid-checkpoint")},
+                                        10)) {
+    got.push_back(FormatSchedule(c));
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{
+                     "kill-worker@10:2:mid-checkpoint", "kill-worker@30:1:mid-checkpoint",
+                     "kill-worker@10:1:mid-checkpoint kill-worker@10:2:mid-checkpoint"}));
 }
 
 TEST(ChaosScheduleTest, OnlyAnOwnerAndItsBuddyTogetherMayLoseSteps) {
@@ -89,8 +110,16 @@ TEST(ChaosScheduleTest, OnlyAnOwnerAndItsBuddyTogetherMayLoseSteps) {
   EXPECT_EQ(StepsLostAllowed({*ParseFault("kill-worker@7:1"), *ParseFault("stop-worker@7:2")}, 10),
             10)
       << "two at one boundary may be an owner and its buddy";
+  EXPECT_EQ(StepsLostAllowed({*ParseFault("kill-shard-and-buddy@12"), *ParseFault("disk-full@8:4"),
+                              *ParseFault("disk-slow@20:9")},
+                             10),
+            14)
+      << "a full disk's window of dropped checkpoints lengthens the rollback; a slow one does not";
   Timeouts t;
   EXPECT_EQ(RecoveryBound(FaultKind::kKillWorker, t), absl::Seconds(1));
+  EXPECT_EQ(RecoveryBound(FaultKind::kHangWorker, t),
+            t.collective + t.bootstrap + 2 * t.retry + absl::Seconds(1));
+  EXPECT_EQ(RecoveryBound(FaultKind::kDiskFull, t), absl::ZeroDuration());
   EXPECT_EQ(RecoveryBound(FaultKind::kStopWorker, t), t.liveness + absl::Seconds(1));
   EXPECT_EQ(RecoveryBound(FaultKind::kJoinWorker, t), absl::ZeroDuration());
   EXPECT_EQ(
@@ -115,7 +144,8 @@ TEST(ChaosScheduleTest, LabDrawsEveryNetworkKindAndNoJoin) {
       removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
                  : (f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
                     f.kind == FaultKind::kSigtermNode || f.kind == FaultKind::kPartitionNode ||
-                    f.kind == FaultKind::kOneWayNode || f.kind == FaultKind::kFlapNode)
+                    f.kind == FaultKind::kOneWayNode || f.kind == FaultKind::kFlapNode ||
+                    f.kind == FaultKind::kHangWorker)
                      ? 1
                      : 0;
     }
@@ -134,11 +164,12 @@ TEST(ChaosScheduleTest, LabDrawsEveryNetworkKindAndNoJoin) {
     const std::vector<Fault> s = DrawSchedule(3, t, d);
     int removed = 0;
     for (const Fault& f : s) {
-      removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
-                 : (f.kind == FaultKind::kDropNode || f.kind == FaultKind::kDelayNode ||
-                    f.kind == FaultKind::kStallCoordinator || IsHeadFault(f.kind))
-                     ? 0
-                     : 1;
+      removed +=
+          f.kind == FaultKind::kKillShardAndBuddy ? 2
+          : (f.kind == FaultKind::kDropNode || f.kind == FaultKind::kDelayNode ||
+             f.kind == FaultKind::kStallCoordinator || IsHeadFault(f.kind) || IsDiskFault(f.kind))
+              ? 0
+              : 1;
     }
     EXPECT_LE(removed, 2) << FormatSchedule(s);
   }

@@ -95,6 +95,8 @@ std::string DebugString(const CoordinatorAction& a) {
       return absl::StrCat("release_node(", a.text, ")");
     case Kind::kReleaseRank:
       return absl::StrCat("release_rank(", a.worker, ")");
+    case Kind::kEvict:
+      return absl::StrCat("evict(", a.worker, ")");
     case Kind::kStallSelf:
       return "stall_self";
     case Kind::kArmCrash:
@@ -562,9 +564,16 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
     suspects_.clear();
     blamed_failures_ = 0;
     blamed_generation_ = 0;
-    MarkDown(&out, {unreachable},
-             absl::StrCat("unreachable: its peers' collectives failed on it in ", n,
-                          " generations in a row, while the head still hears from it"));
+    const std::string why =
+        absl::StrCat("unreachable: its peers' collectives failed on it in ", n,
+                     " generations in a row, while the head still hears from it");
+    // Alive and out of the job for good: a process whose step is stuck (only its own end stops
+    // its thread) or that no peer can reach holds nothing of the job's any more.
+    CoordinatorAction evict{Kind::kEvict};
+    evict.worker = unreachable;
+    evict.text = why;
+    Emit(&out, std::move(evict));
+    MarkDown(&out, {unreachable}, why);
     if (generation != record_.generation) return out;  // MarkDown planned the next generation
   }
   NewGeneration(&out, "failure", recover_why_);

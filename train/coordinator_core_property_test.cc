@@ -377,6 +377,10 @@ class Sim {
           if (w == a.worker) Fail(absl::StrCat("released rank ", a.worker, " is in the group"));
         }
         break;
+      case Kind::kEvict:
+        // Alive but given up for good: its process ends itself.
+        Kill(a.worker);
+        break;
       case Kind::kMoveSelf:
         CountFault(absl::StrCat("move@", core_->committed(), "#", moves_++), 1);
         crashed_ = true;  // the supervisor restarts it elsewhere, from its record

@@ -56,13 +56,7 @@ void CoordinatorCore::StartStep(Actions* out) {
   }
 }
 
-// The faults due before step `committed` (fault_schedule.h): recorded as fired and saved first,
-// then carried out. True when the step must not start now (this process dies, or a joiner is
-// awaited).
-bool CoordinatorCore::FireFaults(Actions* out) {
-  const std::vector<size_t> due = TakeDueFaults(options_.faults, record_.committed, &record_);
-  if (due.empty()) return false;
-  Save(out);
+FaultTargets CoordinatorCore::Targets() const {
   FaultTargets targets;
   targets.workers = group_;
   for (const std::string& w : group_) {
@@ -71,6 +65,17 @@ bool CoordinatorCore::FireFaults(Actions* out) {
   }
   targets.buddy = group_buddy_;
   targets.generation = record_.generation;
+  return targets;
+}
+
+// The faults due before step `committed` (fault_schedule.h): recorded as fired and saved first,
+// then carried out. True when the step must not start now (this process dies, or a joiner is
+// awaited).
+bool CoordinatorCore::FireFaults(Actions* out) {
+  const std::vector<size_t> due = TakeDueFaults(options_.faults, record_.committed, &record_);
+  if (due.empty()) return false;
+  Save(out);
+  const FaultTargets targets = Targets();
   bool hold = false;
   for (size_t i : due) {
     FiredFault fired = FireFault(options_.faults[i], targets);
@@ -132,7 +137,20 @@ void CoordinatorCore::CommitStep(Actions* out) {
   done.recovered = record_.awaiting_recovery;
   record_.awaiting_recovery = false;
   losses_.clear();
-  Save(out);
+  // Kills in the middle of this step's checkpoint: armed before the ranks are told to write it
+  // (a rank hears of both in order), measured from the commit after the one just made.
+  if (ckpt == record_.committed) {
+    const std::vector<size_t> due =
+        TakeDueFaults(options_.faults, record_.committed, &record_, /*mid_checkpoint=*/true);
+    Save(out);
+    for (size_t i : due) {
+      for (CoordinatorAction& a : FireFault(options_.faults[i], Targets()).actions) {
+        Emit(out, std::move(a));
+      }
+    }
+  } else {
+    Save(out);
+  }
   CommitGroup(out, ckpt);
   Emit(out, std::move(done));
   StartStep(out);

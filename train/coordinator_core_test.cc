@@ -397,8 +397,9 @@ TEST_F(CoordinatorCoreTest, AWorkerThatFailedGenerationsInARowHaveInCommonIsLeft
       Str(core_->OnConfigured(2, "c", absl::DeadlineExceededError("rank 1 unreachable"), kT0, 1)),
       "event timer(t3,300ms)");
   core_->OnTimer(3, kT0);
+  // c is left out, and told to end its process (alive, it may be stuck in its step for good).
   EXPECT_EQ(Str(core_->OnTable(2, {}, kT0)),
-            "abort(a,g3) abort(b,g3) event save configure(a,g3,r0/2,s0,memory) "
+            "evict(c) abort(a,g3) abort(b,g3) event save configure(a,g3,r0/2,s0,memory) "
             "configure(b,g3,r1/2,s0,memory)");
   EXPECT_EQ(core_->record().dead, (std::set<std::string>{"c"}));
 }
@@ -423,7 +424,7 @@ TEST_F(CoordinatorCoreTest, BlamesThatDoNotSingleOutOneWorkerLeaveNobodyOut) {
   EXPECT_NE(fail(3, "a", -1).find("configure(c,g4,r2/3"), std::string::npos);  // nobody blamed
   configured(4);
   EXPECT_EQ(fail(4, "a", 2),  // {a, c}: c
-            "abort(a,g5) abort(b,g5) event save configure(a,g5,r0/2,s0,memory) "
+            "evict(c) abort(a,g5) abort(b,g5) event save configure(a,g5,r0/2,s0,memory) "
             "configure(b,g5,r1/2,s0,memory)");
   EXPECT_EQ(core_->record().dead, (std::set<std::string>{"c"}));
 }
@@ -445,7 +446,7 @@ TEST_F(CoordinatorCoreTest, ThePairOfACutLinkLosesItsLaterRankAfterThreeFailures
     }
   }
   EXPECT_EQ(last,
-            "abort(a,g4) abort(b,g4) event save configure(a,g4,r0/2,s0,memory) "
+            "evict(c) abort(a,g4) abort(b,g4) event save configure(a,g4,r0/2,s0,memory) "
             "configure(b,g4,r1/2,s0,memory)");
   EXPECT_EQ(core_->record().dead, (std::set<std::string>{"c"}));
 }

@@ -39,12 +39,13 @@ CoordinatorAction Kill(const Fault& f, const std::string& worker, int32_t signal
 }  // namespace
 
 std::vector<size_t> TakeDueFaults(const std::vector<Fault>& faults, int64_t step,
-                                  CoordinatorRecord* record) {
+                                  CoordinatorRecord* record, bool mid_checkpoint) {
   std::vector<size_t> due;
   for (size_t i = 0; i < faults.size(); ++i) {
     const Fault& f = faults[i];
     if (record->fired.count(static_cast<int32_t>(i)) || f.step != step ||
-        f.kind == FaultKind::kCrashInCheckpoint) {
+        f.kind == FaultKind::kCrashInCheckpoint ||
+        (f.point == StepPoint::kCheckpoint) != mid_checkpoint) {
       continue;
     }
     due.push_back(i);
@@ -80,14 +81,22 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
   const int world = static_cast<int>(t.workers.size());
   switch (f.kind) {
     case FaultKind::kKillWorker:
-    case FaultKind::kStopWorker: {
+    case FaultKind::kStopWorker:
+    case FaultKind::kHangWorker: {
       const int r = FaultRank(f.arg, world);
       armed.Set("rank", r).Set("worker", t.workers[r]).Set("point", StepPointName(f.point));
       actions.push_back(Armed(armed, t.generation));
-      actions.push_back(
-          Kill(f, t.workers[r], f.kind == FaultKind::kStopWorker ? SIGSTOP : SIGKILL));
+      actions.push_back(Kill(f, t.workers[r],
+                             f.kind == FaultKind::kStopWorker   ? SIGSTOP
+                             : f.kind == FaultKind::kHangWorker ? 0
+                                                                : SIGKILL));
       break;
     }
+    case FaultKind::kDiskFull:
+    case FaultKind::kDiskFail:
+    case FaultKind::kDiskSlow:
+      actions.push_back(Armed(armed, t.generation));
+      break;
     case FaultKind::kKillShardAndBuddy: {
       const int r = FaultRank(f.arg, world);
       const int buddy = (r + t.buddy) % world;

@@ -26,8 +26,10 @@ namespace troupe::train {
 // The faults due before step `step` (Fault::step == step), not yet fired: marked fired in
 // `record` (and awaiting_recovery where the fault's recovery is measured); their indices, in the
 // job's order. crash-in-checkpoint is not among them: it is armed when a checkpoint completes.
+// `mid_checkpoint`: only the kills at the point mid-checkpoint, which fire as step `step`
+// commits (before the ranks are told to write its checkpoint); otherwise only the others.
 std::vector<size_t> TakeDueFaults(const std::vector<Fault>& faults, int64_t step,
-                                  CoordinatorRecord* record);
+                                  CoordinatorRecord* record, bool mid_checkpoint = false);
 
 // The first crash-in-checkpoint fault due by the checkpoint of `step` (Fault::step <= step), not
 // yet fired: marked fired in `record` (and awaiting recovery); nullopt if none.
@@ -46,7 +48,8 @@ struct FaultTargets {
 // What firing one fault takes.
 struct FiredFault {
   // Its fault_armed event (kEvent) first, then what carries it out: kKillWorker (one, or a rank
-  // and its buddy), kNodeFault, kAddNode, kCrashSelf, kStallSelf, kArmCrash.
+  // and its buddy; signal 0: hang-worker), kNodeFault, kAddNode, kCrashSelf, kStallSelf,
+  // kArmCrash. A disk fault is its event alone (the checkpoint stores carry it out).
   std::vector<CoordinatorAction> actions;
   // The step must not start now: this process dies (kill-coordinator), or a joiner is awaited.
   bool hold = false;

@@ -28,7 +28,7 @@ bool FaultAwaitsRecovery(FaultKind kind) {
   return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker &&
          kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode &&
          kind != FaultKind::kStallCoordinator && kind != FaultKind::kDelayNode &&
-         kind != FaultKind::kOneWayNode && kind != FaultKind::kFlapNode;
+         kind != FaultKind::kOneWayNode && kind != FaultKind::kFlapNode && !IsDiskFault(kind);
 }
 
 namespace {
@@ -54,14 +54,30 @@ std::string DescribeSource(const SupervisionEvent& e) {
 std::string DescribeFaultArmed(const SupervisionEvent& e) {
   const std::string kind = e.Field("kind");
   const std::string step = e.Field("step");
-  if (kind == "kill-worker" || kind == "stop-worker") {
-    return absl::StrCat("chaos: ", kind == "stop-worker" ? "SIGSTOP" : "kill -9", " of rank ",
-                        e.Field("rank"), " (", e.Field("worker"), ") in the middle of step ", step,
-                        "'s gradient exchange");
+  const std::string point = e.Field("point");
+  const std::string when =
+      point == "mid-checkpoint"
+          ? absl::StrCat("while it writes its shard of checkpoint step-", step)
+      : point == "mid-gather"
+          ? absl::StrCat("in the middle of step ", step, "'s parameter gather")
+          : absl::StrCat("in the middle of step ", step, "'s gradient exchange");
+  if (kind == "kill-worker" || kind == "stop-worker" || kind == "hang-worker") {
+    const char* what = kind == "stop-worker"   ? "SIGSTOP of"
+                       : kind == "hang-worker" ? "the step stuck (the process alive) on"
+                                               : "kill -9 of";
+    return absl::StrCat("chaos: ", what, " rank ", e.Field("rank"), " (", e.Field("worker"), ") ",
+                        when);
+  }
+  if (kind == "disk-full" || kind == "disk-fail" || kind == "disk-slow") {
+    return absl::StrCat("chaos: the checkpoint disk ",
+                        kind == "disk-full"   ? "full (writes fail with ENOSPC)"
+                        : kind == "disk-fail" ? "failing (fsync fails with EIO)"
+                                              : "slow (writes wait [chaos] disk_delay)",
+                        " for the checkpoints from step ", step);
   }
   if (kind == "kill-shard-and-buddy") {
     return absl::StrCat("chaos: kill -9 of shard owner rank ", e.Field("rank"),
-                        " and its buddy rank ", e.Field("buddy_rank"), " in step ", step);
+                        " and its buddy rank ", e.Field("buddy_rank"), " ", when);
   }
   if (kind == "sigterm-node") {
     return absl::StrCat("chaos: SIGTERM to node ", e.Field("node"), " before step ", step);
@@ -179,6 +195,9 @@ std::optional<std::string> DescribeFaultOrCheckpoint(const SupervisionEvent& e) 
                         ") at step ", e.Field("step"));
   }
   if (n == "fault_failed") return absl::StrCat("chaos: ", e.Field("kind"), " failed", Why(e));
+  if (n == "evicted") {
+    return absl::StrCat("worker ", e.child, " (pid ", e.pid, ") evicted: its process ends", Why(e));
+  }
   if (n == "checkpoint_committed")
     return absl::StrCat("checkpoint ", e.Field("path"), " committed");
   if (n == "checkpoint_dropped") {

@@ -45,11 +45,20 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kFlapNode, "flap-node"},
     {FaultKind::kKillHead, "kill-head"},
     {FaultKind::kStopHead, "stop-head"},
+    {FaultKind::kHangWorker, "hang-worker"},
+    {FaultKind::kDiskFull, "disk-full"},
+    {FaultKind::kDiskFail, "disk-fail"},
+    {FaultKind::kDiskSlow, "disk-slow"},
 };
 }  // namespace
 
 bool IsHeadFault(FaultKind kind) {
   return kind == FaultKind::kKillHead || kind == FaultKind::kStopHead;
+}
+
+bool IsDiskFault(FaultKind kind) {
+  return kind == FaultKind::kDiskFull || kind == FaultKind::kDiskFail ||
+         kind == FaultKind::kDiskSlow;
 }
 
 const char* FaultKindName(FaultKind kind) {
@@ -84,22 +93,28 @@ absl::StatusOr<Fault> ParseFault(const std::string& text) {
                      absl::StrJoin(names, ", "), ", got '", text, "'"));
   }
   std::vector<std::string> sa = absl::StrSplit(parts[1], ':');
-  // A trailing point names where inside the step a kill strikes.
-  const bool in_step = f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
-                       f.kind == FaultKind::kKillShardAndBuddy;
+  // A trailing point names where inside the step a kill (or a hang) strikes.
+  const bool kills = f.kind == FaultKind::kKillWorker || f.kind == FaultKind::kStopWorker ||
+                     f.kind == FaultKind::kKillShardAndBuddy;
   if (sa.size() >= 2 && !sa.back().empty() && !absl::ascii_isdigit(sa.back()[0])) {
-    if (sa.back() == StepPointName(StepPoint::kGather)) {
-      f.point = StepPoint::kGather;
-    } else if (sa.back() != StepPointName(StepPoint::kExchange)) {
-      return absl::InvalidArgumentError(absl::StrCat("fault '", text,
-                                                     "': expected the point mid-exchange or "
-                                                     "mid-gather, got '",
-                                                     sa.back(), "'"));
+    bool known_point = false;
+    for (StepPoint p : {StepPoint::kExchange, StepPoint::kGather, StepPoint::kCheckpoint}) {
+      if (sa.back() != StepPointName(p)) continue;
+      f.point = p;
+      known_point = true;
     }
-    if (!in_step) {
+    if (!known_point) {
       return absl::InvalidArgumentError(
-          absl::StrCat("fault '", text, "': a point inside the step (", sa.back(),
-                       ") expected only with kill-worker, stop-worker or kill-shard-and-buddy"));
+          absl::StrCat("fault '", text,
+                       "': expected the point mid-exchange, mid-gather or mid-checkpoint, got '",
+                       sa.back(), "'"));
+    }
+    const bool hangs = f.kind == FaultKind::kHangWorker && f.point != StepPoint::kCheckpoint;
+    if (!kills && !hangs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fault '", text, "': a point inside the step (", sa.back(),
+          ") expected only with kill-worker, stop-worker or kill-shard-and-buddy (any point) "
+          "or hang-worker (mid-exchange, mid-gather)"));
     }
     sa.pop_back();
   }
@@ -234,6 +249,7 @@ void ReadChaos(Section& s, JobSpec& spec) {
   s.Duration("delay", &spec.delay);
   s.Duration("jitter", &spec.jitter, /*zero_ok=*/true);
   s.Duration("flap_period", &spec.flap_period);
+  s.Duration("disk_delay", &spec.disk_delay);
   if (spec.flap_period < absl::Milliseconds(50)) {  // each flap runs iptables twice
     s.Fail("flap_period", "at least 50ms",
            absl::StrCat("\"", absl::FormatDuration(spec.flap_period), "\""));
@@ -275,6 +291,30 @@ absl::Status CheckRankAsks(const JobSpec& spec, const std::string& file) {
   if (spec.rank_spot != "prefer" && spec.rank_spot != "avoid" && spec.rank_spot != "none") {
     return bad("elastic.rank_spot", "\"prefer\", \"avoid\" or \"none\"",
                absl::StrCat("\"", spec.rank_spot, "\""));
+  }
+  return absl::OkStatus();
+}
+
+// The [chaos] faults: within the job, the job's own (not the head's), a mid-checkpoint kill on
+// a step with a checkpoint.
+absl::Status CheckFaults(const JobSpec& spec, const std::string& file) {
+  auto bad = [&](const std::string& expected, const Fault& f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": chaos.faults: expected ", expected, ", got '", f.ToString(), "'"));
+  };
+  for (const Fault& f : spec.faults) {
+    if (f.step >= spec.steps)
+      return bad(absl::StrCat("a step below job.steps (", spec.steps, ")"), f);
+    if (IsHeadFault(f.kind)) {
+      return bad("a fault of the job (the head's are `troupe chaos run --lab`'s to carry out)", f);
+    }
+    if (f.point == StepPoint::kCheckpoint &&
+        (spec.checkpoint_every <= 0 || f.step % spec.checkpoint_every != 0 || f.step == 0)) {
+      return bad(absl::StrCat("mid-checkpoint at a step with a checkpoint (a multiple of "
+                              "checkpoint.every = ",
+                              spec.checkpoint_every, ")"),
+                 f);
+    }
   }
   return absl::OkStatus();
 }
@@ -345,18 +385,7 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
         less("watchdog", t.watchdog, "driver_silence", t.driver_silence)}) {
     if (!st.ok()) return st;
   }
-  for (const Fault& f : spec.faults) {
-    if (f.step >= spec.steps) {
-      return bad("chaos.faults", absl::StrCat("a step below job.steps (", spec.steps, ")"),
-                 absl::StrCat("'", f.ToString(), "'"));
-    }
-    if (IsHeadFault(f.kind)) {
-      return bad("chaos.faults",
-                 "a fault of the job (the head's are `troupe chaos run --lab`'s to carry out)",
-                 absl::StrCat("'", f.ToString(), "'"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckFaults(spec, file);
 }
 
 // Every top-level key is a known section holding a table.
@@ -438,8 +467,9 @@ std::string JobSpec::ToToml() const {
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
       "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
       absl::FormatDuration(jitter), "\"\nflap_period = \"", absl::FormatDuration(flap_period),
-      "\"\n\n[timeouts]\nliveness = \"", absl::FormatDuration(timeouts.liveness),
-      "\"\ncollective = \"", absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
+      "\"\ndisk_delay = \"", absl::FormatDuration(disk_delay), "\"\n\n[timeouts]\nliveness = \"",
+      absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
+      absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),
       "\"\nretry = \"", absl::FormatDuration(timeouts.retry), "\"\njoin_wait = \"",
       absl::FormatDuration(timeouts.join_wait), "\"\nnotice_window = \"",

@@ -238,10 +238,39 @@ TEST(FaultTest, APointInsideTheStepIsReadAndRoundTrips) {
   EXPECT_EQ(exchange->ToString(), "stop-worker@3");  // the default point
   EXPECT_EQ(ParseFault("kill-shard-and-buddy@4:1:mid-gather")->point, StepPoint::kGather);
   EXPECT_THAT(std::string(ParseFault("kill-worker@5:1:mid-backward").status().message()),
-              HasSubstr("expected the point mid-exchange or mid-gather, got 'mid-backward'"));
+              HasSubstr("expected the point mid-exchange, mid-gather or mid-checkpoint, got "
+                        "'mid-backward'"));
   EXPECT_THAT(std::string(ParseFault("join-worker@5:mid-gather").status().message()),
               HasSubstr("expected only with kill-worker, stop-worker or kill-shard-and-buddy"));
   EXPECT_FALSE(ParseFault("kill-worker@5:1:mid-gather:2").ok());
+  // A hang is inside a collective: not in the middle of writing a checkpoint.
+  EXPECT_EQ(ParseFault("hang-worker@5:1:mid-gather")->point, StepPoint::kGather);
+  EXPECT_FALSE(ParseFault("hang-worker@5:1:mid-checkpoint").ok());
+  EXPECT_EQ(ParseFault("kill-worker@10:1:mid-checkpoint")->ToString(),
+            "kill-worker@10:1:mid-checkpoint");
+}
+
+// mid-checkpoint needs a checkpoint at its step; the disk faults' :N is a count of steps.
+TEST(FaultTest, MidCheckpointFallsOnACheckpointStep) {
+  const std::string base = "[job]\nsteps = 30\n[checkpoint]\nevery = 10\n";
+  absl::StatusOr<JobSpec> ok = ParseJobSpec(
+      base +
+          "[chaos]\nfaults = [\"kill-worker@20:1:mid-checkpoint\", \"disk-full@8:3\"]\n"
+          "disk_delay = \"20ms\"\n",
+      "job.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->faults[1].kind, FaultKind::kDiskFull);
+  EXPECT_EQ(ok->faults[1].arg, 3);
+  EXPECT_EQ(ok->disk_delay, absl::Milliseconds(20));
+  absl::StatusOr<JobSpec> again = ParseJobSpec(ok->ToToml(), "again.toml");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->disk_delay, absl::Milliseconds(20));
+  absl::StatusOr<JobSpec> bad =
+      ParseJobSpec(base + "[chaos]\nfaults = [\"kill-worker@15:1:mid-checkpoint\"]\n", "job.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("mid-checkpoint at a step with a checkpoint (a multiple of "
+                        "checkpoint.every = 10), got 'kill-worker@15:1:mid-checkpoint'"));
 }
 
 TEST(FaultTest, Parses) {

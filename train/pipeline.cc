@@ -9,7 +9,15 @@
 namespace troupe::train {
 
 const char* StepPointName(StepPoint point) {
-  return point == StepPoint::kGather ? "mid-gather" : "mid-exchange";
+  switch (point) {
+    case StepPoint::kGather:
+      return "mid-gather";
+    case StepPoint::kCheckpoint:
+      return "mid-checkpoint";
+    case StepPoint::kExchange:
+      break;
+  }
+  return "mid-exchange";
 }
 
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& text) {

@@ -191,8 +191,10 @@ const std::string& JobTest::Reference() {
   return crc;
 }
 
-void JobTest::ExpectExactlyOnce(const std::string& name, int steps) {
-  EXPECT_EQ(ExactlyOnceDefects(base_ + "/" + name, steps < 0 ? steps_ : steps, kMicrobatches), "");
+void JobTest::ExpectExactlyOnce(const std::string& name, int steps, int64_t steps_lost) {
+  EXPECT_EQ(
+      ExactlyOnceDefects(base_ + "/" + name, steps < 0 ? steps_ : steps, kMicrobatches, steps_lost),
+      "");
 }
 
 std::vector<SupervisionEvent> JobTest::Events(const std::string& name) {

@@ -72,7 +72,7 @@ class JobTest : public ::testing::Test {
   const std::string& Reference();
   // Every committed (step, generation) was served exactly once per microbatch, and every step
   // 0..steps-1 (default: steps_ - 1) was committed exactly once.
-  void ExpectExactlyOnce(const std::string& name, int steps = -1);
+  void ExpectExactlyOnce(const std::string& name, int steps = -1, int64_t steps_lost = 0);
   // The events of run `name`'s log.
   std::vector<SupervisionEvent> Events(const std::string& name);
   std::string EventLogText(const std::string& name);

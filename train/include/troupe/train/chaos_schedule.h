@@ -51,23 +51,27 @@ absl::StatusOr<std::vector<FaultKind>> ParseFaultKinds(const std::string& list);
 std::vector<Fault> DrawSchedule(uint64_t seed, int64_t trial, const ChaosDraw& draw);
 
 // Smaller schedules to try after `schedule` failed, most reduced first: each fault removed, then
-// each fault moved earlier (halfway to step 1).
-std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& schedule);
+// each fault moved earlier (halfway to step 1; a mid-checkpoint kill to the checkpoint at or
+// before that, a multiple of `checkpoint_every`).
+std::vector<std::vector<Fault>> ShrinkCandidates(const std::vector<Fault>& schedule,
+                                                 int64_t checkpoint_every = 0);
 
 // "kill-worker@5:1 stop-worker@9" ("(none)" when empty).
 std::string FormatSchedule(const std::vector<Fault>& schedule);
 
 // The committed steps the schedule may lose: 0, unless a shard's owner and its buddy may die
 // together (kill-shard-and-buddy, or two workers killed, stopped or cut off at one step), which
-// rolls back to the newest durable checkpoint: at most checkpoint_every steps per such event.
+// rolls back to the newest durable checkpoint: at most checkpoint_every steps per such event,
+// plus the steps of every full or failing disk's window (the checkpoints it dropped).
 int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every,
                          bool coordinator_on_a_worker = false);
 
 // The longest a fault of `kind` may take from firing to the next commit on one host (the
 // `recovered` event's seconds): a kill is found at once (the liveness connection closes): 1 s;
 // a stopped process only when silent for the liveness timeout: that + 1 s; a killed coordinator
-// restarts from its record: 5 s. Zero: the kind is not a failure (join, drain, stall) and has
-// no bound.
+// restarts from its record: 5 s; a stuck step when its peers' exchange and then bootstrap time
+// out: collective + bootstrap + 2 retries + 1 s. Zero: the kind is not a failure (join, drain,
+// stall) and has no bound.
 absl::Duration RecoveryBound(FaultKind kind, const Timeouts& timeouts);
 
 }  // namespace troupe::train

@@ -59,6 +59,8 @@
 
 namespace troupe::train {
 
+struct FaultTargets;  // fault_schedule.h
+
 using CoreTime = std::chrono::steady_clock::time_point;
 using CoreDuration = std::chrono::steady_clock::duration;
 
@@ -105,6 +107,8 @@ struct CoordinatorAction {
     kMoveSelf,     // this incarnation's node got a notice: stop, to be restarted on another node
     kReleaseNode,  // the noticed node `text` holds nothing of the job any more: it may leave now
     kReleaseRank,  // `worker`, given up (OnGiveUp), is out of the generation: stop its rank
+    kEvict,        // `worker`, alive but failing its peers (stuck, or cut off from them) and
+                   // out of the job for good: its process ends itself (`text`: why)
     kStallSelf,    // chaos: this actor blocks for a while (stall-coordinator)
     kArmCrash,     // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
     kCommitted,    // step `step` committed in `generation` (world `world`, mean `loss`)
@@ -282,6 +286,8 @@ class CoordinatorCore {
   // A commit past owed_boundary_ with no checkpoint durable or under way for it writes one.
   bool CheckpointOwed() const;
   bool FireFaults(Actions* out);
+  // Whom a fault fired now hits: the group by rank, their nodes, the buddy offset.
+  FaultTargets Targets() const;
   void CommitStep(Actions* out);
   void CommitGroup(Actions* out, int64_t checkpoint_step);
   void ExpectCheckpoint(int64_t step);

@@ -15,7 +15,7 @@
 //                ("1f1b" or "gpipe")
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
-//                drop_percent, delay and jitter (durations), flap_period, stall
+//                drop_percent, delay and jitter (durations), flap_period, stall, disk_delay
 //   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
 //                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
 //
@@ -44,8 +44,9 @@ namespace troupe::train {
 // An injected fault: `kind`@`step`[:`arg`][:`point`].
 //   kill-worker@S[:R][:P]    the process of rank R (default 1) kills itself with SIGKILL in the
 //                            middle of step S: P = mid-exchange (the default: its gradient
-//                            exchange under way) or mid-gather (the updated parameters' share
-//                            under way, the optimizer partly done)
+//                            exchange under way), mid-gather (the updated parameters' share
+//                            under way, the optimizer partly done) or mid-checkpoint (half of
+//                            its shard of checkpoint S written: S a multiple of checkpoint.every)
 //   stop-worker@S[:R][:P]    the same with SIGSTOP: a hung process, found by missed heartbeats
 //                            and fenced (SIGKILL) by its node
 //   kill-shard-and-buddy@S[:R][:P]  rank R (default 1) and its buddy (R + the generation's
@@ -69,6 +70,13 @@ namespace troupe::train {
 //                            arrives, before step S, for [chaos] network_fault
 //   flap-node@S[:R]          the host of rank R's node cut off both ways and restored, every
 //                            [chaos] flap_period in turn, before step S, for [chaos] network_fault
+//   hang-worker@S[:R][:P]    rank R's step stops making progress at P of step S (mid-exchange or
+//                            mid-gather: stuck in a collective) while its process, actors,
+//                            heartbeats and liveness channel go on answering
+//   disk-full@S[:N]          the checkpoint disk is full for the checkpoints of steps S..S+N-1
+//                            (N default checkpoint.every): each write fails half-way with ENOSPC
+//   disk-fail@S[:N]          the same disk fails instead: every fsync returns EIO
+//   disk-slow@S[:N]          the same disk is slow: every write and fsync waits [chaos] disk_delay
 //   kill-head@S, stop-head@S the head killed (-9) and started again from its store 0.3 s later, or
 //                            stopped (SIGSTOP) for [chaos] network_fault, once step S is
 //                            committed: carried out by `troupe chaos run --lab` on the head's host
@@ -93,7 +101,16 @@ enum class FaultKind {
   kFlapNode,
   kKillHead,
   kStopHead,
+  kHangWorker,
+  kDiskFull,
+  kDiskFail,
+  kDiskSlow,
 };
+// The last kind (for listing them all).
+constexpr FaultKind kLastFaultKind = FaultKind::kDiskSlow;
+// disk-full, disk-fail, disk-slow: the checkpoint store's FileSystem carries them out
+// (chaos_file_system.h), in every process that writes checkpoints.
+bool IsDiskFault(FaultKind kind);
 // kill-head and stop-head: faults of the cluster's head, which `troupe chaos run --lab` carries
 // out; not the job's.
 bool IsHeadFault(FaultKind kind);
@@ -180,12 +197,13 @@ struct JobSpec {
   int32_t keep_last = 3;
 
   std::vector<Fault> faults;
-  absl::Duration network_fault = absl::Seconds(3);  // partition-node, drop-node: how long
-  int32_t drop_percent = 5;                         // drop-node: of the packets each way
-  absl::Duration stall = absl::Seconds(12);         // stall-coordinator: how long
-  absl::Duration delay = absl::Milliseconds(5);     // delay-node: each way, on the node's host
-  absl::Duration jitter = absl::Milliseconds(1);    // delay-node: ± (uniform), at most delay
-  absl::Duration flap_period = absl::Seconds(1);    // flap-node: each cut, and each gap
+  absl::Duration network_fault = absl::Seconds(3);     // partition-node, drop-node: how long
+  int32_t drop_percent = 5;                            // drop-node: of the packets each way
+  absl::Duration stall = absl::Seconds(12);            // stall-coordinator: how long
+  absl::Duration delay = absl::Milliseconds(5);        // delay-node: each way, on the node's host
+  absl::Duration jitter = absl::Milliseconds(1);       // delay-node: ± (uniform), at most delay
+  absl::Duration flap_period = absl::Seconds(1);       // flap-node: each cut, and each gap
+  absl::Duration disk_delay = absl::Milliseconds(50);  // disk-slow: each write and fsync
   Timeouts timeouts;
 
   std::string ToToml() const;

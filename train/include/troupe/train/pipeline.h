@@ -25,8 +25,8 @@ namespace troupe::train {
 // Where inside a step chaos strikes a rank (kill-worker@S:R:mid-gather): once the step's gradient
 // exchange is under way (posted, not complete: with the overlapped step, during the last
 // microbatch's backward pass), or once the share of the updated parameters is.
-enum class StepPoint : int32_t { kExchange = 0, kGather = 1 };
-// "mid-exchange", "mid-gather".
+enum class StepPoint : int32_t { kExchange = 0, kGather = 1, kCheckpoint = 2 };
+// "mid-exchange", "mid-gather", "mid-checkpoint".
 const char* StepPointName(StepPoint point);
 
 enum class PipelineSchedule : int32_t {

@@ -1,0 +1,124 @@
+// The faults real clusters have that a kill does not model (issue: fault injection as a product):
+// a rank stuck in a collective while its process answers, a kill -9 in the middle of writing a
+// checkpoint shard, and a checkpoint disk that fails, fills up or slows down. Each run is
+// `troupe train` as a real process tree; each must end with the fault-free run's weights.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "job_harness.h"
+#include "troupe/base/events.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using troupe::base::FormatEvent;
+using troupe::base::SupervisionEvent;
+using troupe::testing::FindEvents;
+using troupe::testing::JobRun;
+
+class NewFaultsTest : public troupe::testing::JobTest {
+ protected:
+  // A stuck rank is found when its peers' exchange, then the next generation's bootstrap, time
+  // out: short timeouts keep the test short (the defaults are 30 s and 20 s).
+  NewFaultsTest() {
+    spec_extra_ =
+        "[timeouts]\nliveness = \"1s\"\ncollective = \"3s\"\nbootstrap = \"2s\"\n"
+        "rpc = \"2s\"\nwatchdog = \"60s\"\n";
+  }
+};
+
+// hang-worker: rank 1's step stops inside the gradient exchange of step 7; its process, actors,
+// heartbeats and liveness channel go on answering, so neither the head nor liveness sees it.
+// Its peers' exchange times out blaming it, the next generation's bootstrap waits for it and
+// blames it again: it is evicted (its process ends itself) and the job finishes on three.
+TEST_F(NewFaultsTest, AStuckRankIsBlamedTwiceEvictedAndTheJobEndsWithIdenticalWeights) {
+  const std::string want = Reference();
+  JobRun r = Train("hang", {"--workers", "4", "--chaos", "hang-worker@7:1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<SupervisionEvent> events = Events("hang");
+  const std::vector<SupervisionEvent> fired =
+      FindEvents(events, "fault_fired", {{"kind", "hang-worker"}, {"rank", "1"}, {"step", "7"}});
+  ASSERT_EQ(fired.size(), 1u) << EventLogText("hang");
+  EXPECT_EQ(FindEvents(events, "evicted", {}).size(), 1u) << EventLogText("hang");
+  EXPECT_EQ(FindEvents(events, "evicted", {})[0].child, fired[0].child) << EventLogText("hang");
+  EXPECT_TRUE(HasEvent("hang", "generation", {{"trigger", "worker_down"}, {"world", "3"}}))
+      << EventLogText("hang");
+  // Found in collective + bootstrap + retries, not by the 60 s watchdog.
+  const std::vector<SupervisionEvent> recovered = FindEvents(events, "recovered", {});
+  ASSERT_EQ(recovered.size(), 1u) << EventLogText("hang");
+  EXPECT_LT(std::stod(recovered[0].Field("seconds")), 15.0) << EventLogText("hang");
+  EXPECT_EQ(r.report.world, 3) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("hang");
+}
+
+// kill-worker mid-checkpoint: rank 1 dies with half of its shard of step-10 written. That
+// checkpoint never completes (no manifest, LATEST stays at step-5); when an owner and its buddy
+// die together later, the restore skips the partial step-10 and loads step-5.
+TEST_F(NewFaultsTest, AKillMidCheckpointLeavesAPartialShardThatIsNeverLoaded) {
+  const std::string want = Reference();
+  JobRun r = Train("midckpt", {"--workers", "4", "--chaos", "kill-worker@10:1:mid-checkpoint",
+                               "--chaos", "kill-shard-and-buddy@13"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<SupervisionEvent> events = Events("midckpt");
+  EXPECT_EQ(FindEvents(events, "fault_fired",
+                       {{"kind", "kill-worker"}, {"point", "mid-checkpoint"}, {"step", "10"}})
+                .size(),
+            1u)
+      << EventLogText("midckpt");
+  // Until the restore, step-10 was never committed (it is again once step 10 is trained again).
+  bool restored = false;
+  for (const SupervisionEvent& e : events) {
+    if (e.event == "generation" && e.Field("source") == "checkpoint") {
+      EXPECT_EQ(e.Field("step"), "5") << FormatEvent(e);
+      restored = true;
+      break;
+    }
+    EXPECT_FALSE(e.event == "checkpoint_committed" && e.Field("step") == "10") << FormatEvent(e);
+  }
+  EXPECT_TRUE(restored) << EventLogText("midckpt");
+  EXPECT_EQ(r.report.steps_lost, 8) << "back from step 13 to step-5\n" << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("midckpt", -1, r.report.steps_lost);
+}
+
+// disk-fail at step-10 (fsync: EIO), disk-full at step-15 (ENOSPC half-way through each write),
+// disk-slow at step-20: the first two checkpoints are dropped and training goes on; the slow one
+// commits. An owner and its buddy killed at step 17 then roll back to step-5, the newest
+// durable checkpoint. No partial file is left anywhere.
+TEST_F(NewFaultsTest, AFailingOrFullDiskDropsItsCheckpointsAndTheJobGoesOn) {
+  const std::string want = Reference();
+  JobRun r =
+      Train("disk", {"--workers", "4", "--chaos", "disk-fail@10:1", "--chaos", "disk-full@15:1",
+                     "--chaos", "disk-slow@20:1", "--chaos", "kill-shard-and-buddy@17"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<SupervisionEvent> events = Events("disk");
+  std::vector<std::string> dropped;
+  for (const SupervisionEvent& e : FindEvents(events, "checkpoint_dropped", {})) {
+    dropped.push_back(e.Field("step"));
+    const bool eio = e.reason.find("Input/output error") != std::string::npos;
+    const bool enospc = e.reason.find("No space left on device") != std::string::npos;
+    EXPECT_TRUE(e.Field("step") == "10" ? eio : enospc) << FormatEvent(e);
+  }
+  std::sort(dropped.begin(), dropped.end());
+  dropped.erase(std::unique(dropped.begin(), dropped.end()), dropped.end());
+  EXPECT_EQ(dropped, (std::vector<std::string>{"10", "15"})) << EventLogText("disk");
+  EXPECT_EQ(FindEvents(events, "checkpoint_committed", {{"step", "20"}}).size(), 1u)
+      << EventLogText("disk");
+  EXPECT_TRUE(HasEvent("disk", "generation", {{"source", "checkpoint"}, {"step", "5"}}))
+      << EventLogText("disk");
+  EXPECT_EQ(r.report.steps_lost, 12) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  for (const auto& e : fs::recursive_directory_iterator(base_ + "/disk/ckpt")) {
+    EXPECT_NE(e.path().extension(), ".tmp") << e.path() << " left behind";
+  }
+  ExpectExactlyOnce("disk", -1, r.report.steps_lost);
+}
+
+}  // namespace
