@@ -6,6 +6,7 @@
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 #include "caf/scheduler/test_coordinator.hpp"
+#include "internal/actor_chaos.h"
 #include "internal/context.h"
 #include "internal/direct_pool.h"
 #include "internal/spawn.h"
@@ -96,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(ActorRegistry registry,
     caf::anon_send_exit(ref->handle, caf::exit_reason::kill);
     return absl::OkStatus();
   });
+  TROUPE_ASSIGN_OR_RETURN(rt->chaos_, internal::ActorChaos::FromEnvironment(rt->ctx_));
   return rt;
 }
 
@@ -159,6 +161,7 @@ void Runtime::SetEventSink(base::EventSink sink) { ctx_->SetEventSink(std::move(
 void Runtime::Shutdown() {
   if (shut_down_ || !system_) return;
   shut_down_ = true;
+  if (chaos_) chaos_->Stop();  // no fault fires while the actors stop
   if (options_.scheduler != "testing") {
     caf::scoped_actor self{*system_};
     auto owned = ctx_->Owned();

@@ -316,7 +316,7 @@ class Runner {
     *runs = 0;
     for (bool smaller = true; smaller && *runs < flags_.shrink_budget;) {
       smaller = false;
-      for (const auto& candidate : train::ShrinkCandidates(schedule)) {
+      for (const auto& candidate : train::ShrinkCandidates(schedule, spec_.checkpoint_every)) {
         if (*runs >= flags_.shrink_budget || g_chaos_stop) break;
         const std::string at = absl::StrCat(dir, "/shrink-", ++*runs);
         const Run r = Execute(candidate, at);
@@ -668,6 +668,9 @@ int RunChaos(const ChaosFlags& flags) {
 }  // namespace
 
 int RunChaosCommand(const Args& args) {
+  if (!args.empty() && args[0] == "actors") {
+    return RunChaosActors(Args(args.begin() + 1, args.end()));
+  }
   if (args.empty() || args[0] != "run") {
     std::fprintf(stderr, "%s\n", kUsage);
     return 2;

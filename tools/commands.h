@@ -39,6 +39,9 @@ struct SpecFlags {
 // troupe chaos run [--spec FILE] [--trials N] [--seed S] [--faults LIST] ... (random fault
 // schedules against the job, invariants checked, failures shrunk; chaos_command.cc)
 int RunChaosCommand(const Args& args);
+// troupe chaos actors --program CMD [--actors NAMES] [--trials N] ... (random kills, stops and
+// delays of a program's own actors through TROUPE_CHAOS_ACTORS; chaos_actors.cc)
+int RunChaosActors(const Args& args);
 
 // troupe sim spot --trace FILE [--mix OD:SPOT,...] [--measure]
 int RunSim(const Args& args);

@@ -34,7 +34,10 @@ constexpr Command kCommands[] = {
     {"chaos",
      "chaos run [--spec job.toml] [--trials N] [--seed S] [--faults LIST] [--max-faults K] "
      "[--report DIR]   (random fault schedules against the job, invariants checked, failures "
-     "shrunk; `troupe chaos run --help`)",
+     "shrunk; `troupe chaos run --help`)\n"
+     "  troupe chaos actors --program CMD [--actors NAMES] [--trials N] [--seed S] "
+     "[--kinds kill,stop,delay] [--invariant CMD] [--report DIR]   (the same against a "
+     "program's own actors, by name; `troupe chaos actors --help`)",
      RunChaosCommand},
     {"data", "data prepare --input FILES... --out DIR --vocab N", RunData},
     {"sim",

@@ -7,30 +7,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "troupe/base/seeded_words.h"
 
 namespace troupe::train {
 namespace {
 
-// SplitMix64: a fixed, portable sequence of words per (seed, trial).
-class Words {
- public:
-  Words(uint64_t seed, int64_t trial)
-      : state_(seed * 0x9E3779B97F4A7C15ull ^
-               static_cast<uint64_t>(trial) * 0xD1B54A32D192ED03ull) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // In [lo, hi] (hi >= lo); the modulo's bias is below 2^-40 for the ranges drawn here.
-  int64_t In(int64_t lo, int64_t hi) {
-    return lo + static_cast<int64_t>(Next() % static_cast<uint64_t>(hi - lo + 1));
-  }
-
- private:
-  uint64_t state_;
-};
+using Words = base::SeededWords;  // the trial's draws
 
 bool TargetsARank(FaultKind k) {
   return k == FaultKind::kKillWorker || k == FaultKind::kStopWorker ||

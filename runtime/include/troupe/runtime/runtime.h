@@ -4,6 +4,7 @@
 // the supervisors it started and the fault injector. Options come from code, the environment
 // (TROUPE_*) or flags through one ConfigRegistry (config.h). Destroying it (or Shutdown())
 // stops every supervisor in reverse start order and every actor it spawned, and waits for them.
+// TROUPE_CHAOS_ACTORS in the environment arms a chaos schedule on the actors (faults.h).
 //
 //   troupe::runtime::ActorRegistry registry;
 //   registry.Register<int32_t>("worker", MakeWorker);
@@ -36,6 +37,7 @@
 namespace troupe::runtime {
 
 namespace internal {
+class ActorChaos;
 class Context;
 class DirectPool;
 }  // namespace internal
@@ -106,6 +108,7 @@ class Runtime {
   std::unique_ptr<caf::actor_system_config> config_;
   std::unique_ptr<caf::actor_system> system_;
   std::unique_ptr<internal::DirectPool> direct_pool_;  // Call's idle connections
+  std::unique_ptr<internal::ActorChaos> chaos_;        // TROUPE_CHAOS_ACTORS (faults.h)
   bool shut_down_ = false;
 };
 
