@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "mailbox.h"
 #include "reduce.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
@@ -27,7 +28,7 @@ absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbyte
   if (rbytes > 0) {
     auto r = c.t->PostRecv(from, tag, rbuf, rbytes);
     if (!r.ok()) {
-      if (k > 0) (void)c.t->WaitAll(absl::MakeSpan(reqs, k), absl::Now());
+      if (k > 0) (void)c.t->WaitAll(absl::MakeSpan(reqs, k), base::MonotonicNow());
       return r.status();
     }
     reqs[k++] = *r;
@@ -220,7 +221,7 @@ absl::Status PostDirectAllGather(const OpContext& c, uint8_t* w, const std::vect
     if (id.ok()) {
       reqs->push_back(*id);
     } else if (!reqs->empty()) {
-      (void)c.t->WaitAll(*reqs, absl::Now());
+      (void)c.t->WaitAll(*reqs, base::MonotonicNow());
     }
     return id.status();
   };

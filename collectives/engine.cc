@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "reduce.h"
+#include "troupe/base/clock.h"
 
 namespace troupe::collectives {
 
@@ -91,16 +92,18 @@ constexpr auto kExecutorPoll = std::chrono::milliseconds(1);
 
 // `timeout` from now on a clock a few milliseconds coarse (a timeout is seconds), read without the
 // cost of a precise clock read at every operation; converted once per tick of that clock.
+// CLOCK_MONOTONIC_COARSE is CLOCK_MONOTONIC at a tick's resolution: the deadline is on
+// base::MonotonicNow()'s timeline (absl::UnixEpoch() + the monotonic reading), as its waits are.
 absl::Time CoarseDeadline(absl::Duration timeout) {
   thread_local timespec tick{-1, 0};
   thread_local absl::Duration tick_timeout;
   thread_local absl::Time tick_deadline;
   timespec ts;
-  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   if (ts.tv_nsec != tick.tv_nsec || ts.tv_sec != tick.tv_sec || timeout != tick_timeout) {
     tick = ts;
     tick_timeout = timeout;
-    tick_deadline = absl::TimeFromTimespec(ts) + timeout;
+    tick_deadline = absl::UnixEpoch() + absl::DurationFromTimespec(ts) + timeout;
   }
   return tick_deadline;
 }
@@ -255,7 +258,7 @@ void Engine::FailOp(absl::Status st) {
 
 bool Engine::PollPointToPoint() {
   bool any = false;
-  const absl::Time now = absl::Now();
+  const absl::Time now = base::MonotonicNow();
   for (size_t i = 0; i < p2p_.size();) {
     absl::StatusOr<bool> done = transport_->Test(p2p_[i].first);
     if (done.ok() && !*done && now > p2p_[i].second.deadline) {

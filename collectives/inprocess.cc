@@ -1,5 +1,6 @@
 #include "troupe/collectives/inprocess.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <list>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine.h"
+#include "troupe/base/clock.h"
 
 namespace troupe::collectives {
 namespace {
@@ -111,10 +113,14 @@ class InProcTransport : public Transport {
         CancelAll();
         return st;
       }
+      // `deadline` is on base::MonotonicNow()'s clock: waited for as a duration (wait_for runs on
+      // steady_clock), never as a system_clock time point.
+      const absl::Duration left = deadline - base::MonotonicNow();
       if (deadline == absl::InfiniteFuture()) {
         me.cv.wait(l);
-      } else if (me.cv.wait_until(l, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
-                 !all_done()) {
+      } else if (left > absl::ZeroDuration()) {
+        me.cv.wait_for(l, absl::ToChronoNanoseconds(std::min(left, absl::Hours(1))));
+      } else {
         l.unlock();
         CancelAll();
         return absl::DeadlineExceededError(

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "net.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/communicator.h"
 
@@ -47,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
                         absl::StrCat("liveness setup of rank ", rank, ": ", st.message()));
   }
   if (pipe2(l->wake_, O_CLOEXEC) != 0) return absl::InternalError("liveness: pipe failed");
-  const absl::Time now = absl::Now();
+  const absl::Time now = base::MonotonicNow();
   for (auto& p : l->peers_) p.last_heard = now;
   l->thread_ = std::thread([raw = l.get()] { raw->Loop(); });
   return l;
@@ -88,7 +89,7 @@ absl::Status Liveness::AcceptFromHigher(int listen_fd, Bootstrap* boot, const st
       std::string missing;
       for (int m = rank_ + 1; m < size; ++m) {
         if (peers_[m].fd >= 0) continue;
-        auto v = boot->Lookup(Key(prefix, m), absl::Now() + absl::Milliseconds(100));
+        auto v = boot->Lookup(Key(prefix, m), base::MonotonicNow() + absl::Milliseconds(100));
         absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", m, " (",
                         v.ok() ? *v : "published nothing", ")");
       }
@@ -127,11 +128,11 @@ Liveness::~Liveness() {
 
 void Liveness::Loop() {
   const int interval_ms = std::max<int>(1, absl::ToInt64Milliseconds(options_.interval));
-  absl::Time last_sent = absl::InfinitePast(), last_round = absl::Now();
+  absl::Time last_sent = absl::InfinitePast(), last_round = base::MonotonicNow();
   std::vector<pollfd> fds;
   std::vector<int> who;
   for (;;) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = base::MonotonicNow();
     if (now - last_sent >= options_.interval) {
       for (auto& p : peers_) {
         if (p.fd >= 0 && !p.reported) (void)!send(p.fd, "H", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -148,7 +149,7 @@ void Liveness::Loop() {
     }
     poll(fds.data(), fds.size(), interval_ms);
     if (fds[0].revents != 0) return;
-    const absl::Time t = absl::Now();
+    const absl::Time t = base::MonotonicNow();
     // An iteration takes at most the poll's interval; beyond that (and a scheduling slack of one
     // more interval) this thread was not running, and what the peers sent meanwhile was not read.
     const absl::Duration late = t - last_round - options_.interval;

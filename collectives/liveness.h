@@ -6,7 +6,9 @@
 // counted while this monitor runs: a pause of its own (this process or the whole machine not
 // scheduled: a paused VM, a starved host) moves every peer's clock on by the pause, since the
 // peers' heartbeats could not have been read meanwhile; a peer silent past the pause is still
-// reported, one timeout later. Threads: one monitor thread; `on_dead` runs on it, once per peer.
+// reported, one timeout later. Silence is measured on the monotonic clock (base::MonotonicNow()):
+// a step of the wall clock neither kills nor hides a peer. Threads: one monitor thread; `on_dead`
+// runs on it, once per peer.
 #ifndef TROUPE_COLLECTIVES_LIVENESS_H_
 #define TROUPE_COLLECTIVES_LIVENESS_H_
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "algorithms.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
@@ -256,7 +257,7 @@ absl::Status NcclComm::Settle(absl::Time deadline, const char* call, const char*
     if (r != NcclResult::kInProgress) {
       return FailLocked(TROUPE_NCCL_STATUS(*b_, comm_, call, r));
     }
-    if (absl::Now() > deadline) {
+    if (base::MonotonicNow() > deadline) {
       return FailLocked(absl::DeadlineExceededError(
           absl::StrCat("collectives: ", call, " still in progress after ", limit_name, " (",
                        absl::FormatDuration(limit), ") on rank ", o_.rank, " of ", o_.size,
@@ -286,7 +287,7 @@ Work NcclComm::Enqueue(const char* name, const CollectiveOptions& opts, size_t b
 
 std::shared_ptr<NcclComm::Op> NcclComm::NewOp(const CollectiveOptions& opts) {
   auto op = std::make_shared<Op>();
-  op->deadline = absl::Now() + opts.timeout;
+  op->deadline = base::MonotonicNow() + opts.timeout;
   return op;
 }
 
@@ -349,7 +350,7 @@ absl::Status NcclComm::PollLocked(Op* op, bool* finished) {
   if (e != kCudaErrorNotReady) {
     return FailLocked(TROUPE_CUDA_STATUS(*b_, "cudaEventQuery", e));
   }
-  if (absl::Now() > op->deadline) {
+  if (base::MonotonicNow() > op->deadline) {
     return FailLocked(absl::DeadlineExceededError(
         absl::StrCat("collectives: NCCL operation deadline passed on rank ", o_.rank, " of ",
                      o_.size, ", generation ", o_.generation)));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nccl_backend.h"
 #include "nccl_comm.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
@@ -125,7 +126,7 @@ NcclComm::~NcclComm() {
 }
 
 absl::Status NcclComm::Init(Bootstrap* boot) {
-  const absl::Time deadline = absl::Now() + o_.connect_timeout;
+  const absl::Time deadline = base::MonotonicNow() + o_.connect_timeout;
   NcclBackend& b = *b_;
   TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_STATUS(b, "cudaSetDevice", b.SetDevice(o_.device)));
   TROUPE_RETURN_IF_ERROR(

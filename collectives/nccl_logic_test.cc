@@ -20,6 +20,7 @@
 #include "nccl_backend.h"
 #include "reduce.h"
 #include "test_util.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/inprocess.h"
 #include "troupe/collectives/nccl_communicator.h"
@@ -134,7 +135,7 @@ TEST(NcclLogic, FourRanksThroughTheBootstrapComputeEveryOperation) {
     EXPECT_EQ(comms[r]->generation(), 0u);
   }
   // Rank 0 published the id under <prefix>/g<gen>/nccl-id; every process joined that id.
-  auto id = rig.boots[0]->Lookup("job/g0/nccl-id", absl::Now() + absl::Seconds(1));
+  auto id = rig.boots[0]->Lookup("job/g0/nccl-id", base::MonotonicNow() + absl::Seconds(1));
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(id->size(), 128u);
   EXPECT_EQ(rig.world->Process(0)->CountCalls("ncclGetUniqueId"), 1);
@@ -262,11 +263,11 @@ TEST(NcclLogic, AbortGetsInWhileAnEnqueueSettles) {
     comms[0]->Abort(liveness);
   });
   std::vector<float> v(8, 1.0f);
-  const absl::Time start = absl::Now();
+  const absl::Time start = base::MonotonicNow();
   absl::Status st = comms[0]->AllReduce(Buffer::F32(v), Buffer::F32(v), ReduceOp::kSum, {}).Wait();
   aborter.join();
   EXPECT_EQ(st, liveness);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(base::MonotonicNow() - start, absl::Seconds(2));
   EXPECT_EQ(rig.world->Process(0)->CountCalls("ncclCommAbort"), 1);
 }
 
@@ -365,9 +366,9 @@ TEST(NcclLogic, RankMissingAtInitFailsEveryOtherRankWithinTheConnectTimeout) {
   const absl::Duration connect = absl::Milliseconds(300);
   {  // rank 2 never comes: the others published/looked up the id but init stays in progress
     Rig rig(4);
-    const absl::Time start = absl::Now();
+    const absl::Time start = base::MonotonicNow();
     std::vector<CommOr> comms = rig.Create({0, 1, -1, 3}, 0, connect);
-    const absl::Duration took = absl::Now() - start;
+    const absl::Duration took = base::MonotonicNow() - start;
     for (int r : {0, 1, 3}) {
       EXPECT_TRUE(absl::IsDeadlineExceeded(comms[r].status())) << r << ": " << comms[r].status();
       EXPECT_THAT(std::string(comms[r].status().message()), HasSubstr("ncclCommInitRankConfig"));
@@ -381,9 +382,9 @@ TEST(NcclLogic, RankMissingAtInitFailsEveryOtherRankWithinTheConnectTimeout) {
   }
   {  // rank 0 never comes: nobody publishes the id, the others' lookups run into the deadline
     Rig rig(4);
-    const absl::Time start = absl::Now();
+    const absl::Time start = base::MonotonicNow();
     std::vector<CommOr> comms = rig.Create({-1, 1, 2, 3}, 0, connect);
-    EXPECT_LT(absl::Now() - start, connect + absl::Seconds(2));
+    EXPECT_LT(base::MonotonicNow() - start, connect + absl::Seconds(2));
     for (int r : {1, 2, 3}) {
       EXPECT_TRUE(absl::IsDeadlineExceeded(comms[r].status())) << r << ": " << comms[r].status();
       EXPECT_THAT(std::string(comms[r].status().message()), HasSubstr("job/g0/nccl-id"));
@@ -417,9 +418,9 @@ TEST(NcclLogic, AbortOnOneRankFailsThePendingWorkOfTheOthersFast) {
     comms[1]->Abort(liveness);
   });
   ForEachRank(3, [&](int r) {
-    const absl::Time t = absl::Now();
+    const absl::Time t = base::MonotonicNow();
     st[r] = works[r].Wait();
-    waited[r] = absl::Now() - t;
+    waited[r] = base::MonotonicNow() - t;
   });
   aborter.join();
   EXPECT_EQ(st[1], liveness);
@@ -461,13 +462,13 @@ TEST(NcclLogic, OpDeadlineIsDeadlineExceededAndAbortsTheCommunicator) {
   Rig rig(2);
   auto comms = rig.CreateOk({0, 1}, 0);
   std::vector<float> v(16, 1.0f);
-  const absl::Time start = absl::Now();
+  const absl::Time start = base::MonotonicNow();
   // Rank 1 never issues its all-reduce.
   absl::Status st = comms[0]
                         ->AllReduce(Buffer::F32(v), Buffer::F32(v), ReduceOp::kSum,
                                     Timeout(absl::Milliseconds(150)))
                         .Wait();
-  const absl::Duration took = absl::Now() - start;
+  const absl::Duration took = base::MonotonicNow() - start;
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
   EXPECT_GE(took, absl::Milliseconds(150));
   EXPECT_LT(took, absl::Seconds(2));
@@ -491,14 +492,14 @@ TEST(NcclLogic, HungOperationTimesOutAndReleasesThePeer) {
                                 Timeout(absl::Milliseconds(150)));
   Work w1 = comms[1]->AllReduce(Buffer::F32(v[1]), Buffer::F32(v[1]), ReduceOp::kSum,
                                 Timeout(absl::Seconds(30)));
-  const absl::Time start = absl::Now();
+  const absl::Time start = base::MonotonicNow();
   absl::Status s0, s1;
   std::thread t([&] { s1 = w1.Wait(); });
   s0 = w0.Wait();
   t.join();
   EXPECT_TRUE(absl::IsDeadlineExceeded(s0)) << s0;
   EXPECT_TRUE(absl::IsUnavailable(s1)) << s1;  // released by rank 0's abort, not its own 30 s
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(base::MonotonicNow() - start, absl::Seconds(2));
   EXPECT_EQ(v[0], std::vector<float>(16, 1.0f));  // nothing ran
   for (int p = 0; p < 2; ++p) EXPECT_EQ(rig.world->Process(p)->CountCalls("ncclCommAbort"), 1);
 }
@@ -564,8 +565,8 @@ TEST(NcclLogic, RegenerationBuildsANewCommunicatorOverTheSurvivors) {
 
   auto g1 = rig.CreateOk({0, 1, 2}, 1);
   ASSERT_EQ(g1.size(), 3u);
-  auto id0 = rig.boots[1]->Lookup("job/g0/nccl-id", absl::Now() + absl::Seconds(1));
-  auto id1 = rig.boots[1]->Lookup("job/g1/nccl-id", absl::Now() + absl::Seconds(1));
+  auto id0 = rig.boots[1]->Lookup("job/g0/nccl-id", base::MonotonicNow() + absl::Seconds(1));
+  auto id1 = rig.boots[1]->Lookup("job/g1/nccl-id", base::MonotonicNow() + absl::Seconds(1));
   ASSERT_TRUE(id0.ok() && id1.ok());
   EXPECT_NE(*id0, *id1);
   std::vector<uint64_t> ids;
@@ -672,10 +673,10 @@ TEST(NcclLogic, DestroyingWithOperationsInFlightAbortsCleanly) {
   });
   absl::SleepFor(absl::Milliseconds(30));
   EXPECT_FALSE(waited.load());
-  const absl::Time start = absl::Now();
+  const absl::Time start = base::MonotonicNow();
   comms[0].reset();
   waiter.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LT(base::MonotonicNow() - start, absl::Seconds(2));
   EXPECT_TRUE(absl::IsCancelled(sa)) << sa;
   EXPECT_TRUE(absl::IsCancelled(b.Wait())) << b.Wait();
   EXPECT_EQ(v, std::vector<float>(64, 1.0f));
@@ -958,9 +959,9 @@ TEST(NcclLogicOrdered, APeerDyingMidOperationFailsTheOthersFast) {
     std::thread aborter([&] {
       if (intervals_arrived) {
         // Ranks 0..2 got every interval and enqueued their additions; then rank 3 dies.
-        const absl::Time until = absl::Now() + absl::Seconds(5);
-        while (absl::Now() < until && (rig.world->Process(0)->CountCalls("AddF32") == 0 ||
-                                       rig.world->Process(2)->CountCalls("AddF32") == 0)) {
+        const absl::Time until = base::MonotonicNow() + absl::Seconds(5);
+        while (base::MonotonicNow() < until && (rig.world->Process(0)->CountCalls("AddF32") == 0 ||
+                                                rig.world->Process(2)->CountCalls("AddF32") == 0)) {
           absl::SleepFor(absl::Milliseconds(5));
         }
         EXPECT_GT(rig.world->Process(0)->CountCalls("AddF32"), 0);
@@ -970,12 +971,12 @@ TEST(NcclLogicOrdered, APeerDyingMidOperationFailsTheOthersFast) {
       comms[1]->Abort(liveness);
     });
     ForEachRank(intervals_arrived ? n : n - 1, [&](int r) {
-      const absl::Time t = absl::Now();
+      const absl::Time t = base::MonotonicNow();
       st[r] = comms[r]
                   ->ReduceScatter(Buffer::F32(in[r]), Buffer::F32(out[r]), ReduceOp::kSum,
                                   Ordered(iv[r], absl::Seconds(30)))
                   .Wait();
-      waited[r] = absl::Now() - t;
+      waited[r] = base::MonotonicNow() - t;
       if (r == 1 && intervals_arrived) comms[3]->Abort(absl::CancelledError("rank 3 is dead"));
     });
     aborter.join();
@@ -1005,12 +1006,12 @@ TEST(NcclLogicOrdered, DeadlineWhileWaitingForIntervalsIsDeadlineExceeded) {
   Rig rig(2);
   auto comms = rig.CreateOk({0, 1}, 0);
   std::vector<float> in(16, 1.0f), out(8, kUntouched);
-  const absl::Time start = absl::Now();
+  const absl::Time start = base::MonotonicNow();
   absl::Status st = comms[0]
                         ->ReduceScatter(Buffer::F32(in), Buffer::F32(out), ReduceOp::kSum,
                                         Ordered({0, 1}, absl::Milliseconds(150)))
                         .Wait();
-  const absl::Duration took = absl::Now() - start;
+  const absl::Duration took = base::MonotonicNow() - start;
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("waiting for every rank's interval"));
   EXPECT_GE(took, absl::Milliseconds(150));

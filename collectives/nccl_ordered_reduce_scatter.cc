@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nccl_comm.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/canonical_combine.h"
 
@@ -163,7 +164,7 @@ absl::Status NcclComm::FinishPendingCombine(const Op* only) {
     }
     CudaError e = b_->EventQuery(intervals_event_);
     if (e == kCudaErrorNotReady) {
-      if (absl::Now() > pending_.op->deadline) {
+      if (base::MonotonicNow() > pending_.op->deadline) {
         return FailLocked(absl::DeadlineExceededError(
             absl::StrCat("collectives: NCCL operation deadline passed on rank ", o_.rank, " of ",
                          o_.size, ", generation ", o_.generation,

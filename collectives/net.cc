@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/clock.h"
 
 namespace troupe::collectives::net {
 namespace {
@@ -25,7 +26,7 @@ absl::Status Errno(const std::string& what) {
 
 int PollMs(absl::Time deadline) {
   if (deadline == absl::InfiniteFuture()) return 1000;
-  int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  int64_t ms = absl::ToInt64Milliseconds(deadline - base::MonotonicNow());
   return static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(ms, 1000)));
 }
 
@@ -81,7 +82,7 @@ absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadli
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
       } else if (r < 0 && errno != EINTR) {
         err = errno;
-      } else if (absl::Now() > deadline) {
+      } else if (base::MonotonicNow() > deadline) {
         close(fd);
         return absl::DeadlineExceededError(
             absl::StrCat("connect ", peer, ": no answer before the deadline"));
@@ -95,7 +96,7 @@ absl::StatusOr<int> Connect(const std::string& host, int port, absl::Time deadli
     close(fd);
     absl::Status st =
         absl::UnavailableError(absl::StrCat("connect ", peer, ": ", std::strerror(err)));
-    if (absl::Now() > deadline) return st;
+    if (base::MonotonicNow() > deadline) return st;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -111,7 +112,8 @@ absl::StatusOr<int> Accept(int listen_fd, absl::Time deadline) {
       return fd;
     }
     if (r < 0 && errno != EINTR) return Errno("poll");
-    if (absl::Now() > deadline) return absl::DeadlineExceededError("accept: deadline passed");
+    if (base::MonotonicNow() > deadline)
+      return absl::DeadlineExceededError("accept: deadline passed");
   }
 }
 
@@ -122,7 +124,8 @@ absl::Status ReadFull(int fd, void* buf, size_t n, absl::Time deadline) {
     int r = poll(&pf, 1, PollMs(deadline));
     if (r < 0 && errno != EINTR) return Errno("poll");
     if (r <= 0) {
-      if (absl::Now() > deadline) return absl::DeadlineExceededError("read: deadline passed");
+      if (base::MonotonicNow() > deadline)
+        return absl::DeadlineExceededError("read: deadline passed");
       continue;
     }
     ssize_t k = read(fd, p, n);

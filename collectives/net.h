@@ -1,4 +1,5 @@
 // Private: small blocking-socket helpers (IPv4 TCP) for the bootstrap and liveness channel.
+// Every deadline is on base::MonotonicNow()'s clock (troupe/base/clock.h).
 #ifndef TROUPE_COLLECTIVES_NET_H_
 #define TROUPE_COLLECTIVES_NET_H_
 

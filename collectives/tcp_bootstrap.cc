@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "net.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/bootstrap.h"
 
@@ -65,7 +66,7 @@ class Server : public TcpBootstrapServer {
  private:
   void AcceptLoop() {
     for (;;) {
-      auto fd = net::Accept(listen_fd_, absl::Now() + absl::Milliseconds(200));
+      auto fd = net::Accept(listen_fd_, base::MonotonicNow() + absl::Milliseconds(200));
       std::lock_guard<std::mutex> l(mu_);
       if (stop_) {
         if (fd.ok()) close(*fd);
@@ -129,7 +130,7 @@ class Client : public TcpBootstrapClient {
     msg.append(reinterpret_cast<const char*>(&vl), 4).append(value);
     absl::Status st = net::WriteFull(fd_, msg.data(), msg.size());
     char ack = 0;
-    if (st.ok()) st = net::ReadFull(fd_, &ack, 1, absl::Now() + absl::Seconds(30));
+    if (st.ok()) st = net::ReadFull(fd_, &ack, 1, base::MonotonicNow() + absl::Seconds(30));
     if (st.ok() && ack != 'K') st = absl::DataLossError("bootstrap: bad publish reply");
     return Check(st);
   }

@@ -49,8 +49,9 @@ class Transport {
                                                        size_t bytes) = 0;
   [[nodiscard]] virtual absl::StatusOr<ReqId> PostRecv(int peer, uint64_t tag, void* buf,
                                                        size_t bytes) = 0;
-  // Waits for all `reqs`. On failure (transport failed, deadline) every outstanding request of
-  // this transport is cancelled before returning, so no buffer is touched afterwards.
+  // Waits for all `reqs` until `deadline` (base::MonotonicNow()'s clock). On failure (transport
+  // failed, deadline) every outstanding request of this transport is cancelled before returning,
+  // so no buffer is touched afterwards.
   [[nodiscard]] virtual absl::Status WaitAll(absl::Span<const ReqId> reqs, absl::Time deadline) = 0;
 
   // Non-blocking check of one request (progressing the transport): true and reaped when done,

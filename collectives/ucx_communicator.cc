@@ -27,6 +27,7 @@
 #include "liveness.h"
 #include "mailbox.h"
 #include "net.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "ucx_transport.h"
 
@@ -375,7 +376,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
                                                    "1 <= size <= 65535, got rank ", o.rank,
                                                    " size ", o.size));
   }
-  const absl::Time deadline = absl::Now() + o.connect_timeout;
+  const absl::Time deadline = base::MonotonicNow() + o.connect_timeout;
   const std::string prefix = absl::StrCat(o.key_prefix, "/g", o.generation);
   auto t = std::make_unique<UcxTransport>(o.rank, o.size);
   TROUPE_RETURN_IF_ERROR(t->Init(o));

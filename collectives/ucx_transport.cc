@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
@@ -100,7 +101,7 @@ absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadl
     }
     if (all) break;
     TROUPE_RETURN_IF_ERROR(failure());
-    if ((iter & 255) == 255 && absl::Now() > deadline) {
+    if ((iter & 255) == 255 && base::MonotonicNow() > deadline) {
       return FailWith(absl::DeadlineExceededError(absl::StrCat(
           "collectives: rank ", rank_, " operation deadline passed; ", DescribePending(ids), "; ",
           iter, " polls, ", spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
@@ -139,11 +140,11 @@ void UcxTransport::CancelAll() {
   // A receive already matched to a multi-fragment message cannot be cancelled; after a short
   // grace it is abandoned (the contract in communicator.h keeps its buffer valid until the
   // communicator is destroyed).
-  const absl::Time until = absl::Now() + absl::Milliseconds(20);
+  const absl::Time until = base::MonotonicNow() + absl::Milliseconds(20);
   for (;;) {
     bool pending = false;
     for (auto& r : reqs_) pending |= r->live && r->ucx != nullptr && r->recv && !r->done;
-    if (!pending || absl::Now() > until) break;
+    if (!pending || base::MonotonicNow() > until) break;
     ProgressUcx();
   }
   for (ReqId id = 1; id < reqs_.size(); ++id) {
@@ -171,7 +172,7 @@ absl::Status UcxTransport::WaitUntil(absl::FunctionRef<bool()> ready, absl::Time
   int idle = 0;
   for (uint64_t iter = 0; !ready(); ++iter) {
     TROUPE_RETURN_IF_ERROR(failure());
-    if ((iter & 255) == 255 && absl::Now() > deadline) {
+    if ((iter & 255) == 255 && base::MonotonicNow() > deadline) {
       return FailWith(absl::DeadlineExceededError(
           absl::StrCat("collectives: rank ", rank_,
                        " operation deadline passed waiting for the peers' shared segments")));

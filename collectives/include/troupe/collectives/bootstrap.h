@@ -9,8 +9,11 @@
 //   auto server = TcpBootstrapServer::Start();            // in the launcher
 //   auto boot = TcpBootstrapClient::Connect("127.0.0.1", (*server)->port());  // in each rank
 //   (*boot)->Publish("job/g0/ucx/3", address_blob);
-//   absl::StatusOr<std::string> a = (*boot)->Lookup("job/g0/ucx/1", absl::Now() +
-//   absl::Seconds(30));
+//   absl::StatusOr<std::string> a =
+//       (*boot)->Lookup("job/g0/ucx/1", base::MonotonicNow() + absl::Seconds(30));
+//
+// Every deadline here is on base::MonotonicNow()'s clock (troupe/base/clock.h), never absl::Now():
+// an implementation compares it with base::MonotonicNow().
 #ifndef TROUPE_COLLECTIVES_BOOTSTRAP_H_
 #define TROUPE_COLLECTIVES_BOOTSTRAP_H_
 
@@ -20,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "troupe/base/clock.h"
 
 namespace troupe::collectives {
 
@@ -29,7 +33,7 @@ class Bootstrap {
   // Publishes `value` under `key` (a later publish of the same key replaces it).
   [[nodiscard]] virtual absl::Status Publish(const std::string& key, const std::string& value) = 0;
   // Returns the value under `key`, waiting until it is published; DeadlineExceeded after
-  // `deadline`, Unavailable if the store went away.
+  // `deadline` (base::MonotonicNow()'s clock), Unavailable if the store went away.
   [[nodiscard]] virtual absl::StatusOr<std::string> Lookup(const std::string& key,
                                                            absl::Time deadline) = 0;
 };
@@ -49,7 +53,8 @@ class TcpBootstrapServer {
 class TcpBootstrapClient : public Bootstrap {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<TcpBootstrapClient>> Connect(
-      const std::string& host, int port, absl::Time deadline = absl::Now() + absl::Seconds(30));
+      const std::string& host, int port,
+      absl::Time deadline = base::MonotonicNow() + absl::Seconds(30));
 };
 
 }  // namespace troupe::collectives

@@ -1,4 +1,4 @@
-#include "troupe/runtime/fake_metadata.h"
+#include "troupe/runtime/metadata_sim.h"
 
 #include <httplib.h>
 
@@ -12,9 +12,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace troupe::runtime::testing {
+namespace troupe::runtime {
 
-struct FakeMetadataServer::Impl {
+struct MetadataSimulator::Impl {
   httplib::Server server;
   int port = 0;
   std::thread thread;
@@ -27,7 +27,7 @@ struct FakeMetadataServer::Impl {
   std::string Etag() const { return preempted ? "\"e1\"" : "\"e0\""; }
 };
 
-FakeMetadataServer::FakeMetadataServer() : impl_(std::make_unique<Impl>()) {
+MetadataSimulator::MetadataSimulator() : impl_(std::make_unique<Impl>()) {
   Impl* i = impl_.get();
   i->server.Put("/latest/api/token", [i](const httplib::Request& req, httplib::Response& res) {
     std::lock_guard<std::mutex> l(i->mu);
@@ -80,7 +80,7 @@ FakeMetadataServer::FakeMetadataServer() : impl_(std::make_unique<Impl>()) {
   while (!i->server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
-FakeMetadataServer::~FakeMetadataServer() {
+MetadataSimulator::~MetadataSimulator() {
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->closing = true;
@@ -90,11 +90,11 @@ FakeMetadataServer::~FakeMetadataServer() {
   impl_->thread.join();
 }
 
-std::string FakeMetadataServer::endpoint() const {
+std::string MetadataSimulator::endpoint() const {
   return absl::StrCat("http://127.0.0.1:", impl_->port);
 }
 
-void FakeMetadataServer::Preempt(std::chrono::seconds left) {
+void MetadataSimulator::Preempt(std::chrono::seconds left) {
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     impl_->preempted = true;
@@ -103,19 +103,19 @@ void FakeMetadataServer::Preempt(std::chrono::seconds left) {
   impl_->changed.notify_all();
 }
 
-void FakeMetadataServer::ExpireTokens() {
+void MetadataSimulator::ExpireTokens() {
   std::lock_guard<std::mutex> l(impl_->mu);
   ++impl_->token_epoch;
 }
 
-int64_t FakeMetadataServer::token_requests() const {
+int64_t MetadataSimulator::token_requests() const {
   std::lock_guard<std::mutex> l(impl_->mu);
   return impl_->token_requests;
 }
 
-int64_t FakeMetadataServer::notice_requests() const {
+int64_t MetadataSimulator::notice_requests() const {
   std::lock_guard<std::mutex> l(impl_->mu);
   return impl_->notice_requests;
 }
 
-}  // namespace troupe::runtime::testing
+}  // namespace troupe::runtime

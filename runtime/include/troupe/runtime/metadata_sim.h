@@ -1,6 +1,8 @@
-// fake_metadata.h — a cloud's instance metadata server, for tests: real HTTP (cpp-httplib) on
+// metadata_sim.h — a cloud's instance metadata server, simulated: real HTTP (cpp-httplib) on
 // loopback, answering what a node agent's preemption watcher asks (internal/preemption.h) the way
-// AWS IMDSv2 and the GCE metadata server do, and flipping to "preempted" on cue.
+// AWS IMDSv2 and the GCE metadata server do, and flipping to "preempted" on cue. A node agent run
+// with --metadata_endpoint=simulate serves one for itself (chaos: spot-notice flips it); tests run
+// their own.
 //
 //   AWS  PUT /latest/api/token (X-aws-ec2-metadata-token-ttl-seconds) -> a token;
 //        GET /latest/meta-data/spot/instance-action (X-aws-ec2-metadata-token) -> 401 without a
@@ -8,20 +10,20 @@
 //   GCE  GET /computeMetadata/v1/instance/preempted (Metadata-Flavor: Google, else 403) -> "FALSE"
 //        or "TRUE" with an ETag; with wait_for_change=true&last_etag=E it answers when the value's
 //        ETag differs from E, or after timeout_sec
-#ifndef TROUPE_RUNTIME_FAKE_METADATA_H_
-#define TROUPE_RUNTIME_FAKE_METADATA_H_
+#ifndef TROUPE_RUNTIME_METADATA_SIM_H_
+#define TROUPE_RUNTIME_METADATA_SIM_H_
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 
-namespace troupe::runtime::testing {
+namespace troupe::runtime {
 
-class FakeMetadataServer {
+class MetadataSimulator {
  public:
-  FakeMetadataServer();  // listening on 127.0.0.1, an ephemeral port
-  ~FakeMetadataServer();
+  MetadataSimulator();  // listening on 127.0.0.1, an ephemeral port
+  ~MetadataSimulator();
   std::string endpoint() const;  // "http://127.0.0.1:PORT"
   // From now on the machine is being taken, `left` from now (AWS's time; GCE's value flips).
   void Preempt(std::chrono::seconds left = std::chrono::seconds(120));
@@ -35,6 +37,6 @@ class FakeMetadataServer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace troupe::runtime::testing
+}  // namespace troupe::runtime
 
-#endif  // TROUPE_RUNTIME_FAKE_METADATA_H_
+#endif  // TROUPE_RUNTIME_METADATA_SIM_H_
