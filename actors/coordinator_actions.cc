@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator_actor.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/crash_point.h"
 #include "troupe/runtime/faults.h"
 #include "troupe/runtime/status.h"
@@ -38,11 +39,11 @@ void Coordinator::Do(const train::CoordinatorAction& a) {
                                                             caf::actor_cast<caf::actor>(self_)}));
     }
     case Kind::kStep:
-      if (!stepping_) step_start_ = absl::Now();
+      if (!stepping_) step_start_ = base::MonotonicNow();
       stepping_ = true;
       return Send(a.worker, caf::make_message(RunStep{a.generation, a.step}));
     case Kind::kCommit:
-      if (a.step >= 0) checkpoint_asked_.emplace(a.step, absl::Now());
+      if (a.step >= 0) checkpoint_asked_.emplace(a.step, base::MonotonicNow());
       return Send(a.worker, caf::make_message(CommitRank{a.generation, a.step}));
     case Kind::kCheckpoint:
       return CommitCheckpoint(a);
@@ -143,6 +144,7 @@ void Coordinator::InjectNodeFault(const std::string& worker, train::FaultKind ki
   if (it == ranks_.end() || !head_) return;
   runtime::NodeFault f;
   f.kind = kind == train::FaultKind::kSigtermNode     ? runtime::NodeFaultKind::kPreempt
+           : kind == train::FaultKind::kSpotNotice    ? runtime::NodeFaultKind::kSpotNotice
            : kind == train::FaultKind::kPartitionNode ? runtime::NodeFaultKind::kPartition
            : kind == train::FaultKind::kOneWayNode    ? runtime::NodeFaultKind::kOneWay
            : kind == train::FaultKind::kFlapNode      ? runtime::NodeFaultKind::kFlap
@@ -183,7 +185,8 @@ void Coordinator::CommitCheckpoint(const train::CoordinatorAction& a) {
     for (const train::ShardFileInfo& f : a.shards) bytes += f.byte_size;
     e.Set("bytes", static_cast<int64_t>(bytes));
     if (auto asked = checkpoint_asked_.find(a.step); asked != checkpoint_asked_.end()) {
-      e.Set("seconds", absl::StrFormat("%.6f", absl::ToDoubleSeconds(absl::Now() - asked->second)));
+      e.Set("seconds",
+            absl::StrFormat("%.6f", absl::ToDoubleSeconds(base::MonotonicNow() - asked->second)));
     }
     checkpoint_asked_.erase(checkpoint_asked_.begin(), checkpoint_asked_.upper_bound(a.step));
     LogEvent(std::move(e));
@@ -192,7 +195,7 @@ void Coordinator::CommitCheckpoint(const train::CoordinatorAction& a) {
 }
 
 void Coordinator::Committed(const train::CoordinatorAction& a) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = base::MonotonicNow();
   commits_ << (a.step - 1) << " " << a.generation << std::endl;
   const double secs = absl::ToDoubleSeconds(now - step_start_);
   const int64_t step_tokens = int64_t{spec_.model.microbatches} * tokens_per_microbatch_;
@@ -213,11 +216,13 @@ void Coordinator::Committed(const train::CoordinatorAction& a) {
       .Set("world", a.world);
   events_->Write(step);
   if (a.recovered) {
-    // From the newest fault_fired event (the dying process wrote it, with its time) to now.
+    // From the newest fault_fired event (the dying process wrote it, with its wall time) to now:
+    // a time across processes, so the wall clock.
     std::optional<base::SupervisionEvent> fault =
         train::NewestRecoveryFault(train::ReadEventLog(train::EventLogPath(spec_.work_dir)));
     if (fault && fault->IntField("at_ns", 0) > 0) {
-      const double r = absl::ToDoubleSeconds(now - absl::FromUnixNanos(fault->IntField("at_ns")));
+      const double r =
+          absl::ToDoubleSeconds(absl::Now() - absl::FromUnixNanos(fault->IntField("at_ns")));
       if (report_.recovery_seconds < 0) report_.recovery_seconds = r;
       base::SupervisionEvent e = train::JobEvent("recovered");
       e.generation = a.generation;

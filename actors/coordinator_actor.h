@@ -145,6 +145,7 @@ class Coordinator {
   std::unique_ptr<train::EventLog> events_;  // <work_dir>/logs/events.log
   std::map<std::string, Rank> ranks_;
   std::ofstream commits_;
+  // On base::MonotonicNow()'s clock (durations only).
   absl::Time step_start_;
   std::map<int64_t, absl::Time> checkpoint_asked_;  // checkpoint step -> when ranks were told
   bool stepping_ = false;

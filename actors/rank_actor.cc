@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "caf/all.hpp"
 #include "protocol.h"
 #include "troupe/actors/training.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/nccl_communicator.h"
 #include "troupe/collectives/ucx_communicator.h"
@@ -106,7 +108,7 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
               });
       if (!st.ok()) return st;
       if (value) return *value;
-      if (absl::Now() > deadline) {
+      if (base::MonotonicNow() > deadline) {
         // The rank whose key it is never got as far as publishing it: blame it.
         int rank = -1;
         const size_t slash = key.rfind('/');
@@ -217,6 +219,8 @@ class RankState {
   // parameters' share under way) or of writing its checkpoint shard, after writing down when
   // (the coordinator measures recovery from at_ns).
   void FireArmedFault(int64_t step, train::StepPoint point) {
+    const auto kind = static_cast<train::FaultKind>(kill_fault_.load());
+    if (kind == train::FaultKind::kClockStep) return StepClock(step);
     const int sig = kill_signal_.load();
     base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
     e.generation = gen_;
@@ -226,7 +230,9 @@ class RankState {
         .Set("step", step)
         .Set("point", train::StepPointName(point))
         .Set("rank", rank_->rank())
-        .Set("at_ns", absl::ToUnixNanos(absl::Now()));
+        // On the machine's clock (a clock-step of this process's own is taken back): another
+        // process measures the recovery from it.
+        .Set("at_ns", absl::ToUnixNanos(absl::Now()) - stepped_ns_.load());
     train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
     if (sig != 0) {
       raise(sig);
@@ -247,6 +253,29 @@ class RankState {
     runtime::LogWarn(worker_, "evicted from the job (" + why + "): this process ends");
     std::fflush(nullptr);
     _exit(3);
+  }
+
+  // clock-step: this process's wall clock jumps by [chaos] clock_step, through the offset file its
+  // preloaded libtroupe_clock_step.so reads (its node agent set both up: TROUPE_CLOCK_STEP_DIR).
+  void StepClock(int64_t step) {
+    kill_at_step_.store(-1);  // once, even if the step runs again
+    const char* file = getenv("TROUPE_CLOCK_STEP_FILE");
+    base::SupervisionEvent e =
+        train::JobEvent(file ? "fault_fired" : "fault_failed", worker_, "rank");
+    e.generation = gen_;
+    e.pid = getpid();
+    e.Set("kind", train::FaultKindName(train::FaultKind::kClockStep))
+        .Set("step", step)
+        .Set("rank", rank_->rank())
+        .Set("by", absl::FormatDuration(spec_.clock_step));
+    if (file == nullptr) {
+      e.reason =
+          "this worker has no clock to step: its node agent ran without TROUPE_CLOCK_STEP_DIR";
+    } else {
+      std::ofstream(file) << absl::ToInt64Nanoseconds(spec_.clock_step) << "\n";
+      stepped_ns_ = absl::ToInt64Nanoseconds(spec_.clock_step);
+    }
+    train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
   }
 
   void ArmKill(int64_t step, int32_t sig, int32_t fault_kind, int32_t point) {
@@ -331,7 +360,8 @@ class RankState {
   }
 
   void Step(uint64_t gen, int64_t step) {
-    const absl::Time start = absl::Now();
+    const absl::Time start = base::MonotonicNow();
+    const int64_t start_ns = absl::ToUnixNanos(absl::Now());  // the jobs timeline's wall stamp
     const uint64_t sent = comm_ != nullptr ? comm_->stats().bytes_sent : 0;
     absl::StatusOr<train::StepOutcome> out =
         step == rank_->committed_steps()
@@ -352,8 +382,8 @@ class RankState {
       done.grad_norm = out->grad_norm;
       done.compute_seconds = out->compute_seconds;
       done.schedule_seconds = out->schedule_seconds;
-      done.start_ns = absl::ToUnixNanos(start);
-      done.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      done.start_ns = start_ns;
+      done.step_seconds = absl::ToDoubleSeconds(base::MonotonicNow() - start);
       done.collective_seconds = out->collective_seconds;
       done.exchange_seconds = out->exchange_seconds;
       done.exposed_seconds = out->exposed_seconds;
@@ -458,6 +488,7 @@ class RankState {
   std::atomic<int32_t> kill_signal_{SIGKILL};
   std::atomic<int32_t> kill_fault_{static_cast<int32_t>(train::FaultKind::kKillWorker)};
   std::atomic<int32_t> kill_point_{static_cast<int32_t>(train::StepPoint::kExchange)};
+  std::atomic<int64_t> stepped_ns_{0};  // this process's wall clock, stepped by clock-step
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::shared_ptr<DeviceComm> device_;  // a model in GPU memory only

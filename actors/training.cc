@@ -27,6 +27,7 @@
 #include "job_reporter.h"
 #include "protocol.h"
 #include "rank_spawner.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/model/corpus.h"
 #include "troupe/runtime/cluster.h"
@@ -84,7 +85,7 @@ struct DriverState {
   std::map<std::string, JoinInfo> ranks;  // live rank actors by worker id
   std::promise<absl::StatusOr<JobReport>> result;
   bool finished = false;
-  std::atomic<int64_t> last_heard_ns{0};
+  std::atomic<int64_t> last_heard_ns{0};  // on base::MonotonicNow()'s clock: for the silence only
   // The job's event log (job_events.h): here the job supervisor's events (the coordinator's
   // starts, exits and restarts) and a process_exit event for every worker or node the head
   // reports dead; the coordinator and the ranks append their own.
@@ -106,7 +107,7 @@ using head_atom = caf::atom_constant<caf::atom("tr_drvhead")>;
 // Relays between the coordinator (wherever the supervisor placed it) and this process: prints its
 // lines, replays the known ranks to every new incarnation, carries out its requests.
 caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverState> st) {
-  auto heard = [st] { st->last_heard_ns.store(absl::ToUnixNanos(absl::Now())); };
+  auto heard = [st] { st->last_heard_ns.store(absl::ToUnixNanos(base::MonotonicNow())); };
   auto forward = [self, st](const std::string& w, const JoinInfo& j) {
     self->send(st->coordinator, RankJoined{w, j.node, j.domain, j.rank});
   };
@@ -260,18 +261,21 @@ struct JobCluster {
   uint16_t port = 0;
   int gpus = 0;           // embedded, model on CUDA: this machine's GPUs
   int ranks_per_gpu = 1;  // worker nodes that may share one of them
+  // Its spot nodes' arguments: with a spot-notice among the job's faults, each serves its cloud's
+  // metadata itself (simulated AWS) and watches it, as a spot machine watches its cloud's.
+  std::vector<std::string> spot_args = kNodeArgs;
 
   // An embedded worker node (spot); with GPUs, the first place no live node holds, GPUs filled
   // round-robin (every GPU's slot 0, then every GPU's slot 1, ...): a GPU is shared only once
   // every GPU has a rank.
   absl::StatusOr<pid_t> AddWorkerNode(const std::string& name) {
-    if (gpus == 0) return local->AddNode(name, 1, "cpu=1", "spot=true", kNodeArgs);
+    if (gpus == 0) return local->AddNode(name, 1, "cpu=1", "spot=true", spot_args);
     for (int i = 0; i < gpus * ranks_per_gpu; ++i) {
       bool taken = false;
       for (const auto& [node, place] : place_of_) taken |= place == i && local->nodes().count(node);
       if (taken) continue;
       place_of_[name] = i;
-      return local->AddNode(name, 1, "cpu=1,gpu=1", "spot=true", kNodeArgs,
+      return local->AddNode(name, 1, "cpu=1,gpu=1", "spot=true", spot_args,
                             EmbeddedGpuEnvironment(i % gpus, i / gpus, ranks_per_gpu));
     }
     return absl::ResourceExhaustedError(
@@ -302,6 +306,12 @@ absl::StatusOr<JobCluster> StartCluster(const train::JobSpec& spec, const TrainO
                             runtime::LocalCluster::Start(lo));
     c.local = std::move(c_or);
     c.port = c.local->port();
+    for (const train::Fault& f : spec.faults) {
+      if (f.kind != train::FaultKind::kSpotNotice || c.spot_args.size() > kNodeArgs.size())
+        continue;
+      c.spot_args.insert(c.spot_args.end(), {"--preemption_source", "aws", "--metadata_endpoint",
+                                             "simulate", "--preemption_poll", "200ms"});
+    }
     // A model on CUDA: each worker node gets a GPU of its own, or a share of one (ranks_per_gpu).
     absl::StatusOr<train::Device> device = train::ParseDevice(spec.model.device);
     if (device.ok() && device->is_cuda()) {
@@ -334,9 +344,9 @@ absl::StatusOr<JobCluster> StartCluster(const train::JobSpec& spec, const TrainO
 // Workers register asynchronously: waits for all of the embedded cluster's `want` workers.
 absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec& spec,
                             size_t want) {
-  const absl::Time deadline = absl::Now() + spec.timeouts.cluster_start;
+  const absl::Time deadline = base::MonotonicNow() + spec.timeouts.cluster_start;
   size_t alive = 0;
-  while (absl::Now() < deadline) {
+  while (base::MonotonicNow() < deadline) {
     absl::StatusOr<std::vector<runtime::MemberInfo>> members = client.Members();
     alive = 0;
     if (members.ok()) {
@@ -408,13 +418,13 @@ absl::StatusOr<JobReport> AwaitReport(const train::JobSpec& spec, const TrainOpt
                                       std::future<absl::StatusOr<JobReport>>& result,
                                       std::ostream& out) {
   const int64_t silence_ns = absl::ToInt64Nanoseconds(spec.timeouts.driver_silence);
-  absl::Time next_grow = absl::Now() + absl::Seconds(1);
+  absl::Time next_grow = base::MonotonicNow() + absl::Seconds(1);
   while (result.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     std::optional<DriverRequest> req = queue.Pop(std::chrono::milliseconds(50));
     // Capacity freed by another job reaches no event here: asked again every second.
-    if (absl::Now() >= next_grow && ranks.ShouldPoll()) {
+    if (base::MonotonicNow() >= next_grow && ranks.ShouldPoll()) {
       ranks.Grow();
-      next_grow = absl::Now() + absl::Seconds(1);
+      next_grow = base::MonotonicNow() + absl::Seconds(1);
     }
     if (req && req->kind == "add_node" && cluster.local != nullptr) {
       absl::StatusOr<pid_t> pid = cluster.AddWorkerNode(req->arg);
@@ -426,9 +436,9 @@ absl::StatusOr<JobReport> AwaitReport(const train::JobSpec& spec, const TrainOpt
       ranks.Forget(req->arg);
     } else if (req && req->kind == "head_lost") {
       TROUPE_RETURN_IF_ERROR(RejoinHead(req->arg, options, client, driver, st, out));
-      st.last_heard_ns = absl::ToUnixNanos(absl::Now());
+      st.last_heard_ns = absl::ToUnixNanos(base::MonotonicNow());
     }
-    if (absl::ToUnixNanos(absl::Now()) - st.last_heard_ns.load() > silence_ns) {
+    if (absl::ToUnixNanos(base::MonotonicNow()) - st.last_heard_ns.load() > silence_ns) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no word from the coordinator for ", absl::FormatDuration(spec.timeouts.driver_silence),
           " (timeouts.driver_silence; is any worker left to run it?)"));
@@ -545,7 +555,7 @@ absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions
   st->out = &out;
   st->queue = &queue;
   st->client = &client;
-  st->last_heard_ns = absl::ToUnixNanos(absl::Now());
+  st->last_heard_ns = absl::ToUnixNanos(base::MonotonicNow());
   st->events = events;
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
   // Messages between this process and the coordinator or ranks take connections of their own,

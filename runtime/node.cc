@@ -15,6 +15,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
@@ -26,6 +27,7 @@
 #include "internal/roles.h"
 #include "internal/tls.h"
 #include "troupe/runtime/log.h"
+#include "troupe/runtime/metadata_sim.h"
 
 namespace troupe::runtime::internal {
 namespace {
@@ -42,6 +44,8 @@ struct Workers {
   std::atomic<bool> rejoin{false};  // the head declared this node dead; join again
   int64_t incarnation = 0;          // joins so far - 1: worker ids start at incarnation * workers
   std::optional<PreemptionNotice> notice;  // from the cloud's metadata (under mu), until drained
+  // --metadata_endpoint=simulate: the cloud's metadata this node serves itself (spot-notice).
+  std::unique_ptr<MetadataSimulator> metadata;
   // Jobs' drivers (`troupe train --job ID`) the head placed here: to start (under mu), running.
   std::vector<std::pair<std::string, std::string>> jobs_to_start;  // (id, spec TOML)
   std::map<pid_t, std::string> jobs;                               // pid -> job id
@@ -80,9 +84,21 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
       [w](rejoin_atom) { w->rejoin = true; },
       // Chaos on this host: a preemption notice, delivered as the cloud's would be (SIGTERM to
       // this agent), or a network fault on its links.
-      [](node_fault_atom, const NodeFault& f) {
+      [w](node_fault_atom, const NodeFault& f) {
         if (f.kind == NodeFaultKind::kPreempt) {
           kill(getpid(), SIGTERM);
+          return;
+        }
+        if (f.kind == NodeFaultKind::kSpotNotice) {
+          // The cloud's own notice, as the watcher reads it (HTTP, the provider's format).
+          if (w->metadata == nullptr) {
+            LogError("node",
+                     "chaos: spot-notice needs a simulated metadata endpoint "
+                     "(--preemption_source aws|gce --metadata_endpoint simulate)");
+            return;
+          }
+          w->metadata->Preempt();
+          LogWarn("node", "chaos: spot notice on this node's (simulated) metadata endpoint");
           return;
         }
         absl::Status s = StartNetworkFault(f);
@@ -204,7 +220,8 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
                    OneOf({"none", "sigterm", "aws", "gce"}));
   config.AddString("metadata_endpoint", &c.metadata_endpoint,
                    "the cloud's metadata server, http://HOST[:PORT] (default: aws "
-                   "http://169.254.169.254, gce http://metadata.google.internal)");
+                   "http://169.254.169.254, gce http://metadata.google.internal); simulate: "
+                   "this node serves one itself on loopback, which chaos's spot-notice flips");
   config.AddDuration("preemption_poll", &c.preemption_poll,
                      "between polls of the metadata server (gce: the longest wait for a change)");
   if (int rc = ParseCommandLine("node",
@@ -231,6 +248,32 @@ std::vector<std::string> GpuIds(int gpus) {
 }
 
 // The node's worker processes, each with its share of the GPUs and its own log files.
+// Chaos's clock steps (clock-step): with TROUPE_CLOCK_STEP_DIR set, each worker runs with
+// libtroupe_clock_step.so preloaded (tools/clock_step.cc, beside the troupe binary): its wall
+// clock is offset by the nanoseconds in <dir>/<worker id>.offset, which the worker itself writes
+// when the fault strikes it. Its monotonic clock is untouched, as under an NTP step.
+// (libfaketime cannot do this: with its monotonic clock left alone, its absolute monotonic
+// sleeps fail with EINVAL and its monotonic condition-variable waits time out at once.)
+void ClockStepEnvironment(const std::string& worker, std::map<std::string, std::string>* env) {
+  const char* dir = getenv("TROUPE_CLOCK_STEP_DIR");
+  if (dir == nullptr || *dir == '\0') return;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return;
+  std::string lib(exe, static_cast<size_t>(n));
+  lib = lib.substr(0, lib.rfind('/') + 1) + "libtroupe_clock_step.so";
+  if (access(lib.c_str(), R_OK) != 0) {
+    LogError("node", "TROUPE_CLOCK_STEP_DIR is set but " + lib + " is missing: no clock steps");
+    return;
+  }
+  mkdir(dir, 0755);
+  const std::string file =
+      absl::StrCat(dir, "/", absl::StrReplaceAll(worker, {{"/", "_"}}), ".offset");
+  std::ofstream(file) << "0\n";
+  (*env)["LD_PRELOAD"] = lib;
+  (*env)["TROUPE_CLOCK_STEP_FILE"] = file;
+}
+
 void StartWorkers(const NodeConfig& c, Workers& w) {
   mkdir(c.co.log_dir.c_str(), 0755);
   const int gpus = GpuCount(c.resources);
@@ -263,6 +306,7 @@ void StartWorkers(const NodeConfig& c, Workers& w) {
       absl::StrAppend(&visible, g ? "," : "", gpu_ids[i * per_worker + g]);
     }
     spec.env["CUDA_VISIBLE_DEVICES"] = visible;
+    ClockStepEnvironment(id, &spec.env);
     spec.stdout_path = file + ".out";
     spec.stderr_path = file + ".err";
     auto pid = StartProcess(spec);
@@ -434,6 +478,10 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   }
   auto w = std::make_shared<Workers>();
   std::unique_ptr<PreemptionWatcher> watcher;
+  if (c.metadata_endpoint == "simulate") {
+    w->metadata = std::make_unique<MetadataSimulator>();
+    c.metadata_endpoint = w->metadata->endpoint();
+  }
   if (c.source == PreemptionSource::kAws || c.source == PreemptionSource::kGce) {
     auto started = PreemptionWatcher::Start({c.source, c.metadata_endpoint, c.preemption_poll},
                                             [w](const PreemptionNotice& n) {

@@ -7,14 +7,14 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-#include "troupe/runtime/fake_metadata.h"
+#include "troupe/runtime/metadata_sim.h"
 
 namespace troupe::runtime::internal {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-using testing::FakeMetadataServer;
+using troupe::runtime::MetadataSimulator;
 
 // Collects the one notice a watcher gives.
 struct Heard {
@@ -47,7 +47,7 @@ TEST(PreemptionWatcherTest, SourcesParseByNameAndAnythingElseIsAnError) {
 }
 
 TEST(PreemptionWatcherTest, AwsInstanceActionIsHeardWithTheCloudsDeadline) {
-  FakeMetadataServer server;
+  MetadataSimulator server;
   Heard heard;
   auto w = PreemptionWatcher::Start({PreemptionSource::kAws, server.endpoint(), milliseconds(20)},
                                     heard.Callback());
@@ -68,7 +68,7 @@ TEST(PreemptionWatcherTest, AwsInstanceActionIsHeardWithTheCloudsDeadline) {
 }
 
 TEST(PreemptionWatcherTest, AwsRenewsARefusedSessionToken) {
-  FakeMetadataServer server;
+  MetadataSimulator server;
   Heard heard;
   auto w = PreemptionWatcher::Start({PreemptionSource::kAws, server.endpoint(), milliseconds(20)},
                                     heard.Callback());
@@ -81,7 +81,7 @@ TEST(PreemptionWatcherTest, AwsRenewsARefusedSessionToken) {
 }
 
 TEST(PreemptionWatcherTest, GceHangingGetAnswersWhenPreemptedNotAtTheNextPoll) {
-  FakeMetadataServer server;
+  MetadataSimulator server;
   Heard heard;
   // Waits of up to 30 s: a notice heard within a second came from the hanging GET.
   auto w = PreemptionWatcher::Start({PreemptionSource::kGce, server.endpoint(), seconds(30)},
@@ -100,7 +100,7 @@ TEST(PreemptionWatcherTest, GceHangingGetAnswersWhenPreemptedNotAtTheNextPoll) {
 
 TEST(PreemptionWatcherTest, StoppingCutsOffAWaitInFlightAndAnUnreachableEndpointIsRetried) {
   {
-    FakeMetadataServer server;
+    MetadataSimulator server;
     auto w = PreemptionWatcher::Start({PreemptionSource::kGce, server.endpoint(), seconds(30)},
                                       [](const PreemptionNotice&) {});
     ASSERT_TRUE(w.ok()) << w.status();
@@ -113,7 +113,7 @@ TEST(PreemptionWatcherTest, StoppingCutsOffAWaitInFlightAndAnUnreachableEndpoint
   // Nothing listens on the port any more: the watcher keeps trying, and stops when asked.
   std::string gone;
   {
-    FakeMetadataServer server;
+    MetadataSimulator server;
     gone = server.endpoint();
   }
   auto w = PreemptionWatcher::Start({PreemptionSource::kAws, gone, milliseconds(20)},

@@ -126,9 +126,10 @@ struct Verdict {
   }
 };
 
-// The environment variable that marks every process of one trial (the driver, and through it
-// the head, node agents and workers, which inherit it): its value is the trial's directory.
-constexpr char kTrialMarker[] = "TROUPE_CHAOS_TRIAL";
+bool HasClockStep(const std::vector<train::Fault>& schedule) {
+  return std::any_of(schedule.begin(), schedule.end(),
+                     [](const train::Fault& f) { return f.kind == train::FaultKind::kClockStep; });
+}
 
 class Runner {
  public:
@@ -151,7 +152,7 @@ class Runner {
                                      "--work_dir", dir,     "--report", dir + "/report.txt"};
     for (const train::Fault& f : schedule) argv.insert(argv.end(), {"--chaos", f.ToString()});
     Run r;
-    const Child c = RunChild(std::move(argv), {{"TMPDIR", dir + "/tmp"}, {kTrialMarker, dir}},
+    const Child c = RunChild(std::move(argv), TrialEnvironment(dir, HasClockStep(schedule), true),
                              dir + "/out.txt", flags_.trial_timeout);
     r.exit_code = c.exit_code;
     r.seconds = c.seconds;
@@ -166,7 +167,8 @@ class Runner {
     fs::remove_all(dir, ec);
     fs::create_directories(dir, ec);
     Run r;
-    const std::map<std::string, std::string> env = {{kTrialMarker, dir}};
+    const std::map<std::string, std::string> env =
+        TrialEnvironment(dir, HasClockStep(schedule), false);
     ChaosLab lab(lab_script_, self_, static_cast<int>(flags_.lab));
     if (absl::Status up = lab.Up(env); !up.ok()) {
       r.exit_code = Child::kNotStarted;

@@ -25,6 +25,14 @@ namespace fs = std::filesystem;
 
 std::atomic<bool> g_chaos_stop{false};
 
+std::map<std::string, std::string> TrialEnvironment(const std::string& dir, bool clock_steps,
+                                                    bool own_tmp) {
+  std::map<std::string, std::string> env = {{kTrialMarker, dir}};
+  if (own_tmp) env["TMPDIR"] = dir + "/tmp";
+  if (clock_steps) env["TROUPE_CLOCK_STEP_DIR"] = dir + "/clocks";
+  return env;
+}
+
 Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
                const std::string& out_path, std::chrono::nanoseconds timeout, bool finish) {
   // Everything the child needs is built before fork: it only calls async-signal-safe functions.
@@ -198,8 +206,10 @@ absl::Status ChaosLab::Up(const std::map<std::string, std::string>& env) {
   bool ok = background(Host(hosts), HeadArgv(), shared_ + "/logs/head.txt");
   for (int i = 1; i <= workers_ && ok; ++i) {
     ok = background(Host(i),
+                    // Spot machines of a (simulated) cloud: spot-notice flips their endpoint.
                     {troupe_, "node", "--head", head_, "--name", Host(i), "--workers", "1",
-                     "--log_dir", shared_ + "/logs"},
+                     "--log_dir", shared_ + "/logs", "--preemption_source", "aws",
+                     "--metadata_endpoint", "simulate", "--preemption_poll", "500ms"},
                     absl::StrCat(shared_, "/logs/node-", Host(i), ".txt"));
   }
   if (!ok || Run(OnHeadHost({troupe_, "status", "--head", head_, "--wait_workers",

@@ -37,6 +37,16 @@ struct Child {
 // group of its own (a terminal's Ctrl-C reaches the runner only), stdout and stderr to
 // `out_path`; killed (its group: TERM, then KILL) after `timeout`, or once g_chaos_stop is set
 // unless `finish` (a clean-up that must run to its end, as removing a lab).
+// The environment variable that marks every process of one trial (the driver, and through it
+// the head, node agents and workers, which inherit it): its value is the trial's directory.
+inline constexpr char kTrialMarker[] = "TROUPE_CHAOS_TRIAL";
+
+// What a trial's processes inherit: the marker, a TMPDIR of its own (`own_tmp`: one machine),
+// and with `clock_steps` where clock-step's offsets go (node agents then preload
+// libtroupe_clock_step.so into their workers: runtime/node.cc).
+std::map<std::string, std::string> TrialEnvironment(const std::string& dir, bool clock_steps,
+                                                    bool own_tmp);
+
 Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::string>& env,
                const std::string& out_path, std::chrono::nanoseconds timeout, bool finish = false);
 

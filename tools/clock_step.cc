@@ -25,7 +25,7 @@ ClockGettime Real() {
 }
 
 std::atomic<int64_t> g_offset_ns{0};
-std::atomic<int64_t> g_read_at_ns{INT64_MIN};
+std::atomic<int64_t> g_read_at_ns{-1};  // never
 
 int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec; }
 
@@ -34,7 +34,8 @@ int64_t Offset() {
   struct timespec now;
   if (Real() == nullptr || Real()(CLOCK_MONOTONIC_COARSE, &now) != 0) return 0;
   const int64_t t = Nanos(now);
-  if (t - g_read_at_ns.load(std::memory_order_relaxed) < 50000000) {
+  const int64_t last = g_read_at_ns.load(std::memory_order_relaxed);
+  if (last >= 0 && t - last < 50000000) {
     return g_offset_ns.load(std::memory_order_relaxed);
   }
   g_read_at_ns.store(t, std::memory_order_relaxed);
@@ -73,7 +74,7 @@ int clock_gettime(clockid_t id, struct timespec* t) {
 int gettimeofday(struct timeval* tv, void* /*tz*/) {
   struct timespec t;
   const int r = clock_gettime(CLOCK_REALTIME, &t);
-  if (r == 0 && tv != nullptr) {
+  if (r == 0) {  // glibc declares tv non-null
     tv->tv_sec = t.tv_sec;
     tv->tv_usec = t.tv_nsec / 1000;
   }

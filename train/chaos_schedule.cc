@@ -17,6 +17,7 @@ using Words = base::SeededWords;  // the trial's draws
 bool TargetsARank(FaultKind k) {
   return k == FaultKind::kKillWorker || k == FaultKind::kStopWorker ||
          k == FaultKind::kHangWorker || k == FaultKind::kKillShardAndBuddy ||
+         k == FaultKind::kSpotNotice || k == FaultKind::kClockStep ||
          k == FaultKind::kSigtermNode || k == FaultKind::kPartitionNode ||
          k == FaultKind::kDropNode || k == FaultKind::kDelayNode || k == FaultKind::kOneWayNode ||
          k == FaultKind::kFlapNode;
@@ -39,6 +40,7 @@ int Removes(FaultKind k, bool coordinator_on_a_worker) {
     case FaultKind::kStopWorker:
     case FaultKind::kHangWorker:
     case FaultKind::kSigtermNode:
+    case FaultKind::kSpotNotice:
     case FaultKind::kPartitionNode:
     case FaultKind::kOneWayNode:
     case FaultKind::kFlapNode:
@@ -57,7 +59,8 @@ std::vector<FaultKind> OneHostFaultKinds() {
       FaultKind::kKillWorker,        FaultKind::kStopWorker,       FaultKind::kKillShardAndBuddy,
       FaultKind::kSigtermNode,       FaultKind::kJoinWorker,       FaultKind::kKillCoordinator,
       FaultKind::kCrashInCheckpoint, FaultKind::kStallCoordinator, FaultKind::kHangWorker,
-      FaultKind::kDiskFull,          FaultKind::kDiskFail,         FaultKind::kDiskSlow};
+      FaultKind::kDiskFull,          FaultKind::kDiskFail,         FaultKind::kDiskSlow,
+      FaultKind::kSpotNotice,        FaultKind::kClockStep};
 }
 
 std::vector<FaultKind> LabFaultKinds() {
@@ -189,7 +192,8 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
   for (const Fault& f : schedule) {
     if (f.kind == FaultKind::kKillShardAndBuddy) ++pairs;
     if (f.kind != FaultKind::kKillShardAndBuddy && Removes(f.kind, coordinator_on_a_worker) == 1 &&
-        f.kind != FaultKind::kSigtermNode && ++removed_at[f.step] == 2) {
+        f.kind != FaultKind::kSigtermNode && f.kind != FaultKind::kSpotNotice &&
+        ++removed_at[f.step] == 2) {
       ++pairs;  // a drain hands its state over first: it loses nothing
     }
   }

@@ -82,7 +82,8 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
   switch (f.kind) {
     case FaultKind::kKillWorker:
     case FaultKind::kStopWorker:
-    case FaultKind::kHangWorker: {
+    case FaultKind::kHangWorker:
+    case FaultKind::kClockStep: {
       const int r = FaultRank(f.arg, world);
       armed.Set("rank", r).Set("worker", t.workers[r]).Set("point", StepPointName(f.point));
       actions.push_back(Armed(armed, t.generation));
@@ -109,6 +110,7 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
       break;
     }
     case FaultKind::kSigtermNode:
+    case FaultKind::kSpotNotice:
     case FaultKind::kPartitionNode:
     case FaultKind::kDropNode:
     case FaultKind::kDelayNode:

@@ -48,8 +48,8 @@ struct FaultTargets {
 // What firing one fault takes.
 struct FiredFault {
   // Its fault_armed event (kEvent) first, then what carries it out: kKillWorker (one, or a rank
-  // and its buddy; signal 0: hang-worker), kNodeFault, kAddNode, kCrashSelf, kStallSelf,
-  // kArmCrash. A disk fault is its event alone (the checkpoint stores carry it out).
+  // and its buddy; signal 0: hang-worker or clock-step), kNodeFault, kAddNode, kCrashSelf,
+  // kStallSelf, kArmCrash. A disk fault is its event alone (the checkpoint stores carry it out).
   std::vector<CoordinatorAction> actions;
   // The step must not start now: this process dies (kill-coordinator), or a joiner is awaited.
   bool hold = false;

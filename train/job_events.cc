@@ -28,7 +28,8 @@ bool FaultAwaitsRecovery(FaultKind kind) {
   return kind != FaultKind::kSigtermNode && kind != FaultKind::kJoinWorker &&
          kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode &&
          kind != FaultKind::kStallCoordinator && kind != FaultKind::kDelayNode &&
-         kind != FaultKind::kOneWayNode && kind != FaultKind::kFlapNode && !IsDiskFault(kind);
+         kind != FaultKind::kOneWayNode && kind != FaultKind::kFlapNode && !IsDiskFault(kind) &&
+         kind != FaultKind::kSpotNotice && kind != FaultKind::kClockStep;
 }
 
 namespace {
@@ -81,6 +82,14 @@ std::string DescribeFaultArmed(const SupervisionEvent& e) {
   }
   if (kind == "sigterm-node") {
     return absl::StrCat("chaos: SIGTERM to node ", e.Field("node"), " before step ", step);
+  }
+  if (kind == "spot-notice") {
+    return absl::StrCat("chaos: the cloud's spot notice to node ", e.Field("node"),
+                        " through its metadata endpoint, before step ", step);
+  }
+  if (kind == "clock-step") {
+    return absl::StrCat("chaos: the wall clock of rank ", e.Field("rank"), " (", e.Field("worker"),
+                        ") steps ([chaos] clock_step) ", when);
   }
   if (kind == "partition-node" || kind == "drop-node") {
     return absl::StrCat("chaos: node ", e.Field("node"), "'s host ",

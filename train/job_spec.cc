@@ -49,6 +49,8 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kDiskFull, "disk-full"},
     {FaultKind::kDiskFail, "disk-fail"},
     {FaultKind::kDiskSlow, "disk-slow"},
+    {FaultKind::kSpotNotice, "spot-notice"},
+    {FaultKind::kClockStep, "clock-step"},
 };
 }  // namespace
 
@@ -250,6 +252,7 @@ void ReadChaos(Section& s, JobSpec& spec) {
   s.Duration("jitter", &spec.jitter, /*zero_ok=*/true);
   s.Duration("flap_period", &spec.flap_period);
   s.Duration("disk_delay", &spec.disk_delay);
+  s.SignedDuration("clock_step", &spec.clock_step);
   if (spec.flap_period < absl::Milliseconds(50)) {  // each flap runs iptables twice
     s.Fail("flap_period", "at least 50ms",
            absl::StrCat("\"", absl::FormatDuration(spec.flap_period), "\""));
@@ -467,7 +470,8 @@ std::string JobSpec::ToToml() const {
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
       "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
       absl::FormatDuration(jitter), "\"\nflap_period = \"", absl::FormatDuration(flap_period),
-      "\"\ndisk_delay = \"", absl::FormatDuration(disk_delay), "\"\n\n[timeouts]\nliveness = \"",
+      "\"\ndisk_delay = \"", absl::FormatDuration(disk_delay), "\"\nclock_step = \"",
+      absl::FormatDuration(clock_step), "\"\n\n[timeouts]\nliveness = \"",
       absl::FormatDuration(timeouts.liveness), "\"\ncollective = \"",
       absl::FormatDuration(timeouts.collective), "\"\nbootstrap = \"",
       absl::FormatDuration(timeouts.bootstrap), "\"\nrpc = \"", absl::FormatDuration(timeouts.rpc),

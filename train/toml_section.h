@@ -109,6 +109,19 @@ class Section {
     }
     *out = d;
   }
+  // A non-zero duration that may be negative: "1h", "-30s".
+  void SignedDuration(const char* key, absl::Duration* out) {
+    const toml::node* n = Find(key);
+    if (n == nullptr) return;
+    std::optional<std::string> v = n->value_exact<std::string>();
+    absl::Duration d;
+    if (!v || !absl::ParseDuration(*v, &d) || d == absl::ZeroDuration() ||
+        d == absl::InfiniteDuration() || d == -absl::InfiniteDuration()) {
+      return Fail(key, "a non-zero duration such as \"1h\" or \"-30s\"",
+                  v ? absl::StrCat("\"", *v, "\"") : TypeName(n->type()));
+    }
+    *out = d;
+  }
   const toml::node* Raw(const char* key) { return Find(key); }
   void Fail(const std::string& key, const std::string& expected, const std::string& got) {
     if (err_->ok()) {

@@ -1,6 +1,6 @@
 // Spot lifecycle end to end (issue 17). A cluster of real processes — a head, spot node agents
 // (one worker each) and an on-demand node for the coordinator — each spot node watching its own
-// cloud's metadata server (a FakeMetadataServer: real HTTP on loopback, AWS IMDSv2 or GCE) or
+// cloud's metadata server (a MetadataSimulator: real HTTP on loopback, AWS IMDSv2 or GCE) or
 // SIGTERM; a `troupe train --head` job runs on it, and the test gives the notice once the job has
 // committed a few steps. Final weights are compared with a fault-free embedded run's CRC32C.
 #include <gtest/gtest.h>
@@ -25,13 +25,13 @@
 #include "absl/strings/str_join.h"
 #include "job_harness.h"
 #include "troupe/runtime/cluster.h"
-#include "troupe/runtime/fake_metadata.h"
+#include "troupe/runtime/metadata_sim.h"
 
 namespace {
 
 using std::chrono::milliseconds;
 using troupe::runtime::LocalCluster;
-using troupe::runtime::testing::FakeMetadataServer;
+using troupe::runtime::MetadataSimulator;
 using troupe::testing::FindEvents;
 using troupe::testing::JobRun;
 using troupe::testing::ReadReport;
@@ -43,7 +43,7 @@ constexpr int kNoticeStep = 6;  // the notice comes once this many steps are com
 
 struct SpotCluster {
   std::unique_ptr<LocalCluster> local;
-  std::vector<std::unique_ptr<FakeMetadataServer>> metadata;  // node s<i>'s cloud
+  std::vector<std::unique_ptr<MetadataSimulator>> metadata;  // node s<i>'s cloud
   std::string head;                                           // HOST:PORT
 };
 
@@ -77,7 +77,7 @@ class SpotJobTest : public troupe::testing::JobTest {
       std::vector<std::string> args = {"--grace",           "30s", "--preemption_source", source,
                                        "--preemption_poll", "50ms"};
       if (source == "aws" || source == "gce") {
-        c.metadata.push_back(std::make_unique<FakeMetadataServer>());
+        c.metadata.push_back(std::make_unique<MetadataSimulator>());
         args.insert(args.end(), {"--metadata_endpoint", c.metadata.back()->endpoint()});
       }
       EXPECT_TRUE(c.local->AddNode(absl::StrCat("s", i), 1, "cpu=1", "spot=true", args).ok());

@@ -3,6 +3,7 @@
 // checkpoint shard, and a checkpoint disk that fails, fills up or slows down. Each run is
 // `troupe train` as a real process tree; each must end with the fault-free run's weights.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -20,6 +21,7 @@ using troupe::base::FormatEvent;
 using troupe::base::SupervisionEvent;
 using troupe::testing::FindEvents;
 using troupe::testing::JobRun;
+using troupe::testing::Slurp;
 
 class NewFaultsTest : public troupe::testing::JobTest {
  protected:
@@ -120,5 +122,65 @@ TEST_F(NewFaultsTest, AFailingOrFullDiskDropsItsCheckpointsAndTheJobGoesOn) {
   }
   ExpectExactlyOnce("disk", -1, r.report.steps_lost);
 }
+
+// spot-notice: the node of rank 1 serves its cloud's metadata itself (simulated AWS IMDSv2) and
+// its agent watches it; the fault flips it to an instance-action. The agent drains: rank 1 is
+// handed over at a step boundary, nothing lost.
+TEST_F(NewFaultsTest, ASpotNoticeThroughTheMetadataEndpointDrainsTheNodeLosingNothing) {
+  const std::string want = Reference();
+  JobRun r = Train("spot", {"--workers", "4", "--chaos", "spot-notice@6:1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(HasEvent("spot", "fault_armed", {{"kind", "spot-notice"}})) << EventLogText("spot");
+  EXPECT_TRUE(HasEvent("spot", "drain")) << EventLogText("spot");
+  EXPECT_TRUE(HasEvent("spot", "generation", {{"trigger", "drain"}, {"world", "3"}}))
+      << EventLogText("spot");
+  // The agent saw the cloud's notice, not a SIGTERM.
+  const std::string agent =
+      Slurp(base_ + "/spot/logs/node-n1.err") + Slurp(base_ + "/spot/logs/node-n1.out");
+  EXPECT_NE(agent.find("spot notice on this node's (simulated) metadata endpoint"),
+            std::string::npos)
+      << agent;
+  EXPECT_EQ(r.report.world, 3) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("spot");
+}
+
+// clock-step: ranks 1 and 2's wall clocks jump (their own processes only, through the preloaded
+// libtroupe_clock_step.so) while the job trains. No timeout reads the wall clock: nothing fails,
+// one generation from start to end.
+class ClockStepTest : public NewFaultsTest {
+ protected:
+  void Step(const std::string& name) {
+    const std::string want = Reference();
+    const std::string clocks = base_ + "/" + name + "/clocks";
+    setenv("TROUPE_CLOCK_STEP_DIR", clocks.c_str(), 1);
+    JobRun r =
+        Train(name, {"--workers", "4", "--chaos", "clock-step@5:1", "--chaos", "clock-step@9:2"});
+    unsetenv("TROUPE_CLOCK_STEP_DIR");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<SupervisionEvent> fired =
+        FindEvents(Events(name), "fault_fired", {{"kind", "clock-step"}});
+    ASSERT_EQ(fired.size(), 2u) << EventLogText(name);
+    int stepped = 0;
+    for (const auto& f : fs::directory_iterator(clocks)) {
+      stepped += Slurp(f.path().string()) != "0\n";
+    }
+    EXPECT_EQ(stepped, 2) << "two workers' clocks stepped";
+    EXPECT_EQ(r.report.generations, 1) << r.output;
+    EXPECT_EQ(r.report.world, 4) << r.output;
+    EXPECT_EQ(r.report.crc, want) << r.output;
+    ExpectExactlyOnce(name);
+  }
+};
+
+TEST_F(ClockStepTest, AnHourForwardIsNoFailure) { Step("forward"); }
+
+class BackwardClockStepTest : public ClockStepTest {
+ protected:
+  BackwardClockStepTest() { spec_extra_ += "[chaos]\nclock_step = \"-1h\"\n"; }
+};
+
+TEST_F(BackwardClockStepTest, AnHourBackIsNoFailure) { Step("back"); }
 
 }  // namespace

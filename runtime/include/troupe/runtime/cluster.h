@@ -118,7 +118,7 @@ using release_node_atom = caf::atom_constant<caf::atom("tr_relnode")>;
 // needs no netem) — each healed after `duration_ms` by a process of their own (the heal happens
 // even if the agent dies meanwhile); iptables rules in the host's network namespace, loopback
 // untouched, so they need CAP_NET_ADMIN there (root on a host of its own).
-enum class NodeFaultKind { kPreempt, kPartition, kDrop, kDelay, kOneWay, kFlap };
+enum class NodeFaultKind { kPreempt, kPartition, kDrop, kDelay, kOneWay, kFlap, kSpotNotice };
 struct NodeFault {
   NodeFaultKind kind = NodeFaultKind::kPreempt;
   int64_t duration_ms = 0;
@@ -145,6 +145,8 @@ inline std::string to_string(NodeFaultKind x) {
       return "one-way partition";
     case NodeFaultKind::kFlap:
       return "flapping";
+    case NodeFaultKind::kSpotNotice:
+      return "spot notice";
   }
   return "?";
 }

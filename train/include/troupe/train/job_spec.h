@@ -15,7 +15,8 @@
 //                ("1f1b" or "gpipe")
 //   [checkpoint] dir, every (steps), keep_last
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
-//                drop_percent, delay and jitter (durations), flap_period, stall, disk_delay
+//                drop_percent, delay and jitter (durations), flap_period, stall, disk_delay,
+//                clock_step
 //   [timeouts]   liveness, collective, bootstrap, rpc, retry, join_wait, watchdog,
 //                driver_silence, cluster_start: durations such as "2s", "300ms" (see Timeouts)
 //
@@ -77,6 +78,15 @@ namespace troupe::train {
 //                            (N default checkpoint.every): each write fails half-way with ENOSPC
 //   disk-fail@S[:N]          the same disk fails instead: every fsync returns EIO
 //   disk-slow@S[:N]          the same disk is slow: every write and fsync waits [chaos] disk_delay
+//   spot-notice@S[:R]        the node of rank R gets its cloud's spot notice through the metadata
+//                            endpoint its agent watches (an AWS instance-action, or GCE's
+//                            preempted; a simulated endpoint: --metadata_endpoint simulate) before
+//                            step S; handed over like sigterm-node's
+//   clock-step@S[:R]         the wall clock of rank R's process steps by [chaos] clock_step
+//                            (default +1h; "-1h" steps it back) before step S, as an NTP step
+//                            would; its monotonic clock does not (the worker runs with
+//                            libtroupe_clock_step.so preloaded when TROUPE_CLOCK_STEP_DIR is set,
+//                            as `troupe chaos run` does)
 //   kill-head@S, stop-head@S the head killed (-9) and started again from its store 0.3 s later, or
 //                            stopped (SIGSTOP) for [chaos] network_fault, once step S is
 //                            committed: carried out by `troupe chaos run --lab` on the head's host
@@ -105,9 +115,11 @@ enum class FaultKind {
   kDiskFull,
   kDiskFail,
   kDiskSlow,
+  kSpotNotice,
+  kClockStep,
 };
 // The last kind (for listing them all).
-constexpr FaultKind kLastFaultKind = FaultKind::kDiskSlow;
+constexpr FaultKind kLastFaultKind = FaultKind::kClockStep;
 // disk-full, disk-fail, disk-slow: the checkpoint store's FileSystem carries them out
 // (chaos_file_system.h), in every process that writes checkpoints.
 bool IsDiskFault(FaultKind kind);
@@ -204,6 +216,7 @@ struct JobSpec {
   absl::Duration jitter = absl::Milliseconds(1);       // delay-node: ± (uniform), at most delay
   absl::Duration flap_period = absl::Seconds(1);       // flap-node: each cut, and each gap
   absl::Duration disk_delay = absl::Milliseconds(50);  // disk-slow: each write and fsync
+  absl::Duration clock_step = absl::Hours(1);          // clock-step: by how much (+ or -)
   Timeouts timeouts;
 
   std::string ToToml() const;
