@@ -44,7 +44,7 @@ constexpr int kNoticeStep = 6;  // the notice comes once this many steps are com
 struct SpotCluster {
   std::unique_ptr<LocalCluster> local;
   std::vector<std::unique_ptr<MetadataSimulator>> metadata;  // node s<i>'s cloud
-  std::string head;                                           // HOST:PORT
+  std::string head;                                          // HOST:PORT
 };
 
 class SpotJobTest : public troupe::testing::JobTest {
