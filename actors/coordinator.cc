@@ -52,7 +52,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
           spec_.model.type, " size ", spec_.model.size, "), got ", spec_.pipeline_stages));
     }
   }
-  disk_ = std::make_unique<train::ChaosFileSystem>(train::PosixFileSystem(),
+  disk_ = std::make_unique<train::ChaosFileSystem>(train::PosixFileSystem(), spec_.CheckpointDir(),
                                                    train::DiskFaultsOf(spec_));
   absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store = train::CheckpointStore::Open(
       {.dir = spec_.CheckpointDir(),

@@ -84,6 +84,7 @@ void Coordinator::Do(const train::CoordinatorAction& a) {
       if (e.event.rfind("checkpoint_", 0) == 0 || e.event == "final_checkpoint_failed") {
         e.Set("path", store_->StepDir(e.IntField("step")));
       }
+      if (e.event == "fault_armed") armed_at_ns_ = absl::ToUnixNanos(absl::Now());
       return LogEvent(std::move(e));
     }
     case Kind::kFinish:
@@ -220,7 +221,9 @@ void Coordinator::Committed(const train::CoordinatorAction& a) {
     // a time across processes, so the wall clock.
     std::optional<base::SupervisionEvent> fault =
         train::NewestRecoveryFault(train::ReadEventLog(train::EventLogPath(spec_.work_dir)));
-    if (fault && fault->IntField("at_ns", 0) > 0) {
+    // Only a fault that struck since the newest was armed: a kill mid-checkpoint strikes on the
+    // writer thread, which a commit may beat; an older fault's time would be no recovery's.
+    if (fault && fault->IntField("at_ns", 0) > 0 && fault->IntField("at_ns") >= armed_at_ns_) {
       const double r =
           absl::ToDoubleSeconds(absl::Now() - absl::FromUnixNanos(fault->IntField("at_ns")));
       if (report_.recovery_seconds < 0) report_.recovery_seconds = r;

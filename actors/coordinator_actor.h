@@ -140,6 +140,7 @@ class Coordinator {
   int64_t tokens_per_microbatch_ = 0;
   std::optional<model::GptConfig> gpt_config_;
   std::unique_ptr<train::ChaosFileSystem> disk_;  // under store_
+  int64_t armed_at_ns_ = 0;  // wall time the newest fault was armed (recovery is measured after)
   std::unique_ptr<train::CheckpointStore> store_;
   std::unique_ptr<train::CoordinatorCore> core_;
   std::unique_ptr<train::EventLog> events_;  // <work_dir>/logs/events.log

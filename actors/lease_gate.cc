@@ -18,6 +18,7 @@ bool NeedsLease(train::CoordinatorAction::Kind kind) {
     case train::CoordinatorAction::Kind::kCheckpoint:
     case train::CoordinatorAction::Kind::kCommitted:
     case train::CoordinatorAction::Kind::kFinish:
+    case train::CoordinatorAction::Kind::kEvict:  // a superseded coordinator evicts nobody
       return true;
     default:
       return false;

@@ -148,7 +148,8 @@ class RankState {
     // Chaos on the checkpoint disk, and kills in the middle of writing a shard, live under the
     // store (chaos_file_system.h).
     disk_ = std::make_unique<train::ChaosFileSystem>(
-        train::PosixFileSystem(), train::DiskFaultsOf(spec_), [this](int64_t step) {
+        train::PosixFileSystem(), spec_.CheckpointDir(), train::DiskFaultsOf(spec_),
+        [this](int64_t step) {
           if (kill_at_step_.load() == step &&
               kill_point_.load() == static_cast<int32_t>(train::StepPoint::kCheckpoint)) {
             FireArmedFault(step, train::StepPoint::kCheckpoint);
@@ -173,7 +174,7 @@ class RankState {
     o.collective.timeout = spec_.timeouts.collective;
     o.bucket_bytes = int64_t{spec_.bucket_kib} << 10;
     o.on_serve = [this](int64_t step, int32_t k) {
-      serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_));
+      serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_.load()));
     };
     o.on_point = [this](int64_t step, train::StepPoint point) {
       if (kill_at_step_.load() != step || kill_point_.load() != static_cast<int32_t>(point)) return;
@@ -238,13 +239,23 @@ class RankState {
       raise(sig);
       return;
     }
-    // Stuck for good: only being fenced (SIGKILL from its node) ends it.
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    // Stuck for good: only eviction (the process ends), a fence (SIGKILL from its node) or the
+    // rank's own stop ends it.
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return stopping_; });
   }
 
   // From the actor's thread: the coordinator gave this rank up for good while it was alive. Its
   // step thread may be stuck, which nothing but the end of the process stops.
-  void Evicted(const std::string& why) {
+  // `coordinator_here`: the coordinator that sent it runs in this process.
+  void Evicted(const std::string& why, bool coordinator_here) {
+    // The coordinator's own process (the lab, or a coordinator restarted beside a rank) stays:
+    // the job goes on without this rank, and a stuck step thread waits for the process's end.
+    if (coordinator_here) {
+      runtime::LogWarn(worker_, "evicted from the job (" + why +
+                                    "); this process also runs the job's coordinator, so it stays");
+      return;
+    }
     base::SupervisionEvent e = train::JobEvent("evicted", worker_, "rank");
     e.generation = gen_;
     e.pid = getpid();
@@ -272,7 +283,10 @@ class RankState {
       e.reason =
           "this worker has no clock to step: its node agent ran without TROUPE_CLOCK_STEP_DIR";
     } else {
-      std::ofstream(file) << absl::ToInt64Nanoseconds(spec_.clock_step) << "\n";
+      // Whole or not at all: the preloaded clock re-reads the file every 50 ms.
+      const std::string tmp = absl::StrCat(file, ".tmp");
+      std::ofstream(tmp) << absl::ToInt64Nanoseconds(spec_.clock_step) << "\n";
+      std::rename(tmp.c_str(), file);
       stepped_ns_ = absl::ToInt64Nanoseconds(spec_.clock_step);
     }
     train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
@@ -427,7 +441,19 @@ class RankState {
                                                 WireStatus::From(view.status())});
       return;
     }
-    if (view->end <= view->begin) return;  // a rank that owns only padding writes nothing
+    if (view->end <= view->begin) {  // a rank that owns only padding writes nothing
+      if (kill_at_step_.load() == checkpoint_step &&
+          kill_point_.load() == static_cast<int32_t>(train::StepPoint::kCheckpoint)) {
+        kill_at_step_.store(-1);  // nothing to die in the middle of
+        base::SupervisionEvent e = train::JobEvent("fault_failed", worker_, "rank");
+        e.generation = gen;
+        e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
+            .Set("step", checkpoint_step)
+            .reason = "this rank owns only padding: it writes no shard to be killed in";
+        train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
+      }
+      return;
+    }
     writer_ = std::thread([this, copy, shard = *view, index, checkpoint_step, gen] {
       (void)copy;  // a GPU model's copy lives until written
       absl::StatusOr<train::ShardFileInfo> info = store_->WriteShard(checkpoint_step, index, shard);
@@ -482,7 +508,7 @@ class RankState {
   int in_flight_max_ = 0;
   std::unique_ptr<train::LineLog> serve_log_;
   caf::actor coordinator_;
-  uint64_t gen_ = 0;
+  std::atomic<uint64_t> gen_{0};  // the step thread's; read by the writer and actor threads
   std::atomic<uint64_t> aborted_below_{0};
   std::atomic<int64_t> kill_at_step_{-1};
   std::atomic<int32_t> kill_signal_{SIGKILL};
@@ -542,7 +568,10 @@ absl::Status RegisterTrainingActors(runtime::ActorRegistry& registry) {
                   m.generation, [st, m] { st->NewEpoch(m.epoch); }, /*always=*/true);
             },
             [st](const ArmKill& m) { st->ArmKill(m.step, m.signal, m.fault_kind, m.point); },
-            [st](const Evict& m) { st->Evicted(m.why); },
+            [self, st](const Evict& m) {
+              const caf::strong_actor_ptr& from = self->current_sender();
+              st->Evicted(m.why, from && from->node() == self->system().node());
+            },
             [st](const AskFinal& m) {
               st->Post(m.generation, [st, m] { st->Final(m.generation); });
             },

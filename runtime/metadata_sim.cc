@@ -3,6 +3,8 @@
 #include <httplib.h>
 
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -75,6 +77,10 @@ MetadataSimulator::MetadataSimulator() : impl_(std::make_unique<Impl>()) {
                   res.set_content(i->preempted ? "TRUE" : "FALSE", "text/plain");
                 });
   i->port = i->server.bind_to_any_port("127.0.0.1");
+  if (i->port < 0) {  // no loopback port at all: nothing this process can go on without
+    std::fprintf(stderr, "metadata simulator: cannot bind a port on 127.0.0.1\n");
+    std::abort();
+  }
   i->thread = std::thread([i] { i->server.listen_after_bind(); });
   // Until its accept loop runs, stop() would be lost (and the destructor would wait forever).
   while (!i->server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));

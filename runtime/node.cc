@@ -232,6 +232,13 @@ int ParseNodeConfig(const std::vector<std::string>& args, NodeConfig& c) {
     return rc;
   if (c.name.empty()) c.name = HostName();
   c.source = *ParsePreemptionSource(c.preemption_source);  // OneOf above checked it
+  if (c.metadata_endpoint == "simulate" && c.source != PreemptionSource::kAws &&
+      c.source != PreemptionSource::kGce) {
+    std::cerr << "troupe node: --metadata_endpoint: expected an http://HOST[:PORT] endpoint, or "
+                 "simulate with --preemption_source aws or gce, got simulate with "
+              << c.preemption_source << std::endl;
+    return 2;
+  }
   return -1;
 }
 
@@ -270,7 +277,9 @@ void ClockStepEnvironment(const std::string& worker, std::map<std::string, std::
   const std::string file =
       absl::StrCat(dir, "/", absl::StrReplaceAll(worker, {{"/", "_"}}), ".offset");
   std::ofstream(file) << "0\n";
-  (*env)["LD_PRELOAD"] = lib;
+  // After whatever is preloaded already (a sanitizer's runtime must come first).
+  const char* preloaded = getenv("LD_PRELOAD");
+  (*env)["LD_PRELOAD"] = preloaded && *preloaded ? absl::StrCat(preloaded, ":", lib) : lib;
   (*env)["TROUPE_CLOCK_STEP_FILE"] = file;
 }
 

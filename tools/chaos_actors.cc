@@ -117,8 +117,12 @@ std::vector<ActorFault> DrawSchedule(uint64_t seed, int64_t trial, const Draw& d
   return out;
 }
 
+// Faults are never moved earlier than this after the runtime starts: before it, a program's
+// actors may not exist yet, and a fault that finds no actor reproduces nothing.
+constexpr int64_t kEarliestMs = 100;
+
 // Smaller schedules to try after `schedule` failed, most reduced first: each fault removed, then
-// each moved earlier (to half its instant).
+// each moved earlier (to half its instant, not before kEarliestMs).
 std::vector<std::vector<ActorFault>> ShrinkCandidates(const std::vector<ActorFault>& schedule) {
   std::vector<std::vector<ActorFault>> out;
   for (size_t i = 0; i < schedule.size(); ++i) {
@@ -127,7 +131,7 @@ std::vector<std::vector<ActorFault>> ShrinkCandidates(const std::vector<ActorFau
     out.push_back(std::move(fewer));
   }
   for (size_t i = 0; i < schedule.size(); ++i) {
-    if (schedule[i].at_ms == 0) continue;
+    if (schedule[i].at_ms / 2 < kEarliestMs) continue;
     std::vector<ActorFault> earlier = schedule;
     earlier[i].at_ms = schedule[i].at_ms / 2;
     std::stable_sort(earlier.begin(), earlier.end(),

@@ -2,10 +2,12 @@
 // node agent when TROUPE_CLOCK_STEP_DIR is set): the process's wall clock (CLOCK_REALTIME and
 // its coarse variant, gettimeofday, time) runs offset by the signed nanoseconds written in
 // $TROUPE_CLOCK_STEP_FILE, re-read at most every 50 ms of monotonic time; every other clock is
-// the machine's. A write of "3600000000000" to that file is an NTP step of +1 h for this process
-// alone: the machine's clock is never touched.
+// the machine's. A write of "3600000000000" to that file (whole: temp file and rename) is an NTP
+// step of +1 h for this process alone: the machine's clock is never touched. Offsets are absolute
+// (a second step replaces the first). CLOCK_TAI is left alone (troupe never reads it).
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,9 +20,16 @@ namespace {
 
 using ClockGettime = int (*)(clockid_t, struct timespec*);
 
+int Syscall(clockid_t id, struct timespec* t) {
+  return static_cast<int>(syscall(SYS_clock_gettime, id, t));
+}
+
+// libc's clock_gettime (the vDSO's fast path), or the system call if it cannot be found.
 ClockGettime Real() {
-  static const ClockGettime real =
-      reinterpret_cast<ClockGettime>(dlsym(RTLD_NEXT, "clock_gettime"));
+  static const ClockGettime real = [] {
+    auto f = reinterpret_cast<ClockGettime>(dlsym(RTLD_NEXT, "clock_gettime"));
+    return f != nullptr ? f : &Syscall;
+  }();
   return real;
 }
 
@@ -32,7 +41,7 @@ int64_t Nanos(const struct timespec& t) { return int64_t{t.tv_sec} * 1000000000 
 // The offset, from the file when the last read is 50 ms old (a racing reader reads it too).
 int64_t Offset() {
   struct timespec now;
-  if (Real() == nullptr || Real()(CLOCK_MONOTONIC_COARSE, &now) != 0) return 0;
+  if (Real()(CLOCK_MONOTONIC_COARSE, &now) != 0) return 0;
   const int64_t t = Nanos(now);
   const int64_t last = g_read_at_ns.load(std::memory_order_relaxed);
   if (last >= 0 && t - last < 50000000) {
@@ -65,7 +74,6 @@ void Shift(struct timespec* t, int64_t ns) {
 extern "C" {
 
 int clock_gettime(clockid_t id, struct timespec* t) {
-  if (Real() == nullptr) return -1;
   const int r = Real()(id, t);
   if (r == 0 && (id == CLOCK_REALTIME || id == CLOCK_REALTIME_COARSE)) Shift(t, Offset());
   return r;

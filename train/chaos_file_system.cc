@@ -23,11 +23,10 @@ std::vector<DiskFault> DiskFaultsOf(const JobSpec& spec) {
   return out;
 }
 
-std::optional<int64_t> CheckpointStepOf(const std::string& path) {
-  // The last "step-<n>" component: a checkpoint directory may itself sit under one.
-  size_t at = path.rfind("/step-");
-  if (at == std::string::npos) return std::nullopt;
-  at += 6;
+std::optional<int64_t> CheckpointStepOf(const std::string& root, const std::string& path) {
+  const std::string prefix = root + "/step-";
+  if (path.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const size_t at = prefix.size();
   const size_t end = path.find('/', at);
   int64_t step = 0;
   if (end == std::string::npos || !absl::SimpleAtoi(path.substr(at, end - at), &step)) {
@@ -81,12 +80,15 @@ class ChaosFileSystem::File : public WritableFile {
   std::function<void()> on_first_write_;
 };
 
-ChaosFileSystem::ChaosFileSystem(FileSystem* base, std::vector<DiskFault> faults,
+ChaosFileSystem::ChaosFileSystem(FileSystem* base, std::string root, std::vector<DiskFault> faults,
                                  std::function<void(int64_t step)> on_shard_write)
-    : base_(base), faults_(std::move(faults)), on_shard_write_(std::move(on_shard_write)) {}
+    : base_(base),
+      root_(std::move(root)),
+      faults_(std::move(faults)),
+      on_shard_write_(std::move(on_shard_write)) {}
 
 const DiskFault* ChaosFileSystem::FaultAt(const std::string& path) const {
-  std::optional<int64_t> step = CheckpointStepOf(path);
+  std::optional<int64_t> step = CheckpointStepOf(root_, path);
   if (!step) return nullptr;
   for (const DiskFault& f : faults_) {
     if (*step >= f.from && *step < f.to) return &f;
@@ -99,7 +101,7 @@ absl::StatusOr<std::unique_ptr<WritableFile>> ChaosFileSystem::NewWritableFile(
   absl::StatusOr<std::unique_ptr<WritableFile>> file = base_->NewWritableFile(path);
   if (!file.ok()) return file;
   std::function<void()> first;
-  std::optional<int64_t> step = CheckpointStepOf(path);
+  std::optional<int64_t> step = CheckpointStepOf(root_, path);
   const size_t slash = path.rfind('/');
   if (on_shard_write_ && step && absl::StartsWith(path.substr(slash + 1), "shard-")) {
     first = [this, s = *step] { on_shard_write_(s); };

@@ -46,17 +46,19 @@ class ChaosFileSystemTest : public ::testing::Test {
 };
 
 TEST_F(ChaosFileSystemTest, ReadsTheCheckpointStepFromThePath) {
-  EXPECT_EQ(CheckpointStepOf("/w/ckpt/step-20/shard-00001.bin.tmp"), 20);
-  EXPECT_EQ(CheckpointStepOf("/w/step-3/ckpt/step-40/manifest.bin"), 40);
-  EXPECT_EQ(CheckpointStepOf("/w/ckpt/LATEST.tmp"), std::nullopt);
-  EXPECT_EQ(CheckpointStepOf("/w/ckpt/step-x/a"), std::nullopt);
+  EXPECT_EQ(CheckpointStepOf("/w/ckpt", "/w/ckpt/step-20/shard-00001.bin.tmp"), 20);
+  EXPECT_EQ(CheckpointStepOf("/w/step-3/ckpt", "/w/step-3/ckpt/step-40/manifest.bin"), 40);
+  // The root's own files, even under a directory that looks like a step's.
+  EXPECT_EQ(CheckpointStepOf("/w/step-3/ckpt", "/w/step-3/ckpt/LATEST.tmp"), std::nullopt);
+  EXPECT_EQ(CheckpointStepOf("/w/step-3/ckpt", "/w/step-3/ckpt"), std::nullopt);
+  EXPECT_EQ(CheckpointStepOf("/w/ckpt", "/w/ckpt/step-x/a"), std::nullopt);
 }
 
 TEST_F(ChaosFileSystemTest, AFullDiskFailsItsWindowsWritesHalfWayAndLeavesNoPartialFile) {
   JobSpec spec;
   spec.checkpoint_every = 5;
   spec.faults = {*ParseFault("disk-full@10:6")};  // the checkpoints of steps 10..15
-  ChaosFileSystem fs(PosixFileSystem(), DiskFaultsOf(spec));
+  ChaosFileSystem fs(PosixFileSystem(), dir_, DiskFaultsOf(spec));
   absl::Status s = Write(&fs, 15);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("No space left on device (chaos: disk-full@10:6)"),
@@ -72,7 +74,7 @@ TEST_F(ChaosFileSystemTest, AFailingDiskFailsFsyncWithEioAndASlowOneWaits) {
   spec.checkpoint_every = 5;
   spec.disk_delay = absl::Milliseconds(30);
   spec.faults = {*ParseFault("disk-fail@5"), *ParseFault("disk-slow@20:1")};  // 5..9; 20
-  ChaosFileSystem fs(PosixFileSystem(), DiskFaultsOf(spec));
+  ChaosFileSystem fs(PosixFileSystem(), dir_, DiskFaultsOf(spec));
   absl::Status s = Write(&fs, 5);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find("Input/output error (chaos: disk-fail@5)"), absl::string_view::npos)
@@ -86,7 +88,7 @@ TEST_F(ChaosFileSystemTest, AFailingDiskFailsFsyncWithEioAndASlowOneWaits) {
 
 TEST_F(ChaosFileSystemTest, TheShardHookRunsWithHalfTheFirstWriteOnDisk) {
   std::vector<std::pair<int64_t, uintmax_t>> seen;
-  ChaosFileSystem fs(PosixFileSystem(), {}, [&](int64_t step) {
+  ChaosFileSystem fs(PosixFileSystem(), dir_, {}, [&](int64_t step) {
     seen.emplace_back(step, std::filesystem::file_size(dir_ + "/step-10/shard-00000.bin.tmp"));
   });
   ASSERT_TRUE(Write(&fs, 10).ok());

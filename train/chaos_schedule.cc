@@ -182,11 +182,16 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
   // fault fires on may not be durable yet).
   std::map<int64_t, int> removed_at;
   int64_t pairs = 0;
-  // A full or failing disk drops the checkpoints it covers: a rollback may reach one further.
+  // Each checkpoint that may not be durable when a pair dies lets the rollback reach one
+  // interval further: those a full or failing disk covers, one a slow disk may still be writing,
+  // one a kill mid-checkpoint leaves incomplete.
+  const int64_t every = std::max<int64_t>(0, checkpoint_every);
   int64_t undurable = 0;
   for (const Fault& f : schedule) {
-    if (f.kind == FaultKind::kDiskFull || f.kind == FaultKind::kDiskFail) {
-      undurable += f.arg > 0 ? f.arg : checkpoint_every;
+    if (f.point == StepPoint::kCheckpoint || f.kind == FaultKind::kDiskSlow) ++undurable;
+    if ((f.kind == FaultKind::kDiskFull || f.kind == FaultKind::kDiskFail) && every > 0) {
+      const int64_t end = f.step + (f.arg > 0 ? f.arg : every);  // [step, end)
+      undurable += (end - 1) / every - (f.step - 1) / every;     // multiples of every inside
     }
   }
   for (const Fault& f : schedule) {
@@ -197,7 +202,7 @@ int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_
       ++pairs;  // a drain hands its state over first: it loses nothing
     }
   }
-  return pairs * (std::max<int64_t>(0, checkpoint_every) + undurable);
+  return pairs * every * (1 + undurable);
 }
 
 absl::Duration RecoveryBound(FaultKind kind, const Timeouts& timeouts) {

@@ -113,8 +113,14 @@ TEST(ChaosScheduleTest, OnlyAnOwnerAndItsBuddyTogetherMayLoseSteps) {
   EXPECT_EQ(StepsLostAllowed({*ParseFault("kill-shard-and-buddy@12"), *ParseFault("disk-full@8:4"),
                               *ParseFault("disk-slow@20:9")},
                              10),
-            14)
-      << "a full disk's window of dropped checkpoints lengthens the rollback; a slow one does not";
+            30)
+      << "a full disk's checkpoint (10) and a slow one's (20) may each be missing";
+  EXPECT_EQ(
+      StepsLostAllowed({*ParseFault("kill-worker@10:1:mid-checkpoint"),
+                        *ParseFault("kill-shard-and-buddy@13"), *ParseFault("disk-fail@1:25")},
+                       5),
+      5 * (1 + 1 + 5))
+      << "step-10 cut short; step-5 .. step-25 on a failing disk";
   Timeouts t;
   EXPECT_EQ(RecoveryBound(FaultKind::kKillWorker, t), absl::Seconds(1));
   EXPECT_EQ(RecoveryBound(FaultKind::kHangWorker, t),
@@ -164,12 +170,12 @@ TEST(ChaosScheduleTest, LabDrawsEveryNetworkKindAndNoJoin) {
     const std::vector<Fault> s = DrawSchedule(3, t, d);
     int removed = 0;
     for (const Fault& f : s) {
-      removed +=
-          f.kind == FaultKind::kKillShardAndBuddy ? 2
-          : (f.kind == FaultKind::kDropNode || f.kind == FaultKind::kDelayNode ||
-             f.kind == FaultKind::kStallCoordinator || IsHeadFault(f.kind) || IsDiskFault(f.kind))
-              ? 0
-              : 1;
+      removed += f.kind == FaultKind::kKillShardAndBuddy ? 2
+                 : (f.kind == FaultKind::kDropNode || f.kind == FaultKind::kDelayNode ||
+                    f.kind == FaultKind::kStallCoordinator || IsHeadFault(f.kind) ||
+                    IsDiskFault(f.kind) || f.kind == FaultKind::kClockStep)
+                     ? 0
+                     : 1;
     }
     EXPECT_LE(removed, 2) << FormatSchedule(s);
   }

@@ -533,6 +533,7 @@ void CoordinatorCore::Blame(const std::string& reporter, int32_t blamed) {
     return;
   }
   const std::set<std::string> pair = {reporter, group_[blamed]};
+  reporters_.insert(reporter);
   if (blamed_generation_ != record_.generation) {  // the first blame of this generation
     blamed_generation_ = record_.generation;
     if (blamed_failures_++ == 0) {
@@ -544,6 +545,28 @@ void CoordinatorCore::Blame(const std::string& reporter, int32_t blamed) {
   std::set_intersection(suspects_.begin(), suspects_.end(), pair.begin(), pair.end(),
                         std::inserter(both, both.end()));
   suspects_ = std::move(both);
+  if (suspects_.empty()) {  // failures with nobody in common: count afresh from this one
+    suspects_ = pair;
+    blamed_failures_ = 1;
+  }
+}
+
+std::optional<std::string> CoordinatorCore::Unreachable() const {
+  // A suspect that never reported a failure itself is the one: its peers reported, it did not
+  // (stuck, or cut off). Else the later rank of those left, so rank 0 keeps its state.
+  std::set<std::string> silent;
+  for (const std::string& w : suspects_) {
+    if (!reporters_.count(w)) silent.insert(w);
+  }
+  const std::set<std::string>& pick = silent.size() == 1 ? silent : suspects_;
+  if (blamed_failures_ < 2 || pick.size() > 2 || (pick.size() == 2 && blamed_failures_ < 3)) {
+    return std::nullopt;
+  }
+  std::string unreachable = *pick.begin();
+  for (const std::string& w : group_) {
+    if (pick.count(w)) unreachable = w;
+  }
+  return unreachable;
 }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
@@ -554,27 +577,28 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTable(uint64_t generation,
   if (generation != record_.generation || phase_ != CoordinatorPhase::kRecovering) return out;
   // One worker in common, or still the same two after three failures (a link between two hosts
   // that are each fine otherwise: either may go; the later rank does, so rank 0 keeps its state).
-  if ((blamed_failures_ >= 2 && suspects_.size() == 1) ||
-      (blamed_failures_ >= 3 && suspects_.size() == 2)) {
-    std::string unreachable = *suspects_.begin();
-    for (const std::string& w : group_) {
-      if (suspects_.count(w)) unreachable = w;
-    }
+  if (std::optional<std::string> found = Unreachable()) {
+    const std::string unreachable = *found;
     const int n = blamed_failures_;
     suspects_.clear();
+    reporters_.clear();
     blamed_failures_ = 0;
     blamed_generation_ = 0;
     const std::string why =
         absl::StrCat("unreachable: its peers' collectives failed on it in ", n,
                      " generations in a row, while the head still hears from it");
-    // Alive and out of the job for good: a process whose step is stuck (only its own end stops
-    // its thread) or that no peer can reach holds nothing of the job's any more.
+    MarkDown(&out, {unreachable}, why);
+    // MarkDown planned the next generation, or it is planned below; either saves the record.
+    if (generation == record_.generation) NewGeneration(&out, "failure", recover_why_);
+    // Alive and out of the job for good (recorded dead and saved first): a process whose step is
+    // stuck (only its own end stops its thread) or that no peer can reach holds nothing of the
+    // job's any more.
     CoordinatorAction evict{Kind::kEvict};
     evict.worker = unreachable;
+    evict.generation = record_.generation;
     evict.text = why;
     Emit(&out, std::move(evict));
-    MarkDown(&out, {unreachable}, why);
-    if (generation != record_.generation) return out;  // MarkDown planned the next generation
+    return out;
   }
   NewGeneration(&out, "failure", recover_why_);
   return out;

@@ -117,6 +117,7 @@ void CoordinatorCore::CommitStep(Actions* out) {
   ++record_.committed;
   failed_generations_ = 0;
   suspects_.clear();
+  reporters_.clear();
   blamed_failures_ = 0;
   blamed_generation_ = 0;
   int64_t ckpt = CheckpointAt(record_.committed);

@@ -23,14 +23,16 @@ using troupe::testing::FindEvents;
 using troupe::testing::JobRun;
 using troupe::testing::Slurp;
 
-class NewFaultsTest : public troupe::testing::JobTest {
+class NewFaultsTest : public troupe::testing::JobTest {};
+
+class StuckRankTest : public NewFaultsTest {
  protected:
   // A stuck rank is found when its peers' exchange, then the next generation's bootstrap, time
   // out: short timeouts keep the test short (the defaults are 30 s and 20 s).
-  NewFaultsTest() {
+  StuckRankTest() {
     spec_extra_ =
-        "[timeouts]\nliveness = \"1s\"\ncollective = \"3s\"\nbootstrap = \"2s\"\n"
-        "rpc = \"2s\"\nwatchdog = \"60s\"\n";
+        "[timeouts]\ncollective = \"4s\"\nbootstrap = \"3s\"\nrpc = \"3s\"\nwatchdog = "
+        "\"60s\"\n";
   }
 };
 
@@ -38,7 +40,7 @@ class NewFaultsTest : public troupe::testing::JobTest {
 // heartbeats and liveness channel go on answering, so neither the head nor liveness sees it.
 // Its peers' exchange times out blaming it, the next generation's bootstrap waits for it and
 // blames it again: it is evicted (its process ends itself) and the job finishes on three.
-TEST_F(NewFaultsTest, AStuckRankIsBlamedTwiceEvictedAndTheJobEndsWithIdenticalWeights) {
+TEST_F(StuckRankTest, IsBlamedTwiceEvictedAndTheJobEndsWithIdenticalWeights) {
   const std::string want = Reference();
   JobRun r = Train("hang", {"--workers", "4", "--chaos", "hang-worker@7:1"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -53,7 +55,7 @@ TEST_F(NewFaultsTest, AStuckRankIsBlamedTwiceEvictedAndTheJobEndsWithIdenticalWe
   // Found in collective + bootstrap + retries, not by the 60 s watchdog.
   const std::vector<SupervisionEvent> recovered = FindEvents(events, "recovered", {});
   ASSERT_EQ(recovered.size(), 1u) << EventLogText("hang");
-  EXPECT_LT(std::stod(recovered[0].Field("seconds")), 15.0) << EventLogText("hang");
+  EXPECT_LT(std::stod(recovered[0].Field("seconds")), 20.0) << EventLogText("hang");
   EXPECT_EQ(r.report.world, 3) << r.output;
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
   EXPECT_EQ(r.report.crc, want) << r.output;

@@ -13,7 +13,7 @@
 // The mid-checkpoint instant: `on_shard_write(step)` is called after the first half of the first
 // Append of a shard file, so a rank can die in the middle of writing its shard.
 //
-//   ChaosFileSystem fs(PosixFileSystem(), DiskFaultsOf(spec), [](int64_t step) { ... });
+//   ChaosFileSystem fs(PosixFileSystem(), dir, DiskFaultsOf(spec), [](int64_t step) { ... });
 //   CheckpointStore::Open({.dir = dir, .fs = &fs});
 //
 // Thread-safe (the wrapped FileSystem must be).
@@ -44,12 +44,14 @@ struct DiskFault {
 // The spec's disk faults (a disk-*@S:N fault covers [S, S + N), N default checkpoint.every).
 std::vector<DiskFault> DiskFaultsOf(const JobSpec& spec);
 
-// The checkpoint step of a path under a checkpoint directory (".../step-<n>/..."), if any.
-std::optional<int64_t> CheckpointStepOf(const std::string& path);
+// The checkpoint step of a path in checkpoint directory `root` ("<root>/step-<n>/..."), if any.
+std::optional<int64_t> CheckpointStepOf(const std::string& root, const std::string& path);
 
 class ChaosFileSystem : public FileSystem {
  public:
-  ChaosFileSystem(FileSystem* base, std::vector<DiskFault> faults,
+  // `root`: the checkpoint directory (CheckpointStoreOptions::dir) whose step directories the
+  // faults act on.
+  ChaosFileSystem(FileSystem* base, std::string root, std::vector<DiskFault> faults,
                   std::function<void(int64_t step)> on_shard_write = {});
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
@@ -74,6 +76,7 @@ class ChaosFileSystem : public FileSystem {
   const DiskFault* FaultAt(const std::string& path) const;
 
   FileSystem* base_;
+  std::string root_;
   std::vector<DiskFault> faults_;
   std::function<void(int64_t)> on_shard_write_;
 };

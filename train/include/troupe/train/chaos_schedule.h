@@ -62,7 +62,8 @@ std::string FormatSchedule(const std::vector<Fault>& schedule);
 // The committed steps the schedule may lose: 0, unless a shard's owner and its buddy may die
 // together (kill-shard-and-buddy, or two workers killed, stopped or cut off at one step), which
 // rolls back to the newest durable checkpoint: at most checkpoint_every steps per such event,
-// plus the steps of every full or failing disk's window (the checkpoints it dropped).
+// and one interval more for each checkpoint the schedule may leave undurable (covered by a full
+// or failing disk, written by a slow one, or cut short by a kill mid-checkpoint).
 int64_t StepsLostAllowed(const std::vector<Fault>& schedule, int64_t checkpoint_every,
                          bool coordinator_on_a_worker = false);
 

@@ -276,6 +276,10 @@ class CoordinatorCore {
   void MarkDown(Actions* out, const std::vector<std::string>& workers, const std::string& why);
   // A failed generation's reporter and the rank it blamed narrow down the suspects.
   void Blame(const std::string& reporter, int32_t blamed);
+  // The suspect to leave out now, if the blames single one out: the only suspect that never
+  // reported a failure itself, or the only suspect after two failures, or the later of two
+  // after three.
+  std::optional<std::string> Unreachable() const;
   void StartStep(Actions* out);
   // Ranks of noticed nodes leave at this step boundary (see the .cc).
   void HandOver(Actions* out);
@@ -324,6 +328,7 @@ class CoordinatorCore {
   // Since the last commit: the workers every blamed failure had in common (reporter or blamed),
   // and how many failed generations named one.
   std::set<std::string> suspects_;
+  std::set<std::string> reporters_;  // since the last commit: workers that reported a failure
   int blamed_failures_ = 0;
   uint64_t blamed_generation_ = 0;  // the last generation a failure of which blamed someone
   int64_t watchdog_seen_ = -1;
