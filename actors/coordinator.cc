@@ -77,6 +77,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   o.join_wait = absl::ToChronoMilliseconds(spec_.timeouts.join_wait);
   o.notice_window = absl::ToChronoMilliseconds(spec_.timeouts.notice_window);
   o.watchdog = absl::ToChronoMilliseconds(spec_.timeouts.watchdog);
+  o.straggler = absl::ToChronoMilliseconds(spec_.timeouts.collective);
   o.latest_checkpoint = [this]() -> std::optional<int64_t> {
     absl::StatusOr<train::Checkpoint> c = store_->LoadLatestValid();
     if (!c.ok() || c->manifest().num_params != num_params_) return std::nullopt;

@@ -109,7 +109,12 @@ std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, i
   }
   for (const auto& [k, v] : losses) losses_[k] = v;
   pending_.erase(worker);
-  if (pending_.empty()) CommitStep(&out);
+  if (pending_.empty()) {
+    CommitStep(&out);
+  } else if (pending_.size() == 1 && options_.straggler > CoreDuration::zero()) {
+    // All but one finished: the last one gets a deadline.
+    ArmTimer(&out, TimerKind::kStraggler, options_.straggler);
+  }
   return out;
 }
 
@@ -224,6 +229,23 @@ void CoordinatorCore::HandOver(Actions* out) {
                               nodes.size() == 1 ? " is draining: its" : " are draining: their",
                               " ranks leave at this step boundary"),
       {{"node", node_list}}, /*hand_over=*/true);
+}
+
+void CoordinatorCore::OnStraggler(Actions* out) {
+  const std::string late = *pending_.begin();
+  const auto at = std::find(group_.begin(), group_.end(), late);
+  if (at == group_.end()) return;
+  const int32_t rank = static_cast<int32_t>(at - group_.begin());
+  for (const std::string& w : group_) {
+    if (w != late) Blame(w, rank);
+  }
+  const std::string why =
+      absl::StrCat("step ", record_.committed, ": ", late, " (rank ", rank, ") still in it ",
+                   std::chrono::duration_cast<std::chrono::seconds>(options_.straggler).count(),
+                   " s after every peer finished it");
+  base::SupervisionEvent e = JobEvent("recovering", late);
+  e.Set("during", "step").Set("step", record_.committed).reason = why;
+  Recover(out, std::move(e), why);
 }
 
 // ---- checkpoints ---------------------------------------------------------------------------
@@ -412,6 +434,12 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime
         CoordinatorAction a{Kind::kReadTable};
         a.generation = record_.generation;
         Emit(&out, std::move(a));
+      }
+      break;
+    case TimerKind::kStraggler:
+      if (t.generation == record_.generation && t.step == record_.committed &&
+          phase_ == CoordinatorPhase::kStepping && pending_.size() == 1) {
+        OnStraggler(&out);
       }
       break;
     case TimerKind::kNoticeWindow:

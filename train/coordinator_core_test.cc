@@ -468,6 +468,36 @@ TEST_F(CoordinatorCoreTest, OfTwoTheSuspectThatNeverReportedIsLeftOut) {
   EXPECT_EQ(core_->record().dead, (std::set<std::string>{"a"}));
 }
 
+// hang-worker@7:0:mid-gather (chaos run, seed 1, trial 39): rank 0 stuck after its share of
+// the gather was sent, so every peer finished the step and no collective failed; the job sat
+// until the driver gave up (3 min). Now the last rank in a step gets the straggler deadline from
+// the moment all its peers finished: then the step fails blaming it, and once the next
+// generation's bootstrap blames it too it is left out and evicted.
+TEST_F(CoordinatorCoreTest, ARankStillInTheStepWhenItsPeersFinishedIsBlamedAndLeftOut) {
+  CoordinatorCore::Options o = Opts();
+  o.straggler = std::chrono::seconds(30);
+  Make(o);
+  Running({"a", "b", "c"});
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "b", absl::OkStatus(), {}, kT0)), "");
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "c", absl::OkStatus(), {}, kT0)), "timer(t2,30000ms)");
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0)), "event timer(t3,300ms)");
+  EXPECT_EQ(core_->phase(), CoordinatorPhase::kRecovering);
+  core_->OnTimer(3, kT0);
+  EXPECT_NE(Str(core_->OnTable(1, {}, kT0)).find("configure(a,g2,r0/3"), std::string::npos);
+  core_->OnConfigured(2, "b", absl::DeadlineExceededError("never published"), kT0, 0);
+  core_->OnTimer(4, kT0);
+  EXPECT_EQ(Str(core_->OnTable(2, {}, kT0)),
+            "abort(b,g3) abort(c,g3) event save configure(b,g3,r0/2,s0,memory) "
+            "configure(c,g3,r1/2,s0,memory) evict(a)");
+  // A straggler timer of a step that committed meanwhile does nothing.
+  Make(o);
+  Running({"a", "b"});
+  EXPECT_EQ(Str(core_->OnStepped(1, 0, "b", absl::OkStatus(), {}, kT0)), "timer(t2,30000ms)");
+  EXPECT_NE(Str(core_->OnStepped(1, 0, "a", absl::OkStatus(), {}, kT0)).find("committed(s1"),
+            std::string::npos);
+  EXPECT_EQ(Str(core_->OnTimer(2, kT0)), "");
+}
+
 TEST_F(CoordinatorCoreTest, AConfigureFailureWithNobodyDeadRetriesTheSameWorkers) {
   Make();
   Join({"a", "b"});

@@ -62,6 +62,23 @@ TEST_F(StuckRankTest, IsBlamedTwiceEvictedAndTheJobEndsWithIdenticalWeights) {
   ExpectExactlyOnce("hang");
 }
 
+// The same stuck in the parameter gather (chaos run --seed 1, trial 39: the job sat until the
+// driver gave up): its share was already sent, so its peers finish the step and no collective
+// fails. The last rank in a step gets timeouts.collective from the moment its peers finished;
+// then it is blamed, and evicted once the next generation's bootstrap blames it too.
+TEST_F(StuckRankTest, StuckInTheGatherIsFoundWhenItsPeersFinishedTheStep) {
+  const std::string want = Reference();
+  JobRun r = Train("hanggather", {"--workers", "4", "--chaos", "hang-worker@7:0:mid-gather"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<SupervisionEvent> events = Events("hanggather");
+  EXPECT_EQ(FindEvents(events, "evicted", {}).size(), 1u) << EventLogText("hanggather");
+  EXPECT_FALSE(FindEvents(events, "recovering", {{"during", "step"}}).empty())
+      << EventLogText("hanggather");
+  EXPECT_EQ(r.report.world, 3) << r.output;
+  EXPECT_EQ(r.report.crc, want) << r.output;
+  ExpectExactlyOnce("hanggather");
+}
+
 // kill-worker mid-checkpoint: rank 1 dies with half of its shard of step-10 written. That
 // checkpoint never completes (no manifest, LATEST stays at step-5); when an owner and its buddy
 // die together later, the restore skips the partial step-10 and loads step-5.

@@ -167,6 +167,10 @@ class CoordinatorCore {
     // Preemption notices within this long of the first leave together (0: at the next boundary).
     CoreDuration notice_window{0};
     CoreDuration watchdog = std::chrono::seconds(120);
+    // A rank still in a step this long after all its peers finished it fails the step, blamed
+    // (timeouts.collective: its peers' collectives with it ended, so it is not waiting on them).
+    // 0: no such deadline.
+    CoreDuration straggler{0};
     int max_failed_generations = 20;
   };
 
@@ -242,7 +246,7 @@ class CoordinatorCore {
     bool alive = true;
     bool draining = false;
   };
-  enum class TimerKind { kRetry, kJoinWait, kWatchdog, kNoticeWindow };
+  enum class TimerKind { kRetry, kJoinWait, kWatchdog, kNoticeWindow, kStraggler };
   struct Timer {
     TimerKind kind;
     uint64_t generation;
@@ -280,6 +284,9 @@ class CoordinatorCore {
   // reported a failure itself, or the only suspect after two failures, or the later of two
   // after three.
   std::optional<std::string> Unreachable() const;
+  // The straggler timer fired: the one rank still in the step is blamed by every peer that
+  // finished it, and the step fails.
+  void OnStraggler(Actions* out);
   void StartStep(Actions* out);
   // Ranks of noticed nodes leave at this step boundary (see the .cc).
   void HandOver(Actions* out);
