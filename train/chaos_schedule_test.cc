@@ -159,6 +159,7 @@ TEST(ChaosScheduleTest, LabDrawsEveryNetworkKindAndNoJoin) {
   }
   EXPECT_EQ(seen.size(), LabFaultKinds().size()) << "some kind was never drawn";
   EXPECT_EQ(seen.count(FaultKind::kJoinWorker), 0u);
+  EXPECT_EQ(seen.count(FaultKind::kClockStep), 0u);
   for (FaultKind k :
        {FaultKind::kPartitionNode, FaultKind::kOneWayNode, FaultKind::kFlapNode,
         FaultKind::kDropNode, FaultKind::kDelayNode, FaultKind::kKillHead, FaultKind::kStopHead}) {

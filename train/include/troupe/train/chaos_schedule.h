@@ -38,7 +38,8 @@ struct ChaosDraw {
 // The faults that act on one machine (the network kinds need hosts of their own: --lab).
 std::vector<FaultKind> OneHostFaultKinds();
 // The faults of a run on the lab's hosts: the one-machine kinds but join-worker (the driver of a
-// job on a cluster it did not start starts no worker, so the step would wait out join_wait),
+// job on a cluster it did not start starts no worker, so the step would wait out join_wait) and
+// clock-step (one process's: the same on any host),
 // every network kind (partition-node, oneway-node, flap-node, drop-node, delay-node), and the
 // head's (kill-head, stop-head: the runner's to carry out, not the job's).
 std::vector<FaultKind> LabFaultKinds();
