@@ -217,6 +217,7 @@ TEST(LeaseGateTest, AStoppedGateRunsAndAsksNothing) {
             "LeaseGate{epoch=1 length=1000ms queued=0 asked=no head=yes waiting=no stopped=yes}");
 }
 
+// (An eviction ends a rank's process: a superseded coordinator must not do that either.)
 TEST(LeaseGateTest, OnlyWhatOutlivesTheIncarnationNeedsTheLease) {
   std::vector<std::string> leased;
   for (int k = 0; k <= static_cast<int>(CoreKind::kFail); ++k) {
@@ -225,7 +226,7 @@ TEST(LeaseGateTest, OnlyWhatOutlivesTheIncarnationNeedsTheLease) {
   }
   EXPECT_EQ(absl::StrJoin(leased, " "),
             "save configure(,g0,r0/1,s0,init) commit(,g0,ck-1) checkpoint(s-1,g0,w0,0 shards) "
-            "committed(s-1,g0,w0) finish(s-1)");
+            "evict() committed(s-1,g0,w0) finish(s-1)");
 }
 
 }  // namespace
