@@ -14,10 +14,22 @@ namespace {
 // the thread count): smaller blocks skip more of the masked triangle, larger ones make better
 // GEMMs. 64 computes 5/8 of the full matrix at T = 256.
 constexpr int64_t kCausalRows = 64;
+
+// Softmax backward in place: dpre[i, j] = a[i, j] * (datt[i, j] - sum_k a[i, k] datt[i, k]).
+template <typename T>
+TROUPE_WIDE_SIMD void CausalSoftmaxBackwardRows(T* datt, const T* a, int64_t t) {
+  for (int64_t i = 0; i < t; ++i) {
+    const T* ar = a + i * t;
+    T* dr = datt + i * t;
+    const T dot = internal::LaneReduce<T>(i + 1, [&](int64_t j) { return ar[j] * dr[j]; });
+    for (int64_t j = 0; j <= i; ++j) dr[j] = ar[j] * (dr[j] - dot);
+    for (int64_t j = i + 1; j < t; ++j) dr[j] = 0;
+  }
+}
 }  // namespace
 
 template <typename T>
-void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
+TROUPE_WIDE_SIMD void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
   for (int64_t i = 0; i < t_len; ++i) {
     const T* xr = x + i * t_len;
     T* pr = p + i * t_len;
@@ -85,14 +97,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int64
       Gemm<T>(true, false, i1 - i0, hs, t - i0, T(1), a + i0 * t + i0, t, dout_h + i0 * c, c, T(1),
               dv + i0 * 3 * c, 3 * c);
     }
-    // Softmax backward in place: dpre[i, j] = a[i, j] * (datt[i, j] - sum_k a[i, k] datt[i, k]).
-    for (int64_t i = 0; i < t; ++i) {
-      const T* ar = a + i * t;
-      T* dr = datt.data() + i * t;
-      const T dot = internal::LaneReduce<T>(i + 1, [&](int64_t j) { return ar[j] * dr[j]; });
-      for (int64_t j = 0; j <= i; ++j) dr[j] = ar[j] * (dr[j] - dot);
-      for (int64_t j = i + 1; j < t; ++j) dr[j] = 0;
-    }
+    CausalSoftmaxBackwardRows(datt.data(), a, t);
     for (int64_t i0 = 0; i0 < t; i0 += kCausalRows) {
       const int64_t i1 = std::min(t, i0 + kCausalRows);
       Gemm<T>(false, false, i1 - i0, hs, i1, scale, datt.data() + i0 * t, t, k, 3 * c, T(1),

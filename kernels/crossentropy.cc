@@ -8,24 +8,41 @@
 namespace troupe::kernels {
 namespace {
 constexpr int64_t kRowBlock = 16;
+
+template <typename T>
+TROUPE_WIDE_SIMD void CrossEntropyRows(T* losses, T* probs, const T* logits, const int32_t* targets,
+                                       int64_t lo, int64_t hi, int64_t v) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const T* x = logits + i * v;
+    T* p = probs + i * v;
+    T mx = x[0];
+    for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
+    for (int64_t j = 0; j < v; ++j) p[j] = internal::Exp<T>(x[j] - mx);
+    const T sum = internal::LaneSum(p, v);
+    const T inv = T(1) / sum;
+    for (int64_t j = 0; j < v; ++j) p[j] *= inv;
+    // log-sum-exp form keeps the loss finite even where the probability underflows.
+    losses[i] = (mx + std::log(sum)) - x[targets[i]];
+  }
 }
+
+template <typename T>
+TROUPE_WIDE_SIMD void CrossEntropyBackwardRows(T* dlogits, const T* probs, const int32_t* targets,
+                                               T dloss, int64_t lo, int64_t hi, int64_t v) {
+  for (int64_t i = lo; i < hi; ++i) {
+    const T* p = probs + i * v;
+    T* d = dlogits + i * v;
+    const int64_t target = targets[i];
+    for (int64_t j = 0; j < v; ++j) d[j] += (p[j] - (j == target ? T(1) : T(0))) * dloss;
+  }
+}
+}  // namespace
 
 template <typename T>
 void CrossEntropyForward(T* losses, T* probs, const T* logits, const int32_t* targets, int64_t n,
                          int64_t v) {
   ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const T* x = logits + i * v;
-      T* p = probs + i * v;
-      T mx = x[0];
-      for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
-      for (int64_t j = 0; j < v; ++j) p[j] = internal::Exp<T>(x[j] - mx);
-      const T sum = internal::LaneSum(p, v);
-      const T inv = T(1) / sum;
-      for (int64_t j = 0; j < v; ++j) p[j] *= inv;
-      // log-sum-exp form keeps the loss finite even where the probability underflows.
-      losses[i] = (mx + std::log(sum)) - x[targets[i]];
-    }
+    CrossEntropyRows(losses, probs, logits, targets, lo, hi, v);
   });
 }
 
@@ -33,12 +50,7 @@ template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t n,
                           int64_t v) {
   ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const T* p = probs + i * v;
-      T* d = dlogits + i * v;
-      const int64_t target = targets[i];
-      for (int64_t j = 0; j < v; ++j) d[j] += (p[j] - (j == target ? T(1) : T(0))) * dloss;
-    }
+    CrossEntropyBackwardRows(dlogits, probs, targets, dloss, lo, hi, v);
   });
 }
 

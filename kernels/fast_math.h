@@ -8,6 +8,16 @@
 #include <cstdint>
 #include <cstring>
 
+// On a function whose loop is element-wise: a 256-bit (AVX2) copy of it beside the baseline one,
+// chosen once at load by the CPU. Without FMA (not named) the compiler contracts nothing, so each
+// element sees the same operations in the same order in both copies and the bits are the same on
+// every x86-64; only the vector width differs. Reductions stay explicit (LaneReduce).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TROUPE_WIDE_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define TROUPE_WIDE_SIMD
+#endif
+
 namespace troupe::kernels::internal {
 
 // e^x with a relative error of about 2 ulp for x in [-80, 40]; saturates outside (e^-80 ≈ 1.8e-35,
