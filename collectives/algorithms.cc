@@ -97,6 +97,9 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
         },
         c.deadline);
   };
+  const size_t bytes = off.back() * sizeof(float);
+  const bool streamed = m.staging_copy().Streamed(bytes);
+  const absl::Time start = base::MonotonicNow();
   size_t received = 0;
   for (size_t step = 0; step * piece < max_seg; ++step) {
     // g numbers the chunks this group staged since it was created (every rank runs the same
@@ -110,7 +113,8 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     float* mine = reinterpret_cast<float*>(m.stage(r, slot));
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      std::memcpy(mine + q * piece, w + off[q] + step * piece, len(q, step) * sizeof(float));
+      StagingCopy::Copy(streamed, mine + q * piece, w + off[q] + step * piece,
+                        len(q, step) * sizeof(float));
     }
     m.counter(r, Mailboxes::kStaged).store(g + 1, std::memory_order_release);
     TROUPE_RETURN_IF_ERROR(await_all(Mailboxes::kStaged, g + 1));
@@ -123,20 +127,21 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
                  op);
       received += len(r, step) * sizeof(float);
     }
-    if (gather) std::memcpy(mine + r * piece, acc, len(r, step) * sizeof(float));
+    if (gather) StagingCopy::Copy(streamed, mine + r * piece, acc, len(r, step) * sizeof(float));
     m.counter(r, Mailboxes::kReduced).store(g + 1, std::memory_order_release);
     if (gather) {
       TROUPE_RETURN_IF_ERROR(await_all(Mailboxes::kReduced, g + 1));
       for (int q = 0; q < n; ++q) {
         if (q == r) continue;
-        std::memcpy(w + off[q] + step * piece,
-                    reinterpret_cast<const float*>(m.stage(q, slot)) + q * piece,
-                    len(q, step) * sizeof(float));
+        VectorCopy(w + off[q] + step * piece,
+                   reinterpret_cast<const float*>(m.stage(q, slot)) + q * piece,
+                   len(q, step) * sizeof(float));
         received += len(q, step) * sizeof(float);
       }
     }
     m.counter(r, Mailboxes::kCopiedOut).store(g + 1, std::memory_order_release);
   }
+  m.staging_copy().Record(bytes, streamed, absl::ToDoubleSeconds(base::MonotonicNow() - start));
   c.t->CountRecv(received);
   return absl::OkStatus();
 }

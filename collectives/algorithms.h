@@ -68,8 +68,9 @@ inline constexpr int kDirectAllGatherRanks = 8;
 // rank copies a piece of every other rank's segment of w into its staging slot, reduces its own
 // segment's piece in w reading the peers' slots, and (with `gather`) publishes it in its slot and
 // copies the others' reduced pieces into w.
-// Plain loads and stores at memory speed with the pieces still in cache, and no system call
-// (single copy's process_vm_readv pins every page it reads).
+// No system call (single copy's process_vm_readv pins every page it reads); what a rank stages
+// it writes through its caches or around them, whichever its recent operations of that size
+// measured faster (StagingCopy in reduce.h).
 [[nodiscard]] absl::Status StagedAllReduce(const OpContext& c, float* w,
                                            const std::vector<size_t>& off, ReduceOp op,
                                            bool gather);

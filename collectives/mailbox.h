@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "reduce.h"
 
 namespace troupe::collectives {
 
@@ -67,6 +68,8 @@ class Mailboxes {
   // Of this rank or an attached peer.
   uint8_t* stage(int rank, int slot) const;
   std::atomic<uint64_t>& counter(int rank, Counter which) const;
+  // How this rank writes what it stages (see StagingCopy).
+  StagingCopy& staging_copy() { return staging_copy_; }
 
  private:
   struct Slot;
@@ -89,6 +92,7 @@ class Mailboxes {
   std::vector<uint64_t> send_seq_, recv_head_, recv_done_;
   std::vector<uint64_t> acked_;  // per peer: its head as last read (no message before it pending)
   size_t local_count_ = 0;
+  StagingCopy staging_copy_;
 };
 
 }  // namespace troupe::collectives

@@ -1,6 +1,11 @@
 #include "reduce.h"
 
 #include <algorithm>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace troupe::collectives {
 
@@ -28,6 +33,71 @@ void Combine(float* dst, const float* a, const float* b, size_t n, ReduceOp op) 
   } else {
     for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
   }
+}
+
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+  _mm_sfence();  // ordered before the release store that tells the peers
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void VectorCopy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* s = static_cast<const uint8_t*>(src);
+  size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  std::memcpy(d + i, s + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+int StagingCopy::ClassOf(size_t bytes) {
+  int c = 0;
+  while (c + 1 < kClasses && (bytes >> (2 * (c + 1))) > 0) ++c;
+  return c;
+}
+
+bool StagingCopy::Streamed(size_t bytes) {
+  Class& k = classes_[ClassOf(bytes)];
+  const uint64_t op = k.ops++;
+  if (k.ns_per_byte[0] == 0) return false;
+  if (k.ns_per_byte[1] == 0) return true;
+  const bool faster = k.ns_per_byte[1] < k.ns_per_byte[0];
+  return op % kExploreEvery == kExploreEvery - 1 ? !faster : faster;
+}
+
+void StagingCopy::Record(size_t bytes, bool streamed, double seconds) {
+  if (bytes == 0) return;
+  double& mean = classes_[ClassOf(bytes)].ns_per_byte[streamed ? 1 : 0];
+  const double x = std::max(seconds * 1e9 / static_cast<double>(bytes), 1e-6);
+  mean = mean == 0 ? x : 0.75 * mean + 0.25 * x;
 }
 
 void DivideBy(float* x, size_t n, float divisor) {
