@@ -92,6 +92,8 @@ class NcclComm final : public Communicator,
   void Abort(absl::Status status) override;
   CommStats stats() const override;
   std::string DebugString() const override;
+  // Every rank on one host: NVLink or PCIe between the devices, not a network (set by Init).
+  bool PeersShareHost() const override { return one_host_; }
 
   // Work::Helper: polls one operation to completion (event, async error, deadline). Several
   // threads may wait on copies of one Work: the first to see the outcome completes it.
@@ -125,6 +127,10 @@ class NcclComm final : public Communicator,
   // --- set-up (nccl_communicator.cc) ---
   // Rank 0 makes the id and publishes it; the others wait for it until `deadline`.
   absl::StatusOr<NcclUniqueId> ExchangeId(Bootstrap* boot, absl::Time deadline);
+  // Where rank `rank` publishes its net::HostKey() before it joins the communicator.
+  std::string HostKeyName(int rank) const;
+  // Whether every rank published the same host key as this one (the same answer on every rank).
+  absl::StatusOr<bool> AllOnOneHost(Bootstrap* boot, absl::Time deadline);
 
   // --- issuing and polling (nccl_comm.cc) ---
   // Polling: spin (lowest latency on a GPU) for a while, then sleep so waiting threads do not
@@ -171,6 +177,7 @@ class NcclComm final : public Communicator,
   const NcclOptions o_;
   const std::shared_ptr<NcclBackend> b_;
   const std::string key_;
+  bool one_host_ = false;  // written by Init only
   std::mutex enqueue_mu_;  // serialises Enqueue; taken before mu_
   mutable std::mutex mu_;  // everything below, and every backend call on comm_
   NcclCommHandle comm_ = nullptr;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "nccl_backend.h"
 #include "nccl_comm.h"
+#include "net.h"
 #include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 
@@ -133,6 +134,10 @@ absl::Status NcclComm::Init(Bootstrap* boot) {
       TROUPE_CUDA_STATUS(b, "cudaStreamCreateWithFlags", b.StreamCreateNonBlocking(&stream_)));
   TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_STATUS(b, "cudaMalloc", b.Malloc(&scratch_, sizeof(float))));
   TROUPE_ASSIGN_OR_RETURN(NcclUniqueId id, ExchangeId(boot, deadline));
+  if (auto st = boot->Publish(HostKeyName(o_.rank), net::HostKey()); !st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("host key '", HostKeyName(o_.rank),
+                                                "': publish failed: ", st.message()));
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     NcclResult r = b.CommInitRankNonBlocking(&comm_, o_.size, id, o_.rank);
@@ -140,7 +145,11 @@ absl::Status NcclComm::Init(Bootstrap* boot) {
       return FailLocked(st);
     }
   }
-  return Settle(deadline, "ncclCommInitRankConfig", "the connect timeout", o_.connect_timeout);
+  TROUPE_RETURN_IF_ERROR(
+      Settle(deadline, "ncclCommInitRankConfig", "the connect timeout", o_.connect_timeout));
+  // Every rank published its host key before it joined the communicator that just formed.
+  TROUPE_ASSIGN_OR_RETURN(one_host_, AllOnOneHost(boot, deadline));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<NcclUniqueId> NcclComm::ExchangeId(Bootstrap* boot, absl::Time deadline) {
@@ -166,6 +175,24 @@ absl::StatusOr<NcclUniqueId> NcclComm::ExchangeId(Bootstrap* boot, absl::Time de
   }
   std::memcpy(id.internal, v->data(), v->size());
   return id;
+}
+
+std::string NcclComm::HostKeyName(int rank) const { return absl::StrCat(key_, "/host/", rank); }
+
+absl::StatusOr<bool> NcclComm::AllOnOneHost(Bootstrap* boot, absl::Time deadline) {
+  const std::string mine = net::HostKey();
+  bool same = true;
+  for (int r = 0; r < o_.size; ++r) {
+    if (r == o_.rank) continue;
+    absl::StatusOr<std::string> v = boot->Lookup(HostKeyName(r), deadline);
+    if (!v.ok()) {
+      return absl::Status(v.status().code(),
+                          absl::StrCat("host key '", HostKeyName(r), "' (rank ", r,
+                                       " publishes it): ", v.status().message()));
+    }
+    same = same && *v == mine;
+  }
+  return same;
 }
 
 namespace {
@@ -206,6 +233,7 @@ class NcclOwner final : public Communicator {
   void Abort(absl::Status s) override { c_->Abort(std::move(s)); }
   CommStats stats() const override { return c_->stats(); }
   std::string DebugString() const override { return c_->DebugString(); }
+  bool PeersShareHost() const override { return c_->PeersShareHost(); }
 
  private:
   std::shared_ptr<NcclComm> c_;

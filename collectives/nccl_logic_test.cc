@@ -133,6 +133,7 @@ TEST(NcclLogic, FourRanksThroughTheBootstrapComputeEveryOperation) {
     EXPECT_EQ(comms[r]->rank(), r);
     EXPECT_EQ(comms[r]->size(), n);
     EXPECT_EQ(comms[r]->generation(), 0u);
+    EXPECT_TRUE(comms[r]->PeersShareHost()) << "every rank of this rig runs on this host";
   }
   // Rank 0 published the id under <prefix>/g<gen>/nccl-id; every process joined that id.
   auto id = rig.boots[0]->Lookup("job/g0/nccl-id", base::MonotonicNow() + absl::Seconds(1));

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -190,6 +191,20 @@ absl::StatusOr<std::string> InterfaceOf(const std::string& address) {
   auto i = FindInterface([&](const ifaddrs&, const std::string& a) { return a == address; });
   if (!i.ok()) return absl::NotFoundError(absl::StrCat("no interface holds ", address));
   return i->first;
+}
+
+std::string HostKey() {
+  std::string key;
+  {
+    std::ifstream in("/proc/sys/kernel/random/boot_id");
+    in >> key;
+  }
+  for (const char* ns : {"/proc/self/ns/ipc", "/proc/self/ns/mnt"}) {
+    char link[64] = {};
+    const ssize_t n = readlink(ns, link, sizeof(link) - 1);
+    absl::StrAppend(&key, "/", n > 0 ? std::string(link, static_cast<size_t>(n)) : "?");
+  }
+  return key;
 }
 
 }  // namespace troupe::collectives::net

@@ -28,6 +28,10 @@ void SetNoDelay(int fd);
 [[nodiscard]] absl::StatusOr<std::string> FirstExternalAddress();
 // The name of the interface that holds IPv4 `address` ("eth0"); NotFound if none does.
 [[nodiscard]] absl::StatusOr<std::string> InterfaceOf(const std::string& address);
+// Where shared memory reaches: processes with the same boot id and IPC and mount namespaces share
+// System V and POSIX shared memory (UCX's own reachability test compares the same). Two node
+// agents of one machine are one host here; two containers or lab hosts are not.
+std::string HostKey();
 
 }  // namespace troupe::collectives::net
 

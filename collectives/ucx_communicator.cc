@@ -34,23 +34,6 @@
 namespace troupe::collectives {
 namespace {
 
-// Where shared memory reaches: ranks with the same boot id and IPC and mount namespaces share
-// System V and POSIX shared memory (UCX's own reachability test compares the same). Two node
-// agents of one machine are one host here; two containers or lab hosts are not.
-std::string HostKey() {
-  std::string key;
-  {
-    std::ifstream in("/proc/sys/kernel/random/boot_id");
-    in >> key;
-  }
-  for (const char* ns : {"/proc/self/ns/ipc", "/proc/self/ns/mnt"}) {
-    char link[64] = {};
-    const ssize_t n = readlink(ns, link, sizeof(link) - 1);
-    absl::StrAppend(&key, "/", n > 0 ? std::string(link, static_cast<size_t>(n)) : "?");
-  }
-  return key;
-}
-
 // The address this rank's listeners bind to and peers on other hosts connect to.
 absl::StatusOr<std::string> ListenAddress(const UcxOptions& o, bool multi_host) {
   if (!o.address.empty()) return o.address;
@@ -295,7 +278,7 @@ struct Peers {
 absl::StatusOr<Peers> ExchangeHostAddresses(UcxTransport& t, Bootstrap* boot, const UcxOptions& o,
                                             const std::string& prefix, absl::Time deadline) {
   TROUPE_ASSIGN_OR_RETURN(auto local, t.Address(UcxTransport::kLocal));
-  const std::string host = HostKey();
+  const std::string host = net::HostKey();
   TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/ucx/", o.rank), host + "\n" + local));
   Peers p;
   p.addrs.resize(o.size);
