@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "fast_math.h"
 #include "troupe/kernels/parallel.h"
 
 #ifdef TROUPE_HAVE_OPENBLAS
@@ -23,6 +24,16 @@ namespace {
 int64_t BlockRows(int64_t rows) {
   const int64_t b = std::min<int64_t>(1024, std::max<int64_t>(128, rows / 4));
   return (b + 15) / 16 * 16;
+}
+
+// dbias[o] += Σ_i dout[i, o] for o in [lo, hi), the rows in order.
+template <typename T>
+TROUPE_WIDE_SIMD void BiasGradColumns(T* __restrict dbias, const T* __restrict dout, int64_t lo,
+                                      int64_t hi, int64_t n, int64_t oc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = dout + i * oc;
+    for (int64_t o = lo; o < hi; ++o) dbias[o] += row[o];
+  }
 }
 
 #ifdef TROUPE_HAVE_OPENBLAS
@@ -201,12 +212,7 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
   }
   ParallelForRange(oc, BlockRows(oc), [&](int64_t lo, int64_t hi) {
     Gemm<T>(true, false, hi - lo, c, n, T(1), dout + lo, oc, inp, c, T(1), dweight + lo * c, c);
-    if (dbias != nullptr) {
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = dout + i * oc;
-        for (int64_t o = lo; o < hi; ++o) dbias[o] += row[o];
-      }
-    }
+    if (dbias != nullptr) BiasGradColumns(dbias, dout, lo, hi, n, oc);
   });
 }
 
