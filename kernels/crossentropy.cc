@@ -28,12 +28,16 @@ TROUPE_WIDE_SIMD void CrossEntropyRows(T* losses, T* probs, const T* logits, con
 
 template <typename T>
 TROUPE_WIDE_SIMD void CrossEntropyBackwardRows(T* dlogits, const T* probs, const int32_t* targets,
-                                               T dloss, int64_t lo, int64_t hi, int64_t v) {
+                                               T dloss, int64_t lo, int64_t hi, int64_t v,
+                                               bool accumulate) {
   for (int64_t i = lo; i < hi; ++i) {
     const T* p = probs + i * v;
     T* d = dlogits + i * v;
     const int64_t target = targets[i];
-    for (int64_t j = 0; j < v; ++j) d[j] += (p[j] - (j == target ? T(1) : T(0))) * dloss;
+    for (int64_t j = 0; j < v; ++j) {
+      const T g = (p[j] - (j == target ? T(1) : T(0))) * dloss;
+      d[j] = accumulate ? d[j] + g : g;
+    }
   }
 }
 }  // namespace
@@ -48,9 +52,9 @@ void CrossEntropyForward(T* losses, T* probs, const T* logits, const int32_t* ta
 
 template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t n,
-                          int64_t v) {
+                          int64_t v, bool accumulate) {
   ParallelForRange(n, kRowBlock, [&](int64_t lo, int64_t hi) {
-    CrossEntropyBackwardRows(dlogits, probs, targets, dloss, lo, hi, v);
+    CrossEntropyBackwardRows(dlogits, probs, targets, dloss, lo, hi, v, accumulate);
   });
 }
 
@@ -59,8 +63,8 @@ template void CrossEntropyForward<float>(float*, float*, const float*, const int
 template void CrossEntropyForward<double>(double*, double*, const double*, const int32_t*, int64_t,
                                           int64_t);
 template void CrossEntropyBackward<float>(float*, const float*, const int32_t*, float, int64_t,
-                                          int64_t);
+                                          int64_t, bool);
 template void CrossEntropyBackward<double>(double*, const double*, const int32_t*, double, int64_t,
-                                           int64_t);
+                                           int64_t, bool);
 
 }  // namespace troupe::kernels

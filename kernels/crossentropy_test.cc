@@ -65,5 +65,18 @@ TEST(CrossEntropyTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
   });
 }
 
+TEST(CrossEntropyTest, BackwardWithoutAccumulateOverwritesWhatWasThere) {
+  const int64_t n = 37, v = 101;
+  auto logits = testing::ToFloat(RandomVector(n * v, 8, 4.0));
+  std::vector<int32_t> targets(n);
+  for (int64_t i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 17) % v);
+  std::vector<float> losses(n), probs(n * v), added(n * v, 0.0f), written(n * v, -7.0f);
+  CrossEntropyForward(losses.data(), probs.data(), logits.data(), targets.data(), n, v);
+  CrossEntropyBackward(added.data(), probs.data(), targets.data(), 0.5f, n, v);
+  CrossEntropyBackward(written.data(), probs.data(), targets.data(), 0.5f, n, v,
+                       /*accumulate=*/false);
+  EXPECT_EQ(written, added);
+}
+
 }  // namespace
 }  // namespace troupe::kernels

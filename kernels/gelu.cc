@@ -24,7 +24,7 @@ TROUPE_WIDE_SIMD void GeluForwardBlock(T* out, const T* inp, int64_t lo, int64_t
 
 template <typename T>
 TROUPE_WIDE_SIMD void GeluBackwardBlock(T* dinp, const T* inp, const T* dout, int64_t lo,
-                                        int64_t hi) {
+                                        int64_t hi, bool accumulate) {
   const T s = T(kSqrt2OverPi);
   for (int64_t i = lo; i < hi; ++i) {
     const T x = inp[i];
@@ -32,7 +32,7 @@ TROUPE_WIDE_SIMD void GeluBackwardBlock(T* dinp, const T* inp, const T* dout, in
     const T sig = T(1) / (T(1) + internal::Exp<T>(T(-2) * u));
     const T du = s * (T(1) + T(3 * 0.044715) * x * x);
     const T local = sig + T(2) * x * sig * (T(1) - sig) * du;
-    dinp[i] += local * dout[i];
+    dinp[i] = accumulate ? dinp[i] + local * dout[i] : local * dout[i];
   }
 }
 }  // namespace
@@ -43,14 +43,15 @@ void GeluForward(T* out, const T* inp, int64_t n) {
 }
 
 template <typename T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
-  ParallelForRange(n, kBlock,
-                   [&](int64_t lo, int64_t hi) { GeluBackwardBlock(dinp, inp, dout, lo, hi); });
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n, bool accumulate) {
+  ParallelForRange(n, kBlock, [&](int64_t lo, int64_t hi) {
+    GeluBackwardBlock(dinp, inp, dout, lo, hi, accumulate);
+  });
 }
 
 template void GeluForward<float>(float*, const float*, int64_t);
 template void GeluForward<double>(double*, const double*, int64_t);
-template void GeluBackward<float>(float*, const float*, const float*, int64_t);
-template void GeluBackward<double>(double*, const double*, const double*, int64_t);
+template void GeluBackward<float>(float*, const float*, const float*, int64_t, bool);
+template void GeluBackward<double>(double*, const double*, const double*, int64_t, bool);
 
 }  // namespace troupe::kernels

@@ -53,6 +53,15 @@ TEST(GeluTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
   });
 }
 
+TEST(GeluTest, BackwardWithoutAccumulateOverwritesWhatWasThere) {
+  const int64_t n = 40001;
+  auto inp = testing::ToFloat(RandomVector(n, 6, 3.0)), dout = testing::ToFloat(RandomVector(n, 7));
+  std::vector<float> added(n, 0.0f), written(n, 123.0f);
+  GeluBackward(added.data(), inp.data(), dout.data(), n);
+  GeluBackward(written.data(), inp.data(), dout.data(), n, /*accumulate=*/false);
+  EXPECT_EQ(written, added);
+}
+
 }  // namespace
 }  // namespace troupe::kernels
 

@@ -308,8 +308,8 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
 
   const int64_t top_index = range.end_block - range.first_block - 1;
   if (last) {
-    zero(dlogits_);
-    k::CrossEntropyBackward(dlogits_.data(), a.probs.data(), a.targets.data(), loss_weight, bt, v);
+    k::CrossEntropyBackward(dlogits_.data(), a.probs.data(), a.targets.data(), loss_weight, bt, v,
+                            /*accumulate=*/false);
     zero(dbtc_);  // d lnf
     k::MatmulBackward<T>(dbtc_.data(), g + layout_.wte(), nullptr, dlogits_.data(), a.lnf.data(),
                          p + layout_.wte(), bt, c, v);
@@ -330,8 +330,8 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
     zero(dfch_gelu_);
     k::MatmulBackward(dfch_gelu_.data(), g + o.fcproj_w, g + o.fcproj_b, dresidual_.data(),
                       a.fch_gelu.data() + i * bt * 4 * c, p + o.fcproj_w, bt, 4 * c, c);
-    zero(dfch_);
-    k::GeluBackward(dfch_.data(), a.fch.data() + i * bt * 4 * c, dfch_gelu_.data(), bt * 4 * c);
+    k::GeluBackward(dfch_.data(), a.fch.data() + i * bt * 4 * c, dfch_gelu_.data(), bt * 4 * c,
+                    /*accumulate=*/false);
     zero(dbtc_);  // d ln2
     k::MatmulBackward(dbtc_.data(), g + o.fc_w, g + o.fc_b, dfch_.data(), a.ln2.data() + i * bt * c,
                       p + o.fc_w, bt, c, 4 * c);

@@ -1,7 +1,8 @@
 // Softmax cross-entropy over the vocabulary (forward and backward), fused as in llm.c.
 //
 // Forward writes per-row probabilities probs[N, V] and losses[N] = -log probs[n, target[n]].
-// Backward adds (probs - onehot(target)) * dloss to dlogits, where dloss is the weight of every row
+// Backward adds (probs - onehot(target)) * dloss to dlogits (with accumulate = false: writes it,
+// no zeroing pass before it), where dloss is the weight of every row
 // in the total loss (1 / (B*T) for a mean). Rows are independent, so the result does not depend on
 // the thread count. Targets must lie in [0, V); callers validate them.
 //
@@ -21,7 +22,7 @@ void CrossEntropyForward(T* losses, T* probs, const T* logits, const int32_t* ta
 
 template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* probs, const int32_t* targets, T dloss, int64_t n,
-                          int64_t v);
+                          int64_t v, bool accumulate = true);
 
 }  // namespace troupe::kernels
 

@@ -1,5 +1,6 @@
 // GELU with GPT-2's tanh approximation (PyTorch's nn.GELU(approximate="tanh")), forward and
-// backward. Element-wise, so trivially independent of the thread count. Backward accumulates.
+// backward. Element-wise, so trivially independent of the thread count. Backward accumulates into
+// dinp, or with accumulate = false overwrites it (no zeroing pass before it).
 //
 // Example:
 //   GeluForward<float>(out, inp, B * T * 4 * C);
@@ -15,7 +16,7 @@ template <typename T>
 void GeluForward(T* out, const T* inp, int64_t n);
 
 template <typename T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n, bool accumulate = true);
 
 }  // namespace troupe::kernels
 
