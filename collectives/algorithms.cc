@@ -97,9 +97,11 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
         },
         c.deadline);
   };
+  // Timed from the first hand-off, when every rank has arrived (not from this rank's arrival).
   const size_t bytes = off.back() * sizeof(float);
-  const bool streamed = m.staging_copy().Streamed(bytes);
-  const absl::Time start = base::MonotonicNow();
+  const StagingCopy::Choice mode = m.staging_copy().Next(bytes, gather);
+  const bool streamed = mode.streamed;
+  absl::Time start = absl::InfiniteFuture();
   size_t received = 0;
   for (size_t step = 0; step * piece < max_seg; ++step) {
     // g numbers the chunks this group staged since it was created (every rank runs the same
@@ -118,6 +120,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     }
     m.counter(r, Mailboxes::kStaged).store(g + 1, std::memory_order_release);
     TROUPE_RETURN_IF_ERROR(await_all(Mailboxes::kStaged, g + 1));
+    if (step == 0 && mode.measure) start = base::MonotonicNow();
     // This rank's piece, reduced in w; with `gather` published in the slot's own piece, which
     // the others read only after kReduced.
     float* acc = w + off[r] + step * piece;
@@ -141,7 +144,10 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     }
     m.counter(r, Mailboxes::kCopiedOut).store(g + 1, std::memory_order_release);
   }
-  m.staging_copy().Record(bytes, streamed, absl::ToDoubleSeconds(base::MonotonicNow() - start));
+  if (mode.measure && start != absl::InfiniteFuture()) {
+    m.staging_copy().Record(bytes, gather, streamed,
+                            absl::ToDoubleSeconds(base::MonotonicNow() - start));
+  }
   c.t->CountRecv(received);
   return absl::OkStatus();
 }

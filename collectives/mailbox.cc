@@ -22,6 +22,8 @@ namespace {
 // Segment layout: the counters' page, the staging slots, then one channel per sender.
 constexpr size_t kCountersBytes = 4096;
 constexpr size_t kChannelsOffset = kCountersBytes + Mailboxes::kStageSlots * Mailboxes::kStageBytes;
+// Staging slots start 64-byte aligned in a page-aligned segment (StreamCopy's stores need 16).
+static_assert(kCountersBytes % 64 == 0 && Mailboxes::kStageBytes % 64 == 0);
 static_assert(Mailboxes::kSlots <= 64, "recv_done_ is a 64-bit mask");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "seq is shared between processes");
 }  // namespace

@@ -186,9 +186,12 @@ absl::StatusOr<bool> NcclComm::AllOnOneHost(Bootstrap* boot, absl::Time deadline
     if (r == o_.rank) continue;
     absl::StatusOr<std::string> v = boot->Lookup(HostKeyName(r), deadline);
     if (!v.ok()) {
-      return absl::Status(v.status().code(),
-                          absl::StrCat("host key '", HostKeyName(r), "' (rank ", r,
-                                       " publishes it): ", v.status().message()));
+      absl::Status st(v.status().code(), absl::StrCat("host key '", HostKeyName(r), "' (rank ", r,
+                                                      " publishes it): ", v.status().message()));
+      // Whom the bootstrap blamed, if anyone, goes along.
+      v.status().ForEachPayload(
+          [&st](absl::string_view url, const absl::Cord& payload) { st.SetPayload(url, payload); });
+      return st;
     }
     same = same && *v == mine;
   }

@@ -78,26 +78,26 @@ void VectorCopy(void* dst, const void* src, size_t bytes) {
 #endif
 }
 
-int StagingCopy::ClassOf(size_t bytes) {
+int StagingCopy::KindOf(size_t bytes, bool gather) {
   int c = 0;
-  while (c + 1 < kClasses && (bytes >> (2 * (c + 1))) > 0) ++c;
-  return c;
+  while (c + 1 < kSizeClasses && (bytes >> (2 * (c + 1))) > 0) ++c;
+  return 2 * c + (gather ? 1 : 0);
 }
 
-bool StagingCopy::Streamed(size_t bytes) {
-  Class& k = classes_[ClassOf(bytes)];
-  const uint64_t op = k.ops++;
-  if (k.ns_per_byte[0] == 0) return false;
-  if (k.ns_per_byte[1] == 0) return true;
-  const bool faster = k.ns_per_byte[1] < k.ns_per_byte[0];
-  return op % kExploreEvery == kExploreEvery - 1 ? !faster : faster;
+StagingCopy::Choice StagingCopy::Next(size_t bytes, bool gather) {
+  Kind& k = kinds_[KindOf(bytes, gather)];
+  const uint64_t phase = k.ops++ % kMeasureEvery;
+  if (phase == 0) return {false, true};
+  if (phase == kMeasureEvery / 2) return {true, true};
+  // Until streamed writes were measured (the first kMeasureEvery / 2 operations), cached ones.
+  return {k.ns_per_byte[1] > 0 && k.ns_per_byte[1] < k.ns_per_byte[0], false};
 }
 
-void StagingCopy::Record(size_t bytes, bool streamed, double seconds) {
+void StagingCopy::Record(size_t bytes, bool gather, bool streamed, double seconds) {
   if (bytes == 0) return;
-  double& mean = classes_[ClassOf(bytes)].ns_per_byte[streamed ? 1 : 0];
+  double& mean = kinds_[KindOf(bytes, gather)].ns_per_byte[streamed ? 1 : 0];
   const double x = std::max(seconds * 1e9 / static_cast<double>(bytes), 1e-6);
-  mean = mean == 0 ? x : 0.75 * mean + 0.25 * x;
+  mean = mean == 0 ? x : 0.5 * mean + 0.5 * x;
 }
 
 void DivideBy(float* x, size_t n, float divisor) {

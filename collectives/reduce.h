@@ -48,29 +48,33 @@ void VectorCopy(void* dst, const void* src, size_t bytes);
 // Which is faster depends on the moment: two processes exchanging 1 MiB through shared memory on
 // this 2-vCPU VM moved 17 GB/s per direction through the caches and 6.5 around them in one
 // minute, 4.4 and 8.5-10 in another (when the cores' caches answer each other slowly). So it is
-// measured: per size class (the operation's bytes, by powers of 4), the mean time per byte of
-// recent operations in each mode; an operation takes the faster mode, and one in kExploreEvery
-// of a class the other, to notice when the machine changes. The class's count is the same on
-// every rank of a group (they run the same operations in the same order), so the ranks explore
-// together: one rank's writes show in its peers' reads, not its own.
+// measured, per kind of operation (its bytes by powers of 4, and whether it gathers): operation
+// k of a kind runs cached when k % kMeasureEvery == 0 and streamed when it is kMeasureEvery / 2,
+// on every rank of the group alike (they run the same operations in the same order), and those
+// two are timed; every other operation takes the mode whose recent measurements were faster.
+// Only operations in which all ranks wrote the same way are measured: each rank's time is the
+// group's (one rank's writes show in its peers' reads), so the ranks' estimates agree.
 class StagingCopy {
  public:
-  static constexpr uint64_t kExploreEvery = 16;
-  // The mode of the next operation of `bytes` (true: StreamCopy).
-  bool Streamed(size_t bytes);
-  void Record(size_t bytes, bool streamed, double seconds);
+  static constexpr uint64_t kMeasureEvery = 16;
+  struct Choice {
+    bool streamed = false;  // StreamCopy, else VectorCopy
+    bool measure = false;   // time this operation and Record it
+  };
+  Choice Next(size_t bytes, bool gather);
+  void Record(size_t bytes, bool gather, bool streamed, double seconds);
   static void Copy(bool streamed, void* dst, const void* src, size_t bytes) {
     streamed ? StreamCopy(dst, src, bytes) : VectorCopy(dst, src, bytes);
   }
 
  private:
-  struct Class {
+  struct Kind {
     uint64_t ops = 0;
     double ns_per_byte[2] = {0, 0};  // by mode; 0 = not measured yet
   };
-  static constexpr int kClasses = 24;
-  static int ClassOf(size_t bytes);
-  Class classes_[kClasses];
+  static constexpr int kSizeClasses = 24;
+  static int KindOf(size_t bytes, bool gather);
+  Kind kinds_[2 * kSizeClasses];
 };
 
 }  // namespace troupe::collectives

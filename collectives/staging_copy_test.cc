@@ -1,6 +1,7 @@
 // StagingCopy: the copies are memcpy's, and the mode follows the measured times per size class.
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -26,43 +27,66 @@ TEST(StagingCopyTest, BothCopiesAreMemcpyAtEveryLengthAndSourceOffset) {
   }
 }
 
-TEST(StagingCopyTest, TakesTheFasterModeAndExploresTheOtherOnceInSixteen) {
-  StagingCopy s;
-  constexpr size_t kBytes = 1 << 20;
-  // Unmeasured: each mode once, through the caches first.
-  ASSERT_FALSE(s.Streamed(kBytes));
-  s.Record(kBytes, false, 300e-6);
-  ASSERT_TRUE(s.Streamed(kBytes));
-  s.Record(kBytes, true, 100e-6);
-  // Streamed is 3x faster: it is taken, except for one operation in 16.
-  int cached = 0;
-  for (int i = 0; i < 32; ++i) {
-    const bool streamed = s.Streamed(kBytes);
-    cached += streamed ? 0 : 1;
-    s.Record(kBytes, streamed, streamed ? 100e-6 : 300e-6);
+// Runs `ops` operations of one kind whose measured ones take `cached_s` / `streamed_s`; returns
+// the modes the unmeasured ones took (true: streamed), in order.
+std::vector<bool> RunOps(StagingCopy& s, size_t bytes, bool gather, int ops, double cached_s,
+                         double streamed_s) {
+  std::vector<bool> taken;
+  for (int i = 0; i < ops; ++i) {
+    const StagingCopy::Choice c = s.Next(bytes, gather);
+    if (c.measure) {
+      s.Record(bytes, gather, c.streamed, c.streamed ? streamed_s : cached_s);
+    } else {
+      taken.push_back(c.streamed);
+    }
   }
-  EXPECT_EQ(cached, 2);
-  // The machine changes: streamed writes become slow; the mean follows and the mode flips for
-  // good (two cached operations in a row cannot both be explorations).
-  int in_a_row = 0;
-  for (int i = 0; i < 64 && in_a_row < 2; ++i) {
-    const bool streamed = s.Streamed(kBytes);
-    s.Record(kBytes, streamed, streamed ? 900e-6 : 300e-6);
-    in_a_row = streamed ? 0 : in_a_row + 1;
-  }
-  EXPECT_EQ(in_a_row, 2) << "never went back to cached writes after streamed ones slowed down";
+  return taken;
 }
 
-TEST(StagingCopyTest, SizeClassesAreMeasuredApart) {
+TEST(StagingCopyTest, MeasuresBothModesAtFixedOperationsAndTakesTheFaster) {
   StagingCopy s;
-  // 1 MiB operations prefer streamed writes...
-  ASSERT_FALSE(s.Streamed(1 << 20));
-  s.Record(1 << 20, false, 300e-6);
-  ASSERT_TRUE(s.Streamed(1 << 20));
-  s.Record(1 << 20, true, 100e-6);
-  EXPECT_TRUE(s.Streamed(1 << 20));
-  // ...which says nothing about 64 KiB ones: they start unmeasured, cached first.
-  EXPECT_FALSE(s.Streamed(64 << 10));
+  constexpr size_t kBytes = 1 << 20;
+  // Operation 0 measures cached writes, operation 8 streamed ones: the same on every rank.
+  StagingCopy::Choice c = s.Next(kBytes, true);
+  EXPECT_TRUE(c.measure);
+  EXPECT_FALSE(c.streamed);
+  s.Record(kBytes, true, false, 300e-6);
+  for (int i = 1; i < 8; ++i) {  // streamed not measured yet: cached
+    c = s.Next(kBytes, true);
+    EXPECT_FALSE(c.measure || c.streamed) << "operation " << i;
+  }
+  c = s.Next(kBytes, true);
+  EXPECT_TRUE(c.measure);
+  EXPECT_TRUE(c.streamed);
+  s.Record(kBytes, true, true, 100e-6);
+  // Streamed is 3x faster: every unmeasured operation takes it from now on.
+  const std::vector<bool> taken = RunOps(s, kBytes, true, 40, 300e-6, 100e-6);
+  EXPECT_EQ(taken.size(), 35u);  // operations 9..48 but the measured 16, 24, 32, 40 and 48
+  for (bool streamed : taken) EXPECT_TRUE(streamed);
+}
+
+TEST(StagingCopyTest, FollowsTheMachineWhenTheFasterModeSlowsDown) {
+  StagingCopy s;
+  constexpr size_t kBytes = 8 << 20;
+  std::vector<bool> taken = RunOps(s, kBytes, false, 32, 300e-6, 100e-6);
+  EXPECT_TRUE(taken.back()) << "streamed should have been taken while it was faster";
+  // Streamed writes become 3x slower than cached ones: within two measurements of each mode the
+  // unmeasured operations go back to cached writes, and stay there.
+  taken = RunOps(s, kBytes, false, 64, 300e-6, 900e-6);
+  ASSERT_GE(taken.size(), 30u);
+  for (size_t i = taken.size() - 30; i < taken.size(); ++i) EXPECT_FALSE(taken[i]) << i;
+}
+
+TEST(StagingCopyTest, KindsAreMeasuredApart) {
+  StagingCopy s;
+  RunOps(s, 1 << 20, true, 15, 300e-6, 100e-6);  // 1 MiB all-reduces prefer streamed writes...
+  EXPECT_TRUE(s.Next(1 << 20, true).streamed);
+  // ...which says nothing about 64 KiB ones, nor about 1 MiB reduce-scatters (no gather).
+  for (auto [bytes, gather] : {std::pair<size_t, bool>{64 << 10, true}, {1 << 20, false}}) {
+    const StagingCopy::Choice c = s.Next(bytes, gather);
+    EXPECT_TRUE(c.measure) << bytes << " " << gather;
+    EXPECT_FALSE(c.streamed) << bytes << " " << gather;
+  }
 }
 
 }  // namespace

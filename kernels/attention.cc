@@ -36,10 +36,9 @@ TROUPE_WIDE_SIMD void CausalSoftmaxBackwardRows(T* datt, const T* a, int64_t t) 
     for (int64_t j = i + 1; j < t; ++j) dr[j] = 0;
   }
 }
-}  // namespace
 
 template <typename T>
-TROUPE_WIDE_SIMD void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
+TROUPE_WIDE_SIMD void CausalSoftmax(T* p, const T* x, int64_t t_len) {
   for (int64_t i = 0; i < t_len; ++i) {
     const T* xr = x + i * t_len;
     T* pr = p + i * t_len;
@@ -51,6 +50,12 @@ TROUPE_WIDE_SIMD void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
     for (int64_t j = 0; j <= i; ++j) pr[j] *= inv;
     for (int64_t j = i + 1; j < t_len; ++j) pr[j] = 0;
   }
+}
+}  // namespace
+
+template <typename T>
+void CausalSoftmaxRows(T* p, const T* x, int64_t t_len) {
+  CausalSoftmax(p, x, t_len);
 }
 
 template <typename T>

@@ -11,8 +11,11 @@
 // On a function whose loop is element-wise: a 256-bit (AVX2) copy of it beside the baseline one,
 // chosen once at load by the CPU. Without FMA (not named) the compiler contracts nothing, so each
 // element sees the same operations in the same order in both copies and the bits are the same on
-// every x86-64; only the vector width differs. Reductions stay explicit (LaneReduce).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// every x86-64; only the vector width differs. Reductions stay explicit (LaneReduce). Not under a
+// sanitizer: the clones' resolver runs before the sanitizer's runtime starts, and ASan's
+// instrumentation of it would read shadow memory that is not mapped yet.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define TROUPE_WIDE_SIMD __attribute__((target_clones("avx2", "default")))
 #else
 #define TROUPE_WIDE_SIMD
