@@ -34,9 +34,10 @@ TROUPE_WIDE_SIMD void CrossEntropyBackwardRows(T* dlogits, const T* probs, const
     const T* p = probs + i * v;
     T* d = dlogits + i * v;
     const int64_t target = targets[i];
-    for (int64_t j = 0; j < v; ++j) {
-      const T g = (p[j] - (j == target ? T(1) : T(0))) * dloss;
-      d[j] = accumulate ? d[j] + g : g;
+    if (accumulate) {
+      for (int64_t j = 0; j < v; ++j) d[j] += (p[j] - (j == target ? T(1) : T(0))) * dloss;
+    } else {
+      for (int64_t j = 0; j < v; ++j) d[j] = (p[j] - (j == target ? T(1) : T(0))) * dloss;
     }
   }
 }
