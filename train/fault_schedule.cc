@@ -87,10 +87,12 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
       const int r = FaultRank(f.arg, world);
       armed.Set("rank", r).Set("worker", t.workers[r]).Set("point", StepPointName(f.point));
       actions.push_back(Armed(armed, t.generation));
+      // hang-worker and clock-step leave the process alive: signal 0.
+      const bool alive = f.kind == FaultKind::kHangWorker || f.kind == FaultKind::kClockStep;
       actions.push_back(Kill(f, t.workers[r],
-                             f.kind == FaultKind::kStopWorker   ? SIGSTOP
-                             : f.kind == FaultKind::kHangWorker ? 0
-                                                                : SIGKILL));
+                             f.kind == FaultKind::kStopWorker ? SIGSTOP
+                             : alive                          ? 0
+                                                              : SIGKILL));
       break;
     }
     case FaultKind::kDiskFull:

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,15 @@ TEST(FaultScheduleTest, KillAndStopWorkerSignalTheirRankInTheStep) {
   FiredFault stop = FireFault(Fault{FaultKind::kStopWorker, 3, 0}, Targets());
   EXPECT_EQ(Str(stop), "event stop(w0,s3)");
   EXPECT_EQ(stop.actions[1].fault, FaultKind::kStopWorker);
+  EXPECT_EQ(kill.actions[1].signal, SIGKILL);
+  EXPECT_EQ(stop.actions[1].signal, SIGSTOP);
+  // The faults that leave the process running are armed with signal 0.
+  for (FaultKind alive : {FaultKind::kHangWorker, FaultKind::kClockStep}) {
+    FiredFault f = FireFault(Fault{alive, 3, 0}, Targets());
+    ASSERT_EQ(f.actions.size(), 2u) << FaultKindName(alive);
+    EXPECT_EQ(f.actions[1].fault, alive);
+    EXPECT_EQ(f.actions[1].signal, 0) << FaultKindName(alive);
+  }
 }
 
 TEST(FaultScheduleTest, KillShardAndBuddyKillsARankAndItsBuddyMirror) {
