@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -133,6 +134,14 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
 
 class RankState {
  public:
+  // The fault the coordinator armed on this rank (ArmKill): at `point` of `step` (-1: none).
+  struct ArmedFault {
+    int64_t step = -1;
+    int32_t signal = SIGKILL;  // 0: the process stays (hang-worker)
+    train::FaultKind kind = train::FaultKind::kKillWorker;
+    train::StepPoint point = train::StepPoint::kExchange;
+  };
+
   // `address`: the worker's node's advertised address (its collectives listen there).
   RankState(caf::actor_system& sys, train::JobSpec spec, std::string worker, std::string address)
       : sys_(sys),
@@ -150,10 +159,7 @@ class RankState {
     disk_ = std::make_unique<train::ChaosFileSystem>(
         train::PosixFileSystem(), spec_.CheckpointDir(), train::DiskFaultsOf(spec_),
         [this](int64_t step) {
-          if (kill_at_step_.load() == step &&
-              kill_point_.load() == static_cast<int32_t>(train::StepPoint::kCheckpoint)) {
-            FireArmedFault(step, train::StepPoint::kCheckpoint);
-          }
+          if (auto f = TakeArmed(step, train::StepPoint::kCheckpoint)) FireArmedFault(*f);
         });
     absl::StatusOr<std::unique_ptr<train::CheckpointStore>> store =
         train::CheckpointStore::Open({.dir = spec_.CheckpointDir(),
@@ -177,8 +183,7 @@ class RankState {
       serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_.load()));
     };
     o.on_point = [this](int64_t step, train::StepPoint point) {
-      if (kill_at_step_.load() != step || kill_point_.load() != static_cast<int32_t>(point)) return;
-      FireArmedFault(step, point);
+      if (auto f = TakeArmed(step, point)) FireArmedFault(*f);
     };
     rank_ = std::make_unique<train::ElasticRank>(model_.get(), std::move(o));
     thread_ = std::thread([this] { Loop(); });
@@ -219,17 +224,16 @@ class RankState {
   // process goes on answering: signal 0) in the middle of the step (its gradient exchange or its
   // parameters' share under way) or of writing its checkpoint shard, after writing down when
   // (the coordinator measures recovery from at_ns).
-  void FireArmedFault(int64_t step, train::StepPoint point) {
-    const auto kind = static_cast<train::FaultKind>(kill_fault_.load());
-    if (kind == train::FaultKind::kClockStep) return StepClock(step);
-    const int sig = kill_signal_.load();
+  void FireArmedFault(const ArmedFault& f) {
+    if (f.kind == train::FaultKind::kClockStep) return StepClock(f.step);
+    const int sig = f.signal;
     base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
     e.generation = gen_;
     e.pid = getpid();
     e.signal = sig;
-    e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
-        .Set("step", step)
-        .Set("point", train::StepPointName(point))
+    e.Set("kind", train::FaultKindName(f.kind))
+        .Set("step", f.step)
+        .Set("point", train::StepPointName(f.point))
         .Set("rank", rank_->rank())
         // On the machine's clock (a clock-step of this process's own is taken back): another
         // process measures the recovery from it.
@@ -269,7 +273,6 @@ class RankState {
   // clock-step: this process's wall clock jumps by [chaos] clock_step, through the offset file its
   // preloaded libtroupe_clock_step.so reads (its node agent set both up: TROUPE_CLOCK_STEP_DIR).
   void StepClock(int64_t step) {
-    kill_at_step_.store(-1);  // once, even if the step runs again
     const char* file = getenv("TROUPE_CLOCK_STEP_FILE");
     base::SupervisionEvent e =
         train::JobEvent(file ? "fault_fired" : "fault_failed", worker_, "rank");
@@ -293,10 +296,20 @@ class RankState {
   }
 
   void ArmKill(int64_t step, int32_t sig, int32_t fault_kind, int32_t point) {
-    kill_signal_.store(sig == SIGSTOP || sig == 0 ? sig : SIGKILL);
-    kill_fault_.store(fault_kind);
-    kill_point_.store(point);
-    kill_at_step_.store(step);
+    std::lock_guard<std::mutex> l(armed_mu_);
+    armed_ =
+        ArmedFault{step, sig == SIGSTOP || sig == 0 ? sig : SIGKILL,
+                   static_cast<train::FaultKind>(fault_kind), static_cast<train::StepPoint>(point)};
+  }
+
+  // The armed fault if it is for this step and point, disarmed: it fires once, even if the step
+  // runs again.
+  std::optional<ArmedFault> TakeArmed(int64_t step, train::StepPoint point) {
+    std::lock_guard<std::mutex> l(armed_mu_);
+    if (armed_.step < 0 || armed_.step != step || armed_.point != point) return std::nullopt;
+    const ArmedFault f = armed_;
+    armed_.step = -1;
+    return f;
   }
 
   // Tasks (step thread).
@@ -442,14 +455,11 @@ class RankState {
       return;
     }
     if (view->end <= view->begin) {  // a rank that owns only padding writes nothing
-      if (kill_at_step_.load() == checkpoint_step &&
-          kill_point_.load() == static_cast<int32_t>(train::StepPoint::kCheckpoint)) {
-        kill_at_step_.store(-1);  // nothing to die in the middle of
+      if (auto f = TakeArmed(checkpoint_step, train::StepPoint::kCheckpoint)) {
         base::SupervisionEvent e = train::JobEvent("fault_failed", worker_, "rank");
         e.generation = gen;
-        e.Set("kind", train::FaultKindName(static_cast<train::FaultKind>(kill_fault_.load())))
-            .Set("step", checkpoint_step)
-            .reason = "this rank owns only padding: it writes no shard to be killed in";
+        e.Set("kind", train::FaultKindName(f->kind)).Set("step", checkpoint_step).reason =
+            "this rank owns only padding: it writes no shard to be killed in";
         train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
       }
       return;
@@ -510,10 +520,8 @@ class RankState {
   caf::actor coordinator_;
   std::atomic<uint64_t> gen_{0};  // the step thread's; read by the writer and actor threads
   std::atomic<uint64_t> aborted_below_{0};
-  std::atomic<int64_t> kill_at_step_{-1};
-  std::atomic<int32_t> kill_signal_{SIGKILL};
-  std::atomic<int32_t> kill_fault_{static_cast<int32_t>(train::FaultKind::kKillWorker)};
-  std::atomic<int32_t> kill_point_{static_cast<int32_t>(train::StepPoint::kExchange)};
+  std::mutex armed_mu_;
+  ArmedFault armed_;                    // armed_mu_
   std::atomic<int64_t> stepped_ns_{0};  // this process's wall clock, stepped by clock-step
   std::mutex comm_mu_;
   std::unique_ptr<collectives::Communicator> comm_;
