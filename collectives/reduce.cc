@@ -35,48 +35,36 @@ void Combine(float* dst, const float* a, const float* b, size_t n, ReduceOp op) 
   }
 }
 
-void StreamCopy(void* dst, const void* src, size_t bytes) {
+namespace {
+
+// 64 bytes a turn, stored around the caches (non-temporal) or through them.
+template <bool kStreamed>
+void CopyLines(void* dst, const void* src, size_t bytes) {
 #if defined(__SSE2__)
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   size_t i = 0;
   for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    for (size_t k = 0; k < 64; k += 16) {
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + k));
+      if constexpr (kStreamed) {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + k), x);
+      } else {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + k), x);
+      }
+    }
   }
   std::memcpy(d + i, s + i, bytes - i);
-  _mm_sfence();  // ordered before the release store that tells the peers
+  if constexpr (kStreamed) _mm_sfence();  // ordered before the release store that tells the peers
 #else
   std::memcpy(dst, src, bytes);
 #endif
 }
 
-void VectorCopy(void* dst, const void* src, size_t bytes) {
-#if defined(__SSE2__)
-  auto* d = static_cast<uint8_t*>(dst);
-  const auto* s = static_cast<const uint8_t*>(src);
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-  }
-  std::memcpy(d + i, s + i, bytes - i);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
+}  // namespace
+
+void StreamCopy(void* dst, const void* src, size_t bytes) { CopyLines<true>(dst, src, bytes); }
+void VectorCopy(void* dst, const void* src, size_t bytes) { CopyLines<false>(dst, src, bytes); }
 
 int StagingCopy::KindOf(size_t bytes, bool gather) {
   int c = 0;
