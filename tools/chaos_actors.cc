@@ -391,14 +391,8 @@ json RunTrial(const Flags& flags, const Trials& trials, const Draw& draw, const 
     row["dir"] = dir;
     int runs = 0;
     const std::vector<ActorFault> smallest = trials.Shrink(schedule, o, dir, t, &runs);
-    const std::string cmd = trials.Reproduce(smallest);
-    std::printf("       shrunk in %d runs to %s%s; reproduce with:\n       %s\n", runs,
-                Format(smallest).c_str(), smallest.empty() ? " (it fails without any fault)" : "",
-                cmd.c_str());
-    row["shrunk"] = {{"schedule", Format(smallest)},
-                     {"faults", smallest.size()},
-                     {"runs", runs},
-                     {"command", cmd}};
+    row["shrunk"] =
+        ShrunkEntry(runs, Format(smallest), smallest.size(), trials.Reproduce(smallest));
   }
   std::fflush(stdout);
   return row;
@@ -423,29 +417,11 @@ int RunActorChaos(const Flags& flags) {
   json doc = {{"program", flags.program},       {"actors", draw.actors},
               {"kinds", json::array()},         {"seed", flags.seed},
               {"max_faults", flags.max_faults}, {"window_ms", flags.window_ms},
-              {"max_for_ms", flags.max_for_ms}, {"invariant", flags.invariant},
-              {"trials", json::array()}};
+              {"max_for_ms", flags.max_for_ms}, {"invariant", flags.invariant}};
   for (ActorFault::Kind k : draw.kinds) doc["kinds"].push_back(runtime::ActorFaultKindName(k));
   const Trials trials(flags);
-  int failed = 0;
-  const auto started = std::chrono::steady_clock::now();
-  for (int64_t t = 0; (flags.continuous || t < flags.trials) && !g_chaos_stop; ++t) {
-    json row = RunTrial(flags, trials, draw, report, t);
-    if (row.is_null()) break;  // interrupted
-    failed += row["outcome"] == "failed";
-    std::ofstream(report + "/trials.jsonl", std::ios::app)
-        << row.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-    doc["trials"].push_back(std::move(row));
-  }
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  doc["failed"] = failed;
-  doc["seconds"] = wall;
-  std::ofstream(report + "/report.json")
-      << doc.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
-  std::printf("summary: trials=%zu failed=%d wall_s=%.0f report=%s/report.json\n",
-              doc["trials"].size(), failed, wall, report.c_str());
-  return failed == 0 ? 0 : 1;
+  return RunTrials(flags.continuous, flags.trials, report, std::move(doc),
+                   [&](int64_t t) { return RunTrial(flags, trials, draw, report, t); });
 }
 
 }  // namespace
@@ -455,11 +431,7 @@ int RunChaosActors(const Args& args) {
   runtime::ConfigRegistry config;
   flags.Register(config);
   if (int rc = runtime::ParseCommandLine("chaos actors", kUsage, args, config); rc >= 0) return rc;
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_chaos_stop = true; };
-  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the runner at once
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  CatchStopSignals();
   return RunActorChaos(flags);
 }
 

@@ -582,13 +582,8 @@ json RunTrial(const ChaosFlags& flags, const Runner& runner, const train::ChaosD
                   absl::StrCat("trial ", t, ": ", train::FormatSchedule(schedule)));
     int runs = 0;
     const std::vector<train::Fault> smallest = runner.Shrink(schedule, v, dir, &runs);
-    const std::string cmd = runner.Reproduce(smallest);
-    std::printf("       shrunk in %d runs to %s; reproduce with:\n       %s\n", runs,
-                train::FormatSchedule(smallest).c_str(), cmd.c_str());
-    row["shrunk"] = {{"schedule", train::FormatSchedule(smallest)},
-                     {"faults", smallest.size()},
-                     {"runs", runs},
-                     {"command", cmd}};
+    row["shrunk"] = ShrunkEntry(runs, train::FormatSchedule(smallest), smallest.size(),
+                                runner.Reproduce(smallest));
   }
   std::fflush(stdout);
   return row;
@@ -644,30 +639,12 @@ int RunChaos(const ChaosFlags& flags) {
       {"kinds", json::array()},
       {"reference_crc32c", crc->second},
       {"deterministic", spec.deterministic},
-      {"invariants", {"exit", "weights", "exactly-once", "steps-lost", "recovery", "leftovers"}},
-      {"trials", json::array()}};
+      {"invariants", {"exit", "weights", "exactly-once", "steps-lost", "recovery", "leftovers"}}};
   for (train::FaultKind k : setup.kinds) doc["kinds"].push_back(train::FaultKindName(k));
   if (!flags.invariant.empty()) doc["invariants"].push_back("user");
-  int failed = 0;
-  const auto started = std::chrono::steady_clock::now();
-  for (int64_t t = 0; (flags.continuous || t < flags.trials) && !g_chaos_stop; ++t) {
-    json row = RunTrial(flags, runner, draw, setup.schedule, setup.report, t);
-    if (row.is_null()) break;  // interrupted
-    failed += row["outcome"] == "failed";
-    // A line per trial as it ends: a soak stopped hard still has every finished trial.
-    std::ofstream(setup.report + "/trials.jsonl", std::ios::app)
-        << row.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-    doc["trials"].push_back(std::move(row));
-  }
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  doc["failed"] = failed;
-  doc["seconds"] = wall;
-  std::ofstream(setup.report + "/report.json")
-      << doc.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
-  std::printf("summary: trials=%zu failed=%d wall_s=%.0f report=%s/report.json\n",
-              doc["trials"].size(), failed, wall, setup.report.c_str());
-  return failed == 0 ? 0 : 1;
+  return RunTrials(flags.continuous, flags.trials, setup.report, std::move(doc), [&](int64_t t) {
+    return RunTrial(flags, runner, draw, setup.schedule, setup.report, t);
+  });
 }
 
 }  // namespace
@@ -688,11 +665,7 @@ int RunChaosCommand(const Args& args) {
       rc >= 0) {
     return rc;
   }
-  struct sigaction sa {};
-  sa.sa_handler = [](int) { g_chaos_stop = true; };
-  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the runner at once
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  CatchStopSignals();
   return RunChaos(flags);
 }
 

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -24,6 +25,47 @@ namespace troupe::tools {
 namespace fs = std::filesystem;
 
 std::atomic<bool> g_chaos_stop{false};
+
+void CatchStopSignals() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) { g_chaos_stop = true; };
+  sa.sa_flags = SA_RESETHAND;  // a second Ctrl-C ends the runner at once
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int RunTrials(bool continuous, int64_t trials, const std::string& report, nlohmann::json doc,
+              const std::function<nlohmann::json(int64_t)>& trial) {
+  using json = nlohmann::json;
+  int failed = 0;
+  doc["trials"] = json::array();
+  const auto started = std::chrono::steady_clock::now();
+  for (int64_t t = 0; (continuous || t < trials) && !g_chaos_stop; ++t) {
+    json row = trial(t);
+    if (row.is_null()) break;  // interrupted
+    failed += row["outcome"] == "failed";
+    std::ofstream(report + "/trials.jsonl", std::ios::app)
+        << row.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    doc["trials"].push_back(std::move(row));
+  }
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  doc["failed"] = failed;
+  doc["seconds"] = wall;
+  std::ofstream(report + "/report.json")
+      << doc.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
+  std::printf("summary: trials=%zu failed=%d wall_s=%.0f report=%s/report.json\n",
+              doc["trials"].size(), failed, wall, report.c_str());
+  return failed == 0 ? 0 : 1;
+}
+
+nlohmann::json ShrunkEntry(int runs, const std::string& schedule, size_t faults,
+                           const std::string& command) {
+  std::printf("       shrunk in %d runs to %s%s; reproduce with:\n       %s\n", runs,
+              schedule.c_str(), faults == 0 ? " (it fails without any fault)" : "",
+              command.c_str());
+  return {{"schedule", schedule}, {"faults", faults}, {"runs", runs}, {"command", command}};
+}
 
 std::map<std::string, std::string> TrialEnvironment(const std::string& dir, bool clock_steps,
                                                     bool own_tmp) {

@@ -14,17 +14,33 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "nlohmann/json.hpp"
 
 namespace troupe::tools {
 
 // Set by the runner's SIGINT/SIGTERM handler: a running child is stopped (its process group).
 extern std::atomic<bool> g_chaos_stop;
+// Installs that handler; a second signal ends the runner at once.
+void CatchStopSignals();
+
+// Runs trials 0, 1, ... through `trial` (its row; null once interrupted): all `trials`, or
+// until stopped when `continuous`. Each row goes to <report>/trials.jsonl as its trial ends (a
+// soak stopped hard keeps every finished trial), then `doc` with the rows ("trials"), the count
+// whose "outcome" is "failed" and the wall time to <report>/report.json, then the summary line.
+// 0 when no trial failed, else 1.
+int RunTrials(bool continuous, int64_t trials, const std::string& report, nlohmann::json doc,
+              const std::function<nlohmann::json(int64_t)>& trial);
+// A failed trial's shrunk schedule: printed with the command that reproduces it, and its row's
+// "shrunk" entry.
+nlohmann::json ShrunkEntry(int runs, const std::string& schedule, size_t faults,
+                           const std::string& command);
 
 // A child process's end: its exit status, or kTimedOut / kInterrupted / kNotStarted.
 struct Child {
