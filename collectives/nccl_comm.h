@@ -129,8 +129,9 @@ class NcclComm final : public Communicator,
   absl::StatusOr<NcclUniqueId> ExchangeId(Bootstrap* boot, absl::Time deadline);
   // Where rank `rank` publishes its net::HostKey() before it joins the communicator.
   std::string HostKeyName(int rank) const;
-  // Whether every rank published the same host key as this one (the same answer on every rank).
-  absl::StatusOr<bool> AllOnOneHost(Bootstrap* boot, absl::Time deadline);
+  // Whether every rank published the same host key as this one's, `mine` (the same answer on
+  // every rank).
+  absl::StatusOr<bool> AllOnOneHost(Bootstrap* boot, const std::string& mine, absl::Time deadline);
 
   // --- issuing and polling (nccl_comm.cc) ---
   // Polling: spin (lowest latency on a GPU) for a while, then sleep so waiting threads do not

@@ -134,7 +134,8 @@ absl::Status NcclComm::Init(Bootstrap* boot) {
       TROUPE_CUDA_STATUS(b, "cudaStreamCreateWithFlags", b.StreamCreateNonBlocking(&stream_)));
   TROUPE_RETURN_IF_ERROR(TROUPE_CUDA_STATUS(b, "cudaMalloc", b.Malloc(&scratch_, sizeof(float))));
   TROUPE_ASSIGN_OR_RETURN(NcclUniqueId id, ExchangeId(boot, deadline));
-  if (auto st = boot->Publish(HostKeyName(o_.rank), net::HostKey()); !st.ok()) {
+  const std::string host_key = net::HostKey();
+  if (auto st = boot->Publish(HostKeyName(o_.rank), host_key); !st.ok()) {
     return absl::Status(st.code(), absl::StrCat("host key '", HostKeyName(o_.rank),
                                                 "': publish failed: ", st.message()));
   }
@@ -148,7 +149,7 @@ absl::Status NcclComm::Init(Bootstrap* boot) {
   TROUPE_RETURN_IF_ERROR(
       Settle(deadline, "ncclCommInitRankConfig", "the connect timeout", o_.connect_timeout));
   // Every rank published its host key before it joined the communicator that just formed.
-  TROUPE_ASSIGN_OR_RETURN(one_host_, AllOnOneHost(boot, deadline));
+  TROUPE_ASSIGN_OR_RETURN(one_host_, AllOnOneHost(boot, host_key, deadline));
   return absl::OkStatus();
 }
 
@@ -179,8 +180,8 @@ absl::StatusOr<NcclUniqueId> NcclComm::ExchangeId(Bootstrap* boot, absl::Time de
 
 std::string NcclComm::HostKeyName(int rank) const { return absl::StrCat(key_, "/host/", rank); }
 
-absl::StatusOr<bool> NcclComm::AllOnOneHost(Bootstrap* boot, absl::Time deadline) {
-  const std::string mine = net::HostKey();
+absl::StatusOr<bool> NcclComm::AllOnOneHost(Bootstrap* boot, const std::string& mine,
+                                            absl::Time deadline) {
   bool same = true;
   for (int r = 0; r < o_.size; ++r) {
     if (r == o_.rank) continue;
