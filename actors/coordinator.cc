@@ -218,8 +218,10 @@ void Coordinator::HandleJoin(const RankJoined& j) {
   if (ranks_.count(j.worker) || gate_.stopped() || !head_) return;
   self_->request(head_, Rpc(), runtime::directory_lookup_atom::value, j.rank_name)
       .then(
-          [this, j](const caf::actor& rank, uint64_t, const std::string&, const std::string&) {
+          [this, j](const caf::actor& rank, uint64_t, const std::string& worker,
+                    const std::string&) {
             if (ranks_.count(j.worker)) return;
+            self_->ConnectTo(worker);  // its messages, both ways, then skip the head
             ranks_[j.worker] = Rank{rank, j.node, j.rank_name};
             self_->monitor(rank);
             Execute(core_->OnJoin(j.worker, j.node, Now(), j.domain));

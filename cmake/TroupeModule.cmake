@@ -36,7 +36,8 @@ endfunction()
 set(TROUPE_LEVELS unit integration chaos gpu)
 set(TROUPE_MODULE_LABELS base runtime scheduler collectives model kernels train actors tools)
 function(troupe_test target)
-  cmake_parse_arguments(T "" "LEVEL;MODULE;TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
+  # SERIAL: ctest runs the test alone (RUN_SERIAL), for tests that take the whole machine.
+  cmake_parse_arguments(T "SERIAL" "LEVEL;MODULE;TIMEOUT" "SOURCES;LIBS" ${ARGN})
   if(NOT T_LEVEL IN_LIST TROUPE_LEVELS)
     message(FATAL_ERROR "troupe_test(${target}): LEVEL must be one of ${TROUPE_LEVELS}, got '${T_LEVEL}'")
   endif()
@@ -58,17 +59,17 @@ function(troupe_test target)
     DISCOVERY_MODE PRE_TEST
     NO_PRETTY_VALUES
     PROPERTIES TIMEOUT ${T_TIMEOUT})
-  # CMake 3.25 flattens list-valued PROPERTIES of gtest_discover_tests, so LABELS "a;b" (or
-  # several ENV entries) cannot pass through it: set them from a CTest include file that runs
-  # after the discovery script and sees its test list.
-  set(env_property "")
-  if(T_ENV)
-    set(env_property " ENVIRONMENT \"${T_ENV}\"")
+  # CMake 3.25 flattens list-valued PROPERTIES of gtest_discover_tests, so LABELS "a;b" cannot
+  # pass through it: set them from a CTest include file that runs after the discovery script and
+  # sees its test list.
+  set(serial_property "")
+  if(T_SERIAL)
+    set(serial_property " RUN_SERIAL TRUE")
   endif()
   set(labels_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
   file(WRITE ${labels_file}
     "if(${target}_TESTS)\n"
-    "  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"${T_LEVEL};${T_MODULE}\")\n"
+    "  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"${T_LEVEL};${T_MODULE}\"${serial_property})\n"
     "endif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_file})
 endfunction()

@@ -19,18 +19,18 @@ constexpr int kRanks = 4;
 constexpr int kVictim = 2;
 constexpr int kLivenessMs = 2000;
 
-void RunChaos(int signal, int64_t limit_ms, size_t count = size_t{16} << 20,
-              bool mailboxes = true) {
+void RunChaos(int signal, int64_t limit_ms, size_t count = size_t{16} << 20, bool mailboxes = true,
+              int world = kRanks) {
   std::vector<std::string> args = {"chaos", std::to_string(kVictim), std::to_string(kLivenessMs),
                                    std::to_string(count)};
   if (!mailboxes) args.push_back("no-mailboxes");
-  Ranks ranks(kRanks, args);
+  Ranks ranks(world, args);
   std::string line;
   // Wait until the victim has received at least one chunk of an all-reduce.
   while (line != "PROGRESS") ASSERT_TRUE(ranks[kVictim].ReadLine(&line)) << "victim exited";
   const int64_t t_signal = MonoNs();
   ASSERT_EQ(kill(ranks[kVictim].pid, signal), 0);
-  for (int r = 0; r < kRanks; ++r) {
+  for (int r = 0; r < world; ++r) {
     if (r == kVictim) continue;
     int64_t t_error = 0;
     char code[64] = {0};
@@ -57,6 +57,15 @@ void RunChaos(int signal, int64_t limit_ms, size_t count = size_t{16} << 20,
 }
 
 TEST(Chaos, KillNineDuring64MiBAllReduceIsDetectedWithin500ms) { RunChaos(SIGKILL, 500); }
+// Eight ranks: rank 2 is watched by ranks 0, 1, 3 and 6 only (LivenessPeers); ranks 4, 5 and 7
+// learn of its death from them, as fast.
+TEST(Chaos, KillNineOfOneOfEightIsKnownToTheRanksThatDoNotWatchItWithin500ms) {
+  RunChaos(SIGKILL, 500, size_t{1} << 20, true, 8);
+}
+// The same for a stopped rank: only its watchers see the silence.
+TEST(Chaos, SigstopOfOneOfEightIsKnownToTheRanksThatDoNotWatchItWithinLivenessTimeout) {
+  RunChaos(SIGSTOP, kLivenessMs + 500, size_t{1} << 20, true, 8);
+}
 // The same with the shared segments off: the survivors are reading the victim's buffer with
 // cross-memory attach when it dies.
 TEST(Chaos, KillNineDuring64MiBSingleCopyReadsIsDetectedWithin500ms) {

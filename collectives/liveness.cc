@@ -17,10 +17,26 @@
 namespace troupe::collectives {
 
 namespace {
+constexpr int32_t kProbe = -1;  // the rank a probe's hello names
+
 std::string Key(const std::string& prefix, int rank) {
   return absl::StrCat(prefix, "/live/", rank);
 }
 }  // namespace
+
+std::vector<int> LivenessPeers(int rank, int size) {
+  std::vector<int> out;
+  if (size < 2) return out;
+  out.push_back((rank + 1) % size);
+  out.push_back((rank + size - 1) % size);
+  for (int bit = 1; bit < size; bit <<= 1) {
+    if ((rank ^ bit) < size) out.push_back(rank ^ bit);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  out.erase(std::remove(out.begin(), out.end(), rank), out.end());
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
                                                           const std::string& prefix, int rank,
@@ -32,6 +48,8 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   l->options_ = options;
   l->on_dead_ = std::move(on_dead);
   l->peers_.resize(size);
+  l->dead_.assign(size, 0);
+  for (int p : LivenessPeers(rank, size)) l->peers_[p].watched = true;
   int port = 0;
   TROUPE_ASSIGN_OR_RETURN(auto lfd, net::Listen(address, 0, &port));
   absl::Status st =
@@ -39,11 +57,8 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   // Connect to lower ranks, accept from higher ones; the first 8 bytes name (rank, pid).
   if (st.ok()) st = l->ConnectToLower(boot, prefix, deadline);
   if (st.ok()) st = l->AcceptFromHigher(lfd, boot, prefix, deadline);
-  close(lfd);
-  if (!st.ok()) {
-    for (auto& p : l->peers_) {
-      if (p.fd >= 0) close(p.fd);
-    }
+  l->listen_fd_ = lfd;
+  if (!st.ok()) {  // the fds opened so far close with `l`
     return absl::Status(st.code(),
                         absl::StrCat("liveness setup of rank ", rank, ": ", st.message()));
   }
@@ -57,6 +72,7 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
 absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix,
                                       absl::Time deadline) {
   for (int j = 0; j < rank_; ++j) {
+    if (!peers_[j].watched) continue;
     TROUPE_ASSIGN_OR_RETURN(auto v, boot->Lookup(Key(prefix, j), deadline));
     char peer_address[64] = {};
     int peer_port = 0, peer_pid = 0;
@@ -82,13 +98,15 @@ absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix
 absl::Status Liveness::AcceptFromHigher(int listen_fd, Bootstrap* boot, const std::string& prefix,
                                         absl::Time deadline) {
   const int size = static_cast<int>(peers_.size());
-  for (int k = rank_ + 1; k < size; ++k) {
+  int expected = 0;
+  for (int k = rank_ + 1; k < size; ++k) expected += peers_[k].watched ? 1 : 0;
+  for (int got = 0; got < expected;) {
     auto fd = net::Accept(listen_fd, deadline);
     if (!fd.ok()) {
       // Name the peers that never connected, with the addresses they published (if any).
       std::string missing;
       for (int m = rank_ + 1; m < size; ++m) {
-        if (peers_[m].fd >= 0) continue;
+        if (!peers_[m].watched || peers_[m].fd >= 0) continue;
         auto v = boot->Lookup(Key(prefix, m), base::MonotonicNow() + absl::Milliseconds(100));
         absl::StrAppend(&missing, missing.empty() ? "" : ", ", "rank ", m, " (",
                         v.ok() ? *v : "published nothing", ")");
@@ -99,7 +117,12 @@ absl::Status Liveness::AcceptFromHigher(int listen_fd, Bootstrap* boot, const st
     }
     int32_t hello[2];
     absl::Status st = net::ReadFull(*fd, hello, sizeof(hello), deadline);
-    if (st.ok() && (hello[0] <= rank_ || hello[0] >= size || peers_[hello[0]].fd >= 0)) {
+    if (st.ok() && hello[0] == kProbe) {  // another rank's ProbeUnwatched, early
+      close(*fd);
+      continue;
+    }
+    if (st.ok() && (hello[0] <= rank_ || hello[0] >= size || !peers_[hello[0]].watched ||
+                    peers_[hello[0]].fd >= 0)) {
       st = absl::DataLossError(absl::StrCat("liveness: unexpected hello from rank ", hello[0]));
     }
     if (!st.ok()) {
@@ -108,6 +131,7 @@ absl::Status Liveness::AcceptFromHigher(int listen_fd, Bootstrap* boot, const st
     }
     peers_[hello[0]].fd = *fd;
     peers_[hello[0]].pid = hello[1];
+    ++got;
   }
   return absl::OkStatus();
 }
@@ -123,7 +147,34 @@ Liveness::~Liveness() {
   for (auto& p : peers_) {
     if (p.fd >= 0) close(p.fd);
   }
+  if (listen_fd_ >= 0) close(listen_fd_);
   if (wake_[0] >= 0) close(wake_[0]), close(wake_[1]);
+}
+
+absl::Status Liveness::ProbeUnwatched(Bootstrap* boot, const std::string& prefix,
+                                      absl::Time deadline) {
+  for (int j = 0; j < static_cast<int>(peers_.size()); ++j) {
+    if (j == rank_ || peers_[j].watched) continue;
+    TROUPE_ASSIGN_OR_RETURN(auto v, boot->Lookup(Key(prefix, j), deadline));
+    char peer_address[64] = {};
+    int peer_port = 0;
+    if (std::sscanf(v.c_str(), "%63s %d", peer_address, &peer_port) != 2) {
+      return absl::DataLossError(
+          absl::StrCat("liveness: rank ", j, " published '", v, "', expected 'ADDRESS PORT PID'"));
+    }
+    auto fd = net::Connect(peer_address, peer_port, deadline);
+    if (!fd.ok()) {
+      return BlamePeer(absl::Status(fd.status().code(),
+                                    absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
+                                                 ") unreachable: ", fd.status().message())),
+                       j);
+    }
+    const int32_t hello[2] = {kProbe, static_cast<int32_t>(getpid())};
+    absl::Status st = net::WriteFull(*fd, hello, sizeof(hello));
+    close(*fd);
+    if (!st.ok()) return BlamePeer(st, j);
+  }
+  return absl::OkStatus();
 }
 
 void Liveness::Loop() {
@@ -141,6 +192,8 @@ void Liveness::Loop() {
     }
     fds.assign(1, pollfd{wake_[0], POLLIN, 0});
     who.assign(1, -1);
+    fds.push_back(pollfd{listen_fd_, POLLIN, 0});
+    who.push_back(-1);
     for (size_t i = 0; i < peers_.size(); ++i) {
       if (peers_[i].fd >= 0 && !peers_[i].reported && !peers_[i].goodbye) {
         fds.push_back(pollfd{peers_[i].fd, POLLIN, 0});
@@ -157,7 +210,11 @@ void Liveness::Loop() {
     if (late > options_.interval) {
       for (Peer& p : peers_) p.last_heard += late - options_.interval;
     }
-    for (size_t k = 1; k < fds.size(); ++k) {
+    if (fds[1].revents != 0) {  // a probe: nothing to say to it
+      const int probe = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (probe >= 0) close(probe);
+    }
+    for (size_t k = 2; k < fds.size(); ++k) {
       Peer& p = peers_[who[k]];
       p.longest_pause = std::max(p.longest_pause, late);
       std::string why;
@@ -167,7 +224,7 @@ void Liveness::Loop() {
         if (n > 0) {
           p.last_heard = t;
           p.longest_pause = absl::ZeroDuration();
-          for (ssize_t i = 0; i < n; ++i) p.goodbye |= buf[i] == 'B';
+          ReadFrom(who[k], buf, static_cast<size_t>(n));
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
           if (!p.goodbye) why = "its liveness connection closed (process exited or was killed)";
           p.goodbye = true;
@@ -180,11 +237,43 @@ void Liveness::Loop() {
                            "; the longest pause of this rank's monitor meanwhile: ",
                            absl::FormatDuration(p.longest_pause), ")");
       }
-      if (!why.empty()) {
-        p.reported = true;
-        on_dead_(who[k], absl::StrCat("peer rank ", who[k], " (pid ", p.pid, ") is dead: ", why));
-      }
+      if (!why.empty()) Report(who[k], p.pid, why, -1);
     }
+  }
+}
+
+void Liveness::ReadFrom(int k, const char* buf, size_t n) {
+  Peer& p = peers_[k];
+  for (size_t i = 0; i < n; ++i) {
+    const char c = buf[i];
+    if (p.frame.empty()) {
+      if (c == 'D') p.frame = "D";
+      p.goodbye |= c == 'B';
+      continue;
+    }
+    if (c != ';') {
+      if (p.frame.size() < 32) p.frame += c;
+      continue;
+    }
+    int dead = -1, pid = 0;
+    const bool parsed = std::sscanf(p.frame.c_str(), "D%d %d", &dead, &pid) == 2;
+    p.frame.clear();
+    if (parsed && dead >= 0 && dead < static_cast<int>(peers_.size()) && dead != rank_) {
+      Report(dead, pid, absl::StrCat("rank ", k, " saw it die"), k);
+    }
+  }
+}
+
+void Liveness::Report(int dead, int pid, const std::string& why, int told_by) {
+  peers_[dead].reported = true;
+  if (dead_[dead]) return;
+  dead_[dead] = 1;
+  on_dead_(dead, absl::StrCat("peer rank ", dead, " (pid ", pid, ") is dead: ", why));
+  const std::string notice = absl::StrCat("D", dead, " ", pid, ";");
+  for (size_t q = 0; q < peers_.size(); ++q) {
+    const Peer& to = peers_[q];
+    if (static_cast<int>(q) == told_by || to.fd < 0 || to.reported || to.goodbye) continue;
+    (void)!send(to.fd, notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
 }
 

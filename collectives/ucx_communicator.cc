@@ -368,9 +368,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
   if (peers.multi_host) {
     TROUPE_RETURN_IF_ERROR(ExchangeNetworkAddresses(*t, boot, o, prefix, address, deadline, peers));
   }
-  // The liveness channel first: its connects are bounded by the deadline and blame the peer they
-  // fail on, where UCX 1.13's tcp endpoint creation blocks in connect(2) for the kernel's SYN
-  // retries (about two minutes) on a peer that cannot be reached.
+  // The liveness channel first: its connects (and probes of the ranks it does not watch) are
+  // bounded by the deadline and blame the peer they fail on, where UCX 1.13's tcp endpoint creation
+  // blocks in connect(2) for the kernel's SYN retries (about two minutes) on a peer that cannot be
+  // reached.
   Liveness::Options lo;
   lo.interval = o.heartbeat_interval;
   lo.timeout = o.liveness_timeout;
@@ -385,6 +386,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateUcxCommunicator(Bootstrap* b
       },
       deadline);
   if (!live.ok()) return live.status();
+  // The ranks it does not watch, across hosts, must be reachable too before UCX dials them.
+  if (peers.multi_host) TROUPE_RETURN_IF_ERROR((*live)->ProbeUnwatched(boot, prefix, deadline));
   TROUPE_RETURN_IF_ERROR(t->Connect(peers.addrs, peers.lanes));
   TROUPE_RETURN_IF_ERROR(
       t->ProbeLocalPeers(boot, prefix, o.single_copy && !peers.multi_host, o.mailboxes, deadline));

@@ -9,6 +9,7 @@
 #include "caf/sec.hpp"
 #include "caf/system_messages.hpp"
 #include "internal/context.h"
+#include "internal/mesh.h"
 #include "troupe/runtime/status.h"
 
 namespace troupe::runtime {
@@ -53,6 +54,8 @@ Actor::~Actor() {
 }
 
 caf::actor Actor::cluster_head() { return ctx_->head(); }
+
+void Actor::ConnectTo(const std::string& worker) { internal::ReachWorker(*ctx_, worker); }
 
 caf::invoke_message_result Actor::ConsumeInner(caf::mailbox_element& x, caf::message inner) {
   auto unwrapped =

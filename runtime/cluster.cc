@@ -117,7 +117,7 @@ absl::StatusOr<ClusterClient> ClusterClient::Connect(Runtime& runtime, const std
 
 std::string ClusterClient::address() const { return absl::StrCat(host_, ":", port_); }
 
-void ClusterClient::ConnectDirectly() { internal::StartMesh(*runtime_, head_, "", true); }
+void ClusterClient::ConnectDirectly() { internal::StartMesh(*runtime_, head_, ""); }
 
 absl::Status ClusterClient::Reconnect(Duration grace) {
   const auto deadline = std::chrono::steady_clock::now() + grace;
@@ -128,7 +128,7 @@ absl::Status ClusterClient::Reconnect(Duration grace) {
     if (head.ok()) {
       head_ = *head;
       runtime_->internal_context()->SetHead(head_);
-      if (runtime_->internal_context()->mesh()) internal::StartMesh(*runtime_, head_, "", true);
+      if (runtime_->internal_context()->mesh()) internal::StartMesh(*runtime_, head_, "");
       return absl::OkStatus();
     }
     last = head.status();

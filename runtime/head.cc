@@ -74,8 +74,9 @@ caf::message_handler HeadActor::MembershipHandlers() {
              const caf::actor& worker, int32_t port, int32_t direct_port) -> caf::result<uint64_t> {
         return HandleRegisterWorker(id, node, pid, worker, port, direct_port);
       },
-      [this](heartbeat_atom, const std::string& id, const std::vector<ActorStat>& stats) {
-        HandleHeartbeat(id, stats);
+      [this](heartbeat_atom, const std::string& id, uint64_t base, uint64_t version,
+             const std::vector<ActorStat>& changes) {
+        HandleHeartbeat(id, base, version, changes);
       },
       // The status text is for older agents' logs; the wait status says it all.
       [this](wexit_atom, const std::string& id, int64_t /*pid*/, const std::string& /*status*/,
@@ -158,13 +159,14 @@ caf::result<uint64_t> HeadActor::HandleRegisterWorker(const std::string& id,
   return core_.generation();
 }
 
-// A worker's or node's heartbeat, with its actors' handler times: a handler running longer
-// than hung_timeout is reported once as actor_hung.
-void HeadActor::HandleHeartbeat(const std::string& id, const std::vector<ActorStat>& stats) {
-  std::vector<ActorBusy> actors;
-  actors.reserve(stats.size());
-  for (const ActorStat& s : stats) actors.push_back(ActorBusy{s.name, s.progress, s.busy_ms});
-  Execute(core_.OnHeartbeat(id, actors, Clock::now()));
+// A worker's or node's heartbeat, with what changed in its actors' handler times: a handler
+// running longer than hung_timeout is reported once as actor_hung.
+void HeadActor::HandleHeartbeat(const std::string& id, uint64_t base, uint64_t version,
+                                const std::vector<ActorStat>& changes) {
+  Heartbeat beat{base, version, {}};
+  beat.changes.reserve(changes.size());
+  for (const ActorStat& s : changes) beat.changes.push_back({s.name, s.progress, s.busy_ms});
+  Execute(core_.OnHeartbeat(id, beat, Clock::now()));
 }
 
 // Chaos by name: the node's agent carries it out on its own host.
@@ -213,6 +215,9 @@ void HeadActor::Execute(const std::vector<MembershipAction>& actions) {
         break;
       case K::kAskRejoin:
         send(Handle(a.member), rejoin_atom::value);
+        break;
+      case K::kSyncHeartbeats:
+        send(Handle(a.member), heartbeat_sync_atom::value);
         break;
       case K::kFence:
         send(Handle(a.node), fence_atom::value, a.member);

@@ -69,7 +69,8 @@ class HeadActor final : public caf::event_based_actor {
   caf::result<uint64_t> HandleRegisterWorker(const std::string& id, const std::string& node,
                                              int64_t pid, const caf::actor& worker, int32_t port,
                                              int32_t direct_port);
-  void HandleHeartbeat(const std::string& id, const std::vector<ActorStat>& stats);
+  void HandleHeartbeat(const std::string& id, uint64_t base, uint64_t version,
+                       const std::vector<ActorStat>& changes);
   caf::result<bool> HandleNodeFault(const std::string& node, const NodeFault& f);
   void HandleDown(const caf::down_msg& dm);
   // Carries out the core's actions in order (a kRefuse is the request's answer: Refusal).

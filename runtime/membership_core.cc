@@ -58,6 +58,8 @@ std::string DebugString(const MembershipAction& a) {
       return absl::StrCat("fail_jobs(", a.node, ")");
     case K::kFlushAfter:
       return absl::StrCat("flush_after(", Millis(a.delay), "ms,", a.member, ")");
+    case K::kSyncHeartbeats:
+      return absl::StrCat("sync_heartbeats(", a.member, ")");
   }
   return "?";
 }
@@ -199,8 +201,7 @@ Actions MembershipCore::OnRegisterWorker(const MemberInfo& worker, TimePoint now
   return out;
 }
 
-Actions MembershipCore::OnHeartbeat(const std::string& id, const std::vector<ActorBusy>& actors,
-                                    TimePoint now) {
+Actions MembershipCore::OnHeartbeat(const std::string& id, const Heartbeat& beat, TimePoint now) {
   auto it = members_.find(id);
   if (it == members_.end()) return {};
   Member& m = it->second;
@@ -215,16 +216,33 @@ Actions MembershipCore::OnHeartbeat(const std::string& id, const std::vector<Act
     return out;
   }
   m.last_seen = now;
-  const auto hung_ms = static_cast<uint64_t>(Millis(options_.hung_timeout));
-  for (const ActorBusy& s : actors) {
-    if (s.busy_ms < hung_ms) {
-      m.hung.erase(s.name);
-    } else if (m.hung.insert(s.name).second) {
-      Publish(&out, MembershipKind::kActorHung, s.name, m.info.node, m.info.pid,
-              absl::StrCat("handler running for ", s.busy_ms, "ms on worker ", id, " (progress ",
-                           s.progress, ")"),
-              "", /*bump=*/false);
+  if (beat.base == 0) {
+    m.busy.clear();
+    m.beats_synced = true;
+    m.sync_asked.reset();
+  } else if (!m.beats_synced || beat.base != m.beat_version) {
+    if (!m.sync_asked || now - *m.sync_asked >= options_.heartbeat_timeout) {
+      m.sync_asked = now;
+      out.push_back(Make(MembershipAction::Kind::kSyncHeartbeats, id, m.info.node));
     }
+    return out;
+  }
+  m.beat_version = beat.version;
+  for (const ActorBusy& a : beat.changes) {
+    if (a.busy_ms == 0) {
+      m.busy.erase(a.name);
+    } else {
+      m.busy[a.name] = Member::Busy{now - std::chrono::milliseconds(a.busy_ms), a.progress};
+    }
+  }
+  for (auto& [name, b] : m.busy) {
+    const auto busy_ms = Millis(now - b.since);
+    if (b.published || busy_ms < Millis(options_.hung_timeout)) continue;
+    b.published = true;
+    Publish(&out, MembershipKind::kActorHung, name, m.info.node, m.info.pid,
+            absl::StrCat("handler running for ", busy_ms, "ms on worker ", id, " (progress ",
+                         b.progress, ")"),
+            "", /*bump=*/false);
   }
   return out;
 }

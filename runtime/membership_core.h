@@ -75,6 +75,7 @@ struct MembershipAction {
     kSchedulerRemove,  // node `node` leaves the scheduler
     kFailJobs,         // every submitted job whose driver runs on node `node` fails with `detail`
     kFlushAfter,       // call OnFlush(`member`) after `delay`
+    kSyncHeartbeats,   // ask member `member` for a full heartbeat (its deltas no longer chain)
   };
   Kind kind = Kind::kPublish;
   std::string member;
@@ -109,7 +110,15 @@ const char* Name(MemberPhase p);
 struct ActorBusy {
   std::string name;
   uint64_t progress = 0;  // application messages consumed
-  uint64_t busy_ms = 0;   // how long its current handler has run (0 = idle)
+  uint64_t busy_ms = 0;   // how long its current handler has run (0 = idle, or gone)
+};
+
+// A heartbeat: the actors whose handler state changed since the member's beat at `base`
+// (internal/heartbeat.h); base 0 is a full one, every actor busy past the sender's floor.
+struct Heartbeat {
+  uint64_t base = 0;
+  uint64_t version = 0;
+  std::vector<ActorBusy> changes;
 };
 
 class MembershipCore {
@@ -143,10 +152,13 @@ class MembershipCore {
   // node's): publish(worker_alive), or refuse(FailedPrecondition) for a worker declared dead or
   // a node not alive.
   std::vector<MembershipAction> OnRegisterWorker(const MemberInfo& worker, TimePoint now);
-  // A heartbeat of a node or worker with its actors (5 for a dead node); an actor whose handler
-  // has run for hung_timeout is published actor_hung once, until it is seen idle again.
-  std::vector<MembershipAction> OnHeartbeat(const std::string& id,
-                                            const std::vector<ActorBusy>& actors, TimePoint now);
+  // A heartbeat of a node or worker (5 for a dead node): it lives. Its changes apply to the
+  // head's copy of the member's busy actors when they chain from it (else sync_heartbeats, at
+  // most once per heartbeat_timeout until a full one comes); an actor whose handler has run for
+  // hung_timeout is published actor_hung once, until it is seen idle again. O(changes + the
+  // member's busy actors), whatever the member hosts.
+  std::vector<MembershipAction> OnHeartbeat(const std::string& id, const Heartbeat& beat,
+                                            TimePoint now);
   // (7, 9, 12) The node agent's waitpid status of worker `id` (`fenced`: the agent killed it on
   // the head's fence), with its stderr's last lines.
   std::vector<MembershipAction> OnWorkerExit(const std::string& id, const std::string& tail,
@@ -181,7 +193,15 @@ class MembershipCore {
   struct Member {
     MemberInfo info;
     TimePoint last_seen{};
-    std::set<std::string> hung;  // actors already published hung
+    struct Busy {
+      TimePoint since{};  // when its handler began, as the head reckons it
+      uint64_t progress = 0;
+      bool published = false;  // actor_hung sent for this handler
+    };
+    std::map<std::string, Busy> busy;  // actors busy past the sender's floor
+    uint64_t beat_version = 0;         // the copy's heartbeat version
+    bool beats_synced = false;         // a full heartbeat has come since registration
+    std::optional<TimePoint> sync_asked;
     bool down_reported = false;
     bool rejoin_asked = false;  // node: declared dead, heard from again, told to join again
     bool exit_known = false;    // the node agent's waitpid status has arrived

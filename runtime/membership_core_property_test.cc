@@ -186,10 +186,12 @@ class Driver {
     hit_->insert({kind, core.Phase(id), e});
   }
 
-  std::vector<ActorBusy> Beats() {
-    std::vector<ActorBusy> out;
+  // Full ones, deltas that chain and deltas that do not (a head that missed a beat).
+  Heartbeat Beats() {
+    Heartbeat out{Draw(2) ? 0 : Draw(4), Draw(4), {}};
     for (const char* a : {"a", "b"}) {
-      if (Draw(2)) out.push_back(ActorBusy{a, Draw(100), Draw(3) == 0 ? 500 + Draw(500) : 0});
+      if (Draw(2))
+        out.changes.push_back(ActorBusy{a, Draw(100), Draw(3) == 0 ? 500 + Draw(500) : 0});
     }
     return out;
   }

@@ -328,22 +328,56 @@ TEST(MembershipCoreTest, AHeartbeatKeepsAMemberAliveAndAHungActorIsPublishedOnce
   MembershipCore core = Cluster({"n1/w0"});
   for (int ms = 200; ms <= 3000; ms += 200) {
     core.OnHeartbeat("n1", {}, kT0 + milliseconds(ms));
-    core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 0}}, kT0 + milliseconds(ms));
+    core.OnHeartbeat("n1/w0", {0, 1, {ActorBusy{"a1", 7, 0}}}, kT0 + milliseconds(ms));
     EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
   }
+  // A handler reported once (busy 9999 ms, version 1): the beats after it carry nothing, and the
+  // head's own clock says when it has run for hung_timeout.
   const TimePoint t = kT0 + milliseconds(3000);
-  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 9999}}, t)), "");
-  auto hung = core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 10000}, ActorBusy{"a2", 1, 0}}, t);
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {0, 1, {ActorBusy{"a1", 7, 9999}}}, t)), "");
+  auto hung = core.OnHeartbeat("n1/w0", {1, 1, {}}, t + milliseconds(1));
   ASSERT_EQ(DebugString(hung), "publish(g2,actor_hung,a1)");
   EXPECT_EQ(hung[0].event.detail, "handler running for 10000ms on worker n1/w0 (progress 7)");
   EXPECT_EQ(hung[0].event.node, "n1");
   EXPECT_EQ(hung[0].event.pid, 100);
-  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 7, 12000}}, t)), "");
-  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 8, 0}}, t)), "");
-  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {ActorBusy{"a1", 8, 10001}}, t)),
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {1, 1, {}}, t + milliseconds(3000))), "")
+      << "published once";
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {1, 2, {ActorBusy{"a1", 8, 0}}}, t)), "");
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {2, 3, {ActorBusy{"a1", 8, 10001}}}, t)),
             "publish(g2,actor_hung,a1)")
       << "hung again after it was seen idle";
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {3, 4, {ActorBusy{"a1", 9, 0}}}, t)), "");
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {4, 4, {}}, t + milliseconds(20000))), "")
+      << "idle: nothing to publish however long it stays so";
   EXPECT_EQ(core.generation(), 2u);
+}
+
+// A heartbeat whose base is not the head's copy (a head that took over, a member it registered
+// again) changes nothing and asks the member for a full one, once per heartbeat_timeout; the
+// member stays alive meanwhile.
+TEST(MembershipCoreTest, HeartbeatsThatDoNotChainAskForAFullOneAndChangeNothing) {
+  MembershipCore core = Cluster({"n1/w0"});
+  const ActorBusy long_handler{"a1", 5, 20000};
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {4, 5, {long_handler}}, kT0 + milliseconds(600))),
+            "sync_heartbeats(n1/w0)");
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {5, 6, {}}, kT0 + milliseconds(1200))), "")
+      << "asked already";
+  core.OnHeartbeat("n1", {}, kT0 + milliseconds(1200));
+  EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(1500))), "") << "alive all the same";
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {6, 7, {}}, kT0 + milliseconds(1600))),
+            "sync_heartbeats(n1/w0)")
+      << "asked again after heartbeat_timeout";
+  EXPECT_EQ(
+      DebugString(core.OnHeartbeat("n1/w0", {0, 8, {long_handler}}, kT0 + milliseconds(1700))),
+      "publish(g2,actor_hung,a1)")
+      << "the full heartbeat applies";
+  EXPECT_EQ(DebugString(core.OnHeartbeat("n1/w0", {8, 9, {ActorBusy{"a1", 6, 0}}},
+                                         kT0 + milliseconds(1750))),
+            "");
+  EXPECT_EQ(
+      DebugString(core.OnHeartbeat("n1/w0", {8, 10, {long_handler}}, kT0 + milliseconds(1800))),
+      "sync_heartbeats(n1/w0)")
+      << "a delta from a version the head has passed";
 }
 
 TEST(MembershipCoreTest, ARestoredHeadGoesOnFromItsGenerationAndRefusesTheDead) {

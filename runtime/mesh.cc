@@ -15,90 +15,140 @@
 namespace troupe::runtime::internal {
 namespace {
 
+using reach_atom = caf::atom_constant<caf::atom("tr_reach")>;
+
 struct MeshState {
   Runtime* runtime = nullptr;
   std::string self_id;
-  bool follow = false;
   caf::actor head;
+  std::map<std::string, MemberInfo> table;      // the head's workers, as last asked
   std::map<std::string, caf::actor> connected;  // worker id -> its published worker actor
   std::set<std::string> connecting;
+  std::set<std::string> wanted;  // not in the table when asked for: for the next table
+  std::set<std::string> asked;   // what the table in flight was asked for
+  bool asking = false;           // a members_atom request in flight
 };
 
-// An ordinary (scheduled) actor: the connections are asked of CAF's middleman actor without
-// blocking, and no request of it has a deadline (a head gone by now drops a request without a
-// word, and CAF 0.17's clock would hold the actor alive past the runtime's shutdown until the
-// deadline fired).
-caf::behavior MeshActor(caf::stateful_actor<MeshState>* self, Runtime* runtime, std::string self_id,
-                        bool follow) {
+using MeshSelf = caf::stateful_actor<MeshState>*;
+
+std::string Who(MeshSelf self) {
+  return self->state.self_id.empty() ? std::string("mesh")
+                                     : absl::StrCat("worker ", self->state.self_id);
+}
+
+// No request of the middleman or the head has a deadline: a head gone by now drops a request
+// without a word, and CAF 0.17's clock would hold the actor alive past the runtime's shutdown
+// until the deadline fired.
+void Reach(MeshSelf self, const MemberInfo& m) {
+  MeshState& st = self->state;
+  absl::StatusOr<std::pair<std::string, uint16_t>> via =
+      DialVia(*st.runtime, m.address, static_cast<uint16_t>(m.port));
+  if (!via.ok()) {
+    LogWarn(Who(self),
+            absl::StrCat("no direct connection to worker ", m.id, ": ", via.status().message()));
+    return;
+  }
+  st.connecting.insert(m.id);
+  const std::string id = m.id;
+  self->request(st.runtime->system().middleman().actor_handle(), caf::infinite,
+                caf::connect_atom::value, via->first, via->second)
+      .then(
+          [self, id](const caf::node_id&, caf::strong_actor_ptr& peer,
+                     const std::set<std::string>&) {
+            self->state.connecting.erase(id);
+            if (!peer) return;
+            caf::actor a = caf::actor_cast<caf::actor>(peer);
+            self->monitor(a);
+            self->state.connected[id] = a;
+          },
+          [self, id](caf::error& e) {
+            self->state.connecting.erase(id);
+            LogWarn(Who(self),
+                    absl::StrCat("no direct connection to worker ", id, ": ",
+                                 self->system().render(e), " (its messages go through the head)"));
+          });
+}
+
+// Reaches `id` from the table; false when the table does not have it (yet).
+bool TryReach(MeshSelf self, const std::string& id) {
+  const MeshState& st = self->state;
+  if (id == st.self_id || st.connected.count(id) || st.connecting.count(id)) return true;
+  auto it = st.table.find(id);
+  if (it == st.table.end()) return false;
+  const MemberInfo& m = it->second;
+  if (m.kind == MemberKind::kWorker && m.state == MemberState::kAlive && m.port > 0) Reach(self, m);
+  return true;
+}
+
+// The head's table for the wanted workers: one request at a time; a worker wanted while it is in
+// flight waits for the next one.
+void AskTable(MeshSelf self) {
+  MeshState& st = self->state;
+  if (st.asking || !st.head || st.wanted.empty()) return;
+  st.asking = true;
+  st.asked = st.wanted;
+  self->request(st.head, caf::infinite, members_atom::value)
+      .then(
+          [self](const std::vector<MemberInfo>& table) {
+            MeshState& st = self->state;
+            st.asking = false;
+            st.table.clear();
+            for (const MemberInfo& m : table) st.table[m.id] = m;
+            for (const std::string& id : std::exchange(st.wanted, {})) {
+              if (TryReach(self, id)) continue;
+              if (!st.asked.count(id)) {
+                st.wanted.insert(id);
+                continue;
+              }
+              LogWarn(Who(self), absl::StrCat("no direct connection to worker ", id,
+                                              ": the head does not know it"));
+            }
+            AskTable(self);
+          },
+          [self](caf::error&) { self->state.asking = false; });
+}
+
+caf::behavior MeshActor(MeshSelf self, Runtime* runtime, std::string self_id) {
   self->state.runtime = runtime;
   self->state.self_id = std::move(self_id);
-  self->state.follow = follow;
-  auto who = [self] {
-    return self->state.self_id.empty() ? std::string("mesh")
-                                       : absl::StrCat("worker ", self->state.self_id);
-  };
-  auto reach = [self, who](const MemberInfo& m) {
-    MeshState& st = self->state;
-    absl::StatusOr<std::pair<std::string, uint16_t>> via =
-        DialVia(*st.runtime, m.address, static_cast<uint16_t>(m.port));
-    if (!via.ok()) {
-      LogWarn(who(),
-              absl::StrCat("no direct connection to worker ", m.id, ": ", via.status().message()));
-      return;
+  // A dropped connection (its worker gone, or the link) is forgotten: ConnectTo makes it again.
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& c = self->state.connected;
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      if (it->second.address() == dm.source) {
+        c.erase(it);
+        return;
+      }
     }
-    st.connecting.insert(m.id);
-    const std::string id = m.id;
-    self->request(st.runtime->system().middleman().actor_handle(), caf::infinite,
-                  caf::connect_atom::value, via->first, via->second)
-        .then(
-            [self, id](const caf::node_id&, caf::strong_actor_ptr& peer,
-                       const std::set<std::string>&) {
-              self->state.connecting.erase(id);
-              if (peer) self->state.connected[id] = caf::actor_cast<caf::actor>(peer);
-            },
-            [self, who, id](caf::error& e) {
-              self->state.connecting.erase(id);
-              LogWarn(who(), absl::StrCat("no direct connection to worker ", id, ": ",
-                                          self->system().render(e),
-                                          " (its messages go through the head)"));
-            });
-  };
-  auto reach_all = [self, reach] {
-    self->request(self->state.head, caf::infinite, members_atom::value)
-        .then([self, reach](const std::vector<MemberInfo>& table) {
-          const MeshState& st = self->state;
-          for (const MemberInfo& m : table) {
-            if (m.kind == MemberKind::kWorker && m.state == MemberState::kAlive && m.port > 0 &&
-                m.id != st.self_id && !st.connected.count(m.id) && !st.connecting.count(m.id)) {
-              reach(m);
-            }
-          }
-        });
-  };
+  });
   return {
-      [self, reach_all](new_head_atom, const caf::actor& head) {
+      [self](new_head_atom, const caf::actor& head) {
         self->state.head = head;
-        if (self->state.follow) self->send(head, subscribe_atom::value, self);
-        reach_all();
+        AskTable(self);
       },
-      [self, reach_all](membership_atom, const MembershipEvent& e) {
-        if (e.kind == MembershipKind::kWorkerAlive) reach_all();
-        if (e.kind == MembershipKind::kWorkerDown) self->state.connected.erase(e.subject);
+      [self](reach_atom, const std::string& id) {
+        if (TryReach(self, id)) return;
+        self->state.wanted.insert(id);  // a worker that joined since the table was asked for
+        AskTable(self);
       },
   };
 }
 
 }  // namespace
 
-void StartMesh(Runtime& runtime, const caf::actor& head, const std::string& self_id, bool follow) {
+void StartMesh(Runtime& runtime, const caf::actor& head, const std::string& self_id) {
   Context& ctx = *runtime.internal_context();
   caf::actor mesh = ctx.mesh();
   if (!mesh) {
-    mesh = runtime.system().spawn(MeshActor, &runtime, self_id, follow);
+    mesh = runtime.system().spawn(MeshActor, &runtime, self_id);
     ctx.Own(mesh);
     ctx.SetMesh(mesh);
   }
   caf::anon_send(mesh, new_head_atom::value, head);
+}
+
+void ReachWorker(Context& ctx, const std::string& worker) {
+  if (caf::actor mesh = ctx.mesh()) caf::anon_send(mesh, reach_atom::value, worker);
 }
 
 }  // namespace troupe::runtime::internal

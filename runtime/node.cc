@@ -59,7 +59,7 @@ struct Workers {
 };
 
 caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Workers> w,
-                            caf::actor head) {
+                            caf::actor head, std::shared_ptr<Context> ctx) {
   self->monitor(head);
   self->set_down_handler([w](caf::down_msg&) { w->head_lost = true; });
   return {
@@ -82,6 +82,7 @@ caf::behavior AgentBehavior(caf::event_based_actor* self, std::shared_ptr<Worker
         w->jobs_to_start.emplace_back(id, spec);
       },
       [w](rejoin_atom) { w->rejoin = true; },
+      [ctx](heartbeat_sync_atom) { ctx->RequestFullHeartbeat(); },
       // Chaos on this host: a preemption notice, delivered as the cloud's would be (SIGTERM to
       // this agent), or a network fault on its links.
       [w](node_fault_atom, const NodeFault& f) {
@@ -500,7 +501,7 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
     if (!started.ok()) ExitRole("node", c.name, started.status());
     watcher = std::move(*started);
   }
-  caf::actor agent = sys.spawn(AgentBehavior, w, m->head);
+  caf::actor agent = sys.spawn(AgentBehavior, w, m->head, m->runtime->internal_context());
   auto joined = JoinCluster(sys, m->head, c.co, "node", c.name, Registration(c, agent));
   if (!joined.ok()) ExitRole("node", c.name, joined.status());
   std::cout << "troupe node " << c.name << ": joined " << c.head_addr << " with " << c.resources

@@ -28,6 +28,7 @@
 #include "internal/cluster_protocol.h"
 #include "internal/context.h"
 #include "internal/head.h"
+#include "internal/heartbeat.h"
 #include "internal/mesh.h"
 #include "internal/ops_http.h"
 #include "internal/process.h"
@@ -107,20 +108,26 @@ HeartbeatSender::HeartbeatSender(Runtime& runtime, caf::actor head, std::string 
     : head_(std::move(head)) {
   auto ctx = runtime.internal_context();
   thread_ = std::thread([this, ctx, id, interval] {
+    // The floor: a handler shorter than one interval is never reported (internal/heartbeat.h).
+    HeartbeatDiff diff(std::chrono::duration_cast<std::chrono::nanoseconds>(interval).count());
+    bool full = true;  // the first beat
     while (!stop_.load()) {
-      std::vector<ActorStat> stats;
-      int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+      std::vector<ActorSample> now;
       for (const auto& s : ctx->Tracked()) {
-        int64_t since = s->busy_since_ns.load(std::memory_order_relaxed);
-        uint64_t busy_ms = since == 0 ? 0 : static_cast<uint64_t>((now - since) / 1000000);
-        stats.push_back(ActorStat{s->name, s->generation, s->progress.load(), busy_ms});
+        now.push_back(ActorSample{s->name, s->generation, s->progress.load(),
+                                  s->busy_since_ns.load(std::memory_order_relaxed)});
       }
       caf::actor head;
       {
         std::lock_guard<std::mutex> l(mu_);
         head = head_;
+        full |= std::exchange(new_head_, false);
       }
-      caf::anon_send(head, heartbeat_atom::value, id, std::move(stats));
+      full |= ctx->TakeFullHeartbeatRequest();
+      HeartbeatMessage m =
+          diff.Next(now, std::chrono::steady_clock::now().time_since_epoch().count(),
+                    std::exchange(full, false));
+      caf::anon_send(head, heartbeat_atom::value, id, m.base, m.version, std::move(m.changes));
       std::this_thread::sleep_for(interval);
     }
   });
@@ -174,6 +181,7 @@ void ExitRole(const std::string& role, const std::string& name, const absl::Stat
 void HeartbeatSender::SetHead(caf::actor head) {
   std::lock_guard<std::mutex> l(mu_);
   head_ = std::move(head);
+  new_head_ = true;  // it knows nothing of this process's deltas
 }
 
 absl::StatusOr<caf::actor> RejoinHead(Runtime& runtime, const std::string& head_addr,
@@ -233,6 +241,7 @@ caf::behavior WorkerBehavior(caf::event_based_actor* self, std::shared_ptr<Conte
         ctx->Own(*h);
         return *h;
       },
+      [ctx](heartbeat_sync_atom) { ctx->RequestFullHeartbeat(); },
   };
 }
 
@@ -409,7 +418,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
   auto joined = JoinCluster(sys, m->head, co, "worker", id, registration);
   if (!joined.ok()) ExitRole("worker", id, joined.status());
   LogInfo(absl::StrCat("worker ", id), absl::StrCat("joined, pid ", getpid()));
-  StartMesh(*m->runtime, m->head, id, /*follow=*/false);
+  StartMesh(*m->runtime, m->head, id);  // connects on use only (Actor::ConnectTo)
   HeartbeatSender heartbeats(*m->runtime, m->head, id, co.heartbeat_interval);
   caf::scoped_actor self{sys};
   caf::actor head = m->head;
@@ -424,6 +433,7 @@ int WorkerMain(const std::vector<std::string>& args, ActorRegistry registry) {
     if (!again.ok()) ExitRole("worker", id, again.status());
     head = *again;
     heartbeats.SetHead(head);
+    StartMesh(*m->runtime, head, id);
     for (const ActorRef& r : m->runtime->internal_context()->Directory()) {
       caf::anon_send(head, reg_actor_atom::value, id, r.name, r.generation, r.handle);
     }

@@ -179,6 +179,7 @@ class SupervisorActor final : public Actor {
               starting_ = false;
               handles_[i] = h;
               monitor(h);
+              ConnectTo(worker);  // its down message then does not depend on the head
               Emit(i, gen, "start", "", "on " + worker);
               Pump();
             },

@@ -99,8 +99,14 @@ absl::StatusOr<train::JobSpec> SpecFlags::Make() const {
       spec_path.empty() ? train::ParseJobSpec("", "(defaults)") : train::LoadJobSpec(spec_path);
   if (!spec.ok()) return spec.status();
   if (workers > 0) {
+    // Refused above [elastic] max_workers, never clamped: the ceiling is the spec's to raise.
+    if (workers > spec->max_workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--workers ", workers, ": above [elastic] max_workers (", spec->max_workers, ") of ",
+          spec_path.empty() ? "the default spec" : spec_path,
+          "; raise max_workers (and model.microbatches: every worker computes at least one)"));
+    }
     spec->workers = static_cast<int32_t>(workers);
-    spec->max_workers = std::max(spec->max_workers, spec->workers);
     spec->min_workers = std::min(spec->min_workers, spec->workers);
   }
   if (steps > 0) {

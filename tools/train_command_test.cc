@@ -125,6 +125,23 @@ TEST_F(TrainCommandTest, BadValuesNameTheOptionTheSourceTheExpectationAndTheValu
   EXPECT_NE(out.find("unexpected argument '--tls-ca'"), std::string::npos) << out;
 }
 
+// More workers than the spec allows is refused, never trained with fewer (issue 45: 32 workers
+// once trained 8 ranks without a word).
+TEST_F(TrainCommandTest, WorkersAboveTheSpecsCeilingAreRefusedNotClamped) {
+  std::string out;
+  EXPECT_EQ(Troupe("", "train --workers 32 " + Common(), &out), 2) << out;
+  EXPECT_NE(out.find("--workers 32: above [elastic] max_workers (8) of the default spec"),
+            std::string::npos)
+      << out;
+  const std::string spec = dir_ + "/wide.toml";
+  std::ofstream(spec) << "[elastic]\nmax_workers = 32\n";
+  EXPECT_EQ(Troupe("", "train --workers 32 --spec " + spec + " " + Common(), &out), 2) << out;
+  EXPECT_NE(out.find("elastic.workers: expected at most model.microbatches × pipeline.stages (8 × "
+                     "1): every worker computes at least one microbatch of a stage, got 32"),
+            std::string::npos)
+      << out;
+}
+
 // A job that asks for a GPU on a machine without a usable one fails before any process starts,
 // naming the CUDA runtime's error (cudaErrorInsufficientDriver where the driver is missing).
 TEST_F(TrainCommandTest, ACudaModelWithoutAUsableDeviceFailsFastNamingTheCudaError) {

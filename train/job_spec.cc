@@ -337,12 +337,16 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             spec.max_workers, ")"),
                absl::StrCat(spec.workers));
   }
-  if (spec.min_workers > int64_t{spec.model.microbatches} * spec.pipeline_stages) {
-    return bad("elastic.min_workers",
+  // Every worker computes at least one microbatch of a stage: a larger world would idle ranks.
+  const int64_t most = int64_t{spec.model.microbatches} * spec.pipeline_stages;
+  for (const auto& [field, count] : {std::pair{"elastic.min_workers", spec.min_workers},
+                                     std::pair{"elastic.workers", spec.workers}}) {
+    if (count <= most) continue;
+    return bad(field,
                absl::StrCat("at most model.microbatches × pipeline.stages (",
                             spec.model.microbatches, " × ", spec.pipeline_stages,
                             "): every worker computes at least one microbatch of a stage"),
-               absl::StrCat(spec.min_workers));
+               absl::StrCat(count));
   }
   TROUPE_RETURN_IF_ERROR(CheckRankAsks(spec, file));
   absl::StatusOr<Device> device = ParseDevice(spec.model.device);

@@ -132,6 +132,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[jobs]\n", "[jobs]: expected one of"},
         BadCase{"[elastic]\nmin_workers = 5\nmax_workers = 2\n", "elastic.min_workers"},
         BadCase{"[elastic]\nworkers = 9\n", "elastic.workers: expected between"},
+        BadCase{"[model]\nmicrobatches = 4\n[elastic]\nworkers = 6\n",
+                "elastic.workers: expected at most model.microbatches × pipeline.stages (4 × 1)"},
         BadCase{"[model]\nmicrobatches = 2\n[elastic]\nworkers = 2\nmin_workers = 3\n"
                 "max_workers = 3\n",
                 "elastic.workers"},

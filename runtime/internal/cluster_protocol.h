@@ -6,7 +6,9 @@
 //   (reg_node_atom, name, resources, labels, address, host, agent) -> uint64 generation | error
 //   (reg_worker_atom, id, node, pid, worker, int32 port, int32 direct_port)
 //                                                                  -> uint64 generation | error
-//   (heartbeat_atom, id, std::vector<ActorStat>)                   from nodes and workers
+//   (heartbeat_atom, id, uint64 base, uint64 version, std::vector<ActorStat> changes)
+//                                                                  from nodes and workers: what
+//                                                                  changed (internal/heartbeat.h)
 //   (wexit_atom, worker id, pid, status text, stderr tail, int32 wait status, bool fenced)
 //                                                                  from the worker's node agent
 //   (reg_actor_atom, worker id, name, uint64 gen, actor)           a worker that rejoined a new
@@ -58,6 +60,8 @@ using subscribe_atom = membership_subscribe_atom;
 using fence_atom = caf::atom_constant<caf::atom("tr_fence")>;
 using release_atom = caf::atom_constant<caf::atom("tr_release")>;
 using rejoin_atom = caf::atom_constant<caf::atom("tr_rejoin")>;
+// head -> node agent or worker: (heartbeat_sync_atom) send a full heartbeat next.
+using heartbeat_sync_atom = caf::atom_constant<caf::atom("tr_hbsync")>;
 using new_head_atom = caf::atom_constant<caf::atom("tr_newhead")>;
 using reg_actor_atom = caf::atom_constant<caf::atom("tr_regact")>;
 using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
@@ -76,7 +80,7 @@ struct ActorStat {
   std::string name;
   uint64_t generation = 0;
   uint64_t progress = 0;  // application messages consumed
-  uint64_t busy_ms = 0;   // how long its current handler has run (0 = idle)
+  uint64_t busy_ms = 0;   // how long its current handler has run (0 = idle, or gone)
 };
 
 template <class Inspector>

@@ -43,6 +43,9 @@ class Context : public std::enable_shared_from_this<Context> {
   void Track(const std::shared_ptr<ActorStats>& stats);
   void Untrack(const ActorStats* stats);
   std::vector<std::shared_ptr<ActorStats>> Tracked();
+  // The head asked for a full heartbeat (heartbeat_sync_atom); the sender takes the request.
+  void RequestFullHeartbeat() { full_heartbeat_.store(true); }
+  bool TakeFullHeartbeatRequest() { return full_heartbeat_.exchange(false); }
 
   // The cluster head this process belongs to (null when not in a cluster).
   void SetHead(caf::actor head);
@@ -74,6 +77,7 @@ class Context : public std::enable_shared_from_this<Context> {
   caf::actor mesh_;
   std::vector<std::shared_ptr<void>> keep_alive_;
   uint64_t next_owned_ = 0;
+  std::atomic<bool> full_heartbeat_{false};
 };
 
 }  // namespace troupe::runtime::internal

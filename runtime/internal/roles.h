@@ -36,6 +36,7 @@ class HeartbeatSender {
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   caf::actor head_;
+  bool new_head_ = false;
   std::thread thread_;
 };
 

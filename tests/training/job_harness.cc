@@ -91,8 +91,9 @@ void JobTest::SetUp() {
   data_ = fs::temp_directory_path() / "troupe_training_test_data";
   spec_ = base_ + "/job.toml";
   std::ofstream(spec_) << "[job]\nname = \"t\"\nsteps = " << steps_
-                       << "\n[model]\nmicrobatches = " << kMicrobatches << "\ndata_dir = \""
-                       << data_ << "\"\n[elastic]\nmin_workers = 1\nmax_workers = 6\n"
+                       << "\n[model]\nmicrobatches = " << microbatches_ << "\ndata_dir = \""
+                       << data_ << "\"\n[elastic]\nmin_workers = 1\nmax_workers = " << max_workers_
+                       << "\n"
                        << "[checkpoint]\nevery = 5\nkeep_last = 3\n"
                        << spec_extra_;
 }
@@ -193,7 +194,7 @@ const std::string& JobTest::Reference() {
 
 void JobTest::ExpectExactlyOnce(const std::string& name, int steps, int64_t steps_lost) {
   EXPECT_EQ(
-      ExactlyOnceDefects(base_ + "/" + name, steps < 0 ? steps_ : steps, kMicrobatches, steps_lost),
+      ExactlyOnceDefects(base_ + "/" + name, steps < 0 ? steps_ : steps, microbatches_, steps_lost),
       "");
 }
 

@@ -53,8 +53,9 @@ constexpr int kSteps = 24;
 constexpr int kMicrobatches = 8;
 
 // A test that runs `troupe train` jobs (TROUPE_BINARY) in <tmp>/troupe_<suite>_<pid>_<test>/<run>
-// on one prepared corpus: a spec of steps_ (kSteps unless a suite says) steps of kMicrobatches
-// microbatches, min 1 / max 6 workers, a checkpoint every 5 steps, then spec_extra_.
+// on one prepared corpus: a spec of steps_ (kSteps unless a suite says) steps of microbatches_
+// (kMicrobatches) microbatches, min 1 / max max_workers_ (6) workers, a checkpoint every 5 steps,
+// then spec_extra_.
 class JobTest : public ::testing::Test {
  protected:
   void SetUp() override;
@@ -84,7 +85,9 @@ class JobTest : public ::testing::Test {
   static int Commits(const std::string& dir);
 
   std::string base_, data_, spec_;
-  int steps_ = kSteps;      // a suite may change these in its constructor
+  int steps_ = kSteps;  // a suite may change these in its constructor
+  int microbatches_ = kMicrobatches;
+  int max_workers_ = 6;
   std::string spec_extra_;  // TOML sections after the spec's own
 };
 

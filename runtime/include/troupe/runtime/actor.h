@@ -69,6 +69,11 @@ class Actor : public caf::event_based_actor {
   // The cluster head this process is joined to now (null outside a cluster): another one once a
   // head took over and this process rejoined it.
   caf::actor cluster_head();
+  // Connects this process to worker `worker`'s (the directory's and a spawn's answers name it),
+  // in the background, unless it is connected: messages between actors of the two processes
+  // then skip the head, both ways, and survive its loss. No-op outside a cluster or for this
+  // process's own worker. Connections are made on use, never to every worker (internal/mesh.h).
+  void ConnectTo(const std::string& worker);
 
  protected:
   internal::Context& context() { return *ctx_; }

@@ -237,7 +237,7 @@ using job_shrink_atom = caf::atom_constant<caf::atom("tr_jshrink")>;
 // member of another version (FailedPrecondition, both versions named) or another build. Bump it
 // whenever a message of internal/cluster_protocol.h or a type registered by RegisterClusterTypes
 // changes.
-inline constexpr uint32_t kClusterProtocolVersion = 10;
+inline constexpr uint32_t kClusterProtocolVersion = 11;
 using cluster_hello_atom = caf::atom_constant<caf::atom("tr_hello")>;
 
 // Registers the types above (and the heartbeat's) with a CAF config; every process of a
@@ -304,10 +304,10 @@ class ClusterClient {
                                                  const std::string& arg = "");
   // `subscriber` receives (membership_atom, MembershipEvent) for every change from now on.
   void Subscribe(const caf::actor& subscriber);
-  // Connects this process to every worker, now and as each joins (in the background), so that
-  // messages between this process and actors there do not pass through the head: they go on
-  // while the head is lost and replaced (Reconnect). A handle taken before the connection is up
-  // uses it too.
+  // From now on this process connects to a worker (in the background) when its actors start to
+  // talk to actors there — a supervisor's remote children, Actor::ConnectTo — so that those
+  // messages do not pass through the head: they go on while the head is lost and replaced
+  // (Reconnect). A handle taken before the connection is up uses it too. Workers do so always.
   void ConnectDirectly();
   // After the head was lost: connects again to the same address (the head restarted, or a
   // standby took over there), trying until `grace` has passed; then head() is the new one (a

@@ -1,0 +1,158 @@
+// ScaleTest: 32 real ranks (worker processes) on this machine train the tiny GPT, survive a kill -9
+// and end bit-identical to 4 ranks on the same spec — with the control plane that lets a world
+// grow: each rank's worker holds O(log W) TCP connections (the head, the coordinator's worker,
+// its liveness watchers), not one per other worker (issue 45). On one host the collectives move
+// data through shared memory, so every TCP connection of a worker is a control connection.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "job_harness.h"
+
+namespace {
+
+using troupe::testing::JobRun;
+
+constexpr int kWorld = 32;
+
+// Established TCP connections of process `pid`: its socket inodes (/proc/PID/fd) that
+// /proc/PID/net/tcp{,6} lists in state 01.
+int EstablishedTcp(pid_t pid) {
+  std::set<std::string> inodes;
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
+  if (DIR* d = opendir(fd_dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      char target[256];
+      const ssize_t n = readlink((fd_dir + "/" + e->d_name).c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      unsigned long inode = 0;
+      if (std::sscanf(target, "socket:[%lu]", &inode) == 1) inodes.insert(std::to_string(inode));
+    }
+    closedir(d);
+  }
+  int established = 0;
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/net/", table));
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state == "01" && inodes.count(inode)) ++established;
+    }
+  }
+  return established;
+}
+
+// The worker processes of the run in `dir`, by the name of their log (<dir>/logs/NODE-wI.out,
+// their stdout): "n3-w0" → pid.
+std::map<std::string, pid_t> Workers(const std::string& dir) {
+  std::map<std::string, pid_t> out;
+  const std::string logs = dir + "/logs/";
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream cmd(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::string argv0, argv1;
+    std::getline(cmd, argv0, '\0');
+    std::getline(cmd, argv1, '\0');
+    if (argv1 != "worker") continue;
+    char target[512];
+    const ssize_t n =
+        readlink(absl::StrCat("/proc/", pid, "/fd/1").c_str(), target, sizeof(target) - 1);
+    if (n <= 0) continue;
+    const std::string out_file(target, static_cast<size_t>(n));
+    if (!absl::StartsWith(out_file, logs) || !absl::EndsWith(out_file, ".out")) continue;
+    out[out_file.substr(logs.size(), out_file.size() - logs.size() - 4)] = pid;
+  }
+  closedir(d);
+  return out;
+}
+
+class ScaleTest : public troupe::testing::JobTest {
+ protected:
+  ScaleTest() {
+    steps_ = 12;
+    microbatches_ = kWorld;
+    max_workers_ = kWorld;
+  }
+
+  // Every rank's worker (not the coordinator's, which talks to all of them) has fewer than
+  // 2·log2(W) control connections; prints the counts.
+  void ExpectFewConnections(const std::string& dir, const std::string& when) {
+    const std::map<std::string, pid_t> workers = Workers(dir);
+    const int bound = 2 * static_cast<int>(std::log2(kWorld));
+    int ranks = 0, most = 0, coordinator = -1;
+    std::map<int, int> histogram;
+    for (const auto& [name, pid] : workers) {
+      const int n = EstablishedTcp(pid);
+      if (absl::StartsWith(name, "coord-")) {
+        coordinator = n;
+        continue;
+      }
+      ++ranks;
+      ++histogram[n];
+      most = std::max(most, n);
+      EXPECT_LT(n, bound) << name << " (pid " << pid << ") " << when;
+    }
+    std::string counts;
+    for (const auto& [n, k] : histogram) absl::StrAppend(&counts, " ", k, "×", n);
+    std::printf(
+        "%s: %d rank workers, TCP connections each:%s (most %d, bound %d); the "
+        "coordinator's worker: %d\n",
+        when.c_str(), ranks, counts.c_str(), most, bound, coordinator);
+    EXPECT_GE(ranks, kWorld - 1) << when;
+  }
+};
+
+TEST_F(ScaleTest, ThirtyTwoRanksSurviveAKillWithLogarithmicConnectionsAndEndAsFour) {
+  const std::string want = Reference();
+  ASSERT_FALSE(want.empty());
+  const std::string dir = base_ + "/w32";
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t job = Start(dir, {"--workers", std::to_string(kWorld), "--chaos", "kill-worker@6"});
+  bool before = false, after = false;
+  while (!after && std::chrono::steady_clock::now() - start < std::chrono::seconds(100)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int commits = Commits(dir);
+    if (!before && commits >= 2) {
+      before = true;
+      ExpectFewConnections(dir, "step 2, 32 ranks");
+    }
+    if (!after && commits >= 10) {
+      after = true;
+      ExpectFewConnections(dir, "step 10, after the kill");
+    }
+  }
+  const int code = Wait(job, std::chrono::seconds(110));
+  JobRun r{code, troupe::testing::Slurp(dir + "/out.txt"),
+           troupe::testing::ReadReport(dir + "/report")};
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(before && after) << "the job ended before it could be looked at:\n" << r.output;
+  EXPECT_EQ(r.report.crc, want) << "32 ranks with a kill vs 4 ranks:\n" << r.output;
+  EXPECT_EQ(r.report.world, kWorld - 1) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  std::printf("32 ranks: recovery %.2f s, %d generations, %.1f s in all\n", r.report.recovery_s,
+              r.report.generations,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  ExpectExactlyOnce("w32");
+}
+
+}  // namespace
