@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -298,6 +299,10 @@ absl::StatusOr<JobCluster> StartCluster(const train::JobSpec& spec, const TrainO
     lo.workers = 0;
     lo.cluster.log_dir = spec.work_dir + "/logs";
     lo.cluster.head_grace = options.head_grace;
+    // Every process of the job on this machine: a head, a node agent and a worker per worker
+    // and for the coordinator, the driver.
+    lo.cluster.ScaleForSharedHost(2 * spec.workers + 4,
+                                  static_cast<int>(std::thread::hardware_concurrency()));
     // A head that dies is started again from its store (as systemd would): the job goes on.
     lo.head_store = true;
     lo.keep_head = true;

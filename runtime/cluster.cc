@@ -80,6 +80,13 @@ int FindBuildId(struct dl_phdr_info* info, size_t, void* out) {
 
 }  // namespace
 
+void ClusterOptions::ScaleForSharedHost(int processes, int vcpus) {
+  const int per_vcpu = (processes + std::max(1, vcpus) - 1) / std::max(1, vcpus);
+  const int extra_seconds = per_vcpu <= 8 ? 0 : (per_vcpu - 1) / 8;
+  heartbeat_timeout = std::max<Duration>(
+      heartbeat_timeout, std::chrono::seconds(1) + std::chrono::seconds(extra_seconds));
+}
+
 std::string ClusterOptions::EffectiveBuildId() const {
   return build_id.empty() ? BuildId() : build_id;
 }

@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "troupe/runtime/cluster.h"
+
 namespace troupe::runtime {
 namespace {
 
@@ -141,6 +143,25 @@ TEST(ConfigTest, ListsTakeItemsUntilTheNextFlagAddUpAndReplaceTheEnvironment) {
   s = reg.Set("chaos", "z@3,nope");
   EXPECT_NE(s.message().find("item 'nope': expected KIND@STEP"), std::string::npos) << s;
   EXPECT_EQ(chaos, (std::vector<std::string>{"a@1"})) << "a rejected list must not be applied";
+}
+
+// The embedded cluster's heartbeat timeout grows with the processes per vCPU (issue 45: 64
+// workers on 2 vCPUs were fenced by the dozen at 1 s), never shrinks a longer one.
+TEST(ClusterOptionsTest, SharedHostHeartbeatTimeoutGrowsWithProcessesPerVcpu) {
+  auto timeout = [](int processes, int vcpus, Duration configured = std::chrono::seconds(1)) {
+    ClusterOptions o;
+    o.heartbeat_timeout = configured;
+    o.ScaleForSharedHost(processes, vcpus);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(o.heartbeat_timeout).count();
+  };
+  EXPECT_EQ(timeout(12, 2), 1000) << "the 4-worker job";
+  EXPECT_EQ(timeout(16, 2), 1000);
+  EXPECT_EQ(timeout(18, 2), 2000);
+  EXPECT_EQ(timeout(68, 2), 5000) << "32 workers";
+  EXPECT_EQ(timeout(132, 2), 9000) << "64 workers";
+  EXPECT_EQ(timeout(132, 16), 2000);
+  EXPECT_EQ(timeout(132, 0), 17000) << "no vCPU count: taken as one";
+  EXPECT_EQ(timeout(12, 2, std::chrono::seconds(30)), 30000);
 }
 
 }  // namespace

@@ -66,6 +66,12 @@ struct ClusterOptions {
   void Register(ConfigRegistry& registry);
   // build_id, or this binary's when it is "" (BuildId below).
   std::string EffectiveBuildId() const;
+  // For `processes` members on one machine of `vcpus` (an embedded cluster): heartbeat_timeout
+  // grown by one second per 8 processes per vCPU beyond the first 8 — a heartbeat thread waits its
+  // turn behind every other process (130 processes starting together on 2 vCPUs missed 1 s
+  // beats by the dozen). Silence takes that long to find; a process's exit does not (its
+  // connection closes).
+  void ScaleForSharedHost(int processes, int vcpus);
 };
 
 // CAF 0.17 serializes an enum as its underlying integer; these make its message printing
