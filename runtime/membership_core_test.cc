@@ -239,6 +239,25 @@ TEST(MembershipCoreTest, ASilentWorkerIsFencedAtTheFirstTickPastTheTimeout) {
             "refuse(FAILED_PRECONDITION)");
 }
 
+// Silences one after another (bench/scale): each is found, not only the first.
+TEST(MembershipCoreTest, WorkersFallingSilentOneAfterAnotherAreEachFenced) {
+  MembershipCore core = Cluster({"n1/w0", "n1/w1", "n1/w2"});
+  std::set<std::string> silent;
+  std::string fenced;
+  for (int ms = 100; ms <= 8000; ms += 100) {
+    const TimePoint t = kT0 + milliseconds(ms);
+    if (ms == 1000) silent.insert("n1/w0");
+    if (ms == 3000) silent.insert("n1/w1");
+    for (const char* id : {"n1", "n1/w0", "n1/w1", "n1/w2"}) {
+      if (!silent.count(id)) core.OnHeartbeat(id, {id == std::string("n1") ? 0u : 1u, 1, {}}, t);
+    }
+    for (const MembershipAction& a : core.OnTick(t)) {
+      if (a.kind == MembershipAction::Kind::kFence) fenced += a.member + " ";
+    }
+  }
+  EXPECT_EQ(fenced, "n1/w0 n1/w1 ");
+}
+
 TEST(MembershipCoreTest, ASilentNodeFencesItsWorkersThenDiesWithThem) {
   MembershipCore core = Cluster({"n1/w0"});
   core.OnTick(kT0);

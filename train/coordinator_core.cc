@@ -386,23 +386,24 @@ std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
   int usable = UsableCount();
   for (const std::string& w : record_.active) usable += staying(w) ? 1 : 0;
   std::vector<std::string> next;
+  std::set<std::string> in_next;  // a lookup per member: O(W log W) at 8,192 ranks, not O(W²)
   const size_t cap = static_cast<size_t>(GridWorld(usable));
   for (const std::string& w : record_.active) {
-    if ((Usable(w) || staying(w)) && next.size() < cap) next.push_back(w);
+    if ((Usable(w) || staying(w)) && next.size() < cap) next.push_back(w), in_next.insert(w);
   }
   for (const auto& [w, m] : members_) {
-    if (Usable(w) && next.size() < cap && std::find(next.begin(), next.end(), w) == next.end()) {
-      next.push_back(w);
-    }
+    if (Usable(w) && next.size() < cap && !in_next.count(w)) next.push_back(w);
   }
   return next;
 }
 
 std::vector<int> CoordinatorCore::OldToNew(const std::vector<std::string>& next) const {
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < next.size(); ++i) index.emplace(next[i], static_cast<int>(i));
   std::vector<int> old_to_new;
   for (const std::string& w : record_.active) {
-    auto it = std::find(next.begin(), next.end(), w);
-    old_to_new.push_back(it == next.end() ? -1 : static_cast<int>(it - next.begin()));
+    auto it = index.find(w);
+    old_to_new.push_back(it == index.end() ? -1 : it->second);
   }
   return old_to_new;
 }

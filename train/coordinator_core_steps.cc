@@ -36,8 +36,9 @@ void CoordinatorCore::StartStep(Actions* out) {
     }
   }
   int joiners = 0;
+  const std::set<std::string> in_group(group_.begin(), group_.end());
   for (const auto& [w, m] : members_) {
-    if (Usable(w) && std::find(group_.begin(), group_.end(), w) == group_.end()) ++joiners;
+    if (Usable(w) && !in_group.count(w)) ++joiners;
   }
   if (joiners > 0 &&
       GridWorld(static_cast<int>(group_.size()) + joiners) > static_cast<int>(group_.size())) {

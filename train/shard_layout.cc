@@ -1,6 +1,7 @@
 #include "troupe/train/shard_layout.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -70,10 +71,25 @@ int BuddiesSharingADomain(const std::vector<std::string>& domains, int buddy) {
   return shared;
 }
 
+// The first offset with the fewest shared domains, as trying every one would find it — in O(W)
+// offsets × O(W) ranks only while no offset shares none (8,192 ranks took 0.5 s by string
+// comparisons): domains are compared as numbers, an offset sharing none ends the search, and a
+// world of one domain has every offset alike.
 int BuddyOffset(const std::vector<std::string>& domains) {
-  int best = 1;
-  for (int k = 2; k < static_cast<int>(domains.size()); ++k) {
-    if (BuddiesSharingADomain(domains, k) < BuddiesSharingADomain(domains, best)) best = k;
+  const int w = static_cast<int>(domains.size());
+  std::map<std::string, int> ids;
+  std::vector<int> id(domains.size());
+  for (int r = 0; r < w; ++r)
+    id[r] = ids.emplace(domains[r], static_cast<int>(ids.size())).first->second;
+  if (ids.size() <= 1) return 1;
+  auto shared = [&](int k) {
+    int n = 0;
+    for (int r = 0; r < w; ++r) n += id[r] == id[(r + k) % w];
+    return n;
+  };
+  int best = 1, best_shared = shared(1);
+  for (int k = 2; k < w && best_shared > 0; ++k) {
+    if (const int n = shared(k); n < best_shared) best = k, best_shared = n;
   }
   return best;
 }

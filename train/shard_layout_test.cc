@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,6 +120,22 @@ TEST(ShardLayoutBuddyOffset, PutsEveryBuddyInAnotherDomainWhereTheGroupAllows) {
   const D most = {"a", "a", "a", "b"};
   EXPECT_EQ(BuddiesSharingADomain(most, BuddyOffset(most)), 2);
   EXPECT_EQ(BuddyOffset(D{"a", "a", "a"}), 1);  // one machine: every buddy shares it
+}
+
+// The search that stops early chooses what trying every offset chooses: the first with the
+// fewest buddies sharing a domain.
+TEST(ShardLayoutBuddyOffset, IsTheFirstOffsetWithTheFewestSharedDomains) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int w = 2 + static_cast<int>(rng() % 40), kinds = 1 + static_cast<int>(rng() % 6);
+    std::vector<std::string> d(static_cast<size_t>(w));
+    for (std::string& x : d) x = "h" + std::to_string(rng() % static_cast<unsigned>(kinds));
+    int best = 1;
+    for (int k = 2; k < w; ++k) {
+      if (BuddiesSharingADomain(d, k) < BuddiesSharingADomain(d, best)) best = k;
+    }
+    ASSERT_EQ(BuddyOffset(d), best) << "trial " << trial;
+  }
 }
 
 TEST(ShardLayoutBuddyOffset, BuddyAndMirroredRankAreInverses) {

@@ -5,13 +5,17 @@
 // data through shared memory, so every TCP connection of a worker is a control connection.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -21,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "job_harness.h"
+#include "troupe/runtime/sim_cluster.h"
 
 namespace {
 
@@ -153,6 +158,64 @@ TEST_F(ScaleTest, ThirtyTwoRanksSurviveAKillWithLogarithmicConnectionsAndEndAsFo
               r.report.generations,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   ExpectExactlyOnce("w32");
+}
+
+// 256 members (32 node agents with 7 workers each) simulated over the real protocol
+// (sim_cluster.h) join a real head; one worker's exit is known in this process (the head's event
+// reached its subscriber) within a second, a silent one's within the heartbeat timeout and a
+// second.
+TEST(ScaleSimTest, TwoHundredFiftySixMembersJoinAndLearnOfADeathWithinTheirTimeout) {
+  char tmpl[] = "/tmp/troupe_scale_sim_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const pid_t head = fork();
+  if (head == 0) {
+    const std::string out = dir + "/head.log";
+    FILE* f = std::fopen(out.c_str(), "w");
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    execl(TROUPE_BINARY, TROUPE_BINARY, "head", "--port", "0", "--port_file",
+          (dir + "/port").c_str(), "--heartbeat_interval", "200ms", "--heartbeat_timeout", "1s",
+          "--build_id", "sim", "--http_port", "-1", "--log_dir", dir.c_str(), nullptr);
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 500 && port == 0; ++i) {
+    std::ifstream(dir + "/port") >> port;
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(port, 0) << troupe::testing::Slurp(dir + "/head.log");
+  {
+    troupe::runtime::testing::SimClusterOptions o;
+    o.head_port = static_cast<uint16_t>(port);
+    o.build_id = "sim";
+    o.nodes = 32;
+    o.workers_per_node = 7;
+    o.heartbeat_interval = std::chrono::milliseconds(200);
+    auto c = troupe::runtime::testing::SimCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status() << troupe::testing::Slurp(dir + "/head.log");
+    EXPECT_EQ((*c)->member_ids().size(), 256u);
+    std::printf("256 members joined in %.3f s\n",
+                static_cast<double>((*c)->joined_ns() - (*c)->started_ns()) / 1e9);
+    auto heard = [&](const std::string& id, int64_t since, std::chrono::milliseconds within) {
+      const auto deadline = std::chrono::steady_clock::now() + within;
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (std::optional<int64_t> t = (*c)->DeathSeen(id)) return (*t - since) / 1000000;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return int64_t{-1};
+    };
+    const int64_t exit_ms = heard("s3/w6", (*c)->Exit("s3/w6"), std::chrono::milliseconds(1000));
+    EXPECT_GE(exit_ms, 0) << "an exit not known within 1 s";
+    const int64_t quiet_ms =
+        heard("s9/w2", (*c)->Silence("s9/w2"), std::chrono::milliseconds(2000));
+    EXPECT_GE(quiet_ms, 800) << "declared before its heartbeat timeout";
+    EXPECT_GE(quiet_ms, 0) << "a silent member not known within its timeout + 1 s";
+    std::printf("death known: by exit %lld ms, by silence %lld ms (timeout 1 s)\n",
+                static_cast<long long>(exit_ms), static_cast<long long>(quiet_ms));
+  }
+  kill(head, SIGKILL);
+  waitpid(head, nullptr, 0);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
