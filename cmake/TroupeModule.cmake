@@ -30,7 +30,7 @@ function(troupe_module name)
   install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endfunction()
 
-# troupe_test(<target> LEVEL unit|integration|chaos|gpu MODULE <module> SOURCES ... [LIBS ...] [ENV ...] [TIMEOUT s])
+# troupe_test(<target> LEVEL unit|integration|chaos|gpu MODULE <module> SOURCES ... [LIBS ...] [TIMEOUT s] [SERIAL])
 #   A GoogleTest binary; each TEST is its own CTest test (gtest_discover_tests) carrying exactly
 #   one level label and one module label, so `ctest -L '^runtime$'` selects precisely.
 set(TROUPE_LEVELS unit integration chaos gpu)

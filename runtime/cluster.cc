@@ -126,6 +126,10 @@ std::string ClusterClient::address() const { return absl::StrCat(host_, ":", por
 
 void ClusterClient::ConnectDirectly() { internal::StartMesh(*runtime_, head_, ""); }
 
+void ClusterClient::ConnectTo(const std::string& worker) {
+  internal::ReachWorker(*runtime_->internal_context(), worker);
+}
+
 absl::Status ClusterClient::Reconnect(Duration grace) {
   const auto deadline = std::chrono::steady_clock::now() + grace;
   absl::Status last = absl::UnavailableError("nothing answered");

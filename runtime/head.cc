@@ -165,7 +165,9 @@ void HeadActor::HandleHeartbeat(const std::string& id, uint64_t base, uint64_t v
                                 const std::vector<ActorStat>& changes) {
   Heartbeat beat{base, version, {}};
   beat.changes.reserve(changes.size());
-  for (const ActorStat& s : changes) beat.changes.push_back({s.name, s.progress, s.busy_ms});
+  for (const ActorStat& s : changes) {
+    beat.changes.push_back({s.name, s.progress, s.busy_ms, s.generation});
+  }
   Execute(core_.OnHeartbeat(id, beat, Clock::now()));
 }
 

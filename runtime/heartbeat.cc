@@ -9,14 +9,15 @@ HeartbeatMessage HeartbeatDiff::Next(const std::vector<ActorSample>& now, int64_
                                      bool full) {
   HeartbeatMessage msg;
   if (full) reported_.clear();
-  std::set<std::string> seen;
+  std::set<std::pair<std::string, uint64_t>> seen;
   for (const ActorSample& a : now) {
-    seen.insert(a.name);
+    const auto key = std::make_pair(a.name, a.generation);
+    seen.insert(key);
     const int64_t busy_ns = a.busy_since_ns == 0 ? 0 : now_ns - a.busy_since_ns;
-    auto it = reported_.find(a.name);
+    auto it = reported_.find(key);
     if (busy_ns >= floor_ns_ && busy_ns > 0) {
       if (it != reported_.end() && it->second == a.busy_since_ns) continue;  // told already
-      reported_[a.name] = a.busy_since_ns;
+      reported_[key] = a.busy_since_ns;
       msg.changes.push_back(
           ActorStat{a.name, a.generation, a.progress,
                     std::max<uint64_t>(1, static_cast<uint64_t>(busy_ns / 1000000))});  // 0: idle
@@ -30,7 +31,7 @@ HeartbeatMessage HeartbeatDiff::Next(const std::vector<ActorSample>& now, int64_
       ++it;
       continue;
     }
-    msg.changes.push_back(ActorStat{it->first, 0, 0, 0});
+    msg.changes.push_back(ActorStat{it->first.first, it->first.second, 0, 0});
     it = reported_.erase(it);
   }
   msg.base = full ? 0 : version_;

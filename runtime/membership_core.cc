@@ -229,13 +229,15 @@ Actions MembershipCore::OnHeartbeat(const std::string& id, const Heartbeat& beat
   }
   m.beat_version = beat.version;
   for (const ActorBusy& a : beat.changes) {
+    const auto key = std::make_pair(a.name, a.generation);
     if (a.busy_ms == 0) {
-      m.busy.erase(a.name);
+      m.busy.erase(key);
     } else {
-      m.busy[a.name] = Member::Busy{now - std::chrono::milliseconds(a.busy_ms), a.progress};
+      m.busy[key] = Member::Busy{now - std::chrono::milliseconds(a.busy_ms), a.progress};
     }
   }
-  for (auto& [name, b] : m.busy) {
+  for (auto& [key, b] : m.busy) {
+    const std::string& name = key.first;
     const auto busy_ms = Millis(now - b.since);
     if (b.published || busy_ms < Millis(options_.hung_timeout)) continue;
     b.published = true;

@@ -51,6 +51,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -109,8 +110,9 @@ const char* Name(MemberPhase p);
 // One hosted actor's liveness, as a heartbeat reports it (ActorStat on the wire).
 struct ActorBusy {
   std::string name;
-  uint64_t progress = 0;  // application messages consumed
-  uint64_t busy_ms = 0;   // how long its current handler has run (0 = idle, or gone)
+  uint64_t progress = 0;    // application messages consumed
+  uint64_t busy_ms = 0;     // how long its current handler has run (0 = idle, or gone)
+  uint64_t generation = 0;  // its incarnation: a restarted actor is another one
 };
 
 // A heartbeat: the actors whose handler state changed since the member's beat at `base`
@@ -198,9 +200,10 @@ class MembershipCore {
       uint64_t progress = 0;
       bool published = false;  // actor_hung sent for this handler
     };
-    std::map<std::string, Busy> busy;  // actors busy past the sender's floor
-    uint64_t beat_version = 0;         // the copy's heartbeat version
-    bool beats_synced = false;         // a full heartbeat has come since registration
+    std::map<std::pair<std::string, uint64_t>, Busy> busy;  // (actor, incarnation) busy past
+                                                            // the sender's floor
+    uint64_t beat_version = 0;                              // the copy's heartbeat version
+    bool beats_synced = false;  // a full heartbeat has come since registration
     std::optional<TimePoint> sync_asked;
     bool down_reported = false;
     bool rejoin_asked = false;  // node: declared dead, heard from again, told to join again

@@ -89,8 +89,9 @@ void AskTable(MeshSelf self) {
   st.asked = st.wanted;
   self->request(st.head, caf::infinite, members_atom::value)
       .then(
-          [self](const std::vector<MemberInfo>& table) {
+          [self, head = st.head](const std::vector<MemberInfo>& table) {
             MeshState& st = self->state;
+            if (st.head != head) return;  // the lost head's: the new one was asked again
             st.asking = false;
             st.table.clear();
             for (const MemberInfo& m : table) st.table[m.id] = m;
@@ -105,7 +106,9 @@ void AskTable(MeshSelf self) {
             }
             AskTable(self);
           },
-          [self](caf::error&) { self->state.asking = false; });
+          [self, head = st.head](caf::error&) {
+            if (self->state.head == head) self->state.asking = false;
+          });
 }
 
 caf::behavior MeshActor(MeshSelf self, Runtime* runtime, std::string self_id) {
@@ -123,7 +126,11 @@ caf::behavior MeshActor(MeshSelf self, Runtime* runtime, std::string self_id) {
   });
   return {
       [self](new_head_atom, const caf::actor& head) {
-        self->state.head = head;
+        MeshState& st = self->state;
+        st.head = head;
+        // A request to the lost head is never answered: ask the new one for what it was for.
+        st.asking = false;
+        st.wanted.insert(st.asked.begin(), st.asked.end());
         AskTable(self);
       },
       [self](reach_atom, const std::string& id) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "internal/cluster_protocol.h"
@@ -48,7 +49,9 @@ class HeartbeatDiff {
  private:
   const int64_t floor_ns_;
   uint64_t version_ = 0;
-  std::map<std::string, int64_t> reported_;  // actor → the busy_since it was reported busy with
+  // (actor, incarnation) → the busy_since it was reported busy with: a hung incarnation and its
+  // restarted successor are two actors of one name.
+  std::map<std::pair<std::string, uint64_t>, int64_t> reported_;
 };
 
 }  // namespace troupe::runtime::internal

@@ -114,6 +114,7 @@ caf::behavior Member(caf::stateful_actor<MemberState>* self, StatePtr st, std::s
       [=](fence_atom, const std::string& worker) {
         std::lock_guard<std::mutex> l(st->mu);
         if (auto it = st->members.find(worker); it != st->members.end()) {
+          st->gone.insert(worker);  // a later rejoin does not wait for it
           caf::anon_send_exit(it->second, caf::exit_reason::kill);
         }
       },
@@ -237,7 +238,10 @@ SimCluster::~SimCluster() {
   if (st_->watcher.joinable()) st_->watcher.join();
   for (const auto& [id, m] : st_->members) caf::anon_send_exit(m, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(st_->subscriber, caf::exit_reason::user_shutdown);
-  st_->members.clear();
+  {
+    std::lock_guard<std::mutex> l(st_->mu);
+    st_->members.clear();
+  }
   st_->runtime.reset();
 }
 

@@ -66,8 +66,9 @@ struct ClusterOptions {
   void Register(ConfigRegistry& registry);
   // build_id, or this binary's when it is "" (BuildId below).
   std::string EffectiveBuildId() const;
-  // For `processes` members on one machine of `vcpus` (an embedded cluster): heartbeat_timeout
-  // grown by one second per 8 processes per vCPU beyond the first 8 — a heartbeat thread waits its
+  // For `processes` members on one machine of `vcpus` (an embedded cluster): heartbeat_timeout at
+  // least 1 s plus one second per 8 processes per vCPU beyond the first 8 (a longer one stays) —
+  // a heartbeat thread waits its
   // turn behind every other process (130 processes starting together on 2 vCPUs missed 1 s
   // beats by the dozen). Silence takes that long to find; a process's exit does not (its
   // connection closes).
@@ -315,6 +316,9 @@ class ClusterClient {
   // messages do not pass through the head: they go on while the head is lost and replaced
   // (Reconnect). A handle taken before the connection is up uses it too. Workers do so always.
   void ConnectDirectly();
+  // The same for code that is no actor: connects this process to worker `worker` (WhereIs names
+  // an actor's) in the background; after ConnectDirectly.
+  void ConnectTo(const std::string& worker);
   // After the head was lost: connects again to the same address (the head restarted, or a
   // standby took over there), trying until `grace` has passed; then head() is the new one (a
   // subscriber must subscribe again). Unavailable naming the address and `grace` after it.
