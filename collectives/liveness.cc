@@ -69,28 +69,37 @@ absl::StatusOr<std::unique_ptr<Liveness>> Liveness::Start(Bootstrap* boot,
   return l;
 }
 
+// Dials rank `j` at the address it published and says who calls (`as`: a rank, or kProbe);
+// the connected fd, and the peer's pid in *pid.
+absl::StatusOr<int> Liveness::Dial(Bootstrap* boot, const std::string& prefix, int j, int32_t as,
+                                   absl::Time deadline, int* pid) {
+  TROUPE_ASSIGN_OR_RETURN(auto v, boot->Lookup(Key(prefix, j), deadline));
+  char peer_address[64] = {};
+  int peer_port = 0;
+  if (std::sscanf(v.c_str(), "%63s %d %d", peer_address, &peer_port, pid) != 3) {
+    return absl::DataLossError(
+        absl::StrCat("liveness: rank ", j, " published '", v, "', expected 'ADDRESS PORT PID'"));
+  }
+  auto fd = net::Connect(peer_address, peer_port, deadline);
+  if (!fd.ok()) {
+    return BlamePeer(absl::Status(fd.status().code(),
+                                  absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
+                                               ") unreachable: ", fd.status().message())),
+                     j);
+  }
+  const int32_t hello[2] = {as, static_cast<int32_t>(getpid())};
+  if (absl::Status st = net::WriteFull(*fd, hello, sizeof(hello)); !st.ok()) {
+    close(*fd);
+    return BlamePeer(st, j);
+  }
+  return *fd;
+}
+
 absl::Status Liveness::ConnectToLower(Bootstrap* boot, const std::string& prefix,
                                       absl::Time deadline) {
   for (int j = 0; j < rank_; ++j) {
     if (!peers_[j].watched) continue;
-    TROUPE_ASSIGN_OR_RETURN(auto v, boot->Lookup(Key(prefix, j), deadline));
-    char peer_address[64] = {};
-    int peer_port = 0, peer_pid = 0;
-    if (std::sscanf(v.c_str(), "%63s %d %d", peer_address, &peer_port, &peer_pid) != 3) {
-      return absl::DataLossError(
-          absl::StrCat("liveness: rank ", j, " published '", v, "', expected 'ADDRESS PORT PID'"));
-    }
-    auto fd = net::Connect(peer_address, peer_port, deadline);
-    if (!fd.ok()) {
-      return BlamePeer(absl::Status(fd.status().code(),
-                                    absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
-                                                 ") unreachable: ", fd.status().message())),
-                       j);
-    }
-    peers_[j].fd = *fd;
-    peers_[j].pid = peer_pid;
-    int32_t hello[2] = {rank_, static_cast<int32_t>(getpid())};
-    TROUPE_RETURN_IF_ERROR(net::WriteFull(*fd, hello, sizeof(hello)));
+    TROUPE_ASSIGN_OR_RETURN(peers_[j].fd, Dial(boot, prefix, j, rank_, deadline, &peers_[j].pid));
   }
   return absl::OkStatus();
 }
@@ -155,24 +164,9 @@ absl::Status Liveness::ProbeUnwatched(Bootstrap* boot, const std::string& prefix
                                       absl::Time deadline) {
   for (int j = 0; j < static_cast<int>(peers_.size()); ++j) {
     if (j == rank_ || peers_[j].watched) continue;
-    TROUPE_ASSIGN_OR_RETURN(auto v, boot->Lookup(Key(prefix, j), deadline));
-    char peer_address[64] = {};
-    int peer_port = 0;
-    if (std::sscanf(v.c_str(), "%63s %d", peer_address, &peer_port) != 2) {
-      return absl::DataLossError(
-          absl::StrCat("liveness: rank ", j, " published '", v, "', expected 'ADDRESS PORT PID'"));
-    }
-    auto fd = net::Connect(peer_address, peer_port, deadline);
-    if (!fd.ok()) {
-      return BlamePeer(absl::Status(fd.status().code(),
-                                    absl::StrCat("rank ", j, " (", peer_address, ":", peer_port,
-                                                 ") unreachable: ", fd.status().message())),
-                       j);
-    }
-    const int32_t hello[2] = {kProbe, static_cast<int32_t>(getpid())};
-    absl::Status st = net::WriteFull(*fd, hello, sizeof(hello));
-    close(*fd);
-    if (!st.ok()) return BlamePeer(st, j);
+    int pid = 0;
+    TROUPE_ASSIGN_OR_RETURN(int fd, Dial(boot, prefix, j, kProbe, deadline, &pid));
+    close(fd);
   }
   return absl::OkStatus();
 }

@@ -57,6 +57,8 @@ class Liveness {
   // Setup: a connection to every lower watched rank (dialing the address it published), then one
   // from every higher one; peers_ holds each fd as soon as it is open.
   absl::Status ConnectToLower(Bootstrap* boot, const std::string& prefix, absl::Time deadline);
+  absl::StatusOr<int> Dial(Bootstrap* boot, const std::string& prefix, int j, int32_t as,
+                           absl::Time deadline, int* pid);
   absl::Status AcceptFromHigher(int listen_fd, Bootstrap* boot, const std::string& prefix,
                                 absl::Time deadline);
 
