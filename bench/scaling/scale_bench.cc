@@ -294,7 +294,12 @@ int Cluster(const std::string& troupe, const std::string& self, int nodes, int p
     std::string tag;
     long long s = 0, j = 0;
     f >> tag >> s >> j;
-    if (tag != "JOINED") return 1;
+    if (tag != "JOINED") {
+      std::printf("a simulating process failed to join: %s\n", f.str().c_str());
+      for (Child& k : kids) kill(k.pid, SIGKILL);
+      kill(head, SIGKILL);
+      return 1;
+    }
     first = std::min<int64_t>(first, s);
     last = std::max<int64_t>(last, j);
   }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "caf/all.hpp"
@@ -62,7 +63,7 @@ using StatePtr = std::shared_ptr<SimCluster::State>;
 
 struct MemberState {
   caf::actor head;
-  bool silent = false, full = true;
+  bool silent = false, full = true, beating = false;
   uint64_t version = 0;
 };
 
@@ -90,10 +91,18 @@ caf::behavior Member(caf::stateful_actor<MemberState>* self, StatePtr st, std::s
                                                   static_cast<int64_t>(getpid()), me, int32_t{0},
                                                   int32_t{0});
                   self->request(head, std::chrono::seconds(30), std::move(reg))
-                      .then([st](uint64_t) { st->Answered(""); },
-                            [=](caf::error& e) {
-                              st->Answered(absl::StrCat(id, ": ", self->system().render(e)));
-                            });
+                      .then(
+                          [=](uint64_t) {
+                            // Beats from its registration on: a node waiting for the others to
+                            // join would go silent past the timeout (1,024 nodes did).
+                            if (!std::exchange(self->state.beating, true)) {
+                              self->send(self, beat_atom::value);
+                            }
+                            st->Answered("");
+                          },
+                          [=](caf::error& e) {
+                            st->Answered(absl::StrCat(id, ": ", self->system().render(e)));
+                          });
                 },
                 [=](caf::error& e) {
                   st->Answered(absl::StrCat(id, " hello: ", self->system().render(e)));
@@ -228,7 +237,6 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(SimClusterOptions 
   if (e.empty()) e = JoinAll(st, st->workers);
   if (!e.empty()) return absl::UnavailableError(absl::StrCat("sim cluster: ", e));
   st->joined = NowNs();
-  for (const auto& [id, m] : st->members) caf::anon_send(m, beat_atom::value);
   st->watcher = std::thread([st] { Watch(st); });
   return c;
 }
