@@ -51,6 +51,13 @@ HeadActor::HeadActor(caf::actor_config& cfg, ClusterOptions options, std::string
 caf::behavior HeadActor::make_behavior() {
   if (store_) Restore();
   set_down_handler([this](caf::down_msg& dm) { HandleDown(dm); });
+  // An error that is no answer to a request of the head's (a member that could not handle one of
+  // its messages answers with unexpected_message) is logged: CAF's default ends the actor, and a
+  // head that ended so took no further heartbeat or tick while its process lived on (found by
+  // bench/scale: a node that ignored a fence).
+  set_error_handler([this](caf::error& e) {
+    aout(this) << "troupe-head: ignored an error message: " << system().render(e) << std::endl;
+  });
   delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
   return MembershipHandlers()
       .or_else(DirectoryHandlers())

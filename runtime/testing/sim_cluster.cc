@@ -120,12 +120,14 @@ caf::behavior Member(caf::stateful_actor<MemberState>* self, StatePtr st, std::s
       },
       [=](quiet_atom) { self->state.silent = true; },
       // As a node agent does: a worker the head fenced is killed.
-      [=](fence_atom, const std::string& worker) {
+      [=](fence_atom, const std::string& worker) -> caf::result<void> {
+        if (!st->o.nodes_kill_fenced) return caf::sec::unexpected_message;
         std::lock_guard<std::mutex> l(st->mu);
         if (auto it = st->members.find(worker); it != st->members.end()) {
           st->gone.insert(worker);  // a later rejoin does not wait for it
           caf::anon_send_exit(it->second, caf::exit_reason::kill);
         }
+        return caf::unit;
       },
       [=](heartbeat_sync_atom) { self->state.full = true; },
       // A spawn is answered with the member itself: the head places, records and monitors it as

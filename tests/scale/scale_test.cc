@@ -164,44 +164,55 @@ TEST_F(ScaleTest, ThirtyTwoRanksSurviveAKillWithLogarithmicConnectionsAndEndAsFo
 // (sim_cluster.h) join a real head; one worker's exit is known in this process (the head's event
 // reached its subscriber) within a second, a silent one's within the heartbeat timeout and a
 // second.
-TEST(ScaleSimTest, TwoHundredFiftySixMembersJoinAndLearnOfADeathWithinTheirTimeout) {
-  char tmpl[] = "/tmp/troupe_scale_sim_XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const pid_t head = fork();
-  if (head == 0) {
-    const std::string out = dir + "/head.log";
-    FILE* f = std::fopen(out.c_str(), "w");
-    dup2(fileno(f), 1);
-    dup2(fileno(f), 2);
-    execl(TROUPE_BINARY, TROUPE_BINARY, "head", "--port", "0", "--port_file",
-          (dir + "/port").c_str(), "--heartbeat_interval", "200ms", "--heartbeat_timeout", "1s",
-          "--build_id", "sim", "--http_port", "-1", "--log_dir", dir.c_str(), nullptr);
-    _exit(127);
-  }
+// A real `troupe head` (200 ms heartbeats, 1 s timeout, build id "sim") for simulated members;
+// killed, its directory removed, whatever the test's outcome.
+struct SimHead {
+  pid_t pid = -1;
+  std::string dir;
   int port = 0;
-  for (int i = 0; i < 500 && port == 0; ++i) {
-    std::ifstream(dir + "/port") >> port;
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  struct Reap {  // the head and the directory go whatever the test's outcome
-    pid_t pid;
-    std::string dir;
-    ~Reap() {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      std::filesystem::remove_all(dir);
+  SimHead() {
+    char tmpl[] = "/tmp/troupe_scale_sim_XXXXXX";
+    dir = mkdtemp(tmpl);
+    pid = fork();
+    if (pid == 0) {
+      const std::string out = dir + "/head.log";
+      FILE* f = std::fopen(out.c_str(), "w");
+      dup2(fileno(f), 1);
+      dup2(fileno(f), 2);
+      execl(TROUPE_BINARY, TROUPE_BINARY, "head", "--port", "0", "--port_file",
+            (dir + "/port").c_str(), "--heartbeat_interval", "200ms", "--heartbeat_timeout", "1s",
+            "--build_id", "sim", "--http_port", "-1", "--log_dir", dir.c_str(), nullptr);
+      _exit(127);
     }
-  } reap{head, dir};
-  ASSERT_GT(port, 0) << troupe::testing::Slurp(dir + "/head.log");
-  {
+    for (int i = 0; i < 500 && port == 0; ++i) {
+      std::ifstream(dir + "/port") >> port;
+      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~SimHead() {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    std::filesystem::remove_all(dir);
+  }
+  std::string Log() const { return troupe::testing::Slurp(dir + "/head.log"); }
+  troupe::runtime::testing::SimClusterOptions Options(int nodes, int workers_per_node) const {
     troupe::runtime::testing::SimClusterOptions o;
     o.head_port = static_cast<uint16_t>(port);
     o.build_id = "sim";
-    o.nodes = 32;
-    o.workers_per_node = 7;
+    o.nodes = nodes;
+    o.workers_per_node = workers_per_node;
     o.heartbeat_interval = std::chrono::milliseconds(200);
+    return o;
+  }
+};
+
+TEST(ScaleSimTest, TwoHundredFiftySixMembersJoinAndLearnOfADeathWithinTheirTimeout) {
+  const SimHead head;
+  ASSERT_GT(head.port, 0) << head.Log();
+  {
+    const troupe::runtime::testing::SimClusterOptions o = head.Options(32, 7);
     auto c = troupe::runtime::testing::SimCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status() << troupe::testing::Slurp(dir + "/head.log");
+    ASSERT_TRUE(c.ok()) << c.status() << head.Log();
     EXPECT_EQ((*c)->member_ids().size(), 256u);
     std::printf("256 members joined in %.3f s\n",
                 static_cast<double>((*c)->joined_ns() - (*c)->started_ns()) / 1e9);
@@ -226,6 +237,26 @@ TEST(ScaleSimTest, TwoHundredFiftySixMembersJoinAndLearnOfADeathWithinTheirTimeo
     }
     std::printf("death known: by exit %lld ms, by silence %lld ms (timeout 1 s)\n",
                 static_cast<long long>(exit_ms), static_cast<long long>(quiet_ms));
+  }
+}
+
+// A member that cannot handle one of the head's messages answers with an error: the head logs it
+// and goes on. (A node that ignored a fence once ended the head's actor; every later silence went
+// unnoticed while its process lived on.)
+TEST(ScaleSimTest, AnErrorFromAMemberLeavesTheHeadWatching) {
+  const SimHead head;
+  ASSERT_GT(head.port, 0) << head.Log();
+  troupe::runtime::testing::SimClusterOptions o = head.Options(4, 2);
+  o.nodes_kill_fenced = false;
+  auto c = troupe::runtime::testing::SimCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (const char* id : {"s1/w0", "s2/w0"}) {  // the first fence is answered with an error
+    (*c)->Silence(id);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (!(*c)->DeathSeen(id) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE((*c)->DeathSeen(id)) << id << " never declared dead\n" << head.Log();
   }
 }
 

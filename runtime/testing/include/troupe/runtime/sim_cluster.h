@@ -31,6 +31,9 @@ struct SimClusterOptions {
   int first_node = 0, nodes = 0, workers_per_node = 0;
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::seconds join_timeout{120};
+  // A node kills a worker the head fenced, as a node agent does; false: it has no handler for
+  // the fence at all (a member that cannot handle one of the head's messages).
+  bool nodes_kill_fenced = true;
 };
 
 class SimCluster {
