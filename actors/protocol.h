@@ -250,7 +250,8 @@ namespace troupe::train {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
   return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.stages, x.buddy,
-           x.committed_steps, x.source, x.old_to_new, x.old_buddy, x.checkpoint_step, x.epoch);
+           x.committed_steps, x.source, x.old_world, x.gone, x.old_buddy, x.checkpoint_step,
+           x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {

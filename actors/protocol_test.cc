@@ -52,7 +52,8 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   plan.buddy = 2;
   plan.committed_steps = 41;
   plan.source = train::RestoreSource::kMemory;
-  plan.old_to_new = {0, -1, 1, 2};
+  plan.old_world = 4;
+  plan.gone = {1};
   plan.old_buddy = 3;
   plan.checkpoint_step = 40;
   const WireStatus err = WireStatus::From(absl::UnavailableError("peer 2 gone"));

@@ -384,6 +384,7 @@ absl::StatusOr<CombinePlan> PlanCanonicalCombine(
   std::map<std::pair<uint64_t, uint64_t>, int> holder;  // the lowest rank holding each interval
   for (int q = 0; q < n; ++q) holder.emplace(intervals_by_rank[q], q);
   std::vector<bool> used(n, false);
+  std::vector<int> free_inner;  // temporaries whose value a later step no longer reads
   absl::Status bad;
   // The operand that holds T(a, b) once plan.steps ran; kNone (and `bad`) when none can.
   auto node = [&](auto& self, uint64_t a, uint64_t b) -> CombineOperand {
@@ -402,8 +403,23 @@ absl::StatusOr<CombinePlan> PlanCanonicalCombine(
     if (x.kind == Kind::kNone) return {};
     const CombineOperand y = self(self, mid, b);
     if (y.kind == Kind::kNone) return {};
-    const CombineOperand dst = a == 0 && b == total ? CombineOperand{Kind::kOutput, 0}
-                                                    : CombineOperand{Kind::kInner, plan.inner++};
+    // A temporary is reused once read: x's in place (x + y elementwise into x), else a freed
+    // one. Depth first, that keeps at most one per level of the tree live: ~log2(W) temporaries
+    // of a block each, where one per inner node (W − 2) took as much memory as the whole model.
+    CombineOperand dst{Kind::kOutput, 0};
+    if (!(a == 0 && b == total)) {
+      if (x.kind == Kind::kInner) {
+        dst = x;
+      } else if (!free_inner.empty()) {
+        dst = {Kind::kInner, free_inner.back()};
+        free_inner.pop_back();
+      } else {
+        dst = {Kind::kInner, plan.inner++};
+      }
+    }
+    for (const CombineOperand& o : {x, y}) {
+      if (o.kind == Kind::kInner && !(o == dst)) free_inner.push_back(o.index);
+    }
     plan.steps.push_back({dst, x, y});
     return dst;
   };

@@ -67,6 +67,12 @@ float Tree(uint64_t lo, uint64_t hi) {
   return Tree(lo, mid) + Tree(mid, hi);
 }
 
+int CeilLog2(uint64_t m) {
+  int bits = 0;
+  while ((uint64_t{1} << bits) < m) ++bits;
+  return bits;
+}
+
 // Runs `plan` on the partials Tree(lo, hi) of each rank's interval.
 float Execute(const CombinePlan& plan, const Intervals& iv) {
   std::vector<float> partials, inner(plan.inner);
@@ -137,6 +143,7 @@ TEST(PlanCanonicalCombine, ReproducesTheSerialTreeForEverySplit) {
       EXPECT_EQ(plan->total, m);
       EXPECT_EQ(plan->steps.size(), static_cast<size_t>(w == 1 ? 1 : w - 1));
       EXPECT_LE(plan->inner, std::max(0, w - 2));
+      EXPECT_LE(plan->inner, CeilLog2(m)) << "m=" << m << " w=" << w;
       EXPECT_EQ(plan->steps.back().dst, Out());
       std::vector<int> reads(w, 0);
       for (const CombineStep& s : plan->steps) {
@@ -151,6 +158,19 @@ TEST(PlanCanonicalCombine, ReproducesTheSerialTreeForEverySplit) {
     }
   }
   EXPECT_GT(order_mattered, 0);  // the leaves make the order visible
+}
+
+// At scale: 8,192 ranks of one microbatch each reuse a temporary per level of the tree (13), not
+// one per inner node (8,190 blocks: as much scratch as the model), with the serial tree's bits.
+TEST(PlanCanonicalCombine, EightThousandRanksNeedOnlyATemporaryPerLevel) {
+  const uint64_t m = 8192;
+  const Intervals iv = TrainerBlocks(m, static_cast<int>(m));
+  absl::StatusOr<CombinePlan> plan = PlanCanonicalCombine(iv);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->steps.size(), m - 1);
+  EXPECT_EQ(plan->inner, 13);  // log2(8192)
+  const float got = Execute(*plan, iv), want = Tree(0, m);
+  EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0) << got << " vs " << want;
 }
 
 TEST(PlanCanonicalCombine, RejectsWhatIsNotADisjointCoverBySubtrees) {

@@ -397,25 +397,35 @@ std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
   return next;
 }
 
-std::vector<int> CoordinatorCore::OldToNew(const std::vector<std::string>& next) const {
-  std::map<std::string, int> index;
-  for (size_t i = 0; i < next.size(); ++i) index.emplace(next[i], static_cast<int>(i));
-  std::vector<int> old_to_new;
-  for (const std::string& w : record_.active) {
-    auto it = index.find(w);
-    old_to_new.push_back(it == index.end() ? -1 : it->second);
+// NextGroup puts the committed configuration's kept workers first, in their order: that is the
+// rule NewRank reads, so the gone ranks alone say where every old rank went.
+std::vector<int> CoordinatorCore::Gone(const std::vector<std::string>& next) const {
+  std::vector<int> gone;
+  size_t kept = 0;
+  for (size_t o = 0; o < record_.active.size(); ++o) {
+    if (kept < next.size() && next[kept] == record_.active[o]) {
+      ++kept;
+    } else {
+      gone.push_back(static_cast<int>(o));
+    }
   }
-  return old_to_new;
+  return gone;
+}
+
+bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& next) const {
+  return MemoryRestorePossible(static_cast<int>(record_.active.size()), Gone(next), record_.buddy);
 }
 
 std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
                                         GenerationPlan* plan) {
-  const std::vector<int> old_to_new = OldToNew(next);
-  if (!record_.active.empty() && MemoryRestorePossible(old_to_new, record_.buddy)) {
+  std::vector<int> gone = Gone(next);
+  const int old_world = static_cast<int>(record_.active.size());
+  if (MemoryRestorePossible(old_world, gone, record_.buddy)) {
     plan->source = RestoreSource::kMemory;
-    plan->old_to_new = old_to_new;
+    plan->old_world = old_world;
     plan->old_buddy = record_.buddy;
-    const bool owners = std::find(old_to_new.begin(), old_to_new.end(), -1) == old_to_new.end();
+    const bool owners = gone.empty();
+    plan->gone = std::move(gone);
     return owners ? "owners" : "mirrors";
   }
   // From disk or from the seed: the memory of the old configuration no longer holds the state
@@ -454,10 +464,9 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   // boundary (HandOver: a checkpoint first where memory cannot), instead of the job rolling back
   // to a checkpoint now.
   std::vector<std::string> next = NextGroup(false);
-  if (!hand_over && !record_.active.empty() &&
-      !MemoryRestorePossible(OldToNew(next), record_.buddy)) {
+  if (!hand_over && !record_.active.empty() && !MemoryRestorePossibleTo(next)) {
     std::vector<std::string> with = NextGroup(true);
-    if (MemoryRestorePossible(OldToNew(with), record_.buddy)) next = std::move(with);
+    if (MemoryRestorePossibleTo(with)) next = std::move(with);
   }
   ++record_.generation;
   for (const auto& [w, m] : members_) {

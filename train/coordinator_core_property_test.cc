@@ -266,11 +266,12 @@ class Sim {
         // old rank (if any) maps to its new one, and the mirrors sit where its offset says.
         if (a.plan.source == RestoreSource::kMemory) {
           const std::vector<std::string>& old = saved_.active;
-          bool consistent = a.plan.old_to_new.size() == old.size() &&
+          bool consistent = a.plan.old_world == static_cast<int>(old.size()) &&
                             a.plan.old_buddy == saved_.buddy &&
-                            MemoryRestorePossible(a.plan.old_to_new, a.plan.old_buddy);
+                            MemoryRestorePossible(a.plan.old_world, a.plan.gone, a.plan.old_buddy);
           for (size_t o = 0; consistent && o < old.size(); ++o) {
-            consistent = (old[o] == a.worker) == (a.plan.old_to_new[o] == a.plan.rank);
+            consistent =
+                (old[o] == a.worker) == (NewRank(a.plan.gone, static_cast<int>(o)) == a.plan.rank);
           }
           if (!consistent)
             Fail(absl::StrCat("memory plan of ", a.worker, " does not match the record"));

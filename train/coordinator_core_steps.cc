@@ -180,7 +180,7 @@ void CoordinatorCore::HandOver(Actions* out) {
   const std::string node_list = absl::StrJoin(nodes, " ");
   const std::vector<std::string> next = NextGroup(false);
   const bool enough = !next.empty() && static_cast<int>(next.size()) >= options_.min_workers;
-  const bool memory = enough && MemoryRestorePossible(OldToNew(next), record_.buddy);
+  const bool memory = enough && MemoryRestorePossibleTo(next);
   if (!memory && !CheckpointHolds(record_.committed) &&
       handover_asked_generation_ != record_.generation) {
     handover_asked_generation_ = record_.generation;

@@ -1095,7 +1095,8 @@ TEST_F(CoordinatorCoreTest, BuddiesSitOnAnotherHostSoAHostLossRestoresFromMirror
     if (a.kind != CoordinatorAction::Kind::kConfigure) continue;
     ++configures;
     EXPECT_EQ(a.plan.source, RestoreSource::kMemory);
-    EXPECT_EQ(a.plan.old_to_new, (std::vector<int>{0, 1, -1, -1}));
+    EXPECT_EQ(a.plan.old_world, 4);
+    EXPECT_EQ(a.plan.gone, (std::vector<int>{2, 3}));
     EXPECT_EQ(a.plan.old_buddy, 2);
     EXPECT_EQ(a.plan.buddy, 1);
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "elastic_internal.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/train/elastic.h"
@@ -24,9 +25,8 @@ using P2P = collectives::Communicator::PointToPoint;
 
 // The new rank that sends old range o's pieces in a memory restore: its owner, else its buddy.
 int SendingRank(const GenerationPlan& plan, int o) {
-  const int old_world = static_cast<int>(plan.old_to_new.size());
-  return plan.old_to_new[o] >= 0 ? plan.old_to_new[o]
-                                 : plan.old_to_new[BuddyRank(o, plan.old_buddy, old_world)];
+  const int owner = NewRank(plan.gone, o);
+  return owner >= 0 ? owner : NewRank(plan.gone, BuddyRank(o, plan.old_buddy, plan.old_world));
 }
 
 }  // namespace
@@ -78,13 +78,24 @@ absl::Status ElasticRank::CheckPlan(const collectives::Communicator& comm,
                                                    " of ", comm.size(), ", host communicator rank ",
                                                    host_comm_->rank(), " of ", host_comm_->size()));
   }
-  const int old_world = static_cast<int>(plan.old_to_new.size());
+  const int old_world = plan.old_world;
   if (!ValidBuddy(plan.buddy, plan.world) ||
       (plan.source == RestoreSource::kMemory && !ValidBuddy(plan.old_buddy, old_world))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "configure: buddy offsets: expected 1 <= buddy < world (1 for a world of one), got ",
         plan.buddy, " of ", plan.world, " (previous generation: ", plan.old_buddy, " of ",
         old_world, ")"));
+  }
+  if (plan.source == RestoreSource::kMemory) {
+    bool sorted = true;
+    for (size_t i = 0; i < plan.gone.size() && sorted; ++i) {
+      sorted = plan.gone[i] >= (i == 0 ? 0 : plan.gone[i - 1] + 1) && plan.gone[i] < old_world;
+    }
+    if (!sorted || old_world - static_cast<int>(plan.gone.size()) > plan.world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "configure: gone ranks: expected increasing old ranks in [0, ", old_world,
+          ") leaving at most ", plan.world, " kept, got [", absl::StrJoin(plan.gone, " "), "]"));
+    }
   }
   if (plan.stages < 1 || plan.world % plan.stages != 0) {
     return absl::InvalidArgumentError(
@@ -154,13 +165,12 @@ absl::Status ElasticRank::StageHeldFromModel() {
 }
 
 absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan) {
-  if (!MemoryRestorePossible(plan.old_to_new, plan.old_buddy)) {
+  if (!MemoryRestorePossible(plan.old_world, plan.gone, plan.old_buddy)) {
     return absl::FailedPreconditionError(
         "memory restore: an old range has neither owner nor buddy");
   }
   TROUPE_RETURN_IF_ERROR(CheckSurvivor(plan));
-  const ShardLayout from =
-      ShardLayout::Make(model_->num_params(), static_cast<int>(plan.old_to_new.size()));
+  const ShardLayout from = ShardLayout::Make(model_->num_params(), plan.old_world);
   std::vector<P2P> moves;
   TROUPE_RETURN_IF_ERROR(AddParamMoves(plan, from, &moves));
   TROUPE_RETURN_IF_ERROR(AddMomentMoves(plan, from, &moves));
@@ -171,18 +181,22 @@ absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan) {
 // without that state must not be named as an old rank.
 absl::Status ElasticRank::CheckSurvivor(const GenerationPlan& plan) const {
   const RankState& c = committed_state_;
-  const int old_world = static_cast<int>(plan.old_to_new.size());
+  const int old_world = plan.old_world;
   const bool survivor = has_state_ && c.layout.world == old_world && c.rank < old_world &&
-                        plan.old_to_new[c.rank] == plan.rank;
+                        NewRank(plan.gone, c.rank) == plan.rank;
   if (survivor && c.buddy != plan.old_buddy) {
     return absl::FailedPreconditionError(
         absl::StrCat("memory restore: rank mirrors with buddy offset ", c.buddy,
                      ", the plan expects ", plan.old_buddy));
   }
-  for (int o = 0; o < old_world && !survivor; ++o) {
-    if (plan.old_to_new[o] == plan.rank) {
+  // The old rank the plan maps to this one: the rank-th kept one, each gone rank at or below the
+  // candidate pushing it up by one.
+  if (!survivor) {
+    int named = plan.rank;
+    for (int g : plan.gone) named += g <= named ? 1 : 0;
+    if (named < old_world) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "memory restore: the plan names this rank as old rank ", o, ", but it holds ",
+          "memory restore: the plan names this rank as old rank ", named, ", but it holds ",
           has_state_ ? absl::StrCat("rank ", c.rank, " of ", c.layout.world) : "no state"));
     }
   }
@@ -207,7 +221,7 @@ absl::Status ElasticRank::AddParamMoves(const GenerationPlan& plan, const ShardL
         const uint32_t tag = kTagParamMoveBase + param_piece++;
         float* dst = staged_held_.data() + PackedOffset(held[plan.rank], lo);
         if (src == plan.rank) {
-          float* p = plan.old_to_new[o] >= 0 || c.stages == 1
+          float* p = NewRank(plan.gone, o) >= 0 || c.stages == 1
                          ? model_->params() + lo
                          : c.replica_p.data() + (lo - from.begin(o));
           if (d == plan.rank) {
@@ -236,11 +250,15 @@ absl::Status ElasticRank::AddMomentMoves(const GenerationPlan& plan, const Shard
   }
   uint32_t piece = 0;
   for (int d = 0; d < to.world; ++d) {
-    for (int o = 0; o < from.world; ++o) {
+    if (to.begin(d) >= to.end(d)) continue;
+    // Only the old ranges that overlap d's (the others make no piece): O(W) per rank, not O(W²).
+    const int last =
+        static_cast<int>(std::min<int64_t>(from.world - 1, (to.end(d) - 1) / from.per_rank));
+    for (int o = static_cast<int>(to.begin(d) / from.per_rank); o <= last; ++o) {
       const int64_t lo = std::max(to.begin(d), from.begin(o));
       const int64_t hi = std::min(to.end(d), from.end(o));
       if (lo >= hi) continue;
-      const bool from_owner = plan.old_to_new[o] >= 0;
+      const bool from_owner = NewRank(plan.gone, o) >= 0;
       const int src = SendingRank(plan, o);
       const uint32_t tag = kTagMoveBase + 2 * piece++;
       const size_t count = static_cast<size_t>(hi - lo);

@@ -455,7 +455,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     std::vector<Rank> ranks(2);
     std::vector<Rank*> ptrs;
     for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-    Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+    Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
     Steps(ptrs, 2);
     CheckpointManifest meta;
     meta.num_params = ranks[0].model->num_params();
@@ -529,7 +529,7 @@ TEST_P(ElasticTest, AnyWorldSizeMatchesTheSingleProcessReference) {
     std::vector<Rank> ranks(w);
     std::vector<Rank*> ptrs;
     for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-    Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+    Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
     Steps(ptrs, 3);
     ExpectBitIdentical(ptrs, want);
     // The moments, gathered from the owners, are the reference's too.
@@ -558,7 +558,7 @@ TEST_P(ElasticTest, OverlappedStepIsBitIdenticalForEveryBucketSizeAndWorldSize) 
       std::vector<Rank> ranks(w);
       std::vector<Rank*> ptrs;
       for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-      Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+      Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
       std::vector<std::vector<StepOutcome>> outcomes;
       Steps(ptrs, 2, &outcomes);
       ExpectBitIdentical(ptrs, want);
@@ -587,7 +587,7 @@ TEST_P(ElasticTest, FastModeIsCloseButNotPromisedBitIdentical) {
     r.rank = std::make_unique<ElasticRank>(r.model.get(), o);
     ptrs.push_back(&r);
   }
-  Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+  Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
   Steps(ptrs, 3);
   double max_diff = 0;
   const std::vector<std::vector<float>> all = Params(ptrs);
@@ -606,7 +606,7 @@ TEST_P(ElasticTest, RankDiesMidStepSurvivorsRestoreFromMemoryAndMatch) {
   std::vector<Rank> ranks(4);
   std::vector<Rank*> ptrs;
   for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-  Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+  Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
   Steps(ptrs, 2);
   // Step 2: rank 2 dies while the others are in the gradient exchange.
   Kill(ptrs, 2);
@@ -617,7 +617,7 @@ TEST_P(ElasticTest, RankDiesMidStepSurvivorsRestoreFromMemoryAndMatch) {
   // Generation 1: old ranks 0, 1, 3 become 0, 1, 2; old rank 2's moments come from its buddy.
   std::vector<Rank*> survivors = {&ranks[0], &ranks[1], &ranks[3]};
   Configure(survivors,
-            {.committed_steps = 2, .source = RestoreSource::kMemory, .old_to_new = {0, 1, -1, 2}},
+            {.committed_steps = 2, .source = RestoreSource::kMemory, .old_world = 4, .gone = {2}},
             1);
   Steps(survivors, 4);
   ExpectBitIdentical(survivors, want);
@@ -630,7 +630,7 @@ TEST_P(ElasticTest, AHostOfTwoRanksLostRestoresFromMirrorsOnTheOtherHost) {
   std::vector<Rank*> ptrs;
   for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
   // Ranks 0, 1 on one host, 2, 3 on another: buddies two ranks on.
-  Configure(ptrs, {.buddy = 2, .source = RestoreSource::kInit, .old_to_new = {}}, 0);
+  Configure(ptrs, {.buddy = 2, .source = RestoreSource::kInit, .gone = {}}, 0);
   Steps(ptrs, 2);
   Kill(ptrs, 2);
   Kill(ptrs, 3);
@@ -641,7 +641,8 @@ TEST_P(ElasticTest, AHostOfTwoRanksLostRestoresFromMirrorsOnTheOtherHost) {
   Configure(survivors,
             {.committed_steps = 2,
              .source = RestoreSource::kMemory,
-             .old_to_new = {0, 1, -1, -1},
+             .old_world = 4,
+             .gone = {2, 3},
              .old_buddy = 2},
             1);
   Steps(survivors, 4);
@@ -656,7 +657,7 @@ TEST_P(ElasticTest, APlanWithABuddyOffsetOutsideItsWorldIsRefused) {
   for (int bad : {0, 2}) {
     auto st = Parallel(2, [&](int i) {
       GenerationPlan p{
-          .world = 2, .rank = i, .buddy = bad, .source = RestoreSource::kInit, .old_to_new = {}};
+          .world = 2, .rank = i, .buddy = bad, .source = RestoreSource::kInit, .gone = {}};
       return ranks[i].rank->Configure(comms[i].get(), p, nullptr);
     });
     for (int i = 0; i < 2; ++i) {
@@ -675,9 +676,10 @@ TEST_P(ElasticTest, JoinersAreFoldedInAndMatch) {
   for (auto& r : ranks) r = NewRank();
   std::vector<Rank*> two = {&ranks[0], &ranks[1]},
                      four = {&ranks[0], &ranks[1], &ranks[2], &ranks[3]};
-  Configure(two, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+  Configure(two, {.source = RestoreSource::kInit, .gone = {}}, 0);
   Steps(two, 2);
-  Configure(four, {.committed_steps = 2, .source = RestoreSource::kMemory, .old_to_new = {0, 1}},
+  Configure(four,
+            {.committed_steps = 2, .source = RestoreSource::kMemory, .old_world = 2, .gone = {}},
             1);
   Steps(four, 4);
   ExpectBitIdentical(four, want);
@@ -694,7 +696,7 @@ TEST_P(ElasticTest, CheckpointRestoreIntoAnotherWorldSizeMatches) {
   Configure(ptrs,
             {.committed_steps = 2,
              .source = RestoreSource::kCheckpoint,
-             .old_to_new = {},
+             .gone = {},
              .checkpoint_step = 2},
             5, store.get());
   Steps(ptrs, 4);
@@ -705,7 +707,7 @@ TEST_P(ElasticTest, EveryMicrobatchServedOncePerCommittedStep) {
   std::vector<Rank> ranks(3);
   std::vector<Rank*> ptrs;
   for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-  Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+  Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
   Steps(ptrs, 2);
   ExpectEveryMicrobatchServedOnce(2);
 }
@@ -806,7 +808,7 @@ class ElasticPipelineTest : public ElasticTest {
     std::vector<Rank> ranks(world);
     std::vector<Rank*> ptrs;
     for (auto& r : ranks) r = NewRank(schedule), ptrs.push_back(&r);
-    Configure(ptrs, {.stages = stages, .source = RestoreSource::kInit, .old_to_new = {}}, gen);
+    Configure(ptrs, {.stages = stages, .source = RestoreSource::kInit, .gone = {}}, gen);
     return ranks;
   }
   static std::vector<Rank*> Ptrs(std::vector<Rank>& ranks) {
@@ -858,7 +860,8 @@ TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) 
             {.stages = 3,
              .committed_steps = 2,
              .source = RestoreSource::kMemory,
-             .old_to_new = {0, 1, -1, 2}},
+             .old_world = 4,
+             .gone = {2}},
             1);
   Steps(survivors, 3);
   // Generation 2: data parallelism only on the same three.
@@ -866,7 +869,8 @@ TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) 
             {.stages = 1,
              .committed_steps = 3,
              .source = RestoreSource::kMemory,
-             .old_to_new = {0, 1, 2}},
+             .old_world = 3,
+             .gone = {}},
             2);
   Steps(survivors, 4);
   // Generation 3: a joiner makes a 2 × 2 grid again.
@@ -876,7 +880,8 @@ TEST_P(ElasticPipelineTest, ALostStageWorkerReplansTheGridFromMemoryAndMatches) 
             {.stages = 2,
              .committed_steps = 4,
              .source = RestoreSource::kMemory,
-             .old_to_new = {0, 1, 2}},
+             .old_world = 3,
+             .gone = {}},
             3);
   Steps(four, 5);
   ExpectBitIdentical(four, want);
@@ -923,7 +928,7 @@ TEST_P(ElasticPipelineTest, ACheckpointOfDataParallelismRestoresIntoAGridAndMatc
             {.stages = 2,
              .committed_steps = 2,
              .source = RestoreSource::kCheckpoint,
-             .old_to_new = {},
+             .gone = {},
              .checkpoint_step = 2},
             5, store.get());
   Steps(Ptrs(ranks), 4);
@@ -941,7 +946,7 @@ TEST_P(ElasticPipelineTest, BadGridsAreRefusedNamingTheProblem) {
   for (auto& r : ranks) r = NewRank();
   std::vector<std::unique_ptr<Communicator>> comms;
   groups_.push_back(InProcessGroup::Create(3, 0, &comms));
-  GenerationPlan plan{.world = 3, .rank = 0, .stages = 2, .old_to_new = {}};
+  GenerationPlan plan{.world = 3, .rank = 0, .stages = 2, .gone = {}};
   absl::Status s = ranks[0].rank->Configure(comms[0].get(), plan, nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("divisor of the world size 3, got 2"), absl::string_view::npos) << s;
@@ -949,8 +954,8 @@ TEST_P(ElasticPipelineTest, BadGridsAreRefusedNamingTheProblem) {
   groups_.push_back(InProcessGroup::Create(8, 1, &comms8));
   std::vector<Rank> eight(1);
   eight[0] = NewRank();
-  s = eight[0].rank->Configure(comms8[0].get(),
-                               {.world = 8, .rank = 0, .stages = 8, .old_to_new = {}}, nullptr);
+  s = eight[0].rank->Configure(comms8[0].get(), {.world = 8, .rank = 0, .stages = 8, .gone = {}},
+                               nullptr);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("expected 1 to 4"), absl::string_view::npos) << s;
   for (auto& c : comms) c->Abort(absl::CancelledError("test over"));
@@ -975,7 +980,7 @@ TEST_P(ElasticBf16Test, ABf16StepIsBitIdenticalAcrossWorldSizes) {
     std::vector<Rank> ranks(w);
     std::vector<Rank*> ptrs;
     for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-    Configure(ptrs, {.source = RestoreSource::kInit, .old_to_new = {}}, 0);
+    Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
     Steps(ptrs, 2);
     if (want.empty()) {
       want = Params(ptrs)[0];

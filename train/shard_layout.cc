@@ -54,12 +54,16 @@ absl::StatusOr<std::vector<std::pair<int32_t, int32_t>>> MicrobatchBlocks(int32_
   return blocks;
 }
 
-bool MemoryRestorePossible(const std::vector<int>& old_to_new, int buddy) {
-  const int w = static_cast<int>(old_to_new.size());
-  if (w == 0) return false;
-  for (int o = 0; o < w; ++o) {
-    if (old_to_new[o] >= 0) continue;
-    if (w == 1 || old_to_new[(o + buddy) % w] < 0) return false;
+int NewRank(const std::vector<int>& gone, int o) {
+  auto it = std::lower_bound(gone.begin(), gone.end(), o);
+  if (it != gone.end() && *it == o) return -1;
+  return o - static_cast<int>(it - gone.begin());
+}
+
+bool MemoryRestorePossible(int old_world, const std::vector<int>& gone, int buddy) {
+  if (old_world == 0) return false;
+  for (int o : gone) {
+    if (old_world == 1 || NewRank(gone, (o + buddy) % old_world) < 0) return false;
   }
   return true;
 }

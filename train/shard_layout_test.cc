@@ -90,19 +90,29 @@ TEST(ShardLayoutMicrobatchBlocks, ABadWorldIsInvalidArgumentNamingTheBounds) {
 }
 
 TEST(ShardLayoutMemoryRestore, NeedsOwnerOrBuddyOfEveryRange) {
-  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, 2}));    // rank 2's buddy 3 survives
-  EXPECT_FALSE(MemoryRestorePossible({0, 1, -1, -1}));  // rank 2 and its buddy both gone
-  EXPECT_FALSE(MemoryRestorePossible({-1}));
-  EXPECT_TRUE(MemoryRestorePossible({-1, 0}));
-  EXPECT_FALSE(MemoryRestorePossible({}));  // no old group: nothing to restore from
-  EXPECT_TRUE(MemoryRestorePossible({0}));
+  EXPECT_TRUE(MemoryRestorePossible(4, {2}));      // rank 2's buddy 3 survives
+  EXPECT_FALSE(MemoryRestorePossible(4, {2, 3}));  // rank 2 and its buddy both gone
+  EXPECT_FALSE(MemoryRestorePossible(1, {0}));
+  EXPECT_TRUE(MemoryRestorePossible(2, {0}));
+  EXPECT_FALSE(MemoryRestorePossible(0, {}));  // no old group: nothing to restore from
+  EXPECT_TRUE(MemoryRestorePossible(1, {}));
+  EXPECT_TRUE(MemoryRestorePossible(8, {7}, 1));
+  EXPECT_FALSE(MemoryRestorePossible(8, {0, 7}, 1));  // 7's buddy wraps around to 0
 }
 
 TEST(ShardLayoutMemoryRestore, TheBuddyOffsetSaysWhereEachMirrorIs) {
   // Two ranks in a row gone (one host of two): with offset 2 their mirrors are on the others.
-  EXPECT_TRUE(MemoryRestorePossible({0, 1, -1, -1}, 2));
-  EXPECT_FALSE(MemoryRestorePossible({0, 1, -1, -1}, 1));
-  EXPECT_FALSE(MemoryRestorePossible({0, -1, 1, -1}, 2));  // 1 and 3 mirror each other
+  EXPECT_TRUE(MemoryRestorePossible(4, {2, 3}, 2));
+  EXPECT_FALSE(MemoryRestorePossible(4, {2, 3}, 1));
+  EXPECT_FALSE(MemoryRestorePossible(4, {1, 3}, 2));  // 1 and 3 mirror each other
+}
+
+TEST(ShardLayoutNewRank, KeptRanksCloseUpInTheirOrderAndGoneOnesAreMinusOne) {
+  const std::vector<int> gone = {1, 4, 5};
+  std::vector<int> got;
+  for (int o = 0; o < 8; ++o) got.push_back(NewRank(gone, o));
+  EXPECT_EQ(got, (std::vector<int>{0, -1, 1, 2, -1, -1, 3, 4}));
+  EXPECT_EQ(NewRank({}, 6), 6);
 }
 
 TEST(ShardLayoutBuddyOffset, PutsEveryBuddyInAnotherDomainWhereTheGroupAllows) {

@@ -1,8 +1,10 @@
 // bench_scale: the control plane at a size this machine cannot hold as processes (bench/scale).
 //
 //   bench_scale plan [RANKS]     CoordinatorCore planning a generation of RANKS ranks, and the
-//                                generation after one of them dies (state from the survivors):
-//                                plan_generation_ms=… plan_restore_ms=…
+//                                generation after 1, 8 or 64 of them die at once (state from
+//                                the survivors' mirrors); the ordered reduce-scatter's combine
+//                                plan; a 1B-parameter model's checkpoint manifest over RANKS:
+//                                plan_generation_ms=… plan_restore_ms=… (the most of the three)
 //   bench_scale cluster TROUPE NODES WORKERS_PER_NODE PROCS
 //                                a real head (TROUPE head, SQLite store, 1 s heartbeats, 3 s
 //                                timeout) and NODES node agents with WORKERS_PER_NODE workers
@@ -28,10 +30,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "troupe/collectives/canonical_combine.h"
 #include "troupe/runtime/cluster.h"
 #include "troupe/runtime/runtime.h"
 #include "troupe/runtime/sim_cluster.h"
 #include "troupe/train/coordinator_core.h"
+#include "troupe/train/file_system.h"
+#include "troupe/train/manifest.h"
+#include "troupe/train/shard_layout.h"
 
 namespace {
 
@@ -41,8 +48,53 @@ double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
 // ---- plan ----------------------------------------------------------------------------------
 
-int Plan(int ranks) {
-  using troupe::train::CoordinatorAction;
+// The checkpoint manifest of a 1B-parameter model sharded over `ranks`: its size, and the time
+// to encode and write it atomically (temp + fsync + rename) and to read and decode it.
+int Manifest(int ranks) {
+  namespace tt = troupe::train;
+  const int64_t n = 1'000'000'000;
+  const tt::ShardLayout layout = tt::ShardLayout::Make(n, ranks);
+  tt::CheckpointManifest m;
+  m.num_params = n;
+  m.step = 1000;
+  m.world_size = ranks;
+  for (int r = 0; r < ranks && layout.begin(r) < n; ++r) {
+    m.shards.push_back({absl::StrFormat("shard-%05d.bin", r), layout.begin(r), layout.end(r),
+                        tt::ShardByteSize(layout.begin(r), layout.end(r), true), 0x1234u + r});
+  }
+  const std::string dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("troupe-bench-manifest-", getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/manifest.bin";
+  int64_t start = NowNs();
+  const std::string bytes = tt::EncodeManifest(m);
+  absl::Status w = tt::WriteFileAtomically(tt::PosixFileSystem(), path, bytes);
+  const double write_ms = Ms(NowNs() - start);
+  start = NowNs();
+  auto read = tt::ReadSmallFile(tt::PosixFileSystem(), path, tt::kMaxManifestBytes);
+  absl::StatusOr<tt::CheckpointManifest> back =
+      read.ok() ? tt::DecodeManifest(*read, path) : read.status();
+  const double read_ms = Ms(NowNs() - start);
+  std::filesystem::remove_all(dir);
+  if (!w.ok() || !back.ok() || !(*back == m)) {
+    std::fprintf(stderr, "manifest: %s / %s\n", w.ToString().c_str(),
+                 back.status().ToString().c_str());
+    return 1;
+  }
+  std::printf(
+      "manifest of a 1B-parameter model over %d ranks: %zu shards, %zu B; encode + "
+      "atomic write %.2f ms, read + decode %.2f ms\n",
+      ranks, m.shards.size(), bytes.size(), write_ms, read_ms);
+  return 0;
+}
+
+// A core whose generation of `ranks` ranks committed one step, its workers `per_node` to a node.
+struct PlannedCore {
+  std::unique_ptr<troupe::train::CoordinatorCore> core;
+  double generation_ms = 0;
+};
+
+PlannedCore CommittedCore(int ranks, int per_node) {
   using troupe::train::CoordinatorCore;
   CoordinatorCore::Options o;
   o.steps = 10;
@@ -50,27 +102,74 @@ int Plan(int ranks) {
   o.microbatches = ranks;
   o.num_params = 19'900'000;  // the 20M GPT
   o.latest_checkpoint = [] { return std::optional<int64_t>(); };
-  CoordinatorCore core(o);
+  PlannedCore p{std::make_unique<CoordinatorCore>(o)};
+  CoordinatorCore& core = *p.core;
   const auto t0 = Clock::now();
   core.OnMembershipKnown(static_cast<size_t>(ranks), {}, t0);
-  std::vector<std::string> workers;
-  for (int i = 0; i < ranks; ++i) workers.push_back(absl::StrCat("n", i, "/w0"));
-  for (int i = 0; i + 1 < ranks; ++i) core.OnJoin(workers[i], absl::StrCat("n", i), t0);
-  int64_t start = NowNs();
-  core.OnJoin(workers.back(), absl::StrCat("n", ranks - 1), t0);  // plans generation 1
-  const double generation_ms = Ms(NowNs() - start);
+  auto node = [&](int i) { return absl::StrCat("n", i / per_node); };
+  for (int i = 0; i + 1 < ranks; ++i) core.OnJoin(absl::StrCat("w", i), node(i), t0);
+  const int64_t start = NowNs();
+  core.OnJoin(absl::StrCat("w", ranks - 1), node(ranks - 1), t0);  // plans generation 1
+  p.generation_ms = Ms(NowNs() - start);
   for (const std::string& w : core.group()) core.OnConfigured(core.generation(), w, {}, t0);
   for (const std::string& w : core.group()) {
     core.OnStepped(core.generation(), 0, w, {}, {{0, 1.0}}, t0);
   }
-  start = NowNs();
-  core.OnWorkerDown(workers[ranks / 2], "killed", t0);  // plans the next from the mirrors
-  const double restore_ms = Ms(NowNs() - start);
-  std::printf("plan: %d ranks, generation %llu, committed %lld\n", ranks,
-              static_cast<unsigned long long>(core.generation()),
-              static_cast<long long>(core.committed()));
-  std::printf("plan_generation_ms=%.2f plan_restore_ms=%.2f\n", generation_ms, restore_ms);
-  return core.generation() >= 2 ? 0 : 1;
+  return p;
+}
+
+// The coordinator's planning (a generation; a memory restore after 1, 8, 64 ranks die at once,
+// a node of that many going down), the ordered reduce-scatter's combine plan, and the checkpoint
+// manifest of a 1B-parameter model sharded over `ranks`.
+int Plan(int ranks) {
+  using troupe::train::CoordinatorAction;
+  double generation_ms = 0, restore_max_ms = 0;
+  for (int dead : {1, 8, 64}) {
+    PlannedCore p = CommittedCore(ranks, dead);
+    generation_ms = std::max(generation_ms, p.generation_ms);
+    const uint64_t before = p.core->generation();
+    const int64_t start = NowNs();
+    std::vector<CoordinatorAction> out =
+        p.core->OnNodeDead(absl::StrCat("n", ranks / dead / 2), {});
+    const double ms = Ms(NowNs() - start);
+    std::string source = "?";
+    size_t plan_bytes = 0;
+    for (const CoordinatorAction& a : out) {
+      if (a.kind == CoordinatorAction::Kind::kEvent && a.event.event == "generation") {
+        source = a.event.Field("source");
+      }
+      if (a.kind == CoordinatorAction::Kind::kConfigure) {
+        plan_bytes = std::max(plan_bytes, a.plan.gone.size() * sizeof(int) + sizeof(a.plan));
+      }
+    }
+    if (p.core->generation() != before + 1 || source != "mirrors") {
+      std::fprintf(stderr, "plan: %d dead of %d: generation %llu, source %s\n", dead, ranks,
+                   static_cast<unsigned long long>(p.core->generation()), source.c_str());
+      return 1;
+    }
+    std::printf(
+        "plan: %d ranks, %d dead at once: restore from %s planned in %.2f ms (%zu B of "
+        "plan per rank)\n",
+        ranks, dead, source.c_str(), ms, plan_bytes);
+    restore_max_ms = std::max(restore_max_ms, ms);
+  }
+  // The ordered reduce-scatter's combine plan: one microbatch per rank.
+  auto blocks = troupe::train::MicrobatchBlocks(ranks, ranks);
+  std::vector<std::pair<uint64_t, uint64_t>> intervals;
+  for (const auto& [lo, hi] : *blocks) intervals.emplace_back(lo, hi);
+  int64_t start = NowNs();
+  auto combine = troupe::collectives::PlanCanonicalCombine(intervals);
+  const double combine_ms = Ms(NowNs() - start);
+  if (!combine.ok()) return std::fprintf(stderr, "%s\n", combine.status().ToString().c_str()), 1;
+  std::printf(
+      "ordered reduce-scatter at %d ranks: %zu combine steps (%zu B), %d temporaries, "
+      "planned in %.2f ms\n",
+      ranks, combine->steps.size(), combine->steps.size() * sizeof(combine->steps[0]),
+      combine->inner, combine_ms);
+  return Manifest(ranks) != 0 ? 1
+                              : (std::printf("plan_generation_ms=%.2f plan_restore_ms=%.2f\n",
+                                             generation_ms, restore_max_ms),
+                                 0);
 }
 
 // ---- sim (child) ---------------------------------------------------------------------------

@@ -32,8 +32,9 @@ struct CombineStep {
   bool operator==(const CombineStep& o) const { return dst == o.dst && x == o.x && y == o.y; }
 };
 struct CombinePlan {
-  uint64_t total = 0;              // contributions: the largest interval end
-  int inner = 0;                   // temporaries the steps use (at most ranks - 2)
+  uint64_t total = 0;  // contributions: the largest interval end
+  int inner = 0;       // temporaries the steps use: at most the tree's depth (~log2 ranks), reused
+                       // once read; a step may write the temporary it reads as x (dst = x + y)
   std::vector<CombineStep> steps;  // in execution order; the last one writes kOutput
 };
 // The canonical tree T(0, total) over the ranks' partials, T(lo, hi) = T(lo, mid) + T(mid, hi)

@@ -291,8 +291,10 @@ class CoordinatorCore {
   // Ranks of noticed nodes leave at this step boundary (see the .cc).
   void HandOver(Actions* out);
   bool HandOverCheckpointEnded() const;
-  // Each rank of the committed configuration's rank in `next`, or -1.
-  std::vector<int> OldToNew(const std::vector<std::string>& next) const;
+  // The ranks of the committed configuration that are not in `next` (sorted: GenerationPlan::gone).
+  std::vector<int> Gone(const std::vector<std::string>& next) const;
+  // MemoryRestorePossible from the committed configuration to `next`.
+  bool MemoryRestorePossibleTo(const std::vector<std::string>& next) const;
   bool CheckpointHolds(int64_t step) const;
   // A commit past owed_boundary_ with no checkpoint durable or under way for it writes one.
   bool CheckpointOwed() const;

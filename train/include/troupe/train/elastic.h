@@ -104,9 +104,10 @@ struct GenerationPlan {
   int buddy = 1;                // rank r's moments are mirrored on rank (r + buddy) mod world
   int64_t committed_steps = 0;  // steps done; the next step to run
   RestoreSource source = RestoreSource::kInit;
-  // kMemory: the previous generation's world and where each old rank went (survivors come first,
-  // so new rank 0 always holds the committed parameters).
-  std::vector<int> old_to_new;
+  // kMemory: the previous generation's world and its ranks not in this one (sorted); the others
+  // keep their order and come first (NewRank in shard_layout.h).
+  int old_world = 0;
+  std::vector<int> gone;
   int old_buddy = 1;             // kMemory: the previous generation's buddy offset
   int64_t checkpoint_step = -1;  // kCheckpoint: which checkpoint
   // The coordinator's lease epoch (CheckpointStore::Claim): this rank's checkpoint writes are

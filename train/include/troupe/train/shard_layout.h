@@ -46,9 +46,16 @@ struct ShardLayout {
 // ---- Buddies: rank r's range is mirrored on rank (r + buddy) mod W.
 // -------------------------------
 
+// Where one generation's ranks go in the next: `gone` (sorted) are the old ranks not carried
+// over; the others keep their order and come first, so old rank o becomes new rank
+// o − |gone below o| (new rank 0 holds the committed parameters). A plan names the few gone
+// ranks, not a map of the whole old world: O(deaths) per rank on the wire.
+// Old rank o's new rank, or -1 if it is gone. O(log |gone|).
+int NewRank(const std::vector<int>& gone, int o);
+
 // True if every old range survives in memory: its owner or its buddy ((o + buddy) mod W) is in
-// the new group. old_to_new[o] is old rank o's new rank, or -1 if it is gone.
-bool MemoryRestorePossible(const std::vector<int>& old_to_new, int buddy = 1);
+// the new group, W = old_world (0: no old group). O(|gone| log |gone|).
+bool MemoryRestorePossible(int old_world, const std::vector<int>& gone, int buddy = 1);
 
 // The buddy offset k for a group whose rank r is in failure domain domains[r] (a zone, else a
 // host): the smallest k in [1, W) that puts the fewest buddies (r + k) mod W in their owner's
