@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -325,10 +326,18 @@ Engine::Ran Engine::RunOne() {
   return Ran::kProgress;
 }
 
+void IdleWait(int idle, absl::Duration max_nap) {
+  if (idle <= kYieldsBeforeNap) {
+    sched_yield();
+  } else {
+    absl::SleepFor(IdleNap(idle - kYieldsBeforeNap - 1, max_nap));
+  }
+}
+
 void Engine::Help(const Work::State* target) {
-  // Waiting on peers backs off as the transports' waits do: a few yields, then 20 µs naps — a
-  // waiter that only yielded would take the vCPU from the ranks it waits for on a busy host.
-  constexpr int kYieldsBeforeSleep = 4;
+  // Waiting on peers backs off as the transports' waits do (IdleWait) — a waiter that only
+  // yielded would take the vCPU from the ranks it waits for on a busy host.
+  const absl::Duration max_nap = transport_->max_nap();
   int idle = 0;
   while (!target->done.HasBeenNotified()) {
     switch (RunOne()) {
@@ -338,11 +347,7 @@ void Engine::Help(const Work::State* target) {
         idle = 0;
         break;
       case Ran::kIdlePoll:
-        if (++idle <= kYieldsBeforeSleep) {
-          std::this_thread::yield();
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
+        IdleWait(++idle, max_nap);
         break;
     }
   }
@@ -350,12 +355,21 @@ void Engine::Help(const Work::State* target) {
 
 void Engine::Run() {
   uint64_t seen = 0;  // tickets below this were queued before the previous poll
+  // Pending point-to-point operations are polled every 50 µs, longer while none progresses on an
+  // oversubscribed host (IdleNap).
+  const absl::Duration max_poll = std::max(absl::Microseconds(50), transport_->max_nap());
+  int idle_polls = 0;
   for (;;) {
     bool stop, stale;
     {
       std::unique_lock<SpinLock> l(mu_);
-      if (has_p2p_ && queue_.empty() && !stop_) {
-        cv_.wait_for(l, std::chrono::microseconds(50), [&] { return stop_ || !queue_.empty(); });
+      // With point-to-point operations pending, poll them; an operation queued meanwhile is its
+      // caller's. (The wait used to end at once whenever one was queued as well: while a caller
+      // ran its operations, this thread spun on the execution lock — a vCPU per rank.)
+      if (has_p2p_ && !stop_) {
+        const absl::Duration poll =
+            std::max(absl::Microseconds(50), IdleNap(idle_polls, max_poll));
+        cv_.wait_for(l, absl::ToChronoMicroseconds(poll), [&] { return stop_; });
       } else {
         cv_.wait_for(l, kExecutorPoll, [&] { return stop_ || has_p2p_.load(); });
       }
@@ -373,9 +387,11 @@ void Engine::Run() {
     if (stop) {
       ex.lock();
     } else if (!ex.try_lock()) {
+      ++idle_polls;  // the caller polls the pending operations as it runs: look less often
       continue;
     }
-    while (RunOne() != Ran::kNothing) {
+    for (Ran ran; (ran = RunOne()) != Ran::kNothing;) {
+      idle_polls = ran == Ran::kIdlePoll ? idle_polls + 1 : 0;
       std::lock_guard<SpinLock> l(mu_);
       if (queue_.empty()) break;
     }

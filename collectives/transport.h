@@ -5,6 +5,7 @@
 #ifndef TROUPE_COLLECTIVES_TRANSPORT_H_
 #define TROUPE_COLLECTIVES_TRANSPORT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -37,8 +38,23 @@ inline void AddOneWriter(std::atomic<uint64_t>& counter, uint64_t n) {
 
 class Mailboxes;
 
+// How a thread that found nothing to do waits before it looks again (WaitAll, Engine::Help, the
+// executor's polls of pending point-to-point operations): after a few yields, naps from 20 µs,
+// doubling every fourth one up to `max_nap`. A host that runs more ranks than it has vCPUs makes
+// the naps longer (UcxTransport: 50 µs per rank per vCPU, at most 1 ms): there a nap shorter than
+// the peers' turns on the vCPUs finds nothing new and takes the vCPU from the rank being waited
+// for — 32 ranks on 2 vCPUs made 250,000 context switches a second and steps of 0.3–3 s.
+constexpr int kYieldsBeforeNap = 4;
+inline absl::Duration IdleNap(int naps, absl::Duration max_nap) {
+  return std::min(max_nap, absl::Microseconds(20) * (int64_t{1} << std::min(naps / 4, 10)));
+}
+// After `idle` looks in a row found nothing: yield, or nap (IdleNap).
+void IdleWait(int idle, absl::Duration max_nap);
+
 class Transport {
  public:
+  // The longest nap of an idle waiter on this transport (IdleNap).
+  virtual absl::Duration max_nap() const { return absl::Microseconds(20); }
   virtual ~Transport() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;

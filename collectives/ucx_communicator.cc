@@ -143,6 +143,11 @@ absl::Status UcxTransport::ProbeLocalPeers(Bootstrap* boot, const std::string& p
     if (lane_of_[j] == kLocal) local.push_back(j);
   }
   if (local.size() < 2) return absl::OkStatus();
+  // More ranks of this communicator on this host than vCPUs: longer naps (transport.h, IdleNap).
+  const int per_vcpu = static_cast<int>((local.size() + usable_cpus_ - 1) / usable_cpus_);
+  if (static_cast<int>(local.size()) > usable_cpus_) {
+    max_nap_ = std::min(absl::Milliseconds(1), absl::Microseconds(50) * per_vcpu);
+  }
   std::random_device rd;
   for (auto& w : cookie_) w = (uint64_t{rd()} << 32) | rd();
   if (want_mailboxes) {

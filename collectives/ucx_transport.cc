@@ -380,19 +380,13 @@ unsigned UcxTransport::ProgressBoxes() {
 }
 
 // After `idle` polls in a row found nothing: spin while this rank has a vCPU to itself; on an
-// oversubscribed machine yield, and once a few yields found nothing, sleep a little.
+// oversubscribed machine yield, and once a few yields found nothing, nap (collectives::IdleWait).
 // sched_yield only yields to tasks of this task group: ranks in other cgroups or autogroups
 // (a session each, on a kernel with sched_autogroup) would wait for the CPU a yielding rank
 // keeps — 3 to 4 times slower steps on the lab, whose processes run in sessions of their own.
 void UcxTransport::IdleWait(int idle) const {
-  constexpr int kYieldsBeforeSleep = 4;
   if (idle <= spins_before_yield_) return;
-  if (idle <= spins_before_yield_ + kYieldsBeforeSleep) {
-    sched_yield();
-    return;
-  }
-  timespec nap{0, 20 * 1000};
-  nanosleep(&nap, nullptr);
+  collectives::IdleWait(idle - spins_before_yield_, max_nap_);
 }
 
 unsigned UcxTransport::ProgressUcx() {

@@ -107,6 +107,7 @@ class UcxTransport : public Transport {
   void CancelAll() override;
   void Fail(absl::Status status) override;
   bool CanReadPeers() const override { return single_copy_; }
+  absl::Duration max_nap() const override { return max_nap_; }
   Mailboxes* HostShared() override { return all_local_ ? boxes_.get() : nullptr; }
   absl::Status WaitUntil(absl::FunctionRef<bool()> ready, absl::Time deadline) override;
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) override;
@@ -179,6 +180,7 @@ class UcxTransport : public Transport {
   // idle poll when ranks outnumber the vCPUs this process may use (the peer being waited for may
   // need this one) — OpenMPI's yield-when-idle rule.
   int spins_before_yield_ = 64;
+  absl::Duration max_nap_ = absl::Microseconds(20);  // IdleNap's cap: ProbeLocalPeers
   int usable_cpus_ = 1;
   std::vector<Region> scratch_;
   std::mutex fail_mu_;
