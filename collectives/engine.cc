@@ -367,8 +367,7 @@ void Engine::Run() {
       // caller's. (The wait used to end at once whenever one was queued as well: while a caller
       // ran its operations, this thread spun on the execution lock — a vCPU per rank.)
       if (has_p2p_ && !stop_) {
-        const absl::Duration poll =
-            std::max(absl::Microseconds(50), IdleNap(idle_polls, max_poll));
+        const absl::Duration poll = std::max(absl::Microseconds(50), IdleNap(idle_polls, max_poll));
         cv_.wait_for(l, absl::ToChronoMicroseconds(poll), [&] { return stop_; });
       } else {
         cv_.wait_for(l, kExecutorPoll, [&] { return stop_ || has_p2p_.load(); });
