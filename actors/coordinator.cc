@@ -363,10 +363,18 @@ caf::behavior Coordinator::Behavior() {
         kv_[key] = value;
         return true;
       },
-      [this](get_atom, const std::string& key) {
-        auto it = kv_.find(key);
-        return it == kv_.end() ? std::make_tuple(false, std::string())
-                               : std::make_tuple(true, it->second);
+      [this](get_atom, const KvKeys& k) {
+        KvValues v;
+        v.values.resize(k.keys.size());
+        for (size_t i = 0; i < k.keys.size(); ++i) {
+          auto it = kv_.find(k.keys[i]);
+          if (it == kv_.end()) {
+            v.missing.push_back(static_cast<int32_t>(i));
+          } else {
+            v.values[i] = it->second;
+          }
+        }
+        return v;
       },
   };
 }
@@ -398,6 +406,8 @@ void AddTrainingMessageTypes(runtime::ActorRegistry& r) {
   r.AddMessageType<JobReport>("troupe.JobReport");
   r.AddMessageType<ConfigureRank>("troupe.ConfigureRank");
   r.AddMessageType<RankConfigured>("troupe.RankConfigured");
+  r.AddMessageType<KvKeys>("troupe.KvKeys");
+  r.AddMessageType<KvValues>("troupe.KvValues");
   r.AddMessageType<RunStep>("troupe.RunStep");
   r.AddMessageType<StepDone>("troupe.StepDone");
   r.AddMessageType<CommitRank>("troupe.CommitRank");

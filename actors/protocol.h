@@ -12,7 +12,7 @@
 //                         AskFinal        report the parameters' CRC32C
 //   rank → coordinator:   RankConfigured, StepDone, ShardWritten, FinalParams
 //   rank → coordinator (collectives bootstrap): (put_atom, key, value) → bool;
-//                         (get_atom, key) → (bool, value)
+//                         (get_atom, KvKeys) → KvValues
 //   coordinator → driver: CoordinatorHello, ProgressLine, AddNode, JobReport, JobFailed
 //   driver → coordinator: KnownRanks, then one RankJoined per rank; membership events
 //
@@ -48,6 +48,15 @@ struct ConfigureRank {
 };
 // A failed configure or step names the peer rank the collectives blamed (collectives::BlamedPeer:
 // dead, or unreachable from this rank), -1 when none.
+// The collectives bootstrap's batched lookup: the values of the keys published so far, in order;
+// `missing` the indices of the others (their values empty).
+struct KvKeys {
+  std::vector<std::string> keys;
+};
+struct KvValues {
+  std::vector<std::string> values;
+  std::vector<int32_t> missing;
+};
 struct RankConfigured {
   uint64_t generation = 0;
   std::string worker;
@@ -152,6 +161,14 @@ typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
   return f(caf::meta::type_name("troupe.ConfigureRank"), x.generation, x.plan, x.coordinator);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvKeys& x) {
+  return f(caf::meta::type_name("troupe.KvKeys"), x.keys);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvValues& x) {
+  return f(caf::meta::type_name("troupe.KvValues"), x.values, x.missing);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RankConfigured& x) {

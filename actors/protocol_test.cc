@@ -72,6 +72,8 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
 
   RoundTrip(ConfigureRank{7, plan, {}}, "troupe.ConfigureRank");
   RoundTrip(RankConfigured{7, "n1/w0", err}, "troupe.RankConfigured");
+  RoundTrip(KvKeys{{"job/g7/ucx/0", "job/g7/ucx/1"}}, "troupe.KvKeys");
+  RoundTrip(KvValues{{"host\naddr", ""}, {1}}, "troupe.KvValues");
   RoundTrip(RunStep{7, 41}, "troupe.RunStep");
   StepDone done{7, 41, "n1/w0", WireStatus{}, {4, 5}, {3.141592653589793, 2.5e-9}, 0.75};
   done.exchange_seconds = 0.125;
@@ -91,7 +93,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   RoundTrip(AddNode{"join20"}, "troupe.AddNode");
   RoundTrip(JobFailed{err}, "troupe.JobFailed");
   RoundTrip(report, "troupe.JobReport");
-  EXPECT_EQ(count_, 18) << "one of each message in protocol.h";
+  EXPECT_EQ(count_, 20) << "one of each message in protocol.h";
 }
 
 TEST_F(ProtocolTest, LossesTravelAsExactDoubles) {

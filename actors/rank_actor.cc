@@ -91,40 +91,69 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
   }
 
   absl::StatusOr<std::string> Lookup(const std::string& key, absl::Time deadline) override {
+    TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> v, LookupAll({key}, deadline));
+    return std::move(v[0]);
+  }
+
+  // Asks for every key still missing in one request, every 2 ms until all are there.
+  absl::StatusOr<std::vector<std::string>> LookupAll(const std::vector<std::string>& keys,
+                                                     absl::Time deadline) override {
     caf::scoped_actor self{sys_};
-    while (true) {
+    std::vector<std::string> values(keys.size());
+    std::vector<size_t> missing(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) missing[i] = i;
+    while (!missing.empty()) {
       if (aborted_below_->load() > gen_) {
         return absl::AbortedError(absl::StrCat("bootstrap of generation ", gen_, " aborted"));
       }
-      std::optional<std::string> value;
+      KvKeys ask;
+      for (size_t i : missing) ask.keys.push_back(keys[i]);
       absl::Status st;
-      self->request(kv_, rpc_, get_atom::value, key)
+      self->request(kv_, rpc_, get_atom::value, ask)
           .receive(
-              [&](bool found, std::string& v) {
-                if (found) value = std::move(v);
+              [&](KvValues& got) {
+                if (got.values.size() != missing.size()) {
+                  st = absl::DataLossError(absl::StrCat("bootstrap lookup: ", got.values.size(),
+                                                        " values for ", missing.size(), " keys"));
+                  return;
+                }
+                std::vector<size_t> still;
+                for (int32_t m : got.missing) {
+                  if (m >= 0 && static_cast<size_t>(m) < missing.size()) {
+                    still.push_back(missing[m]);
+                  }
+                }
+                for (size_t a = 0; a < missing.size(); ++a) {
+                  values[missing[a]] = std::move(got.values[a]);
+                }
+                missing = std::move(still);
               },
               [&](caf::error& e) {
-                st = absl::UnavailableError(
-                    absl::StrCat("bootstrap lookup of ", key, ": ", sys_.render(e)));
+                st = absl::UnavailableError(absl::StrCat("bootstrap lookup of ", ask.keys[0],
+                                                         " and ", ask.keys.size() - 1,
+                                                         " more: ", sys_.render(e)));
               });
       if (!st.ok()) return st;
-      if (value) return *value;
-      if (base::MonotonicNow() > deadline) {
-        // The rank whose key it is never got as far as publishing it: blame it.
-        int rank = -1;
-        const size_t slash = key.rfind('/');
-        absl::Status late =
-            absl::DeadlineExceededError(absl::StrCat("bootstrap: ", key, " never published"));
-        if (slash != std::string::npos && absl::SimpleAtoi(key.substr(slash + 1), &rank)) {
-          late = collectives::BlamePeer(std::move(late), rank);
-        }
-        return late;
-      }
+      if (missing.empty()) break;
+      if (base::MonotonicNow() > deadline) return NeverPublished(keys[missing[0]]);
       absl::SleepFor(absl::Milliseconds(2));
     }
+    return values;
   }
 
  private:
+  // The rank whose key it is never got as far as publishing it: blame it.
+  static absl::Status NeverPublished(const std::string& key) {
+    int rank = -1;
+    const size_t slash = key.rfind('/');
+    absl::Status late =
+        absl::DeadlineExceededError(absl::StrCat("bootstrap: ", key, " never published"));
+    if (slash != std::string::npos && absl::SimpleAtoi(key.substr(slash + 1), &rank)) {
+      late = collectives::BlamePeer(std::move(late), rank);
+    }
+    return late;
+  }
+
   caf::actor_system& sys_;
   caf::actor kv_;
   uint64_t gen_;

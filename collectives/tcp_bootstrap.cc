@@ -163,6 +163,17 @@ class Client : public TcpBootstrapClient {
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::string>> Bootstrap::LookupAll(const std::vector<std::string>& keys,
+                                                              absl::Time deadline) {
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const std::string& key : keys) {
+    TROUPE_ASSIGN_OR_RETURN(std::string v, Lookup(key, deadline));
+    values.push_back(std::move(v));
+  }
+  return values;
+}
+
 absl::StatusOr<std::unique_ptr<TcpBootstrapServer>> TcpBootstrapServer::Start(
     int port, const std::string& address) {
   int bound = 0;

@@ -160,10 +160,18 @@ absl::Status UcxTransport::ProbeLocalPeers(Bootstrap* boot, const std::string& p
   TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/local/", rank_), me));
   pids_.assign(size_, 0);
   bool readable = want_single_copy, attached = boxes_ != nullptr;
-  for (int j : local) {
+  auto keys = [&](const char* what) {
+    std::vector<std::string> k;
+    for (int j : local) k.push_back(absl::StrCat(prefix, what, j));
+    return k;
+  };
+  // Every local peer's record in one lookup (Bootstrap::LookupAll).
+  TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> peers,
+                          boot->LookupAll(keys("/local/"), deadline));
+  for (size_t i = 0; i < local.size(); ++i) {
+    const int j = local[i];
     if (j == rank_) continue;
-    TROUPE_ASSIGN_OR_RETURN(auto peer, boot->Lookup(absl::StrCat(prefix, "/local/", j), deadline));
-    std::istringstream in(peer);
+    std::istringstream in(peers[i]);
     std::string boot_id;
     uint64_t addr = 0, want[2] = {0, 0}, got[2] = {1, 1};
     int inbox = -1;
@@ -175,12 +183,11 @@ absl::Status UcxTransport::ProbeLocalPeers(Bootstrap* boot, const std::string& p
   TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/local-ok/", rank_),
                                        absl::StrCat(readable ? 1 : 0, " ", attached ? 1 : 0)));
   bool all_read = true, all_attached = true;
-  for (int j : local) {
-    // Not TROUPE_ASSIGN_OR_RETURN: GCC 12 then warns that the moved string may be uninitialized.
-    auto ok = boot->Lookup(absl::StrCat(prefix, "/local-ok/", j), deadline);
-    if (!ok.ok()) return ok.status();
-    all_read = all_read && (*ok)[0] == '1';
-    all_attached = all_attached && ok->size() == 3 && (*ok)[2] == '1';
+  TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> oks,
+                          boot->LookupAll(keys("/local-ok/"), deadline));
+  for (const std::string& ok : oks) {
+    all_read = all_read && !ok.empty() && ok[0] == '1';
+    all_attached = all_attached && ok.size() == 3 && ok[2] == '1';
   }
   all_local_ = static_cast<int>(local.size()) == size_;
   single_copy_ = all_read && all_local_;
@@ -288,8 +295,11 @@ absl::StatusOr<Peers> ExchangeHostAddresses(UcxTransport& t, Bootstrap* boot, co
   Peers p;
   p.addrs.resize(o.size);
   p.lanes.assign(o.size, UcxTransport::kLocal);
+  std::vector<std::string> keys;
+  for (int j = 0; j < o.size; ++j) keys.push_back(absl::StrCat(prefix, "/ucx/", j));
+  TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> all, boot->LookupAll(keys, deadline));
   for (int j = 0; j < o.size; ++j) {
-    TROUPE_ASSIGN_OR_RETURN(auto a, boot->Lookup(absl::StrCat(prefix, "/ucx/", j), deadline));
+    const std::string& a = all[j];
     const size_t nl = a.find('\n');
     if (nl == std::string::npos) {
       return absl::DataLossError(absl::StrCat("bootstrap: rank ", j, "'s UCX record has no host"));
@@ -323,11 +333,15 @@ absl::Status ExchangeNetworkAddresses(UcxTransport& t, Bootstrap* boot, const Uc
   TROUPE_RETURN_IF_ERROR(t.Open(UcxTransport::kRemote, tls, devices));
   TROUPE_ASSIGN_OR_RETURN(auto remote, t.Address(UcxTransport::kRemote));
   TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), remote));
+  std::vector<std::string> keys;
+  std::vector<int> remote_ranks;
   for (int j = 0; j < o.size; ++j) {
     if (p.lanes[j] != UcxTransport::kRemote) continue;
-    TROUPE_ASSIGN_OR_RETURN(auto a, boot->Lookup(absl::StrCat(prefix, "/ucx-net/", j), deadline));
-    p.addrs[j] = a;
+    keys.push_back(absl::StrCat(prefix, "/ucx-net/", j));
+    remote_ranks.push_back(j);
   }
+  TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> all, boot->LookupAll(keys, deadline));
+  for (size_t i = 0; i < remote_ranks.size(); ++i) p.addrs[remote_ranks[i]] = std::move(all[i]);
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,6 +37,11 @@ class Bootstrap {
   // `deadline` (base::MonotonicNow()'s clock), Unavailable if the store went away.
   [[nodiscard]] virtual absl::StatusOr<std::string> Lookup(const std::string& key,
                                                            absl::Time deadline) = 0;
+  // The values under every key of `keys`, in order, waiting until all are published: a rank's
+  // every peer in one round trip where the store can (the coordinator's: O(W) requests per
+  // generation instead of O(W²)); here, one Lookup after another.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> LookupAll(
+      const std::vector<std::string>& keys, absl::Time deadline);
 };
 
 // A key-value server on `address` (one thread per client): 127.0.0.1 for ranks on this host, an
