@@ -5,15 +5,18 @@
 //                                the survivors' mirrors); the ordered reduce-scatter's combine
 //                                plan; a 1B-parameter model's checkpoint manifest over RANKS:
 //                                plan_generation_ms=… plan_restore_ms=… (the most of the three)
-//   bench_scale cluster TROUPE NODES WORKERS_PER_NODE PROCS
-//                                a real head (TROUPE head, SQLite store, 1 s heartbeats, 3 s
-//                                timeout) and NODES node agents with WORKERS_PER_NODE workers
-//                                each, simulated in PROCS processes (sim_cluster.h): join time,
-//                                the head's CPU at steady state, death → every process knowing it
-//                                (exit and silence), spawns/s, the head's memory, a head restart
-//                                with every member back.
+//   bench_scale cluster TROUPE sqlite|etcd NODES WORKERS_PER_NODE PROCS
+//                                a real head (TROUPE head on a SQLite store, or on etcd with a
+//                                standby head; 1 s heartbeats, 3 s timeout) and NODES node agents
+//                                with WORKERS_PER_NODE workers each, simulated in PROCS processes
+//                                (sim_cluster.h): join time, the head's CPU at steady state,
+//                                death → every process knowing it (exit and silence), spawns/s,
+//                                the head's memory, a head failover (SQLite: restarted; etcd: the
+//                                standby leads) with every member back.
 //   bench_scale sim PORT FIRST NODES WORKERS_PER_NODE   (a child of `cluster`, driven on stdin)
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -258,7 +261,10 @@ Child Spawn(const std::vector<std::string>& args) {
   return c;
 }
 
-pid_t StartHead(const std::string& troupe, const std::string& dir, uint16_t port) {
+// A head on `store` (a SQLite file, or etcd://… with a 1 s leader lease: a second one on the same
+// port is the standby, and writes its port file only once it leads).
+pid_t StartHead(const std::string& troupe, const std::string& dir, uint16_t port,
+                const std::string& store) {
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string log = dir + "/head.log";
@@ -266,12 +272,52 @@ pid_t StartHead(const std::string& troupe, const std::string& dir, uint16_t port
     dup2(fileno(f), 1);
     dup2(fileno(f), 2);
     execl(troupe.c_str(), troupe.c_str(), "head", "--port", std::to_string(port).c_str(),
-          "--port_file", (dir + "/head.port").c_str(), "--store", (dir + "/head.db").c_str(),
-          "--heartbeat_interval", "1s", "--heartbeat_timeout", "3s", "--build_id", "sim",
-          "--http_port", "-1", "--log_dir", dir.c_str(), nullptr);
+          "--port_file", (dir + "/head.port").c_str(), "--store", store.c_str(),
+          "--heartbeat_interval", "1s", "--heartbeat_timeout", "3s", "--leader_ttl", "1s",
+          "--build_id", "sim", "--http_port", "-1", "--log_dir", dir.c_str(), nullptr);
     _exit(127);
   }
   return pid;
+}
+
+uint16_t FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A single-member etcd in `dir` for the heads' store: its pid, and its client endpoint in *endpoint
+// once healthy (pid -1 when it never became healthy).
+pid_t StartEtcd(const std::string& dir, std::string* endpoint) {
+  const uint16_t client = FreePort(), peer = FreePort();
+  *endpoint = absl::StrCat("127.0.0.1:", client);
+  const std::string c = "http://" + *endpoint, p = absl::StrCat("http://127.0.0.1:", peer);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = std::fopen((dir + "/etcd.log").c_str(), "a");
+    dup2(fileno(f), 1);
+    dup2(fileno(f), 2);
+    execlp("etcd", "etcd", "--data-dir", (dir + "/etcd").c_str(), "--listen-client-urls", c.c_str(),
+           "--advertise-client-urls", c.c_str(), "--listen-peer-urls", p.c_str(),
+           "--initial-advertise-peer-urls", p.c_str(), "--initial-cluster",
+           ("default=" + p).c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const std::string health =
+      "etcdctl --endpoints=" + *endpoint + " endpoint health >/dev/null 2>&1";
+  for (int i = 0; i < 100; ++i) {
+    if (std::system(health.c_str()) == 0) return pid;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return -1;
 }
 
 uint16_t WaitPort(const std::string& file) {
@@ -374,13 +420,25 @@ double SpawnRate(uint16_t port, int workers) {
   return per_s;
 }
 
-int Cluster(const std::string& troupe, const std::string& self, int nodes, int per_node,
-            int procs) {
+int Cluster(const std::string& troupe, const std::string& self, const std::string& store_kind,
+            int nodes, int per_node, int procs) {
   char tmpl[] = "/tmp/troupe-bench-scale-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
-  pid_t head = StartHead(troupe, dir, 0);
+  const bool etcd = store_kind == "etcd";
+  std::string store = dir + "/head.db", endpoint;
+  pid_t etcd_pid = -1, standby = -1;
+  if (etcd) {
+    etcd_pid = StartEtcd(dir, &endpoint);
+    if (etcd_pid < 0) return std::printf("etcd did not start (%s/etcd.log)\n", dir.c_str()), 1;
+    store = absl::StrCat("etcd://", endpoint, "/scale");
+  }
+  pid_t head = StartHead(troupe, dir, etcd ? FreePort() : 0, store);
   const uint16_t port = WaitPort(dir + "/head.port");
   if (port == 0) return 1;
+  if (etcd) {  // the standby: same store and port, its own log and port file
+    std::filesystem::create_directories(dir + "/standby");
+    standby = StartHead(troupe, dir + "/standby", port, store);
+  }
   const int per_child = nodes / procs;
   std::vector<Child> kids;
   for (int p = 0; p < procs; ++p) {
@@ -396,7 +454,9 @@ int Cluster(const std::string& troupe, const std::string& self, int nodes, int p
     if (tag != "JOINED") {
       std::printf("a simulating process failed to join: %s\n", f.str().c_str());
       for (Child& k : kids) kill(k.pid, SIGKILL);
-      kill(head, SIGKILL);
+      for (pid_t p : {head, standby, etcd_pid}) {
+        if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0);
+      }
       return 1;
     }
     first = std::min<int64_t>(first, s);
@@ -428,7 +488,11 @@ int Cluster(const std::string& troupe, const std::string& self, int nodes, int p
   kill(head, SIGKILL);
   const int64_t t_kill = NowNs();
   waitpid(head, nullptr, 0);
-  head = StartHead(troupe, dir, port);
+  if (etcd) {
+    head = standby;  // it leads once the leader's 1 s lease runs out
+  } else {
+    head = StartHead(troupe, dir, port, store);
+  }
   int64_t back = 0;
   for (Child& c : kids) {
     const std::string r = c.Ask(absl::StrCat("rejoin ", t_kill));
@@ -436,8 +500,10 @@ int Cluster(const std::string& troupe, const std::string& self, int nodes, int p
     if (Field(r) < 0) std::printf("rejoin: %s\n", r.c_str());
   }
   const double failover_s = static_cast<double>(back - t_kill) / 1e9;
-  std::printf("head killed and restarted from its SQLite store: every member back in %.2f s\n",
-              failover_s);
+  std::printf(
+      etcd ? "leading head killed, the standby leads from etcd: every member back in %.2f s\n"
+           : "head killed and restarted from its SQLite store: every member back in %.2f s\n",
+      failover_s);
   for (Child& c : kids) {
     std::fprintf(c.in, "quit\n");
     std::fflush(c.in);
@@ -445,11 +511,15 @@ int Cluster(const std::string& troupe, const std::string& self, int nodes, int p
   }
   kill(head, SIGKILL);
   waitpid(head, nullptr, 0);
+  if (etcd_pid > 0) {
+    kill(etcd_pid, SIGTERM);
+    waitpid(etcd_pid, nullptr, 0);
+  }
   std::printf(
-      "join_all_s=%.2f head_cpu_pct=%.1f death_to_all_p99_ms=%.0f "
+      "store=%s join_all_s=%.2f head_cpu_pct=%.1f death_to_all_p99_ms=%.0f "
       "silent_to_all_p99_ms=%.0f spawn_per_s=%.0f head_rss_mb=%ld failover_rejoin_s=%.2f\n",
-      join_s, cpu_pct, Percentile(exits, 0.99), Percentile(silent, 0.99), spawn_per_s, rss,
-      failover_s);
+      store_kind.c_str(), join_s, cpu_pct, Percentile(exits, 0.99), Percentile(silent, 0.99),
+      spawn_per_s, rss, failover_s);
   std::filesystem::remove_all(dir);
   return 0;
 }
@@ -464,10 +534,13 @@ int main(int argc, char** argv) {
     return Sim(static_cast<uint16_t>(std::atoi(argv[2])), std::atoi(argv[3]), std::atoi(argv[4]),
                std::atoi(argv[5]));
   }
-  if (mode == "cluster" && argc == 6) {
-    return Cluster(argv[2], argv[0], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]));
+  if (mode == "cluster" && argc == 7 &&
+      (std::string(argv[3]) == "sqlite" || std::string(argv[3]) == "etcd")) {
+    return Cluster(argv[2], argv[0], argv[3], std::atoi(argv[4]), std::atoi(argv[5]),
+                   std::atoi(argv[6]));
   }
   std::fprintf(stderr,
-               "usage: bench_scale plan [RANKS] | cluster TROUPE NODES WORKERS_PER_NODE PROCS\n");
+               "usage: bench_scale plan [RANKS] | cluster TROUPE sqlite|etcd NODES "
+               "WORKERS_PER_NODE PROCS\n");
   return 2;
 }
