@@ -95,13 +95,15 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
     return std::move(v[0]);
   }
 
-  // Asks for every key still missing in one request, every 2 ms until all are there.
+  // Asks for every key still missing in one request until all are there: again after 2 ms,
+  // doubling to 32 ms (at thousands of ranks a request is O(W) for the coordinator).
   absl::StatusOr<std::vector<std::string>> LookupAll(const std::vector<std::string>& keys,
                                                      absl::Time deadline) override {
     caf::scoped_actor self{sys_};
     std::vector<std::string> values(keys.size());
     std::vector<size_t> missing(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) missing[i] = i;
+    absl::Duration wait = absl::Milliseconds(2);
     while (!missing.empty()) {
       if (aborted_below_->load() > gen_) {
         return absl::AbortedError(absl::StrCat("bootstrap of generation ", gen_, " aborted"));
@@ -119,9 +121,12 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
                 }
                 std::vector<size_t> still;
                 for (int32_t m : got.missing) {
-                  if (m >= 0 && static_cast<size_t>(m) < missing.size()) {
-                    still.push_back(missing[m]);
+                  if (m < 0 || static_cast<size_t>(m) >= missing.size()) {
+                    st = absl::DataLossError(absl::StrCat("bootstrap lookup: missing index ", m,
+                                                          " of ", missing.size(), " keys"));
+                    return;
                   }
+                  still.push_back(missing[m]);
                 }
                 for (size_t a = 0; a < missing.size(); ++a) {
                   values[missing[a]] = std::move(got.values[a]);
@@ -136,7 +141,8 @@ class CoordinatorBootstrap : public collectives::Bootstrap {
       if (!st.ok()) return st;
       if (missing.empty()) break;
       if (base::MonotonicNow() > deadline) return NeverPublished(keys[missing[0]]);
-      absl::SleepFor(absl::Milliseconds(2));
+      absl::SleepFor(wait);
+      wait = std::min(wait * 2, absl::Milliseconds(32));
     }
     return values;
   }

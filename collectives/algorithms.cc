@@ -346,8 +346,8 @@ absl::Status OrderedReduceScatter(const OpContext& c, const float* w,
   for (int i = 0; i < n; ++i) intervals[i] = {iv[2 * i], iv[2 * i + 1]};
   TROUPE_ASSIGN_OR_RETURN(CombinePlan plan, PlanCanonicalCombine(intervals));
   *contributions = plan.total;
-  // 3. Combine the partials in canonical tree order: inner nodes (at most n - 2) in scratch, the
-  // root straight into `out` (which may be this rank's own partial: Combine is elementwise).
+  // 3. Combine the partials in canonical tree order: temporaries (~one per tree level) in scratch,
+  // the root straight into `out` (which may be this rank's own partial: Combine is elementwise).
   float* inner = static_cast<float*>(c.t->Scratch(4, std::max<size_t>(1, plan.inner * blen) * 4));
   auto at = [&](const CombineOperand& o) -> float* {
     switch (o.kind) {

@@ -152,6 +152,21 @@ TEST(PlanCanonicalCombine, ReproducesTheSerialTreeForEverySplit) {
         }
       }
       EXPECT_EQ(reads, std::vector<int>(w, 1)) << "m=" << m << " w=" << w;
+      // A step may write the temporary it reads as x, never the one it reads as y (CombinePieces
+      // copies x into dst before it adds y), and reads no temporary another step overwrote since.
+      std::vector<bool> unread(plan->inner, false);  // written, not yet read
+      for (size_t i = 0; i < plan->steps.size(); ++i) {
+        const CombineStep& s = plan->steps[i];
+        EXPECT_FALSE(s.dst == s.y) << "m=" << m << " w=" << w << " step " << i;
+        for (const CombineOperand& o : {s.x, s.y}) {
+          if (o.kind != Kind::kInner) continue;
+          EXPECT_TRUE(unread[o.index]) << "m=" << m << " w=" << w << " step " << i;
+          unread[o.index] = false;
+        }
+        if (s.dst.kind != Kind::kInner) continue;
+        EXPECT_FALSE(unread[s.dst.index]) << "m=" << m << " w=" << w << " step " << i;
+        unread[s.dst.index] = true;
+      }
       const float got = Execute(*plan, iv);
       EXPECT_EQ(std::memcmp(&got, &want, sizeof(float)), 0)
           << "m=" << m << " w=" << w << ": " << got << " vs " << want;

@@ -358,7 +358,8 @@ void Engine::Run() {
   // Pending point-to-point operations are polled every 50 µs, longer while none progresses on an
   // oversubscribed host (IdleNap).
   const absl::Duration max_poll = std::max(absl::Microseconds(50), transport_->max_nap());
-  int idle_polls = 0;
+  int idle_polls = 0;                // polls in a row that found nothing: at most kMaxIdlePolls
+  constexpr int kMaxIdlePolls = 64;  // IdleNap's longest nap long before
   for (;;) {
     bool stop, stale;
     {
@@ -366,10 +367,14 @@ void Engine::Run() {
       // With point-to-point operations pending, poll them; an operation queued meanwhile is its
       // caller's. (The wait used to end at once whenever one was queued as well: while a caller
       // ran its operations, this thread spun on the execution lock — a vCPU per rank.)
+      // An Abort wakes it (its operations fail at once, not at the next poll).
       if (has_p2p_ && !stop_) {
         const absl::Duration poll = std::max(absl::Microseconds(50), IdleNap(idle_polls, max_poll));
-        cv_.wait_for(l, absl::ToChronoMicroseconds(poll), [&] { return stop_; });
+        const bool failed_before = !failed_.ok();
+        cv_.wait_for(l, absl::ToChronoMicroseconds(poll),
+                     [&] { return stop_ || (!failed_before && !failed_.ok()); });
       } else {
+        idle_polls = 0;  // the next pending operation is polled at 50 µs first
         cv_.wait_for(l, kExecutorPoll, [&] { return stop_ || has_p2p_.load(); });
       }
       if (stop_ && queue_.empty() && !has_p2p_) break;
@@ -386,11 +391,12 @@ void Engine::Run() {
     if (stop) {
       ex.lock();
     } else if (!ex.try_lock()) {
-      ++idle_polls;  // the caller polls the pending operations as it runs: look less often
+      // The caller polls the pending operations as it runs: look less often.
+      idle_polls = std::min(idle_polls + 1, kMaxIdlePolls);
       continue;
     }
     for (Ran ran; (ran = RunOne()) != Ran::kNothing;) {
-      idle_polls = ran == Ran::kIdlePoll ? idle_polls + 1 : 0;
+      idle_polls = ran == Ran::kIdlePoll ? std::min(idle_polls + 1, kMaxIdlePolls) : 0;
       std::lock_guard<SpinLock> l(mu_);
       if (queue_.empty()) break;
     }

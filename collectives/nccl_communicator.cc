@@ -182,20 +182,19 @@ std::string NcclComm::HostKeyName(int rank) const { return absl::StrCat(key_, "/
 
 absl::StatusOr<bool> NcclComm::AllOnOneHost(Bootstrap* boot, const std::string& mine,
                                             absl::Time deadline) {
-  bool same = true;
-  for (int r = 0; r < o_.size; ++r) {
-    if (r == o_.rank) continue;
-    absl::StatusOr<std::string> v = boot->Lookup(HostKeyName(r), deadline);
-    if (!v.ok()) {
-      absl::Status st(v.status().code(), absl::StrCat("host key '", HostKeyName(r), "' (rank ", r,
-                                                      " publishes it): ", v.status().message()));
-      // Whom the bootstrap blamed, if anyone, goes along.
-      v.status().ForEachPayload(
-          [&st](absl::string_view url, const absl::Cord& payload) { st.SetPayload(url, payload); });
-      return st;
-    }
-    same = same && *v == mine;
+  std::vector<std::string> keys;
+  for (int r = 0; r < o_.size; ++r) keys.push_back(HostKeyName(r));
+  absl::StatusOr<std::vector<std::string>> v = boot->LookupAll(keys, deadline);
+  if (!v.ok()) {
+    absl::Status st(v.status().code(),
+                    absl::StrCat("host keys '", HostKeyName(0), "'…: ", v.status().message()));
+    // Whom the bootstrap blamed (the rank that never published), if anyone, goes along.
+    v.status().ForEachPayload(
+        [&st](absl::string_view url, const absl::Cord& payload) { st.SetPayload(url, payload); });
+    return st;
   }
+  bool same = true;
+  for (const std::string& h : *v) same = same && h == mine;
   return same;
 }
 

@@ -46,7 +46,8 @@ class Mailboxes;
 // for — 32 ranks on 2 vCPUs made 250,000 context switches a second and steps of 0.3–3 s.
 constexpr int kYieldsBeforeNap = 4;
 inline absl::Duration IdleNap(int naps, absl::Duration max_nap) {
-  return std::min(max_nap, absl::Microseconds(20) * (int64_t{1} << std::min(naps / 4, 10)));
+  return std::min(max_nap,
+                  absl::Microseconds(20) * (int64_t{1} << std::min(std::max(naps, 0) / 4, 10)));
 }
 // After `idle` looks in a row found nothing: yield, or nap (IdleNap).
 void IdleWait(int idle, absl::Duration max_nap);

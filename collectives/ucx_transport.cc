@@ -101,7 +101,7 @@ absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadl
     }
     if (all) break;
     TROUPE_RETURN_IF_ERROR(failure());
-    if ((iter & 255) == 255 && base::MonotonicNow() > deadline) {
+    if (((iter & 255) == 255 || Napping(idle)) && base::MonotonicNow() > deadline) {
       return FailWith(absl::DeadlineExceededError(absl::StrCat(
           "collectives: rank ", rank_, " operation deadline passed; ", DescribePending(ids), "; ",
           iter, " polls, ", spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
@@ -172,7 +172,7 @@ absl::Status UcxTransport::WaitUntil(absl::FunctionRef<bool()> ready, absl::Time
   int idle = 0;
   for (uint64_t iter = 0; !ready(); ++iter) {
     TROUPE_RETURN_IF_ERROR(failure());
-    if ((iter & 255) == 255 && base::MonotonicNow() > deadline) {
+    if (((iter & 255) == 255 || Napping(idle)) && base::MonotonicNow() > deadline) {
       return FailWith(absl::DeadlineExceededError(
           absl::StrCat("collectives: rank ", rank_,
                        " operation deadline passed waiting for the peers' shared segments")));
@@ -384,6 +384,10 @@ unsigned UcxTransport::ProgressBoxes() {
 // sched_yield only yields to tasks of this task group: ranks in other cgroups or autogroups
 // (a session each, on a kernel with sched_autogroup) would wait for the CPU a yielding rank
 // keeps — 3 to 4 times slower steps on the lab, whose processes run in sessions of their own.
+// Napping waits read the clock every time: a nap of up to 1 ms every 256 polls would overshoot a
+// deadline by a quarter of a second.
+bool UcxTransport::Napping(int idle) const { return idle > spins_before_yield_ + kYieldsBeforeNap; }
+
 void UcxTransport::IdleWait(int idle) const {
   if (idle <= spins_before_yield_) return;
   collectives::IdleWait(idle - spins_before_yield_, max_nap_);

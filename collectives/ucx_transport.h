@@ -147,6 +147,7 @@ class UcxTransport : public Transport {
   inline bool ViaBox(int peer, uint64_t tag, size_t bytes) const;
   inline unsigned ProgressBoxes();
   inline void IdleWait(int idle) const;
+  inline bool Napping(int idle) const;
   inline unsigned ProgressUcx();
   inline unsigned Progress();
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cassert>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -409,6 +410,11 @@ std::vector<int> CoordinatorCore::Gone(const std::vector<std::string>& next) con
       gone.push_back(static_cast<int>(o));
     }
   }
+#ifndef NDEBUG
+  // The rule holds: no worker of the committed configuration comes after the kept prefix.
+  const std::set<std::string> active(record_.active.begin(), record_.active.end());
+  for (size_t i = kept; i < next.size(); ++i) assert(!active.count(next[i]));
+#endif
   return gone;
 }
 

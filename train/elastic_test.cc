@@ -649,6 +649,52 @@ TEST_P(ElasticTest, AHostOfTwoRanksLostRestoresFromMirrorsOnTheOtherHost) {
   ExpectBitIdentical(survivors, want);
 }
 
+// Two ranks of six die apart (1 and 4: their buddies 2 and 5 live), a joiner comes: the kept
+// ranks 0, 2, 3, 5 close up in their order, the world of five cuts the ranges differently, and
+// every piece comes from its owner or its mirror.
+TEST_P(ElasticTest, DeathsApartAndAJoinerInOneGenerationRestoreFromMemoryAndMatch) {
+  std::vector<float> want, want_m;
+  Reference(4, &want, &want_m);
+  std::vector<Rank> ranks(7);
+  for (auto& r : ranks) r = NewRank();
+  std::vector<Rank*> six = {&ranks[0], &ranks[1], &ranks[2], &ranks[3], &ranks[4], &ranks[5]};
+  Configure(six, {.source = RestoreSource::kInit, .gone = {}}, 0);
+  Steps(six, 2);
+  std::vector<Rank*> five = {&ranks[0], &ranks[2], &ranks[3], &ranks[5], &ranks[6]};
+  Configure(
+      five,
+      {.committed_steps = 2, .source = RestoreSource::kMemory, .old_world = 6, .gone = {1, 4}}, 1);
+  Steps(five, 4);
+  ExpectBitIdentical(five, want);
+}
+
+// A plan's gone ranks are validated: increasing, inside the old world, and leaving no more kept
+// ranks than the new world holds.
+TEST_P(ElasticTest, APlanWithBadGoneRanksIsRefused) {
+  std::vector<Rank> ranks(2);
+  for (auto& r : ranks) r = NewRank();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  for (const std::vector<int>& bad :
+       {std::vector<int>{3, 2}, std::vector<int>{2, 2}, std::vector<int>{4}, std::vector<int>{}}) {
+    auto st = Parallel(2, [&](int i) {
+      GenerationPlan p{.world = 2,
+                       .rank = i,
+                       .committed_steps = 2,
+                       .source = RestoreSource::kMemory,
+                       .old_world = 4,
+                       .gone = bad};
+      return ranks[i].rank->Configure(comms[i].get(), p, nullptr);
+    });
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_TRUE(absl::IsInvalidArgument(st[i])) << st[i];
+      EXPECT_NE(st[i].message().find("gone ranks: expected increasing old ranks in [0, 4)"),
+                std::string::npos)
+          << st[i];
+    }
+  }
+}
+
 TEST_P(ElasticTest, APlanWithABuddyOffsetOutsideItsWorldIsRefused) {
   std::vector<Rank> ranks(2);
   for (auto& r : ranks) r = NewRank();

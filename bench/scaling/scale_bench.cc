@@ -128,6 +128,7 @@ int Plan(int ranks) {
   using troupe::train::CoordinatorAction;
   double generation_ms = 0, restore_max_ms = 0;
   for (int dead : {1, 8, 64}) {
+    if (2 * dead > ranks) continue;  // a node of `dead` ranks must leave survivors to restore from
     PlannedCore p = CommittedCore(ranks, dead);
     generation_ms = std::max(generation_ms, p.generation_ms);
     const uint64_t before = p.core->generation();
@@ -158,6 +159,7 @@ int Plan(int ranks) {
   }
   // The ordered reduce-scatter's combine plan: one microbatch per rank.
   auto blocks = troupe::train::MicrobatchBlocks(ranks, ranks);
+  if (!blocks.ok()) return std::fprintf(stderr, "%s\n", blocks.status().ToString().c_str()), 1;
   std::vector<std::pair<uint64_t, uint64_t>> intervals;
   for (const auto& [lo, hi] : *blocks) intervals.emplace_back(lo, hi);
   int64_t start = NowNs();
@@ -426,21 +428,30 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
   const std::string dir = mkdtemp(tmpl);
   const bool etcd = store_kind == "etcd";
   std::string store = dir + "/head.db", endpoint;
-  pid_t etcd_pid = -1, standby = -1;
+  pid_t etcd_pid = -1, standby = -1, head = -1;
+  std::vector<Child> kids;
+  // Every process this run started, and its directory, go when it ends (also early).
+  auto stop_all = [&](int rc) {
+    for (Child& k : kids) kill(k.pid, SIGKILL), waitpid(k.pid, nullptr, 0);
+    for (pid_t p : {head, standby, etcd_pid}) {
+      if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0);
+    }
+    std::filesystem::remove_all(dir);
+    return rc;
+  };
   if (etcd) {
     etcd_pid = StartEtcd(dir, &endpoint);
-    if (etcd_pid < 0) return std::printf("etcd did not start (%s/etcd.log)\n", dir.c_str()), 1;
+    if (etcd_pid < 0) return std::printf("etcd did not start\n"), stop_all(1);
     store = absl::StrCat("etcd://", endpoint, "/scale");
   }
-  pid_t head = StartHead(troupe, dir, etcd ? FreePort() : 0, store);
+  head = StartHead(troupe, dir, etcd ? FreePort() : 0, store);
   const uint16_t port = WaitPort(dir + "/head.port");
-  if (port == 0) return 1;
+  if (port == 0) return std::printf("the head did not listen\n"), stop_all(1);
   if (etcd) {  // the standby: same store and port, its own log and port file
     std::filesystem::create_directories(dir + "/standby");
     standby = StartHead(troupe, dir + "/standby", port, store);
   }
   const int per_child = nodes / procs;
-  std::vector<Child> kids;
   for (int p = 0; p < procs; ++p) {
     kids.push_back(Spawn({self, "sim", std::to_string(port), std::to_string(p * per_child),
                           std::to_string(per_child), std::to_string(per_node)}));
@@ -453,11 +464,7 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
     f >> tag >> s >> j;
     if (tag != "JOINED") {
       std::printf("a simulating process failed to join: %s\n", f.str().c_str());
-      for (Child& k : kids) kill(k.pid, SIGKILL);
-      for (pid_t p : {head, standby, etcd_pid}) {
-        if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0);
-      }
-      return 1;
+      return stop_all(1);
     }
     first = std::min<int64_t>(first, s);
     last = std::max<int64_t>(last, j);
@@ -490,6 +497,7 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
   waitpid(head, nullptr, 0);
   if (etcd) {
     head = standby;  // it leads once the leader's 1 s lease runs out
+    standby = -1;
   } else {
     head = StartHead(troupe, dir, port, store);
   }
@@ -497,7 +505,7 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
   for (Child& c : kids) {
     const std::string r = c.Ask(absl::StrCat("rejoin ", t_kill));
     back = std::max<int64_t>(back, Field(r));
-    if (Field(r) < 0) std::printf("rejoin: %s\n", r.c_str());
+    if (Field(r) < 0) return std::printf("rejoin failed: %s\n", r.c_str()), stop_all(1);
   }
   const double failover_s = static_cast<double>(back - t_kill) / 1e9;
   std::printf(
@@ -509,19 +517,13 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
     std::fflush(c.in);
     waitpid(c.pid, nullptr, 0);
   }
-  kill(head, SIGKILL);
-  waitpid(head, nullptr, 0);
-  if (etcd_pid > 0) {
-    kill(etcd_pid, SIGTERM);
-    waitpid(etcd_pid, nullptr, 0);
-  }
+  kids.clear();
   std::printf(
       "store=%s join_all_s=%.2f head_cpu_pct=%.1f death_to_all_p99_ms=%.0f "
       "silent_to_all_p99_ms=%.0f spawn_per_s=%.0f head_rss_mb=%ld failover_rejoin_s=%.2f\n",
       store_kind.c_str(), join_s, cpu_pct, Percentile(exits, 0.99), Percentile(silent, 0.99),
       spawn_per_s, rss, failover_s);
-  std::filesystem::remove_all(dir);
-  return 0;
+  return stop_all(0);
 }
 
 }  // namespace
