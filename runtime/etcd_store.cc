@@ -104,15 +104,18 @@ class EtcdHeadStore : public HeadStore {
     return s;
   }
 
-  absl::Status PutGeneration(uint64_t generation) override {
-    return Fenced(Put(Key("generation"), absl::StrCat(generation)));
-  }
-  absl::Status PutMember(const MemberInfo& m) override {
-    const json j = {
-        {"id", m.id},    {"kind", Name(m.kind)},     {"node", m.node},     {"state", Name(m.state)},
-        {"pid", m.pid},  {"resources", m.resources}, {"labels", m.labels}, {"address", m.address},
-        {"host", m.host}};
-    return Fenced(Put(Key("members/" + m.id), j.dump()));
+  absl::Status PutMembership(uint64_t generation, const MemberInfo* member) override {
+    json ops = json::array({Put(Key("generation"), absl::StrCat(generation))});
+    if (member != nullptr) {
+      const MemberInfo& m = *member;
+      const json j = {{"id", m.id},         {"kind", Name(m.kind)},
+                      {"node", m.node},     {"state", Name(m.state)},
+                      {"pid", m.pid},       {"resources", m.resources},
+                      {"labels", m.labels}, {"address", m.address},
+                      {"host", m.host}};
+      ops.push_back(Put(Key("members/" + m.id), j.dump()));
+    }
+    return Fenced(ops);
   }
   absl::Status PutJob(const std::string& id, const std::string& record) override {
     return Fenced(Put(Key("jobs/" + id), record));
@@ -229,6 +232,7 @@ class EtcdHeadStore : public HeadStore {
   }
 
   // `op` only while P/epoch is still this head's.
+  // (`op`: one operation, or an array of them done together.)
   absl::Status Fenced(const json& op) {
     absl::StatusOr<json> t =
         Call("/v3/kv/txn", {{"compare",
@@ -236,7 +240,7 @@ class EtcdHeadStore : public HeadStore {
                                {"key", B64(Key("epoch"))},
                                {"result", "EQUAL"},
                                {"value", B64(absl::StrCat(epoch_))}}}},
-                            {"success", {op}},
+                            {"success", op.is_array() ? op : json::array({op})},
                             {"failure", {{{"request_range", {{"key", B64(Key("epoch"))}}}}}}});
     if (!t.ok()) return t.status();
     if (t->value("succeeded", false)) return absl::OkStatus();

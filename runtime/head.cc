@@ -266,9 +266,7 @@ const caf::actor& HeadActor::Handle(const std::string& member) const {
 
 void HeadActor::Publish(const MembershipAction& a) {
   if (store_ && a.bump) {
-    absl::Status s = store_->PutGeneration(a.event.generation);
-    if (s.ok() && a.record) s = store_->PutMember(*a.record);
-    StoreFailed(s);
+    StoreFailed(store_->PutMembership(a.event.generation, a.record ? &*a.record : nullptr));
   }
   aout(this) << "troupe-head: " << a.event.DebugString() << std::endl;
   for (const auto& s : subscribers_) send(s, membership_atom::value, a.event);

@@ -105,16 +105,14 @@ class SqliteHeadStore : public HeadStore {
     return s;
   }
 
-  absl::Status PutGeneration(uint64_t generation) override {
-    return InTransaction(true, [&] {
-      return Exec(absl::StrCat("INSERT OR REPLACE INTO troupe_meta VALUES ('generation', ",
-                               generation, ")"),
-                  "writing the generation");
-    });
-  }
-
-  absl::Status PutMember(const MemberInfo& m) override {
+  absl::Status PutMembership(uint64_t generation, const MemberInfo* member) override {
     return InTransaction(true, [&]() -> absl::Status {
+      TROUPE_RETURN_IF_ERROR(
+          Exec(absl::StrCat("INSERT OR REPLACE INTO troupe_meta VALUES ('generation', ", generation,
+                            ")"),
+               "writing the generation"));
+      if (member == nullptr) return absl::OkStatus();
+      const MemberInfo& m = *member;
       Statement s(db_, "INSERT OR REPLACE INTO troupe_members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
       if (!s.ok()) return Error("writing a member");
       s.Bind(1, m.id).Bind(2, std::string(Name(m.kind))).Bind(3, m.node);

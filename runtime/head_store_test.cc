@@ -33,13 +33,14 @@ TEST_F(HeadStoreTest, EachOpeningClaimsANewEpochAndTheStateOutlivesTheProcess) {
     auto s = OpenSqliteHeadStore(path_);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ((*s)->epoch(), 1u);
-    ASSERT_TRUE((*s)->PutGeneration(41).ok());
-    ASSERT_TRUE((*s)->PutMember(Node("n1")).ok());
+    ASSERT_TRUE((*s)->PutMembership(40, nullptr).ok());
+    const MemberInfo n1 = Node("n1");
+    ASSERT_TRUE((*s)->PutMembership(41, &n1).ok());
     MemberInfo w{"n1/w0", MemberKind::kWorker, "n1",    MemberState::kAlive, 4242, "",
                  "",      "10.0.0.7",          "host-7"};
-    ASSERT_TRUE((*s)->PutMember(w).ok());
+    ASSERT_TRUE((*s)->PutMembership(41, &w).ok());
     w.state = MemberState::kDead;  // a later write of the same member replaces it
-    ASSERT_TRUE((*s)->PutMember(w).ok());
+    ASSERT_TRUE((*s)->PutMembership(41, &w).ok());
     ASSERT_TRUE((*s)->PutActor({"job.coordinator", "n1/w0", 3}).ok());
     ASSERT_TRUE((*s)->PutActor({"job.rank.0", "n1/w0", 1}).ok());
     ASSERT_TRUE((*s)->RemoveActor("job.rank.0").ok());
@@ -66,17 +67,18 @@ TEST_F(HeadStoreTest, EachOpeningClaimsANewEpochAndTheStateOutlivesTheProcess) {
 TEST_F(HeadStoreTest, AHeadThatAnotherClaimedTheStoreFromIsRefusedItsWrites) {
   auto old_head = OpenSqliteHeadStore(path_);
   ASSERT_TRUE(old_head.ok()) << old_head.status();
-  ASSERT_TRUE((*old_head)->PutGeneration(7).ok());
+  ASSERT_TRUE((*old_head)->PutMembership(7, nullptr).ok());
   auto new_head = OpenSqliteHeadStore(path_);  // a standby, or the restarted head
   ASSERT_TRUE(new_head.ok()) << new_head.status();
-  absl::Status refused = (*old_head)->PutMember(Node("stale"));
+  const MemberInfo stale = Node("stale"), fresh = Node("fresh");
+  absl::Status refused = (*old_head)->PutMembership(8, &stale);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(refused.message(), path_ +
                                    ": this head's epoch 1 was fenced: a head of epoch 2 has "
                                    "claimed the store since; its writes are refused");
-  EXPECT_FALSE((*old_head)->PutGeneration(8).ok());
+  EXPECT_FALSE((*old_head)->PutMembership(8, nullptr).ok());
   EXPECT_FALSE((*old_head)->PutJob("job-1", "{}").ok());
-  ASSERT_TRUE((*new_head)->PutMember(Node("fresh")).ok());
+  ASSERT_TRUE((*new_head)->PutMembership(7, &fresh).ok());
   absl::StatusOr<HeadStore::State> state = (*new_head)->Load();
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_EQ(state->generation, 7u);

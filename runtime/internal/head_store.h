@@ -48,8 +48,10 @@ class HeadStore {
   };
   [[nodiscard]] virtual absl::StatusOr<State> Load() = 0;
 
-  [[nodiscard]] virtual absl::Status PutGeneration(uint64_t generation) = 0;
-  [[nodiscard]] virtual absl::Status PutMember(const MemberInfo& member) = 0;
+  // A membership change: the generation, and the member whose record it changed (if any), in one
+  // transaction (one round trip to etcd: a join of thousands waits on them one after another).
+  [[nodiscard]] virtual absl::Status PutMembership(uint64_t generation,
+                                                   const MemberInfo* member) = 0;
   [[nodiscard]] virtual absl::Status PutActor(const StoredActor& actor) = 0;
   [[nodiscard]] virtual absl::Status RemoveActor(const std::string& name) = 0;
   [[nodiscard]] virtual absl::Status PutJob(const std::string& id, const std::string& record) = 0;
