@@ -14,9 +14,7 @@
 //                                the head's memory, a head failover (SQLite: restarted; etcd: the
 //                                standby leads) with every member back.
 //   bench_scale sim PORT FIRST NODES WORKERS_PER_NODE   (a child of `cluster`, driven on stdin)
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "troupe/collectives/canonical_combine.h"
 #include "troupe/runtime/cluster.h"
+#include "troupe/runtime/local_etcd.h"
 #include "troupe/runtime/runtime.h"
 #include "troupe/runtime/sim_cluster.h"
 #include "troupe/train/coordinator_core.h"
@@ -282,46 +281,6 @@ pid_t StartHead(const std::string& troupe, const std::string& dir, uint16_t port
   return pid;
 }
 
-uint16_t FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// A single-member etcd in `dir` for the heads' store: its pid, and its client endpoint in *endpoint
-// once healthy (pid -1 when it never became healthy).
-pid_t StartEtcd(const std::string& dir, std::string* endpoint) {
-  const uint16_t client = FreePort(), peer = FreePort();
-  *endpoint = absl::StrCat("127.0.0.1:", client);
-  const std::string c = "http://" + *endpoint, p = absl::StrCat("http://127.0.0.1:", peer);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    FILE* f = std::fopen((dir + "/etcd.log").c_str(), "a");
-    dup2(fileno(f), 1);
-    dup2(fileno(f), 2);
-    execlp("etcd", "etcd", "--data-dir", (dir + "/etcd").c_str(), "--listen-client-urls", c.c_str(),
-           "--advertise-client-urls", c.c_str(), "--listen-peer-urls", p.c_str(),
-           "--initial-advertise-peer-urls", p.c_str(), "--initial-cluster",
-           ("default=" + p).c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  const std::string health =
-      "etcdctl --endpoints=" + *endpoint + " endpoint health >/dev/null 2>&1";
-  for (int i = 0; i < 100; ++i) {
-    if (std::system(health.c_str()) == 0) return pid;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  return -1;
-}
-
 uint16_t WaitPort(const std::string& file) {
   for (int i = 0; i < 3000; ++i) {
     std::ifstream in(file);
@@ -422,40 +381,34 @@ double SpawnRate(uint16_t port, int workers) {
   return per_s;
 }
 
-int Cluster(const std::string& troupe, const std::string& self, const std::string& store_kind,
-            int nodes, int per_node, int procs) {
-  char tmpl[] = "/tmp/troupe-bench-scale-XXXXXX";
-  const std::string dir = mkdtemp(tmpl);
-  const bool etcd = store_kind == "etcd";
-  std::string store = dir + "/head.db", endpoint;
-  pid_t etcd_pid = -1, standby = -1, head = -1;
-  std::vector<Child> kids;
-  // Every process this run started, and its directory, go when it ends (also early).
-  auto stop_all = [&](int rc) {
-    for (Child& k : kids) kill(k.pid, SIGKILL), waitpid(k.pid, nullptr, 0);
-    for (pid_t p : {head, standby, etcd_pid}) {
-      if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0);
-    }
-    std::filesystem::remove_all(dir);
-    return rc;
-  };
+// The head(s) of a run: on SQLite one; on etcd a leader and a standby on the same port.
+struct Heads {
+  std::unique_ptr<troupe::runtime::testing::LocalEtcd> etcd;
+  std::string store;
+  pid_t head = -1, standby = -1;
+  uint16_t port = 0;
+};
+
+bool StartHeads(const std::string& troupe, const std::string& dir, bool etcd, Heads* h) {
+  h->store = dir + "/head.db";
   if (etcd) {
-    etcd_pid = StartEtcd(dir, &endpoint);
-    if (etcd_pid < 0) return std::printf("etcd did not start\n"), stop_all(1);
-    store = absl::StrCat("etcd://", endpoint, "/scale");
+    h->etcd = std::make_unique<troupe::runtime::testing::LocalEtcd>(dir);
+    if (!h->etcd->ready()) return std::printf("etcd did not start\n"), false;
+    h->store = h->etcd->store("/scale");
   }
-  head = StartHead(troupe, dir, etcd ? FreePort() : 0, store);
-  const uint16_t port = WaitPort(dir + "/head.port");
-  if (port == 0) return std::printf("the head did not listen\n"), stop_all(1);
+  const int port = etcd ? troupe::runtime::testing::LocalEtcd::FreePort() : 0;
+  h->head = StartHead(troupe, dir, static_cast<uint16_t>(port), h->store);
+  h->port = WaitPort(dir + "/head.port");
+  if (h->port == 0) return std::printf("the head did not listen\n"), false;
   if (etcd) {  // the standby: same store and port, its own log and port file
     std::filesystem::create_directories(dir + "/standby");
-    standby = StartHead(troupe, dir + "/standby", port, store);
+    h->standby = StartHead(troupe, dir + "/standby", h->port, h->store);
   }
-  const int per_child = nodes / procs;
-  for (int p = 0; p < procs; ++p) {
-    kids.push_back(Spawn({self, "sim", std::to_string(port), std::to_string(p * per_child),
-                          std::to_string(per_child), std::to_string(per_node)}));
-  }
+  return true;
+}
+
+// Seconds from the first simulated member's hello to the last one's join; -1 if one failed.
+double JoinSeconds(std::vector<Child>& kids) {
   int64_t first = INT64_MAX, last = 0;
   for (Child& c : kids) {
     std::istringstream f(c.Read());
@@ -464,21 +417,66 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
     f >> tag >> s >> j;
     if (tag != "JOINED") {
       std::printf("a simulating process failed to join: %s\n", f.str().c_str());
-      return stop_all(1);
+      return -1;
     }
     first = std::min<int64_t>(first, s);
     last = std::max<int64_t>(last, j);
   }
-  const int members = procs * per_child * (1 + per_node);
-  const double join_s = static_cast<double>(last - first) / 1e9;
-  std::printf("%d members (%d nodes, %d workers) in %d processes joined in %.2f s\n", members,
-              procs * per_child, procs * per_child * per_node, procs, join_s);
+  return static_cast<double>(last - first) / 1e9;
+}
+
+// The head's CPU (% of a vCPU) over 10 s of steady state, after 3 s to settle.
+double SteadyCpuPct(pid_t head) {
   std::this_thread::sleep_for(std::chrono::seconds(3));
   const double cpu0 = CpuSeconds(head);
   const auto w0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::seconds(10));
   const double wall = std::chrono::duration<double>(Clock::now() - w0).count();
-  const double cpu_pct = 100 * (CpuSeconds(head) - cpu0) / wall;
+  return 100 * (CpuSeconds(head) - cpu0) / wall;
+}
+
+// Seconds from the head's kill (t_kill) until every simulated member is back; -1 if one is not.
+double RejoinSeconds(std::vector<Child>& kids, int64_t t_kill) {
+  int64_t back = 0;
+  for (Child& c : kids) {
+    const std::string r = c.Ask(absl::StrCat("rejoin ", t_kill));
+    if (Field(r) < 0) return std::printf("rejoin failed: %s\n", r.c_str()), -1;
+    back = std::max<int64_t>(back, Field(r));
+  }
+  return static_cast<double>(back - t_kill) / 1e9;
+}
+
+int Cluster(const std::string& troupe, const std::string& self, const std::string& store_kind,
+            int nodes, int per_node, int procs) {
+  char tmpl[] = "/tmp/troupe-bench-scale-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const bool etcd = store_kind == "etcd";
+  Heads h;
+  pid_t &head = h.head, &standby = h.standby;
+  std::vector<Child> kids;
+  // Every process this run started, and its directory, go when it ends (also early).
+  auto stop_all = [&](int rc) {
+    for (Child& k : kids) kill(k.pid, SIGKILL), waitpid(k.pid, nullptr, 0);
+    for (pid_t p : {head, standby}) {
+      if (p > 0) kill(p, SIGKILL), waitpid(p, nullptr, 0);
+    }
+    h.etcd.reset();
+    std::filesystem::remove_all(dir);
+    return rc;
+  };
+  if (!StartHeads(troupe, dir, etcd, &h)) return stop_all(1);
+  const uint16_t port = h.port;
+  const int per_child = nodes / procs;
+  for (int p = 0; p < procs; ++p) {
+    kids.push_back(Spawn({self, "sim", std::to_string(port), std::to_string(p * per_child),
+                          std::to_string(per_child), std::to_string(per_node)}));
+  }
+  const double join_s = JoinSeconds(kids);
+  if (join_s < 0) return stop_all(1);
+  const int members = procs * per_child * (1 + per_node);
+  std::printf("%d members (%d nodes, %d workers) in %d processes joined in %.2f s\n", members,
+              procs * per_child, procs * per_child * per_node, procs, join_s);
+  const double cpu_pct = SteadyCpuPct(head);
   std::printf(
       "steady state, 1 s heartbeats: the head's CPU %.1f%% of a vCPU (%.2f us per member "
       "per second), RSS %ld MB\n",
@@ -499,15 +497,10 @@ int Cluster(const std::string& troupe, const std::string& self, const std::strin
     head = standby;  // it leads once the leader's 1 s lease runs out
     standby = -1;
   } else {
-    head = StartHead(troupe, dir, port, store);
+    head = StartHead(troupe, dir, port, h.store);
   }
-  int64_t back = 0;
-  for (Child& c : kids) {
-    const std::string r = c.Ask(absl::StrCat("rejoin ", t_kill));
-    back = std::max<int64_t>(back, Field(r));
-    if (Field(r) < 0) return std::printf("rejoin failed: %s\n", r.c_str()), stop_all(1);
-  }
-  const double failover_s = static_cast<double>(back - t_kill) / 1e9;
+  const double failover_s = RejoinSeconds(kids, t_kill);
+  if (failover_s < 0) return stop_all(1);
   std::printf(
       etcd ? "leading head killed, the standby leads from etcd: every member back in %.2f s\n"
            : "head killed and restarted from its SQLite store: every member back in %.2f s\n",

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "caf/all.hpp"
+#include "troupe/runtime/local_etcd.h"
 #include "troupe/runtime/processes.h"
 #include "troupe/runtime/status.h"
 
@@ -39,6 +40,7 @@ using hang_atom = caf::atom_constant<caf::atom("hang")>;
 using gpus_atom = caf::atom_constant<caf::atom("gpus")>;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using troupe::runtime::testing::LocalEtcd;
 
 struct Seen {
   MembershipEvent event;
@@ -734,59 +736,6 @@ TEST_F(HeadFailoverTest, AStaleHeadIsFencedByItsSuccessorsEpoch) {
   kill(new_head, SIGKILL);
   waitpid(new_head, nullptr, 0);
 }
-
-// A single-member etcd on loopback (Debian's etcd-server) for the heads of a test, with a fast
-// election so that a 1 s lease is allowed; stopped (and its data removed) at the end.
-class LocalEtcd {
- public:
-  explicit LocalEtcd(const std::string& dir) : dir_(dir) {
-    const int client = FreePort(), peer = FreePort();
-    endpoint_ = "127.0.0.1:" + std::to_string(client);
-    pid_ = fork();
-    if (pid_ == 0) {
-      freopen((dir + "/etcd.log").c_str(), "w", stdout);
-      freopen((dir + "/etcd.log").c_str(), "a", stderr);
-      const std::string c = "http://" + endpoint_, p = "http://127.0.0.1:" + std::to_string(peer);
-      execlp("etcd", "etcd", "--data-dir", (dir + "/etcd").c_str(), "--listen-client-urls",
-             c.c_str(), "--advertise-client-urls", c.c_str(), "--listen-peer-urls", p.c_str(),
-             "--initial-advertise-peer-urls", p.c_str(), "--initial-cluster",
-             ("default=" + p).c_str(), "--heartbeat-interval", "10", "--election-timeout", "100",
-             static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const std::string health =
-        "etcdctl --endpoints=" + endpoint_ + " endpoint health >/dev/null 2>&1";
-    for (int i = 0; i < 100 && !ready_; ++i) {
-      ready_ = std::system(health.c_str()) == 0;
-      if (!ready_) std::this_thread::sleep_for(milliseconds(100));
-    }
-  }
-  ~LocalEtcd() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-    std::filesystem::remove_all(dir_ + "/etcd");
-  }
-  bool ready() const { return ready_; }
-  std::string store(const std::string& prefix) const { return "etcd://" + endpoint_ + prefix; }
-  std::string log() const { return HeadFailoverTest::Slurp(dir_ + "/etcd.log"); }
-
-  static int FreePort() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    close(fd);
-    return ntohs(a.sin_port);
-  }
-
- private:
-  std::string dir_, endpoint_;
-  pid_t pid_ = 0;
-  bool ready_ = false;
-};
 
 // A process of the cluster binary with `args`, its output in <dir>/<name>.{out,err}.
 pid_t StartRole(const std::string& dir, const std::string& name, std::vector<std::string> args) {
