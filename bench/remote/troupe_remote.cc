@@ -126,7 +126,8 @@ int Cluster(double seconds, bool tls, bool through_caf) {
   if (tls) std::filesystem::remove_all(dir);  // every process has read them by now
   int rc = bench_remote::Print(stats);
   std::fflush(nullptr);
-  _exit(rc);  // the cluster's processes die with this one
+  cluster->reset();  // its processes and its directory (of /tmp/troupe-cluster-*) go
+  _exit(rc);
 }
 
 }  // namespace
