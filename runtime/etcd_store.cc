@@ -104,17 +104,22 @@ class EtcdHeadStore : public HeadStore {
     return s;
   }
 
-  absl::Status PutMembership(uint64_t generation, const MemberInfo* member) override {
-    json ops = json::array({Put(Key("generation"), absl::StrCat(generation))});
-    if (member != nullptr) {
-      const MemberInfo& m = *member;
+  absl::Status PutMembership(uint64_t generation, const std::vector<MemberInfo>& members) override {
+    json ops = json::array();
+    for (size_t i = 0; i < members.size(); ++i) {
+      const MemberInfo& m = members[i];
       const json j = {{"id", m.id},         {"kind", Name(m.kind)},
                       {"node", m.node},     {"state", Name(m.state)},
                       {"pid", m.pid},       {"resources", m.resources},
                       {"labels", m.labels}, {"address", m.address},
                       {"host", m.host}};
       ops.push_back(Put(Key("members/" + m.id), j.dump()));
+      if (ops.size() == kEtcdMembersPerTxn && i + 1 < members.size()) {
+        TROUPE_RETURN_IF_ERROR(Fenced(ops));
+        ops = json::array();
+      }
     }
+    ops.push_back(Put(Key("generation"), absl::StrCat(generation)));
     return Fenced(ops);
   }
   absl::Status PutJob(const std::string& id, const std::string& record) override {

@@ -105,6 +105,7 @@ caf::message_handler HeadActor::MembershipHandlers() {
       [this](node_fault_atom, const std::string& node, const NodeFault& f) -> caf::result<bool> {
         return HandleNodeFault(node, f);
       },
+      [this](store_flush_atom) { FlushStoreBatch(); },
       [this](tick_atom) {
         Execute(core_.OnTick(Clock::now()));
         delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);
@@ -144,7 +145,7 @@ caf::result<uint64_t> HeadActor::HandleRegisterNode(
   node.address = address;
   node.host = host;
   Execute(core_.OnNodeJoined(node, Clock::now()));
-  return core_.generation();
+  return AnswerStored(core_.generation());
 }
 
 caf::result<uint64_t> HeadActor::HandleRegisterWorker(const std::string& id,
@@ -163,7 +164,7 @@ caf::result<uint64_t> HeadActor::HandleRegisterWorker(const std::string& id,
   hosted_[id] = 0;
   monitor(worker);
   Execute(actions);
-  return core_.generation();
+  return AnswerStored(core_.generation());
 }
 
 // A worker's or node's heartbeat, with what changed in its actors' handler times: a handler
@@ -266,10 +267,46 @@ const caf::actor& HeadActor::Handle(const std::string& member) const {
 
 void HeadActor::Publish(const MembershipAction& a) {
   if (store_ && a.bump) {
-    StoreFailed(store_->PutMembership(a.event.generation, a.record ? &*a.record : nullptr));
+    if (!batch_) {
+      batch_.emplace();
+      send(this, store_flush_atom::value);  // behind every message queued now
+    }
+    batch_->generation = a.event.generation;
+    if (a.record) {
+      auto [it, fresh] = batch_->member_index.try_emplace(a.record->id, batch_->members.size());
+      if (fresh) {
+        batch_->members.push_back(*a.record);
+      } else {
+        batch_->members[it->second] = *a.record;
+      }
+    }
   }
-  aout(this) << "troupe-head: " << a.event.DebugString() << std::endl;
-  for (const auto& s : subscribers_) send(s, membership_atom::value, a.event);
+  if (batch_) {
+    batch_->events.push_back(a.event);
+  } else {
+    Announce(a.event);
+  }
+}
+
+void HeadActor::FlushStoreBatch() {
+  if (!batch_) return;
+  StoreBatch b = std::move(*batch_);
+  batch_.reset();
+  StoreFailed(store_->PutMembership(b.generation, b.members));
+  for (const MembershipEvent& e : b.events) Announce(e);
+  for (size_t i = 0; i < b.answers.size(); ++i) b.answers[i].deliver(b.answer_generations[i]);
+}
+
+void HeadActor::Announce(const MembershipEvent& e) {
+  aout(this) << "troupe-head: " << e.DebugString() << std::endl;
+  for (const auto& s : subscribers_) send(s, membership_atom::value, e);
+}
+
+caf::result<uint64_t> HeadActor::AnswerStored(uint64_t generation) {
+  if (!batch_) return generation;
+  batch_->answers.push_back(make_response_promise());
+  batch_->answer_generations.push_back(generation);
+  return batch_->answers.back();
 }
 
 // The state a previous head left in the store: the generation goes on from it, and what it knew

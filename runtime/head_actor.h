@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -76,7 +77,17 @@ class HeadActor final : public caf::event_based_actor {
   // Carries out the core's actions in order (a kRefuse is the request's answer: Refusal).
   void Execute(const std::vector<MembershipAction>& actions);
   static absl::Status Refusal(const std::vector<MembershipAction>& actions);
+  // A kPublish: the change joins the store batch (when it bumps the generation) and its event is
+  // announced once the batch is written; without a batch pending, at once.
   void Publish(const MembershipAction& a);
+  // Group commit: the membership changes made while the head works through the messages queued
+  // before the batch's flush message are written together (HeadStore::PutMembership), then their
+  // events announced and the joins among them answered (AnswerStored). A join of thousands is
+  // so a few store writes; nothing is announced or answered before it is stored.
+  void FlushStoreBatch();
+  void Announce(const MembershipEvent& e);
+  // `generation` as a registration's answer: at once, or once the pending batch is stored.
+  caf::result<uint64_t> AnswerStored(uint64_t generation);
   void ReleaseIfIdle(const std::string& node);
   // The member's node agent or worker actor (an invalid handle for no member).
   const caf::actor& Handle(const std::string& member) const;
@@ -194,6 +205,15 @@ class HeadActor final : public caf::event_based_actor {
 
   ClusterOptions options_;
   std::shared_ptr<HeadStore> store_;
+  struct StoreBatch {
+    uint64_t generation = 0;
+    std::vector<MemberInfo> members;             // each changed member's newest record, once
+    std::map<std::string, size_t> member_index;  // id -> members[]
+    std::vector<MembershipEvent> events;         // to announce once stored, in order
+    std::vector<caf::response_promise> answers;  // registrations' answers, delivered then
+    std::vector<uint64_t> answer_generations;
+  };
+  std::optional<StoreBatch> batch_;
   MembershipCore core_;
   std::map<std::string, caf::actor> handles_;  // every member's node agent or worker actor
   Directory directory_;

@@ -35,6 +35,7 @@ class Statement {
     return *this;
   }
   int Step() { return sqlite3_step(s_); }
+  void Reset() { sqlite3_reset(s_); }  // to step again with new bindings
   int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
   std::string Text(int col) const {
     const unsigned char* t = sqlite3_column_text(s_, col);
@@ -105,20 +106,22 @@ class SqliteHeadStore : public HeadStore {
     return s;
   }
 
-  absl::Status PutMembership(uint64_t generation, const MemberInfo* member) override {
+  absl::Status PutMembership(uint64_t generation, const std::vector<MemberInfo>& members) override {
     return InTransaction(true, [&]() -> absl::Status {
       TROUPE_RETURN_IF_ERROR(
           Exec(absl::StrCat("INSERT OR REPLACE INTO troupe_meta VALUES ('generation', ", generation,
                             ")"),
                "writing the generation"));
-      if (member == nullptr) return absl::OkStatus();
-      const MemberInfo& m = *member;
       Statement s(db_, "INSERT OR REPLACE INTO troupe_members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)");
       if (!s.ok()) return Error("writing a member");
-      s.Bind(1, m.id).Bind(2, std::string(Name(m.kind))).Bind(3, m.node);
-      s.Bind(4, std::string(Name(m.state))).Bind(5, m.pid).Bind(6, m.resources);
-      s.Bind(7, m.labels).Bind(8, m.address).Bind(9, m.host);
-      return s.Step() == SQLITE_DONE ? absl::OkStatus() : Error("writing member " + m.id);
+      for (const MemberInfo& m : members) {
+        s.Reset();
+        s.Bind(1, m.id).Bind(2, std::string(Name(m.kind))).Bind(3, m.node);
+        s.Bind(4, std::string(Name(m.state))).Bind(5, m.pid).Bind(6, m.resources);
+        s.Bind(7, m.labels).Bind(8, m.address).Bind(9, m.host);
+        if (s.Step() != SQLITE_DONE) return Error("writing member " + m.id);
+      }
+      return absl::OkStatus();
     });
   }
 

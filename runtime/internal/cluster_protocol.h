@@ -65,6 +65,7 @@ using heartbeat_sync_atom = caf::atom_constant<caf::atom("tr_hbsync")>;
 using new_head_atom = caf::atom_constant<caf::atom("tr_newhead")>;
 using reg_actor_atom = caf::atom_constant<caf::atom("tr_regact")>;
 using tick_atom = caf::atom_constant<caf::atom("tr_tick")>;
+using store_flush_atom = caf::atom_constant<caf::atom("tr_stflush")>;
 using pg_atom = caf::atom_constant<caf::atom("tr_pg")>;
 using flush_atom = caf::atom_constant<caf::atom("tr_flush")>;
 // head -> node agent: (job_run_atom, job id, spec TOML) start the job's driver process;

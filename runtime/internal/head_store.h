@@ -48,10 +48,12 @@ class HeadStore {
   };
   [[nodiscard]] virtual absl::StatusOr<State> Load() = 0;
 
-  // A membership change: the generation, and the member whose record it changed (if any), in one
-  // transaction (one round trip to etcd: a join of thousands waits on them one after another).
+  // Membership changes: the newest generation and the records of the members they changed (each
+  // id once). The head groups the changes that arrive together (head.cc), so a join of thousands
+  // is a few writes, not one round trip each: SQLite writes them in one transaction; etcd in
+  // transactions of at most kEtcdMembersPerTxn members, the generation with the last.
   [[nodiscard]] virtual absl::Status PutMembership(uint64_t generation,
-                                                   const MemberInfo* member) = 0;
+                                                   const std::vector<MemberInfo>& members) = 0;
   [[nodiscard]] virtual absl::Status PutActor(const StoredActor& actor) = 0;
   [[nodiscard]] virtual absl::Status RemoveActor(const std::string& name) = 0;
   [[nodiscard]] virtual absl::Status PutJob(const std::string& id, const std::string& record) = 0;
@@ -66,6 +68,8 @@ class HeadStore {
 // stand by. Opening it waits until no other head's leader lease holds it (a standby waits here),
 // then claims it and keeps the lease alive; `on_lost` runs once if the leadership ends (the lease
 // ran out, or a write was refused by a later epoch: this head was stopped or cut off meanwhile).
+// etcd refuses a transaction of more than --max-txn-ops (128 by default) operations.
+inline constexpr size_t kEtcdMembersPerTxn = 100;
 struct EtcdStoreOptions {
   std::string endpoint;            // "http://HOST:PORT": an etcd client URL
   std::string prefix = "/troupe";  // the cluster's keys
