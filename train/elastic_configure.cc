@@ -15,6 +15,7 @@ namespace {
 using collectives::Buffer;
 using collectives::Work;
 using elastic_internal::Buf;
+using elastic_internal::kParamPiecesPerOldRank;
 using elastic_internal::kTagMirrorM;
 using elastic_internal::kTagMirrorP;
 using elastic_internal::kTagMirrorV;
@@ -208,32 +209,52 @@ absl::Status ElasticRank::CheckSurvivor(const GenerationPlan& plan) const {
 }
 
 // Parameters, piece by piece: each new rank's kept ranges ∩ each old range. An owner keeps its
-// range's parameters; a buddy all of them (data parallelism) or its mirror of its owner's.
+// range's parameters; a buddy all of them (data parallelism) or its mirror of its owner's. A
+// piece's tag is its old rank and its index in that old range's intersection: unique between two
+// ranks, which is all point-to-point matching needs. So a rank visits only the pieces it sends
+// (from the old ranges it holds: O(1) of them) or receives: O(W), not O(W²) under data
+// parallelism, where every rank holds the whole model. Both ends list a pair's pieces by old rank.
 absl::Status ElasticRank::AddParamMoves(const GenerationPlan& plan, const ShardLayout& from,
                                         std::vector<P2P>* moves) {
   RankState& c = committed_state_;
   const std::vector<Ranges>& held = staged_state_.held;
-  uint32_t param_piece = 0;
-  for (int d = 0; d < static_cast<int>(held.size()); ++d) {
-    for (int o = 0; o < from.world; ++o) {
-      const int src = SendingRank(plan, o);
-      for (const auto& [lo, hi] : Intersect(held[d], from.begin(o), from.end(o))) {
-        const uint32_t tag = kTagParamMoveBase + param_piece++;
-        float* dst = staged_held_.data() + PackedOffset(held[plan.rank], lo);
-        if (src == plan.rank) {
-          float* p = NewRank(plan.gone, o) >= 0 || c.stages == 1
-                         ? model_->params() + lo
-                         : c.replica_p.data() + (lo - from.begin(o));
-          if (d == plan.rank) {
-            TROUPE_RETURN_IF_ERROR(ops_->Copy(dst, p, hi - lo));
-          } else {
-            moves->push_back({P2P::Kind::kSend, Buffer::F32(p, hi - lo), d, tag});
-          }
-        } else if (d == plan.rank) {
-          moves->push_back({P2P::Kind::kRecv, Buffer::F32(dst, hi - lo), src, tag});
-        }
+  std::vector<int> sent_from;  // the old ranks whose parameters this rank sends
+  for (int o = 0; o < from.world; ++o) {
+    if (SendingRank(plan, o) == plan.rank) sent_from.push_back(o);
+  }
+  // Every piece of new rank d's held ranges within old range o, as (lo, hi, tag).
+  auto pieces = [&](int d, int o, auto&& each) -> absl::Status {
+    uint32_t r = 0;
+    for (const auto& [lo, hi] : Intersect(held[d], from.begin(o), from.end(o))) {
+      if (r == kParamPiecesPerOldRank) {
+        return absl::InternalError(absl::StrCat("memory restore: new rank ", d, " holds more than ",
+                                                kParamPiecesPerOldRank, " pieces of old rank ", o));
       }
+      TROUPE_RETURN_IF_ERROR(each(lo, hi, kTagParamMoveBase + o * kParamPiecesPerOldRank + r++));
     }
+    return absl::OkStatus();
+  };
+  float* staged = staged_held_.data();
+  for (int d = 0; d < static_cast<int>(held.size()); ++d) {
+    for (int o : sent_from) {
+      TROUPE_RETURN_IF_ERROR(pieces(d, o, [&](int64_t lo, int64_t hi, uint32_t tag) {
+        float* p = NewRank(plan.gone, o) >= 0 || c.stages == 1
+                       ? model_->params() + lo
+                       : c.replica_p.data() + (lo - from.begin(o));
+        if (d == plan.rank) return ops_->Copy(staged + PackedOffset(held[d], lo), p, hi - lo);
+        moves->push_back({P2P::Kind::kSend, Buffer::F32(p, hi - lo), d, tag});
+        return absl::OkStatus();
+      }));
+    }
+  }
+  for (int o = 0; o < from.world; ++o) {
+    const int src = SendingRank(plan, o);
+    if (src == plan.rank) continue;  // copied above
+    TROUPE_RETURN_IF_ERROR(pieces(plan.rank, o, [&](int64_t lo, int64_t hi, uint32_t tag) {
+      float* dst = staged + PackedOffset(held[plan.rank], lo);
+      moves->push_back({P2P::Kind::kRecv, Buffer::F32(dst, hi - lo), src, tag});
+      return absl::OkStatus();
+    }));
   }
   return absl::OkStatus();
 }

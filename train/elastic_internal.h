@@ -17,9 +17,10 @@
 namespace troupe::train::elastic_internal {
 
 // Point-to-point tags: mirror to buddy, then state moves (two per piece: m, v; parameters from
-// kTagParamMoveBase, one per piece).
+// kTagParamMoveBase: old rank × kParamPiecesPerOldRank + the piece's index in that old range).
 constexpr uint32_t kTagMirrorM = 1, kTagMirrorV = 2, kTagMirrorP = 3, kTagCrc = 4,
-                   kTagMirrorGrad = 5, kTagMoveBase = 16, kTagParamMoveBase = 1u << 24;
+                   kTagMirrorGrad = 5, kTagMoveBase = 16, kTagParamMoveBase = 1u << 24,
+                   kParamPiecesPerOldRank = 16;
 // Pipeline tags (user tags have 31 bits): bit 30; bit 29 for the gradient exchange, bit 28 for
 // the parameters' share (else the schedule's moves); the step's low 8 bits in bits 20–27.
 constexpr uint32_t kTagPipelineBase = 1u << 30, kTagExchange = 1u << 29, kTagParamShare = 1u << 28;
