@@ -309,6 +309,16 @@ void Coordinator::HandleKnownRanks(const KnownRanks& k) {
           });
 }
 
+namespace {
+// Losses as the core takes them: by microbatch (a malformed message's extra entries dropped).
+std::map<int32_t, double> ByMicrobatch(const std::vector<int32_t>& ks,
+                                       const std::vector<double>& losses) {
+  std::map<int32_t, double> out;
+  for (size_t i = 0; i < ks.size() && i < losses.size(); ++i) out[ks[i]] = losses[i];
+  return out;
+}
+}  // namespace
+
 void Coordinator::HandleStepDone(const StepDone& m) {
   if (m.step > 0 && m.status.ToStatus().ok()) {
     rank_compute_seconds_ += m.compute_seconds;
@@ -317,12 +327,10 @@ void Coordinator::HandleStepDone(const StepDone& m) {
     rank_exposed_seconds_ += m.exposed_seconds;
   }
   if (m.status.ToStatus().ok()) NoteRankStep(m);
-  std::map<int32_t, double> losses;
-  for (size_t i = 0; i < m.microbatches.size() && i < m.losses.size(); ++i) {
-    losses[m.microbatches[i]] = m.losses[i];
-  }
-  Execute(core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(), losses, Now(),
-                           m.blamed));
+  if (m.status.ToStatus().ok()) eval_seconds_ = std::max(eval_seconds_, m.eval_seconds);
+  Execute(core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(),
+                           ByMicrobatch(m.microbatches, m.losses), Now(), m.blamed,
+                           ByMicrobatch(m.eval_microbatches, m.eval_losses)));
 }
 
 caf::behavior Coordinator::Behavior() {
@@ -354,7 +362,8 @@ caf::behavior Coordinator::Behavior() {
                                       Now()));
       },
       [this](const FinalParams& m) {
-        Execute(core_->OnFinal(m.generation, m.crc, m.num_params, m.steps, Now()));
+        Execute(core_->OnFinal(m.generation, m.crc, m.num_params, m.steps, Now(),
+                               ByMicrobatch(m.eval_microbatches, m.eval_losses)));
       },
       [this](timer_atom, uint64_t timer) { Execute(core_->OnTimer(timer, Now())); },
       [this](lease_tick_atom) { Carry(gate_.OnTick(Now())); },

@@ -195,6 +195,20 @@ void Coordinator::CommitCheckpoint(const train::CoordinatorAction& a) {
   Execute(core_->OnCheckpointCommitted(a.step, s, Now()));
 }
 
+// An evaluation's result: into the event log ("eval": step, val_loss, the slowest rank's eval_s)
+// and the report; returns the progress line's part.
+std::string Coordinator::NoteEval(uint64_t generation, int64_t step, double loss) {
+  base::SupervisionEvent e = train::JobEvent("eval");
+  e.generation = generation;
+  e.Set("step", step)
+      .Set("val_loss", absl::StrFormat("%.6f", loss))
+      .Set("eval_s", absl::StrFormat("%.6f", eval_seconds_));
+  events_->Write(e);
+  eval_seconds_ = 0;
+  report_.val_losses.emplace_back(step, loss);
+  return absl::StrFormat("val_loss@%d %.4f", step, loss);
+}
+
 void Coordinator::Committed(const train::CoordinatorAction& a) {
   const absl::Time now = base::MonotonicNow();
   commits_ << (a.step - 1) << " " << a.generation << std::endl;
@@ -216,6 +230,8 @@ void Coordinator::Committed(const train::CoordinatorAction& a) {
       .Set("step_s", absl::StrFormat("%.6f", secs))
       .Set("world", a.world);
   events_->Write(step);
+  if (a.eval_step >= 0)
+    absl::StrAppend(&line, "  ", NoteEval(a.generation, a.eval_step, a.eval_loss));
   if (a.recovered) {
     // From the newest fault_fired event (the dying process wrote it, with its wall time) to now:
     // a time across processes, so the wall clock.
@@ -251,6 +267,12 @@ void Coordinator::Finish(const train::CoordinatorAction& a) {
   r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
   r.bubble = rank_schedule_seconds_ > 0 ? 1.0 - rank_compute_seconds_ / rank_schedule_seconds_ : 0;
   r.overlap = rank_exchange_seconds_ > 0 ? 1.0 - rank_exposed_seconds_ / rank_exchange_seconds_ : 0;
+  if (a.eval_step >= 0) {
+    Print(NoteEval(a.generation, a.eval_step, a.eval_loss) + " (the final parameters)");
+    r.val_step = a.eval_step;
+    r.val_loss = a.eval_loss;
+  }
+  r.val_losses = report_.val_losses;
   Stop(caf::make_message(std::move(r)));
 }
 

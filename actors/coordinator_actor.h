@@ -119,6 +119,7 @@ class Coordinator {
   void CommitCheckpoint(const train::CoordinatorAction& a);
   void InjectNodeFault(const std::string& worker, train::FaultKind kind);
   void Committed(const train::CoordinatorAction& a);
+  std::string NoteEval(uint64_t generation, int64_t step, double loss);
   void Finish(const train::CoordinatorAction& a);
   void Stop(caf::message to_driver);
   void ReadTable(uint64_t generation);
@@ -156,6 +157,7 @@ class Coordinator {
   double rank_compute_seconds_ = 0, rank_schedule_seconds_ = 0;
   // Their overlapped exchanges' time in flight and exposed part (JobReport::overlap).
   double rank_exchange_seconds_ = 0, rank_exposed_seconds_ = 0;
+  double eval_seconds_ = 0;  // the slowest rank's share of the evaluation in the current step
   JobReport report_;
   std::map<std::string, std::string> kv_;  // the collectives bootstrap of this generation
   // The core's actions not yet carried out, and the lease they wait for; stopped() once this

@@ -144,9 +144,11 @@ void JobReporter::End(const absl::StatusOr<JobReport>& report) {
     const JobReport& r = *report;
     json = absl::StrFormat(
         R"({"steps_lost": %d, "crc32c": "%08x", "recovery_s": %.6f, "committed_steps": %d, )"
-        R"("final_world": %d, "generations": %d, "tokens_per_s": %.3f, "final_loss": %.6f})",
+        R"("final_world": %d, "generations": %d, "tokens_per_s": %.3f, "final_loss": %.6f)",
         r.steps_lost, r.final_params_crc32c, r.recovery_seconds, r.committed_steps, r.final_world,
         r.generations, r.tokens_per_second, r.losses.empty() ? 0.0 : r.losses.back());
+    if (r.val_step >= 0) absl::StrAppendFormat(&json, R"(, "val_loss": %.6f)", r.val_loss);
+    json += "}";
   }
   caf::scoped_actor self{*sys_};
   self->request(head, kAnswer, runtime::job_end_atom::value, id_, std::string(EndState(report)),

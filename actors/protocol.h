@@ -87,6 +87,11 @@ struct StepDone {
   // StepOutcome's: the overlapped exchange's time in flight and the part of it left exposed.
   double exchange_seconds = 0;
   double exposed_seconds = 0;
+  // [eval] due at this step: this rank's share of the held-out microbatches (train::EvalShare)
+  // under the parameters of `step` steps, with their mean losses; how long they took.
+  std::vector<int32_t> eval_microbatches{};
+  std::vector<double> eval_losses{};
+  double eval_seconds = 0;
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -128,6 +133,9 @@ struct FinalParams {
   int64_t crc = 0;
   int64_t num_params = 0;
   int64_t steps = 0;
+  // [eval]: every held-out microbatch under the final parameters (empty without [eval]).
+  std::vector<int32_t> eval_microbatches{};
+  std::vector<double> eval_losses{};
 };
 struct CoordinatorHello {
   caf::actor coordinator;
@@ -156,7 +164,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
   return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
            x.final_params_crc32c, x.num_params, x.generations, x.final_world, x.recovery_seconds,
-           x.steps_lost, x.tokens_per_second, x.bubble, x.overlap);
+           x.steps_lost, x.tokens_per_second, x.bubble, x.overlap, x.val_step, x.val_loss,
+           x.val_losses);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
@@ -184,7 +193,7 @@ typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
            x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds,
            x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes, x.exchange_seconds,
-           x.exposed_seconds);
+           x.exposed_seconds, x.eval_microbatches, x.eval_losses, x.eval_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {
@@ -217,7 +226,8 @@ typename Inspector::result_type inspect(Inspector& f, ShardWritten& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, FinalParams& x) {
-  return f(caf::meta::type_name("troupe.FinalParams"), x.generation, x.crc, x.num_params, x.steps);
+  return f(caf::meta::type_name("troupe.FinalParams"), x.generation, x.crc, x.num_params, x.steps,
+           x.eval_microbatches, x.eval_losses);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CoordinatorHello& x) {

@@ -421,15 +421,32 @@ class RankState {
                                                collectives::BlamedPeer(st).value_or(-1)});
   }
 
+  // [eval] due before step `step` (the parameters of `step` steps): this rank's share of it.
+  absl::Status Evaluate(int64_t step, StepDone* done) {
+    const int64_t every = spec_.eval_every;
+    if (every <= 0 || step == 0 || step % every != 0) return absl::OkStatus();
+    const absl::Time start = base::MonotonicNow();
+    TROUPE_ASSIGN_OR_RETURN(auto share, train::EvalShare(*model_, spec_.model.eval_microbatches,
+                                                         rank_->rank(), rank_->layout().world));
+    for (const auto& [k, loss] : share) {
+      done->eval_microbatches.push_back(k);
+      done->eval_losses.push_back(loss);
+    }
+    done->eval_seconds = absl::ToDoubleSeconds(base::MonotonicNow() - start);
+    return absl::OkStatus();
+  }
+
   void Step(uint64_t gen, int64_t step) {
     const absl::Time start = base::MonotonicNow();
     const int64_t start_ns = absl::ToUnixNanos(absl::Now());  // the jobs timeline's wall stamp
     const uint64_t sent = comm_ != nullptr ? comm_->stats().bytes_sent : 0;
-    absl::StatusOr<train::StepOutcome> out =
-        step == rank_->committed_steps()
-            ? rank_->RunStep()
-            : absl::StatusOr<train::StepOutcome>(absl::FailedPreconditionError(absl::StrCat(
-                  "step ", step, " asked, this rank is at step ", rank_->committed_steps())));
+    StepDone evaluated;
+    absl::StatusOr<train::StepOutcome> out = absl::FailedPreconditionError(
+        absl::StrCat("step ", step, " asked, this rank is at step ", rank_->committed_steps()));
+    if (step == rank_->committed_steps()) {
+      absl::Status eval = rank_->stages() == 1 ? Evaluate(step, &evaluated) : absl::OkStatus();
+      out = eval.ok() ? rank_->RunStep() : absl::StatusOr<train::StepOutcome>(eval);
+    }
     const int32_t blamed = collectives::BlamedPeer(out.status()).value_or(-1);
     if (!out.ok() && comm_ != nullptr) {
       out = absl::Status(out.status().code(),
@@ -450,6 +467,9 @@ class RankState {
       done.exchange_seconds = out->exchange_seconds;
       done.exposed_seconds = out->exposed_seconds;
       if (comm_ != nullptr) done.collective_bytes = comm_->stats().bytes_sent - sent;
+      done.eval_microbatches = std::move(evaluated.eval_microbatches);
+      done.eval_losses = std::move(evaluated.eval_losses);
+      done.eval_seconds = evaluated.eval_seconds;
       if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
     caf::anon_send(coordinator_, std::move(done));
@@ -513,8 +533,18 @@ class RankState {
     // fails its final check naming the ranks that disagree.
     absl::StatusOr<uint32_t> params_crc = rank_->ParamsCrc32c();
     const uint32_t crc = params_crc.ok() ? *params_crc : 0;
-    caf::anon_send(coordinator_, FinalParams{gen, static_cast<int64_t>(crc), model_->num_params(),
-                                             rank_->committed_steps()});
+    FinalParams f{
+        gen, static_cast<int64_t>(crc), model_->num_params(), rank_->committed_steps(), {}, {}};
+    // The final parameters' validation loss, all of it here (only this rank is asked). A failed
+    // evaluation leaves it out: the coordinator reports no final validation loss.
+    if (spec_.eval_every > 0 && rank_->stages() == 1) {
+      auto share = train::EvalShare(*model_, spec_.model.eval_microbatches, 0, 1);
+      for (const auto& [k, loss] : share.ok() ? *share : decltype(share)::value_type{}) {
+        f.eval_microbatches.push_back(k);
+        f.eval_losses.push_back(loss);
+      }
+    }
+    caf::anon_send(coordinator_, std::move(f));
   }
 
  private:

@@ -247,9 +247,16 @@ absl::Status PrepareJob(train::JobSpec& spec, std::ostream& out) {
   if (spec.model.type == "gpt") {
     spec.model.data_dir = std::filesystem::absolute(spec.model.data_dir).string();
   }
-  // Bad model settings fail here, before any process starts.
-  if (auto probe = train::TrainableRegistry::Global().Create(spec.model); !probe.ok()) {
-    return probe.status();
+  // Bad model settings fail here, before any process starts — [eval] included (its shard opens
+  // with the model; a model without EvalLoss is refused).
+  auto probe = train::TrainableRegistry::Global().Create(spec.model);
+  if (!probe.ok()) return probe.status();
+  if (spec.eval_every > 0) {
+    if (absl::StatusOr<double> e = (*probe)->EvalLoss(0); !e.ok()) {
+      return absl::Status(e.status().code(),
+                          absl::StrCat("eval.every = ", spec.eval_every, ": model.type \"",
+                                       spec.model.type, "\": ", e.status().message()));
+    }
   }
   return absl::OkStatus();
 }

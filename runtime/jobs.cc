@@ -239,6 +239,11 @@ void JobTable::Ingest(const std::string& id, const std::vector<std::string>& lin
       ++j->recoveries;
       j->recovery_seconds.Observe(DoubleField(e, "seconds"));
     }
+    if (e.event == "eval") {
+      j->val_step = step;
+      j->val_loss = DoubleField(e, "val_loss");
+      Push(j->val_series, {{"t", t}, {"step", step}, {"val_loss", j->val_loss}});
+    }
     if (e.event == "checkpoint_committed") {
       const uint64_t bytes = static_cast<uint64_t>(e.IntField("bytes", 0));
       const double secs = DoubleField(e, "seconds");
@@ -312,6 +317,8 @@ json JobTable::Summary(const Job& j) {
             {"steps", j.steps},
             {"step", j.step},
             {"loss", j.loss},
+            {"val_loss", j.val_step >= 0 ? json(j.val_loss) : json(nullptr)},
+            {"val_step", j.val_step},
             {"tokens_per_s", j.tokens_per_s},
             {"world", j.world},
             {"generation", j.generation},
@@ -328,6 +335,7 @@ json JobTable::Summary(const Job& j) {
 json JobTable::Full(const Job& j) {
   json f = Summary(j);
   f["series"] = j.series;
+  f["val_series"] = j.val_series;
   f["events"] = j.events;
   f["checkpoints"] = j.checkpoints;
   // A rank's step counts when the job committed that step in that generation.
@@ -372,6 +380,8 @@ absl::Status JobTable::Restore(const std::string& id, const std::string& record)
     j.steps_lost = r.value("steps_lost", int64_t{0});
     j.recoveries = r.value("recoveries", uint64_t{0});
     j.loss = r.value("loss", 0.0);
+    j.val_step = r.value("val_step", int64_t{-1});
+    if (j.val_step >= 0) j.val_loss = r.value("val_loss", 0.0);
     j.tokens_per_s = r.value("tokens_per_s", 0.0);
     j.submitted_at = r.value("submitted_at", 0.0);
     j.started_at = r.value("started_at", 0.0);
@@ -405,6 +415,14 @@ std::string JobTable::Metrics() const {
        [](const Job& j) { return absl::StrCat(j.step); });
   each("troupe_job_loss", "gauge", "The loss of the job's last committed step.",
        [](const Job& j) { return absl::StrFormat("%.9g", j.loss); });
+  // Only jobs that evaluate ([eval]) have a sample: no made-up 0 for the others.
+  Family(&out, "troupe_job_val_loss", "gauge",
+         "The validation loss ([eval]) of the job's newest evaluated parameters.");
+  for (const auto& [id, j] : jobs_) {
+    if (j.val_step < 0) continue;
+    absl::StrAppend(&out, "troupe_job_val_loss{job_id=\"", Label(id), "\"} ",
+                    absl::StrFormat("%.9g", j.val_loss), "\n");
+  }
   each("troupe_job_tokens_per_second", "gauge", "Tokens per second of the last committed step.",
        [](const Job& j) { return absl::StrFormat("%.9g", j.tokens_per_s); });
   each("troupe_job_world_size", "gauge", "Ranks in the job's generation.",

@@ -106,6 +106,36 @@ TEST(JobTableTest, TheEventLogBecomesSeriesEventsRanksAndMetrics) {
   }
 }
 
+// [eval]: a job's evaluations become its val_series and its newest validation loss, in the
+// summary, the record and /metrics — where only jobs that evaluate have a sample.
+TEST(JobTableTest, EvaluationsBecomeTheValidationSeriesAndAMetricOfTheirOwn) {
+  JobTable t;
+  const std::string id = *t.Register("", "tiny", "", 10, 1, "", 0);
+  const std::string quiet = *t.Register("", "other", "", 10, 2, "", 0);
+  t.Ingest(id, {Line("eval", 5, {{"val_loss", "5.25"}, {"eval_s", "0.1"}}),
+                Line("step", 6, {{"loss", "5.0"}, {"step_s", "0.5"}, {"world", "2"}}),
+                Line("eval", 10, {{"val_loss", "4.5"}, {"eval_s", "0.1"}}, 1, "", 1001)});
+  const Job& j = *t.Find(id);
+  EXPECT_EQ(j.val_step, 10);
+  EXPECT_EQ(j.val_loss, 4.5);
+  const nlohmann::json full = JobTable::Full(j);
+  ASSERT_EQ(full["val_series"].size(), 2u) << full.dump();
+  EXPECT_EQ(full["val_series"][0]["step"], 5);
+  EXPECT_EQ(full["val_series"][1]["val_loss"], 4.5);
+  EXPECT_EQ(full["series"].size(), 1u) << "the training series keeps its own points";
+  EXPECT_EQ(full["val_loss"], 4.5);
+  EXPECT_TRUE(JobTable::Summary(*t.Find(quiet))["val_loss"].is_null());
+  EXPECT_EQ(full["events"].back()["text"], "eval eval_s=0.1 step=10 val_loss=4.5");
+  const std::string m = t.Metrics();
+  EXPECT_TRUE(absl::StrContains(m, "# TYPE troupe_job_val_loss gauge\n")) << m;
+  EXPECT_TRUE(absl::StrContains(m, "troupe_job_val_loss{job_id=\"" + id + "\"} 4.5\n")) << m;
+  EXPECT_FALSE(absl::StrContains(m, "troupe_job_val_loss{job_id=\"" + quiet + "\"}")) << m;
+  JobTable again;
+  ASSERT_TRUE(again.Restore(id, JobTable::Record(j)).ok());
+  EXPECT_EQ(again.Find(id)->val_step, 10);
+  EXPECT_EQ(again.Find(id)->val_loss, 4.5);
+}
+
 TEST(JobTableTest, ARecordRestoresTheJobAndTheNextIdGoesOn) {
   JobTable t;
   const std::string id = t.Submit("tiny", "[job]\nsteps = 3\n", 3, 10);

@@ -59,6 +59,7 @@ struct JobRecord {
   std::optional<int64_t> steps;
   std::optional<double> started_at;
   std::vector<SeriesPoint> series;
+  std::vector<std::pair<double, double>> val_losses;  // [eval]: (step, validation loss)
   std::vector<JobEvent> events;
   std::vector<RankStep> ranks;
   std::vector<Checkpoint> checkpoints;
@@ -157,6 +158,11 @@ absl::StatusOr<JobRecord> ReadJob(const json& j) {
     Reader r(e, path, &status);
     out.series.push_back(
         {r.Seconds("t"), r.Int("step"), r.OptNum("loss"), r.OptNum("tokens_per_s")});
+  });
+  job.ForEach("val_series", [&](const json& e, const std::string& path) {
+    Reader r(e, path, &status);
+    const double step = static_cast<double>(r.Int("step"));
+    if (std::optional<double> v = r.OptNum("val_loss")) out.val_losses.emplace_back(step, *v);
   });
   job.ForEach("events", [&](const json& e, const std::string& path) {
     Reader r(e, path, &status);
@@ -368,9 +374,22 @@ std::string Line(double x1, double y1, double x2, double y2, absl::string_view a
                          y2, attrs);
 }
 
-// One panel: frame, y ticks with grid lines, x tick marks, and the (step, value) curve.
+// A (step, value) curve; dashed where `dash` is set.
+std::string Curve(const std::vector<std::pair<double, double>>& points, const Scale& x,
+                  const Scale& y, const char* color, const char* dash) {
+  std::string svg =
+      absl::StrFormat("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"%s points=\"",
+                      color, dash[0] ? absl::StrCat(" stroke-dasharray=\"", dash, "\"") : "");
+  for (const auto& [step, v] : points) absl::StrAppendFormat(&svg, "%.1f,%.1f ", x(step), y(v));
+  return svg + "\"/>\n";
+}
+
+// One panel: frame, y ticks with grid lines, x tick marks, and the (step, value) curve — with a
+// second one on the same scale, dashed, where `second` has points (the validation loss).
 std::string Panel(const char* label, const std::vector<std::pair<double, double>>& points,
-                  const Scale& x, double top, double bottom, const char* color) {
+                  const Scale& x, double top, double bottom, const char* color,
+                  const std::vector<std::pair<double, double>>& second = {},
+                  const char* second_label = "", const char* second_color = "") {
   std::string svg = absl::StrFormat(
       "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
       "stroke=\"#888\"/>\n",
@@ -380,17 +399,21 @@ std::string Panel(const char* label, const std::vector<std::pair<double, double>
     svg += Line(x(step), bottom, x(step), bottom + 4, "stroke=\"#888\"");
   }
   if (points.empty()) return svg + Text((kLeft + kRight) / 2, (top + bottom) / 2, "no data");
-  const auto [lo, hi] = std::minmax_element(points.begin(), points.end(),
-                                            [](auto& a, auto& b) { return a.second < b.second; });
-  const Scale y(lo->second, hi->second, bottom - 8, top + 8);
+  std::vector<double> values;
+  for (const auto* set : {&points, &second}) {
+    for (const auto& p : *set) values.push_back(p.second);
+  }
+  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+  const Scale y(*lo, *hi, bottom - 8, top + 8);
   for (const double v : y.Ticks(0)) {
     svg += Line(kLeft, y(v), kRight, y(v), "stroke=\"#eee\"");
     svg += Text(kLeft - 6, y(v) + 4, absl::StrFormat("%g", v), " text-anchor=\"end\"");
   }
-  svg += absl::StrFormat("<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
-                         color);
-  for (const auto& [step, v] : points) absl::StrAppendFormat(&svg, "%.1f,%.1f ", x(step), y(v));
-  return svg + "\"/>\n";
+  svg += Curve(points, x, y, color, "");
+  if (second.empty()) return svg;
+  svg += Text(kLeft + 60, top - 6, second_label,
+              absl::StrCat(" font-weight=\"bold\" fill=\"", second_color, "\""));
+  return svg + Curve(second, x, y, second_color, "6 3");
 }
 
 // A dashed line across both panels at the event's step, labelled.
@@ -435,7 +458,8 @@ std::string PlotView(const JobRecord& job) {
     }
   }
   const Scale x(lo, hi, kLeft + 10, kRight - 10);
-  svg += Panel("loss", loss, x, kPlotTop, 260, "#1f77b4");
+  svg += Panel("loss", loss, x, kPlotTop, 260, "#1f77b4", job.val_losses, "validation loss",
+               "#2ca02c");
   svg += Panel("tokens/s", tokens, x, 300, kPlotBottom, "#ff7f0e");
   for (const double step : x.Ticks(1)) {
     svg += Text(x(step), kPlotBottom + 16, absl::StrFormat("%g", step), " text-anchor=\"middle\"");

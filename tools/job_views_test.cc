@@ -343,6 +343,22 @@ TEST(PlotTest, TwoPanelsWithOneMarkerPerFaultAndRecovery) {
   EXPECT_EQ(Count(*svg, "class=\"recovery-marker\" data-step=\"6\""), 1);
 }
 
+// [eval]'s validation losses: a dashed curve on the loss panel's scale, which widens to hold them.
+TEST(PlotTest, TheValidationLossIsADashedCurveOnTheLossPanel) {
+  json job = MakeJob();
+  job["val_series"] = {{{"t", CommitT(4)}, {"step", 4}, {"val_loss", 9.0}},
+                       {{"t", CommitT(8)}, {"step", 8}, {"val_loss", 4.0}}};
+  absl::StatusOr<std::string> svg = PlotSvg(job);
+  ASSERT_TRUE(svg.ok()) << svg.status();
+  EXPECT_TRUE(BalancedTags(*svg)) << *svg;
+  EXPECT_EQ(Count(*svg, "<polyline"), 3);
+  EXPECT_EQ(Count(*svg, "stroke-dasharray=\"6 3\""), 1);
+  EXPECT_NE(svg->find(">validation loss</text>"), std::string::npos);
+  EXPECT_NE(svg->find(">9</text>"), std::string::npos) << "the scale reaches the highest one";
+  job["val_series"] = "none";
+  EXPECT_EQ(PlotSvg(job).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(PlotTest, EscapesTextAndSaysWhenNothingIsCommitted) {
   json job = MakeJob();
   job["id"] = "<a&b>";

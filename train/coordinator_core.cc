@@ -484,6 +484,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   }
   pending_.clear();
   losses_.clear();
+  eval_losses_.clear();
   checkpoints_.Clear();  // a checkpoint of an older generation can no longer complete
   group_.clear();
   if (static_cast<int>(next.size()) < options_.min_workers) {

@@ -47,6 +47,7 @@ void CoordinatorCore::StartStep(Actions* out) {
   if (FireFaults(out)) return;
   phase_ = CoordinatorPhase::kStepping;
   losses_.clear();
+  eval_losses_.clear();
   for (const std::string& w : group_) {
     pending_.insert(w);
     CoordinatorAction a{Kind::kStep};
@@ -90,11 +91,20 @@ bool CoordinatorCore::FireFaults(Actions* out) {
   return hold;
 }
 
+double CanonicalMean(const std::map<int32_t, double>& by_microbatch) {
+  std::vector<double> l;
+  for (const auto& [k, v] : by_microbatch) l.push_back(v);
+  return l.empty() ? 0
+                   : kernels::TreeSum(l.data(), static_cast<int64_t>(l.size())) /
+                         static_cast<double>(l.size());
+}
+
 std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, int64_t step,
                                                           const std::string& worker,
                                                           const absl::Status& status,
                                                           const std::map<int32_t, double>& losses,
-                                                          CoreTime, int32_t blamed) {
+                                                          CoreTime, int32_t blamed,
+                                                          const std::map<int32_t, double>& eval) {
   Actions out;
   if (generation == record_.generation && !status.ok()) Blame(worker, blamed);
   if (generation != record_.generation || step != record_.committed ||
@@ -109,6 +119,7 @@ std::vector<CoordinatorAction> CoordinatorCore::OnStepped(uint64_t generation, i
     return out;
   }
   for (const auto& [k, v] : losses) losses_[k] = v;
+  for (const auto& [k, v] : eval) eval_losses_[k] = v;
   pending_.erase(worker);
   if (pending_.empty()) {
     CommitStep(&out);
@@ -136,14 +147,15 @@ void CoordinatorCore::CommitStep(Actions* out) {
   done.step = record_.committed;
   done.generation = record_.generation;
   done.world = static_cast<int>(group_.size());
-  std::vector<double> l;
-  for (const auto& [k, v] : losses_) l.push_back(v);
-  done.loss = l.empty() ? 0
-                        : kernels::TreeSum(l.data(), static_cast<int64_t>(l.size())) /
-                              static_cast<double>(l.size());
+  done.loss = CanonicalMean(losses_);
+  if (!eval_losses_.empty()) {
+    done.eval_step = record_.committed - 1;  // evaluated before the step just committed
+    done.eval_loss = CanonicalMean(eval_losses_);
+  }
   done.recovered = record_.awaiting_recovery;
   record_.awaiting_recovery = false;
   losses_.clear();
+  eval_losses_.clear();
   // Kills in the middle of this step's checkpoint: armed before the ranks are told to write it
   // (a rank hears of both in order), measured from the commit after the one just made.
   if (ckpt == record_.committed) {
@@ -407,15 +419,20 @@ void CoordinatorCore::Finish(Actions* out) {
 }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnFinal(uint64_t generation, int64_t crc,
-                                                        int64_t num_params, int64_t steps,
-                                                        CoreTime) {
+                                                        int64_t num_params, int64_t steps, CoreTime,
+                                                        const std::map<int32_t, double>& eval) {
   Actions out;
   if (generation != record_.generation || phase_ != CoordinatorPhase::kFinishing) return out;
   phase_ = CoordinatorPhase::kDone;
   CoordinatorAction a{Kind::kFinish};
+  a.generation = record_.generation;
   a.crc = crc;
   a.num_params = num_params;
   a.step = steps;
+  if (!eval.empty()) {
+    a.eval_step = steps;
+    a.eval_loss = CanonicalMean(eval);
+  }
   Emit(&out, std::move(a));
   return out;
 }

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include "absl/strings/str_join.h"
+#include "troupe/kernels/norm.h"
 #include "troupe/train/preempted.h"
 
 namespace troupe::train {
@@ -213,6 +214,66 @@ TEST_F(CoordinatorCoreTest, TheLastStepIsCheckpointedThenRankZeroReportsTheCrc) 
   EXPECT_EQ(Str(core_->OnFinal(1, 77, kParams, 1, kT0)), "finish(s1)");
   EXPECT_EQ(core_->phase(), CoordinatorPhase::kDone);
   EXPECT_EQ(Str(core_->OnWorkerDown("a", "late", kT0)), "") << "nothing happens once done";
+}
+
+// [eval]: each rank reports its share of the held-out microbatches with the step; the commit
+// carries their canonical mean (any split over ranks gives the same bits), and a step abandoned
+// by a failure drops the shares it had, so only the re-run's count.
+TEST_F(CoordinatorCoreTest, EvaluationSharesAreAveragedInMicrobatchOrderAtTheCommit) {
+  auto o = Opts();
+  o.steps = 3;
+  Make(o);
+  Running({"a", "b"});
+  auto committed = [](const std::vector<CoordinatorAction>& actions) {
+    for (const CoordinatorAction& a : actions) {
+      if (a.kind == CoordinatorAction::Kind::kCommitted) return a;
+    }
+    return CoordinatorAction(CoordinatorAction::Kind::kEvent);
+  };
+  // Step 0: no evaluation due.
+  (void)core_->OnStepped(1, 0, "a", absl::OkStatus(), {{0, 2.0}}, kT0);
+  CoordinatorAction c = committed(core_->OnStepped(1, 0, "b", absl::OkStatus(), {{1, 2.0}}, kT0));
+  EXPECT_EQ(c.step, 1);
+  EXPECT_EQ(c.eval_step, -1);
+  // Step 1 evaluates the parameters of 1 step: a has held-out microbatches 0-1, b has 2-4.
+  const std::map<int32_t, double> a_share = {{0, 0.1}, {1, 0.7}},
+                                  b_share = {{2, 0.3}, {3, 1e-17}, {4, 0.9}};
+  (void)core_->OnStepped(1, 1, "a", absl::OkStatus(), {{0, 2.0}}, kT0, -1, a_share);
+  c = committed(core_->OnStepped(1, 1, "b", absl::OkStatus(), {{1, 2.0}}, kT0, -1, b_share));
+  EXPECT_EQ(c.step, 2);
+  EXPECT_EQ(c.eval_step, 1);
+  std::map<int32_t, double> all = a_share;
+  all.insert(b_share.begin(), b_share.end());
+  const std::vector<double> v = {0.1, 0.7, 0.3, 1e-17, 0.9};
+  EXPECT_EQ(c.eval_loss, kernels::TreeSum(v.data(), 5) / 5.0);
+  EXPECT_EQ(CanonicalMean(all), c.eval_loss);
+  EXPECT_EQ(CanonicalMean({}), 0.0);
+  // Step 2 fails on b after a reported a share: the shares are dropped with the step.
+  (void)core_->OnStepped(1, 2, "a", absl::OkStatus(), {{0, 2.0}}, kT0, -1, {{0, 5.0}});
+  (void)core_->OnWorkerDown("b", "killed by signal 9", kT0);
+  ConfigureAll();
+  c = committed(core_->OnStepped(core_->generation(), 2, "a", absl::OkStatus(),
+                                 {{0, 2.0}, {1, 2.0}}, kT0, -1, {{0, 0.5}, {1, 0.25}}));
+  EXPECT_EQ(c.step, 3);
+  EXPECT_EQ(c.eval_step, 2);
+  EXPECT_EQ(c.eval_loss, 0.375) << "only the re-run's shares";
+}
+
+// The final parameters' evaluation comes with the CRC and finishes the job with it.
+TEST_F(CoordinatorCoreTest, TheFinalEvaluationComesWithTheFinish) {
+  auto o = Opts();
+  o.steps = 1;
+  Make(o);
+  Running({"a"});
+  (void)StepAll();
+  ShardFileInfo s0{"shard-00000.bin", 0, kParams, 1, 1};
+  (void)core_->OnShardWritten(1, 1, 0, s0, absl::OkStatus(), kT0);
+  (void)core_->OnCheckpointCommitted(1, absl::OkStatus(), kT0);
+  std::vector<CoordinatorAction> f = core_->OnFinal(1, 77, kParams, 1, kT0, {{1, 3.0}, {0, 1.0}});
+  ASSERT_EQ(f.size(), 1u) << Str(f);
+  EXPECT_EQ(f[0].kind, CoordinatorAction::Kind::kFinish);
+  EXPECT_EQ(f[0].eval_step, 1);
+  EXPECT_EQ(f[0].eval_loss, 2.0);
 }
 
 // ---- deaths in every phase ------------------------------------------------------------------

@@ -35,12 +35,13 @@ template <class Model>
 class GptDeviceTrainable final : public Trainable {
  public:
   // Takes the model as built (parameters at zero until InitParams).
-  static absl::StatusOr<std::unique_ptr<GptDeviceTrainable>> Create(std::unique_ptr<Model> gpu,
-                                                                    model::DataSource data,
-                                                                    Device device) {
+  // `eval`: [eval]'s held-out data (EvalLoss), if any.
+  static absl::StatusOr<std::unique_ptr<GptDeviceTrainable>> Create(
+      std::unique_ptr<Model> gpu, model::DataSource data, Device device,
+      std::optional<model::DataSource> eval = std::nullopt) {
     TROUPE_ASSIGN_OR_RETURN(const float* grads, gpu->Fp32Grads());
     return std::unique_ptr<GptDeviceTrainable>(
-        new GptDeviceTrainable(std::move(gpu), std::move(data), device, grads));
+        new GptDeviceTrainable(std::move(gpu), std::move(data), std::move(eval), device, grads));
   }
 
   int64_t num_params() const override { return gpu_->num_params(); }
@@ -74,18 +75,28 @@ class GptDeviceTrainable final : public Trainable {
     return loss;
   }
 
+  absl::StatusOr<double> EvalLoss(int32_t k) override {
+    if (!eval_) return Trainable::EvalLoss(k);
+    if (!error_.ok()) return error_;
+    TROUPE_RETURN_IF_ERROR(eval_->Get(0, k, &mb_));
+    TROUPE_RETURN_IF_ERROR(gpu_->ParamsChanged());
+    return gpu_->Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
+  }
+
  private:
-  GptDeviceTrainable(std::unique_ptr<Model> gpu, model::DataSource data, Device device,
-                     const float* grads)
+  GptDeviceTrainable(std::unique_ptr<Model> gpu, model::DataSource data,
+                     std::optional<model::DataSource> eval, Device device, const float* grads)
       : gpu_(std::move(gpu)),
         layout_(gpu_->config()),
         data_(std::move(data)),
+        eval_(std::move(eval)),
         device_(device),
         grads_(grads) {}
 
   std::unique_ptr<Model> gpu_;
   model::ParamLayout layout_;
   model::DataSource data_;
+  std::optional<model::DataSource> eval_;
   Device device_;
   const float* grads_;
   model::Microbatch mb_;

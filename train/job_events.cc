@@ -186,6 +186,10 @@ std::optional<std::string> DescribeRecovery(const SupervisionEvent& e) {
     return absl::StrCat("recovered: ", e.Field("seconds"), " s from the fault (", e.Field("fault"),
                         ") to the commit of step ", e.Field("step"));
   }
+  if (n == "eval") {
+    return absl::StrCat("validation loss ", e.Field("val_loss"), " after step ", e.Field("step"),
+                        " (", e.Field("eval_s"), " s)");
+  }
   if (n == "process_exit") {
     const bool node = e.reason.rfind("node_dead", 0) == 0;
     return absl::StrCat(node ? "node agent " : "worker ", e.child,

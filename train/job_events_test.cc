@@ -81,6 +81,10 @@ TEST(JobEventsTest, ProgressTextIsMadeFromTheFields) {
             "warning: checkpoint step-10: shard 0: RESOURCE_EXHAUSTED: No space left on device "
             "(dropped; training goes on)");
 
+  SupervisionEvent eval = JobEvent("eval");
+  eval.Set("step", 10).Set("val_loss", "4.512345").Set("eval_s", "0.031000");
+  EXPECT_EQ(DescribeEvent(eval), "validation loss 4.512345 after step 10 (0.031000 s)");
+
   SupervisionEvent unknown = JobEvent("something_new");
   unknown.Set("x", 1);
   EXPECT_NE(DescribeEvent(unknown).find("event=something_new"), std::string::npos)

@@ -224,6 +224,15 @@ void ReadCheckpoint(Section& s, JobSpec& spec) {
   s.Int32("keep_last", &spec.keep_last, 1, 1000);
 }
 
+void ReadEval(Section& s, JobSpec& spec) {
+  s.Int("every", &spec.eval_every, 0, int64_t{1} << 40);
+  s.Str("shard", &spec.model.eval_shard);
+  s.Int32("microbatches", &spec.model.eval_microbatches, 0, 1 << 16);
+  // 0 (the default): as many as a step has. Off: nothing is opened.
+  if (spec.model.eval_microbatches == 0) spec.model.eval_microbatches = spec.model.microbatches;
+  if (spec.eval_every == 0) spec.model.eval_microbatches = 0;
+}
+
 void ReadChaos(Section& s, JobSpec& spec) {
   if (const toml::node* f = s.Raw("faults")) {
     if (!f->is_array()) {
@@ -372,6 +381,13 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             "on GPUs)"),
                absl::StrCat(spec.pipeline_stages));
   }
+  // An evaluation is a forward pass of the whole model on one rank; a grid's rank holds one stage.
+  if (spec.eval_every > 0 && spec.pipeline_stages > 1) {
+    return bad("eval.every",
+               absl::StrCat("0 with pipeline.stages = ", spec.pipeline_stages,
+                            " (evaluation runs under data parallelism only)"),
+               absl::StrCat(spec.eval_every));
+  }
   if (spec.schedule.min_lr > spec.schedule.max_lr) {
     return bad("optimizer.min_lr", absl::StrCat("at most lr (", spec.schedule.max_lr, ")"),
                absl::StrCat(spec.schedule.min_lr));
@@ -397,8 +413,9 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
 
 // Every top-level key is a known section holding a table.
 absl::Status CheckSections(const toml::table& root, const std::string& file) {
-  static const std::set<std::string> kSections = {
-      "job", "model", "optimizer", "elastic", "pipeline", "checkpoint", "chaos", "timeouts"};
+  static const std::set<std::string> kSections = {"job",     "model",    "optimizer",
+                                                  "elastic", "pipeline", "checkpoint",
+                                                  "eval",    "chaos",    "timeouts"};
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
     if (!kSections.count(key)) {
@@ -426,7 +443,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
   constexpr std::pair<const char*, void (*)(Section&, JobSpec&)> kReaders[] = {
       {"job", ReadJob},         {"model", ReadModel},       {"optimizer", ReadOptimizer},
       {"elastic", ReadElastic}, {"pipeline", ReadPipeline}, {"checkpoint", ReadCheckpoint},
-      {"chaos", ReadChaos},     {"timeouts", ReadTimeouts}};
+      {"eval", ReadEval},       {"chaos", ReadChaos},       {"timeouts", ReadTimeouts}};
   for (const auto& [name, read] : kReaders) {
     Section s(root[name].as_table(), name, file, &err);
     read(s, spec);
@@ -469,10 +486,11 @@ std::string JobSpec::ToToml() const {
       "\n\n[pipeline]\nstages = ", pipeline_stages,
       "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
-      "\nkeep_last = ", keep_last, "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "),
-      "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
-      "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
-      "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
+      "\nkeep_last = ", keep_last, "\n\n[eval]\nevery = ", eval_every,
+      "\nshard = ", Quote(model.eval_shard), "\nmicrobatches = ", model.eval_microbatches,
+      "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"",
+      absl::FormatDuration(network_fault), "\"\ndrop_percent = ", drop_percent, "\nstall = \"",
+      absl::FormatDuration(stall), "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
       absl::FormatDuration(jitter), "\"\nflap_period = \"", absl::FormatDuration(flap_period),
       "\"\ndisk_delay = \"", absl::FormatDuration(disk_delay), "\"\nclock_step = \"",
       absl::FormatDuration(clock_step), "\"\n\n[timeouts]\nliveness = \"",

@@ -176,12 +176,45 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[elastic]\nrank_labels = \"=a\"\n", "elastic.rank_labels: expected"},
         BadCase{"[elastic]\nrank_spot = \"always\"\n",
                 "elastic.rank_spot: expected \"prefer\", \"avoid\" or \"none\", got \"always\""},
+        BadCase{"[eval]\nevery = -1\n", "eval.every: expected an integer in [0,"},
+        BadCase{"[eval]\nevery = 2\nmicrobatches = 70000\n",
+                "eval.microbatches: expected an integer in [0, 65536], got 70000"},
+        BadCase{"[eval]\nevery = 2\n[pipeline]\nstages = 2\n",
+                "eval.every: expected 0 with pipeline.stages = 2 (evaluation runs under data "
+                "parallelism only), got 2"},
+        BadCase{"[eval]\nshard = 3\n", "eval.shard: expected a string, got integer"},
         BadCase{"[job]\npriority = 5000\n",
                 "job.priority: expected an integer in [-1000, 1000], got 5000"},
         // The GPU path has no pipeline stages: refused here, not at every generation's configure.
         BadCase{"[model]\ndevice = \"cuda\"\n[pipeline]\nstages = 2\n",
                 "pipeline.stages: expected 1 with model.device = \"cuda\" (pipeline stages run "
                 "on the CPU only; use data parallelism on GPUs), got 2"}));
+
+// [eval]: off by default (nothing opened); on, the held-out microbatches default to a step's.
+TEST(JobSpecTest, EvalIsReadDefaultedAndRoundTrips) {
+  absl::StatusOr<JobSpec> off = ParseJobSpec("", "job.toml");
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->eval_every, 0);
+  EXPECT_EQ(off->model.eval_microbatches, 0) << "off: the model opens no held-out data";
+  absl::StatusOr<JobSpec> on =
+      ParseJobSpec("[model]\nmicrobatches = 16\n[eval]\nevery = 5\n", "job.toml");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->eval_every, 5);
+  EXPECT_EQ(on->model.eval_microbatches, 16);
+  EXPECT_EQ(on->model.eval_shard, "");
+  absl::StatusOr<JobSpec> s = ParseJobSpec(
+      "[eval]\nevery = 3\nshard = \"held/val-00003.tok\"\nmicrobatches = 2\n", "job.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model.eval_shard, "held/val-00003.tok");
+  EXPECT_EQ(s->model.eval_microbatches, 2);
+  for (const JobSpec& spec : {*off, *on, *s}) {
+    absl::StatusOr<JobSpec> back = ParseJobSpec(spec.ToToml(), "again.toml");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << spec.ToToml();
+    EXPECT_EQ(back->ToToml(), spec.ToToml());
+    EXPECT_EQ(back->eval_every, spec.eval_every);
+    EXPECT_EQ(back->model.eval_microbatches, spec.model.eval_microbatches);
+  }
+}
 
 TEST(JobSpecTest, PrecisionAndRanksPerGpuAreReadAndRoundTrip) {
   absl::StatusOr<JobSpec> s = ParseJobSpec(

@@ -24,8 +24,8 @@ namespace {
 
 class GptTrainable : public Trainable, public StagedTrainable {
  public:
-  GptTrainable(model::Gpt gpt, model::DataSource data)
-      : gpt_(std::move(gpt)), data_(std::move(data)) {}
+  GptTrainable(model::Gpt gpt, model::DataSource data, std::optional<model::DataSource> eval)
+      : gpt_(std::move(gpt)), data_(std::move(data)), eval_(std::move(eval)) {}
 
   int64_t num_params() const override { return gpt_.num_params(); }
   const std::vector<model::ParamTensor>& tensors() const override {
@@ -51,6 +51,12 @@ class GptTrainable : public Trainable, public StagedTrainable {
     gpt_.ZeroGrad();
     TROUPE_RETURN_IF_ERROR(gpt_.Backward(LossWeight(), ready));
     return loss;
+  }
+
+  absl::StatusOr<double> EvalLoss(int32_t k) override {
+    if (!eval_) return Trainable::EvalLoss(k);
+    TROUPE_RETURN_IF_ERROR(eval_->Get(0, k, &mb_));
+    return gpt_.Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
   }
 
   // Pipeline stages: the units are the blocks.
@@ -114,6 +120,7 @@ class GptTrainable : public Trainable, public StagedTrainable {
 
   model::Gpt gpt_;
   model::DataSource data_;
+  std::optional<model::DataSource> eval_;
   model::Microbatch mb_;
   std::vector<model::Microbatch> slot_batches_;  // the microbatch each stage slot holds
 };
@@ -187,6 +194,28 @@ absl::StatusOr<std::vector<std::string>> TrainShards(const std::string& data_dir
   return shards;
 }
 
+// [eval]'s held-out shard: as given (relative to data_dir), else data_dir's first val-*.tok.
+absl::StatusOr<std::string> EvalShardPath(const ModelSpec& spec) {
+  if (!spec.eval_shard.empty()) {
+    const std::filesystem::path p(spec.eval_shard);
+    return p.is_absolute() ? p.string() : (std::filesystem::path(spec.data_dir) / p).string();
+  }
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(spec.data_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("val-", 0) == 0 && e.path().extension() == ".tok") {
+      found.push_back(e.path().string());
+    }
+  }
+  if (found.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "eval.shard: expected a val-*.tok shard in '", spec.data_dir,
+        "' (`troupe data prepare` writes one), found none; or name one in [eval] shard"));
+  }
+  return *std::min_element(found.begin(), found.end());
+}
+
 // model.size's GPT over the shards' vocabulary, checked against model.seq_len.
 absl::StatusOr<model::GptConfig> ConfigForSize(const ModelSpec& spec, int32_t vocab) {
   model::GptConfig config;
@@ -212,10 +241,9 @@ absl::StatusOr<model::GptConfig> ConfigForSize(const ModelSpec& spec, int32_t vo
 #ifdef TROUPE_TRAIN_HAVE_CUDA
 // The same GPT and data on a GPU: parameters, gradients and moments stay in device memory. Same
 // tensor layout as the CPU model, so checkpoints move between CPU and GPU runs.
-absl::StatusOr<std::unique_ptr<Trainable>> CreateGpuTrainable(const ModelSpec& spec,
-                                                              const Device& device,
-                                                              const model::GptConfig& config,
-                                                              model::DataSource data) {
+absl::StatusOr<std::unique_ptr<Trainable>> CreateGpuTrainable(
+    const ModelSpec& spec, const Device& device, const model::GptConfig& config,
+    model::DataSource data, std::optional<model::DataSource> eval) {
   absl::StatusOr<std::unique_ptr<model::cuda::GptDevice>> gpu =
       model::cuda::GptDevice::Create(config, device.ordinal, spec.precision == "bf16");
   if (!gpu.ok()) {
@@ -223,15 +251,16 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGpuTrainable(const ModelSpec& s
                                                           "\": ", gpu.status().message()));
   }
   absl::StatusOr<std::unique_ptr<GptDeviceTrainable<model::cuda::GptDevice>>> t =
-      GptDeviceTrainable<model::cuda::GptDevice>::Create(*std::move(gpu), std::move(data), device);
+      GptDeviceTrainable<model::cuda::GptDevice>::Create(*std::move(gpu), std::move(data), device,
+                                                         std::move(eval));
   if (!t.ok()) return t.status();
   return std::unique_ptr<Trainable>(*std::move(t));
 }
 #endif
 
-absl::StatusOr<std::unique_ptr<Trainable>> CreateCpuTrainable(const ModelSpec& spec,
-                                                              const model::GptConfig& config,
-                                                              model::DataSource data) {
+absl::StatusOr<std::unique_ptr<Trainable>> CreateCpuTrainable(
+    const ModelSpec& spec, const model::GptConfig& config, model::DataSource data,
+    std::optional<model::DataSource> eval) {
   // Every rank would stop at its first matrix product, and be restarted to stop again: say it
   // here, before any process starts (the driver probes the model).
   if (const std::string gemm = kernels::GemmBackend(); gemm.rfind("unavailable: ", 0) == 0) {
@@ -245,7 +274,7 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateCpuTrainable(const ModelSpec& s
         spec.precision, "\""));
   }
   TROUPE_ASSIGN_OR_RETURN(model::Gpt gpt, model::Gpt::Create(config));
-  return std::make_unique<GptTrainable>(std::move(gpt), std::move(data));
+  return std::make_unique<GptTrainable>(std::move(gpt), std::move(data), std::move(eval));
 }
 
 }  // namespace
@@ -269,10 +298,43 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& s
                                .microbatches_per_step = spec.microbatches,
                                .seed = spec.seed});
   if (!data.ok()) return data.status();
+  std::optional<model::DataSource> eval;
+  if (spec.eval_microbatches > 0) {
+    TROUPE_ASSIGN_OR_RETURN(std::string path, EvalShardPath(spec));
+    absl::StatusOr<model::DataSource> e =
+        model::DataSource::Open({path}, vocab,
+                                {.seq_len = spec.seq_len,
+                                 .microbatch_size = spec.microbatch_size,
+                                 .microbatches_per_step = spec.eval_microbatches,
+                                 .seed = spec.seed});
+    if (!e.ok()) {
+      return absl::Status(e.status().code(),
+                          absl::StrCat("eval.shard: ", path, ": ", e.status().message()));
+    }
+    eval = *std::move(e);
+  }
 #ifdef TROUPE_TRAIN_HAVE_CUDA
-  if (device->is_cuda()) return CreateGpuTrainable(spec, *device, config, *std::move(data));
+  if (device->is_cuda()) {
+    return CreateGpuTrainable(spec, *device, config, *std::move(data), std::move(eval));
+  }
 #endif
-  return CreateCpuTrainable(spec, config, *std::move(data));
+  return CreateCpuTrainable(spec, config, *std::move(data), std::move(eval));
+}
+
+absl::StatusOr<std::vector<std::pair<int32_t, double>>> EvalShare(Trainable& model,
+                                                                  int32_t microbatches, int rank,
+                                                                  int world) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("EvalShare: rank ", rank, " of ", world));
+  }
+  std::vector<std::pair<int32_t, double>> out;
+  const int64_t lo = int64_t{microbatches} * rank / world;
+  const int64_t hi = int64_t{microbatches} * (rank + 1) / world;
+  for (int64_t k = lo; k < hi; ++k) {
+    TROUPE_ASSIGN_OR_RETURN(double loss, model.EvalLoss(static_cast<int32_t>(k)));
+    out.emplace_back(static_cast<int32_t>(k), loss);
+  }
+  return out;
 }
 
 TrainableRegistry& TrainableRegistry::Global() {

@@ -62,6 +62,10 @@ struct Job {
   // From the event log:
   int64_t step = 0, world = 0, generation = 0, steps_lost = 0;
   double loss = 0, tokens_per_s = 0;
+  // [eval]: the newest validation loss (of the parameters of val_step steps; -1: none yet).
+  int64_t val_step = -1;
+  double val_loss = 0;
+  nlohmann::json val_series = nlohmann::json::array();  // {t, step, val_loss} per evaluation
   nlohmann::json series = nlohmann::json::array(), events = nlohmann::json::array(),
                  ranks = nlohmann::json::array(), checkpoints = nlohmann::json::array();
   uint64_t recoveries = 0, collective_bytes = 0, checkpoint_bytes = 0;

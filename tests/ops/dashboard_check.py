@@ -75,6 +75,7 @@ class DomScan(html.parser.HTMLParser):
         self.faults = []             # [{step, kind, class}] inside the chart
         self.recoveries = []         # [step] inside the chart
         self.chart_paths = 0
+        self.val_points = []         # [step] of the validation losses ([eval]) in the chart
         self.job_rows = []           # data-job-id values
         self.error_text = None       # the page's visible error line
         self._in_error = False
@@ -99,6 +100,8 @@ class DomScan(html.parser.HTMLParser):
                 self.recoveries.append(a.get("data-step"))
             if tag == "path" and "series" in classes:
                 self.chart_paths += 1
+            if "val-point" in classes:
+                self.val_points.append(a.get("data-step"))
         if tag == "tr" and "data-job-id" in a:
             self.job_rows.append(a["data-job-id"])
         if a.get("id") == "error" and "hidden" not in a:
@@ -147,16 +150,17 @@ def dump_dom(url):
         time.sleep(1)
 
 
-def check(url, fault_step, screenshot):
-    """Raises AssertionError unless the dashboard at url charts a fault at fault_step and a
-    screenshot of it can be written to `screenshot`."""
+def check(url, fault_step, screenshot, val_steps=()):
+    """Raises AssertionError unless the dashboard at url charts a fault at fault_step (and a
+    validation loss at each of val_steps) and a screenshot of it can be written to
+    `screenshot`."""
     t0 = time.monotonic()
     scan, tries, size = dump_dom(url)
     print(f"dom: {size} bytes after {tries} dump(s), {time.monotonic() - t0:.1f} s; "
           f"data-rendered={scan.rendered!r}; job rows={scan.job_rows}; "
           f"chart={'yes' if scan.chart_found else 'no'} (series paths={scan.chart_paths}); "
           f"fault markers={[(f['step'], f['kind']) for f in scan.faults]}; "
-          f"recovery markers={scan.recoveries}")
+          f"recovery markers={scan.recoveries}; validation points={scan.val_points}")
     if scan.error_text:
         print(f"page error line: {scan.error_text.strip()}")
     assert size > 0, f"chromium dumped an empty DOM for {url} (is it served? connection refused?)"
@@ -169,6 +173,12 @@ def check(url, fault_step, screenshot):
     assert hits, (f"no .fault-marker with data-step={fault_step} in #chart; markers: "
                   f"{[f['step'] for f in scan.faults]}")
     print(f"ok: fault marker at step {fault_step}: kind={hits[0]['kind']!r}")
+    for step in val_steps:
+        assert any(same_step(v, step) for v in scan.val_points), (
+            f"no validation loss point (.val-point) at step {step} in #chart: "
+            f"{scan.val_points}")
+    if val_steps:
+        print(f"ok: validation loss points at steps {list(val_steps)}")
 
     t1 = time.monotonic()
     screenshot = os.path.abspath(screenshot)

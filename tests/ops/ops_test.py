@@ -338,12 +338,21 @@ def prometheus(c, art):
 def dashboard(c, art):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import dashboard_check
-    job_id = c.submit("--steps", "400", "--chaos", f"kill-worker@{FAULT_STEP}")
+    # With [eval] every 5 steps: the chart draws the validation losses beside the loss.
+    spec = os.path.join(c.tmp, "eval.toml")
+    with open(spec, "w") as f:
+        f.write("[eval]\nevery = 5\nmicrobatches = 2\n")
+    job_id = c.submit("--steps", "400", "--chaos", f"kill-worker@{FAULT_STEP}", "--spec", spec)
     wait_for("the recovery", lambda: any(e["event"] == "recovered"
                                          for e in c.job(job_id)["events"]) or None, 120, 0.2)
     c.wait_step(job_id, FAULT_STEP + 4)
+    j = c.job(job_id)
+    if [v["step"] for v in j.get("val_series", [])][:2] != [5, 10] or j.get("val_loss") is None:
+        fail(f"the head has no validation losses at steps 5 and 10: {j.get('val_series')}, "
+             f"val_loss {j.get('val_loss')}")
     shot = os.path.join(art, "dashboard.png")
-    dashboard_check.check(f"http://127.0.0.1:{c.http}/?job={job_id}", FAULT_STEP, shot)
+    dashboard_check.check(f"http://127.0.0.1:{c.http}/?job={job_id}", FAULT_STEP, shot,
+                          val_steps=(5, 10))
     if c.job(job_id)["state"] != "running":
         fail("the job was not running while the page was checked")
     print(f"screenshot: {shot}")

@@ -41,6 +41,7 @@ Report ReadReport(const std::string& path) {
     if (k == "world") r.world = std::stoi(v);
     if (k == "crc32c") r.crc = v;
     if (k == "generations") r.generations = std::stoi(v);
+    if (k == "val_loss") r.val_loss = std::stod(v);
   }
   return r;
 }

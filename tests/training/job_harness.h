@@ -25,6 +25,7 @@ struct Report {
   double recovery_s = -1;
   int steps_lost = -1, steps = -1, world = -1, generations = -1;
   std::string crc;
+  double val_loss = -1;  // [eval]: the final parameters' validation loss
 };
 Report ReadReport(const std::string& path);
 

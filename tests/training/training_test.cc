@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "caf/all.hpp"
 #include "job_harness.h"
 #include "troupe/base/events.h"
@@ -114,6 +115,47 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
   EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
   ExpectExactlyOnce("overlap");
+}
+
+// [eval]: the validation loss every 6 steps and after the last, on the held-out shard `troupe
+// data prepare` wrote. The same bits at any world size and through a kill -9 in a step that
+// evaluates (its evaluation is re-run with the step); it falls as the model learns; the report
+// carries the final one, and the event log every one.
+class ValidationTest : public troupe::testing::JobTest {
+ protected:
+  ValidationTest() { spec_extra_ = "[eval]\nevery = 6\nmicrobatches = 4\n"; }
+  std::map<std::string, std::string> ValLosses(const std::string& run) {
+    std::map<std::string, std::string> out;
+    for (const SupervisionEvent& e : FindEvents(Events(run), "eval")) {
+      EXPECT_TRUE(out.emplace(e.Field("step"), e.Field("val_loss")).second)
+          << "step " << e.Field("step") << " evaluated twice\n"
+          << EventLogText(run);
+    }
+    return out;
+  }
+};
+
+TEST_F(ValidationTest, TheValidationLossIsTheSameBitsAtAnyWorldSizeAndThroughAKill) {
+  JobRun one = Train("one", {"--workers", "1"});
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  JobRun r = Train("kill", {"--workers", "4", "--chaos", "kill-worker@12"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.report.crc, one.report.crc);
+  const std::map<std::string, std::string> want = ValLosses("one");
+  ASSERT_EQ(want.size(), 4u) << EventLogText("one");
+  for (const char* step : {"6", "12", "18", "24"}) {
+    ASSERT_TRUE(want.count(step)) << "no evaluation after step " << step << "\n"
+                                  << EventLogText("one");
+  }
+  EXPECT_EQ(ValLosses("kill"), want) << EventLogText("kill");
+  EXPECT_EQ(FindEvents(Events("kill"), "fault_fired", {{"step", "12"}}).size(), 1u)
+      << EventLogText("kill");
+  EXPECT_LT(std::stod(want.at("24")), std::stod(want.at("6"))) << "the model learned nothing";
+  EXPECT_EQ(absl::StrFormat("%.6f", r.report.val_loss), want.at("24")) << r.output;
+  EXPECT_NE(r.output.find(absl::StrFormat("val_loss@12 %.4f", std::stod(want.at("12")))),
+            std::string::npos)
+      << "the progress line shows it\n"
+      << r.output;
 }
 
 TEST_F(TrainingTest, StoppedWorkerIsFoundByMissedHeartbeatsFencedAndLeftBehind) {

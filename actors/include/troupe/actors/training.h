@@ -68,6 +68,11 @@ struct JobReport {
   // ran while they computed or stepped the optimizer: the overlapped step's hidden communication.
   // 0 where nothing overlapped (fast mode, pipeline grids).
   double overlap = 0;
+  // [eval]: the validation loss of the final parameters (val_step = committed_steps), and every
+  // evaluation as (steps, loss); val_step -1 without [eval].
+  int64_t val_step = -1;
+  double val_loss = 0;
+  std::vector<std::pair<int64_t, double>> val_losses;
 };
 
 // The driver's runtime unless told otherwise: no supervision lines on stderr, and a short

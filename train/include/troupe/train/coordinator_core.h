@@ -111,9 +111,11 @@ struct CoordinatorAction {
                    // out of the job for good: its process ends itself (`text`: why)
     kStallSelf,    // chaos: this actor blocks for a while (stall-coordinator)
     kArmCrash,     // chaos: this process dies at crash point `text` (crash-in-checkpoint of `step`)
-    kCommitted,    // step `step` committed in `generation` (world `world`, mean `loss`)
+    kCommitted,    // step `step` committed in `generation` (world `world`, mean `loss`; the
+                   // validation loss `eval_loss` of the parameters of `eval_step` steps, if due)
     kEvent,        // a decision, for the job's event log and the operator: `event`
-    kFinish,       // the job is done: report `crc`, `num_params`, `step`; stop every member
+    kFinish,       // the job is done: report `crc`, `num_params`, `step` (and `eval_loss` of
+                   // the final parameters, `eval_step` = `step`); stop every member
     kFail,         // the job cannot go on: `status` (and `event`, for the log); stop
   };
   explicit CoordinatorAction(Kind k) : kind(k) {}
@@ -130,6 +132,8 @@ struct CoordinatorAction {
   uint64_t timer = 0;
   CoreDuration delay{0};
   double loss = 0;
+  int64_t eval_step = -1;  // kCommitted, kFinish: -1 when no validation loss came with it
+  double eval_loss = 0;
   bool recovered = false;  // kCommitted: the first commit after a fault
   int64_t crc = 0;
   int64_t num_params = 0;
@@ -140,6 +144,10 @@ struct CoordinatorAction {
   absl::Status status;
   CoordinatorRecord record;  // kSaveRecord: the record as of this action
 };
+
+// Per-microbatch mean losses averaged in microbatch order through the fixed tree sum, so the
+// same for any world size: a step's loss, an evaluation's (0 for none).
+double CanonicalMean(const std::map<int32_t, double>& by_microbatch);
 
 // The short form tests compare: "configure(w1,g2,r1/3,memory)", "step(w0,g2,s5)", "event", ...
 std::string DebugString(const CoordinatorAction& a);
@@ -218,10 +226,13 @@ class CoordinatorCore {
   std::vector<CoordinatorAction> OnConfigured(uint64_t generation, const std::string& worker,
                                               const absl::Status& status, CoreTime now,
                                               int32_t blamed = -1);
+  // `eval_losses`: the rank's share of the held-out microbatches' losses ([eval]), evaluated
+  // before the step on the parameters of `step` steps.
   std::vector<CoordinatorAction> OnStepped(uint64_t generation, int64_t step,
                                            const std::string& worker, const absl::Status& status,
                                            const std::map<int32_t, double>& losses, CoreTime now,
-                                           int32_t blamed = -1);
+                                           int32_t blamed = -1,
+                                           const std::map<int32_t, double>& eval_losses = {});
   std::vector<CoordinatorAction> OnShardWritten(uint64_t generation, int64_t step, int32_t index,
                                                 const ShardFileInfo& info,
                                                 const absl::Status& status, CoreTime now);
@@ -229,7 +240,8 @@ class CoordinatorCore {
   std::vector<CoordinatorAction> OnCheckpointCommitted(int64_t step, const absl::Status& status,
                                                        CoreTime now);
   std::vector<CoordinatorAction> OnFinal(uint64_t generation, int64_t crc, int64_t num_params,
-                                         int64_t steps, CoreTime now);
+                                         int64_t steps, CoreTime now,
+                                         const std::map<int32_t, double>& eval_losses = {});
   std::vector<CoordinatorAction> OnTimer(uint64_t timer, CoreTime now);
 
   CoordinatorPhase phase() const { return phase_; }
@@ -316,7 +328,7 @@ class CoordinatorCore {
   std::vector<std::string> group_;    // this generation's workers, by rank
   int32_t group_buddy_ = 1;           // ... and its buddy offset
   std::set<std::string> pending_;     // ranks whose reply this phase still needs
-  std::map<int32_t, double> losses_;
+  std::map<int32_t, double> losses_, eval_losses_;  // this step's, by microbatch
   PendingCheckpoints checkpoints_;
   std::map<uint64_t, Timer> timers_;
   uint64_t next_timer_ = 1;

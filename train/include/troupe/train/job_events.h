@@ -38,6 +38,8 @@
 //                          clock, ns since the epoch), pid
 //   fault_failed           a fault could not be carried out: kind
 //   checkpoint_committed   step, path, world
+//   eval                   [eval]: the validation loss of the parameters after `step` steps:
+//                          val_loss, eval_s (the slowest rank's share of it; 0 for the final one)
 //   checkpoint_dropped     a checkpoint is given up, training goes on: step, path, shard (if one
 //                          shard's write failed)
 //   final_checkpoint_failed  the last step's checkpoint cannot be written: step, path, shard,

@@ -14,6 +14,10 @@
 //                its world closest to it, see ChooseStages; 1 with device "cuda"), schedule
 //                ("1f1b" or "gpipe")
 //   [checkpoint] dir, every (steps), keep_last
+//   [eval]       every (steps; 0: never), shard (held-out tokens: a path, relative to data_dir;
+//                default data_dir's first val-*.tok), microbatches (per evaluation; default
+//                model.microbatches): the validation loss of the parameters after every `every`
+//                steps and after the last, in the event log, the report and /metrics
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
 //                drop_percent, delay and jitter (durations), flap_period, stall, disk_delay,
 //                clock_step
@@ -203,6 +207,10 @@ struct JobSpec {
 
   int32_t pipeline_stages = 1;  // 1: data parallelism only
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
+
+  // [eval] every: evaluate after every this many steps (and after the last); 0: never. Its shard
+  // and microbatches are model.eval_shard and model.eval_microbatches.
+  int64_t eval_every = 0;
 
   std::string checkpoint_dir;  // "" = <work_dir>/ckpt
   int64_t checkpoint_every = 10;

@@ -154,7 +154,21 @@ class Trainable {
   virtual model::ArrayOps& array_ops() { return model::HostArrayOps(); }
   // Pipeline stages, where the model supports them (null: data parallelism only).
   virtual StagedTrainable* staged() { return nullptr; }
+  // [eval]: the mean loss of held-out microbatch k (0 <= k < ModelSpec::eval_microbatches) under
+  // the parameters in params(), forward only: neither the parameters nor the training data order
+  // change. The same k reads the same tokens at every evaluation. Unimplemented by default.
+  [[nodiscard]] virtual absl::StatusOr<double> EvalLoss(int32_t k) {
+    (void)k;
+    return absl::UnimplementedError("this model has no held-out evaluation ([eval])");
+  }
 };
+
+// This rank's share of an evaluation of `microbatches` held-out microbatches over `world` ranks:
+// k in [K·rank/W, K·(rank+1)/W), as (k, mean loss). Whoever sums them does so in k order (the
+// job's validation loss: the canonical tree over k, divided by K), so the result does not depend
+// on W.
+[[nodiscard]] absl::StatusOr<std::vector<std::pair<int32_t, double>>> EvalShare(
+    Trainable& model, int32_t microbatches, int rank, int world);
 
 // The model part of a job spec, as the factory sees it.
 struct ModelSpec {
@@ -170,6 +184,11 @@ struct ModelSpec {
   int32_t microbatches = 8;                    // M per step, fixed whatever the world size
   uint64_t seed = 1;                           // data order and initialisation
   std::map<std::string, std::string> options;  // free-form, for user models ([model.options])
+  // Set from the job spec's [eval]: the held-out shard (a path; relative: to data_dir; "": the
+  // first val-*.tok of data_dir) and how many of its microbatches (of microbatch_size × seq_len,
+  // fixed) an evaluation reads; 0: no evaluation, nothing opened.
+  std::string eval_shard;
+  int32_t eval_microbatches = 0;
 };
 
 using TrainableFactory =
