@@ -1,7 +1,10 @@
-// Compressed all-reduce with error feedback. Each rank adds its residual to the input, encodes
-// (top-k: the k largest magnitudes as (index, value) pairs; int8: per-block scale + int8 codes),
-// keeps what the encoding lost as the new residual, all-gathers the fixed-size encodings and
-// decodes them in rank order (so every rank computes the bit-identical sum).
+// The encodings (troupe/collectives/compression.h), and the compressed all-reduce with error
+// feedback: each rank adds its residual to the input, encodes (top-k: the k largest magnitudes as
+// (index, value) pairs; int8: per-block scale + int8 codes), keeps what the encoding lost as the
+// new residual, all-gathers the fixed-size encodings and decodes them in rank order (so every
+// rank computes the bit-identical sum).
+#include "troupe/collectives/compression.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -21,15 +24,9 @@ struct TopKEntry {
   float value;
 };
 
-size_t EncodedBytes(const CollectiveOptions& o, size_t count, size_t* k_out) {
-  if (o.compression == Compression::kTopK) {
-    size_t k = static_cast<size_t>(std::ceil(o.topk_fraction * static_cast<double>(count)));
-    k = std::min(std::max<size_t>(k, 1), count);
-    *k_out = k;
-    return k * sizeof(TopKEntry);
-  }
-  const size_t blocks = (count + kInt8Block - 1) / kInt8Block;
-  return blocks * (sizeof(float) + kInt8Block);
+size_t TopK(double fraction, size_t count) {
+  const size_t k = static_cast<size_t>(std::ceil(fraction * static_cast<double>(count)));
+  return std::min(std::max<size_t>(k, 1), count);
 }
 
 void EncodeTopK(float* acc, size_t count, size_t k, uint8_t* dst) {
@@ -67,12 +64,46 @@ void EncodeInt8(float* acc, size_t count, uint8_t* dst) {
   }
 }
 
-void DecodeAdd(const CollectiveOptions& o, const uint8_t* src, size_t count, size_t k, float* out) {
-  if (o.compression == Compression::kTopK) {
+}  // namespace
+
+size_t CompressedBytes(Compression c, double topk_fraction, size_t count) {
+  switch (c) {
+    case Compression::kTopK:
+      return TopK(topk_fraction, count) * sizeof(TopKEntry);
+    case Compression::kInt8:
+      return (count + kInt8Block - 1) / kInt8Block * (sizeof(float) + kInt8Block);
+    case Compression::kNone:
+      break;
+  }
+  return count * sizeof(float);
+}
+
+void EncodeWithFeedback(Compression c, double topk_fraction, const float* in, size_t count,
+                        float* residual, uint8_t* dst) {
+  for (size_t i = 0; i < count; ++i) residual[i] += in[i];
+  switch (c) {
+    case Compression::kTopK:
+      return EncodeTopK(residual, count, TopK(topk_fraction, count), dst);
+    case Compression::kInt8:
+      return EncodeInt8(residual, count, dst);
+    case Compression::kNone:
+      break;
+  }
+  std::memcpy(dst, residual, count * sizeof(float));
+  std::fill(residual, residual + count, 0.0f);
+}
+
+void DecodeAdd(Compression c, double topk_fraction, const uint8_t* src, size_t count, float* out) {
+  if (c == Compression::kTopK) {
     const auto* e = reinterpret_cast<const TopKEntry*>(src);
-    for (size_t i = 0; i < k; ++i) {
+    for (size_t i = 0, k = TopK(topk_fraction, count); i < k; ++i) {
       if (e[i].index < count) out[e[i].index] += e[i].value;
     }
+    return;
+  }
+  if (c == Compression::kNone) {
+    const auto* f = reinterpret_cast<const float*>(src);
+    for (size_t i = 0; i < count; ++i) out[i] += f[i];
     return;
   }
   for (size_t b = 0; b * kInt8Block < count; ++b) {
@@ -85,8 +116,6 @@ void DecodeAdd(const CollectiveOptions& o, const uint8_t* src, size_t count, siz
   }
 }
 
-}  // namespace
-
 absl::Status CompressedAllReduce(const OpContext& c, const float* in, float* out, size_t count,
                                  ReduceOp op, const CollectiveOptions& o) {
   const int n = c.t->size(), r = c.t->rank();
@@ -98,20 +127,14 @@ absl::Status CompressedAllReduce(const OpContext& c, const float* in, float* out
                      residual.size()));
   }
   // The residual becomes the accumulator; encoding leaves the new residual behind in it.
-  for (size_t i = 0; i < count; ++i) residual[i] += in[i];
-  size_t k = 0;
-  const size_t enc = EncodedBytes(o, count, &k);
+  const size_t enc = CompressedBytes(o.compression, o.topk_fraction, count);
   auto* all = static_cast<uint8_t*>(c.t->Scratch(3, enc * n));
-  if (o.compression == Compression::kTopK) {
-    EncodeTopK(residual.data(), count, k, all + r * enc);
-  } else {
-    EncodeInt8(residual.data(), count, all + r * enc);
-  }
+  EncodeWithFeedback(o.compression, o.topk_fraction, in, count, residual.data(), all + r * enc);
   std::vector<size_t> off(n + 1);
   for (int i = 0; i <= n; ++i) off[i] = enc * i;
   TROUPE_RETURN_IF_ERROR(RingAllGather(c, all, off, 8));
   std::fill(out, out + count, 0.0f);
-  for (int q = 0; q < n; ++q) DecodeAdd(o, all + q * enc, count, k, out);
+  for (int q = 0; q < n; ++q) DecodeAdd(o.compression, o.topk_fraction, all + q * enc, count, out);
   if (op == ReduceOp::kAvg) {
     for (size_t i = 0; i < count; ++i) out[i] /= static_cast<float>(n);
   }
