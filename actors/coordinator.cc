@@ -71,6 +71,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   o.pipeline_units = pipeline_units;
   o.microbatches = spec_.model.microbatches;
   o.checkpoint_every = spec_.checkpoint_every;
+  o.lowcomm_round = spec_.lowcomm_groups > 0 ? spec_.lowcomm.inner_steps : 0;
   o.num_params = num_params_;
   o.faults = spec_.faults;
   o.retry_delay = absl::ToChronoMilliseconds(spec_.timeouts.retry);
@@ -327,7 +328,10 @@ void Coordinator::HandleStepDone(const StepDone& m) {
     rank_exposed_seconds_ += m.exposed_seconds;
   }
   if (m.status.ToStatus().ok()) NoteRankStep(m);
-  if (m.status.ToStatus().ok()) eval_seconds_ = std::max(eval_seconds_, m.eval_seconds);
+  if (m.status.ToStatus().ok()) {
+    eval_seconds_ = std::max(eval_seconds_, m.eval_seconds);
+    NoteOuter(m);
+  }
   Execute(core_->OnStepped(m.generation, m.step, m.worker, m.status.ToStatus(),
                            ByMicrobatch(m.microbatches, m.losses), Now(), m.blamed,
                            ByMicrobatch(m.eval_microbatches, m.eval_losses)));

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "coordinator_actor.h"
 #include "troupe/base/clock.h"
 #include "troupe/base/crash_point.h"
@@ -195,6 +196,40 @@ void Coordinator::CommitCheckpoint(const train::CoordinatorAction& a) {
   Execute(core_->OnCheckpointCommitted(a.step, s, Now()));
 }
 
+void Coordinator::NoteOuter(const StepDone& m) {
+  if (m.outer_fragments.empty()) return;
+  if (outer_.generation != m.generation || outer_.step != m.step) {
+    outer_ =
+        OuterRound{m.generation,     m.step, m.outer_fragments, m.outer_applied, m.outer_clipped,
+                   m.outer_rejected, 0};
+  }
+  outer_.bytes += m.outer_bytes;
+}
+
+// The committed step's outer round ([lowcomm]): into the event log ("outer_round": step,
+// fragments, the groups applied, clipped and left out, bytes between groups) and the report;
+// returns the progress line's part.
+std::string Coordinator::LogOuter(const train::CoordinatorAction& a) {
+  if (outer_.generation != a.generation || outer_.step != a.step - 1) return "";
+  base::SupervisionEvent e = train::JobEvent("outer_round");
+  e.generation = a.generation;
+  e.Set("step", a.step)
+      .Set("fragments", absl::StrJoin(outer_.fragments, ","))
+      .Set("applied", absl::StrJoin(outer_.applied, ","))
+      .Set("bytes", static_cast<int64_t>(outer_.bytes));
+  if (!outer_.clipped.empty()) e.Set("clipped", absl::StrJoin(outer_.clipped, ","));
+  if (!outer_.rejected.empty()) e.Set("rejected", absl::StrJoin(outer_.rejected, ","));
+  events_->Write(e);
+  report_.outer_bytes += outer_.bytes;
+  ++report_.outer_rounds;
+  std::string line = absl::StrCat("  outer [", absl::StrJoin(outer_.applied, " "), "]");
+  if (!outer_.rejected.empty()) {
+    absl::StrAppend(&line, " rejected [", absl::StrJoin(outer_.rejected, " "), "]");
+  }
+  outer_ = OuterRound{};
+  return line;
+}
+
 // An evaluation's result: into the event log ("eval": step, val_loss, the slowest rank's eval_s)
 // and the report; returns the progress line's part.
 std::string Coordinator::NoteEval(uint64_t generation, int64_t step, double loss) {
@@ -230,8 +265,10 @@ void Coordinator::Committed(const train::CoordinatorAction& a) {
       .Set("step_s", absl::StrFormat("%.6f", secs))
       .Set("world", a.world);
   events_->Write(step);
-  if (a.eval_step >= 0)
+  if (a.eval_step >= 0) {
     absl::StrAppend(&line, "  ", NoteEval(a.generation, a.eval_step, a.eval_loss));
+  }
+  absl::StrAppend(&line, LogOuter(a));
   if (a.recovered) {
     // From the newest fault_fired event (the dying process wrote it, with its wall time) to now:
     // a time across processes, so the wall clock.
@@ -272,7 +309,6 @@ void Coordinator::Finish(const train::CoordinatorAction& a) {
     r.val_step = a.eval_step;
     r.val_loss = a.eval_loss;
   }
-  r.val_losses = report_.val_losses;
   Stop(caf::make_message(std::move(r)));
 }
 

@@ -158,6 +158,18 @@ class Coordinator {
   // Their overlapped exchanges' time in flight and exposed part (JobReport::overlap).
   double rank_exchange_seconds_ = 0, rank_exposed_seconds_ = 0;
   double eval_seconds_ = 0;  // the slowest rank's share of the evaluation in the current step
+  // [lowcomm]: the outer synchronisation of the step in flight, as its ranks report it (logged as
+  // "outer_round" when the step commits: which groups' Δ that round applied).
+  struct OuterRound {
+    uint64_t generation = 0;
+    int64_t step = -1;
+    std::vector<int32_t> fragments;
+    std::vector<std::string> applied, clipped, rejected;
+    uint64_t bytes = 0;
+  };
+  OuterRound outer_;
+  void NoteOuter(const StepDone& m);
+  std::string LogOuter(const train::CoordinatorAction& committed);
   JobReport report_;
   std::map<std::string, std::string> kv_;  // the collectives bootstrap of this generation
   // The core's actions not yet carried out, and the lease they wait for; stopped() once this

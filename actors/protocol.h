@@ -92,6 +92,11 @@ struct StepDone {
   std::vector<int32_t> eval_microbatches{};
   std::vector<double> eval_losses{};
   double eval_seconds = 0;
+  // [lowcomm]: the fragments the step synchronised across groups (empty: none), the groups whose
+  // Δ it applied, clipped or left out, and the bytes this rank sent to other groups.
+  std::vector<int32_t> outer_fragments{};
+  std::vector<std::string> outer_applied{}, outer_clipped{}, outer_rejected{};
+  uint64_t outer_bytes = 0;
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -165,7 +170,7 @@ typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
   return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
            x.final_params_crc32c, x.num_params, x.generations, x.final_world, x.recovery_seconds,
            x.steps_lost, x.tokens_per_second, x.bubble, x.overlap, x.val_step, x.val_loss,
-           x.val_losses);
+           x.val_losses, x.outer_bytes, x.outer_rounds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
@@ -193,7 +198,8 @@ typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
            x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds,
            x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes, x.exchange_seconds,
-           x.exposed_seconds, x.eval_microbatches, x.eval_losses, x.eval_seconds);
+           x.exposed_seconds, x.eval_microbatches, x.eval_losses, x.eval_seconds, x.outer_fragments,
+           x.outer_applied, x.outer_clipped, x.outer_rejected, x.outer_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {
@@ -278,7 +284,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerationPlan& x) {
   return f(caf::meta::type_name("troupe.GenerationPlan"), x.world, x.rank, x.stages, x.buddy,
            x.committed_steps, x.source, x.old_world, x.gone, x.old_buddy, x.checkpoint_step,
-           x.epoch);
+           x.epoch, x.groups, x.old_groups);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardFileInfo& x) {

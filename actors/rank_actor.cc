@@ -31,6 +31,7 @@
 #include "troupe/train/elastic.h"
 #include "troupe/train/job_events.h"
 #include "troupe/train/line_log.h"
+#include "troupe/train/lowcomm_rank.h"
 
 namespace troupe::actors {
 namespace {
@@ -215,12 +216,17 @@ class RankState {
     o.collective.timeout = spec_.timeouts.collective;
     o.bucket_bytes = int64_t{spec_.bucket_kib} << 10;
     o.on_serve = [this](int64_t step, int32_t k) {
-      serve_log_->Write(absl::StrCat(step, " ", k, " ", gen_.load()));
+      serve_log_->Write(absl::StrCat(step, " ", k + MicrobatchOffset(), " ", gen_.load()));
     };
     o.on_point = [this](int64_t step, train::StepPoint point) {
       if (auto f = TakeArmed(step, point)) FireArmedFault(*f);
     };
+    const collectives::CollectiveOptions collective = o.collective;
     rank_ = std::make_unique<train::ElasticRank>(model_.get(), std::move(o));
+    if (spec_.lowcomm_groups > 0) {
+      lowcomm_ = std::make_unique<train::LowCommRank>(
+          rank_.get(), train::LowCommRank::Options{spec_.lowcomm, spec_.steps, collective});
+    }
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -412,8 +418,10 @@ class RankState {
         }
         if (st.ok()) {
           if (writer_.joinable()) writer_.join();  // it reads the state Configure replaces
-          st = rank_->Configure(device_comm != nullptr ? device_comm : comm_.get(), *plan,
-                                store_.get(), comm_.get());
+          st = lowcomm_ != nullptr
+                   ? lowcomm_->Configure(comm_.get(), *plan, store_.get())
+                   : rank_->Configure(device_comm != nullptr ? device_comm : comm_.get(), *plan,
+                                      store_.get(), comm_.get());
         }
       }
     }
@@ -421,10 +429,25 @@ class RankState {
                                                collectives::BlamedPeer(st).value_or(-1)});
   }
 
+  // [lowcomm]: whether this rank is in the first group (name order), which writes checkpoints and
+  // evaluates; true without groups.
+  bool FirstGroup() const {
+    return lowcomm_ == nullptr || lowcomm_->group().group == lowcomm_->group().names.front();
+  }
+
+  // [lowcomm]: group g's microbatch k is the job's g·M + k (each group trains on data of its own:
+  // the step's loss averages all of them, and each is served once).
+  int32_t MicrobatchOffset() const {
+    if (lowcomm_ == nullptr) return 0;
+    const train::GroupPlan& g = lowcomm_->group();
+    const auto me = std::find(g.names.begin(), g.names.end(), g.group);
+    return static_cast<int32_t>(me - g.names.begin()) * spec_.model.microbatches;
+  }
+
   // [eval] due before step `step` (the parameters of `step` steps): this rank's share of it.
   absl::Status Evaluate(int64_t step, StepDone* done) {
     const int64_t every = spec_.eval_every;
-    if (every <= 0 || step == 0 || step % every != 0) return absl::OkStatus();
+    if (every <= 0 || step == 0 || step % every != 0 || !FirstGroup()) return absl::OkStatus();
     const absl::Time start = base::MonotonicNow();
     TROUPE_ASSIGN_OR_RETURN(auto share, train::EvalShare(*model_, spec_.model.eval_microbatches,
                                                          rank_->rank(), rank_->layout().world));
@@ -441,11 +464,14 @@ class RankState {
     const int64_t start_ns = absl::ToUnixNanos(absl::Now());  // the jobs timeline's wall stamp
     const uint64_t sent = comm_ != nullptr ? comm_->stats().bytes_sent : 0;
     StepDone evaluated;
+    train::OuterSync sync;
     absl::StatusOr<train::StepOutcome> out = absl::FailedPreconditionError(
         absl::StrCat("step ", step, " asked, this rank is at step ", rank_->committed_steps()));
     if (step == rank_->committed_steps()) {
       absl::Status eval = rank_->stages() == 1 ? Evaluate(step, &evaluated) : absl::OkStatus();
-      out = eval.ok() ? rank_->RunStep() : absl::StatusOr<train::StepOutcome>(eval);
+      out = !eval.ok()            ? absl::StatusOr<train::StepOutcome>(eval)
+            : lowcomm_ != nullptr ? lowcomm_->RunStep(&sync)
+                                  : rank_->RunStep();
     }
     const int32_t blamed = collectives::BlamedPeer(out.status()).value_or(-1);
     if (!out.ok() && comm_ != nullptr) {
@@ -455,7 +481,7 @@ class RankState {
     StepDone done{gen, step, worker_, WireStatus::From(out.status()), {}, {}, 0, blamed};
     if (out.ok()) {
       for (const auto& [k, loss] : out->losses) {
-        done.microbatches.push_back(k);
+        done.microbatches.push_back(k + MicrobatchOffset());
         done.losses.push_back(loss);
       }
       done.grad_norm = out->grad_norm;
@@ -470,6 +496,11 @@ class RankState {
       done.eval_microbatches = std::move(evaluated.eval_microbatches);
       done.eval_losses = std::move(evaluated.eval_losses);
       done.eval_seconds = evaluated.eval_seconds;
+      done.outer_fragments = std::move(sync.fragments);
+      done.outer_applied = std::move(sync.applied);
+      done.outer_clipped = std::move(sync.clipped);
+      done.outer_rejected = std::move(sync.rejected);
+      done.outer_bytes = sync.bytes_sent;
       if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
     caf::anon_send(coordinator_, std::move(done));
@@ -497,8 +528,13 @@ class RankState {
   void Commit(uint64_t gen, int64_t checkpoint_step) {
     // The write in flight reads the committed state in place, which Commit changes.
     if (writer_.joinable()) writer_.join();
-    rank_->Commit();
+    if (lowcomm_ != nullptr) {
+      lowcomm_->Commit();
+    } else {
+      rank_->Commit();
+    }
     if (checkpoint_step < 0 || checkpoint_step != rank_->committed_steps()) return;
+    if (!FirstGroup()) return;  // [lowcomm]: the first group's shards are the checkpoint
     // Written on the writer thread while the next step runs (which only reads that state): in
     // place on the host, from a copy out of a GPU.
     auto copy = std::make_shared<train::HostShard>();
@@ -579,7 +615,8 @@ class RankState {
   std::unique_ptr<train::ChaosFileSystem> disk_;  // under store_
   std::unique_ptr<train::CheckpointStore> store_;
   std::unique_ptr<train::ElasticRank> rank_;
-  uint64_t in_flight_gen_ = 0;  // NoteInFlight: the generation and its most so far
+  std::unique_ptr<train::LowCommRank> lowcomm_;  // [lowcomm]: over rank_, its group's
+  uint64_t in_flight_gen_ = 0;                   // NoteInFlight: the generation and its most so far
   int in_flight_max_ = 0;
   std::unique_ptr<train::LineLog> serve_log_;
   caf::actor coordinator_;

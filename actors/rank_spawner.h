@@ -160,7 +160,11 @@ class RankSpawner {
         continue;
       }
       handles_[w] = ref->handle;
-      caf::anon_send(driver_, RankJoined{w, m->node, FailureDomain(*m), name});
+      // The labels are the node's (a worker's member record has none of its own).
+      auto node = std::find_if(members->begin(), members->end(),
+                               [&](const runtime::MemberInfo& x) { return x.id == m->node; });
+      caf::anon_send(driver_, RankJoined{w, m->node,
+                                         FailureDomain(node != members->end() ? *node : *m), name});
     }
   }
 

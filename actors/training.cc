@@ -276,8 +276,25 @@ struct JobCluster {
   // An embedded worker node (spot); with GPUs, the first place no live node holds, GPUs filled
   // round-robin (every GPU's slot 0, then every GPU's slot 1, ...): a GPU is shared only once
   // every GPU has a rank.
+  // [lowcomm] groups: the embedded cluster's worker nodes in that many zones — n<i> in g<i·G/W>;
+  // a joining node (join-worker@S[:Z], named "join<S>" or "join<S>-g<Z>") in zone g<Z>, or in
+  // the zones in turn.
+  int zones = 0, workers = 0, joins = 0;
+  std::string Labels(const std::string& name) {
+    if (zones == 0) return "spot=true";
+    int zone = 0;
+    if (const size_t g = name.rfind("-g"); g != std::string::npos) {
+      zone = std::atoi(name.c_str() + g + 2);
+    } else if (name.size() > 1 && name[0] == 'n') {
+      zone = std::atoi(name.c_str() + 1) * zones / std::max(1, workers);
+    } else {
+      zone = joins++ % zones;
+    }
+    return absl::StrCat("spot=true,zone=g", zone);
+  }
+
   absl::StatusOr<pid_t> AddWorkerNode(const std::string& name) {
-    if (gpus == 0) return local->AddNode(name, 1, "cpu=1", "spot=true", spot_args);
+    if (gpus == 0) return local->AddNode(name, 1, "cpu=1", Labels(name), spot_args);
     for (int i = 0; i < gpus * ranks_per_gpu; ++i) {
       bool taken = false;
       for (const auto& [node, place] : place_of_) taken |= place == i && local->nodes().count(node);
@@ -336,6 +353,8 @@ absl::StatusOr<JobCluster> StartCluster(const train::JobSpec& spec, const TrainO
       c.gpus = *gpus;
       c.ranks_per_gpu = spec.ranks_per_gpu;
     }
+    c.zones = spec.lowcomm_groups;
+    c.workers = spec.workers;
     for (int i = 0; i < spec.workers; ++i) {
       absl::StatusOr<pid_t> pid = c.AddWorkerNode(absl::StrCat("n", i));
       if (!pid.ok()) return pid.status();

@@ -21,6 +21,7 @@ absl::StatusOr<DataSource> DataSource::Open(const std::vector<std::string>& shar
   }
   DataSource ds;
   ds.options_ = options;
+  TROUPE_RETURN_IF_ERROR(ds.SetStream(options.stream, options.streams));
   const int64_t sample_tokens = int64_t{options.seq_len} + 1;
   for (const auto& path : shard_paths) {
     TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<TokenShard> shard, TokenShard::Open(path, vocab_size));
@@ -37,9 +38,20 @@ absl::StatusOr<DataSource> DataSource::Open(const std::vector<std::string>& shar
   return ds;
 }
 
+absl::Status DataSource::SetStream(int32_t stream, int32_t streams) {
+  if (streams < 1 || stream < 0 || stream >= streams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data stream ", stream, " of ", streams, ": expected 0 <= stream < streams"));
+  }
+  options_.stream = stream;
+  options_.streams = streams;
+  return absl::OkStatus();
+}
+
 int64_t DataSource::SampleIndex(int64_t step, int32_t k, int32_t row) const {
+  const int64_t data_step = step * options_.streams + options_.stream;
   const int64_t slot =
-      (step * options_.microbatches_per_step + k) * int64_t{options_.microbatch_size} + row;
+      (data_step * options_.microbatches_per_step + k) * int64_t{options_.microbatch_size} + row;
   const uint64_t n = static_cast<uint64_t>(num_samples_);
   const uint64_t epoch = static_cast<uint64_t>(slot) / n;
   return static_cast<int64_t>(PermuteIndex(static_cast<uint64_t>(slot) % n, n, options_.seed,

@@ -40,7 +40,8 @@ constexpr char kUsage[] =
     "             (the rank's wall clock by [chaos] clock_step; needs TROUPE_CLOCK_STEP_DIR)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
     "             generations=<n> tokens_per_s=<x> bubble=<share> overlap=<share>' when done,\n"
-    "             and a line 'val_loss=<x>' (the final parameters') with [eval]\n"
+    "             and a line 'val_loss=<x>' (the final parameters') with [eval], one\n"
+    "             'outer_rounds=<n> outer_bytes=<n>' (between groups) with [lowcomm]\n"
     "Exit status: 0 done, 1 failed, 2 bad spec or flags, 75 preempted (every worker got a\n"
     "preemption notice; the committed step is checkpointed: run the same command to resume).";
 
@@ -150,6 +151,10 @@ int RunTrain(const Args& args) {
         report->committed_steps, report->final_world, report->generations,
         report->tokens_per_second, report->bubble, report->overlap);
     if (report->val_step >= 0) out << absl::StrFormat("val_loss=%.6f\n", report->val_loss);
+    if (report->outer_rounds > 0) {
+      out << absl::StrFormat("outer_rounds=%d outer_bytes=%d\n", report->outer_rounds,
+                             report->outer_bytes);
+    }
   }
   return 0;
 }

@@ -418,18 +418,15 @@ std::vector<int> CoordinatorCore::Gone(const std::vector<std::string>& next) con
   return gone;
 }
 
-bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& next) const {
-  return MemoryRestorePossible(static_cast<int>(record_.active.size()), Gone(next), record_.buddy);
-}
-
 std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
                                         GenerationPlan* plan) {
   std::vector<int> gone = Gone(next);
   const int old_world = static_cast<int>(record_.active.size());
-  if (MemoryRestorePossible(old_world, gone, record_.buddy)) {
+  if (MemoryRestorePossibleTo(next)) {
     plan->source = RestoreSource::kMemory;
     plan->old_world = old_world;
     plan->old_buddy = record_.buddy;
+    if (options_.lowcomm_round > 0) plan->old_groups = Domains(record_.active);
     const bool owners = gone.empty();
     plan->gone = std::move(gone);
     return owners ? "owners" : "mirrors";
@@ -506,6 +503,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   std::vector<std::string> domains;
   for (const std::string& w : next) domains.push_back(members_.at(w).domain);
   plan.buddy = BuddyOffset(domains);
+  if (options_.lowcomm_round > 0) plan.groups = domains;
   group_ = next;
   group_buddy_ = plan.buddy;
   base::SupervisionEvent e = JobEvent("generation");

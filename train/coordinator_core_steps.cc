@@ -2,6 +2,7 @@
 // noticed ranks handed over, joiners folded in), its replies, its commit, the checkpoints it
 // asks for, the job's end, and the timers. Membership and generations: coordinator_core.cc.
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,7 +41,10 @@ void CoordinatorCore::StartStep(Actions* out) {
   for (const auto& [w, m] : members_) {
     if (Usable(w) && !in_group.count(w)) ++joiners;
   }
-  if (joiners > 0 &&
+  // [lowcomm]: where a round ends, so a new group starts from θ_global as the others do.
+  const bool round_end =
+      options_.lowcomm_round == 0 || record_.committed % options_.lowcomm_round == 0;
+  if (joiners > 0 && round_end &&
       GridWorld(static_cast<int>(group_.size()) + joiners) > static_cast<int>(group_.size())) {
     return NewGeneration(out, "join", "folding in workers that joined, at this step boundary");
   }
@@ -89,6 +93,41 @@ bool CoordinatorCore::FireFaults(Actions* out) {
     hold |= fired.hold;
   }
   return hold;
+}
+
+std::vector<std::string> CoordinatorCore::Domains(const std::vector<std::string>& workers) const {
+  std::vector<std::string> out;
+  for (const std::string& w : workers) {
+    auto it = members_.find(w);
+    out.push_back(it == members_.end() ? "" : it->second.domain);
+  }
+  return out;
+}
+
+bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& next) const {
+  const std::vector<int> gone = Gone(next);
+  if (options_.lowcomm_round == 0) {
+    return MemoryRestorePossible(static_cast<int>(record_.active.size()), gone, record_.buddy);
+  }
+  // Group by group (buddies inside a group: the next rank): a group with survivors restores from
+  // them; one without any goes (or, on newcomers of its domain, starts from θ_global). The outer
+  // state needs one survivor somewhere.
+  const std::vector<std::string> old = Domains(record_.active);
+  if (gone.size() >= old.size()) return false;
+  for (const std::string& domain : std::set<std::string>(old.begin(), old.end())) {
+    int members = 0;
+    std::vector<int> lost;
+    for (size_t o = 0; o < old.size(); ++o) {
+      if (old[o] != domain) continue;
+      if (std::binary_search(gone.begin(), gone.end(), static_cast<int>(o)))
+        lost.push_back(members);
+      ++members;
+    }
+    if (static_cast<int>(lost.size()) < members && !MemoryRestorePossible(members, lost, 1)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 double CanonicalMean(const std::map<int32_t, double>& by_microbatch) {
@@ -291,9 +330,14 @@ int64_t CoordinatorCore::CheckpointAt(int64_t step) const {
   return options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0 ? step : -1;
 }
 
+// [lowcomm]: the first group's ranks write (shard i: its rank i), the others nothing.
 void CoordinatorCore::ExpectCheckpoint(int64_t step) {
-  checkpoints_.Expect(step, record_.generation, options_.num_params,
-                      static_cast<int>(group_.size()));
+  int world = static_cast<int>(group_.size());
+  if (options_.lowcomm_round > 0) {
+    const std::vector<std::string> d = Domains(group_);
+    world = static_cast<int>(std::count(d.begin(), d.end(), *std::min_element(d.begin(), d.end())));
+  }
+  checkpoints_.Expect(step, record_.generation, options_.num_params, world);
 }
 
 std::vector<CoordinatorAction> CoordinatorCore::OnShardWritten(uint64_t generation, int64_t step,

@@ -178,6 +178,15 @@ absl::StatusOr<uint32_t> ElasticRank::ParamsCrc32c() {
   return crc;
 }
 
+float* ElasticRank::StagedParams() {
+  const RankState& s = staged_state_;
+  if (staged_ == Staged::kNone || s.stages != 1 || model_->device().is_cuda() ||
+      staged_held_.size() < model_->num_params()) {
+    return nullptr;
+  }
+  return staged_held_.data();
+}
+
 absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   if (!commit_error_.ok()) return commit_error_;
   if (!has_state_) return absl::FailedPreconditionError("RunStep before a configuration committed");

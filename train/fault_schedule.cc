@@ -129,7 +129,8 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
     }
     case FaultKind::kJoinWorker: {
       CoordinatorAction a{Kind::kAddNode};
-      a.text = absl::StrCat("join", f.step);
+      // join-worker@S:Z: the node joins zone g<Z> ([lowcomm] groups on the embedded cluster).
+      a.text = absl::StrCat("join", f.step, f.arg >= 0 ? absl::StrCat("-g", f.arg) : "");
       actions.push_back(Armed(armed.Set("node", a.text), t.generation));
       actions.push_back(std::move(a));
       out.await_join = true;

@@ -75,6 +75,10 @@ class GptDeviceTrainable final : public Trainable {
     return loss;
   }
 
+  absl::Status SetDataStream(int32_t stream, int32_t streams) override {
+    return data_.SetStream(stream, streams);
+  }
+
   absl::StatusOr<double> EvalLoss(int32_t k) override {
     if (!eval_) return Trainable::EvalLoss(k);
     if (!error_.ok()) return error_;

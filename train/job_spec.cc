@@ -233,6 +233,29 @@ void ReadEval(Section& s, JobSpec& spec) {
   if (spec.eval_every == 0) spec.model.eval_microbatches = 0;
 }
 
+void ReadLowComm(Section& s, JobSpec& spec) {
+  LowCommOptions& o = spec.lowcomm;
+  s.Int32("groups", &spec.lowcomm_groups, 0, 1024);
+  s.Int("inner_steps", &o.inner_steps, 1, int64_t{1} << 40);
+  s.Float("outer_lr", &o.outer_lr, 0, 100);
+  s.Float("outer_momentum", &o.outer_momentum, 0, 0.999999);
+  s.Int32("fragments", &o.fragments, 1, 1 << 16);
+  std::string compression = CompressionName(o);
+  s.Str("compression", &compression, true);
+  if (absl::Status c = ParseCompression(compression, &o); !c.ok()) {
+    s.Fail("compression", "\"none\", \"int8\" or \"topk:<fraction>\" (0 < fraction <= 1)",
+           absl::StrCat("\"", compression, "\""));
+  }
+  std::string robust = RobustOuterName(o.robust);
+  s.Str("robust", &robust, true);
+  if (absl::StatusOr<RobustOuter> r = ParseRobustOuter(robust); r.ok()) {
+    o.robust = *r;
+  } else {
+    s.Fail("robust", "\"none\", \"clip\" or \"reject\"", absl::StrCat("\"", robust, "\""));
+  }
+  s.Number("robust_factor", &o.robust_factor, 1, 1e9);
+}
+
 void ReadChaos(Section& s, JobSpec& spec) {
   if (const toml::node* f = s.Raw("faults")) {
     if (!f->is_array()) {
@@ -331,6 +354,36 @@ absl::Status CheckFaults(const JobSpec& spec, const std::string& file) {
   return absl::OkStatus();
 }
 
+// [lowcomm]: the groups' step is the deterministic data-parallel one, on the host; a round holds
+// whole fragments, and a checkpoint falls on a round's end.
+template <class Bad>
+absl::Status CheckLowComm(const JobSpec& spec, const Device& device, const Bad& bad) {
+  const LowCommOptions& o = spec.lowcomm;
+  if (spec.lowcomm_groups == 0) return absl::OkStatus();
+  const std::string on = absl::StrCat(" with [lowcomm] groups = ", spec.lowcomm_groups);
+  if (spec.pipeline_stages > 1) {
+    return bad("pipeline.stages", "1" + on, absl::StrCat(spec.pipeline_stages));
+  }
+  if (device.is_cuda()) {
+    return bad("model.device",
+               "\"cpu\"" + on + " (the low-communication mode runs on the host in this version)",
+               absl::StrCat("\"", spec.model.device, "\""));
+  }
+  if (!spec.deterministic) return bad("job.deterministic", "true" + on, "false");
+  if (o.inner_steps % o.fragments != 0) {
+    return bad("lowcomm.fragments",
+               absl::StrCat("a divisor of lowcomm.inner_steps (", o.inner_steps, ")"),
+               absl::StrCat(o.fragments));
+  }
+  if (spec.checkpoint_every % o.inner_steps != 0) {
+    return bad("checkpoint.every",
+               absl::StrCat("a multiple of lowcomm.inner_steps (", o.inner_steps,
+                            "): a checkpoint is taken where a round ends"),
+               absl::StrCat(spec.checkpoint_every));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const JobSpec& spec, const std::string& file) {
   auto bad = [&](const std::string& field, const std::string& expected, const std::string& got) {
     return absl::InvalidArgumentError(
@@ -381,6 +434,7 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             "on GPUs)"),
                absl::StrCat(spec.pipeline_stages));
   }
+  TROUPE_RETURN_IF_ERROR(CheckLowComm(spec, *device, bad));
   // An evaluation is a forward pass of the whole model on one rank; a grid's rank holds one stage.
   if (spec.eval_every > 0 && spec.pipeline_stages > 1) {
     return bad("eval.every",
@@ -413,9 +467,9 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
 
 // Every top-level key is a known section holding a table.
 absl::Status CheckSections(const toml::table& root, const std::string& file) {
-  static const std::set<std::string> kSections = {"job",     "model",    "optimizer",
-                                                  "elastic", "pipeline", "checkpoint",
-                                                  "eval",    "chaos",    "timeouts"};
+  static const std::set<std::string> kSections = {"job",      "model",      "optimizer", "elastic",
+                                                  "pipeline", "checkpoint", "eval",      "lowcomm",
+                                                  "chaos",    "timeouts"};
   for (auto&& [k, v] : root) {
     const std::string key(k.str());
     if (!kSections.count(key)) {
@@ -441,9 +495,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& toml_text, const std::st
   absl::Status err;
   // [job] first: the model takes its seed, the schedule its total_steps by default.
   constexpr std::pair<const char*, void (*)(Section&, JobSpec&)> kReaders[] = {
-      {"job", ReadJob},         {"model", ReadModel},       {"optimizer", ReadOptimizer},
-      {"elastic", ReadElastic}, {"pipeline", ReadPipeline}, {"checkpoint", ReadCheckpoint},
-      {"eval", ReadEval},       {"chaos", ReadChaos},       {"timeouts", ReadTimeouts}};
+      {"job", ReadJob},          {"model", ReadModel},       {"optimizer", ReadOptimizer},
+      {"elastic", ReadElastic},  {"pipeline", ReadPipeline}, {"checkpoint", ReadCheckpoint},
+      {"eval", ReadEval},        {"lowcomm", ReadLowComm},   {"chaos", ReadChaos},
+      {"timeouts", ReadTimeouts}};
   for (const auto& [name, read] : kReaders) {
     Section s(root[name].as_table(), name, file, &err);
     read(s, spec);
@@ -488,6 +543,11 @@ std::string JobSpec::ToToml() const {
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[eval]\nevery = ", eval_every,
       "\nshard = ", Quote(model.eval_shard), "\nmicrobatches = ", model.eval_microbatches,
+      "\n\n[lowcomm]\ngroups = ", lowcomm_groups, "\ninner_steps = ", lowcomm.inner_steps,
+      "\nouter_lr = ", num(lowcomm.outer_lr), "\nouter_momentum = ", num(lowcomm.outer_momentum),
+      "\nfragments = ", lowcomm.fragments, "\ncompression = ", Quote(CompressionName(lowcomm)),
+      "\nrobust = ", Quote(RobustOuterName(lowcomm.robust)),
+      "\nrobust_factor = ", absl::StrFormat("%.17g", lowcomm.robust_factor),
       "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"",
       absl::FormatDuration(network_fault), "\"\ndrop_percent = ", drop_percent, "\nstall = \"",
       absl::FormatDuration(stall), "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",

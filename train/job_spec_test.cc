@@ -183,6 +183,22 @@ INSTANTIATE_TEST_SUITE_P(
                 "eval.every: expected 0 with pipeline.stages = 2 (evaluation runs under data "
                 "parallelism only), got 2"},
         BadCase{"[eval]\nshard = 3\n", "eval.shard: expected a string, got integer"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 10\nfragments = 3\n[checkpoint]\n"
+                "every = 0\n",
+                "lowcomm.fragments: expected a divisor of lowcomm.inner_steps (10), got 3"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 4\n[checkpoint]\nevery = 10\n",
+                "checkpoint.every: expected a multiple of lowcomm.inner_steps (4): a checkpoint "
+                "is taken where a round ends, got 10"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 5\n[pipeline]\nstages = 2\n",
+                "pipeline.stages: expected 1 with [lowcomm] groups = 2, got 2"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 5\n[job]\ndeterministic = false\n",
+                "job.deterministic: expected true with [lowcomm] groups = 2, got false"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 5\n[model]\ndevice = \"cuda\"\n",
+                "model.device: expected \"cpu\" with [lowcomm] groups = 2"},
+        BadCase{"[lowcomm]\ncompression = \"fp4\"\n",
+                "lowcomm.compression: expected \"none\", \"int8\" or \"topk:<fraction>\""},
+        BadCase{"[lowcomm]\nrobust = \"median\"\n",
+                "lowcomm.robust: expected \"none\", \"clip\" or \"reject\", got \"median\""},
         BadCase{"[job]\npriority = 5000\n",
                 "job.priority: expected an integer in [-1000, 1000], got 5000"},
         // The GPU path has no pipeline stages: refused here, not at every generation's configure.
@@ -213,6 +229,33 @@ TEST(JobSpecTest, EvalIsReadDefaultedAndRoundTrips) {
     EXPECT_EQ(back->ToToml(), spec.ToToml());
     EXPECT_EQ(back->eval_every, spec.eval_every);
     EXPECT_EQ(back->model.eval_microbatches, spec.model.eval_microbatches);
+  }
+}
+
+// [lowcomm]: off by default; on, its options are read and round-trip.
+TEST(JobSpecTest, LowCommIsReadAndRoundTrips) {
+  absl::StatusOr<JobSpec> off = ParseJobSpec("", "job.toml");
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->lowcomm_groups, 0);
+  absl::StatusOr<JobSpec> on = ParseJobSpec(
+      "[lowcomm]\ngroups = 2\ninner_steps = 10\nouter_lr = 0.5\nfragments = 5\n"
+      "compression = \"topk:0.02\"\nrobust = \"reject\"\nrobust_factor = 4\n"
+      "[checkpoint]\nevery = 20\n",
+      "job.toml");
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->lowcomm_groups, 2);
+  EXPECT_EQ(on->lowcomm.inner_steps, 10);
+  EXPECT_EQ(on->lowcomm.outer_lr, 0.5f);
+  EXPECT_EQ(on->lowcomm.outer_momentum, 0.9f) << "the paper's default";
+  EXPECT_EQ(on->lowcomm.fragments, 5);
+  EXPECT_EQ(on->lowcomm.compression, collectives::Compression::kTopK);
+  EXPECT_EQ(on->lowcomm.topk_fraction, 0.02);
+  EXPECT_EQ(on->lowcomm.robust, RobustOuter::kReject);
+  EXPECT_EQ(on->lowcomm.robust_factor, 4.0);
+  for (const JobSpec& spec : {*off, *on}) {
+    absl::StatusOr<JobSpec> back = ParseJobSpec(spec.ToToml(), "again.toml");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << spec.ToToml();
+    EXPECT_EQ(back->ToToml(), spec.ToToml());
   }
 }
 

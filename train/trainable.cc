@@ -58,6 +58,9 @@ class GptTrainable : public Trainable, public StagedTrainable {
     TROUPE_RETURN_IF_ERROR(eval_->Get(0, k, &mb_));
     return gpt_.Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len);
   }
+  absl::Status SetDataStream(int32_t stream, int32_t streams) override {
+    return data_.SetStream(stream, streams);
+  }
 
   // Pipeline stages: the units are the blocks.
   StagedTrainable* staged() override { return this; }

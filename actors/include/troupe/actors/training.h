@@ -73,6 +73,9 @@ struct JobReport {
   int64_t val_step = -1;
   double val_loss = 0;
   std::vector<std::pair<int64_t, double>> val_losses;
+  // [lowcomm]: bytes the ranks sent to other groups (the outer exchange), and its rounds.
+  uint64_t outer_bytes = 0;
+  int64_t outer_rounds = 0;
 };
 
 // The driver's runtime unless told otherwise: no supervision lines on stderr, and a short

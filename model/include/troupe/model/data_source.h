@@ -32,6 +32,11 @@ struct DataSourceOptions {
   int32_t microbatch_size = 0;        // m: sequences per microbatch
   int32_t microbatches_per_step = 0;  // M: microbatches per step (global batch B = M·m)
   uint64_t seed = 0;
+  // The data cut into `streams` interleaved streams (training's low-communication groups, each
+  // on its own data): step s of stream i reads what step s·streams + i of one stream would, so
+  // the streams together read the tokens one stream of streams·M microbatches per step would.
+  int32_t stream = 0;
+  int32_t streams = 1;
 };
 
 struct Microbatch {
@@ -50,6 +55,9 @@ class DataSource {
 
   int64_t num_samples() const { return num_samples_; }
   const DataSourceOptions& options() const { return options_; }
+  // Reads stream `stream` of `streams` from now on (DataSourceOptions); InvalidArgument unless
+  // 0 <= stream < streams.
+  [[nodiscard]] absl::Status SetStream(int32_t stream, int32_t streams);
 
   // The dataset sample read by row r of microbatch k of step s.
   int64_t SampleIndex(int64_t step, int32_t k, int32_t row) const;

@@ -180,6 +180,11 @@ class CoordinatorCore {
     // 0: no such deadline.
     CoreDuration straggler{0};
     int max_failed_generations = 20;
+    // [lowcomm] (lowcomm_rank.h), on when > 0: each rank's group is its failure domain
+    // (GenerationPlan::groups); a generation restores from memory when every group that goes on
+    // can from its own survivors; workers are folded in where a round of this many steps ends; a
+    // checkpoint is the first group's (in name order) shards.
+    int64_t lowcomm_round = 0;
   };
 
   explicit CoordinatorCore(Options options);
@@ -316,6 +321,8 @@ class CoordinatorCore {
   void CommitStep(Actions* out);
   void CommitGroup(Actions* out, int64_t checkpoint_step);
   void ExpectCheckpoint(int64_t step);
+  // [lowcomm]: the failure domain of each of `workers`.
+  std::vector<std::string> Domains(const std::vector<std::string>& workers) const;
   int64_t CheckpointAt(int64_t step) const;
   void CompleteCheckpoint(Actions* out, int64_t step);
   void Finish(Actions* out);

@@ -108,7 +108,10 @@ struct GenerationPlan {
   // keep their order and come first (NewRank in shard_layout.h).
   int old_world = 0;
   std::vector<int> gone;
-  int old_buddy = 1;             // kMemory: the previous generation's buddy offset
+  int old_buddy = 1;  // kMemory: the previous generation's buddy offset
+  // [lowcomm] (lowcomm_rank.h): each rank's group (its failure domain) in this generation, and
+  // kMemory: in the previous one. Empty: one data-parallel group.
+  std::vector<std::string> groups{}, old_groups{};
   int64_t checkpoint_step = -1;  // kCheckpoint: which checkpoint
   // The coordinator's lease epoch (CheckpointStore::Claim): this rank's checkpoint writes are
   // refused once a later epoch has claimed the store. 0: no lease (a store without fencing).
@@ -191,6 +194,9 @@ class ElasticRank {
   void Abandon();
 
   int64_t committed_steps() const { return committed_state_.steps; }
+  // Under data parallelism with the model in host memory, all n staged parameters — what Commit
+  // copies into the model — once RunStep or Configure staged them; null otherwise.
+  float* StagedParams();
   const ShardLayout& layout() const { return committed_state_.layout; }
   int rank() const { return committed_state_.rank; }
   int stages() const { return committed_state_.stages; }  // of the committed grid

@@ -18,6 +18,11 @@
 //                default data_dir's first val-*.tok), microbatches (per evaluation; default
 //                model.microbatches): the validation loss of the parameters after every `every`
 //                steps and after the last, in the event log, the report and /metrics
+//   [lowcomm]    groups (>= 1: the low-communication mode; the embedded cluster puts its workers
+//                in this many zones, g0, g1, ...; on a cluster of your own a group is a failure
+//                domain: zone label, else host), inner_steps, outer_lr, outer_momentum,
+//                fragments, compression ("none", "int8", "topk:<fraction>"), robust ("none",
+//                "clip", "reject"), robust_factor — train/lowcomm.h
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
 //                drop_percent, delay and jitter (durations), flap_period, stall, disk_delay,
 //                clock_step
@@ -41,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "troupe/model/optimizer.h"
+#include "troupe/train/lowcomm.h"
 #include "troupe/train/pipeline.h"
 #include "troupe/train/trainable.h"
 
@@ -57,7 +63,8 @@ namespace troupe::train {
 //   kill-shard-and-buddy@S[:R][:P]  rank R (default 1) and its buddy (R + the generation's
 //                            buddy offset) are killed together in step S
 //   sigterm-node@S[:R]       the node of rank R gets SIGTERM (grace: the node's) before step S
-//   join-worker@S            a node with one more worker joins before step S
+//   join-worker@S[:Z]        a node with one more worker joins before step S (in zone g<Z> of
+//                            the embedded cluster's [lowcomm] groups: Z >= groups, a new group)
 //   kill-coordinator@S       the coordinator's process is killed before step S
 //   crash-in-checkpoint@S    the coordinator's process is killed in the middle of committing
 //                            the first checkpoint at or after step S (manifest written, LATEST
@@ -207,6 +214,10 @@ struct JobSpec {
 
   int32_t pipeline_stages = 1;  // 1: data parallelism only
   PipelineSchedule pipeline_schedule = PipelineSchedule::kOneFOneB;
+
+  // [lowcomm]: groups 0 = off.
+  int32_t lowcomm_groups = 0;
+  LowCommOptions lowcomm;
 
   // [eval] every: evaluate after every this many steps (and after the last); 0: never. Its shard
   // and microbatches are model.eval_shard and model.eval_microbatches.

@@ -154,6 +154,14 @@ class Trainable {
   virtual model::ArrayOps& array_ops() { return model::HostArrayOps(); }
   // Pipeline stages, where the model supports them (null: data parallelism only).
   virtual StagedTrainable* staged() { return nullptr; }
+  // [lowcomm]: from now on step s reads the training data of step s·streams + stream (each group
+  // on data of its own; together the tokens a step of streams × M microbatches reads).
+  // Unimplemented by default, except for one stream.
+  [[nodiscard]] virtual absl::Status SetDataStream(int32_t stream, int32_t streams) {
+    if (stream == 0 && streams == 1) return absl::OkStatus();
+    return absl::UnimplementedError(
+        "this model reads one data stream ([lowcomm] needs Trainable::SetDataStream)");
+  }
   // [eval]: the mean loss of held-out microbatch k (0 <= k < ModelSpec::eval_microbatches) under
   // the parameters in params(), forward only: neither the parameters nor the training data order
   // change. The same k reads the same tokens at every evaluation. Unimplemented by default.

@@ -1,0 +1,97 @@
+// troupe/train/lowcomm_rank.h — one rank of a low-communication job (lowcomm.h): its group's data
+// parallelism, an ElasticRank over the group's ranks of the generation's communicator
+// (collectives::SubCommunicator), and the outer step across the groups.
+//
+// The generation's plan names every rank's group (GenerationPlan::groups: its failure domain;
+// the groups in name order are the order of the outer sum). GroupPlanOf cuts the group's plan out
+// of it: the group's ranks in world order, buddies inside the group, a memory restore from the
+// group's own survivors. The outer state — θ_global, the outer momentum, and the group's
+// error-feedback residual — is kept whole on every rank (identical across all ranks, the residual
+// across the group's), so any survivor hands it to a rank that joins.
+//
+// A step (RunStep) is the group's inner step; after it, the fragments due (FragmentsDueAfter) are
+// synchronised: every rank encodes its group's Δ with the residual (the same bits on every rank of
+// a group), each group's first rank sends it to the other groups' first ranks and passes what
+// they sent to its group, and every rank takes the same OuterStep and continues from θ_global.
+// All of it is staged with the step: Commit applies it, Abandon drops it, so a step that fails
+// anywhere — inside a group or across them — is re-run whole, with the groups the next
+// generation has. Host memory only (a model on CUDA is refused by the job spec).
+#ifndef TROUPE_TRAIN_LOWCOMM_RANK_H_
+#define TROUPE_TRAIN_LOWCOMM_RANK_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "troupe/collectives/communicator.h"
+#include "troupe/collectives/sub_communicator.h"
+#include "troupe/train/elastic.h"
+#include "troupe/train/lowcomm.h"
+
+namespace troupe::train {
+
+// The group part of a generation's plan, for rank plan.rank.
+struct GroupPlan {
+  std::string group;               // its name
+  std::vector<int> members;        // the group's world ranks, increasing
+  std::vector<std::string> names;  // every group of the generation, in order
+  std::vector<int> leaders;        // each one's first world rank, in that order
+  GenerationPlan plan;  // the group's: rank = the index in members, world = members.size()
+  // Every rank of the group is new to it: its parameters are θ_global (handed over), its inner
+  // moments zero, its residual zero.
+  bool new_group = false;
+};
+[[nodiscard]] absl::StatusOr<GroupPlan> GroupPlanOf(const GenerationPlan& plan);
+
+// What a step's outer synchronisation did (empty `fragments`: none was due).
+struct OuterSync {
+  std::vector<int32_t> fragments;
+  std::vector<std::string> applied, clipped, rejected;  // group names, in order
+  uint64_t bytes_sent = 0;                              // by this rank to other groups' ranks
+};
+
+class LowCommRank {
+ public:
+  struct Options {
+    LowCommOptions lowcomm;
+    int64_t total_steps = 0;                    // the job's: every fragment syncs after the last
+    collectives::CollectiveOptions collective;  // timeout of the exchanges
+  };
+  LowCommRank(ElasticRank* inner, Options options) : inner_(inner), o_(std::move(options)) {}
+
+  // Stages generation `plan` (plan.groups set) on the generation's communicators (all ranks;
+  // `host_world` may be null as for ElasticRank::Configure), and the outer state: kept by a
+  // survivor, handed to a rank that joins, θ_global from the initial or checkpointed parameters
+  // otherwise.
+  [[nodiscard]] absl::Status Configure(collectives::Communicator* world, const GenerationPlan& plan,
+                                       CheckpointStore* store,
+                                       collectives::Communicator* host_world = nullptr);
+  [[nodiscard]] absl::StatusOr<StepOutcome> RunStep(OuterSync* sync);
+  void Commit();
+  void Abandon();
+
+  ElasticRank* inner() { return inner_; }
+  const GroupPlan& group() const { return group_; }
+  const std::vector<float>& global() const { return outer_.global; }
+
+ private:
+  struct Outer {
+    std::vector<float> global, momentum, residual;
+  };
+  [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan);
+  [[nodiscard]] absl::Status SyncFragment(int32_t f, float* params, OuterSync* sync);
+
+  ElasticRank* inner_;
+  Options o_;
+  collectives::Communicator* world_ = nullptr;
+  std::unique_ptr<collectives::SubCommunicator> group_comm_, group_host_;
+  GroupPlan group_;
+  Outer outer_, staged_;
+  bool has_outer_ = false, outer_staged_ = false;
+  int64_t staged_steps_ = -1;  // the step count the staged outer state belongs to
+};
+
+}  // namespace troupe::train
+
+#endif  // TROUPE_TRAIN_LOWCOMM_RANK_H_

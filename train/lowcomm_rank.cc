@@ -1,0 +1,246 @@
+#include "troupe/train/lowcomm_rank.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "elastic_internal.h"
+#include "troupe/base/status_macros.h"
+#include "troupe/collectives/compression.h"
+
+namespace troupe::train {
+namespace {
+
+using collectives::Buffer;
+using collectives::Work;
+using P2P = collectives::Communicator::PointToPoint;
+
+// Tags on the generation's communicator, between ranks of different groups (the outer exchange)
+// or from a survivor to a rank that joins (the outer state): bits 27..30 set, which no other
+// point-to-point tag of training sets together (elastic_internal.h, SubCommunicator).
+constexpr uint32_t kTagOuter = 0x78000000u, kTagOuterState = 0x7c000000u;
+
+Buffer Floats(std::vector<float>& v) { return Buffer::F32(v); }
+
+}  // namespace
+
+absl::StatusOr<GroupPlan> GroupPlanOf(const GenerationPlan& p) {
+  if (static_cast<int>(p.groups.size()) != p.world ||
+      (p.source == RestoreSource::kMemory &&
+       static_cast<int>(p.old_groups.size()) != p.old_world)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lowcomm: the plan names the groups of ", p.groups.size(), " of ", p.world,
+                     " ranks and ", p.old_groups.size(), " of ", p.old_world, " old ones"));
+  }
+  GroupPlan g;
+  g.group = p.groups[p.rank];
+  const std::set<std::string> names(p.groups.begin(), p.groups.end());
+  g.names.assign(names.begin(), names.end());
+  for (const std::string& name : g.names) {
+    g.leaders.push_back(
+        static_cast<int>(std::find(p.groups.begin(), p.groups.end(), name) - p.groups.begin()));
+  }
+  for (int j = 0; j < p.world; ++j) {
+    if (p.groups[j] == g.group) g.members.push_back(j);
+  }
+  g.plan = p;
+  g.plan.world = static_cast<int>(g.members.size());
+  g.plan.rank =
+      static_cast<int>(std::find(g.members.begin(), g.members.end(), p.rank) - g.members.begin());
+  g.plan.stages = 1;
+  g.plan.buddy = 1;  // inside a group (one failure domain): the next rank
+  g.plan.old_buddy = 1;
+  g.plan.old_world = 0;
+  g.plan.gone.clear();
+  if (p.source != RestoreSource::kMemory) return g;
+  // The group's old ranks in old order; the kept ones keep it and come first, as in the world.
+  int old_members = 0, kept = 0;
+  for (int o = 0; o < p.old_world; ++o) {
+    if (p.old_groups[o] != g.group) continue;
+    if (std::binary_search(p.gone.begin(), p.gone.end(), o)) {
+      g.plan.gone.push_back(old_members);
+    } else {
+      ++kept;
+    }
+    ++old_members;
+  }
+  if (kept == 0) {  // none of it survived (or it never was): it starts from θ_global
+    g.new_group = true;
+    g.plan.source = RestoreSource::kInit;
+    g.plan.gone.clear();
+    return g;
+  }
+  g.plan.old_world = old_members;
+  return g;
+}
+
+absl::Status LowCommRank::Configure(collectives::Communicator* world, const GenerationPlan& plan,
+                                    CheckpointStore* store, collectives::Communicator* host_world) {
+  // A step staged here whose commit never arrived but which the plan counts (ElasticRank::
+  // Configure applies its part): its outer part with it.
+  if (outer_staged_ && plan.source == RestoreSource::kMemory &&
+      staged_steps_ == plan.committed_steps) {
+    outer_ = std::move(staged_);
+    has_outer_ = true;
+  }
+  outer_staged_ = false;
+  TROUPE_ASSIGN_OR_RETURN(group_, GroupPlanOf(plan));
+  world_ = world;
+  TROUPE_ASSIGN_OR_RETURN(group_comm_, collectives::SubCommunicator::Create(world, group_.members));
+  group_host_.reset();
+  if (host_world != nullptr) {
+    TROUPE_ASSIGN_OR_RETURN(group_host_,
+                            collectives::SubCommunicator::Create(host_world, group_.members));
+  }
+  const auto me = std::find(group_.names.begin(), group_.names.end(), group_.group);
+  TROUPE_RETURN_IF_ERROR(inner_->model()->SetDataStream(
+      static_cast<int32_t>(me - group_.names.begin()), static_cast<int32_t>(group_.names.size())));
+  TROUPE_RETURN_IF_ERROR(
+      inner_->Configure(group_comm_.get(), group_.plan, store, group_host_.get()));
+  return StageOuterState(plan);
+}
+
+// The outer state of the generation, staged beside the inner one: a survivor's own; a joiner's
+// from world rank 0 (θ_global, momentum; a survivor, as survivors come first) and its group's
+// first survivor (the residual; zero in a group that is new); θ_global = the parameters the
+// inner configuration staged after a fresh start or a checkpoint (momentum, residual zero).
+absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
+  float* params = inner_->StagedParams();
+  const int64_t n = inner_->model()->num_params();
+  if (params == nullptr) {
+    return absl::FailedPreconditionError("lowcomm: the staged parameters are not on the host");
+  }
+  staged_steps_ = plan.committed_steps;
+  outer_staged_ = true;
+  if (plan.source != RestoreSource::kMemory) {
+    staged_.global.assign(params, params + n);
+    staged_.momentum.assign(n, 0.0f);
+    staged_.residual.assign(n, 0.0f);
+    return absl::OkStatus();
+  }
+  const int kept = plan.old_world - static_cast<int>(plan.gone.size());
+  const bool joiner = plan.rank >= kept;
+  if (!joiner && !has_outer_) {
+    return absl::FailedPreconditionError("lowcomm: a surviving rank without the outer state");
+  }
+  if (joiner) {
+    staged_.global.assign(n, 0.0f);
+    staged_.momentum.assign(n, 0.0f);
+    staged_.residual.assign(n, 0.0f);
+  } else {
+    staged_ = outer_;
+  }
+  std::vector<P2P> moves;
+  for (int j = kept; j < plan.world; ++j) {
+    const int donor = [&] {  // j's group's first survivor, if any
+      for (int r = 0; r < kept; ++r) {
+        if (plan.groups[r] == plan.groups[j]) return r;
+      }
+      return -1;
+    }();
+    const P2P::Kind kind = j == plan.rank ? P2P::Kind::kRecv : P2P::Kind::kSend;
+    if (plan.rank == 0 || j == plan.rank) {
+      const int peer = j == plan.rank ? 0 : j;
+      moves.push_back({kind, Floats(staged_.global), peer, kTagOuterState});
+      moves.push_back({kind, Floats(staged_.momentum), peer, kTagOuterState + 1});
+    }
+    if (donor >= 0 && (plan.rank == donor || j == plan.rank)) {
+      moves.push_back(
+          {kind, Floats(staged_.residual), j == plan.rank ? donor : j, kTagOuterState + 2});
+    }
+  }
+  TROUPE_RETURN_IF_ERROR(elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
+  if (group_.new_group) std::copy(staged_.global.begin(), staged_.global.end(), params);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutcome> LowCommRank::RunStep(OuterSync* sync) {
+  *sync = OuterSync{};
+  outer_staged_ = false;
+  if (!has_outer_) return absl::FailedPreconditionError("lowcomm: RunStep before a configuration");
+  const int64_t step = inner_->committed_steps();
+  TROUPE_ASSIGN_OR_RETURN(StepOutcome out, inner_->RunStep());
+  const std::vector<int32_t> due = FragmentsDueAfter(o_.lowcomm, step + 1, o_.total_steps);
+  if (due.empty()) return out;
+  float* params = inner_->StagedParams();
+  if (params == nullptr) {
+    return absl::FailedPreconditionError("lowcomm: the staged parameters are not on the host");
+  }
+  staged_ = outer_;
+  for (int32_t f : due) TROUPE_RETURN_IF_ERROR(SyncFragment(f, params, sync));
+  sync->fragments = due;
+  outer_staged_ = true;
+  staged_steps_ = step + 1;
+  return out;
+}
+
+// Fragment f: this group's Δ (encoded with its residual) to the other groups through their first
+// ranks, everyone's to every rank of the group, the outer step, θ_global into the staged params.
+absl::Status LowCommRank::SyncFragment(int32_t f, float* params, OuterSync* sync) {
+  const LowCommOptions& o = o_.lowcomm;
+  const auto [lo, hi] = FragmentRange(inner_->model()->num_params(), o.fragments, f);
+  const size_t count = static_cast<size_t>(hi - lo);
+  const size_t bytes = collectives::CompressedBytes(o.compression, o.topk_fraction, count);
+  const size_t words = bytes / sizeof(float);  // every encoding is whole floats
+  const int groups = static_cast<int>(group_.names.size());
+  const int me = static_cast<int>(
+      std::find(group_.names.begin(), group_.names.end(), group_.group) - group_.names.begin());
+  std::vector<float> all(words * groups);
+  auto slot = [&](int g) { return reinterpret_cast<uint8_t*>(all.data() + g * words); };
+  EncodePseudoGradient(o, staged_.global.data() + lo, params + lo, count,
+                       staged_.residual.data() + lo, slot(me));
+  if (group_.plan.rank == 0) {
+    std::vector<P2P> moves;
+    for (int g = 0; g < groups; ++g) {
+      if (g == me) continue;
+      const int leader = group_.leaders[g];
+      moves.push_back({P2P::Kind::kSend, Buffer::F32(all.data() + me * words, words), leader,
+                       kTagOuter | static_cast<uint32_t>(f)});
+      moves.push_back({P2P::Kind::kRecv, Buffer::F32(all.data() + g * words, words), leader,
+                       kTagOuter | static_cast<uint32_t>(f)});
+      sync->bytes_sent += bytes;
+    }
+    TROUPE_RETURN_IF_ERROR(
+        elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
+  }
+  TROUPE_RETURN_IF_ERROR(group_comm_->Broadcast(Floats(all), 0, o_.collective).Wait());
+  std::vector<GroupUpdate> updates;
+  for (int g = 0; g < groups; ++g) updates.push_back({g, slot(g)});
+  TROUPE_ASSIGN_OR_RETURN(OuterOutcome out, OuterStep(o, updates, count, staged_.global.data() + lo,
+                                                      staged_.momentum.data() + lo));
+  std::copy(staged_.global.begin() + lo, staged_.global.begin() + hi, params + lo);
+  // The step's report: a group clipped or left out in any fragment is named once.
+  auto add = [&](const std::vector<int32_t>& ids, std::vector<std::string>* to) {
+    for (int32_t id : ids) {
+      if (std::find(to->begin(), to->end(), group_.names[id]) == to->end()) {
+        to->push_back(group_.names[id]);
+      }
+    }
+  };
+  add(out.clipped, &sync->clipped);
+  add(out.rejected, &sync->rejected);
+  sync->applied.clear();
+  for (const std::string& name : group_.names) {
+    if (std::find(sync->rejected.begin(), sync->rejected.end(), name) == sync->rejected.end()) {
+      sync->applied.push_back(name);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LowCommRank::Commit() {
+  if (outer_staged_) {
+    outer_ = std::move(staged_);
+    has_outer_ = true;
+    outer_staged_ = false;
+  }
+  inner_->Commit();
+}
+
+void LowCommRank::Abandon() {
+  outer_staged_ = false;
+  inner_->Abandon();
+}
+
+}  // namespace troupe::train

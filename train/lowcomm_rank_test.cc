@@ -1,0 +1,274 @@
+// LowCommRank in one process: ranks are threads over the in-process communicator, their groups
+// training apart and meeting at the outer step. Against a DiLoCo reference written here from
+// model::Trainer (one per group, on the group's data stream) and the outer step's formula, bit for
+// bit — through a group that loses a rank mid-round (memory restore inside the group) and a group
+// lost whole (the others go on; its Δ missing from the rounds after).
+#include "troupe/train/lowcomm_rank.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <thread>
+
+#include "troupe/collectives/inprocess.h"
+#include "troupe/model/data_source.h"
+#include "troupe/model/token_shard.h"
+#include "troupe/model/trainer.h"
+
+namespace troupe::train {
+namespace {
+
+constexpr int kM = 4;
+constexpr int kSteps = 8;
+
+class LowCommRankTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("troupe_lowcomm_rank_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    std::vector<int32_t> tokens(20000);
+    uint32_t x = 99;
+    for (auto& t : tokens) {
+      x = x * 1664525u + 1013904223u;
+      t = static_cast<int32_t>((x >> 16) % 300);
+    }
+    ASSERT_TRUE(model::WriteTokenShard(dir_ + "/train-00000.tok", tokens, 300).ok());
+    spec_.data_dir = dir_;
+    spec_.seq_len = 16;
+    spec_.microbatch_size = 2;
+    spec_.microbatches = kM;
+    spec_.seed = 7;
+    schedule_.max_lr = 3e-3f;
+    schedule_.warmup_steps = 1;
+    schedule_.total_steps = kSteps;
+    lowcomm_.inner_steps = 2;
+    lowcomm_.outer_lr = 0.7f;
+    lowcomm_.outer_momentum = 0.9f;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // DiLoCo in one process: a model::Trainer per group on its data stream; after each round the
+  // mean of θ_global − θ_g drives Nesterov, and every group continues from θ_global. `groups` of
+  // each step (a group leaving at step s is in groups[s] no more).
+  std::vector<float> Reference(const std::vector<std::vector<std::string>>& groups_at) {
+    std::map<std::string, std::unique_ptr<model::DataSource>> data;
+    std::map<std::string, std::unique_ptr<model::Trainer>> trainers;
+    std::vector<float> global, momentum;
+    for (int s = 0; s < kSteps; ++s) {
+      const std::vector<std::string>& groups = groups_at[s];
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if (!data.count(groups[g])) {
+          auto d = model::DataSource::Open(
+              {dir_ + "/train-00000.tok"}, 300,
+              {.seq_len = 16, .microbatch_size = 2, .microbatches_per_step = kM, .seed = 7});
+          EXPECT_TRUE(d.ok());
+          data[groups[g]] = std::make_unique<model::DataSource>(*std::move(d));
+          auto t = model::Trainer::Create({.config = model::GptConfig::Tiny(300),
+                                           .adamw = {},
+                                           .schedule = schedule_,
+                                           .init_seed = 3},
+                                          data[groups[g]].get());
+          EXPECT_TRUE(t.ok());
+          trainers[groups[g]] = std::make_unique<model::Trainer>(*std::move(t));
+        }
+        EXPECT_TRUE(data[groups[g]]
+                        ->SetStream(static_cast<int32_t>(g), static_cast<int32_t>(groups.size()))
+                        .ok());
+      }
+      model::Trainer& first = *trainers[groups[0]];
+      const int64_t n = first.model().num_params();
+      if (global.empty()) {
+        global.assign(first.model().params(), first.model().params() + n);
+        momentum.assign(n, 0.0f);
+      }
+      for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Step().ok());
+      if ((s + 1) % lowcomm_.inner_steps != 0 && s + 1 != kSteps) continue;
+      for (int64_t i = 0; i < n; ++i) {
+        float sum = 0.0f;
+        for (const std::string& g : groups) sum += global[i] - trainers[g]->model().params()[i];
+        const float mean = sum / static_cast<float>(groups.size());
+        momentum[i] = 0.9f * momentum[i] + mean;
+        global[i] = global[i] - 0.7f * (mean + 0.9f * momentum[i]);
+      }
+      for (const std::string& g : groups) {
+        std::copy(global.begin(), global.end(), trainers[g]->model().params());
+      }
+    }
+    return global;
+  }
+
+  struct Rank {
+    std::unique_ptr<Trainable> model;
+    std::unique_ptr<ElasticRank> inner;
+    std::unique_ptr<LowCommRank> rank;
+  };
+  std::unique_ptr<Rank> NewRank() {
+    auto r = std::make_unique<Rank>();
+    auto t = CreateGptTrainable(spec_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    r->model = *std::move(t);
+    ElasticRank::Options o;
+    o.microbatches = kM;
+    o.seed = 3;
+    o.schedule = schedule_;
+    o.collective.timeout = absl::Seconds(20);
+    r->inner = std::make_unique<ElasticRank>(r->model.get(), o);
+    r->rank = std::make_unique<LowCommRank>(r->inner.get(),
+                                            LowCommRank::Options{lowcomm_, kSteps, o.collective});
+    return r;
+  }
+
+  // Runs `fn(rank index)` on a thread per rank.
+  static void Each(size_t n, const std::function<void(size_t)>& fn) {
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < n; ++i) ts.emplace_back(fn, i);
+    for (auto& t : ts) t.join();
+  }
+
+  // A generation over `ranks` (world order) with `plan` (world, source, ...) completed per rank.
+  void Configure(const std::vector<Rank*>& ranks, GenerationPlan plan, uint64_t generation) {
+    std::vector<std::unique_ptr<collectives::Communicator>> comms;
+    keep_ = collectives::InProcessGroup::Create(static_cast<int>(ranks.size()), generation, &comms);
+    comms_ = std::move(comms);
+    Each(ranks.size(), [&](size_t i) {
+      GenerationPlan p = plan;
+      p.rank = static_cast<int>(i);
+      absl::Status s = ranks[i]->rank->Configure(comms_[i].get(), p, nullptr);
+      EXPECT_TRUE(s.ok()) << s;
+    });
+    for (Rank* r : ranks) r->rank->Commit();
+  }
+  // Steps [from, to) on every rank, committed; the syncs each rank reported.
+  void Steps(const std::vector<Rank*>& ranks, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      Each(ranks.size(), [&](size_t i) {
+        OuterSync sync;
+        absl::StatusOr<StepOutcome> out = ranks[i]->rank->RunStep(&sync);
+        EXPECT_TRUE(out.ok()) << out.status();
+        if ((s + 1) % 2 == 0) {
+          EXPECT_EQ(sync.fragments, std::vector<int32_t>{0}) << "step " << s;
+        }
+      });
+      for (Rank* r : ranks) r->rank->Commit();
+    }
+  }
+  static std::vector<float> Params(Rank& r) {
+    return std::vector<float>(r.model->params(), r.model->params() + r.model->num_params());
+  }
+
+  std::string dir_;
+  ModelSpec spec_;
+  model::LrSchedule schedule_;
+  LowCommOptions lowcomm_;
+  std::shared_ptr<collectives::InProcessGroup> keep_;
+  std::vector<std::unique_ptr<collectives::Communicator>> comms_;
+};
+
+TEST_F(LowCommRankTest, TwoGroupsOfAnySizeMatchTheReferenceAndEndOnTheGlobalWeights) {
+  const std::vector<float> want =
+      Reference(std::vector<std::vector<std::string>>(kSteps, {"zone:a", "zone:b"}));
+  for (const std::vector<std::string>& groups :
+       std::vector<std::vector<std::string>>{{"zone:a", "zone:b"},
+                                             {"zone:b", "zone:a", "zone:a", "zone:b"},
+                                             {"zone:a", "zone:a", "zone:a", "zone:b"}}) {
+    std::vector<std::unique_ptr<Rank>> owned;
+    std::vector<Rank*> ranks;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      owned.push_back(NewRank());
+      ranks.push_back(owned.back().get());
+    }
+    GenerationPlan plan;
+    plan.world = static_cast<int>(groups.size());
+    plan.groups = groups;
+    Configure(ranks, plan, 1);
+    Steps(ranks, 0, kSteps);
+    for (Rank* r : ranks) {
+      EXPECT_EQ(Params(*r), want) << groups.size() << " ranks";
+      EXPECT_EQ(r->rank->global(), want);
+    }
+  }
+}
+
+// Group a (a0, a1, a2) loses a1 in the middle of step 4 (the round of steps 4-5): the step is
+// abandoned, group a restored from its survivors' memory, the step re-run. Group b is lost whole
+// once step 6 is committed: the round of steps 6-7 is group a's alone, on the one data stream.
+TEST_F(LowCommRankTest, ARankLostInAGroupAndAGroupLostWholeMatchTheirMembershipHistory) {
+  std::vector<std::vector<std::string>> history(kSteps, {"zone:a", "zone:b"});
+  for (int s = 6; s < kSteps; ++s) history[s] = {"zone:a"};
+  const std::vector<float> want = Reference(history);
+  std::vector<std::unique_ptr<Rank>> owned;
+  for (int i = 0; i < 4; ++i) owned.push_back(NewRank());
+  Rank *a0 = owned[0].get(), *a1 = owned[1].get(), *b0 = owned[2].get(), *a2 = owned[3].get();
+  GenerationPlan plan;
+  plan.world = 4;
+  plan.groups = {"zone:a", "zone:a", "zone:b", "zone:a"};
+  Configure({a0, a1, b0, a2}, plan, 1);
+  Steps({a0, a1, b0, a2}, 0, 4);
+  // a1 dies in step 4: the survivors' staged step is abandoned; generation 2 restores group a
+  // from its survivors' memory (a0, a2), b0 keeps its own.
+  for (Rank* r : {a0, b0, a2}) r->rank->Abandon();
+  GenerationPlan mem;
+  mem.world = 3;
+  mem.source = RestoreSource::kMemory;
+  mem.committed_steps = 4;
+  mem.old_world = 4;
+  mem.gone = {1};
+  mem.old_groups = plan.groups;
+  mem.groups = {"zone:a", "zone:b", "zone:a"};
+  Configure({a0, b0, a2}, mem, 2);
+  Steps({a0, b0, a2}, 4, 6);
+  // Group b is lost whole: a0 and a2 go on alone, on the one data stream left.
+  GenerationPlan alone;
+  alone.world = 2;
+  alone.source = RestoreSource::kMemory;
+  alone.committed_steps = 6;
+  alone.old_world = 3;
+  alone.gone = {1};
+  alone.old_groups = mem.groups;
+  alone.groups = {"zone:a", "zone:a"};
+  Configure({a0, a2}, alone, 3);
+  Steps({a0, a2}, 6, kSteps);
+  EXPECT_EQ(Params(*a0), want);
+  EXPECT_EQ(Params(*a2), want);
+}
+
+TEST_F(LowCommRankTest, GroupPlansAreCutFromTheWorldsPlan) {
+  GenerationPlan p;
+  p.world = 4;
+  p.rank = 3;
+  p.buddy = 3;
+  p.source = RestoreSource::kMemory;
+  p.committed_steps = 9;
+  p.old_world = 5;
+  p.gone = {0, 3};
+  p.old_groups = {"b", "a", "b", "b", "c"};
+  p.groups = {"a", "b", "c", "b"};  // kept: 1 2 4 (a b c), then a joiner in b
+  absl::StatusOr<GroupPlan> g = GroupPlanOf(p);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->group, "b");
+  EXPECT_EQ(g->members, (std::vector<int>{1, 3}));
+  EXPECT_EQ(g->names, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(g->leaders, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(g->plan.world, 2);
+  EXPECT_EQ(g->plan.rank, 1);
+  EXPECT_EQ(g->plan.buddy, 1);
+  EXPECT_EQ(g->plan.old_world, 3) << "b's old ranks 0, 2, 3";
+  EXPECT_EQ(g->plan.gone, (std::vector<int>{0, 2}));
+  EXPECT_FALSE(g->new_group);
+  p.rank = 2;
+  p.old_groups = {"b", "a", "b", "b", "d"};  // c: nobody of it was there
+  g = GroupPlanOf(p);
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(g->new_group);
+  EXPECT_EQ(g->plan.source, RestoreSource::kInit);
+  p.groups.pop_back();
+  EXPECT_EQ(GroupPlanOf(p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace troupe::train
