@@ -204,6 +204,7 @@ void Coordinator::NoteOuter(const StepDone& m) {
                    m.outer_rejected, 0};
   }
   outer_.bytes += m.outer_bytes;
+  outer_.feedback_error = std::max(outer_.feedback_error, m.outer_feedback_error);
 }
 
 // The committed step's outer round ([lowcomm]): into the event log ("outer_round": step,
@@ -219,6 +220,9 @@ std::string Coordinator::LogOuter(const train::CoordinatorAction& a) {
       .Set("bytes", static_cast<int64_t>(outer_.bytes));
   if (!outer_.clipped.empty()) e.Set("clipped", absl::StrJoin(outer_.clipped, ","));
   if (!outer_.rejected.empty()) e.Set("rejected", absl::StrJoin(outer_.rejected, ","));
+  if (outer_.feedback_error >= 0) {
+    e.Set("feedback_error", absl::StrFormat("%.3g", outer_.feedback_error));
+  }
   events_->Write(e);
   report_.outer_bytes += outer_.bytes;
   ++report_.outer_rounds;

@@ -166,6 +166,7 @@ class Coordinator {
     std::vector<int32_t> fragments;
     std::vector<std::string> applied, clipped, rejected;
     uint64_t bytes = 0;
+    double feedback_error = -1;  // the worst any rank checked (verify_feedback)
   };
   OuterRound outer_;
   void NoteOuter(const StepDone& m);

@@ -97,6 +97,7 @@ struct StepDone {
   std::vector<int32_t> outer_fragments{};
   std::vector<std::string> outer_applied{}, outer_clipped{}, outer_rejected{};
   uint64_t outer_bytes = 0;
+  double outer_feedback_error = -1;  // OuterSync::feedback_error
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -199,7 +200,8 @@ typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
            x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds,
            x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes, x.exchange_seconds,
            x.exposed_seconds, x.eval_microbatches, x.eval_losses, x.eval_seconds, x.outer_fragments,
-           x.outer_applied, x.outer_clipped, x.outer_rejected, x.outer_bytes);
+           x.outer_applied, x.outer_clipped, x.outer_rejected, x.outer_bytes,
+           x.outer_feedback_error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {

@@ -501,6 +501,7 @@ class RankState {
       done.outer_clipped = std::move(sync.clipped);
       done.outer_rejected = std::move(sync.rejected);
       done.outer_bytes = sync.bytes_sent;
+      done.outer_feedback_error = sync.feedback_error;
       if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
     caf::anon_send(coordinator_, std::move(done));

@@ -254,6 +254,7 @@ void ReadLowComm(Section& s, JobSpec& spec) {
     s.Fail("robust", "\"none\", \"clip\" or \"reject\"", absl::StrCat("\"", robust, "\""));
   }
   s.Number("robust_factor", &o.robust_factor, 1, 1e9);
+  s.Bool("verify_feedback", &o.verify_feedback);
 }
 
 void ReadChaos(Section& s, JobSpec& spec) {
@@ -548,9 +549,10 @@ std::string JobSpec::ToToml() const {
       "\nfragments = ", lowcomm.fragments, "\ncompression = ", Quote(CompressionName(lowcomm)),
       "\nrobust = ", Quote(RobustOuterName(lowcomm.robust)),
       "\nrobust_factor = ", absl::StrFormat("%.17g", lowcomm.robust_factor),
-      "\n\n[chaos]\nfaults = [", absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"",
-      absl::FormatDuration(network_fault), "\"\ndrop_percent = ", drop_percent, "\nstall = \"",
-      absl::FormatDuration(stall), "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
+      "\nverify_feedback = ", lowcomm.verify_feedback ? "true" : "false", "\n\n[chaos]\nfaults = [",
+      absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
+      "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
+      "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",
       absl::FormatDuration(jitter), "\"\nflap_period = \"", absl::FormatDuration(flap_period),
       "\"\ndisk_delay = \"", absl::FormatDuration(disk_delay), "\"\nclock_step = \"",
       absl::FormatDuration(clock_step), "\"\n\n[timeouts]\nliveness = \"",

@@ -75,6 +75,11 @@ absl::StatusOr<GroupPlan> GroupPlanOf(const GenerationPlan& p) {
   return g;
 }
 
+void LowCommRank::ResetFeedbackSums(Outer* o) {
+  o->meant.assign(o->residual.begin(), o->residual.end());
+  o->sent.assign(o->residual.size(), 0.0);
+}
+
 absl::Status LowCommRank::Configure(collectives::Communicator* world, const GenerationPlan& plan,
                                     CheckpointStore* store, collectives::Communicator* host_world) {
   // A step staged here whose commit never arrived but which the plan counts (ElasticRank::
@@ -117,6 +122,7 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
     staged_.global.assign(params, params + n);
     staged_.momentum.assign(n, 0.0f);
     staged_.residual.assign(n, 0.0f);
+    ResetFeedbackSums(&staged_);
     return absl::OkStatus();
   }
   const int kept = plan.old_world - static_cast<int>(plan.gone.size());
@@ -152,6 +158,7 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
   }
   TROUPE_RETURN_IF_ERROR(elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
   if (group_.new_group) std::copy(staged_.global.begin(), staged_.global.end(), params);
+  if (joiner) ResetFeedbackSums(&staged_);
   return absl::OkStatus();
 }
 
@@ -190,6 +197,7 @@ absl::Status LowCommRank::SyncFragment(int32_t f, float* params, OuterSync* sync
   auto slot = [&](int g) { return reinterpret_cast<uint8_t*>(all.data() + g * words); };
   EncodePseudoGradient(o, staged_.global.data() + lo, params + lo, count,
                        staged_.residual.data() + lo, slot(me));
+  if (o.verify_feedback) TROUPE_RETURN_IF_ERROR(VerifyFeedback(lo, hi, params, slot(me), sync));
   if (group_.plan.rank == 0) {
     std::vector<P2P> moves;
     for (int g = 0; g < groups; ++g) {
@@ -227,6 +235,30 @@ absl::Status LowCommRank::SyncFragment(int32_t f, float* params, OuterSync* sync
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status LowCommRank::VerifyFeedback(int64_t lo, int64_t hi, const float* params,
+                                         const uint8_t* mine, OuterSync* sync) {
+  const LowCommOptions& o = o_.lowcomm;
+  const size_t count = static_cast<size_t>(hi - lo);
+  std::vector<float> decoded(count, 0.0f);
+  collectives::DecodeAdd(o.compression, o.topk_fraction, mine, count, decoded.data());
+  double worst = 0, scale = 0;
+  int64_t at = lo;
+  for (int64_t i = lo; i < hi; ++i) {
+    staged_.meant[i] += staged_.global[i] - params[i];  // Δ as the encoding saw it
+    staged_.sent[i] += decoded[i - lo];
+    scale = std::max(scale, std::abs(staged_.meant[i]));
+    const double off = std::abs(staged_.sent[i] + staged_.residual[i] - staged_.meant[i]);
+    if (off > worst) worst = off, at = i;
+  }
+  const double error = scale > 0 ? worst / scale : 0;
+  sync->feedback_error = std::max(sync->feedback_error, error);
+  if (error <= 1e-5) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("lowcomm: error feedback lost ", worst, " at parameter ",
+                                          at, " (", error, " of the largest sum): sent ",
+                                          staged_.sent[at], " + residual ", staged_.residual[at],
+                                          " != meant ", staged_.meant[at]));
 }
 
 void LowCommRank::Commit() {

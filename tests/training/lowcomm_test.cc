@@ -240,13 +240,16 @@ TEST_F(LowCommTest, ACheckpointRestoresAtAnotherGroupCount) {
 }
 
 // int8 and top-k pseudo-gradients: a quarter and a tenth of the bytes between groups, and the
-// model still learns.
+// model still learns; every rank checks after every round that what its group sent plus its
+// residual is what it meant to send (verify_feedback: a violation would fail the step), and the
+// log carries the worst discrepancy, within float rounding.
 TEST_F(LowCommTest, CompressedPseudoGradientsSendAFractionOfTheBytesAndStillLearn) {
   std::map<std::string, double> bytes;
   for (const std::string c : {"none", "int8", "topk:0.05"}) {
     std::string spec = Slurp(spec_);
     const size_t at = spec.find("[lowcomm]\n");
-    std::ofstream(spec_) << spec.substr(0, at + 10) << "compression = \"" << c << "\"\n"
+    std::ofstream(spec_) << spec.substr(0, at + 10) << "compression = \"" << c
+                         << "\"\nverify_feedback = true\n"
                          << spec.substr(at + 10);
     const std::string name = c == "topk:0.05" ? "topk" : c;
     JobRun r = Train(name, {"--workers", "4"});
@@ -258,6 +261,12 @@ TEST_F(LowCommTest, CompressedPseudoGradientsSendAFractionOfTheBytesAndStillLear
     const std::vector<SupervisionEvent> steps = FindEvents(Events(name), "step");
     ASSERT_GE(steps.size(), 2u);
     EXPECT_LT(std::stod(steps.back().Field("loss")), std::stod(steps.front().Field("loss"))) << c;
+    const std::vector<SupervisionEvent> rounds = FindEvents(Events(name), "outer_round");
+    ASSERT_EQ(rounds.size(), 3u) << EventLogText(name);
+    for (const SupervisionEvent& e : rounds) {
+      ASSERT_FALSE(e.Field("feedback_error").empty()) << EventLogText(name);
+      EXPECT_LE(std::stod(e.Field("feedback_error")), 1e-5) << c;
+    }
     std::ofstream(spec_) << spec;
   }
   EXPECT_NEAR(bytes["int8"] / bytes["none"], 260.0 / 1024, 0.01);

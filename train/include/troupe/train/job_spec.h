@@ -22,7 +22,7 @@
 //                in this many zones, g0, g1, ...; on a cluster of your own a group is a failure
 //                domain: zone label, else host), inner_steps, outer_lr, outer_momentum,
 //                fragments, compression ("none", "int8", "topk:<fraction>"), robust ("none",
-//                "clip", "reject"), robust_factor — train/lowcomm.h
+//                "clip", "reject"), robust_factor, verify_feedback — train/lowcomm.h
 //   [chaos]      faults = ["kill-worker@10", ...]  (see Fault), network_fault (a duration),
 //                drop_percent, delay and jitter (durations), flap_period, stall, disk_delay,
 //                clock_step

@@ -45,6 +45,9 @@ struct LowCommOptions {
   double topk_fraction = 0.01;  // kTopK
   RobustOuter robust = RobustOuter::kNone;
   double robust_factor = 3.0;
+  // Every rank checks after every round that Σ sent + residual = Σ Δ of its group (within float
+  // rounding; two model-size sums of doubles): a violation fails the step, naming the element.
+  bool verify_feedback = false;
 };
 
 // "none", "int8" or "topk:<fraction>" (0 < fraction <= 1); InvalidArgument naming what it got.

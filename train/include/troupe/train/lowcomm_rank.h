@@ -49,6 +49,9 @@ struct OuterSync {
   std::vector<int32_t> fragments;
   std::vector<std::string> applied, clipped, rejected;  // group names, in order
   uint64_t bytes_sent = 0;                              // by this rank to other groups' ranks
+  // LowCommOptions::verify_feedback: the largest |Σ sent + residual − Σ Δ| / max |Σ Δ| so far
+  // (-1: not checked).
+  double feedback_error = -1;
 };
 
 class LowCommRank {
@@ -78,9 +81,16 @@ class LowCommRank {
  private:
   struct Outer {
     std::vector<float> global, momentum, residual;
+    // verify_feedback: Σ Δ + the residual handed over, and Σ sent, since this rank's start.
+    std::vector<double> meant, sent;
   };
   [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan);
+  // The feedback check's sums start from the residual a rank starts with (handed over, or zero).
+  static void ResetFeedbackSums(Outer* o);
   [[nodiscard]] absl::Status SyncFragment(int32_t f, float* params, OuterSync* sync);
+  // verify_feedback over [lo, hi), after this group's encoding `mine` of Δ = global − params.
+  [[nodiscard]] absl::Status VerifyFeedback(int64_t lo, int64_t hi, const float* params,
+                                            const uint8_t* mine, OuterSync* sync);
 
   ElasticRank* inner_;
   Options o_;
