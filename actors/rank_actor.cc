@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "caf/all.hpp"
+#include "coordinator_bootstrap.h"
 #include "protocol.h"
 #include "troupe/actors/training.h"
 #include "troupe/base/clock.h"
@@ -65,107 +66,6 @@ class DeviceComm {
   std::mutex mu_;
   std::unique_ptr<collectives::Communicator> comm_;
   absl::Status dead_;
-};
-
-// Bootstrap keys live in the coordinator (put/get requests); a lookup polls until the key is
-// there, its deadline passes, or the generation it serves was aborted.
-class CoordinatorBootstrap : public collectives::Bootstrap {
- public:
-  CoordinatorBootstrap(caf::actor_system& sys, caf::actor kv, uint64_t gen,
-                       const std::atomic<uint64_t>* aborted_below, absl::Duration rpc)
-      : sys_(sys),
-        kv_(std::move(kv)),
-        gen_(gen),
-        aborted_below_(aborted_below),
-        rpc_(absl::ToChronoMilliseconds(rpc)) {}
-
-  absl::Status Publish(const std::string& key, const std::string& value) override {
-    caf::scoped_actor self{sys_};
-    absl::Status st = absl::UnavailableError("bootstrap: no reply from the coordinator");
-    self->request(kv_, rpc_, put_atom::value, key, value)
-        .receive([&](bool) { st = absl::OkStatus(); },
-                 [&](caf::error& e) {
-                   st = absl::UnavailableError(
-                       absl::StrCat("bootstrap publish of ", key, ": ", sys_.render(e)));
-                 });
-    return st;
-  }
-
-  absl::StatusOr<std::string> Lookup(const std::string& key, absl::Time deadline) override {
-    TROUPE_ASSIGN_OR_RETURN(std::vector<std::string> v, LookupAll({key}, deadline));
-    return std::move(v[0]);
-  }
-
-  // Asks for every key still missing in one request until all are there: again after 2 ms,
-  // doubling to 32 ms (at thousands of ranks a request is O(W) for the coordinator).
-  absl::StatusOr<std::vector<std::string>> LookupAll(const std::vector<std::string>& keys,
-                                                     absl::Time deadline) override {
-    caf::scoped_actor self{sys_};
-    std::vector<std::string> values(keys.size());
-    std::vector<size_t> missing(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) missing[i] = i;
-    absl::Duration wait = absl::Milliseconds(2);
-    while (!missing.empty()) {
-      if (aborted_below_->load() > gen_) {
-        return absl::AbortedError(absl::StrCat("bootstrap of generation ", gen_, " aborted"));
-      }
-      KvKeys ask;
-      for (size_t i : missing) ask.keys.push_back(keys[i]);
-      absl::Status st;
-      self->request(kv_, rpc_, get_atom::value, ask)
-          .receive(
-              [&](KvValues& got) {
-                if (got.values.size() != missing.size()) {
-                  st = absl::DataLossError(absl::StrCat("bootstrap lookup: ", got.values.size(),
-                                                        " values for ", missing.size(), " keys"));
-                  return;
-                }
-                std::vector<size_t> still;
-                for (int32_t m : got.missing) {
-                  if (m < 0 || static_cast<size_t>(m) >= missing.size()) {
-                    st = absl::DataLossError(absl::StrCat("bootstrap lookup: missing index ", m,
-                                                          " of ", missing.size(), " keys"));
-                    return;
-                  }
-                  still.push_back(missing[m]);
-                }
-                for (size_t a = 0; a < missing.size(); ++a) {
-                  values[missing[a]] = std::move(got.values[a]);
-                }
-                missing = std::move(still);
-              },
-              [&](caf::error& e) {
-                st = absl::UnavailableError(absl::StrCat("bootstrap lookup of ", ask.keys[0],
-                                                         " and ", ask.keys.size() - 1,
-                                                         " more: ", sys_.render(e)));
-              });
-      if (!st.ok()) return st;
-      if (missing.empty()) break;
-      if (base::MonotonicNow() > deadline) return NeverPublished(keys[missing[0]]);
-      absl::SleepFor(wait);
-      wait = std::min(wait * 2, absl::Milliseconds(32));
-    }
-    return values;
-  }
-
- private:
-  // The rank whose key it is never got as far as publishing it: blame it.
-  static absl::Status NeverPublished(const std::string& key) {
-    int rank = -1;
-    const size_t slash = key.rfind('/');
-    absl::Status late =
-        absl::DeadlineExceededError(absl::StrCat("bootstrap: ", key, " never published"));
-    if (slash != std::string::npos && absl::SimpleAtoi(key.substr(slash + 1), &rank)) {
-      late = collectives::BlamePeer(std::move(late), rank);
-    }
-    return late;
-  }
-
-  caf::actor_system& sys_;
-  caf::actor kv_;
-  uint64_t gen_;
-  const std::atomic<uint64_t>* aborted_below_;
-  std::chrono::milliseconds rpc_;
 };
 
 class RankState {
@@ -224,8 +124,15 @@ class RankState {
     const collectives::CollectiveOptions collective = o.collective;
     rank_ = std::make_unique<train::ElasticRank>(model_.get(), std::move(o));
     if (spec_.lowcomm_groups > 0) {
+      // corrupt-update@S: this rank's group sends 1000 × its Δ in step S's sync (it leads it).
+      auto corrupt = [this](int64_t step) {
+        auto f = TakeArmed(step, train::StepPoint::kExchange, train::FaultKind::kCorruptUpdate);
+        if (f) NoteFired(*f);
+        return f.has_value();
+      };
       lowcomm_ = std::make_unique<train::LowCommRank>(
-          rank_.get(), train::LowCommRank::Options{spec_.lowcomm, spec_.steps, collective});
+          rank_.get(),
+          train::LowCommRank::Options{spec_.lowcomm, spec_.steps, collective, corrupt});
     }
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
@@ -267,11 +174,23 @@ class RankState {
   // (the coordinator measures recovery from at_ns).
   void FireArmedFault(const ArmedFault& f) {
     if (f.kind == train::FaultKind::kClockStep) return StepClock(f.step);
-    const int sig = f.signal;
+    NoteFired(f);
+    if (f.signal != 0) {
+      raise(f.signal);
+      return;
+    }
+    // Stuck for good: only eviction (the process ends), a fence (SIGKILL from its node) or the
+    // rank's own stop ends it.
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return stopping_; });
+  }
+
+  // The fault_fired event of a fault this rank carries out.
+  void NoteFired(const ArmedFault& f) {
     base::SupervisionEvent e = train::JobEvent("fault_fired", worker_, "rank");
     e.generation = gen_;
     e.pid = getpid();
-    e.signal = sig;
+    e.signal = f.signal;
     e.Set("kind", train::FaultKindName(f.kind))
         .Set("step", f.step)
         .Set("point", train::StepPointName(f.point))
@@ -280,14 +199,6 @@ class RankState {
         // process measures the recovery from it.
         .Set("at_ns", absl::ToUnixNanos(absl::Now()) - stepped_ns_.load());
     train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
-    if (sig != 0) {
-      raise(sig);
-      return;
-    }
-    // Stuck for good: only eviction (the process ends), a fence (SIGKILL from its node) or the
-    // rank's own stop ends it.
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [this] { return stopping_; });
   }
 
   // From the actor's thread: the coordinator gave this rank up for good while it was alive. Its
@@ -345,9 +256,15 @@ class RankState {
 
   // The armed fault if it is for this step and point, disarmed: it fires once, even if the step
   // runs again.
-  std::optional<ArmedFault> TakeArmed(int64_t step, train::StepPoint point) {
+  // A corrupt-update is the outer sync's to take (TakeCorrupt), at no point of the step.
+  std::optional<ArmedFault> TakeArmed(int64_t step, train::StepPoint point,
+                                      train::FaultKind only = train::FaultKind::kKillWorker) {
     std::lock_guard<std::mutex> l(armed_mu_);
-    if (armed_.step < 0 || armed_.step != step || armed_.point != point) return std::nullopt;
+    const bool corrupt = armed_.kind == train::FaultKind::kCorruptUpdate;
+    if (armed_.step < 0 || armed_.step != step || armed_.point != point ||
+        corrupt != (only == train::FaultKind::kCorruptUpdate)) {
+      return std::nullopt;
+    }
     const ArmedFault f = armed_;
     armed_.step = -1;
     return f;
@@ -374,7 +291,8 @@ class RankState {
         if (model_->device().is_cuda()) device_ = std::make_shared<DeviceComm>();
       }
       gen_ = gen;
-      CoordinatorBootstrap boot(sys_, coordinator, gen, &aborted_below_, spec_.timeouts.rpc);
+      internal::CoordinatorBootstrap boot(sys_, coordinator, gen, &aborted_below_,
+                                          spec_.timeouts.rpc);
       collectives::UcxOptions uo;
       uo.rank = plan->rank;
       uo.size = plan->world;

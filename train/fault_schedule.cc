@@ -83,16 +83,16 @@ FiredFault FireFault(const Fault& f, const FaultTargets& t) {
     case FaultKind::kKillWorker:
     case FaultKind::kStopWorker:
     case FaultKind::kHangWorker:
-    case FaultKind::kClockStep: {
+    case FaultKind::kClockStep:
+    case FaultKind::kCorruptUpdate: {
       const int r = FaultRank(f.arg, world);
       armed.Set("rank", r).Set("worker", t.workers[r]).Set("point", StepPointName(f.point));
       actions.push_back(Armed(armed, t.generation));
-      // hang-worker and clock-step leave the process alive: signal 0.
-      const bool alive = f.kind == FaultKind::kHangWorker || f.kind == FaultKind::kClockStep;
-      actions.push_back(Kill(f, t.workers[r],
-                             f.kind == FaultKind::kStopWorker ? SIGSTOP
-                             : alive                          ? 0
-                                                              : SIGKILL));
+      // Only kill-worker and stop-worker take the process down: the others leave it (signal 0).
+      const int sig = f.kind == FaultKind::kKillWorker   ? SIGKILL
+                      : f.kind == FaultKind::kStopWorker ? SIGSTOP
+                                                         : 0;
+      actions.push_back(Kill(f, t.workers[r], sig));
       break;
     }
     case FaultKind::kDiskFull:

@@ -29,7 +29,8 @@ bool FaultAwaitsRecovery(FaultKind kind) {
          kind != FaultKind::kPartitionNode && kind != FaultKind::kDropNode &&
          kind != FaultKind::kStallCoordinator && kind != FaultKind::kDelayNode &&
          kind != FaultKind::kOneWayNode && kind != FaultKind::kFlapNode && !IsDiskFault(kind) &&
-         kind != FaultKind::kSpotNotice && kind != FaultKind::kClockStep;
+         kind != FaultKind::kSpotNotice && kind != FaultKind::kClockStep &&
+         kind != FaultKind::kCorruptUpdate;
 }
 
 namespace {

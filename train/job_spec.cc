@@ -51,6 +51,7 @@ constexpr std::pair<FaultKind, const char*> kFaultKinds[] = {
     {FaultKind::kDiskSlow, "disk-slow"},
     {FaultKind::kSpotNotice, "spot-notice"},
     {FaultKind::kClockStep, "clock-step"},
+    {FaultKind::kCorruptUpdate, "corrupt-update"},
 };
 }  // namespace
 
@@ -341,6 +342,10 @@ absl::Status CheckFaults(const JobSpec& spec, const std::string& file) {
   for (const Fault& f : spec.faults) {
     if (f.step >= spec.steps)
       return bad(absl::StrCat("a step below job.steps (", spec.steps, ")"), f);
+    if (f.kind == FaultKind::kCorruptUpdate && spec.lowcomm_groups == 0) {
+      return bad("a fault of a [lowcomm] job (corrupt-update corrupts a group's pseudo-gradient)",
+                 f);
+    }
     if (IsHeadFault(f.kind)) {
       return bad("a fault of the job (the head's are `troupe chaos run --lab`'s to carry out)", f);
     }

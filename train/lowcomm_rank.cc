@@ -175,7 +175,7 @@ absl::StatusOr<StepOutcome> LowCommRank::RunStep(OuterSync* sync) {
     return absl::FailedPreconditionError("lowcomm: the staged parameters are not on the host");
   }
   staged_ = outer_;
-  for (int32_t f : due) TROUPE_RETURN_IF_ERROR(SyncFragment(f, params, sync));
+  for (int32_t f : due) TROUPE_RETURN_IF_ERROR(SyncFragment(step, f, params, sync));
   sync->fragments = due;
   outer_staged_ = true;
   staged_steps_ = step + 1;
@@ -184,7 +184,7 @@ absl::StatusOr<StepOutcome> LowCommRank::RunStep(OuterSync* sync) {
 
 // Fragment f: this group's Δ (encoded with its residual) to the other groups through their first
 // ranks, everyone's to every rank of the group, the outer step, θ_global into the staged params.
-absl::Status LowCommRank::SyncFragment(int32_t f, float* params, OuterSync* sync) {
+absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, OuterSync* sync) {
   const LowCommOptions& o = o_.lowcomm;
   const auto [lo, hi] = FragmentRange(inner_->model()->num_params(), o.fragments, f);
   const size_t count = static_cast<size_t>(hi - lo);
@@ -198,6 +198,12 @@ absl::Status LowCommRank::SyncFragment(int32_t f, float* params, OuterSync* sync
   EncodePseudoGradient(o, staged_.global.data() + lo, params + lo, count,
                        staged_.residual.data() + lo, slot(me));
   if (o.verify_feedback) TROUPE_RETURN_IF_ERROR(VerifyFeedback(lo, hi, params, slot(me), sync));
+  if (group_.plan.rank == 0 && f == 0 && o_.corrupt && o_.corrupt(step)) {
+    std::vector<float> bad(count), none(count, 0.0f);
+    for (size_t i = 0; i < count; ++i) bad[i] = 1000.0f * (staged_.global[lo + i] - params[lo + i]);
+    collectives::EncodeWithFeedback(o.compression, o.topk_fraction, bad.data(), count, none.data(),
+                                    slot(me));
+  }
   if (group_.plan.rank == 0) {
     std::vector<P2P> moves;
     for (int g = 0; g < groups; ++g) {

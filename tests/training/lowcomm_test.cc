@@ -76,7 +76,9 @@ class LowCommTest : public troupe::testing::JobTest {
 
   // DiLoCo in one process over the job's spec and data: the CRC32C of θ_global after the job's
   // steps, the groups of each step as given.
-  std::string Reference(const std::vector<Groups>& groups_at) {
+  // `left_out`: by the step a round ends, groups whose Δ that round does not apply.
+  std::string Reference(const std::vector<Groups>& groups_at,
+                        const std::map<int, std::set<std::string>>& left_out = {}) {
     absl::StatusOr<troupe::train::JobSpec> spec = troupe::train::LoadJobSpec(spec_);
     EXPECT_TRUE(spec.ok()) << spec.status();
     std::vector<std::string> shards;
@@ -121,10 +123,14 @@ class LowCommTest : public troupe::testing::JobTest {
       }
       for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Step().ok());
       if ((s + 1) % kRound != 0 && s + 1 != steps_) continue;
+      Groups applied;
+      for (const std::string& g : groups) {
+        if (!left_out.count(s + 1) || !left_out.at(s + 1).count(g)) applied.push_back(g);
+      }
       for (int64_t i = 0; i < n; ++i) {
         float sum = 0.0f;
-        for (const std::string& g : groups) sum += global[i] - trainers[g]->model().params()[i];
-        const float mean = sum / static_cast<float>(groups.size());
+        for (const std::string& g : applied) sum += global[i] - trainers[g]->model().params()[i];
+        const float mean = sum / static_cast<float>(applied.size());
         momentum[i] = mu * momentum[i] + mean;
         global[i] = global[i] - lr * (mean + mu * momentum[i]);
       }
@@ -237,6 +243,28 @@ TEST_F(LowCommTest, ACheckpointRestoresAtAnotherGroupCount) {
       << EventLogText("resume");
   EXPECT_EQ(r.report.steps, steps_);
   EXPECT_EQ(Rounds("resume").at("12"), "zone:g0,zone:g1,zone:g2") << EventLogText("resume");
+}
+
+// One group of three sends garbage (1000 × its Δ) in the round ending at step 8: the median rule
+// leaves it out of that round, and the model is DiLoCo's without that group's Δ there (it goes
+// on from θ_global with the others).
+TEST_F(LowCommTest, ACorruptedUpdateIsRejectedAndTheModelIsUnaffected) {
+  SetGroups(3);
+  std::string spec = Slurp(spec_);
+  const size_t at = spec.find("[lowcomm]\n");
+  std::ofstream(spec_) << spec.substr(0, at + 10) << "robust = \"reject\"\n"
+                       << spec.substr(at + 10);
+  JobRun r = Train("corrupt", {"--workers", "6", "--chaos", "corrupt-update@7:2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(FindEvents(Events("corrupt"), "fault_fired", {{"kind", "corrupt-update"}}).size(), 1u)
+      << EventLogText("corrupt");
+  const std::vector<SupervisionEvent> round =
+      FindEvents(Events("corrupt"), "outer_round", {{"step", "8"}});
+  ASSERT_EQ(round.size(), 1u) << EventLogText("corrupt");
+  EXPECT_EQ(round[0].Field("rejected"), "zone:g1");
+  EXPECT_EQ(round[0].Field("applied"), "zone:g0,zone:g2");
+  EXPECT_EQ(Rounds("corrupt").at("12"), "zone:g0,zone:g1,zone:g2");
+  EXPECT_EQ(r.report.crc, Reference(History("corrupt", 3, 6), {{8, {"zone:g1"}}})) << r.output;
 }
 
 // int8 and top-k pseudo-gradients: a quarter and a tenth of the bytes between groups, and the

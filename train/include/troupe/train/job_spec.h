@@ -102,6 +102,10 @@ namespace troupe::train {
 //                            stopped (SIGSTOP) for [chaos] network_fault, once step S is
 //                            committed: carried out by `troupe chaos run --lab` on the head's host
 //                            (the head is no process of the job's); `troupe train` refuses them
+//   corrupt-update@S:R       [lowcomm]: the group of rank R (its first rank: the one that sends)
+//                            sends a corrupted pseudo-gradient (1000 × its Δ) in the outer sync
+//                            that ends step S (S + 1 a multiple of inner_steps) — what the robust
+//                            outer step ([lowcomm] robust) is for
 // The network faults are carried out by the node's agent on its own host (iptables in its network
 // namespace: the agent needs CAP_NET_ADMIN, as root on a host of its own has); a heal happens
 // even if the agent dies meanwhile. Loopback is never touched, so on a one-machine cluster they
@@ -128,9 +132,10 @@ enum class FaultKind {
   kDiskSlow,
   kSpotNotice,
   kClockStep,
+  kCorruptUpdate,
 };
 // The last kind (for listing them all).
-constexpr FaultKind kLastFaultKind = FaultKind::kClockStep;
+constexpr FaultKind kLastFaultKind = FaultKind::kCorruptUpdate;
 // disk-full, disk-fail, disk-slow: the checkpoint store's FileSystem carries them out
 // (chaos_file_system.h), in every process that writes checkpoints.
 bool IsDiskFault(FaultKind kind);

@@ -19,6 +19,7 @@
 #ifndef TROUPE_TRAIN_LOWCOMM_RANK_H_
 #define TROUPE_TRAIN_LOWCOMM_RANK_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,9 @@ class LowCommRank {
     LowCommOptions lowcomm;
     int64_t total_steps = 0;                    // the job's: every fragment syncs after the last
     collectives::CollectiveOptions collective;  // timeout of the exchanges
+    // Chaos (corrupt-update): true when this rank, leading its group, is to send 1000 × its Δ
+    // in the sync that ends step `step` (the residual stays the true one's).
+    std::function<bool(int64_t step)> corrupt{};
   };
   LowCommRank(ElasticRank* inner, Options options) : inner_(inner), o_(std::move(options)) {}
 
@@ -87,7 +91,7 @@ class LowCommRank {
   [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan);
   // The feedback check's sums start from the residual a rank starts with (handed over, or zero).
   static void ResetFeedbackSums(Outer* o);
-  [[nodiscard]] absl::Status SyncFragment(int32_t f, float* params, OuterSync* sync);
+  [[nodiscard]] absl::Status SyncFragment(int64_t step, int32_t f, float* params, OuterSync* sync);
   // verify_feedback over [lo, hi), after this group's encoding `mine` of Δ = global − params.
   [[nodiscard]] absl::Status VerifyFeedback(int64_t lo, int64_t hi, const float* params,
                                             const uint8_t* mine, OuterSync* sync);
