@@ -124,11 +124,18 @@ class RankState {
     const collectives::CollectiveOptions collective = o.collective;
     rank_ = std::make_unique<train::ElasticRank>(model_.get(), std::move(o));
     if (spec_.lowcomm_groups > 0) {
-      // corrupt-update@S: this rank's group sends 1000 × its Δ in step S's sync (it leads it).
-      auto corrupt = [this](int64_t step) {
+      // corrupt-update@S: this rank's group sends 1000 × its Δ in step S's sync, if it leads it.
+      auto corrupt = [this](int64_t step, bool leads) {
         auto f = TakeArmed(step, train::StepPoint::kExchange, train::FaultKind::kCorruptUpdate);
-        if (f) NoteFired(*f);
-        return f.has_value();
+        if (f && !leads) {
+          base::SupervisionEvent e = train::JobEvent("fault_failed", worker_, "rank");
+          e.generation = gen_;
+          e.Set("kind", train::FaultKindName(f->kind)).Set("step", step).reason =
+              "this rank does not lead its group (its first rank sends the group's update)";
+          train::EventLog(train::EventLogPath(spec_.work_dir)).Write(std::move(e));
+        }
+        if (f && leads) NoteFired(*f);
+        return f.has_value() && leads;
       };
       lowcomm_ = std::make_unique<train::LowCommRank>(
           rank_.get(),

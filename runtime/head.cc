@@ -97,7 +97,8 @@ caf::message_handler HeadActor::MembershipHandlers() {
       },
       [this](leave_atom, const std::string& node) { Execute(core_.OnLeave(node)); },
       [this](members_atom) { return core_.Members(); },
-      [this](generation_atom) { return core_.generation(); },
+      // Only a generation the store holds is told (a successor head goes on from it).
+      [this](generation_atom) { return AnswerStored(core_.generation()); },
       [this](subscribe_atom, const caf::actor& who) {
         subscribers_.push_back(who);
         monitor(who);
@@ -106,6 +107,11 @@ caf::message_handler HeadActor::MembershipHandlers() {
         return HandleNodeFault(node, f);
       },
       [this](store_flush_atom) { FlushStoreBatch(); },
+      // A head stopping on a signal: the pending batch written before it exits (roles.cc).
+      [this](store_flush_atom, bool) {
+        FlushStoreBatch();
+        return true;
+      },
       [this](tick_atom) {
         Execute(core_.OnTick(Clock::now()));
         delayed_send(this, options_.heartbeat_interval / 4, tick_atom::value);

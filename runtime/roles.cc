@@ -378,6 +378,11 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   WritePortFile(flags.port_file, *bound);
   int sig = WaitForStopSignal();
   std::cout << "troupe head: stopping on signal " << sig << std::endl;
+  {  // the membership changes not yet written (group commit, head.cc) go to the store first
+    caf::scoped_actor self{(*rt)->system()};
+    self->request(head, std::chrono::seconds(5), store_flush_atom::value, true)
+        .receive([](bool) {}, [](caf::error&) {});
+  }
   caf::anon_send_exit(head, caf::exit_reason::user_shutdown);
   std::fflush(nullptr);
   _exit(0);  // workers and nodes notice the lost connection; nothing here must be awaited

@@ -114,6 +114,9 @@ bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& ne
   // state needs one survivor somewhere.
   const std::vector<std::string> old = Domains(record_.active);
   if (gone.size() >= old.size()) return false;
+  // A restarted coordinator knows the domains of the workers that joined it again only: with a
+  // group of the record unknown, no group plan can be cut (GroupPlanOf) — a checkpoint instead.
+  if (std::find(old.begin(), old.end(), "") != old.end()) return false;
   for (const std::string& domain : std::set<std::string>(old.begin(), old.end())) {
     int members = 0;
     std::vector<int> lost;

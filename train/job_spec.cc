@@ -342,9 +342,13 @@ absl::Status CheckFaults(const JobSpec& spec, const std::string& file) {
   for (const Fault& f : spec.faults) {
     if (f.step >= spec.steps)
       return bad(absl::StrCat("a step below job.steps (", spec.steps, ")"), f);
-    if (f.kind == FaultKind::kCorruptUpdate && spec.lowcomm_groups == 0) {
-      return bad("a fault of a [lowcomm] job (corrupt-update corrupts a group's pseudo-gradient)",
-                 f);
+    if (f.kind == FaultKind::kCorruptUpdate &&
+        (spec.lowcomm_groups == 0 ||
+         ((f.step + 1) % spec.lowcomm.inner_steps != 0 && f.step + 1 != spec.steps))) {
+      return bad(
+          "a [lowcomm] job's step that ends a round (corrupt-update corrupts a group's "
+          "pseudo-gradient in the sync at its end: S + 1 a multiple of inner_steps)",
+          f);
     }
     if (IsHeadFault(f.kind)) {
       return bad("a fault of the job (the head's are `troupe chaos run --lab`'s to carry out)", f);
@@ -380,6 +384,12 @@ absl::Status CheckLowComm(const JobSpec& spec, const Device& device, const Bad& 
     return bad("lowcomm.fragments",
                absl::StrCat("a divisor of lowcomm.inner_steps (", o.inner_steps, ")"),
                absl::StrCat(o.fragments));
+  }
+  if (spec.eval_every % o.inner_steps != 0) {  // the groups meet on θ_global there
+    return bad("eval.every",
+               absl::StrCat("a multiple of lowcomm.inner_steps (", o.inner_steps,
+                            "): an evaluation is taken where a round ends"),
+               absl::StrCat(spec.eval_every));
   }
   if (spec.checkpoint_every % o.inner_steps != 0) {
     return bad("checkpoint.every",

@@ -195,6 +195,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "job.deterministic: expected true with [lowcomm] groups = 2, got false"},
         BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 5\n[model]\ndevice = \"cuda\"\n",
                 "model.device: expected \"cpu\" with [lowcomm] groups = 2"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 4\n[checkpoint]\nevery = 8\n[chaos]\n"
+                "faults = [\"corrupt-update@5:1\"]\n",
+                "chaos.faults: expected a [lowcomm] job's step that ends a round"},
+        BadCase{"[chaos]\nfaults = [\"corrupt-update@3:1\"]\n",
+                "chaos.faults: expected a [lowcomm] job's step that ends a round"},
+        BadCase{"[lowcomm]\ngroups = 2\ninner_steps = 4\n[checkpoint]\nevery = 8\n[eval]\n"
+                "every = 6\n",
+                "eval.every: expected a multiple of lowcomm.inner_steps (4)"},
         BadCase{"[lowcomm]\ncompression = \"fp4\"\n",
                 "lowcomm.compression: expected \"none\", \"int8\" or \"topk:<fraction>\""},
         BadCase{"[lowcomm]\nrobust = \"median\"\n",

@@ -116,13 +116,15 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
   if (params == nullptr) {
     return absl::FailedPreconditionError("lowcomm: the staged parameters are not on the host");
   }
-  staged_steps_ = plan.committed_steps;
-  outer_staged_ = true;
+  // Staged (for Commit) only once whole; a staged configuration is never applied by a later
+  // Configure (only a staged step whose commit was lost is).
+  staged_steps_ = -1;
   if (plan.source != RestoreSource::kMemory) {
     staged_.global.assign(params, params + n);
     staged_.momentum.assign(n, 0.0f);
     staged_.residual.assign(n, 0.0f);
     ResetFeedbackSums(&staged_);
+    outer_staged_ = true;
     return absl::OkStatus();
   }
   const int kept = plan.old_world - static_cast<int>(plan.gone.size());
@@ -159,6 +161,7 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
   TROUPE_RETURN_IF_ERROR(elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
   if (group_.new_group) std::copy(staged_.global.begin(), staged_.global.end(), params);
   if (joiner) ResetFeedbackSums(&staged_);
+  outer_staged_ = true;
   return absl::OkStatus();
 }
 
@@ -198,7 +201,7 @@ absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, O
   EncodePseudoGradient(o, staged_.global.data() + lo, params + lo, count,
                        staged_.residual.data() + lo, slot(me));
   if (o.verify_feedback) TROUPE_RETURN_IF_ERROR(VerifyFeedback(lo, hi, params, slot(me), sync));
-  if (group_.plan.rank == 0 && f == 0 && o_.corrupt && o_.corrupt(step)) {
+  if (f == 0 && o_.corrupt && o_.corrupt(step, group_.plan.rank == 0)) {
     std::vector<float> bad(count), none(count, 0.0f);
     for (size_t i = 0; i < count; ++i) bad[i] = 1000.0f * (staged_.global[lo + i] - params[lo + i]);
     collectives::EncodeWithFeedback(o.compression, o.topk_fraction, bad.data(), count, none.data(),

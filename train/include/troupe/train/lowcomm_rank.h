@@ -61,9 +61,10 @@ class LowCommRank {
     LowCommOptions lowcomm;
     int64_t total_steps = 0;                    // the job's: every fragment syncs after the last
     collectives::CollectiveOptions collective;  // timeout of the exchanges
-    // Chaos (corrupt-update): true when this rank, leading its group, is to send 1000 × its Δ
-    // in the sync that ends step `step` (the residual stays the true one's).
-    std::function<bool(int64_t step)> corrupt{};
+    // Chaos (corrupt-update), asked by every rank in the sync that ends step `step` (`leads`:
+    // this rank is its group's first, which sends): true when it is to send 1000 × its Δ (the
+    // residual stays the true one's).
+    std::function<bool(int64_t step, bool leads)> corrupt{};
   };
   LowCommRank(ElasticRank* inner, Options options) : inner_(inner), o_(std::move(options)) {}
 
