@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cassert>
 #include <iterator>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -378,6 +379,12 @@ int CoordinatorCore::GridWorld(int usable) const {
 // The committed configuration's usable workers first (their memory holds the state), then the
 // others in name order, up to the largest world a grid fits (GridWorld); with_draining: also the
 // committed configuration's workers whose nodes are draining but alive.
+namespace {
+int64_t Distinct(const std::vector<std::string>& v) {
+  return static_cast<int64_t>(std::set<std::string>(v.begin(), v.end()).size());
+}
+}  // namespace
+
 std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
   auto staying = [&](const std::string& w) {
     auto it = members_.find(w);
@@ -391,6 +398,13 @@ std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
   const size_t cap = static_cast<size_t>(GridWorld(usable));
   for (const std::string& w : record_.active) {
     if ((Usable(w) || staying(w)) && next.size() < cap) next.push_back(w), in_next.insert(w);
+  }
+  // [lowcomm]: a worker new to the job comes in where a round ends (as StartStep folds joiners
+  // in), unless the job cannot go on without it.
+  if (options_.lowcomm_round > 0 && !next.empty() &&
+      record_.committed % options_.lowcomm_round != 0 &&
+      static_cast<int>(next.size()) >= options_.min_workers) {
+    return next;
   }
   for (const auto& [w, m] : members_) {
     if (Usable(w) && next.size() < cap && !in_next.count(w)) next.push_back(w);
@@ -509,6 +523,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   base::SupervisionEvent e = JobEvent("generation");
   e.fields = extra;
   e.Set("world", plan.world).Set("workers", absl::StrJoin(group_, " "));
+  if (options_.lowcomm_round > 0) e.Set("groups", Distinct(domains));  // [lowcomm]: its groups
   if (options_.pipeline_stages > 1) e.Set("stages", plan.stages);
   // Where a mirror shares its owner's failure domain (one host, or too few domains), a loss of
   // that domain restores from a checkpoint.

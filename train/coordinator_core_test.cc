@@ -276,6 +276,56 @@ TEST_F(CoordinatorCoreTest, TheFinalEvaluationComesWithTheFinish) {
   EXPECT_EQ(f[0].eval_loss, 2.0);
 }
 
+// [lowcomm]: the plans name each rank's group (its domain); a worker new to the job comes in
+// where a round ends — not at the generation a death forces in the middle of one; a group whose
+// members all die goes without a checkpoint, the others restore from their own memory.
+TEST_F(CoordinatorCoreTest, LowCommPlansNameTheGroupsAndFoldJoinersInWhereARoundEnds) {
+  auto o = Opts();
+  o.steps = 6;
+  o.lowcomm_round = 2;
+  Make(o);
+  (void)core_->OnMembershipKnown(4, {}, kT0);
+  std::vector<CoordinatorAction> configure;
+  for (const auto& [w, d] : std::vector<std::pair<std::string, std::string>>{
+           {"a", "zone:x"}, {"b", "zone:x"}, {"c", "zone:y"}, {"d", "zone:y"}}) {
+    configure = core_->OnJoin(w, "n-" + w, kT0, d);
+  }
+  auto plans = [](const std::vector<CoordinatorAction>& actions) {
+    std::vector<GenerationPlan> out;
+    for (const CoordinatorAction& a : actions) {
+      if (a.kind == CoordinatorAction::Kind::kConfigure) out.push_back(a.plan);
+    }
+    return out;
+  };
+  ASSERT_EQ(plans(configure).size(), 4u) << Str(configure);
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(plans(configure)[0].groups, (Names{"zone:x", "zone:x", "zone:y", "zone:y"}));
+  ConfigureAll();
+  StepAll();  // committed 1: the middle of the round of steps 0-1
+  EXPECT_TRUE(plans(core_->OnJoin("e", "n-e", kT0, "zone:z")).empty());
+  std::vector<CoordinatorAction> after_death = core_->OnWorkerDown("b", "killed", kT0);
+  ASSERT_EQ(plans(after_death).size(), 3u) << Str(after_death) << ": e waits for the round end";
+  const GenerationPlan p = plans(after_death)[0];
+  EXPECT_EQ(p.source, RestoreSource::kMemory);
+  EXPECT_EQ(p.groups, (Names{"zone:x", "zone:y", "zone:y"}));
+  EXPECT_EQ(p.old_groups, (Names{"zone:x", "zone:x", "zone:y", "zone:y"}));
+  ConfigureAll();
+  std::vector<CoordinatorAction> at_end;
+  for (const std::string& w : core_->group()) {
+    at_end = core_->OnStepped(core_->generation(), 1, w, absl::OkStatus(), {{0, 2.0}}, kT0);
+  }
+  ASSERT_EQ(plans(at_end).size(), 4u) << Str(at_end) << ": e comes in where the round ends";
+  EXPECT_EQ(plans(at_end)[0].groups, (Names{"zone:x", "zone:y", "zone:y", "zone:z"}));
+  ConfigureAll();
+  // Group y dies whole: x and z go on from their own memory.
+  (void)core_->OnWorkerDown("c", "killed", kT0);
+  std::vector<CoordinatorAction> y_gone = core_->OnWorkerDown("d", "killed", kT0);
+  const std::vector<GenerationPlan> last = plans(y_gone);
+  ASSERT_FALSE(last.empty()) << Str(y_gone);
+  EXPECT_EQ(last.back().source, RestoreSource::kMemory);
+  EXPECT_EQ(last.back().groups, (Names{"zone:x", "zone:z"}));
+}
+
 // ---- deaths in every phase ------------------------------------------------------------------
 
 TEST_F(CoordinatorCoreTest, DeathWhileSteppingRegeneratesFromTheOwnersMemory) {

@@ -33,9 +33,15 @@ LocalEtcd::LocalEtcd(const std::string& dir) : dir_(dir) {
            static_cast<char*>(nullptr));
     _exit(127);
   }
+  // Bounded by the clock, not by a count of tries: on a loaded machine one etcdctl call can
+  // take seconds (its own timeouts bounded here too), and a hundred of them ran past a test's
+  // whole deadline with nothing said.
   const std::string health =
-      "etcdctl --endpoints=" + endpoint_ + " endpoint health >/dev/null 2>&1";
-  for (int i = 0; i < 100 && !ready_ && pid_ > 0; ++i) {
+      "etcdctl --dial-timeout=1s --command-timeout=2s --endpoints=" + endpoint_ +
+      " endpoint health >/dev/null 2>&1";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!ready_ && pid_ > 0 && std::chrono::steady_clock::now() < deadline &&
+         waitpid(pid_, nullptr, WNOHANG) == 0) {
     ready_ = std::system(health.c_str()) == 0;
     if (!ready_) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -43,8 +49,17 @@ LocalEtcd::LocalEtcd(const std::string& dir) : dir_(dir) {
 
 LocalEtcd::~LocalEtcd() {
   if (pid_ > 0) {
+    // A graceful stop first; an etcd that does not stop within 5 s is killed.
     kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (waitpid(pid_, nullptr, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
   std::filesystem::remove_all(dir_ + "/etcd");
 }

@@ -17,7 +17,7 @@ namespace troupe::runtime::testing {
 
 class LocalEtcd {
  public:
-  explicit LocalEtcd(const std::string& dir);  // waits up to 10 s for it to be healthy
+  explicit LocalEtcd(const std::string& dir);  // waits up to 20 s for it to be healthy
   ~LocalEtcd();
   LocalEtcd(const LocalEtcd&) = delete;
   LocalEtcd& operator=(const LocalEtcd&) = delete;
