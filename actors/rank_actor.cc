@@ -356,17 +356,13 @@ class RankState {
 
   // [lowcomm]: whether this rank is in the first group (name order), which writes checkpoints and
   // evaluates; true without groups.
-  bool FirstGroup() const {
-    return lowcomm_ == nullptr || lowcomm_->group().group == lowcomm_->group().names.front();
-  }
+  bool FirstGroup() const { return lowcomm_ == nullptr || lowcomm_->group().index == 0; }
 
   // [lowcomm]: group g's microbatch k is the job's g·M + k (each group trains on data of its own:
   // the step's loss averages all of them, and each is served once).
   int32_t MicrobatchOffset() const {
     if (lowcomm_ == nullptr) return 0;
-    const train::GroupPlan& g = lowcomm_->group();
-    const auto me = std::find(g.names.begin(), g.names.end(), g.group);
-    return static_cast<int32_t>(me - g.names.begin()) * spec_.model.microbatches;
+    return lowcomm_->group().index * spec_.model.microbatches;
   }
 
   // [eval] due before step `step` (the parameters of `step` steps): this rank's share of it.

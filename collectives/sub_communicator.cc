@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "reduce.h"
 
 namespace troupe::collectives {
 namespace {
@@ -21,12 +22,6 @@ absl::Status WaitEach(const std::vector<Work>& works) {
 absl::Status NotF32(const char* op) {
   return absl::InvalidArgumentError(
       absl::StrCat("SubCommunicator::", op, ": only float32 buffers are reduced"));
-}
-
-// out[i] op= in[i]
-void Reduce(ReduceOp op, const float* in, float* out, size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    out[i] = op == ReduceOp::kMax ? std::max(out[i], in[i]) : out[i] + in[i];
 }
 
 }  // namespace
@@ -116,10 +111,8 @@ Work SubCommunicator::AllReduce(Buffer input, Buffer output, ReduceOp op,
   }
   auto* out = static_cast<float*>(output.data);
   std::copy(all.begin(), all.begin() + n, out);
-  for (int j = 1; j < size(); ++j) Reduce(op, all.data() + j * n, out, n);
-  if (op == ReduceOp::kAvg) {
-    for (size_t i = 0; i < n; ++i) out[i] /= static_cast<float>(size());
-  }
+  for (int j = 1; j < size(); ++j) ReduceInto(out, all.data() + j * n, n, op);
+  if (op == ReduceOp::kAvg) DivideBy(out, n, static_cast<float>(size()));
   return Work::Done(absl::OkStatus());
 }
 

@@ -37,6 +37,7 @@ absl::StatusOr<GroupPlan> GroupPlanOf(const GenerationPlan& p) {
   g.group = p.groups[p.rank];
   const std::set<std::string> names(p.groups.begin(), p.groups.end());
   g.names.assign(names.begin(), names.end());
+  g.index = static_cast<int>(std::distance(names.begin(), names.find(g.group)));
   for (const std::string& name : g.names) {
     g.leaders.push_back(
         static_cast<int>(std::find(p.groups.begin(), p.groups.end(), name) - p.groups.begin()));
@@ -98,9 +99,8 @@ absl::Status LowCommRank::Configure(collectives::Communicator* world, const Gene
     TROUPE_ASSIGN_OR_RETURN(group_host_,
                             collectives::SubCommunicator::Create(host_world, group_.members));
   }
-  const auto me = std::find(group_.names.begin(), group_.names.end(), group_.group);
-  TROUPE_RETURN_IF_ERROR(inner_->model()->SetDataStream(
-      static_cast<int32_t>(me - group_.names.begin()), static_cast<int32_t>(group_.names.size())));
+  TROUPE_RETURN_IF_ERROR(
+      inner_->model()->SetDataStream(group_.index, static_cast<int32_t>(group_.names.size())));
   TROUPE_RETURN_IF_ERROR(
       inner_->Configure(group_comm_.get(), group_.plan, store, group_host_.get()));
   return StageOuterState(plan);
@@ -194,8 +194,7 @@ absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, O
   const size_t bytes = collectives::CompressedBytes(o.compression, o.topk_fraction, count);
   const size_t words = bytes / sizeof(float);  // every encoding is whole floats
   const int groups = static_cast<int>(group_.names.size());
-  const int me = static_cast<int>(
-      std::find(group_.names.begin(), group_.names.end(), group_.group) - group_.names.begin());
+  const int me = group_.index;
   std::vector<float> all(words * groups);
   auto slot = [&](int g) { return reinterpret_cast<uint8_t*>(all.data() + g * words); };
   EncodePseudoGradient(o, staged_.global.data() + lo, params + lo, count,

@@ -251,6 +251,7 @@ TEST_F(LowCommRankTest, GroupPlansAreCutFromTheWorldsPlan) {
   absl::StatusOr<GroupPlan> g = GroupPlanOf(p);
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->group, "b");
+  EXPECT_EQ(g->index, 1);
   EXPECT_EQ(g->members, (std::vector<int>{1, 3}));
   EXPECT_EQ(g->names, (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(g->leaders, (std::vector<int>{0, 1, 2}));

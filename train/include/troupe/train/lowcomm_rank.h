@@ -34,8 +34,9 @@ namespace troupe::train {
 
 // The group part of a generation's plan, for rank plan.rank.
 struct GroupPlan {
-  std::string group;               // its name
-  std::vector<int> members;        // the group's world ranks, increasing
+  std::string group;         // its name
+  int index = 0;             // its place in `names`: the order of the outer sum, its data stream
+  std::vector<int> members;  // the group's world ranks, increasing
   std::vector<std::string> names;  // every group of the generation, in order
   std::vector<int> leaders;        // each one's first world rank, in that order
   GenerationPlan plan;  // the group's: rank = the index in members, world = members.size()
