@@ -23,6 +23,17 @@
 
 namespace troupe::actors {
 namespace internal {
+namespace {
+
+// Every rank computes a microbatch of a stage; [lowcomm]: the microbatches are each group's, and
+// cap each group alone (CoordinatorCore::NextGroup).
+int32_t MaxWorld(const train::JobSpec& spec) {
+  if (spec.lowcomm_groups > 0) return spec.max_workers;
+  return static_cast<int32_t>(
+      std::min<int64_t>(spec.max_workers, int64_t{spec.model.microbatches} * spec.pipeline_stages));
+}
+
+}  // namespace
 
 absl::Status Coordinator::Init(const std::string& spec_text) {
   TROUPE_ASSIGN_OR_RETURN(train::JobSpec spec,
@@ -65,8 +76,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   train::CoordinatorCore::Options o;
   o.steps = spec_.steps;
   o.min_workers = spec_.min_workers;
-  o.max_world = static_cast<int32_t>(std::min<int64_t>(
-      spec_.max_workers, int64_t{spec_.model.microbatches} * spec_.pipeline_stages));
+  o.max_world = MaxWorld(spec_);
   o.pipeline_stages = spec_.pipeline_stages;
   o.pipeline_units = pipeline_units;
   o.microbatches = spec_.model.microbatches;

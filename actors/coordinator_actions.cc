@@ -177,6 +177,7 @@ void Coordinator::CommitCheckpoint(const train::CoordinatorAction& a) {
   m.world_size = a.world;
   m.generation = static_cast<int64_t>(a.generation);
   m.optimizer_step = a.step;
+  m.has_outer = spec_.lowcomm_groups > 0;  // the ranks' shards carry it (LowCommRank::AddOuter)
   m.shards = a.shards;
   absl::Status s = store_->Commit(m);
   if (s.ok()) {

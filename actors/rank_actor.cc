@@ -462,6 +462,7 @@ class RankState {
     auto copy = std::make_shared<train::HostShard>();
     absl::StatusOr<train::ShardView> view = rank_->CommittedShard(copy.get());
     const int index = rank_->rank();
+    if (view.ok() && lowcomm_ != nullptr) lowcomm_->AddOuter(&*view);
     if (!view.ok()) {
       caf::anon_send(coordinator_, ShardWritten{gen, checkpoint_step, index, train::ShardFileInfo{},
                                                 WireStatus::From(view.status())});

@@ -24,7 +24,8 @@ struct WorldLayout {
 }
 
 # One raw little-endian file holding elements [begin, end) of the flat fp32 parameter vector,
-# followed (when hasMoments) by the same range of AdamW's m, then of v.
+# followed (when hasMoments) by the same range of AdamW's m, then of v, then (when hasOuter) of the
+# low-communication mode's θ_global, then of its outer momentum.
 struct ShardFile {
   name @0 :Text;
   begin @1 :Int64;
@@ -43,4 +44,5 @@ struct Manifest {
   hasMoments @6 :Bool;      # shard files carry AdamW m and v after the parameters
   optimizerStep @7 :Int64;  # AdamW's step count (bias corrections)
   shards @8 :List(ShardFile);
+  hasOuter @9 :Bool;        # shard files carry [lowcomm]'s θ_global and outer momentum last
 }

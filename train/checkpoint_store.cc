@@ -50,15 +50,33 @@ absl::Status AppendWithCrc(WritableFile* file, const void* data, size_t size, ui
 
 absl::Status Checkpoint::ReadRange(int64_t begin, int64_t end, float* params, float* adam_m,
                                    float* adam_v) const {
+  if ((adam_m || adam_v) && !manifest_.has_moments) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir_, " holds no optimizer moments"));
+  }
+  return ReadSections(begin, end,
+                      manifest_.has_moments ? std::vector<float*>{params, adam_m, adam_v}
+                                            : std::vector<float*>{params});
+}
+
+absl::Status Checkpoint::ReadOuterRange(int64_t begin, int64_t end, float* global,
+                                        float* momentum) const {
+  if (!manifest_.has_outer) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir_, " holds no low-communication outer state"));
+  }
+  std::vector<float*> outs(manifest_.has_moments ? 3 : 1, nullptr);
+  outs.insert(outs.end(), {global, momentum});
+  return ReadSections(begin, end, outs);
+}
+
+absl::Status Checkpoint::ReadSections(int64_t begin, int64_t end,
+                                      const std::vector<float*>& outs) const {
   const CheckpointManifest& m = manifest_;
   if (begin < 0 || end < begin || end > m.num_params) {
     return absl::InvalidArgumentError(absl::StrCat("ReadRange [", begin, ", ", end,
                                                    "): expected within [0, ", m.num_params,
                                                    ") of checkpoint ", dir_));
-  }
-  if ((adam_m || adam_v) && !m.has_moments) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", dir_, " holds no optimizer moments"));
   }
   // First shard whose end is past begin; shards are contiguous and in order (validated).
   auto it = std::upper_bound(m.shards.begin(), m.shards.end(), begin,
@@ -74,8 +92,7 @@ absl::Status Checkpoint::ReadRange(int64_t begin, int64_t end, float* params, fl
     const uint64_t section = static_cast<uint64_t>(it->end - it->begin) * sizeof(float);
     const uint64_t offset = static_cast<uint64_t>(lo - it->begin) * sizeof(float);
     const size_t bytes = static_cast<size_t>(hi - lo) * sizeof(float);
-    float* outs[3] = {params, adam_m, adam_v};
-    for (int k = 0; k < 3; ++k) {
+    for (size_t k = 0; k < outs.size(); ++k) {
       if (outs[k] == nullptr) continue;
       TROUPE_RETURN_IF_ERROR(file->ReadAt(k * section + offset, bytes, outs[k] + (lo - begin)));
     }
@@ -116,11 +133,12 @@ void CheckpointStore::Warn(const std::string& line) const {
 absl::StatusOr<ShardFileInfo> CheckpointStore::WriteShard(int64_t step, int index,
                                                           const ShardView& shard) {
   if (shard.end <= shard.begin || shard.begin < 0 || shard.params == nullptr ||
-      (shard.adam_m == nullptr) != (shard.adam_v == nullptr)) {
+      (shard.adam_m == nullptr) != (shard.adam_v == nullptr) ||
+      (shard.outer_global == nullptr) != (shard.outer_momentum == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("WriteShard ", index,
-                     ": expected a non-empty range with params and both or "
-                     "neither moments, got [",
+                     ": expected a non-empty range with params, both or neither moments and "
+                     "both or neither outer sections, got [",
                      shard.begin, ", ", shard.end, ")"));
   }
   TROUPE_RETURN_IF_ERROR(CheckFence(absl::StrCat("shard ", index, " of step ", step)));
@@ -131,7 +149,7 @@ absl::StatusOr<ShardFileInfo> CheckpointStore::WriteShard(int64_t step, int inde
   info.begin = shard.begin;
   info.end = shard.end;
   const bool moments = shard.adam_m != nullptr;
-  info.byte_size = ShardByteSize(shard.begin, shard.end, moments);
+  info.byte_size = ShardByteSize(shard.begin, shard.end, moments, shard.outer_global != nullptr);
   const std::string path = absl::StrCat(dir, "/", info.name);
   const std::string tmp = path + ".tmp";
   absl::StatusOr<std::unique_ptr<WritableFile>> file = fs_->NewWritableFile(tmp);
@@ -144,7 +162,8 @@ absl::StatusOr<ShardFileInfo> CheckpointStore::WriteShard(int64_t step, int inde
   };
   const size_t bytes = static_cast<size_t>(shard.end - shard.begin) * sizeof(float);
   uint32_t crc = 0;
-  for (const float* section : {shard.params, shard.adam_m, shard.adam_v}) {
+  for (const float* section :
+       {shard.params, shard.adam_m, shard.adam_v, shard.outer_global, shard.outer_momentum}) {
     if (section == nullptr) continue;
     if (absl::Status s = AppendWithCrc(file->get(), section, bytes, &crc); !s.ok()) return fail(s);
   }
@@ -197,6 +216,11 @@ absl::Status CheckpointStore::Write(const CheckpointManifest& meta,
       return absl::InvalidArgumentError(
           absl::StrCat("Write: shard ", i, (manifest.has_moments ? " lacks" : " has"),
                        " optimizer moments, meta.has_moments says otherwise"));
+    }
+    if ((shards[i].outer_global != nullptr) != manifest.has_outer) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Write: shard ", i, (manifest.has_outer ? " lacks" : " has"),
+                       " the outer state, meta.has_outer says otherwise"));
     }
   }
   // The shard files are written side by side: their page-cache copies and checksums spread over

@@ -131,6 +131,39 @@ TEST(CheckpointStoreTest, RestoresIntoAnyLayout) {
   EXPECT_TRUE(ckpt->ReadRange(5, 5, p.data(), nullptr, nullptr).ok());
 }
 
+// [lowcomm]: θ_global and the outer momentum ride in the shard files after the moments, restore
+// into any layout, leave params/m/v where they were, and a checkpoint without them says so.
+TEST(CheckpointStoreTest, TheOuterStateRestoresIntoAnyLayoutBesideTheModel) {
+  Fixture f;
+  const State state = MakeState(kN, 5), outer = MakeState(kN, 6);
+  std::vector<ShardView> shards = Split(state, {300, 301});
+  for (ShardView& s : shards) {
+    s.outer_global = outer.params.data() + s.begin;
+    s.outer_momentum = outer.m.data() + s.begin;
+  }
+  CheckpointManifest meta = Meta(kN, 2, 3);
+  EXPECT_EQ(f.store->Write(meta, shards).code(), absl::StatusCode::kInvalidArgument)
+      << "shards with the outer state, a manifest without";
+  meta.has_outer = true;
+  ASSERT_TRUE(f.store->Write(meta, shards).ok());
+  absl::StatusOr<Checkpoint> ckpt = f.store->LoadLatestValid();
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_TRUE(ckpt->manifest().has_outer);
+  EXPECT_TRUE(SameState(Restore(*ckpt, {123, 777}), state));
+  std::vector<float> global(kN), momentum(kN);
+  for (auto [lo, hi] : {std::pair<int64_t, int64_t>{0, 250}, {250, 301}, {301, kN}}) {
+    ASSERT_TRUE(ckpt->ReadOuterRange(lo, hi, global.data() + lo, momentum.data() + lo).ok());
+  }
+  EXPECT_TRUE(BitEqual(global, outer.params));
+  EXPECT_TRUE(BitEqual(momentum, outer.m));
+  ASSERT_TRUE(f.store->Write(Meta(kN, 3, 1), Split(state, {})).ok());
+  EXPECT_EQ(f.store->LoadLatestValid()->ReadOuterRange(0, kN, global.data(), nullptr).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ShardView half = shards[0];
+  half.outer_momentum = nullptr;
+  EXPECT_EQ(f.store->WriteShard(4, 0, half).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 struct Damage {
   const char* name;
   const char* file;      // in step-2/

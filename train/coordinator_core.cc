@@ -366,19 +366,10 @@ void CoordinatorCore::MaybeStart(Actions* out) {
 
 // ---- generations ---------------------------------------------------------------------------
 
-int CoordinatorCore::GridWorld(int usable) const {
-  for (int w = std::min(usable, options_.max_world); w > 0; --w) {
-    if (ChooseStages(w, options_.pipeline_stages, options_.pipeline_units, options_.microbatches) >
-        0) {
-      return w;
-    }
-  }
-  return 0;
-}
-
 // The committed configuration's usable workers first (their memory holds the state), then the
-// others in name order, up to the largest world a grid fits (GridWorld); with_draining: also the
-// committed configuration's workers whose nodes are draining but alive.
+// others in name order, up to the largest world a grid fits (GridWorld) and, under [lowcomm], up to
+// `microbatches` workers a group (failure domain); with_draining: also the committed
+// configuration's workers whose nodes are draining but alive.
 namespace {
 int64_t Distinct(const std::vector<std::string>& v) {
   return static_cast<int64_t>(std::set<std::string>(v.begin(), v.end()).size());
@@ -396,8 +387,14 @@ std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
   std::vector<std::string> next;
   std::set<std::string> in_next;  // a lookup per member: O(W log W) at 8,192 ranks, not O(W²)
   const size_t cap = static_cast<size_t>(GridWorld(usable));
+  std::map<std::string, int> per_group;  // [lowcomm]: at most `microbatches` a group
+  auto admit = [&](const std::string& w) {
+    const bool full =
+        options_.lowcomm_round > 0 && per_group[members_.at(w).domain]++ >= options_.microbatches;
+    if (next.size() < cap && !full) next.push_back(w), in_next.insert(w);
+  };
   for (const std::string& w : record_.active) {
-    if ((Usable(w) || staying(w)) && next.size() < cap) next.push_back(w), in_next.insert(w);
+    if (Usable(w) || staying(w)) admit(w);
   }
   // [lowcomm]: a worker new to the job comes in where a round ends (as StartStep folds joiners
   // in), unless the job cannot go on without it.
@@ -407,7 +404,7 @@ std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
     return next;
   }
   for (const auto& [w, m] : members_) {
-    if (Usable(w) && next.size() < cap && !in_next.count(w)) next.push_back(w);
+    if (Usable(w) && !in_next.count(w)) admit(w);
   }
   return next;
 }

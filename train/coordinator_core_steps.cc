@@ -44,8 +44,10 @@ void CoordinatorCore::StartStep(Actions* out) {
   // [lowcomm]: where a round ends, so a new group starts from θ_global as the others do.
   const bool round_end =
       options_.lowcomm_round == 0 || record_.committed % options_.lowcomm_round == 0;
-  if (joiners > 0 && round_end &&
-      GridWorld(static_cast<int>(group_.size()) + joiners) > static_cast<int>(group_.size())) {
+  const int grown = options_.lowcomm_round > 0
+                        ? static_cast<int>(NextGroup(false).size())  // its groups' caps
+                        : GridWorld(static_cast<int>(group_.size()) + joiners);
+  if (joiners > 0 && round_end && grown > static_cast<int>(group_.size())) {
     return NewGeneration(out, "join", "folding in workers that joined, at this step boundary");
   }
   if (FireFaults(out)) return;
@@ -533,6 +535,18 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime
       break;
   }
   return out;
+}
+
+int CoordinatorCore::GridWorld(int usable) const {
+  // [lowcomm]: no pipeline, and the microbatches are each group's (NextGroup caps the groups).
+  if (options_.lowcomm_round > 0) return std::min(usable, options_.max_world);
+  for (int w = std::min(usable, options_.max_world); w > 0; --w) {
+    if (ChooseStages(w, options_.pipeline_stages, options_.pipeline_units, options_.microbatches) >
+        0) {
+      return w;
+    }
+  }
+  return 0;
 }
 
 }  // namespace troupe::train

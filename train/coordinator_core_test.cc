@@ -326,6 +326,33 @@ TEST_F(CoordinatorCoreTest, LowCommPlansNameTheGroupsAndFoldJoinersInWhereARound
   EXPECT_EQ(last.back().groups, (Names{"zone:x", "zone:z"}));
 }
 
+// [lowcomm]: the microbatches are each group's: with 2 of them, a zone of three workers gives two
+// ranks, and the third is not folded in where a round ends (its group is full) — a new zone is.
+TEST_F(CoordinatorCoreTest, LowCommCapsEachGroupAtItsMicrobatches) {
+  auto o = Opts();
+  o.steps = 6;
+  o.lowcomm_round = 2;
+  o.microbatches = 2;
+  Make(o);
+  (void)core_->OnMembershipKnown(5, {}, kT0);
+  std::vector<CoordinatorAction> configure;
+  for (const auto& [w, d] : std::vector<std::pair<std::string, std::string>>{
+           {"a", "zone:x"}, {"b", "zone:x"}, {"c", "zone:x"}, {"d", "zone:y"}, {"e", "zone:y"}}) {
+    configure = core_->OnJoin(w, "n-" + w, kT0, d);
+  }
+  ASSERT_FALSE(configure.empty());
+  EXPECT_EQ(core_->group(), (std::vector<std::string>{"a", "b", "d", "e"})) << Str(configure);
+  ConfigureAll();
+  StepAll();
+  StepAll();  // committed 2: a round ends; c still waits, nothing re-forms
+  EXPECT_EQ(core_->group().size(), 4u);
+  EXPECT_EQ(core_->committed(), 2);
+  (void)core_->OnJoin("f", "n-f", kT0, "zone:z");
+  StepAll();
+  StepAll();  // committed 4: f's zone comes in
+  EXPECT_EQ(core_->group(), (std::vector<std::string>{"a", "b", "d", "e", "f"}));
+}
+
 // ---- deaths in every phase ------------------------------------------------------------------
 
 TEST_F(CoordinatorCoreTest, DeathWhileSteppingRegeneratesFromTheOwnersMemory) {

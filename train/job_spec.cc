@@ -400,6 +400,30 @@ absl::Status CheckLowComm(const JobSpec& spec, const Device& device, const Bad& 
   return absl::OkStatus();
 }
 
+// Every worker computes at least one microbatch of a stage (under [lowcomm], of its group's): a
+// larger world would idle ranks.
+template <class Bad>
+absl::Status CheckWorldFitsMicrobatches(const JobSpec& spec, const Bad& bad) {
+  const bool lowcomm = spec.lowcomm_groups > 0;
+  const int64_t most =
+      int64_t{spec.model.microbatches} * (lowcomm ? spec.lowcomm_groups : spec.pipeline_stages);
+  for (const auto& [field, count] : {std::pair{"elastic.min_workers", spec.min_workers},
+                                     std::pair{"elastic.workers", spec.workers}}) {
+    if (count <= most) continue;
+    return bad(field,
+               lowcomm ? absl::StrCat("at most model.microbatches × lowcomm.groups (",
+                                      spec.model.microbatches, " × ", spec.lowcomm_groups,
+                                      "): every worker computes at least one microbatch of its "
+                                      "group's step")
+                       : absl::StrCat("at most model.microbatches × pipeline.stages (",
+                                      spec.model.microbatches, " × ", spec.pipeline_stages,
+                                      "): every worker computes at least one microbatch of a "
+                                      "stage"),
+               absl::StrCat(count));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Validate(const JobSpec& spec, const std::string& file) {
   auto bad = [&](const std::string& field, const std::string& expected, const std::string& got) {
     return absl::InvalidArgumentError(
@@ -415,17 +439,7 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                             spec.max_workers, ")"),
                absl::StrCat(spec.workers));
   }
-  // Every worker computes at least one microbatch of a stage: a larger world would idle ranks.
-  const int64_t most = int64_t{spec.model.microbatches} * spec.pipeline_stages;
-  for (const auto& [field, count] : {std::pair{"elastic.min_workers", spec.min_workers},
-                                     std::pair{"elastic.workers", spec.workers}}) {
-    if (count <= most) continue;
-    return bad(field,
-               absl::StrCat("at most model.microbatches × pipeline.stages (",
-                            spec.model.microbatches, " × ", spec.pipeline_stages,
-                            "): every worker computes at least one microbatch of a stage"),
-               absl::StrCat(count));
-  }
+  TROUPE_RETURN_IF_ERROR(CheckWorldFitsMicrobatches(spec, bad));
   TROUPE_RETURN_IF_ERROR(CheckRankAsks(spec, file));
   absl::StatusOr<Device> device = ParseDevice(spec.model.device);
   if (!device.ok()) {

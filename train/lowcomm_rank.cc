@@ -103,14 +103,20 @@ absl::Status LowCommRank::Configure(collectives::Communicator* world, const Gene
       inner_->model()->SetDataStream(group_.index, static_cast<int32_t>(group_.names.size())));
   TROUPE_RETURN_IF_ERROR(
       inner_->Configure(group_comm_.get(), group_.plan, store, group_host_.get()));
-  return StageOuterState(plan);
+  return StageOuterState(plan, store);
+}
+
+void LowCommRank::AddOuter(ShardView* shard) const {
+  shard->outer_global = outer_.global.data() + shard->begin;
+  shard->outer_momentum = outer_.momentum.data() + shard->begin;
 }
 
 // The outer state of the generation, staged beside the inner one: a survivor's own; a joiner's
 // from world rank 0 (θ_global, momentum; a survivor, as survivors come first) and its group's
-// first survivor (the residual; zero in a group that is new); θ_global = the parameters the
-// inner configuration staged after a fresh start or a checkpoint (momentum, residual zero).
-absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
+// first survivor (the residual; zero in a group that is new); after a checkpoint its θ_global and
+// momentum (a checkpoint without them: θ_global = the parameters, momentum zero) and residuals of
+// zero; at the start θ_global = the initial parameters, the rest zero.
+absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan, CheckpointStore* store) {
   float* params = inner_->StagedParams();
   const int64_t n = inner_->model()->num_params();
   if (params == nullptr) {
@@ -123,6 +129,16 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
     staged_.global.assign(params, params + n);
     staged_.momentum.assign(n, 0.0f);
     staged_.residual.assign(n, 0.0f);
+    if (plan.source == RestoreSource::kCheckpoint) {
+      if (store == nullptr) return absl::FailedPreconditionError("lowcomm: no checkpoint store");
+      TROUPE_ASSIGN_OR_RETURN(Checkpoint ckpt, store->Load(plan.checkpoint_step));
+      if (ckpt.manifest().has_outer) {
+        // The parameters stay the first group's (with fragments, those of a fragment not due at
+        // this step are its local ones, as they were).
+        TROUPE_RETURN_IF_ERROR(
+            ckpt.ReadOuterRange(0, n, staged_.global.data(), staged_.momentum.data()));
+      }
+    }
     ResetFeedbackSums(&staged_);
     outer_staged_ = true;
     return absl::OkStatus();

@@ -44,18 +44,20 @@ bool CheckpointManifest::operator==(const CheckpointManifest& o) const {
   return format_version == o.format_version && gpt_config == o.gpt_config &&
          num_params == o.num_params && step == o.step && seed == o.seed &&
          world_size == o.world_size && generation == o.generation && has_moments == o.has_moments &&
-         optimizer_step == o.optimizer_step && shards == o.shards;
+         has_outer == o.has_outer && optimizer_step == o.optimizer_step && shards == o.shards;
 }
 
 std::string CheckpointManifest::DebugString() const {
   return absl::StrCat("CheckpointManifest{step=", step, " num_params=", num_params,
                       " shards=", shards.size(), " world_size=", world_size,
                       " generation=", generation, " moments=", has_moments ? "yes" : "no",
+                      " outer=", has_outer ? "yes" : "no",
                       " gpt=", gpt_config ? gpt_config->DebugString() : "none", "}");
 }
 
-uint64_t ShardByteSize(int64_t begin, int64_t end, bool has_moments) {
-  return static_cast<uint64_t>(end - begin) * sizeof(float) * (has_moments ? 3 : 1);
+uint64_t ShardByteSize(int64_t begin, int64_t end, bool has_moments, bool has_outer) {
+  return static_cast<uint64_t>(end - begin) * sizeof(float) *
+         (1 + (has_moments ? 2 : 0) + (has_outer ? 2 : 0));
 }
 
 absl::Status ValidateManifest(const CheckpointManifest& m, const std::string& file) {
@@ -97,7 +99,7 @@ absl::Status ValidateManifest(const CheckpointManifest& m, const std::string& fi
                                      "), expected to start at ", next, " and end after it, by ",
                                      m.num_params));
     }
-    const uint64_t bytes = ShardByteSize(s.begin, s.end, m.has_moments);
+    const uint64_t bytes = ShardByteSize(s.begin, s.end, m.has_moments, m.has_outer);
     if (s.byte_size != bytes) {
       return Loss(file, absl::StrCat("shard ", i, " (", s.name, ") byte size ", s.byte_size,
                                      ", its range needs ", bytes));
@@ -130,6 +132,7 @@ std::string EncodeManifest(const CheckpointManifest& m) {
   layout.setWorldSize(m.world_size);
   layout.setGeneration(m.generation);
   root.setHasMoments(m.has_moments);
+  root.setHasOuter(m.has_outer);
   root.setOptimizerStep(m.optimizer_step);
   auto shards = root.initShards(static_cast<unsigned>(m.shards.size()));
   for (size_t i = 0; i < m.shards.size(); ++i) {
@@ -175,6 +178,7 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view bytes,
     m.world_size = layout.getWorldSize();
     m.generation = layout.getGeneration();
     m.has_moments = root.getHasMoments();
+    m.has_outer = root.getHasOuter();
     m.optimizer_step = root.getOptimizerStep();
     auto shards = root.getShards();
     if (shards.size() > kMaxShardFiles) {

@@ -43,6 +43,22 @@ TEST(ManifestTest, RoundTripsWithoutGptConfigOrMoments) {
   EXPECT_EQ(*back, m);
 }
 
+// [lowcomm]: shard files twice the size of the moments' (θ_global and the outer momentum after
+// them); a manifest whose sizes leave them out does not validate.
+TEST(ManifestTest, RoundTripsTheOuterStateAndSizesItsSections) {
+  CheckpointManifest m;
+  m.num_params = 10;
+  m.has_outer = true;
+  m.shards = {{"a", 0, 10, ShardByteSize(0, 10, true, true), 1}};
+  EXPECT_EQ(m.shards[0].byte_size, 10u * 4 * 5);
+  absl::StatusOr<CheckpointManifest> back = DecodeManifest(EncodeManifest(m), "m.bin");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->has_outer);
+  EXPECT_EQ(*back, m);
+  m.shards[0].byte_size = ShardByteSize(0, 10, true);
+  EXPECT_EQ(ValidateManifest(m, "m.bin").code(), absl::StatusCode::kDataLoss);
+}
+
 // A checkpoint of many ranks: one shard file each (8,192 ranks of a 1B-parameter model). Every
 // word of the message is read once, within the reader's traversal limit (the message's size): a
 // shard's name read twice once made any manifest of more than a few dozen shards undecodable.

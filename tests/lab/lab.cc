@@ -285,7 +285,8 @@ absl::Status Lab::Cut(const std::string& host, const std::string& direction,
   return RunLabScript(argv);
 }
 
-absl::Status Lab::Shape(const std::string& host, double loss_percent, int rate_mbit) {
+absl::Status Lab::Shape(const std::string& host, double loss_percent, int rate_mbit,
+                        const std::vector<std::string>& peers) {
   if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
   if (loss_percent < 0 || loss_percent > 100 || rate_mbit < 0) {
     return absl::InvalidArgumentError(
@@ -295,18 +296,22 @@ absl::Status Lab::Shape(const std::string& host, double loss_percent, int rate_m
   std::vector<std::string> argv = {"shape", host};
   if (loss_percent > 0) argv.insert(argv.end(), {"--loss", absl::StrFormat("%g", loss_percent)});
   if (rate_mbit > 0) argv.insert(argv.end(), {"--rate", absl::StrCat(rate_mbit)});
+  for (const std::string& p : peers) argv.insert(argv.end(), {"--peer", p});
   return RunLabScript(argv);
 }
 
-absl::Status Lab::Delay(const std::string& host, double ms, double jitter_ms) {
+absl::Status Lab::Delay(const std::string& host, double ms, double jitter_ms,
+                        const std::vector<std::string>& peers) {
   if (!Find(host)) return absl::NotFoundError(absl::StrCat("no host ", host, " in lab ", name_));
   if (ms < 0 || jitter_ms < 0 || jitter_ms > ms) {
     return absl::InvalidArgumentError(
         absl::StrFormat("delay %s: want 0 <= jitter <= delay, got delay %g ms and jitter %g ms",
                         host, ms, jitter_ms));
   }
-  return RunLabScript(
-      {"delay", host, absl::StrFormat("%g", ms), "--jitter", absl::StrFormat("%g", jitter_ms)});
+  std::vector<std::string> argv = {"delay", host, absl::StrFormat("%g", ms), "--jitter",
+                                   absl::StrFormat("%g", jitter_ms)};
+  for (const std::string& p : peers) argv.insert(argv.end(), {"--peer", p});
+  return RunLabScript(argv);
 }
 
 absl::Status Lab::Undelay(const std::string& host) {

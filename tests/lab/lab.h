@@ -80,13 +80,17 @@ class Lab {
                                  const std::string& peer = "");
   [[nodiscard]] absl::Status Heal(const std::string& host);
   // `host`'s link, each way: drops `loss_percent` of packets at random, caps the rate at
-  // `rate_mbit` Mbit/s (0: no cap). Unshape removes both; so does Down().
-  [[nodiscard]] absl::Status Shape(const std::string& host, double loss_percent, int rate_mbit);
+  // `rate_mbit` Mbit/s (0: no cap); with `peers`, only its traffic with them (one cap shared by
+  // them). Unshape removes both; so does Down().
+  [[nodiscard]] absl::Status Shape(const std::string& host, double loss_percent, int rate_mbit,
+                                   const std::vector<std::string>& peers = {});
   [[nodiscard]] absl::Status Unshape(const std::string& host);
   // Holds every packet to or from `host` for `ms` (± `jitter_ms`, uniform) on the router, once (a
   // packet between two delayed hosts is held by the first one's rule): with the same delay on
-  // every host, every round trip grows by 2*ms. Undelay removes it; so does Down().
-  [[nodiscard]] absl::Status Delay(const std::string& host, double ms, double jitter_ms = 0);
+  // every host, every round trip grows by 2*ms. With `peers`, only packets between `host` and
+  // them. Undelay removes it; so does Down().
+  [[nodiscard]] absl::Status Delay(const std::string& host, double ms, double jitter_ms = 0,
+                                   const std::vector<std::string>& peers = {});
   [[nodiscard]] absl::Status Undelay(const std::string& host);
   // `count` echoes of `payload` bytes from `from` to `to`, 10 ms apart: what the network achieves.
   [[nodiscard]] absl::StatusOr<ProbeResult> Probe(const std::string& from, const std::string& to,

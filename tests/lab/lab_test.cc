@@ -388,6 +388,28 @@ TEST(LabTest, ShapedAndCutLinksLoseSlowAndDropWhatTheyClaim) {
   EXPECT_EQ(lab.Probe(h1, h2, 10)->loss, 0);
   EXPECT_FALSE(lab.Shape(h2, -1, 0).ok()) << "a negative loss is refused";
   EXPECT_FALSE(lab.Cut(h2, "both", "trlabs-h9").ok()) << "an unknown peer is refused";
+  // Two zones' link (as bench/compare-lowcomm makes it): h1 -- h3 delayed 10 ms each way and
+  // capped at 50 Mbit/s; h1 -- h2 and h2 -- h3 untouched.
+  ASSERT_TRUE(lab.Delay(h1, 10, 0, {h3}).ok());
+  ASSERT_TRUE(lab.Shape(h1, 0, 50, {h3}).ok());
+  absl::StatusOr<ProbeResult> far = lab.Probe(h1, h3, 20, 60000);
+  ASSERT_TRUE(far.ok()) << far.status();
+  const double far_mbit = 2 * 60000 * 8 / ((far->rtt_ms - 20) * 1000);
+  printf("lab: h1 -> h3 delayed 10 ms, capped at 50 Mbit/s: %s, %.1f Mbit/s\n",
+         far->Describe().c_str(), far_mbit);
+  EXPECT_EQ(far->loss, 0);
+  EXPECT_GT(far->rtt_ms, 35);
+  EXPECT_GT(far_mbit, 30);
+  EXPECT_LT(far_mbit, 60);
+  for (const auto& [a, b] : {std::pair{h1, h2}, std::pair{h2, h3}}) {
+    absl::StatusOr<ProbeResult> near = lab.Probe(a, b, 20, 60000);
+    ASSERT_TRUE(near.ok()) << near.status();
+    EXPECT_LT(near->rtt_ms, 5) << a << " -> " << b << ": " << near->Describe();
+  }
+  EXPECT_FALSE(lab.Delay(h1, 10, 0, {"trlabs-h9"}).ok()) << "an unknown peer is refused";
+  ASSERT_TRUE(lab.Undelay(h1).ok());
+  ASSERT_TRUE(lab.Unshape(h1).ok());
+  EXPECT_LT(lab.Probe(h1, h3, 20, 60000)->rtt_ms, 5);
   absl::Status down = lab.Down();
   EXPECT_TRUE(down.ok()) << down;
 }

@@ -77,8 +77,11 @@ class LowCommTest : public troupe::testing::JobTest {
   // DiLoCo in one process over the job's spec and data: the CRC32C of θ_global after the job's
   // steps, the groups of each step as given.
   // `left_out`: by the step a round ends, groups whose Δ that round does not apply.
+  // `restored_at`: the step a checkpoint (the first group's state, θ_global and the outer
+  // momentum) restores: every group goes on from the first group's model and optimizer state.
   std::string Reference(const std::vector<Groups>& groups_at,
-                        const std::map<int, std::set<std::string>>& left_out = {}) {
+                        const std::map<int, std::set<std::string>>& left_out = {},
+                        int restored_at = -1) {
     absl::StatusOr<troupe::train::JobSpec> spec = troupe::train::LoadJobSpec(spec_);
     EXPECT_TRUE(spec.ok()) << spec.status();
     std::vector<std::string> shards;
@@ -114,6 +117,11 @@ class LowCommTest : public troupe::testing::JobTest {
           trainers[groups[g]] = std::make_unique<troupe::model::Trainer>(*std::move(t));
         }
         EXPECT_TRUE(data[groups[g]]->SetStream(g, groups.size()).ok());
+      }
+      if (s == restored_at) {
+        const std::string saved = base_ + "/reference-restored.state";
+        EXPECT_TRUE(trainers[groups_at[s - 1][0]]->Save(saved).ok());
+        for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Restore(saved).ok());
       }
       troupe::model::Gpt& first = trainers[groups[0]]->model();
       const int64_t n = first.num_params();
@@ -226,7 +234,8 @@ TEST_F(LowCommTest, AGroupJoiningAtARoundEndTakesPartInTheNextRound) {
 }
 
 // Stopped after step 8's checkpoint with two groups, the job resumes with three: the first
-// group's shards restore every group.
+// group's shards restore every group, θ_global and the outer momentum go on — DiLoCo's bits with
+// that restore.
 TEST_F(LowCommTest, ACheckpointRestoresAtAnotherGroupCount) {
   const std::string dir = base_ + "/resume";
   pid_t pid = Start(dir, {"--workers", "4"});
@@ -243,6 +252,9 @@ TEST_F(LowCommTest, ACheckpointRestoresAtAnotherGroupCount) {
       << EventLogText("resume");
   EXPECT_EQ(r.report.steps, steps_);
   EXPECT_EQ(Rounds("resume").at("12"), "zone:g0,zone:g1,zone:g2") << EventLogText("resume");
+  std::vector<Groups> history(steps_, {"zone:g0", "zone:g1"});
+  for (int s = 8; s < steps_; ++s) history[s] = {"zone:g0", "zone:g1", "zone:g2"};
+  EXPECT_EQ(r.report.crc, Reference(history, {}, 8)) << r.output;
 }
 
 // One group of three sends garbage (1000 × its Δ) in the round ending at step 8: the median rule

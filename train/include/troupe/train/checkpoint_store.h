@@ -1,7 +1,8 @@
 // The on-disk checkpoint store: atomic, sharded, checksummed, restorable into any world size.
 //
 // Layout under `dir` (default "ckpt"):
-//   step-<n>/shard-00000.bin …  raw little-endian fp32: params[begin, end), then m, then v
+//   step-<n>/shard-00000.bin …  raw little-endian fp32: params[begin, end), then m, then v (then,
+//                               of a [lowcomm] job, θ_global and the outer momentum)
 //   step-<n>/manifest.bin       Cap'n Proto manifest (manifest.h): config, step, seed, layout,
 //                               ranges, byte size and CRC32C of every shard file, format version
 //   LATEST                      "step-<n>\n": the newest complete checkpoint
@@ -47,13 +48,16 @@
 namespace troupe::train {
 
 // Elements [begin, end) of the flat vector; each pointer points at element `begin` (range-local
-// storage). adam_m and adam_v are null for a checkpoint without optimizer moments.
+// storage). adam_m and adam_v are null for a checkpoint without optimizer moments; outer_global
+// and outer_momentum for one without the low-communication mode's outer state.
 struct ShardView {
   int64_t begin = 0;
   int64_t end = 0;
   const float* params = nullptr;
   const float* adam_m = nullptr;
   const float* adam_v = nullptr;
+  const float* outer_global = nullptr;
+  const float* outer_momentum = nullptr;
 };
 
 struct CheckpointStoreOptions {
@@ -75,11 +79,18 @@ class Checkpoint {
   // Files are read, not re-checksummed: they were verified at load time.
   [[nodiscard]] absl::Status ReadRange(int64_t begin, int64_t end, float* params, float* adam_m,
                                        float* adam_v) const;
+  // The same for the outer state (FailedPrecondition unless the checkpoint holds it).
+  [[nodiscard]] absl::Status ReadOuterRange(int64_t begin, int64_t end, float* global,
+                                            float* momentum) const;
 
  private:
   friend class CheckpointStore;
   Checkpoint(FileSystem* fs, std::string dir, CheckpointManifest manifest)
       : fs_(fs), dir_(std::move(dir)), manifest_(std::move(manifest)) {}
+  // Reads [begin, end) of each section of the shard files into outs[k] where set (the sections
+  // in file order: params, m, v, θ_global, outer momentum — those the manifest holds).
+  [[nodiscard]] absl::Status ReadSections(int64_t begin, int64_t end,
+                                          const std::vector<float*>& outs) const;
   FileSystem* fs_;
   std::string dir_;
   CheckpointManifest manifest_;

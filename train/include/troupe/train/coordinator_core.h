@@ -157,7 +157,8 @@ class CoordinatorCore {
   struct Options {
     int64_t steps = 1;
     int32_t min_workers = 1;
-    int32_t max_world = 1;  // min(max_workers, microbatches × pipeline_stages)
+    int32_t max_world =
+        1;  // min(max_workers, microbatches × pipeline_stages); [lowcomm]: max_workers
     // Pipeline grids (pipeline.h): the stages asked for, the model's units and M; every
     // generation's world is one a grid fits (ChooseStages), its stages the closest to those
     // asked for.

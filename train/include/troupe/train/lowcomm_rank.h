@@ -71,8 +71,8 @@ class LowCommRank {
 
   // Stages generation `plan` (plan.groups set) on the generation's communicators (all ranks;
   // `host_world` may be null as for ElasticRank::Configure), and the outer state: kept by a
-  // survivor, handed to a rank that joins, θ_global from the initial or checkpointed parameters
-  // otherwise.
+  // survivor, handed to a rank that joins, from the checkpoint restored (θ_global and the outer
+  // momentum; the residuals restart at zero), from the initial parameters at the start.
   [[nodiscard]] absl::Status Configure(collectives::Communicator* world, const GenerationPlan& plan,
                                        CheckpointStore* store,
                                        collectives::Communicator* host_world = nullptr);
@@ -83,6 +83,9 @@ class LowCommRank {
   ElasticRank* inner() { return inner_; }
   const GroupPlan& group() const { return group_; }
   const std::vector<float>& global() const { return outer_.global; }
+  // A checkpoint shard of this rank's committed state (ElasticRank::CommittedShard) also carries
+  // the committed θ_global and outer momentum of its range.
+  void AddOuter(ShardView* shard) const;
 
  private:
   struct Outer {
@@ -90,7 +93,7 @@ class LowCommRank {
     // verify_feedback: Σ Δ + the residual handed over, and Σ sent, since this rank's start.
     std::vector<double> meant, sent;
   };
-  [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan);
+  [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan, CheckpointStore* store);
   // The feedback check's sums start from the residual a rank starts with (handed over, or zero).
   static void ResetFeedbackSums(Outer* o);
   [[nodiscard]] absl::Status SyncFragment(int64_t step, int32_t f, float* params, OuterSync* sync);

@@ -50,6 +50,7 @@ struct CheckpointManifest {
   int32_t world_size = 1;  // layout at save time
   int64_t generation = 0;
   bool has_moments = true;
+  bool has_outer = false;  // [lowcomm]: θ_global and the outer momentum after the moments
   int64_t optimizer_step = 0;
   std::vector<ShardFileInfo> shards;  // in range order
 
@@ -58,7 +59,7 @@ struct CheckpointManifest {
 };
 
 // Bytes a shard file of elements [begin, end) holds.
-uint64_t ShardByteSize(int64_t begin, int64_t end, bool has_moments);
+uint64_t ShardByteSize(int64_t begin, int64_t end, bool has_moments, bool has_outer = false);
 
 // DataLoss naming `file` unless the manifest is self-consistent (see the banner).
 [[nodiscard]] absl::Status ValidateManifest(const CheckpointManifest& manifest,
