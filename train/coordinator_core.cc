@@ -343,7 +343,7 @@ void CoordinatorCore::MaybeStart(Actions* out) {
       members_.size() < expected_joins_) {
     return;
   }
-  if (UsableCount() < options_.min_workers) return;
+  if (StartableCount() < options_.min_workers) return;
   // A coordinator restarted off a noticed node (kMoveSelf): its first generation is that node's
   // hand-over, and says so.
   std::set<std::string> noticed;
@@ -507,8 +507,10 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   }
   GenerationPlan plan;
   plan.world = static_cast<int>(next.size());
-  plan.stages = ChooseStages(plan.world, options_.pipeline_stages, options_.pipeline_units,
-                             options_.microbatches);
+  plan.stages = options_.lowcomm_round > 0
+                    ? 1  // [lowcomm]: no pipeline; a group's microbatches
+                    : ChooseStages(plan.world, options_.pipeline_stages, options_.pipeline_units,
+                                   options_.microbatches);
   const std::string source = PlanSource(next, &plan);
   plan.committed_steps = record_.committed;
   std::vector<std::string> domains;

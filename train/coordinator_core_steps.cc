@@ -23,7 +23,7 @@ void CoordinatorCore::StartStep(Actions* out) {
   // The coordinator moves first, where the job can go on without its node (else it stays, and
   // the hand-over below checkpoints and stops the job as preempted).
   if (!own_node_.empty() && draining_nodes_.count(own_node_) && !notice_window_open_ &&
-      UsableCount() >= options_.min_workers) {
+      StartableCount() >= options_.min_workers) {
     Save(out);
     Event(out,
           JobEvent("coordinator_moving").Set("node", own_node_).Set("step", record_.committed));
@@ -547,6 +547,10 @@ int CoordinatorCore::GridWorld(int usable) const {
     }
   }
   return 0;
+}
+
+int CoordinatorCore::StartableCount() const {
+  return options_.lowcomm_round > 0 ? static_cast<int>(NextGroup(false).size()) : UsableCount();
 }
 
 }  // namespace troupe::train

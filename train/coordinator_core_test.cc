@@ -353,6 +353,28 @@ TEST_F(CoordinatorCoreTest, LowCommCapsEachGroupAtItsMicrobatches) {
   EXPECT_EQ(core_->group(), (std::vector<std::string>{"a", "b", "d", "e", "f"}));
 }
 
+// [lowcomm] with min_workers 4 and 2 microbatches: three workers of one zone and one of another
+// make a group of 3, so the job waits (no generation that could not start) until a second
+// worker of the other zone comes.
+TEST_F(CoordinatorCoreTest, LowCommWaitsForEnoughWorkersItsGroupsCanTake) {
+  auto o = Opts();
+  o.lowcomm_round = 2;
+  o.microbatches = 2;
+  o.min_workers = 4;
+  Make(o);
+  (void)core_->OnMembershipKnown(4, {}, kT0);
+  std::string out;
+  for (const auto& [w, d] : std::vector<std::pair<std::string, std::string>>{
+           {"a", "zone:x"}, {"b", "zone:x"}, {"c", "zone:x"}, {"d", "zone:y"}}) {
+    out += Str(core_->OnJoin(w, "n-" + w, kT0, d));
+  }
+  EXPECT_EQ(out.find("configure"), std::string::npos) << out;
+  EXPECT_EQ(core_->generation(), 0u) << out;
+  const std::string started = Str(core_->OnJoin("e", "n-e", kT0, "zone:y"));
+  EXPECT_NE(started.find("configure"), std::string::npos) << started;
+  EXPECT_EQ(core_->group(), (std::vector<std::string>{"a", "b", "d", "e"}));
+}
+
 // ---- deaths in every phase ------------------------------------------------------------------
 
 TEST_F(CoordinatorCoreTest, DeathWhileSteppingRegeneratesFromTheOwnersMemory) {

@@ -406,6 +406,11 @@ TEST(LabTest, ShapedAndCutLinksLoseSlowAndDropWhatTheyClaim) {
     ASSERT_TRUE(near.ok()) << near.status();
     EXPECT_LT(near->rtt_ms, 5) << a << " -> " << b << ": " << near->Describe();
   }
+  // Undoing h3's own faults leaves h1's rules with h3 as their peer in place.
+  ASSERT_TRUE(lab.Undelay(h3).ok());
+  ASSERT_TRUE(lab.Unshape(h3).ok());
+  ASSERT_TRUE(lab.Heal(h3).ok());
+  EXPECT_GT(lab.Probe(h1, h3, 10)->rtt_ms, 18);
   EXPECT_FALSE(lab.Delay(h1, 10, 0, {"trlabs-h9"}).ok()) << "an unknown peer is refused";
   ASSERT_TRUE(lab.Undelay(h1).ok());
   ASSERT_TRUE(lab.Unshape(h1).ok());

@@ -285,6 +285,9 @@ class CoordinatorCore {
   std::vector<std::string> NextGroup(bool with_draining) const;
   // The largest world of at most `usable` (and max_world) workers that a grid fits.
   int GridWorld(int usable) const;
+  // The workers a generation would take now: UsableCount(), or under [lowcomm] NextGroup's (each
+  // group capped at its microbatches).
+  int StartableCount() const;
   // `trigger`: the generation event's trigger= (start, workers, worker_down, drain, join,
   // failure); `why`: its reason; `extra`: further fields (down=, node=: who leaves).
   // hand_over: the draining ranks leave now (HandOver made sure their state survives them);
