@@ -112,6 +112,7 @@ absl::Status ElasticRank::CheckPlan(const collectives::Communicator& comm,
 }
 
 absl::Status ElasticRank::StageGeneration(const GenerationPlan& plan, CheckpointStore* store) {
+  restored_checkpoint_.reset();
   RankState& s = staged_state_;
   s.layout = ShardLayout::Make(model_->num_params(), plan.world);
   s.rank = plan.rank;
@@ -316,6 +317,7 @@ absl::Status ElasticRank::RestoreFromCheckpoint(const GenerationPlan& plan,
     return absl::FailedPreconditionError(absl::StrCat(ckpt.dir(), ": num_params: expected ", n,
                                                       ", got ", ckpt.manifest().num_params));
   }
+  restored_checkpoint_ = ckpt;
   RankState& staged = staged_state_;
   const ShardLayout& to = staged.layout;
   const Ranges& held = staged.my_held();

@@ -103,7 +103,7 @@ absl::Status LowCommRank::Configure(collectives::Communicator* world, const Gene
       inner_->model()->SetDataStream(group_.index, static_cast<int32_t>(group_.names.size())));
   TROUPE_RETURN_IF_ERROR(
       inner_->Configure(group_comm_.get(), group_.plan, store, group_host_.get()));
-  return StageOuterState(plan, store);
+  return StageOuterState(plan);
 }
 
 void LowCommRank::AddOuter(ShardView* shard) const {
@@ -116,7 +116,7 @@ void LowCommRank::AddOuter(ShardView* shard) const {
 // first survivor (the residual; zero in a group that is new); after a checkpoint its θ_global and
 // momentum (a checkpoint without them: θ_global = the parameters, momentum zero) and residuals of
 // zero; at the start θ_global = the initial parameters, the rest zero.
-absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan, CheckpointStore* store) {
+absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
   float* params = inner_->StagedParams();
   const int64_t n = inner_->model()->num_params();
   if (params == nullptr) {
@@ -130,13 +130,15 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan, Checkpoint
     staged_.momentum.assign(n, 0.0f);
     staged_.residual.assign(n, 0.0f);
     if (plan.source == RestoreSource::kCheckpoint) {
-      if (store == nullptr) return absl::FailedPreconditionError("lowcomm: no checkpoint store");
-      TROUPE_ASSIGN_OR_RETURN(Checkpoint ckpt, store->Load(plan.checkpoint_step));
-      if (ckpt.manifest().has_outer) {
+      const Checkpoint* ckpt = inner_->restored_checkpoint();
+      if (ckpt == nullptr) {
+        return absl::FailedPreconditionError("lowcomm: a checkpoint restore without a checkpoint");
+      }
+      if (ckpt->manifest().has_outer) {
         // The parameters stay the first group's (with fragments, those of a fragment not due at
         // this step are its local ones, as they were).
         TROUPE_RETURN_IF_ERROR(
-            ckpt.ReadOuterRange(0, n, staged_.global.data(), staged_.momentum.data()));
+            ckpt->ReadOuterRange(0, n, staged_.global.data(), staged_.momentum.data()));
       }
     }
     ResetFeedbackSums(&staged_);

@@ -197,6 +197,11 @@ class ElasticRank {
   // Under data parallelism with the model in host memory, all n staged parameters — what Commit
   // copies into the model — once RunStep or Configure staged them; null otherwise.
   float* StagedParams();
+  // The checkpoint the last Configure restored from (verified once, there); null when it did not
+  // restore from one.
+  const Checkpoint* restored_checkpoint() const {
+    return restored_checkpoint_ ? &*restored_checkpoint_ : nullptr;
+  }
   const ShardLayout& layout() const { return committed_state_.layout; }
   int rank() const { return committed_state_.rank; }
   int stages() const { return committed_state_.stages; }  // of the committed grid
@@ -336,6 +341,7 @@ class ElasticRank {
   RankState committed_state_;
   Staged staged_ = Staged::kNone;
   RankState staged_state_;  // what staged_ says, else stale buffers kept for reuse
+  std::optional<Checkpoint> restored_checkpoint_;
   // The staged parameters of staged_state_.my_held(), one range after the other.
   model::FloatArray staged_held_;
   // Staged by RunStep: the mirrored rank's step gradient and the step's AdamW scalars, which

@@ -93,7 +93,7 @@ class LowCommRank {
     // verify_feedback: Σ Δ + the residual handed over, and Σ sent, since this rank's start.
     std::vector<double> meant, sent;
   };
-  [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan, CheckpointStore* store);
+  [[nodiscard]] absl::Status StageOuterState(const GenerationPlan& plan);
   // The feedback check's sums start from the residual a rank starts with (handed over, or zero).
   static void ResetFeedbackSums(Outer* o);
   [[nodiscard]] absl::Status SyncFragment(int64_t step, int32_t f, float* params, OuterSync* sync);
