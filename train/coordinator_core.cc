@@ -507,10 +507,7 @@ void CoordinatorCore::NewGeneration(Actions* out, const std::string& trigger,
   }
   GenerationPlan plan;
   plan.world = static_cast<int>(next.size());
-  plan.stages = options_.lowcomm_round > 0
-                    ? 1  // [lowcomm]: no pipeline; a group's microbatches
-                    : ChooseStages(plan.world, options_.pipeline_stages, options_.pipeline_units,
-                                   options_.microbatches);
+  plan.stages = StagesOf(plan.world);
   const std::string source = PlanSource(next, &plan);
   plan.committed_steps = record_.committed;
   std::vector<std::string> domains;

@@ -457,8 +457,7 @@ void CoordinatorCore::Finish(Actions* out) {
   }
   // On a pipeline grid no rank keeps every parameter: all of them gather (ElasticRank::
   // ParamsOnHost), and the first answer finishes the job.
-  const int stages = ChooseStages(static_cast<int>(group_.size()), options_.pipeline_stages,
-                                  options_.pipeline_units, options_.microbatches);
+  const int stages = StagesOf(static_cast<int>(group_.size()));
   for (const std::string& w : stages > 1 ? group_ : std::vector<std::string>{group_.front()}) {
     CoordinatorAction a{Kind::kFinal};
     a.worker = w;
@@ -537,14 +536,16 @@ std::vector<CoordinatorAction> CoordinatorCore::OnTimer(uint64_t timer, CoreTime
   return out;
 }
 
-int CoordinatorCore::GridWorld(int usable) const {
+int CoordinatorCore::StagesOf(int world) const {
   // [lowcomm]: no pipeline, and the microbatches are each group's (NextGroup caps the groups).
-  if (options_.lowcomm_round > 0) return std::min(usable, options_.max_world);
+  if (options_.lowcomm_round > 0) return 1;
+  return ChooseStages(world, options_.pipeline_stages, options_.pipeline_units,
+                      options_.microbatches);
+}
+
+int CoordinatorCore::GridWorld(int usable) const {
   for (int w = std::min(usable, options_.max_world); w > 0; --w) {
-    if (ChooseStages(w, options_.pipeline_stages, options_.pipeline_units, options_.microbatches) >
-        0) {
-      return w;
-    }
+    if (StagesOf(w) > 0) return w;
   }
   return 0;
 }

@@ -283,6 +283,8 @@ class CoordinatorCore {
             std::optional<base::SupervisionEvent> event = std::nullopt);
   void MaybeStart(Actions* out);
   std::vector<std::string> NextGroup(bool with_draining) const;
+  // The pipeline depth a world of `world` ranks runs (0: no grid fits it; [lowcomm]: 1).
+  int StagesOf(int world) const;
   // The largest world of at most `usable` (and max_world) workers that a grid fits.
   int GridWorld(int usable) const;
   // The workers a generation would take now: UsableCount(), or under [lowcomm] NextGroup's (each
