@@ -101,19 +101,11 @@ class Commits:
     """Polls a commit log; records the time (this machine's clock) each step's line appeared."""
 
     def __init__(self, path, parse):
-        self.path, self.parse, self.offset, self.partial, self.seen = path, parse, 0, "", {}
+        self.path, self.parse, self.tail, self.seen = path, parse, tt.LineTail(path), {}
 
     def poll(self):
-        try:
-            with open(self.path) as f:
-                f.seek(self.offset)
-                data = f.read()
-                self.offset = f.tell()
-        except FileNotFoundError:
-            return
+        lines = self.tail.new_lines()
         now = time.monotonic()
-        lines = (self.partial + data).split("\n")
-        self.partial = lines.pop()
         for line in lines:
             step = self.parse(line)
             if step is not None:

@@ -107,13 +107,14 @@ def marked_pids(marker_value):
     return pids
 
 
-class CommitLog:
-    """Reads the job's log incrementally; keeps every parsed record."""
+class LineTail:
+    """The complete lines appended to a file since the last call (an unfinished last line waits
+    for the next one; a missing file has none yet)."""
 
     def __init__(self, path):
-        self.path, self.offset, self.records, self.partial = path, 0, [], ""
+        self.path, self.offset, self.partial = path, 0, ""
 
-    def poll(self):
+    def new_lines(self):
         try:
             with open(self.path) as f:
                 f.seek(self.offset)
@@ -121,11 +122,20 @@ class CommitLog:
                 self.offset = f.tell()
         except FileNotFoundError:
             return []
-        data, self.partial = self.partial + data, ""
-        lines = data.split("\n")
-        self.partial = lines.pop()  # an unfinished last line waits for the next poll
+        lines = (self.partial + data).split("\n")
+        self.partial = lines.pop()
+        return lines
+
+
+class CommitLog:
+    """Reads the job's log incrementally; keeps every parsed record."""
+
+    def __init__(self, path):
+        self.path, self.tail, self.records = path, LineTail(path), []
+
+    def poll(self):
         new = []
-        for line in lines:
+        for line in self.tail.new_lines():
             m = LINE.match(line)
             if m:
                 rec = {"kind": m.group(1)}
