@@ -61,6 +61,16 @@ class CoordinatorCoreTest : public ::testing::Test {
     }
     return out;
   }
+  // [lowcomm]: rounds of 2 of 6 steps, 2 microbatches a group; `known` members announced.
+  void MakeLowComm(int32_t min_workers, size_t known) {
+    auto o = Opts();
+    o.steps = 6;
+    o.lowcomm_round = 2;
+    o.microbatches = 2;
+    o.min_workers = min_workers;
+    Make(o);
+    (void)core_->OnMembershipKnown(known, {}, kT0);
+  }
   // Workers joining in order, each on node "n-<w>" in its failure domain: every join's actions.
   std::string JoinDomains(const std::vector<std::pair<std::string, std::string>>& joins) {
     std::string out;
@@ -335,12 +345,7 @@ TEST_F(CoordinatorCoreTest, LowCommPlansNameTheGroupsAndFoldJoinersInWhereARound
 // [lowcomm]: the microbatches are each group's: with 2 of them, a zone of three workers gives two
 // ranks, and the third is not folded in where a round ends (its group is full) — a new zone is.
 TEST_F(CoordinatorCoreTest, LowCommCapsEachGroupAtItsMicrobatches) {
-  auto o = Opts();
-  o.steps = 6;
-  o.lowcomm_round = 2;
-  o.microbatches = 2;
-  Make(o);
-  (void)core_->OnMembershipKnown(5, {}, kT0);
+  MakeLowComm(1, 5);
   const std::string configure = JoinDomains(
       {{"a", "zone:x"}, {"b", "zone:x"}, {"c", "zone:x"}, {"d", "zone:y"}, {"e", "zone:y"}});
   ASSERT_NE(configure.find("configure"), std::string::npos) << configure;
@@ -360,12 +365,7 @@ TEST_F(CoordinatorCoreTest, LowCommCapsEachGroupAtItsMicrobatches) {
 // make a group of 3, so the job waits (no generation that could not start) until a second
 // worker of the other zone comes.
 TEST_F(CoordinatorCoreTest, LowCommWaitsForEnoughWorkersItsGroupsCanTake) {
-  auto o = Opts();
-  o.lowcomm_round = 2;
-  o.microbatches = 2;
-  o.min_workers = 4;
-  Make(o);
-  (void)core_->OnMembershipKnown(4, {}, kT0);
+  MakeLowComm(4, 4);
   const std::string out =
       JoinDomains({{"a", "zone:x"}, {"b", "zone:x"}, {"c", "zone:x"}, {"d", "zone:y"}});
   EXPECT_EQ(out.find("configure"), std::string::npos) << out;
