@@ -126,7 +126,7 @@ class RankState {
     if (spec_.lowcomm_groups > 0) {
       // corrupt-update@S: this rank's group sends 1000 × its Δ in step S's sync, if it leads it.
       auto corrupt = [this](int64_t step, bool leads) {
-        auto f = TakeArmed(step, train::StepPoint::kExchange, train::FaultKind::kCorruptUpdate);
+        auto f = TakeArmed(step, train::StepPoint::kExchange, /*corrupt_update=*/true);
         if (f && !leads) {
           base::SupervisionEvent e = train::JobEvent("fault_failed", worker_, "rank");
           e.generation = gen_;
@@ -262,14 +262,13 @@ class RankState {
   }
 
   // The armed fault if it is for this step and point, disarmed: it fires once, even if the step
-  // runs again.
-  // A corrupt-update is the outer sync's to take (TakeCorrupt), at no point of the step.
+  // runs again. A corrupt-update is taken only by the outer sync (`corrupt_update`: the caller is
+  // it), every other fault only by the step's points.
   std::optional<ArmedFault> TakeArmed(int64_t step, train::StepPoint point,
-                                      train::FaultKind only = train::FaultKind::kKillWorker) {
+                                      bool corrupt_update = false) {
     std::lock_guard<std::mutex> l(armed_mu_);
-    const bool corrupt = armed_.kind == train::FaultKind::kCorruptUpdate;
     if (armed_.step < 0 || armed_.step != step || armed_.point != point ||
-        corrupt != (only == train::FaultKind::kCorruptUpdate)) {
+        (armed_.kind == train::FaultKind::kCorruptUpdate) != corrupt_update) {
       return std::nullopt;
     }
     const ArmedFault f = armed_;

@@ -366,16 +366,16 @@ void CoordinatorCore::MaybeStart(Actions* out) {
 
 // ---- generations ---------------------------------------------------------------------------
 
-// The committed configuration's usable workers first (their memory holds the state), then the
-// others in name order, up to the largest world a grid fits (GridWorld) and, under [lowcomm], up to
-// `microbatches` workers a group (failure domain); with_draining: also the committed
-// configuration's workers whose nodes are draining but alive.
 namespace {
 int64_t Distinct(const std::vector<std::string>& v) {
   return static_cast<int64_t>(std::set<std::string>(v.begin(), v.end()).size());
 }
 }  // namespace
 
+// The committed configuration's usable workers first (their memory holds the state), then the
+// others in name order, up to the largest world a grid fits (GridWorld) and, under [lowcomm], up to
+// `microbatches` workers a group (failure domain); with_draining: also the committed
+// configuration's workers whose nodes are draining but alive.
 std::vector<std::string> CoordinatorCore::NextGroup(bool with_draining) const {
   auto staying = [&](const std::string& w) {
     auto it = members_.find(w);

@@ -72,6 +72,16 @@ def check_torch(caller):
     return version, blas
 
 
+def ensure_torch(caller):
+    """Installs Debian's python3-torch (the peer) when missing, then check_torch(caller)."""
+    if subprocess.run(["dpkg", "-s", "python3-torch"], capture_output=True).returncode != 0:
+        print("== installing python3-torch (the peer)", flush=True)
+        subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", "python3-torch"],
+                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"), check=True,
+                       stdout=subprocess.DEVNULL)
+    return check_torch(caller)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
