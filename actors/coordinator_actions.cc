@@ -206,10 +206,12 @@ void Coordinator::NoteOuter(const StepDone& m) {
   }
   outer_.bytes += m.outer_bytes;
   outer_.feedback_error = std::max(outer_.feedback_error, m.outer_feedback_error);
+  outer_.wait_seconds = std::max(outer_.wait_seconds, m.outer_wait_seconds);
 }
 
 // The committed step's outer round ([lowcomm]): into the event log ("outer_round": step,
-// fragments, the groups applied, clipped and left out, bytes between groups) and the report;
+// fragments, the groups applied, clipped and left out, bytes between groups, the slowest rank's
+// wait for the exchange: wait_s) and the report;
 // returns the progress line's part.
 std::string Coordinator::LogOuter(const train::CoordinatorAction& a) {
   if (outer_.generation != a.generation || outer_.step != a.step - 1) return "";
@@ -218,7 +220,8 @@ std::string Coordinator::LogOuter(const train::CoordinatorAction& a) {
   e.Set("step", a.step)
       .Set("fragments", absl::StrJoin(outer_.fragments, ","))
       .Set("applied", absl::StrJoin(outer_.applied, ","))
-      .Set("bytes", static_cast<int64_t>(outer_.bytes));
+      .Set("bytes", static_cast<int64_t>(outer_.bytes))
+      .Set("wait_s", absl::StrFormat("%.4f", outer_.wait_seconds));
   if (!outer_.clipped.empty()) e.Set("clipped", absl::StrJoin(outer_.clipped, ","));
   if (!outer_.rejected.empty()) e.Set("rejected", absl::StrJoin(outer_.rejected, ","));
   if (outer_.feedback_error >= 0) {

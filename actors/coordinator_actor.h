@@ -167,6 +167,7 @@ class Coordinator {
     std::vector<std::string> applied, clipped, rejected;
     uint64_t bytes = 0;
     double feedback_error = -1;  // the worst any rank checked (verify_feedback)
+    double wait_seconds = 0;     // the slowest rank's (OuterSync::wait_seconds)
   };
   OuterRound outer_;
   void NoteOuter(const StepDone& m);

@@ -98,6 +98,7 @@ struct StepDone {
   std::vector<std::string> outer_applied{}, outer_clipped{}, outer_rejected{};
   uint64_t outer_bytes = 0;
   double outer_feedback_error = -1;  // OuterSync::feedback_error
+  double outer_wait_seconds = 0;     // OuterSync::wait_seconds
 };
 struct CommitRank {
   uint64_t generation = 0;
@@ -201,7 +202,7 @@ typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
            x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes, x.exchange_seconds,
            x.exposed_seconds, x.eval_microbatches, x.eval_losses, x.eval_seconds, x.outer_fragments,
            x.outer_applied, x.outer_clipped, x.outer_rejected, x.outer_bytes,
-           x.outer_feedback_error);
+           x.outer_feedback_error, x.outer_wait_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {

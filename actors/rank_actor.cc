@@ -422,6 +422,7 @@ class RankState {
       done.outer_rejected = std::move(sync.rejected);
       done.outer_bytes = sync.bytes_sent;
       done.outer_feedback_error = sync.feedback_error;
+      done.outer_wait_seconds = sync.wait_seconds;
       if (rank_->stages() > 1) NoteInFlight(gen, step, *out);
     }
     caf::anon_send(coordinator_, std::move(done));

@@ -256,6 +256,7 @@ void ReadLowComm(Section& s, JobSpec& spec) {
   }
   s.Number("robust_factor", &o.robust_factor, 1, 1e9);
   s.Bool("verify_feedback", &o.verify_feedback);
+  s.Bool("stale_outer", &o.stale_outer);
 }
 
 void ReadChaos(Section& s, JobSpec& spec) {
@@ -578,7 +579,8 @@ std::string JobSpec::ToToml() const {
       "\nfragments = ", lowcomm.fragments, "\ncompression = ", Quote(CompressionName(lowcomm)),
       "\nrobust = ", Quote(RobustOuterName(lowcomm.robust)),
       "\nrobust_factor = ", absl::StrFormat("%.17g", lowcomm.robust_factor),
-      "\nverify_feedback = ", lowcomm.verify_feedback ? "true" : "false", "\n\n[chaos]\nfaults = [",
+      "\nverify_feedback = ", lowcomm.verify_feedback ? "true" : "false",
+      "\nstale_outer = ", lowcomm.stale_outer ? "true" : "false", "\n\n[chaos]\nfaults = [",
       absl::StrJoin(faults_q, ", "), "]\nnetwork_fault = \"", absl::FormatDuration(network_fault),
       "\"\ndrop_percent = ", drop_percent, "\nstall = \"", absl::FormatDuration(stall),
       "\"\ndelay = \"", absl::FormatDuration(delay), "\"\njitter = \"",

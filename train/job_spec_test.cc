@@ -247,7 +247,7 @@ TEST(JobSpecTest, LowCommIsReadAndRoundTrips) {
   EXPECT_EQ(off->lowcomm_groups, 0);
   absl::StatusOr<JobSpec> on = ParseJobSpec(
       "[lowcomm]\ngroups = 2\ninner_steps = 10\nouter_lr = 0.5\nfragments = 5\n"
-      "compression = \"topk:0.02\"\nrobust = \"reject\"\nrobust_factor = 4\n"
+      "compression = \"topk:0.02\"\nrobust = \"reject\"\nrobust_factor = 4\nstale_outer = true\n"
       "[checkpoint]\nevery = 20\n",
       "job.toml");
   ASSERT_TRUE(on.ok()) << on.status();
@@ -260,6 +260,8 @@ TEST(JobSpecTest, LowCommIsReadAndRoundTrips) {
   EXPECT_EQ(on->lowcomm.topk_fraction, 0.02);
   EXPECT_EQ(on->lowcomm.robust, RobustOuter::kReject);
   EXPECT_EQ(on->lowcomm.robust_factor, 4.0);
+  EXPECT_TRUE(on->lowcomm.stale_outer);
+  EXPECT_FALSE(off->lowcomm.stale_outer);
   for (const JobSpec& spec : {*off, *on}) {
     absl::StatusOr<JobSpec> back = ParseJobSpec(spec.ToToml(), "again.toml");
     ASSERT_TRUE(back.ok()) << back.status() << "\n" << spec.ToToml();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "elastic_internal.h"
+#include "troupe/base/clock.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/compression.h"
 
@@ -19,7 +20,8 @@ using P2P = collectives::Communicator::PointToPoint;
 // Tags on the generation's communicator, between ranks of different groups (the outer exchange)
 // or from a survivor to a rank that joins (the outer state): bits 27..30 set, which no other
 // point-to-point tag of training sets together (elastic_internal.h, SubCommunicator).
-constexpr uint32_t kTagOuter = 0x78000000u, kTagOuterState = 0x7c000000u;
+constexpr uint32_t kTagOuter = kOuterExchangeTag, kTagOuterState = 0x7c000000u;
+constexpr uint32_t kTagHeld = kOuterHeldTag;
 
 Buffer Floats(std::vector<float>& v) { return Buffer::F32(v); }
 
@@ -91,6 +93,10 @@ absl::Status LowCommRank::Configure(collectives::Communicator* world, const Gene
     has_outer_ = true;
   }
   outer_staged_ = false;
+  // The owner has destroyed the old generation's communicator: nothing writes into a flight now.
+  flights_.clear();
+  staged_flights_.clear();
+  retired_.clear();
   TROUPE_ASSIGN_OR_RETURN(group_, GroupPlanOf(plan));
   world_ = world;
   TROUPE_ASSIGN_OR_RETURN(group_comm_, collectives::SubCommunicator::Create(world, group_.members));
@@ -111,9 +117,36 @@ void LowCommRank::AddOuter(ShardView* shard) const {
   shard->outer_momentum = outer_.momentum.data() + shard->begin;
 }
 
+// At the start or after a checkpoint (StageOuterState).
+absl::Status LowCommRank::StageNewOuterState(const GenerationPlan& plan, float* params, int64_t n) {
+  staged_.global.assign(params, params + n);
+  staged_.momentum.assign(n, 0.0f);
+  staged_.residual.assign(n, 0.0f);
+  if (plan.source == RestoreSource::kCheckpoint) {
+    const Checkpoint* ckpt = inner_->restored_checkpoint();
+    if (ckpt == nullptr) {
+      return absl::FailedPreconditionError("lowcomm: a checkpoint restore without a checkpoint");
+    }
+    if (ckpt->manifest().has_outer) {
+      // The parameters stay the first group's (with fragments, those of a fragment not due at
+      // this step are its local ones, as they were) — under stale_outer θ_global: the first
+      // group's hold its own round in flight, which the checkpoint does not.
+      TROUPE_RETURN_IF_ERROR(
+          ckpt->ReadOuterRange(0, n, staged_.global.data(), staged_.momentum.data()));
+      if (o_.lowcomm.stale_outer) std::copy(staged_.global.begin(), staged_.global.end(), params);
+    }
+  }
+  staged_.base.assign(params, params + (o_.lowcomm.stale_outer ? n : 0));
+  staged_.pending.assign(o_.lowcomm.fragments, {});
+  ResetFeedbackSums(&staged_);
+  outer_staged_ = true;
+  return absl::OkStatus();
+}
+
 // The outer state of the generation, staged beside the inner one: a survivor's own; a joiner's
 // from world rank 0 (θ_global, momentum; a survivor, as survivors come first) and its group's
-// first survivor (the residual; zero in a group that is new); after a checkpoint its θ_global and
+// first survivor (the residual, and under stale_outer the round's start and the Δ in flight; a
+// group that is new starts from θ_global with none); after a checkpoint its θ_global and
 // momentum (a checkpoint without them: θ_global = the parameters, momentum zero) and residuals of
 // zero; at the start θ_global = the initial parameters, the rest zero.
 absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
@@ -125,37 +158,27 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
   // Staged (for Commit) only once whole; a staged configuration is never applied by a later
   // Configure (only a staged step whose commit was lost is).
   staged_steps_ = -1;
-  if (plan.source != RestoreSource::kMemory) {
-    staged_.global.assign(params, params + n);
-    staged_.momentum.assign(n, 0.0f);
-    staged_.residual.assign(n, 0.0f);
-    if (plan.source == RestoreSource::kCheckpoint) {
-      const Checkpoint* ckpt = inner_->restored_checkpoint();
-      if (ckpt == nullptr) {
-        return absl::FailedPreconditionError("lowcomm: a checkpoint restore without a checkpoint");
-      }
-      if (ckpt->manifest().has_outer) {
-        // The parameters stay the first group's (with fragments, those of a fragment not due at
-        // this step are its local ones, as they were).
-        TROUPE_RETURN_IF_ERROR(
-            ckpt->ReadOuterRange(0, n, staged_.global.data(), staged_.momentum.data()));
-      }
-    }
-    ResetFeedbackSums(&staged_);
-    outer_staged_ = true;
-    return absl::OkStatus();
-  }
+  if (plan.source != RestoreSource::kMemory) return StageNewOuterState(plan, params, n);
   const int kept = plan.old_world - static_cast<int>(plan.gone.size());
   const bool joiner = plan.rank >= kept;
   if (!joiner && !has_outer_) {
     return absl::FailedPreconditionError("lowcomm: a surviving rank without the outer state");
   }
+  const bool stale = o_.lowcomm.stale_outer;
   if (joiner) {
     staged_.global.assign(n, 0.0f);
     staged_.momentum.assign(n, 0.0f);
     staged_.residual.assign(n, 0.0f);
+    staged_.base.assign(stale ? n : 0, 0.0f);
+    staged_.pending.assign(o_.lowcomm.fragments, {});
   } else {
     staged_ = outer_;
+  }
+  // The slots in flight travel whole (a presence flag of 0: none).
+  std::vector<std::vector<float>> slots(stale ? o_.lowcomm.fragments : 0);
+  for (size_t f = 0; f < slots.size(); ++f) {
+    slots[f] = staged_.pending[f];
+    slots[f].resize(SlotWords(static_cast<int32_t>(f)), 0.0f);
   }
   std::vector<P2P> moves;
   for (int j = kept; j < plan.world; ++j) {
@@ -172,12 +195,24 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
       moves.push_back({kind, Floats(staged_.momentum), peer, kTagOuterState + 1});
     }
     if (donor >= 0 && (plan.rank == donor || j == plan.rank)) {
-      moves.push_back(
-          {kind, Floats(staged_.residual), j == plan.rank ? donor : j, kTagOuterState + 2});
+      const int peer = j == plan.rank ? donor : j;
+      moves.push_back({kind, Floats(staged_.residual), peer, kTagOuterState + 2});
+      if (stale) moves.push_back({kind, Floats(staged_.base), peer, kTagOuterState + 3});
+      for (size_t f = 0; f < slots.size(); ++f) {
+        moves.push_back(
+            {kind, Floats(slots[f]), peer, kTagOuterState + 4 + static_cast<uint32_t>(f)});
+      }
     }
   }
   TROUPE_RETURN_IF_ERROR(elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
-  if (group_.new_group) std::copy(staged_.global.begin(), staged_.global.end(), params);
+  if (group_.new_group) {
+    std::copy(staged_.global.begin(), staged_.global.end(), params);
+    if (stale) staged_.base = staged_.global;
+  } else if (joiner) {
+    for (size_t f = 0; f < slots.size(); ++f) {
+      if (slots[f][0] != 0.0f) staged_.pending[f] = std::move(slots[f]);
+    }
+  }
   if (joiner) ResetFeedbackSums(&staged_);
   outer_staged_ = true;
   return absl::OkStatus();
@@ -186,6 +221,8 @@ absl::Status LowCommRank::StageOuterState(const GenerationPlan& plan) {
 absl::StatusOr<StepOutcome> LowCommRank::RunStep(OuterSync* sync) {
   *sync = OuterSync{};
   outer_staged_ = false;
+  for (auto& [f, flight] : staged_flights_) retired_.push_back(std::move(flight));  // a re-run's
+  staged_flights_.clear();
   if (!has_outer_) return absl::FailedPreconditionError("lowcomm: RunStep before a configuration");
   const int64_t step = inner_->committed_steps();
   TROUPE_ASSIGN_OR_RETURN(StepOutcome out, inner_->RunStep());
@@ -203,48 +240,182 @@ absl::StatusOr<StepOutcome> LowCommRank::RunStep(OuterSync* sync) {
   return out;
 }
 
-// Fragment f: this group's Δ (encoded with its residual) to the other groups through their first
-// ranks, everyone's to every rank of the group, the outer step, θ_global into the staged params.
+size_t LowCommRank::SlotWords(int32_t f) const {
+  const auto [lo, hi] = FragmentRange(inner_->model()->num_params(), o_.lowcomm.fragments, f);
+  // Every encoding is whole floats.
+  return 1 + collectives::CompressedBytes(o_.lowcomm.compression, o_.lowcomm.topk_fraction,
+                                          static_cast<size_t>(hi - lo)) /
+                 sizeof(float);
+}
+
+// Fragment f: this group's Δ, encoded with its residual, into its slot; without stale_outer
+// exchanged and applied at once, θ_global into the staged parameters. With it, the round in
+// flight (posted where the last round ended; posted again when this generation's communicator is
+// not the one it was posted on) is applied, this round's is posted, and the group goes on from
+// θ_global − its own Δ — except after the job's last step, where this round's is applied too.
 absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, OuterSync* sync) {
   const LowCommOptions& o = o_.lowcomm;
   const auto [lo, hi] = FragmentRange(inner_->model()->num_params(), o.fragments, f);
   const size_t count = static_cast<size_t>(hi - lo);
-  const size_t bytes = collectives::CompressedBytes(o.compression, o.topk_fraction, count);
-  const size_t words = bytes / sizeof(float);  // every encoding is whole floats
-  const int groups = static_cast<int>(group_.names.size());
-  const int me = group_.index;
-  std::vector<float> all(words * groups);
-  auto slot = [&](int g) { return reinterpret_cast<uint8_t*>(all.data() + g * words); };
-  EncodePseudoGradient(o, staged_.global.data() + lo, params + lo, count,
-                       staged_.residual.data() + lo, slot(me));
-  if (o.verify_feedback) TROUPE_RETURN_IF_ERROR(VerifyFeedback(lo, hi, params, slot(me), sync));
+  const float* from = (o.stale_outer ? staged_.base.data() : staged_.global.data());
+  std::vector<float> slot(SlotWords(f), 0.0f);
+  slot[0] = 1.0f;  // present
+  uint8_t* mine = reinterpret_cast<uint8_t*>(slot.data() + 1);
+  EncodePseudoGradient(o, from + lo, params + lo, count, staged_.residual.data() + lo, mine);
+  if (o.verify_feedback) {
+    TROUPE_RETURN_IF_ERROR(VerifyFeedback(lo, hi, from, params, mine, sync));
+  }
   if (f == 0 && o_.corrupt && o_.corrupt(step, group_.plan.rank == 0)) {
     std::vector<float> bad(count), none(count, 0.0f);
-    for (size_t i = 0; i < count; ++i) bad[i] = 1000.0f * (staged_.global[lo + i] - params[lo + i]);
+    for (size_t i = 0; i < count; ++i) bad[i] = 1000.0f * (from[lo + i] - params[lo + i]);
     collectives::EncodeWithFeedback(o.compression, o.topk_fraction, bad.data(), count, none.data(),
-                                    slot(me));
+                                    mine);
   }
-  if (group_.plan.rank == 0) {
-    std::vector<P2P> moves;
-    for (int g = 0; g < groups; ++g) {
-      if (g == me) continue;
-      const int leader = group_.leaders[g];
-      moves.push_back({P2P::Kind::kSend, Buffer::F32(all.data() + me * words, words), leader,
-                       kTagOuter | static_cast<uint32_t>(f)});
-      moves.push_back({P2P::Kind::kRecv, Buffer::F32(all.data() + g * words, words), leader,
-                       kTagOuter | static_cast<uint32_t>(f)});
-      sync->bytes_sent += bytes;
+  if (o.stale_outer) {
+    std::shared_ptr<Flight> last_round;
+    if (auto it = flights_.find(f); it != flights_.end()) {
+      last_round = it->second;
+    } else {
+      TROUPE_ASSIGN_OR_RETURN(last_round, PostAgain(f, sync));
     }
-    TROUPE_RETURN_IF_ERROR(
-        elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
+    TROUPE_RETURN_IF_ERROR(Finish(last_round.get(), sync));
+    TROUPE_RETURN_IF_ERROR(Apply(f, last_round->all, sync));
+    if (step + 1 != o_.total_steps) {
+      staged_flights_[f] = Post(f, slot, sync);
+      staged_.pending[f] = std::move(slot);
+      for (int64_t i = lo; i < hi; ++i) {
+        params[i] = staged_.global[i] - (staged_.base[i] - params[i]);
+        staged_.base[i] = params[i];
+      }
+      return absl::OkStatus();
+    }
+    staged_.pending[f].clear();
   }
-  TROUPE_RETURN_IF_ERROR(group_comm_->Broadcast(Floats(all), 0, o_.collective).Wait());
-  std::vector<GroupUpdate> updates;
-  for (int g = 0; g < groups; ++g) updates.push_back({g, slot(g)});
-  TROUPE_ASSIGN_OR_RETURN(OuterOutcome out, OuterStep(o, updates, count, staged_.global.data() + lo,
-                                                      staged_.momentum.data() + lo));
+  const std::shared_ptr<Flight> now = Post(f, slot, sync);
+  TROUPE_RETURN_IF_ERROR(Finish(now.get(), sync));
+  TROUPE_RETURN_IF_ERROR(Apply(f, now->all, sync));
   std::copy(staged_.global.begin() + lo, staged_.global.begin() + hi, params + lo);
-  // The step's report: a group clipped or left out in any fragment is named once.
+  if (o.stale_outer) std::copy(params + lo, params + hi, staged_.base.begin() + lo);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<LowCommRank::Flight> LowCommRank::Post(int32_t f, const std::vector<float>& slot,
+                                                       OuterSync* sync) {
+  auto flight = std::make_shared<Flight>();
+  const size_t words = slot.size();
+  const int groups = static_cast<int>(group_.names.size());
+  const int me = group_.index;
+  flight->all.assign(words * groups, 0.0f);
+  std::copy(slot.begin(), slot.end(), flight->all.begin() + me * words);
+  if (group_.plan.rank != 0) return flight;
+  std::vector<P2P> moves;
+  const uint32_t tag = kTagOuter | static_cast<uint32_t>(f);
+  for (int g = 0; g < groups; ++g) {
+    if (g == me) continue;
+    const int leader = group_.leaders[g];
+    moves.push_back(
+        {P2P::Kind::kSend, Buffer::F32(flight->all.data() + me * words, words), leader, tag});
+    moves.push_back(
+        {P2P::Kind::kRecv, Buffer::F32(flight->all.data() + g * words, words), leader, tag});
+    sync->bytes_sent += words * sizeof(float);
+  }
+  Launch(flight.get(), moves);
+  return flight;
+}
+
+// The leaders first tell each other whether they hold a Δ (one float each way: nothing more
+// crosses when none does, as where the first round ends), then exchange the ones held.
+absl::StatusOr<std::shared_ptr<LowCommRank::Flight>> LowCommRank::PostAgain(int32_t f,
+                                                                            OuterSync* sync) {
+  auto flight = std::make_shared<Flight>();
+  const size_t words = SlotWords(f);
+  const int groups = static_cast<int>(group_.names.size());
+  const int me = group_.index;
+  flight->all.assign(words * groups, 0.0f);
+  if (group_.plan.rank != 0) return flight;
+  const std::vector<float>& held = staged_.pending[f];
+  if (!held.empty()) std::copy(held.begin(), held.end(), flight->all.begin() + me * words);
+  std::vector<float> flags(groups, 0.0f);
+  flags[me] = held.empty() ? 0.0f : 1.0f;
+  std::vector<P2P> moves;
+  const uint32_t tag = kTagOuter | static_cast<uint32_t>(f);
+  for (int g = 0; g < groups; ++g) {
+    if (g == me) continue;
+    moves.push_back(
+        {P2P::Kind::kSend, Buffer::F32(&flags[me], 1), group_.leaders[g], tag | kTagHeld});
+    moves.push_back(
+        {P2P::Kind::kRecv, Buffer::F32(&flags[g], 1), group_.leaders[g], tag | kTagHeld});
+  }
+  const absl::Time start = base::MonotonicNow();
+  TROUPE_RETURN_IF_ERROR(elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
+  sync->wait_seconds += absl::ToDoubleSeconds(base::MonotonicNow() - start);
+  moves.clear();
+  for (int g = 0; g < groups; ++g) {
+    if (g == me) continue;
+    if (flags[me] != 0.0f) {
+      moves.push_back({P2P::Kind::kSend, Buffer::F32(flight->all.data() + me * words, words),
+                       group_.leaders[g], tag});
+      sync->bytes_sent += words * sizeof(float);
+    }
+    if (flags[g] != 0.0f) {
+      moves.push_back({P2P::Kind::kRecv, Buffer::F32(flight->all.data() + g * words, words),
+                       group_.leaders[g], tag});
+    }
+  }
+  Launch(flight.get(), moves);
+  return flight;
+}
+
+// Without a deadline of their own: a flight may run for a whole round (Finish times the wait).
+void LowCommRank::Launch(Flight* flight, const std::vector<P2P>& moves) {
+  collectives::CollectiveOptions o = o_.collective;
+  o.timeout = absl::InfiniteDuration();
+  flight->works = world_->PostPointToPoint(moves, o);
+  for (const P2P& m : moves) flight->peers.push_back(m.peer);
+}
+
+// The collective timeout counts from here, not from the post: a leader whose exchange is not done
+// by then blames the peer it waits for and fails the generation's communicator (as a deadline
+// inside it does).
+absl::Status LowCommRank::Finish(Flight* flight, OuterSync* sync) {
+  const absl::Time start = base::MonotonicNow(), deadline = start + o_.collective.timeout;
+  absl::Status s;
+  for (size_t i = 0; i < flight->works.size() && s.ok(); ++i) {
+    while (!flight->works[i].IsDone() && s.ok()) {
+      if (base::MonotonicNow() > deadline) {
+        s = collectives::BlamePeer(
+            absl::DeadlineExceededError(
+                absl::StrCat("lowcomm: the exchange with the group led by rank ", flight->peers[i],
+                             " did not complete within ",
+                             absl::FormatDuration(o_.collective.timeout), " of its wait")),
+            flight->peers[i]);
+        world_->Abort(s);
+      } else {
+        absl::SleepFor(absl::Microseconds(200));
+      }
+    }
+  }
+  if (s.ok()) s = elastic_internal::WaitAll(flight->works);
+  if (s.ok()) s = group_comm_->Broadcast(Floats(flight->all), 0, o_.collective).Wait();
+  sync->wait_seconds += absl::ToDoubleSeconds(base::MonotonicNow() - start);
+  return s;
+}
+
+absl::Status LowCommRank::Apply(int32_t f, const std::vector<float>& all, OuterSync* sync) {
+  const auto [lo, hi] = FragmentRange(inner_->model()->num_params(), o_.lowcomm.fragments, f);
+  const size_t words = SlotWords(f);
+  std::vector<GroupUpdate> updates;
+  for (size_t g = 0; g < group_.names.size(); ++g) {
+    const float* slot = all.data() + g * words;
+    if (slot[0] != 0.0f) {
+      updates.push_back({static_cast<int32_t>(g), reinterpret_cast<const uint8_t*>(slot + 1)});
+    }
+  }
+  TROUPE_ASSIGN_OR_RETURN(OuterOutcome out,
+                          OuterStep(o_.lowcomm, updates, static_cast<size_t>(hi - lo),
+                                    staged_.global.data() + lo, staged_.momentum.data() + lo));
+  // The step's report: a group applied, clipped or left out in any fragment is named once; one
+  // left out of any is not named applied.
   auto add = [&](const std::vector<int32_t>& ids, std::vector<std::string>* to) {
     for (int32_t id : ids) {
       if (std::find(to->begin(), to->end(), group_.names[id]) == to->end()) {
@@ -252,19 +423,23 @@ absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, O
       }
     }
   };
+  add(out.applied, &sync->applied);
   add(out.clipped, &sync->clipped);
   add(out.rejected, &sync->rejected);
-  sync->applied.clear();
-  for (const std::string& name : group_.names) {
-    if (std::find(sync->rejected.begin(), sync->rejected.end(), name) == sync->rejected.end()) {
-      sync->applied.push_back(name);
-    }
-  }
+  sync->applied.erase(std::remove_if(sync->applied.begin(), sync->applied.end(),
+                                     [&](const std::string& name) {
+                                       return std::find(sync->rejected.begin(),
+                                                        sync->rejected.end(),
+                                                        name) != sync->rejected.end();
+                                     }),
+                      sync->applied.end());
+  std::sort(sync->applied.begin(), sync->applied.end());
   return absl::OkStatus();
 }
 
-absl::Status LowCommRank::VerifyFeedback(int64_t lo, int64_t hi, const float* params,
-                                         const uint8_t* mine, OuterSync* sync) {
+absl::Status LowCommRank::VerifyFeedback(int64_t lo, int64_t hi, const float* from,
+                                         const float* params, const uint8_t* mine,
+                                         OuterSync* sync) {
   const LowCommOptions& o = o_.lowcomm;
   const size_t count = static_cast<size_t>(hi - lo);
   std::vector<float> decoded(count, 0.0f);
@@ -272,7 +447,7 @@ absl::Status LowCommRank::VerifyFeedback(int64_t lo, int64_t hi, const float* pa
   double worst = 0, scale = 0;
   int64_t at = lo;
   for (int64_t i = lo; i < hi; ++i) {
-    staged_.meant[i] += staged_.global[i] - params[i];  // Δ as the encoding saw it
+    staged_.meant[i] += from[i] - params[i];  // Δ as the encoding saw it
     staged_.sent[i] += decoded[i - lo];
     scale = std::max(scale, std::abs(staged_.meant[i]));
     const double off = std::abs(staged_.sent[i] + staged_.residual[i] - staged_.meant[i]);
@@ -293,11 +468,15 @@ void LowCommRank::Commit() {
     has_outer_ = true;
     outer_staged_ = false;
   }
+  for (auto& [f, flight] : staged_flights_) flights_[f] = std::move(flight);
+  staged_flights_.clear();
   inner_->Commit();
 }
 
 void LowCommRank::Abandon() {
   outer_staged_ = false;
+  for (auto& [f, flight] : staged_flights_) retired_.push_back(std::move(flight));
+  staged_flights_.clear();
   inner_->Abandon();
 }
 

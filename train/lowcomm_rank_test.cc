@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -55,10 +56,25 @@ class LowCommRankTest : public ::testing::Test {
   // DiLoCo in one process: a model::Trainer per group on its data stream; after each round the
   // mean of θ_global − θ_g drives Nesterov, and every group continues from θ_global. `groups` of
   // each step (a group leaving at step s is in groups[s] no more).
-  std::vector<float> Reference(const std::vector<std::vector<std::string>>& groups_at) {
+  // `stale` (stale_outer): Δ_g is the change since the round began, and a round's mean is
+  // applied where the next round ends (over the groups still there), after which each group goes
+  // on from θ_global − its newest Δ; after the last step the newest are applied too.
+  std::vector<float> Reference(const std::vector<std::vector<std::string>>& groups_at,
+                               bool stale = false) {
     std::map<std::string, std::unique_ptr<model::DataSource>> data;
     std::map<std::string, std::unique_ptr<model::Trainer>> trainers;
     std::vector<float> global, momentum;
+    std::map<std::string, std::vector<float>> base, pending;
+    auto outer = [&](const std::vector<const std::vector<float>*>& deltas) {
+      if (deltas.empty()) return;
+      for (size_t i = 0; i < global.size(); ++i) {
+        float sum = 0.0f;
+        for (const std::vector<float>* d : deltas) sum += (*d)[i];
+        const float mean = sum / static_cast<float>(deltas.size());
+        momentum[i] = 0.9f * momentum[i] + mean;
+        global[i] = global[i] - 0.7f * (mean + 0.9f * momentum[i]);
+      }
+    };
     for (int s = 0; s < kSteps; ++s) {
       const std::vector<std::string>& groups = groups_at[s];
       for (size_t g = 0; g < groups.size(); ++g) {
@@ -75,6 +91,8 @@ class LowCommRankTest : public ::testing::Test {
                                           data[groups[g]].get());
           EXPECT_TRUE(t.ok());
           trainers[groups[g]] = std::make_unique<model::Trainer>(*std::move(t));
+          const float* p = trainers[groups[g]]->model().params();
+          base[groups[g]].assign(p, p + trainers[groups[g]]->model().num_params());
         }
         EXPECT_TRUE(data[groups[g]]
                         ->SetStream(static_cast<int32_t>(g), static_cast<int32_t>(groups.size()))
@@ -88,16 +106,29 @@ class LowCommRankTest : public ::testing::Test {
       }
       for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Step().ok());
       if ((s + 1) % lowcomm_.inner_steps != 0 && s + 1 != kSteps) continue;
-      for (int64_t i = 0; i < n; ++i) {
-        float sum = 0.0f;
-        for (const std::string& g : groups) sum += global[i] - trainers[g]->model().params()[i];
-        const float mean = sum / static_cast<float>(groups.size());
-        momentum[i] = 0.9f * momentum[i] + mean;
-        global[i] = global[i] - 0.7f * (mean + 0.9f * momentum[i]);
+      std::map<std::string, std::vector<float>> now;
+      std::vector<const std::vector<float>*> newest, held;
+      for (const std::string& g : groups) {
+        const float* p = trainers[g]->model().params();
+        const std::vector<float>& from = stale ? base[g] : global;
+        for (int64_t i = 0; i < n; ++i) now[g].push_back(from[i] - p[i]);
+        newest.push_back(&now[g]);
+        if (pending.count(g)) held.push_back(&pending[g]);
+      }
+      if (stale) outer(held);  // the round in flight, of the groups still here
+      if (!stale || s + 1 == kSteps) {
+        outer(newest);
+        for (const std::string& g : groups) {
+          std::copy(global.begin(), global.end(), trainers[g]->model().params());
+        }
+        continue;
       }
       for (const std::string& g : groups) {
-        std::copy(global.begin(), global.end(), trainers[g]->model().params());
+        float* p = trainers[g]->model().params();
+        for (int64_t i = 0; i < n; ++i) p[i] = global[i] - now[g][i];
+        base[g].assign(p, p + n);
       }
+      pending = std::move(now);
     }
     return global;
   }
@@ -116,7 +147,7 @@ class LowCommRankTest : public ::testing::Test {
     o.microbatches = kM;
     o.seed = 3;
     o.schedule = schedule_;
-    o.collective.timeout = absl::Seconds(20);
+    o.collective.timeout = timeout_;
     r->inner = std::make_unique<ElasticRank>(r->model.get(), o);
     r->rank = std::make_unique<LowCommRank>(r->inner.get(),
                                             LowCommRank::Options{lowcomm_, kSteps, o.collective});
@@ -134,6 +165,9 @@ class LowCommRankTest : public ::testing::Test {
   void Configure(const std::vector<Rank*>& ranks, GenerationPlan plan, uint64_t generation) {
     std::vector<std::unique_ptr<collectives::Communicator>> comms;
     keep_ = collectives::InProcessGroup::Create(static_cast<int>(ranks.size()), generation, &comms);
+    if (wrap_) {
+      for (auto& c : comms) c = wrap_(std::move(c));
+    }
     comms_ = std::move(comms);
     Each(ranks.size(), [&](size_t i) {
       GenerationPlan p = plan;
@@ -165,7 +199,12 @@ class LowCommRankTest : public ::testing::Test {
   ModelSpec spec_;
   model::LrSchedule schedule_;
   LowCommOptions lowcomm_;
+  absl::Duration timeout_ = absl::Seconds(20);  // the ranks' collectives'
   std::shared_ptr<collectives::InProcessGroup> keep_;
+  // Wraps each communicator Configure makes, when set.
+  std::function<std::unique_ptr<collectives::Communicator>(
+      std::unique_ptr<collectives::Communicator>)>
+      wrap_;
   std::vector<std::unique_ptr<collectives::Communicator>> comms_;
 };
 
@@ -235,6 +274,214 @@ TEST_F(LowCommRankTest, ARankLostInAGroupAndAGroupLostWholeMatchTheirMembershipH
   Steps({a0, a2}, 6, kSteps);
   EXPECT_EQ(Params(*a0), want);
   EXPECT_EQ(Params(*a2), want);
+}
+
+// stale_outer: a round's mean lands where the next round ends, and each group goes on from
+// θ_global − its own newest Δ. The bits are the one-round-late reference's at any group size, and
+// not the synchronous one's.
+TEST_F(LowCommRankTest, StaleOuterMatchesOneRoundLateDiLoCoAtAnyGroupSize) {
+  lowcomm_.stale_outer = true;
+  const std::vector<std::vector<std::string>> both(kSteps, {"zone:a", "zone:b"});
+  const std::vector<float> want = Reference(both, true);
+  ASSERT_NE(want, Reference(both, false));
+  for (const std::vector<std::string>& groups : std::vector<std::vector<std::string>>{
+           {"zone:a", "zone:b"}, {"zone:b", "zone:a", "zone:a", "zone:b"}}) {
+    std::vector<std::unique_ptr<Rank>> owned;
+    std::vector<Rank*> ranks;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      owned.push_back(NewRank());
+      ranks.push_back(owned.back().get());
+    }
+    GenerationPlan plan;
+    plan.world = static_cast<int>(groups.size());
+    plan.groups = groups;
+    Configure(ranks, plan, 1);
+    Steps(ranks, 0, kSteps);
+    for (Rank* r : ranks) {
+      EXPECT_EQ(Params(*r), want) << groups.size() << " ranks";
+      EXPECT_EQ(r->rank->global(), want);
+    }
+  }
+}
+
+// stale_outer through generation changes, whose communicators take the flights with them: a1
+// dies in step 4 with step 4's round in flight (the survivors exchange it again on generation 2)
+// and a3 joins group a there (handed the round's start and the Δ in flight); group b is lost
+// whole at step 6: the round in flight then is applied with group a's Δ alone.
+TEST_F(LowCommRankTest, StaleOuterPostsTheRoundInFlightAgainAfterAGenerationChange) {
+  lowcomm_.stale_outer = true;
+  std::vector<std::vector<std::string>> history(kSteps, {"zone:a", "zone:b"});
+  for (int s = 6; s < kSteps; ++s) history[s] = {"zone:a"};
+  const std::vector<float> want = Reference(history, true);
+  std::vector<std::unique_ptr<Rank>> owned;
+  for (int i = 0; i < 5; ++i) owned.push_back(NewRank());
+  Rank *a0 = owned[0].get(), *a1 = owned[1].get(), *b0 = owned[2].get(), *a2 = owned[3].get(),
+       *a3 = owned[4].get();
+  GenerationPlan plan;
+  plan.world = 4;
+  plan.groups = {"zone:a", "zone:a", "zone:b", "zone:a"};
+  Configure({a0, a1, b0, a2}, plan, 1);
+  Steps({a0, a1, b0, a2}, 0, 4);
+  for (Rank* r : {a0, b0, a2}) r->rank->Abandon();
+  GenerationPlan mem;
+  mem.world = 4;
+  mem.source = RestoreSource::kMemory;
+  mem.committed_steps = 4;
+  mem.old_world = 4;
+  mem.gone = {1};
+  mem.old_groups = plan.groups;
+  mem.groups = {"zone:a", "zone:b", "zone:a", "zone:a"};
+  Configure({a0, b0, a2, a3}, mem, 2);
+  Steps({a0, b0, a2, a3}, 4, 6);
+  GenerationPlan next;
+  next.world = 3;
+  next.source = RestoreSource::kMemory;
+  next.committed_steps = 6;
+  next.old_world = 4;
+  next.gone = {1};
+  next.old_groups = mem.groups;
+  next.groups = {"zone:a", "zone:a", "zone:a"};
+  Configure({a0, a2, a3}, next, 3);
+  Steps({a0, a2, a3}, 6, kSteps);
+  for (Rank* r : {a0, a2, a3}) EXPECT_EQ(Params(*r), want);
+}
+
+// stale_outer with 2 fragments (staggered: fragment 1 syncs a step after fragment 0) and int8 with
+// error feedback checked by every rank after every sync (verify_feedback fails the step when
+// Σ sent + residual ≠ Σ Δ, Δ counted from each round's start): the ranks of both groups end on
+// the same θ_global.
+TEST_F(LowCommRankTest, StaleOuterWithFragmentsAndInt8KeepsTheFeedbackExactAndEndsTogether) {
+  lowcomm_.stale_outer = true;
+  lowcomm_.fragments = 2;
+  lowcomm_.compression = collectives::Compression::kInt8;
+  lowcomm_.verify_feedback = true;
+  std::vector<std::unique_ptr<Rank>> owned;
+  std::vector<Rank*> ranks;
+  for (int i = 0; i < 4; ++i) {
+    owned.push_back(NewRank());
+    ranks.push_back(owned.back().get());
+  }
+  GenerationPlan plan;
+  plan.world = 4;
+  plan.groups = {"zone:a", "zone:b", "zone:a", "zone:b"};
+  Configure(ranks, plan, 1);
+  const std::vector<float> init = Params(*ranks[0]);
+  std::vector<std::vector<int32_t>> synced(kSteps);
+  for (int s = 0; s < kSteps; ++s) {
+    Each(ranks.size(), [&](size_t i) {
+      OuterSync sync;
+      absl::StatusOr<StepOutcome> out = ranks[i]->rank->RunStep(&sync);
+      ASSERT_TRUE(out.ok()) << out.status();
+      if (i == 0) synced[s] = sync.fragments;
+      if (!sync.fragments.empty()) {
+        EXPECT_LE(sync.feedback_error, 1e-5);
+      }
+    });
+    for (Rank* r : ranks) r->rank->Commit();
+  }
+  EXPECT_EQ(synced, (std::vector<std::vector<int32_t>>{{}, {0}, {1}, {0}, {1}, {0}, {1}, {0, 1}}));
+  const std::vector<float> first = ranks[0]->rank->global();
+  EXPECT_NE(first, init) << "nothing trained";
+  for (Rank* r : ranks) {
+    EXPECT_EQ(Params(*r), first);
+    EXPECT_EQ(r->rank->global(), first);
+  }
+}
+
+// The generation's communicator, except that the outer exchange's payloads (kOuterExchangeTag |
+// f, not the one-float kOuterHeldTag ones) are not handed on until `open`: a send waits on a
+// thread of its own, so the Work a rank holds stays pending meanwhile.
+class HeldExchange : public collectives::Communicator {
+ public:
+  HeldExchange(std::unique_ptr<Communicator> c, std::atomic<bool>* open, std::atomic<int>* held)
+      : c_(std::move(c)), open_(open), held_(held) {}
+  ~HeldExchange() override {
+    for (std::thread& t : threads_) t.join();
+  }
+  int rank() const override { return c_->rank(); }
+  int size() const override { return c_->size(); }
+  uint64_t generation() const override { return c_->generation(); }
+  collectives::Work AllReduce(collectives::Buffer in, collectives::Buffer out,
+                              collectives::ReduceOp op,
+                              const collectives::CollectiveOptions& o) override {
+    return c_->AllReduce(in, out, op, o);
+  }
+  collectives::Work ReduceScatter(collectives::Buffer in, collectives::Buffer out,
+                                  collectives::ReduceOp op,
+                                  const collectives::CollectiveOptions& o) override {
+    return c_->ReduceScatter(in, out, op, o);
+  }
+  collectives::Work AllGather(collectives::Buffer in, collectives::Buffer out,
+                              const collectives::CollectiveOptions& o) override {
+    return c_->AllGather(in, out, o);
+  }
+  collectives::Work Broadcast(collectives::Buffer b, int root,
+                              const collectives::CollectiveOptions& o) override {
+    return c_->Broadcast(b, root, o);
+  }
+  collectives::Work Send(collectives::Buffer b, int peer, uint32_t tag,
+                         const collectives::CollectiveOptions& o) override {
+    const uint32_t outer = kOuterExchangeTag | 0x04000000u;  // bits 26..30: not the outer state's
+    if ((tag & outer) != kOuterExchangeTag || (tag & kOuterHeldTag) != 0) {
+      return c_->Send(b, peer, tag, o);
+    }
+    ++*held_;
+    auto state = std::make_shared<collectives::Work::State>();
+    threads_.emplace_back([this, state, b, peer, tag, o] {
+      const absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (!open_->load() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+      state->status = c_->Send(b, peer, tag, o).Wait();
+      state->done.Notify();
+    });
+    return collectives::Work(state);
+  }
+  collectives::Work Recv(collectives::Buffer b, int peer, uint32_t tag,
+                         const collectives::CollectiveOptions& o) override {
+    return c_->Recv(b, peer, tag, o);
+  }
+  collectives::Work Barrier(const collectives::CollectiveOptions& o) override {
+    return c_->Barrier(o);
+  }
+  void Abort(absl::Status s) override { c_->Abort(std::move(s)); }
+  collectives::CommStats stats() const override { return c_->stats(); }
+  std::string DebugString() const override { return "held(" + c_->DebugString() + ")"; }
+
+ private:
+  std::unique_ptr<Communicator> c_;
+  std::atomic<bool>* open_;
+  std::atomic<int>* held_;
+  std::vector<std::thread> threads_;
+};
+
+// The round ending at step 2 exchanges while step 3 trains: its payloads are held until step 3
+// is committed and twice the collective timeout has passed. An exchange finished inside the step
+// that ends the round could never finish (that step would wait out the deadline and fail), nor
+// could one whose deadline ran from its post; the overlapping one ends on the bits of the
+// one-round-late reference.
+TEST_F(LowCommRankTest, StaleOuterExchangesARoundWhileTheNextOneTrains) {
+  lowcomm_.stale_outer = true;
+  timeout_ = absl::Seconds(1);
+  std::atomic<bool> open{false};
+  std::atomic<int> held{0};
+  wrap_ = [&](std::unique_ptr<collectives::Communicator> c) {
+    return std::make_unique<HeldExchange>(std::move(c), &open, &held);
+  };
+  std::vector<std::unique_ptr<Rank>> owned;
+  for (int i = 0; i < 2; ++i) owned.push_back(NewRank());
+  std::vector<Rank*> ranks = {owned[0].get(), owned[1].get()};
+  GenerationPlan plan;
+  plan.world = 2;
+  plan.groups = {"zone:a", "zone:b"};
+  Configure(ranks, plan, 1);
+  Steps(ranks, 0, 3);
+  EXPECT_EQ(held.load(), 2) << "each leader's payload of the round ending at step 2";
+  absl::SleepFor(2 * timeout_);
+  open = true;
+  Steps(ranks, 3, kSteps);
+  const std::vector<float> want =
+      Reference(std::vector<std::vector<std::string>>(kSteps, {"zone:a", "zone:b"}), true);
+  for (Rank* r : ranks) EXPECT_EQ(Params(*r), want);
+  comms_.clear();  // joins the held sends' threads
 }
 
 TEST_F(LowCommRankTest, GroupPlansAreCutFromTheWorldsPlan) {

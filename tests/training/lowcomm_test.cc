@@ -79,9 +79,12 @@ class LowCommTest : public troupe::testing::JobTest {
   // `left_out`: by the step a round ends, groups whose Δ that round does not apply.
   // `restored_at`: the step a checkpoint (the first group's state, θ_global and the outer
   // momentum) restores: every group goes on from the first group's model and optimizer state.
+  // `stale` (stale_outer): a group's Δ is the change since its round began; a round's mean is
+  // applied where the next one ends (over the groups there then), and a group goes on from
+  // θ_global − its newest Δ; after the last step the newest are applied too.
   std::string Reference(const std::vector<Groups>& groups_at,
                         const std::map<int, std::set<std::string>>& left_out = {},
-                        int restored_at = -1) {
+                        int restored_at = -1, bool stale = false) {
     absl::StatusOr<troupe::train::JobSpec> spec = troupe::train::LoadJobSpec(spec_);
     EXPECT_TRUE(spec.ok()) << spec.status();
     std::vector<std::string> shards;
@@ -97,7 +100,18 @@ class LowCommTest : public troupe::testing::JobTest {
     std::map<std::string, std::unique_ptr<troupe::model::DataSource>> data;
     std::map<std::string, std::unique_ptr<troupe::model::Trainer>> trainers;
     std::vector<float> global, momentum;
+    std::map<std::string, std::vector<float>> base, pending;
     const float lr = spec->lowcomm.outer_lr, mu = spec->lowcomm.outer_momentum;
+    auto outer = [&](const std::vector<const std::vector<float>*>& deltas) {
+      if (deltas.empty()) return;
+      for (size_t i = 0; i < global.size(); ++i) {
+        float sum = 0.0f;
+        for (const std::vector<float>* d : deltas) sum += (*d)[i];
+        const float mean = sum / static_cast<float>(deltas.size());
+        momentum[i] = mu * momentum[i] + mean;
+        global[i] = global[i] - lr * (mean + mu * momentum[i]);
+      }
+    };
     for (int s = 0; s < steps_; ++s) {
       const Groups& groups = groups_at[s];
       for (size_t g = 0; g < groups.size(); ++g) {
@@ -115,6 +129,8 @@ class LowCommTest : public troupe::testing::JobTest {
                                                   data[groups[g]].get());
           EXPECT_TRUE(t.ok()) << t.status();
           trainers[groups[g]] = std::make_unique<troupe::model::Trainer>(*std::move(t));
+          const float* p = trainers[groups[g]]->model().params();
+          base[groups[g]].assign(p, p + trainers[groups[g]]->model().num_params());
         }
         EXPECT_TRUE(data[groups[g]]->SetStream(g, groups.size()).ok());
       }
@@ -131,20 +147,29 @@ class LowCommTest : public troupe::testing::JobTest {
       }
       for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Step().ok());
       if ((s + 1) % kRound != 0 && s + 1 != steps_) continue;
-      Groups applied;
+      std::map<std::string, std::vector<float>> now;
+      std::vector<const std::vector<float>*> applied, held;
       for (const std::string& g : groups) {
-        if (!left_out.count(s + 1) || !left_out.at(s + 1).count(g)) applied.push_back(g);
+        const float* p = trainers[g]->model().params();
+        const std::vector<float>& from = stale ? base[g] : global;
+        for (int64_t i = 0; i < n; ++i) now[g].push_back(from[i] - p[i]);
+        if (!left_out.count(s + 1) || !left_out.at(s + 1).count(g)) applied.push_back(&now[g]);
+        if (pending.count(g)) held.push_back(&pending[g]);
       }
-      for (int64_t i = 0; i < n; ++i) {
-        float sum = 0.0f;
-        for (const std::string& g : applied) sum += global[i] - trainers[g]->model().params()[i];
-        const float mean = sum / static_cast<float>(applied.size());
-        momentum[i] = mu * momentum[i] + mean;
-        global[i] = global[i] - lr * (mean + mu * momentum[i]);
+      if (stale) outer(held);  // the round in flight, of the groups still here
+      if (!stale || s + 1 == steps_) {
+        outer(applied);
+        for (const std::string& g : groups) {
+          std::copy(global.begin(), global.end(), trainers[g]->model().params());
+        }
+        continue;
       }
       for (const std::string& g : groups) {
-        std::copy(global.begin(), global.end(), trainers[g]->model().params());
+        float* p = trainers[g]->model().params();
+        for (int64_t i = 0; i < n; ++i) p[i] = global[i] - now[g][i];
+        base[g].assign(p, p + n);
       }
+      pending = std::move(now);
     }
     return absl::StrFormat("%08x", troupe::model::Crc32c(global.data(), global.size() * 4));
   }
@@ -180,6 +205,26 @@ TEST_F(LowCommTest, ARankKilledInsideAGroupLosesNoStepAndEndsOnTheSameBits) {
       << EventLogText("kill");
   EXPECT_EQ(Rounds("kill").at("8"), "zone:g0,zone:g1") << EventLogText("kill");
   EXPECT_EQ(r.report.crc, Reference(History("kill", 2, 4))) << r.output;
+}
+
+// stale_outer: each round's exchange runs while the next round trains, and a rank killed with a
+// round in flight costs nothing: the survivors' new generation exchanges it again. The bits are
+// DiLoCo's one round late, written out here, and not the synchronous variant's.
+TEST_F(LowCommTest, TheOverlappingVariantEndsOnOneRoundLateDiLoCoThroughARankKill) {
+  std::string spec = Slurp(spec_);
+  const size_t at = spec.find("[lowcomm]\n");
+  std::ofstream(spec_) << spec.substr(0, at + 10) << "stale_outer = true\n" << spec.substr(at + 10);
+  JobRun r = Train("stale", {"--workers", "4", "--chaos", "kill-worker@6:1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0);
+  EXPECT_TRUE(HasEvent("stale", "generation", {{"step", "6"}, {"source", "mirrors"}}))
+      << EventLogText("stale");
+  const std::map<std::string, std::string> want = {
+      {"4", ""}, {"8", "zone:g0,zone:g1"}, {"12", "zone:g0,zone:g1"}};
+  EXPECT_EQ(Rounds("stale"), want) << EventLogText("stale");
+  const std::vector<Groups> history = History("stale", 2, 4);
+  EXPECT_EQ(r.report.crc, Reference(history, {}, -1, true)) << r.output;
+  EXPECT_NE(r.report.crc, Reference(history)) << "the synchronous variant's bits";
 }
 
 // Group g1 (workers n2, n3 of 6 in three zones) is killed whole in the middle of the round of

@@ -19,6 +19,9 @@
 // - A robust outer step: a Δ whose norm is more than robust_factor × the median of the norms is
 //   clipped to that norm, or left out of the round; a non-finite one always is. (A median needs
 //   three groups or more to single one out.)
+// - Stale (stale_outer): round k's exchange is posted where it ends and waited for where round
+//   k+1 ends, so it overlaps k+1's inner steps; there θ_global takes round k's Δ̄ and a group
+//   continues from θ_global − Δ_g(k+1) (its own newest round, not yet averaged).
 // - Deterministic: the groups' Δ are summed in group order, the norms in a fixed order; so for a
 //   given membership history (which groups contributed to which round) the bits are the same.
 #ifndef TROUPE_TRAIN_LOWCOMM_H_
@@ -48,6 +51,11 @@ struct LowCommOptions {
   // Every rank checks after every round that Σ sent + residual = Σ Δ of its group (within float
   // rounding; two model-size sums of doubles): a violation fails the step, naming the element.
   bool verify_feedback = false;
+  // The overlapping variant (one round stale): a round's exchange runs while the next round's
+  // inner steps do, and the outer step where a round ends applies the previous round's Δ̄. A group
+  // goes on from θ_global (through that round) minus its own Δ of the round just ended, and its
+  // next Δ is the change from there. After the job's last step both are applied.
+  bool stale_outer = false;
 };
 
 // "none", "int8" or "topk:<fraction>" (0 < fraction <= 1); InvalidArgument naming what it got.
