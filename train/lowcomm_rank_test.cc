@@ -191,8 +191,45 @@ class LowCommRankTest : public ::testing::Test {
       for (Rank* r : ranks) r->rank->Commit();
     }
   }
+  // A generation restored from memory after `committed` steps: `gone` of the `old_world` ranks
+  // (in `old_groups`) lost, the ranks of `groups` (survivors first) going on.
+  static GenerationPlan MemoryPlan(int64_t committed, int old_world, std::vector<int> gone,
+                                   std::vector<std::string> old_groups,
+                                   std::vector<std::string> groups) {
+    GenerationPlan p;
+    p.world = static_cast<int>(groups.size());
+    p.source = RestoreSource::kMemory;
+    p.committed_steps = committed;
+    p.old_world = old_world;
+    p.gone = std::move(gone);
+    p.old_groups = std::move(old_groups);
+    p.groups = std::move(groups);
+    return p;
+  }
   static std::vector<float> Params(Rank& r) {
     return std::vector<float>(r.model->params(), r.model->params() + r.model->num_params());
+  }
+  // A fault-free run of every layout (each rank's group, in world order): every rank ends on
+  // `want`, parameters and θ_global.
+  void EndOnAtEveryLayout(const std::vector<float>& want,
+                          const std::vector<std::vector<std::string>>& layouts) {
+    for (const std::vector<std::string>& groups : layouts) {
+      std::vector<std::unique_ptr<Rank>> owned;
+      std::vector<Rank*> ranks;
+      for (size_t i = 0; i < groups.size(); ++i) {
+        owned.push_back(NewRank());
+        ranks.push_back(owned.back().get());
+      }
+      GenerationPlan plan;
+      plan.world = static_cast<int>(groups.size());
+      plan.groups = groups;
+      Configure(ranks, plan, 1);
+      Steps(ranks, 0, kSteps);
+      for (Rank* r : ranks) {
+        EXPECT_EQ(Params(*r), want) << groups.size() << " ranks";
+        EXPECT_EQ(r->rank->global(), want);
+      }
+    }
   }
 
   std::string dir_;
@@ -211,26 +248,9 @@ class LowCommRankTest : public ::testing::Test {
 TEST_F(LowCommRankTest, TwoGroupsOfAnySizeMatchTheReferenceAndEndOnTheGlobalWeights) {
   const std::vector<float> want =
       Reference(std::vector<std::vector<std::string>>(kSteps, {"zone:a", "zone:b"}));
-  for (const std::vector<std::string>& groups :
-       std::vector<std::vector<std::string>>{{"zone:a", "zone:b"},
-                                             {"zone:b", "zone:a", "zone:a", "zone:b"},
-                                             {"zone:a", "zone:a", "zone:a", "zone:b"}}) {
-    std::vector<std::unique_ptr<Rank>> owned;
-    std::vector<Rank*> ranks;
-    for (size_t i = 0; i < groups.size(); ++i) {
-      owned.push_back(NewRank());
-      ranks.push_back(owned.back().get());
-    }
-    GenerationPlan plan;
-    plan.world = static_cast<int>(groups.size());
-    plan.groups = groups;
-    Configure(ranks, plan, 1);
-    Steps(ranks, 0, kSteps);
-    for (Rank* r : ranks) {
-      EXPECT_EQ(Params(*r), want) << groups.size() << " ranks";
-      EXPECT_EQ(r->rank->global(), want);
-    }
-  }
+  EndOnAtEveryLayout(want, {{"zone:a", "zone:b"},
+                            {"zone:b", "zone:a", "zone:a", "zone:b"},
+                            {"zone:a", "zone:a", "zone:a", "zone:b"}});
 }
 
 // Group a (a0, a1, a2) loses a1 in the middle of step 4 (the round of steps 4-5): the step is
@@ -251,25 +271,11 @@ TEST_F(LowCommRankTest, ARankLostInAGroupAndAGroupLostWholeMatchTheirMembershipH
   // a1 dies in step 4: the survivors' staged step is abandoned; generation 2 restores group a
   // from its survivors' memory (a0, a2), b0 keeps its own.
   for (Rank* r : {a0, b0, a2}) r->rank->Abandon();
-  GenerationPlan mem;
-  mem.world = 3;
-  mem.source = RestoreSource::kMemory;
-  mem.committed_steps = 4;
-  mem.old_world = 4;
-  mem.gone = {1};
-  mem.old_groups = plan.groups;
-  mem.groups = {"zone:a", "zone:b", "zone:a"};
+  const GenerationPlan mem = MemoryPlan(4, 4, {1}, plan.groups, {"zone:a", "zone:b", "zone:a"});
   Configure({a0, b0, a2}, mem, 2);
   Steps({a0, b0, a2}, 4, 6);
   // Group b is lost whole: a0 and a2 go on alone, on the one data stream left.
-  GenerationPlan alone;
-  alone.world = 2;
-  alone.source = RestoreSource::kMemory;
-  alone.committed_steps = 6;
-  alone.old_world = 3;
-  alone.gone = {1};
-  alone.old_groups = mem.groups;
-  alone.groups = {"zone:a", "zone:a"};
+  const GenerationPlan alone = MemoryPlan(6, 3, {1}, mem.groups, {"zone:a", "zone:a"});
   Configure({a0, a2}, alone, 3);
   Steps({a0, a2}, 6, kSteps);
   EXPECT_EQ(Params(*a0), want);
@@ -284,24 +290,7 @@ TEST_F(LowCommRankTest, StaleOuterMatchesOneRoundLateDiLoCoAtAnyGroupSize) {
   const std::vector<std::vector<std::string>> both(kSteps, {"zone:a", "zone:b"});
   const std::vector<float> want = Reference(both, true);
   ASSERT_NE(want, Reference(both, false));
-  for (const std::vector<std::string>& groups : std::vector<std::vector<std::string>>{
-           {"zone:a", "zone:b"}, {"zone:b", "zone:a", "zone:a", "zone:b"}}) {
-    std::vector<std::unique_ptr<Rank>> owned;
-    std::vector<Rank*> ranks;
-    for (size_t i = 0; i < groups.size(); ++i) {
-      owned.push_back(NewRank());
-      ranks.push_back(owned.back().get());
-    }
-    GenerationPlan plan;
-    plan.world = static_cast<int>(groups.size());
-    plan.groups = groups;
-    Configure(ranks, plan, 1);
-    Steps(ranks, 0, kSteps);
-    for (Rank* r : ranks) {
-      EXPECT_EQ(Params(*r), want) << groups.size() << " ranks";
-      EXPECT_EQ(r->rank->global(), want);
-    }
-  }
+  EndOnAtEveryLayout(want, {{"zone:a", "zone:b"}, {"zone:b", "zone:a", "zone:a", "zone:b"}});
 }
 
 // stale_outer through generation changes, whose communicators take the flights with them: a1
@@ -323,24 +312,11 @@ TEST_F(LowCommRankTest, StaleOuterPostsTheRoundInFlightAgainAfterAGenerationChan
   Configure({a0, a1, b0, a2}, plan, 1);
   Steps({a0, a1, b0, a2}, 0, 4);
   for (Rank* r : {a0, b0, a2}) r->rank->Abandon();
-  GenerationPlan mem;
-  mem.world = 4;
-  mem.source = RestoreSource::kMemory;
-  mem.committed_steps = 4;
-  mem.old_world = 4;
-  mem.gone = {1};
-  mem.old_groups = plan.groups;
-  mem.groups = {"zone:a", "zone:b", "zone:a", "zone:a"};
+  const GenerationPlan mem =
+      MemoryPlan(4, 4, {1}, plan.groups, {"zone:a", "zone:b", "zone:a", "zone:a"});
   Configure({a0, b0, a2, a3}, mem, 2);
   Steps({a0, b0, a2, a3}, 4, 6);
-  GenerationPlan next;
-  next.world = 3;
-  next.source = RestoreSource::kMemory;
-  next.committed_steps = 6;
-  next.old_world = 4;
-  next.gone = {1};
-  next.old_groups = mem.groups;
-  next.groups = {"zone:a", "zone:a", "zone:a"};
+  const GenerationPlan next = MemoryPlan(6, 4, {1}, mem.groups, {"zone:a", "zone:a", "zone:a"});
   Configure({a0, a2, a3}, next, 3);
   Steps({a0, a2, a3}, 6, kSteps);
   for (Rank* r : {a0, a2, a3}) EXPECT_EQ(Params(*r), want);
