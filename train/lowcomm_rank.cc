@@ -278,7 +278,7 @@ absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, O
     } else {
       TROUPE_ASSIGN_OR_RETURN(last_round, PostAgain(f, sync));
     }
-    TROUPE_RETURN_IF_ERROR(Finish(last_round.get(), sync));
+    TROUPE_RETURN_IF_ERROR(Finish(last_round, sync));
     TROUPE_RETURN_IF_ERROR(Apply(f, last_round->all, sync));
     if (step + 1 != o_.total_steps) {
       staged_flights_[f] = Post(f, slot, sync);
@@ -292,7 +292,7 @@ absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, O
     staged_.pending[f].clear();
   }
   const std::shared_ptr<Flight> now = Post(f, slot, sync);
-  TROUPE_RETURN_IF_ERROR(Finish(now.get(), sync));
+  TROUPE_RETURN_IF_ERROR(Finish(now, sync));
   TROUPE_RETURN_IF_ERROR(Apply(f, now->all, sync));
   std::copy(staged_.global.begin() + lo, staged_.global.begin() + hi, params + lo);
   if (o.stale_outer) std::copy(params + lo, params + hi, staged_.base.begin() + lo);
@@ -377,7 +377,7 @@ void LowCommRank::Launch(Flight* flight, const std::vector<P2P>& moves) {
 // The collective timeout counts from here, not from the post: a leader whose exchange is not done
 // by then blames the peer it waits for and fails the generation's communicator (as a deadline
 // inside it does).
-absl::Status LowCommRank::Finish(Flight* flight, OuterSync* sync) {
+absl::Status LowCommRank::Finish(const std::shared_ptr<Flight>& flight, OuterSync* sync) {
   const absl::Time start = base::MonotonicNow(), deadline = start + o_.collective.timeout;
   absl::Status s;
   for (size_t i = 0; i < flight->works.size() && s.ok(); ++i) {
@@ -398,6 +398,9 @@ absl::Status LowCommRank::Finish(Flight* flight, OuterSync* sync) {
   if (s.ok()) s = elastic_internal::WaitAll(flight->works);
   if (s.ok()) s = group_comm_->Broadcast(Floats(flight->all), 0, o_.collective).Wait();
   sync->wait_seconds += absl::ToDoubleSeconds(base::MonotonicNow() - start);
+  // A failed exchange's buffers live on until the communicator that may still write into them is
+  // gone (the next Configure).
+  if (!s.ok()) retired_.push_back(flight);
   return s;
 }
 

@@ -137,7 +137,7 @@ class LowCommRank {
   // of the round in flight (staged_.pending), exchanged again.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Flight>> PostAgain(int32_t f, OuterSync* sync);
   // Waits for the leader's part and hands every slot to the whole group.
-  [[nodiscard]] absl::Status Finish(Flight* flight, OuterSync* sync);
+  [[nodiscard]] absl::Status Finish(const std::shared_ptr<Flight>& flight, OuterSync* sync);
   // The outer step on fragment f with the slots present in `all`, reported into `sync`.
   [[nodiscard]] absl::Status Apply(int32_t f, const std::vector<float>& all, OuterSync* sync);
   // verify_feedback over [lo, hi), after this group's encoding `mine` of Δ = from − params.
