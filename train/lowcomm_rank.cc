@@ -20,8 +20,8 @@ using P2P = collectives::Communicator::PointToPoint;
 // Tags on the generation's communicator, between ranks of different groups (the outer exchange)
 // or from a survivor to a rank that joins (the outer state): bits 27..30 set, which no other
 // point-to-point tag of training sets together (elastic_internal.h, SubCommunicator).
-constexpr uint32_t kTagOuter = kOuterExchangeTag, kTagOuterState = 0x7c000000u;
-constexpr uint32_t kTagHeld = kOuterHeldTag;
+// (The outer exchange's own: kOuterExchangeTag, lowcomm_rank.h.)
+constexpr uint32_t kTagOuterState = 0x7c000000u;
 
 Buffer Floats(std::vector<float>& v) { return Buffer::F32(v); }
 
@@ -300,7 +300,8 @@ absl::Status LowCommRank::SyncFragment(int64_t step, int32_t f, float* params, O
 }
 
 std::shared_ptr<LowCommRank::Flight> LowCommRank::Post(int32_t f, const std::vector<float>& slot,
-                                                       OuterSync* sync) {
+                                                       OuterSync* sync,
+                                                       const std::vector<float>* held) {
   auto flight = std::make_shared<Flight>();
   const size_t words = slot.size();
   const int groups = static_cast<int>(group_.names.size());
@@ -308,16 +309,21 @@ std::shared_ptr<LowCommRank::Flight> LowCommRank::Post(int32_t f, const std::vec
   flight->all.assign(words * groups, 0.0f);
   std::copy(slot.begin(), slot.end(), flight->all.begin() + me * words);
   if (group_.plan.rank != 0) return flight;
+  auto holds = [&](int g) { return held == nullptr || (*held)[g] != 0.0f; };
   std::vector<P2P> moves;
-  const uint32_t tag = kTagOuter | static_cast<uint32_t>(f);
+  const uint32_t tag = kOuterExchangeTag | static_cast<uint32_t>(f);
   for (int g = 0; g < groups; ++g) {
     if (g == me) continue;
     const int leader = group_.leaders[g];
-    moves.push_back(
-        {P2P::Kind::kSend, Buffer::F32(flight->all.data() + me * words, words), leader, tag});
-    moves.push_back(
-        {P2P::Kind::kRecv, Buffer::F32(flight->all.data() + g * words, words), leader, tag});
-    sync->bytes_sent += words * sizeof(float);
+    if (holds(me)) {
+      moves.push_back(
+          {P2P::Kind::kSend, Buffer::F32(flight->all.data() + me * words, words), leader, tag});
+      sync->bytes_sent += words * sizeof(float);
+    }
+    if (holds(g)) {
+      moves.push_back(
+          {P2P::Kind::kRecv, Buffer::F32(flight->all.data() + g * words, words), leader, tag});
+    }
   }
   Launch(flight.get(), moves);
   return flight;
@@ -327,43 +333,26 @@ std::shared_ptr<LowCommRank::Flight> LowCommRank::Post(int32_t f, const std::vec
 // crosses when none does, as where the first round ends), then exchange the ones held.
 absl::StatusOr<std::shared_ptr<LowCommRank::Flight>> LowCommRank::PostAgain(int32_t f,
                                                                             OuterSync* sync) {
-  auto flight = std::make_shared<Flight>();
-  const size_t words = SlotWords(f);
+  std::vector<float> slot = staged_.pending[f];
+  slot.resize(SlotWords(f), 0.0f);  // none held: a flag of 0
   const int groups = static_cast<int>(group_.names.size());
   const int me = group_.index;
-  flight->all.assign(words * groups, 0.0f);
-  if (group_.plan.rank != 0) return flight;
-  const std::vector<float>& held = staged_.pending[f];
-  if (!held.empty()) std::copy(held.begin(), held.end(), flight->all.begin() + me * words);
-  std::vector<float> flags(groups, 0.0f);
-  flags[me] = held.empty() ? 0.0f : 1.0f;
-  std::vector<P2P> moves;
-  const uint32_t tag = kTagOuter | static_cast<uint32_t>(f);
-  for (int g = 0; g < groups; ++g) {
-    if (g == me) continue;
-    moves.push_back(
-        {P2P::Kind::kSend, Buffer::F32(&flags[me], 1), group_.leaders[g], tag | kTagHeld});
-    moves.push_back(
-        {P2P::Kind::kRecv, Buffer::F32(&flags[g], 1), group_.leaders[g], tag | kTagHeld});
-  }
-  const absl::Time start = base::MonotonicNow();
-  TROUPE_RETURN_IF_ERROR(elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
-  sync->wait_seconds += absl::ToDoubleSeconds(base::MonotonicNow() - start);
-  moves.clear();
-  for (int g = 0; g < groups; ++g) {
-    if (g == me) continue;
-    if (flags[me] != 0.0f) {
-      moves.push_back({P2P::Kind::kSend, Buffer::F32(flight->all.data() + me * words, words),
-                       group_.leaders[g], tag});
-      sync->bytes_sent += words * sizeof(float);
+  std::vector<float> held(groups, 0.0f);
+  held[me] = slot[0];
+  if (group_.plan.rank == 0) {
+    std::vector<P2P> moves;
+    const uint32_t tag = kOuterExchangeTag | kOuterHeldTag | static_cast<uint32_t>(f);
+    for (int g = 0; g < groups; ++g) {
+      if (g == me) continue;
+      moves.push_back({P2P::Kind::kSend, Buffer::F32(&held[me], 1), group_.leaders[g], tag});
+      moves.push_back({P2P::Kind::kRecv, Buffer::F32(&held[g], 1), group_.leaders[g], tag});
     }
-    if (flags[g] != 0.0f) {
-      moves.push_back({P2P::Kind::kRecv, Buffer::F32(flight->all.data() + g * words, words),
-                       group_.leaders[g], tag});
-    }
+    const absl::Time start = base::MonotonicNow();
+    TROUPE_RETURN_IF_ERROR(
+        elastic_internal::WaitAll(world_->PostPointToPoint(moves, o_.collective)));
+    sync->wait_seconds += absl::ToDoubleSeconds(base::MonotonicNow() - start);
   }
-  Launch(flight.get(), moves);
-  return flight;
+  return Post(f, slot, sync, &held);
 }
 
 // Without a deadline of their own: a flight may run for a whole round (Finish times the wait).

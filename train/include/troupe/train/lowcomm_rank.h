@@ -132,7 +132,9 @@ class LowCommRank {
   };
   void Launch(Flight* flight, const std::vector<collectives::Communicator::PointToPoint>& moves);
   size_t SlotWords(int32_t f) const;  // of fragment f
-  std::shared_ptr<Flight> Post(int32_t f, const std::vector<float>& slot, OuterSync* sync);
+  // `held` (PostAgain): each group's flag; a group whose flag is 0 sends and gets nothing.
+  std::shared_ptr<Flight> Post(int32_t f, const std::vector<float>& slot, OuterSync* sync,
+                               const std::vector<float>* held = nullptr);
   // stale_outer, where no flight of f is on this generation's communicator: the groups' held Δ
   // of the round in flight (staged_.pending), exchanged again.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Flight>> PostAgain(int32_t f, OuterSync* sync);
