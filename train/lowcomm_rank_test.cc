@@ -17,6 +17,7 @@
 #include "troupe/model/data_source.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/trainer.h"
+#include "troupe/train/diloco_reference.h"
 
 namespace troupe::train {
 namespace {
@@ -63,18 +64,7 @@ class LowCommRankTest : public ::testing::Test {
                                bool stale = false) {
     std::map<std::string, std::unique_ptr<model::DataSource>> data;
     std::map<std::string, std::unique_ptr<model::Trainer>> trainers;
-    std::vector<float> global, momentum;
-    std::map<std::string, std::vector<float>> base, pending;
-    auto outer = [&](const std::vector<const std::vector<float>*>& deltas) {
-      if (deltas.empty()) return;
-      for (size_t i = 0; i < global.size(); ++i) {
-        float sum = 0.0f;
-        for (const std::vector<float>* d : deltas) sum += (*d)[i];
-        const float mean = sum / static_cast<float>(deltas.size());
-        momentum[i] = 0.9f * momentum[i] + mean;
-        global[i] = global[i] - 0.7f * (mean + 0.9f * momentum[i]);
-      }
-    };
+    DiLoCoReference ref(0.7f, 0.9f, stale);
     for (int s = 0; s < kSteps; ++s) {
       const std::vector<std::string>& groups = groups_at[s];
       for (size_t g = 0; g < groups.size(); ++g) {
@@ -91,46 +81,20 @@ class LowCommRankTest : public ::testing::Test {
                                           data[groups[g]].get());
           EXPECT_TRUE(t.ok());
           trainers[groups[g]] = std::make_unique<model::Trainer>(*std::move(t));
-          const float* p = trainers[groups[g]]->model().params();
-          base[groups[g]].assign(p, p + trainers[groups[g]]->model().num_params());
+          ref.Start(groups[g], trainers[groups[g]]->model().params(),
+                    trainers[groups[g]]->model().num_params());
         }
         EXPECT_TRUE(data[groups[g]]
                         ->SetStream(static_cast<int32_t>(g), static_cast<int32_t>(groups.size()))
                         .ok());
       }
-      model::Trainer& first = *trainers[groups[0]];
-      const int64_t n = first.model().num_params();
-      if (global.empty()) {
-        global.assign(first.model().params(), first.model().params() + n);
-        momentum.assign(n, 0.0f);
-      }
       for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Step().ok());
       if ((s + 1) % lowcomm_.inner_steps != 0 && s + 1 != kSteps) continue;
-      std::map<std::string, std::vector<float>> now;
-      std::vector<const std::vector<float>*> newest, held;
-      for (const std::string& g : groups) {
-        const float* p = trainers[g]->model().params();
-        const std::vector<float>& from = stale ? base[g] : global;
-        for (int64_t i = 0; i < n; ++i) now[g].push_back(from[i] - p[i]);
-        newest.push_back(&now[g]);
-        if (pending.count(g)) held.push_back(&pending[g]);
-      }
-      if (stale) outer(held);  // the round in flight, of the groups still here
-      if (!stale || s + 1 == kSteps) {
-        outer(newest);
-        for (const std::string& g : groups) {
-          std::copy(global.begin(), global.end(), trainers[g]->model().params());
-        }
-        continue;
-      }
-      for (const std::string& g : groups) {
-        float* p = trainers[g]->model().params();
-        for (int64_t i = 0; i < n; ++i) p[i] = global[i] - now[g][i];
-        base[g].assign(p, p + n);
-      }
-      pending = std::move(now);
+      std::vector<std::pair<std::string, float*>> at;
+      for (const std::string& g : groups) at.emplace_back(g, trainers[g]->model().params());
+      ref.RoundEnd(at, s + 1 == kSteps);
     }
-    return global;
+    return ref.global();
   }
 
   struct Rank {

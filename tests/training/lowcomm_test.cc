@@ -22,6 +22,7 @@
 #include "troupe/model/data_source.h"
 #include "troupe/model/token_shard.h"
 #include "troupe/model/trainer.h"
+#include "troupe/train/diloco_reference.h"
 #include "troupe/train/job_spec.h"
 
 namespace {
@@ -99,19 +100,7 @@ class LowCommTest : public troupe::testing::JobTest {
     const troupe::train::ModelSpec& m = spec->model;
     std::map<std::string, std::unique_ptr<troupe::model::DataSource>> data;
     std::map<std::string, std::unique_ptr<troupe::model::Trainer>> trainers;
-    std::vector<float> global, momentum;
-    std::map<std::string, std::vector<float>> base, pending;
-    const float lr = spec->lowcomm.outer_lr, mu = spec->lowcomm.outer_momentum;
-    auto outer = [&](const std::vector<const std::vector<float>*>& deltas) {
-      if (deltas.empty()) return;
-      for (size_t i = 0; i < global.size(); ++i) {
-        float sum = 0.0f;
-        for (const std::vector<float>* d : deltas) sum += (*d)[i];
-        const float mean = sum / static_cast<float>(deltas.size());
-        momentum[i] = mu * momentum[i] + mean;
-        global[i] = global[i] - lr * (mean + mu * momentum[i]);
-      }
-    };
+    troupe::train::DiLoCoReference ref(spec->lowcomm.outer_lr, spec->lowcomm.outer_momentum, stale);
     for (int s = 0; s < steps_; ++s) {
       const Groups& groups = groups_at[s];
       for (size_t g = 0; g < groups.size(); ++g) {
@@ -129,8 +118,8 @@ class LowCommTest : public troupe::testing::JobTest {
                                                   data[groups[g]].get());
           EXPECT_TRUE(t.ok()) << t.status();
           trainers[groups[g]] = std::make_unique<troupe::model::Trainer>(*std::move(t));
-          const float* p = trainers[groups[g]]->model().params();
-          base[groups[g]].assign(p, p + trainers[groups[g]]->model().num_params());
+          ref.Start(groups[g], trainers[groups[g]]->model().params(),
+                    trainers[groups[g]]->model().num_params());
         }
         EXPECT_TRUE(data[groups[g]]->SetStream(g, groups.size()).ok());
       }
@@ -139,38 +128,15 @@ class LowCommTest : public troupe::testing::JobTest {
         EXPECT_TRUE(trainers[groups_at[s - 1][0]]->Save(saved).ok());
         for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Restore(saved).ok());
       }
-      troupe::model::Gpt& first = trainers[groups[0]]->model();
-      const int64_t n = first.num_params();
-      if (global.empty()) {
-        global.assign(first.params(), first.params() + n);
-        momentum.assign(n, 0.0f);
-      }
       for (const std::string& g : groups) EXPECT_TRUE(trainers[g]->Step().ok());
       if ((s + 1) % kRound != 0 && s + 1 != steps_) continue;
-      std::map<std::string, std::vector<float>> now;
-      std::vector<const std::vector<float>*> applied, held;
-      for (const std::string& g : groups) {
-        const float* p = trainers[g]->model().params();
-        const std::vector<float>& from = stale ? base[g] : global;
-        for (int64_t i = 0; i < n; ++i) now[g].push_back(from[i] - p[i]);
-        if (!left_out.count(s + 1) || !left_out.at(s + 1).count(g)) applied.push_back(&now[g]);
-        if (pending.count(g)) held.push_back(&pending[g]);
-      }
-      if (stale) outer(held);  // the round in flight, of the groups still here
-      if (!stale || s + 1 == steps_) {
-        outer(applied);
-        for (const std::string& g : groups) {
-          std::copy(global.begin(), global.end(), trainers[g]->model().params());
-        }
-        continue;
-      }
-      for (const std::string& g : groups) {
-        float* p = trainers[g]->model().params();
-        for (int64_t i = 0; i < n; ++i) p[i] = global[i] - now[g][i];
-        base[g].assign(p, p + n);
-      }
-      pending = std::move(now);
+      std::vector<std::pair<std::string, float*>> at;
+      for (const std::string& g : groups) at.emplace_back(g, trainers[g]->model().params());
+      ref.RoundEnd(at, s + 1 == steps_, [&](const std::string& g) {
+        return !left_out.count(s + 1) || !left_out.at(s + 1).count(g);
+      });
     }
+    const std::vector<float>& global = ref.global();
     return absl::StrFormat("%08x", troupe::model::Crc32c(global.data(), global.size() * 4));
   }
 
