@@ -92,6 +92,12 @@ class ProcessCluster:
             fail(f"job wait {job_id} exited {r.returncode}:\n{r.stdout}{r.stderr}\n{self.logs()}")
         return self.job(job_id)
 
+    def stop(self, job_id):
+        """`troupe job stop`, then its record once it reads stopped."""
+        self.troupe("job", "stop", job_id, "--head", self.head)
+        wait_for(f"{job_id} stopped", lambda: self.job(job_id)["state"] == "stopped", 30, 0.2)
+        return self.job(job_id)
+
     def logs(self, tail=3000):
         out = ""
         for root, _, files in os.walk(self.tmp):

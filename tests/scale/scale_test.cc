@@ -4,6 +4,7 @@
 // its liveness watchers), not one per other worker (issue 45). On one host the collectives move
 // data through shared memory, so every TCP connection of a worker is a control connection.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -33,9 +34,8 @@ using troupe::testing::JobRun;
 
 constexpr int kWorld = 32;
 
-// Established TCP connections of process `pid`: its socket inodes (/proc/PID/fd) that
-// /proc/PID/net/tcp{,6} lists in state 01.
-int EstablishedTcp(pid_t pid) {
+// The socket inodes a process holds (/proc/PID/fd).
+std::set<std::string> SocketInodes(pid_t pid) {
   std::set<std::string> inodes;
   const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd");
   if (DIR* d = opendir(fd_dir.c_str())) {
@@ -49,19 +49,84 @@ int EstablishedTcp(pid_t pid) {
     }
     closedir(d);
   }
-  int established = 0;
-  for (const char* table : {"tcp", "tcp6"}) {
-    std::ifstream in(absl::StrCat("/proc/", pid, "/net/", table));
+  return inodes;
+}
+
+struct TcpSocket {
+  std::string local, remote, inode;  // addresses as /proc/net/tcp writes them (hex ip:port)
+};
+
+// The established TCP sockets of this network namespace (/proc/net/tcp{,6}, state 01), by inode.
+// Each table is read with one large read(2): read in small pieces, a table that changes between
+// the pieces (sockets opened and closed elsewhere) repeats or skips lines, which made a worker's
+// count wrong by a few either way.
+std::map<std::string, TcpSocket> EstablishedSockets() {
+  std::map<std::string, TcpSocket> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::string text(8 << 20, '\0');
+    size_t size = 0;
+    if (const int fd = open(table, O_RDONLY | O_CLOEXEC); fd >= 0) {
+      for (ssize_t n; (n = read(fd, text.data() + size, text.size() - size)) > 0;) size += n;
+      close(fd);
+    }
+    text.resize(size);
+    std::istringstream in(text);
     std::string line;
     std::getline(in, line);  // the header
     while (std::getline(in, line)) {
       std::istringstream f(line);
-      std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
-      f >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
-      if (state == "01" && inodes.count(inode)) ++established;
+      std::string sl, state, queues, timer, retr, uid, timeout;
+      TcpSocket t;
+      f >> sl >> t.local >> t.remote >> state >> queues >> timer >> retr >> uid >> timeout >>
+          t.inode;
+      if (state == "01") out[t.inode] = t;
     }
   }
-  return established;
+  return out;
+}
+
+// The connections of process `pid` among `all`.
+std::vector<TcpSocket> EstablishedTcp(pid_t pid, const std::map<std::string, TcpSocket>& all) {
+  std::vector<TcpSocket> out;
+  for (const std::string& inode : SocketInodes(pid)) {
+    if (auto t = all.find(inode); t != all.end()) out.push_back(t->second);
+  }
+  return out;
+}
+
+// What is at the other end of each of `mine` (a process's connections, as counted), one line each
+// ("local -> remote: argv > its stdout (pid)", "?" where the peer's end is gone by now), for a
+// failure's message.
+std::string DescribeConnections(const std::vector<TcpSocket>& mine) {
+  std::map<std::string, std::string> owner;  // socket inode → its process
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      const pid_t p = static_cast<pid_t>(std::atoi(e->d_name));
+      if (p <= 0) continue;
+      std::ifstream cmd(absl::StrCat("/proc/", p, "/cmdline"));
+      std::string arg, who;
+      for (int i = 0; i < 6 && std::getline(cmd, arg, '\0'); ++i) absl::StrAppend(&who, " ", arg);
+      char out[512];  // a worker's name is its stdout's: .../logs/n3-w0.out
+      const ssize_t n = readlink(absl::StrCat("/proc/", p, "/fd/1").c_str(), out, sizeof(out) - 1);
+      if (n > 0) {
+        absl::StrAppend(&who, " > ",
+                        std::filesystem::path(std::string(out, n)).filename().string());
+      }
+      absl::StrAppend(&who, " (", p, ")");
+      for (const std::string& inode : SocketInodes(p)) owner[inode] = who;
+    }
+    closedir(d);
+  }
+  const std::map<std::string, TcpSocket> all = EstablishedSockets();
+  std::string out;
+  for (const TcpSocket& t : mine) {
+    std::string peer = " ?";
+    for (const auto& [inode, o] : all) {
+      if (o.local == t.remote && o.remote == t.local) peer = owner[inode];
+    }
+    absl::StrAppend(&out, "  ", t.local, " -> ", t.remote, ":", peer, "\n");
+  }
+  return out;
 }
 
 // The worker processes of the run in `dir`, by the name of their log (<dir>/logs/NODE-wI.out,
@@ -103,11 +168,13 @@ class ScaleTest : public troupe::testing::JobTest {
   // 2·log2(W) control connections; prints the counts.
   void ExpectFewConnections(const std::string& dir, const std::string& when) {
     const std::map<std::string, pid_t> workers = Workers(dir);
+    const std::map<std::string, TcpSocket> all = EstablishedSockets();  // one snapshot for all
     const int bound = 2 * static_cast<int>(std::log2(kWorld));
     int ranks = 0, most = 0, coordinator = -1;
     std::map<int, int> histogram;
     for (const auto& [name, pid] : workers) {
-      const int n = EstablishedTcp(pid);
+      const std::vector<TcpSocket> connections = EstablishedTcp(pid, all);
+      const int n = static_cast<int>(connections.size());
       if (absl::StartsWith(name, "coord-")) {
         coordinator = n;
         continue;
@@ -115,7 +182,8 @@ class ScaleTest : public troupe::testing::JobTest {
       ++ranks;
       ++histogram[n];
       most = std::max(most, n);
-      EXPECT_LT(n, bound) << name << " (pid " << pid << ") " << when;
+      EXPECT_LT(n, bound) << name << " (pid " << pid << ") " << when << ", its connections:\n"
+                          << DescribeConnections(connections);
     }
     std::string counts;
     for (const auto& [n, k] : histogram) absl::StrAppend(&counts, " ", k, "×", n);

@@ -157,7 +157,7 @@ def queue(c):
     if not re.search(rf"{q}\s.*queued.*min_workers=3", listing):
         fail(f"`troupe job list` does not show {q} queued, and why:\n{listing}")
     status = c.troupe("job", "status", d, "--head", c.head).stdout
-    if f"waiting: needs min_workers=2" not in status or q not in status:
+    if "waiting: needs min_workers=2" not in status or q not in status:
         fail(f"`troupe job status {d}` does not say why it waits:\n{status}")
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{c.http}/metrics", timeout=10).read()
     if 'troupe_jobs{state="queued"} 2' not in metrics.decode():
