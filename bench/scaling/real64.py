@@ -20,13 +20,19 @@ def tcp_established(pid):
             continue
         if m:
             inodes.add(m.group(1))
-    n = 0
+    established = set()
     for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as t:
-            for line in t.readlines()[1:]:
-                x = line.split()
-                n += x[3] == "01" and x[9] in inodes
-    return n
+        # One large read: a table read in pieces while sockets change repeats or skips lines.
+        fd = os.open(f"/proc/{pid}/net/{table}", os.O_RDONLY)
+        try:
+            text = os.read(fd, 8 << 20).decode()
+        finally:
+            os.close(fd)
+        for line in text.splitlines()[1:]:
+            x = line.split()
+            if x[3] == "01":
+                established.add(x[9])
+    return len(established & inodes)
 
 
 def workers_of(work_dir):
