@@ -20,19 +20,20 @@ def tcp_established(pid):
             continue
         if m:
             inodes.add(m.group(1))
-    established = set()
-    for table in ("tcp", "tcp6"):
-        # One large read: a table read in pieces while sockets change repeats or skips lines.
-        fd = os.open(f"/proc/{pid}/net/{table}", os.O_RDONLY)
-        try:
-            text = os.read(fd, 8 << 20).decode()
-        finally:
-            os.close(fd)
-        for line in text.splitlines()[1:]:
-            x = line.split()
-            if x[3] == "01":
-                established.add(x[9])
-    return len(established & inodes)
+
+    def established():  # by inode: a table read while it changes repeats or skips lines
+        out = set()
+        for table in ("tcp", "tcp6"):
+            with open(f"/proc/{pid}/net/{table}") as t:
+                out |= {x[9] for x in map(str.split, t.readlines()[1:]) if x[3] == "01"}
+        return out
+    last = established()
+    for _ in range(4):  # until two reads in a row agree
+        again = established()
+        if again == last:
+            break
+        last = again
+    return len(last & inodes)
 
 
 def workers_of(work_dir):

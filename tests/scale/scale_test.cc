@@ -4,12 +4,12 @@
 // its liveness watchers), not one per other worker (issue 45). On one host the collectives move
 // data through shared memory, so every TCP connection of a worker is a control connection.
 #include <dirent.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -57,32 +57,37 @@ struct TcpSocket {
 };
 
 // The established TCP sockets of this network namespace (/proc/net/tcp{,6}, state 01), by inode.
-// Each table is read with one large read(2): read in small pieces, a table that changes between
-// the pieces (sockets opened and closed elsewhere) repeats or skips lines, which made a worker's
-// count wrong by a few either way.
+// The kernel hands a table out a page per read(2) and resumes by position: while sockets open
+// and close elsewhere, a line is repeated or skipped (a repeat counted twice made a worker's 8
+// connections read 10). So each socket counts once, by inode, and the tables are read until two
+// reads in a row agree (at most 5).
 std::map<std::string, TcpSocket> EstablishedSockets() {
-  std::map<std::string, TcpSocket> out;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::string text(8 << 20, '\0');
-    size_t size = 0;
-    if (const int fd = open(table, O_RDONLY | O_CLOEXEC); fd >= 0) {
-      for (ssize_t n; (n = read(fd, text.data() + size, text.size() - size)) > 0;) size += n;
-      close(fd);
+  auto read_once = [] {
+    std::map<std::string, TcpSocket> out;
+    for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+      std::ifstream in(table);
+      std::string line;
+      std::getline(in, line);  // the header
+      while (std::getline(in, line)) {
+        std::istringstream f(line);
+        std::string sl, state, queues, timer, retr, uid, timeout;
+        TcpSocket t;
+        f >> sl >> t.local >> t.remote >> state >> queues >> timer >> retr >> uid >> timeout >>
+            t.inode;
+        if (state == "01") out[t.inode] = t;
+      }
     }
-    text.resize(size);
-    std::istringstream in(text);
-    std::string line;
-    std::getline(in, line);  // the header
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string sl, state, queues, timer, retr, uid, timeout;
-      TcpSocket t;
-      f >> sl >> t.local >> t.remote >> state >> queues >> timer >> retr >> uid >> timeout >>
-          t.inode;
-      if (state == "01") out[t.inode] = t;
-    }
+    return out;
+  };
+  std::map<std::string, TcpSocket> last = read_once();
+  for (int i = 0; i < 4; ++i) {
+    std::map<std::string, TcpSocket> again = read_once();
+    const bool same = std::equal(last.begin(), last.end(), again.begin(), again.end(),
+                                 [](const auto& a, const auto& b) { return a.first == b.first; });
+    last = std::move(again);
+    if (same) break;
   }
-  return out;
+  return last;
 }
 
 // The connections of process `pid` among `all`.
