@@ -337,8 +337,13 @@ void Coordinator::HandleStepDone(const StepDone& m) {
     rank_exchange_seconds_ += m.exchange_seconds;
     rank_exposed_seconds_ += m.exposed_seconds;
   }
-  if (m.status.ToStatus().ok()) NoteRankStep(m);
   if (m.status.ToStatus().ok()) {
+    NoteRankStep(m);
+    if (m.step != norm_.step || m.generation != norm_.generation) {
+      norm_ = {m.generation, m.step, m.grad_norm, true};
+    } else if (m.grad_norm != norm_.value) {
+      norm_.agree = false;
+    }
     eval_seconds_ = std::max(eval_seconds_, m.eval_seconds);
     NoteOuter(m);
   }

@@ -272,6 +272,9 @@ void Coordinator::Committed(const train::CoordinatorAction& a) {
       .Set("tokens_per_s", absl::StrFormat("%.1f", tokens_per_s))
       .Set("step_s", absl::StrFormat("%.6f", secs))
       .Set("world", a.world);
+  if (norm_.step == a.step - 1 && norm_.generation == a.generation && norm_.agree) {
+    step.Set("grad_norm", absl::StrFormat("%.6g", norm_.value));
+  }
   events_->Write(step);
   if (a.eval_step >= 0) {
     absl::StrAppend(&line, "  ", NoteEval(a.generation, a.eval_step, a.eval_loss));

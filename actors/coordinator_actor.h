@@ -158,6 +158,15 @@ class Coordinator {
   // Their overlapped exchanges' time in flight and exposed part (JobReport::overlap).
   double rank_exchange_seconds_ = 0, rank_exposed_seconds_ = 0;
   double eval_seconds_ = 0;  // the slowest rank's share of the evaluation in the current step
+  // The global gradient norm of the step in flight, as its ranks report it (the step event's
+  // grad_norm): one figure where they all agree, none where they differ ([lowcomm] groups).
+  struct StepNorm {
+    uint64_t generation = 0;
+    int64_t step = -1;
+    double value = 0;
+    bool agree = true;
+  };
+  StepNorm norm_;
   // [lowcomm]: the outer synchronisation of the step in flight, as its ranks report it (logged as
   // "outer_round" when the step commits: which groups' Δ that round applied).
   struct OuterRound {

@@ -120,18 +120,24 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
 // [eval]: the validation loss every 6 steps and after the last, on the held-out shard `troupe
 // data prepare` wrote. The same bits at any world size and through a kill -9 in a step that
 // evaluates (its evaluation is re-run with the step); it falls as the model learns; the report
-// carries the final one, and the event log every one.
+// carries the final one, and the event log every one — and every step event its gradient norm,
+// the same bits too.
 class ValidationTest : public troupe::testing::JobTest {
  protected:
   ValidationTest() { spec_extra_ = "[eval]\nevery = 6\nmicrobatches = 4\n"; }
-  std::map<std::string, std::string> ValLosses(const std::string& run) {
+  // Field `field` of run's `event` events, by step; each step once.
+  std::map<std::string, std::string> ByStep(const std::string& run, const std::string& event,
+                                            const std::string& field) {
     std::map<std::string, std::string> out;
-    for (const SupervisionEvent& e : FindEvents(Events(run), "eval")) {
-      EXPECT_TRUE(out.emplace(e.Field("step"), e.Field("val_loss")).second)
-          << "step " << e.Field("step") << " evaluated twice\n"
+    for (const SupervisionEvent& e : FindEvents(Events(run), event)) {
+      EXPECT_TRUE(out.emplace(e.Field("step"), e.Field(field)).second)
+          << event << " of step " << e.Field("step") << " twice\n"
           << EventLogText(run);
     }
     return out;
+  }
+  std::map<std::string, std::string> ValLosses(const std::string& run) {
+    return ByStep(run, "eval", "val_loss");
   }
 };
 
@@ -148,6 +154,13 @@ TEST_F(ValidationTest, TheValidationLossIsTheSameBitsAtAnyWorldSizeAndThroughAKi
                                   << EventLogText("one");
   }
   EXPECT_EQ(ValLosses("kill"), want) << EventLogText("kill");
+  const std::map<std::string, std::string> norms = ByStep("one", "step", "grad_norm");
+  ASSERT_EQ(norms.size(), 24u) << EventLogText("one");
+  for (const auto& [step, norm] : norms) {
+    ASSERT_FALSE(norm.empty()) << "step " << step << " has no grad_norm\n" << EventLogText("one");
+    EXPECT_GT(std::stod(norm), 0) << "step " << step;
+  }
+  EXPECT_EQ(ByStep("kill", "step", "grad_norm"), norms) << EventLogText("kill");
   EXPECT_EQ(FindEvents(Events("kill"), "fault_fired", {{"step", "12"}}).size(), 1u)
       << EventLogText("kill");
   EXPECT_LT(std::stod(want.at("24")), std::stod(want.at("6"))) << "the model learned nothing";
