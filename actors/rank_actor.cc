@@ -115,6 +115,7 @@ class RankState {
     o.pipeline = spec_.pipeline_schedule;
     o.collective.timeout = spec_.timeouts.collective;
     o.bucket_bytes = int64_t{spec_.bucket_kib} << 10;
+    o.replicate_optimizer = spec_.replicate_optimizer;
     o.on_serve = [this](int64_t step, int32_t k) {
       serve_log_->Write(absl::StrCat(step, " ", k + MicrobatchOffset(), " ", gen_.load()));
     };

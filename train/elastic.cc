@@ -84,8 +84,9 @@ absl::StatusOr<HostShard> ElasticRank::CommittedShardOnHost() const {
   out.data.resize(3 * count);
   if (count == 0) return out;
   const float* p = model_->params() + out.begin;  // pointer arithmetic only: device memory
+  const int64_t at = MomentsOffset(c);
   for (const auto& [src, dst] :
-       {std::pair{p, 0}, std::pair{c.m.data(), 1}, std::pair{c.v.data(), 2}}) {
+       {std::pair{p, 0}, std::pair{c.m.data() + at, 1}, std::pair{c.v.data() + at, 2}}) {
     TROUPE_RETURN_IF_ERROR(ops_->CopyToHost(out.data.data() + dst * count, src, count));
   }
   return out;
@@ -100,7 +101,8 @@ absl::StatusOr<ShardView> ElasticRank::CommittedShard(HostShard* copy) const {
   }
   const RankState& c = committed_state_;
   const int64_t b = c.layout.begin(c.rank), e = c.layout.end(c.rank);
-  return ShardView{b, e, model_->params() + b, c.m.data(), c.v.data()};
+  const int64_t at = MomentsOffset(c);
+  return ShardView{b, e, model_->params() + b, c.m.data() + at, c.v.data() + at};
 }
 
 absl::StatusOr<std::vector<float>> ElasticRank::ParamsOnHost() {

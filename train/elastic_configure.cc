@@ -24,10 +24,12 @@ using elastic_internal::kTagParamMoveBase;
 using elastic_internal::WaitAll;
 using P2P = collectives::Communicator::PointToPoint;
 
-// The new rank that sends old range o's pieces in a memory restore: its owner, else its buddy.
-int SendingRank(const GenerationPlan& plan, int o) {
+// The new rank that sends old range o's pieces in a memory restore: its owner, else its buddy —
+// else, where every rank held every range (`replicated`), the first survivor.
+int SendingRank(const GenerationPlan& plan, int o, bool replicated) {
   const int owner = NewRank(plan.gone, o);
-  return owner >= 0 ? owner : NewRank(plan.gone, BuddyRank(o, plan.old_buddy, plan.old_world));
+  if (owner >= 0) return owner;
+  return replicated ? 0 : NewRank(plan.gone, BuddyRank(o, plan.old_buddy, plan.old_world));
 }
 
 }  // namespace
@@ -103,6 +105,15 @@ absl::Status ElasticRank::CheckPlan(const collectives::Communicator& comm,
         absl::StrCat("configure: pipeline stages: expected a divisor of the world size ",
                      plan.world, ", got ", plan.stages));
   }
+  if (options_.replicate_optimizer && (plan.stages > 1 || !options_.deterministic ||
+                                       &comm != host_comm_ || !ops_->host_accessible())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "configure: a replicated optimizer state needs deterministic data parallelism on the "
+        "host communicator, got ",
+        plan.stages, " pipeline stages, deterministic ", options_.deterministic ? "on" : "off",
+        ", the model on ", model_->device().ToString(),
+        &comm != host_comm_ ? " with a communicator of its own" : ""));
+  }
   if (plan.stages > 1 && model_->staged() == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("configure: ", plan.stages, " pipeline stages, but this model (on ",
@@ -150,8 +161,8 @@ absl::Status ElasticRank::StageFromInit() {
   } else {
     for (const auto& [b, e] : s.my_held()) model_->staged()->InitParamRange(options_.seed, b, e);
   }
-  for (absl::Status e : {StageHeldFromModel(), ops_->Assign(&s.m, s.layout.per_rank, 0.0f),
-                         ops_->Assign(&s.v, s.layout.per_rank, 0.0f)}) {
+  for (absl::Status e : {StageHeldFromModel(), ops_->Assign(&s.m, MomentsSize(s.layout), 0.0f),
+                         ops_->Assign(&s.v, MomentsSize(s.layout), 0.0f)}) {
     if (!e.ok()) return e;
   }
   return absl::OkStatus();
@@ -167,16 +178,50 @@ absl::Status ElasticRank::StageHeldFromModel() {
 }
 
 absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan) {
-  if (!MemoryRestorePossible(plan.old_world, plan.gone, plan.old_buddy)) {
+  if (options_.replicate_optimizer
+          ? static_cast<int>(plan.gone.size()) >= plan.old_world
+          : !MemoryRestorePossible(plan.old_world, plan.gone, plan.old_buddy)) {
     return absl::FailedPreconditionError(
-        "memory restore: an old range has neither owner nor buddy");
+        options_.replicate_optimizer ? "memory restore: no rank of the old world survives"
+                                     : "memory restore: an old range has neither owner nor buddy");
   }
   TROUPE_RETURN_IF_ERROR(CheckSurvivor(plan));
   const ShardLayout from = ShardLayout::Make(model_->num_params(), plan.old_world);
   std::vector<P2P> moves;
   TROUPE_RETURN_IF_ERROR(AddParamMoves(plan, from, &moves));
-  TROUPE_RETURN_IF_ERROR(AddMomentMoves(plan, from, &moves));
+  TROUPE_RETURN_IF_ERROR(options_.replicate_optimizer ? AddReplicatedMomentMoves(plan, &moves)
+                                                      : AddMomentMoves(plan, from, &moves));
   return WaitAll(comm_->PostPointToPoint(moves, options_.collective));
+}
+
+absl::Status ElasticRank::AddReplicatedMomentMoves(const GenerationPlan& plan,
+                                                   std::vector<P2P>* moves) {
+  RankState& c = committed_state_;
+  RankState& staged = staged_state_;
+  const int64_t size = MomentsSize(staged.layout), n = model_->num_params();
+  for (absl::Status s :
+       {ops_->Assign(&staged.m, size, 0.0f), ops_->Assign(&staged.v, size, 0.0f)}) {
+    if (!s.ok()) return s;
+  }
+  // Survivors keep their order and come first (NewRank): new ranks [0, kept) hold the state.
+  const int kept = plan.old_world - static_cast<int>(plan.gone.size());
+  const int64_t held = std::min<int64_t>(n, c.m.size());  // the real elements of a survivor's
+  if (plan.rank < kept) {
+    for (absl::Status s : {ops_->Copy(staged.m.data(), c.m.data(), held),
+                           ops_->Copy(staged.v.data(), c.v.data(), held)}) {
+      if (!s.ok()) return s;
+    }
+  }
+  const P2P::Kind kind = plan.rank == 0 ? P2P::Kind::kSend : P2P::Kind::kRecv;
+  for (int d = kept; d < plan.world; ++d) {
+    if (plan.rank != 0 && plan.rank != d) continue;
+    const int peer = plan.rank == 0 ? d : 0;
+    float* m = plan.rank == 0 ? c.m.data() : staged.m.data();
+    float* v = plan.rank == 0 ? c.v.data() : staged.v.data();
+    moves->push_back({kind, Buffer::F32(m, static_cast<size_t>(n)), peer, kTagMoveBase});
+    moves->push_back({kind, Buffer::F32(v, static_cast<size_t>(n)), peer, kTagMoveBase + 1});
+  }
+  return absl::OkStatus();
 }
 
 // Survivors must hold exactly the committed step (and mirror) the coordinator recorded; a rank
@@ -221,7 +266,7 @@ absl::Status ElasticRank::AddParamMoves(const GenerationPlan& plan, const ShardL
   const std::vector<Ranges>& held = staged_state_.held;
   std::vector<int> sent_from;  // the old ranks whose parameters this rank sends
   for (int o = 0; o < from.world; ++o) {
-    if (SendingRank(plan, o) == plan.rank) sent_from.push_back(o);
+    if (SendingRank(plan, o, options_.replicate_optimizer) == plan.rank) sent_from.push_back(o);
   }
   // Every piece of new rank d's held ranges within old range o, as (lo, hi, tag).
   auto pieces = [&](int d, int o, auto&& each) -> absl::Status {
@@ -249,7 +294,7 @@ absl::Status ElasticRank::AddParamMoves(const GenerationPlan& plan, const ShardL
     }
   }
   for (int o = 0; o < from.world; ++o) {
-    const int src = SendingRank(plan, o);
+    const int src = SendingRank(plan, o, options_.replicate_optimizer);
     if (src == plan.rank) continue;  // copied above
     TROUPE_RETURN_IF_ERROR(pieces(plan.rank, o, [&](int64_t lo, int64_t hi, uint32_t tag) {
       float* dst = staged + PackedOffset(held[plan.rank], lo);
@@ -281,7 +326,7 @@ absl::Status ElasticRank::AddMomentMoves(const GenerationPlan& plan, const Shard
       const int64_t hi = std::min(to.end(d), from.end(o));
       if (lo >= hi) continue;
       const bool from_owner = NewRank(plan.gone, o) >= 0;
-      const int src = SendingRank(plan, o);
+      const int src = SendingRank(plan, o, false);
       const uint32_t tag = kTagMoveBase + 2 * piece++;
       const size_t count = static_cast<size_t>(hi - lo);
       float* dst_m = staged.m.data() + (lo - to.begin(d));
@@ -326,19 +371,20 @@ absl::Status ElasticRank::RestoreFromCheckpoint(const GenerationPlan& plan,
     TROUPE_RETURN_IF_ERROR(
         ckpt.ReadRange(lo, hi, params.data() + PackedOffset(held, lo), nullptr, nullptr));
   }
-  std::vector<float> m(to.per_rank, 0.0f), v(to.per_rank, 0.0f);
-  const int64_t b = to.begin(plan.rank), e = to.end(plan.rank);
+  const int64_t size = MomentsSize(to);
+  std::vector<float> m(size, 0.0f), v(size, 0.0f);
+  const int64_t b = options_.replicate_optimizer ? 0 : to.begin(plan.rank);
+  const int64_t e = options_.replicate_optimizer ? n : to.end(plan.rank);
   if (e > b) {
     std::vector<float> scratch(e - b);
     TROUPE_RETURN_IF_ERROR(ckpt.ReadRange(b, e, scratch.data(), m.data(), v.data()));
   }
-  for (absl::Status s :
-       {ops_->Resize(&staged.m, to.per_rank), ops_->Resize(&staged.v, to.per_rank)}) {
+  for (absl::Status s : {ops_->Resize(&staged.m, size), ops_->Resize(&staged.v, size)}) {
     if (!s.ok()) return s;
   }
   for (absl::Status s : {ops_->CopyFromHost(staged_held_.data(), params.data(), params.size()),
-                         ops_->CopyFromHost(staged.m.data(), m.data(), to.per_rank),
-                         ops_->CopyFromHost(staged.v.data(), v.data(), to.per_rank)}) {
+                         ops_->CopyFromHost(staged.m.data(), m.data(), size),
+                         ops_->CopyFromHost(staged.v.data(), v.data(), size)}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -348,6 +394,11 @@ absl::Status ElasticRank::PostMirror(RankState* state, const float* p, std::vect
   const ShardLayout& layout = state->layout;
   const bool mirror_params = state->stages > 1;
   if (!mirror_params) state->replica_p = model::FloatArray();
+  if (options_.replicate_optimizer) {  // every rank holds every range's moments: no mirror
+    state->replica_m = model::FloatArray();
+    state->replica_v = model::FloatArray();
+    return absl::OkStatus();
+  }
   if (layout.world == 1) {
     TROUPE_RETURN_IF_ERROR(ops_->Assign(&state->replica_m, layout.per_rank, 0.0f));
     return ops_->Assign(&state->replica_v, layout.per_rank, 0.0f);
@@ -397,7 +448,9 @@ absl::Status ElasticRank::ReplayBuddyStep() {
   RankState& c = committed_state_;
   const int prev = MirroredRank(staged.rank, staged.buddy, staged.layout.world);
   const int64_t pb = staged.layout.begin(prev), pe = staged.layout.end(prev);
-  if (staged.layout.world == 1 || pe <= pb) return absl::OkStatus();
+  if (staged.layout.world == 1 || pe <= pb || options_.replicate_optimizer) {
+    return absl::OkStatus();
+  }
   float* p = staged.stages > 1 ? c.replica_p.data() : model_->params() + pb;
   return ops_->AdamWUpdateRange(model_->tensors(), pb, pe, p, mirror_grad_.data(),
                                 c.replica_m.data(), c.replica_v.data(), options_.adamw,

@@ -17,6 +17,13 @@
 // global); then each piece of the range is updated and sent to every rank while the next piece
 // is being updated.
 //
+// Replicated optimizer state (Options::replicate_optimizer): each owner sends every combined
+// piece to every rank at once — the reduced gradient needs no norm, so this share runs behind the
+// backward pass as DDP's all-reduce does — and after the norm every rank runs AdamW on every
+// piece as it arrives; nothing is gathered behind AdamW and no mirror is sent. The shares are
+// posted as pieces are combined (arrival order), so this variant is for tag-matching transports
+// (the host's), not NCCL's issue order; Configure refuses it on a device.
+//
 // Order: every rank posts the same groups in the same order — a piece's group when the
 // model's reports complete it (the same reports on every rank), then the mirror, then the
 // all-gather's rounds — so a backend whose point-to-point operations run in issue order (NCCL)
@@ -93,6 +100,16 @@ class ElasticRank::OverlappedStep {
   absl::Status PostMirror();
   absl::StatusOr<double> Norm();
   absl::Status UpdateAndGather(double grad_norm);
+  // replicate_optimizer: my combined piece i to every rank; AdamW on every piece, each once its
+  // share has arrived.
+  void SharePiece(size_t i);
+  absl::Status UpdateEverything(double grad_norm);
+  // Where flat element `lo` of the step gradient is: grad_shard_ holds my range, or (replicated)
+  // the whole padded vector.
+  float* Grad(int64_t lo) { return r_.grad_shard_.data() + (lo - (replicated_ ? 0 : b_)); }
+  uint32_t Tag(uint32_t kind, size_t i) const {
+    return kTagPipelineBase | kind | StepTagBits(step_) | static_cast<uint32_t>(i);
+  }
   // After a failure with operations in flight: they must not outlive the buffers they fill.
   absl::Status Fail(absl::Status s);
 
@@ -103,10 +120,13 @@ class ElasticRank::OverlappedStep {
   int64_t b_ = 0, e_ = 0;  // my range
   collectives::CombinePlan plan_;
   std::vector<GradientPiece> pieces_;
-  std::vector<int64_t> missing_;       // by piece: elements not yet reported final
-  std::vector<std::vector<Work>> in_;  // by piece: my pieces' receives / others' sends
-  std::vector<char> combined_;         // by piece (mine)
-  std::vector<double> chunk_sums_;     // my range's norm chunks
+  std::vector<int64_t> missing_;              // by piece: elements not yet reported final
+  std::vector<std::vector<Work>> in_;         // by piece: my pieces' receives / others' sends
+  std::vector<std::vector<Work>> shared_in_;  // replicated: by piece, its owner's share to me
+  bool replicated_ = false;
+  double share_wait_ = 0;           // replicated: seconds AdamW waited for shares
+  std::vector<char> combined_;      // by piece (mine)
+  std::vector<double> chunk_sums_;  // my range's norm chunks
   std::vector<Work> sends_, mirror_, gather_;
   std::vector<model::FloatArray> inner_;  // the combine's temporaries
   absl::Status error_;                    // the first failure of a Ready callback
@@ -120,6 +140,7 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
   const int world = layout.world;
   b_ = layout.begin(c_.rank);
   e_ = layout.end(c_.rank);
+  replicated_ = r_.options_.replicate_optimizer;
   std::vector<std::pair<uint64_t, uint64_t>> intervals;
   for (const auto& [lo, hi] : blocks_) intervals.emplace_back(lo, hi);
   TROUPE_ASSIGN_OR_RETURN(plan_, collectives::PlanCanonicalCombine(intervals));
@@ -138,11 +159,25 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
   model::ArrayOps* ops = r_.ops_;
   const int64_t padded = layout.padded(), per_rank = layout.per_rank;
   TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.partial_, padded));
-  TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.grad_shard_, per_rank));
+  TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.grad_shard_, replicated_ ? padded : per_rank));
   TROUPE_RETURN_IF_ERROR(
       ops->Resize(&r_.exchange_recv_, std::max<int64_t>(1, (world - 1) * per_rank)));
+  shared_in_.assign(pieces_.size(), {});
+  if (replicated_) {  // every other owner's pieces, combined, into their places
+    std::vector<P2P> moves;
+    std::vector<size_t> of;
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const GradientPiece& p = pieces_[i];
+      if (p.owner == c_.rank) continue;
+      moves.push_back({P2P::Kind::kRecv, Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo)),
+                       p.owner, Tag(kTagExchange | kTagParamShare, i)});
+      of.push_back(i);
+    }
+    std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+    for (size_t k = 0; k < works.size() && k < of.size(); ++k) shared_in_[of[k]] = {works[k]};
+  }
   // My range's padding: no piece covers it.
-  return ops->Fill(r_.grad_shard_.data() + (e_ - b_), per_rank - (e_ - b_), 0.0f);
+  return ops->Fill(Grad(e_), per_rank - (e_ - b_), 0.0f);
 }
 
 void ElasticRank::OverlappedStep::Ready(int64_t begin, int64_t end) {
@@ -157,8 +192,7 @@ void ElasticRank::OverlappedStep::Ready(int64_t begin, int64_t end) {
 
 void ElasticRank::OverlappedStep::PostPiece(size_t i) {
   const GradientPiece& p = pieces_[i];
-  const uint32_t tag =
-      kTagPipelineBase | kTagExchange | StepTagBits(step_) | static_cast<uint32_t>(i);
+  const uint32_t tag = Tag(kTagExchange, i);
   std::vector<P2P> moves;
   const int world = c_.layout.world, me = c_.rank;
   if (p.owner != me) {
@@ -208,12 +242,78 @@ absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
                                      (d < me ? d : d - 1) * c_.layout.per_rank + (p.lo - b_);
   }
   TROUPE_RETURN_IF_ERROR(
-      elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, r_.grad_shard_.data(), b_, &inner_));
-  TROUPE_ASSIGN_OR_RETURN(std::vector<double> sums,
-                          r_.ops_->RangeChunkSquareSums(r_.grad_shard_.data() + (p.lo - b_), p.lo,
-                                                        p.hi, r_.model_->num_params()));
+      elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, Grad(b_), b_, &inner_));
+  TROUPE_ASSIGN_OR_RETURN(
+      std::vector<double> sums,
+      r_.ops_->RangeChunkSquareSums(Grad(p.lo), p.lo, p.hi, r_.model_->num_params()));
   std::copy(sums.begin(), sums.end(), chunk_sums_.begin() + (p.lo - b_) / kChunk);
   combined_[i] = 1;
+  if (replicated_) SharePiece(i);
+  return absl::OkStatus();
+}
+
+void ElasticRank::OverlappedStep::SharePiece(size_t i) {
+  const GradientPiece& p = pieces_[i];
+  const Buffer buf = Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo));
+  std::vector<P2P> moves;
+  for (int d = 0; d < c_.layout.world; ++d) {
+    if (d != c_.rank)
+      moves.push_back({P2P::Kind::kSend, buf, d, Tag(kTagExchange | kTagParamShare, i)});
+  }
+  const bool first = gather_.empty();
+  std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+  gather_.insert(gather_.end(), works.begin(), works.end());
+  if (first && !works.empty() && r_.options_.on_point)
+    r_.options_.on_point(step_, StepPoint::kGather);
+}
+
+// AdamW on every piece into staged_held_ (the whole model's staged parameters) and the whole
+// staged moments: mine first, then the others' as their shares arrive.
+absl::Status ElasticRank::OverlappedStep::UpdateEverything(double grad_norm) {
+  model::ArrayOps* ops = r_.ops_;
+  RankState& staged = r_.staged_state_;
+  const int64_t size = r_.MomentsSize(c_.layout);
+  r_.staged_scalars_ =
+      model::StepScalars(r_.options_.adamw, r_.options_.schedule, step_, grad_norm);
+  r_.staged_params_ = model::FloatArray();
+  for (absl::Status s : {ops->Resize(&staged.m, size), ops->Resize(&staged.v, size),
+                         ops->Resize(&r_.staged_held_, c_.layout.padded()),
+                         ops->Copy(staged.m.data(), c_.m.data(), size),
+                         ops->Copy(staged.v.data(), c_.v.data(), size)}) {
+    if (!s.ok()) return s;
+  }
+  std::vector<char> done(pieces_.size(), 0);
+  for (size_t left = pieces_.size(); left > 0;) {
+    size_t next = pieces_.size();  // the first not updated: waited for when none has arrived
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      if (done[i]) continue;
+      const bool here = std::all_of(shared_in_[i].begin(), shared_in_[i].end(),
+                                    [](const Work& w) { return w.IsDone(); });
+      if (!here) {
+        next = std::min(next, i);
+        continue;
+      }
+      if (absl::Status s = WaitAll(shared_in_[i]); !s.ok()) return Phase("gradient share", s);
+      const GradientPiece& p = pieces_[i];
+      float* params = r_.staged_held_.data() + p.lo;
+      for (absl::Status s :
+           {ops->Copy(params, r_.model_->params() + p.lo, p.hi - p.lo),
+            ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params, Grad(p.lo),
+                                  staged.m.data() + p.lo, staged.v.data() + p.lo, r_.options_.adamw,
+                                  r_.staged_scalars_)}) {
+        if (!s.ok()) return s;
+      }
+      done[i] = 1;
+      --left;
+      next = pieces_.size();  // progress: look again before waiting
+      break;
+    }
+    if (left > 0 && next < pieces_.size()) {
+      const Stopwatch waited;
+      if (absl::Status s = WaitAll(shared_in_[next]); !s.ok()) return Phase("gradient share", s);
+      share_wait_ += waited.Seconds();
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -260,8 +360,7 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
     for (size_t i = 0; i < pieces_.size(); ++i) {
       const GradientPiece& p = pieces_[i];
       if (p.index != j) continue;
-      const uint32_t tag =
-          kTagPipelineBase | kTagParamShare | StepTagBits(step_) | static_cast<uint32_t>(i);
+      const uint32_t tag = Tag(kTagParamShare, i);
       float* params = r_.staged_held_.data() + p.lo;
       const Buffer buf = Buffer::F32(params, static_cast<size_t>(p.hi - p.lo));
       if (p.owner != me) {
@@ -291,6 +390,7 @@ absl::Status ElasticRank::OverlappedStep::Fail(absl::Status s) {
   std::vector<Work> all = sends_;
   for (const auto& v : {mirror_, gather_}) all.insert(all.end(), v.begin(), v.end());
   for (const auto& v : in_) all.insert(all.end(), v.begin(), v.end());
+  for (const auto& v : shared_in_) all.insert(all.end(), v.begin(), v.end());
   if (std::any_of(all.begin(), all.end(), [](const Work& w) { return !w.IsDone(); })) {
     // This step is over on this rank: the communicator's generation cannot finish it either.
     r_.comm_->Abort(s);
@@ -314,22 +414,28 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
     out->exchange_seconds += exchanged - first_post_;
     out->exposed_seconds += exchanged - compute_end;
   }
-  if (absl::Status m = PostMirror(); !m.ok()) return Fail(m);
+  if (!replicated_) {
+    if (absl::Status m = PostMirror(); !m.ok()) return Fail(m);
+  }
   const Stopwatch norm_clock;
   absl::StatusOr<double> norm = Norm();
   if (!norm.ok()) return Fail(norm.status());
   out->grad_norm = *norm;
   const double norm_seconds = norm_clock.Seconds();
   const double update_start = step_clock_.Seconds();
-  if (absl::Status u = UpdateAndGather(*norm); !u.ok()) return Fail(u);
-  const double updated = step_clock_.Seconds();
+  if (absl::Status u = replicated_ ? UpdateEverything(*norm) : UpdateAndGather(*norm); !u.ok()) {
+    return Fail(u);
+  }
+  const double updated = step_clock_.Seconds() - share_wait_;  // AdamW's own time ends here
   const absl::Status gathered = WaitAll(gather_);
   const absl::Status mirrored = WaitAll(mirror_);
   const double shared = step_clock_.Seconds();
   out->exchange_seconds += shared - update_start;
   out->exposed_seconds += shared - updated;
   out->collective_seconds += (exchanged - compute_end) + norm_seconds + (shared - updated);
-  if (!gathered.ok()) return Fail(Phase("parameter all-gather", gathered));
+  if (!gathered.ok()) {
+    return Fail(Phase(replicated_ ? "gradient share" : "parameter all-gather", gathered));
+  }
   if (!mirrored.ok()) return Fail(Phase("buddy mirror", mirrored));
   return absl::OkStatus();
 }

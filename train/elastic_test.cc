@@ -323,6 +323,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     o.collective.timeout = absl::Seconds(20);
     o.pipeline = pipeline;
     o.bucket_bytes = bucket_bytes_;
+    o.replicate_optimizer = replicate_;
     o.on_serve = [this](int64_t s, int32_t k) {
       absl::MutexLock l(&mu_);
       served_.emplace_back(s, k);
@@ -508,6 +509,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
   std::string dir_;
   ModelSpec spec_;
   int64_t bucket_bytes_ = 0;  // NewRank's ElasticRank::Options::bucket_bytes
+  bool replicate_ = false;    // and its replicate_optimizer
   model::LrSchedule schedule_;
   std::vector<std::shared_ptr<InProcessGroup>> groups_;
   std::vector<std::unique_ptr<Communicator>> comms_;
@@ -840,6 +842,139 @@ TEST(PipelineScheduleTest, UnitsPartitionedContiguouslyByCost) {
     EXPECT_EQ(GridRank(g, 6, 3), r);
   }
 }
+
+// [optimizer] state = "replicated": every rank keeps every range's moments, shares the reduced
+// gradient pieces as it combines them and runs AdamW on all of them — no all-gather behind AdamW,
+// no mirror. Host memory only (its shares go in arrival order: NCCL's issue order is not kept).
+class ElasticReplicatedTest : public ElasticTest {
+ protected:
+  ElasticReplicatedTest() { replicate_ = true; }
+  // Each rank's committed moments m of its range are the reference's.
+  static void ExpectMomentsOf(const std::vector<Rank*>& ranks, const std::vector<float>& want_m) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      absl::StatusOr<HostShard> shard = ranks[i]->rank->CommittedShardOnHost();
+      ASSERT_TRUE(shard.ok()) << shard.status();
+      const int64_t count = shard->end - shard->begin;
+      EXPECT_EQ(0, std::memcmp(shard->data.data() + count, want_m.data() + shard->begin,
+                               count * sizeof(float)))
+          << "rank " << i << ": the moments of its range differ from the reference's";
+    }
+  }
+};
+
+TEST_P(ElasticReplicatedTest, BitIdenticalForEveryBucketSizeAndWorldSize) {
+  std::vector<float> want, want_m;
+  Reference(2, &want, &want_m);
+  for (int64_t bucket : {int64_t{16} << 10, int64_t{64} << 10, int64_t{1} << 30}) {
+    bucket_bytes_ = bucket;
+    for (int w : {1, 2, 3}) {
+      SCOPED_TRACE(absl::StrCat("bucket ", bucket, " bytes, world ", w));
+      std::vector<Rank> ranks(w);
+      std::vector<Rank*> ptrs;
+      for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+      Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
+      std::vector<std::vector<StepOutcome>> outcomes;
+      Steps(ptrs, 2, &outcomes);
+      ExpectBitIdentical(ptrs, want);
+      ExpectMomentsOf(ptrs, want_m);
+      for (const StepOutcome& o : outcomes.back()) EXPECT_LE(o.exposed_seconds, o.exchange_seconds);
+    }
+  }
+}
+
+// Ranks 1 and 2 die in the middle of step 2: an owner and its buddy, which the sharded state
+// cannot restore from memory; here the first survivor holds every range. A joiner takes the
+// whole state from it.
+TEST_P(ElasticReplicatedTest, AnySurvivorRestoresEveryRangeAndAJoinerIsFoldedIn) {
+  std::vector<float> want, want_m;
+  Reference(4, &want, &want_m);
+  std::vector<Rank> ranks(5);
+  for (auto& r : ranks) r = NewRank();
+  std::vector<Rank*> four = {&ranks[0], &ranks[1], &ranks[2], &ranks[3]};
+  Configure(four, {.source = RestoreSource::kInit, .gone = {}}, 0);
+  Steps(four, 2);
+  Kill(four, 1);
+  Kill(four, 2);
+  auto st = Parallel(2, [&](int i) { return four[i == 0 ? 0 : 3]->rank->RunStep().status(); });
+  for (const absl::Status& s : st) EXPECT_FALSE(s.ok());
+  for (auto& r : ranks) r.rank->Abandon();
+  std::vector<Rank*> three = {&ranks[0], &ranks[3], &ranks[4]};
+  Configure(
+      three,
+      {.committed_steps = 2, .source = RestoreSource::kMemory, .old_world = 4, .gone = {1, 2}}, 1);
+  Steps(three, 4);
+  ExpectBitIdentical(three, want);
+  ExpectMomentsOf(three, want_m);
+}
+
+// A checkpoint holds each range's moments, whichever state wrote it: a replicated one restores
+// into a sharded world of another size and back, with the reference's bits.
+TEST_P(ElasticReplicatedTest, CheckpointsRestoreIntoEitherStateAtAnotherWorldSize) {
+  std::vector<float> want, want_m;
+  Reference(4, &want, &want_m);
+  for (const bool written_replicated : {true, false}) {
+    replicate_ = written_replicated;
+    std::filesystem::remove_all(dir_ + "/ckpt");
+    std::unique_ptr<CheckpointStore> store = CheckpointOfTwoRanksAtStep2();
+    ASSERT_NE(store, nullptr);
+    replicate_ = !written_replicated;
+    SCOPED_TRACE(written_replicated ? "replicated into sharded" : "sharded into replicated");
+    std::vector<Rank> ranks(3);
+    std::vector<Rank*> ptrs;
+    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+    Configure(ptrs,
+              {.committed_steps = 2,
+               .source = RestoreSource::kCheckpoint,
+               .gone = {},
+               .checkpoint_step = 2},
+              5, store.get());
+    Steps(ptrs, 4);
+    ExpectBitIdentical(ptrs, want);
+    ExpectMomentsOf(ptrs, want_m);
+  }
+}
+
+TEST_P(ElasticReplicatedTest, IsRefusedOutsideDeterministicDataParallelismOnTheHost) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  std::vector<std::unique_ptr<Communicator>> own(2);
+  for (int i = 0; i < 2; ++i) own[i] = std::make_unique<OpaqueComm>(comms[i].get());
+  struct Case {
+    const char* why;
+    bool deterministic;
+    int stages;
+    bool own_comm;
+  };
+  for (const Case& c :
+       {Case{"deterministic off", false, 1, false}, Case{"pipeline stages", true, 2, false},
+        Case{"a communicator of the model's memory", true, 1, true}}) {
+    SCOPED_TRACE(c.why);
+    std::vector<Rank> ranks(2);
+    for (auto& r : ranks) {
+      r = NewRank();
+      ElasticRank::Options o;
+      o.microbatches = kM;
+      o.deterministic = c.deterministic;
+      o.replicate_optimizer = true;
+      r.rank = std::make_unique<ElasticRank>(r.model.get(), o);
+    }
+    auto st = Parallel(2, [&](int i) {
+      GenerationPlan p{.world = 2, .rank = i, .stages = c.stages, .gone = {}};
+      return ranks[i].rank->Configure(c.own_comm ? own[i].get() : comms[i].get(), p, nullptr,
+                                      comms[i].get());
+    });
+    for (const absl::Status& s : st) {
+      EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+      EXPECT_NE(s.message().find("a replicated optimizer state needs deterministic data "
+                                 "parallelism on the host communicator"),
+                std::string::npos)
+          << s;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Memory, ElasticReplicatedTest, ::testing::Values(Mode::kHost),
+                         [](const ::testing::TestParamInfo<Mode>&) { return "Host"; });
 
 // Pipeline grids on the 4-block GPT: the data-parallel reference's bits for any (dp, pp) and
 // either schedule, each stage holding no more microbatches than its schedule allows.

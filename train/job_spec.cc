@@ -186,6 +186,13 @@ void ReadOptimizer(Section& s, JobSpec& spec) {
   s.Float("beta1", &spec.adamw.beta1, 0, 0.999999);
   s.Float("beta2", &spec.adamw.beta2, 0, 0.999999);
   if (!total_set) spec.schedule.total_steps = spec.steps;
+  std::string state = spec.replicate_optimizer ? "replicated" : "sharded";
+  s.Str("state", &state, true);
+  if (state == "sharded" || state == "replicated") {
+    spec.replicate_optimizer = state == "replicated";
+  } else {
+    s.Fail("state", "\"sharded\" or \"replicated\"", absl::StrCat("\"", state, "\""));
+  }
 }
 
 void ReadElastic(Section& s, JobSpec& spec) {
@@ -367,6 +374,32 @@ absl::Status CheckFaults(const JobSpec& spec, const std::string& file) {
 
 // [lowcomm]: the groups' step is the deterministic data-parallel one, on the host; a round holds
 // whole fragments, and a checkpoint falls on a round's end.
+// [optimizer] state = "replicated": deterministic data parallelism on the host only.
+template <class Bad>
+absl::Status CheckReplicatedOptimizer(const JobSpec& spec, const Device& device, const Bad& bad) {
+  if (!spec.replicate_optimizer) return absl::OkStatus();
+  const std::string why =
+      " (the replicated optimizer state is deterministic data parallelism's, "
+      "on the host)";
+  if (spec.pipeline_stages > 1) {
+    return bad("pipeline.stages", absl::StrCat("1 with optimizer.state = \"replicated\"", why),
+               absl::StrCat(spec.pipeline_stages));
+  }
+  if (!spec.deterministic) {
+    return bad("job.deterministic", absl::StrCat("true with optimizer.state = \"replicated\"", why),
+               "false");
+  }
+  if (spec.lowcomm_groups > 0) {
+    return bad("lowcomm.groups", "0 with optimizer.state = \"replicated\" (not combined yet)",
+               absl::StrCat(spec.lowcomm_groups));
+  }
+  if (device.is_cuda()) {
+    return bad("model.device", absl::StrCat("\"cpu\" with optimizer.state = \"replicated\"", why),
+               absl::StrCat("\"", spec.model.device, "\""));
+  }
+  return absl::OkStatus();
+}
+
 template <class Bad>
 absl::Status CheckLowComm(const JobSpec& spec, const Device& device, const Bad& bad) {
   const LowCommOptions& o = spec.lowcomm;
@@ -466,6 +499,7 @@ absl::Status Validate(const JobSpec& spec, const std::string& file) {
                absl::StrCat(spec.pipeline_stages));
   }
   TROUPE_RETURN_IF_ERROR(CheckLowComm(spec, *device, bad));
+  TROUPE_RETURN_IF_ERROR(CheckReplicatedOptimizer(spec, *device, bad));
   // An evaluation is a forward pass of the whole model on one rank; a grid's rank holds one stage.
   if (spec.eval_every > 0 && spec.pipeline_stages > 1) {
     return bad("eval.every",
@@ -565,6 +599,7 @@ std::string JobSpec::ToToml() const {
       "\nwarmup_steps = ", schedule.warmup_steps, "\ntotal_steps = ", schedule.total_steps,
       "\nweight_decay = ", num(adamw.weight_decay), "\nmax_grad_norm = ", num(adamw.max_grad_norm),
       "\nbeta1 = ", num(adamw.beta1), "\nbeta2 = ", num(adamw.beta2),
+      "\nstate = ", replicate_optimizer ? "\"replicated\"" : "\"sharded\"",
       "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
       "\nmax_workers = ", max_workers, "\nranks_per_gpu = ", ranks_per_gpu,
       "\nbucket_kib = ", bucket_kib, "\nrank_resources = ", Quote(rank_resources),

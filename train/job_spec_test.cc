@@ -294,6 +294,32 @@ TEST(JobSpecTest, BucketSizeIsReadAndRoundTrips) {
   EXPECT_EQ(ParseJobSpec("", "d.toml")->bucket_kib, 0);  // chosen by the link
 }
 
+TEST(JobSpecTest, TheOptimizerStateIsReadRoundTripsAndIsRefusedWhereItCannotRun) {
+  absl::StatusOr<JobSpec> s = ParseJobSpec("[optimizer]\nstate = \"replicated\"\n", "o.toml");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->replicate_optimizer);
+  absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->replicate_optimizer);
+  EXPECT_FALSE(ParseJobSpec("", "d.toml")->replicate_optimizer);  // sharded
+  EXPECT_FALSE(ParseJobSpec(ParseJobSpec("", "d.toml")->ToToml(), "d2.toml")->replicate_optimizer);
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"[optimizer]\nstate = \"zero\"\n",
+            "o.toml: optimizer.state: expected \"sharded\" or \"replicated\", got \"zero\""},
+           {"[optimizer]\nstate = \"replicated\"\n[job]\ndeterministic = false\n",
+            "o.toml: job.deterministic: expected true with optimizer.state = \"replicated\""},
+           {"[optimizer]\nstate = \"replicated\"\n[pipeline]\nstages = 2\n",
+            "o.toml: pipeline.stages: expected 1 with optimizer.state = \"replicated\""},
+           {"[optimizer]\nstate = \"replicated\"\n[model]\ndevice = \"cuda\"\n",
+            "o.toml: model.device: expected \"cpu\" with optimizer.state = \"replicated\""},
+       }) {
+    absl::StatusOr<JobSpec> bad = ParseJobSpec(text, "o.toml");
+    ASSERT_FALSE(bad.ok()) << text;
+    EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+    EXPECT_NE(bad.status().message().find(want), std::string::npos) << bad.status();
+  }
+}
+
 TEST(JobSpecTest, PriorityAndWhatEachRankAsksAreReadAndRoundTrip) {
   absl::StatusOr<JobSpec> s = ParseJobSpec(
       "[job]\npriority = 10\n[elastic]\nrank_resources = \"cpu=2,memory=8G\"\n"

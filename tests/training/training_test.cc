@@ -117,6 +117,47 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   ExpectExactlyOnce("overlap");
 }
 
+// [optimizer] state = "replicated": the fault-free run's bits with a tenth fewer bytes on the wire
+// (no all-gather of parameters, no buddy mirror: at W = 4 each rank sends 3/4 + 3/4 of a gradient
+// instead of 3/4 + 3/4 + 1/4), and a kill -9 at both points of the step loses nothing: every
+// survivor holds the whole state.
+TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndSurvivesAKillInEitherPoint) {
+  const std::string want = Reference();
+  ASSERT_FALSE(want.empty());
+  JobRun sharded = Train("sharded", {"--workers", "4"});
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  std::ofstream(spec_, std::ios::app) << "[optimizer]\nstate = \"replicated\"\n";
+  JobRun plain = Train("replicated", {"--workers", "4"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.report.crc, want) << "replicated vs sharded\n" << plain.output;
+  auto bytes = [&](const std::string& run) {
+    double sum = 0;
+    for (const SupervisionEvent& e : FindEvents(Events(run), "rank_step")) {
+      if (e.Field("step") != "1") sum += std::stod(e.Field("collective_bytes"));
+    }
+    return sum;
+  };
+  const double ratio = bytes("replicated") / bytes("sharded");
+  std::printf("collective bytes, replicated ÷ sharded: %.3f (%.0f ÷ %.0f)\n", ratio,
+              bytes("replicated"), bytes("sharded"));
+  EXPECT_NEAR(ratio, 1.5 / 1.75, 0.03) << "collective bytes, replicated ÷ sharded";
+  JobRun r = Train("kill", {"--workers", "4", "--chaos", "kill-worker@4:2:mid-exchange", "--chaos",
+                            "kill-worker@8:1:mid-gather"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& [step, point] :
+       {std::pair<std::string, std::string>{"4", "mid-exchange"}, {"8", "mid-gather"}}) {
+    EXPECT_EQ(FindEvents(Events("kill"), "fault_fired",
+                         {{"kind", "kill-worker"}, {"step", step}, {"point", point}})
+                  .size(),
+              1u)
+        << EventLogText("kill");
+  }
+  EXPECT_EQ(r.report.world, 2) << r.output;
+  EXPECT_EQ(r.report.steps_lost, 0) << r.output;
+  EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  ExpectExactlyOnce("kill");
+}
+
 // [eval]: the validation loss every 6 steps and after the last, on the held-out shard `troupe
 // data prepare` wrote. The same bits at any world size and through a kill -9 in a step that
 // evaluates (its evaluation is re-run with the step); it falls as the model learns; the report

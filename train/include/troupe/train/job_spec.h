@@ -5,7 +5,9 @@
 //                "cuda", "cuda:N"), precision ("fp32", or "bf16" on CUDA), seq_len,
 //                microbatch_size, microbatches (M per step, fixed whatever the world size),
 //                [model.options] free-form strings for user models
-//   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2
+//   [optimizer]  lr, min_lr, warmup_steps, weight_decay, max_grad_norm, beta1, beta2, state
+//                ("sharded": each rank keeps its range's moments, a buddy mirrors them;
+//                "replicated": every rank keeps them all, as DDP does)
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers,
 //                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU),
 //                bucket_kib (the overlapped gradient exchange's pieces; 0: chosen by the link),
@@ -194,6 +196,11 @@ struct JobSpec {
 
   ModelSpec model;
   model::AdamWConfig adamw;
+  // [optimizer] state = "replicated" (ElasticRank::Options::replicate_optimizer): every rank
+  // keeps the whole optimizer state and runs AdamW on every parameter, so the ranks share the
+  // reduced gradient — as the backward pass finishes it — instead of the updated parameters
+  // after AdamW, and no buddy mirror is sent. Deterministic data parallelism on the host only.
+  bool replicate_optimizer = false;
   model::LrSchedule schedule;  // total_steps follows `steps` unless set
 
   int32_t workers = 4;
