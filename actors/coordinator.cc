@@ -15,6 +15,8 @@
 // incarnation that an epoch after it has replaced.
 #include <unistd.h>
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator_actor.h"
 #include "troupe/base/status_macros.h"
@@ -82,6 +84,7 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
   o.microbatches = spec_.model.microbatches;
   o.checkpoint_every = spec_.checkpoint_every;
   o.lowcomm_round = spec_.lowcomm_groups > 0 ? spec_.lowcomm.inner_steps : 0;
+  o.replicated_state = spec_.replicate_optimizer;
   o.num_params = num_params_;
   o.faults = spec_.faults;
   o.retry_delay = absl::ToChronoMilliseconds(spec_.timeouts.retry);
@@ -341,7 +344,8 @@ void Coordinator::HandleStepDone(const StepDone& m) {
     NoteRankStep(m);
     if (m.step != norm_.step || m.generation != norm_.generation) {
       norm_ = {m.generation, m.step, m.grad_norm, true};
-    } else if (m.grad_norm != norm_.value) {
+    } else if (m.grad_norm != norm_.value &&
+               !(std::isnan(m.grad_norm) && std::isnan(norm_.value))) {
       norm_.agree = false;
     }
     eval_seconds_ = std::max(eval_seconds_, m.eval_seconds);

@@ -273,7 +273,7 @@ void Coordinator::Committed(const train::CoordinatorAction& a) {
       .Set("step_s", absl::StrFormat("%.6f", secs))
       .Set("world", a.world);
   if (norm_.step == a.step - 1 && norm_.generation == a.generation && norm_.agree) {
-    step.Set("grad_norm", absl::StrFormat("%.6g", norm_.value));
+    step.Set("grad_norm", absl::StrFormat("%.17g", norm_.value));  // every bit
   }
   events_->Write(step);
   if (a.eval_step >= 0) {

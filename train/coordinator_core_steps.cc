@@ -108,6 +108,7 @@ std::vector<std::string> CoordinatorCore::Domains(const std::vector<std::string>
 
 bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& next) const {
   const std::vector<int> gone = Gone(next);
+  if (options_.replicated_state) return gone.size() < record_.active.size();
   if (options_.lowcomm_round == 0) {
     return MemoryRestorePossible(static_cast<int>(record_.active.size()), gone, record_.buddy);
   }

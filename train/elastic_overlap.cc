@@ -17,12 +17,15 @@
 // global); then each piece of the range is updated and sent to every rank while the next piece
 // is being updated.
 //
-// Replicated optimizer state (Options::replicate_optimizer): each owner sends every combined
-// piece to every rank at once — the reduced gradient needs no norm, so this share runs behind the
-// backward pass as DDP's all-reduce does — and after the norm every rank runs AdamW on every
-// piece as it arrives; nothing is gathered behind AdamW and no mirror is sent. The shares are
-// posted as pieces are combined (arrival order), so this variant is for tag-matching transports
-// (the host's), not NCCL's issue order; Configure refuses it on a device.
+// Replicated optimizer state (Options::replicate_optimizer): the pieces are buckets of the whole
+// flat gradient, piece j combined by rank j mod W (PlanSharedGradientPieces) — the pieces the
+// backward pass finishes together go to different ranks, where the owners' contiguous ranges would
+// pour them all into one host's link. A combiner sends each combined piece to every rank at once
+// (the reduced gradient needs no norm, so this share runs behind the backward pass, as DDP's
+// all-reduce does); every rank sums the norm chunks of every piece as it arrives, so the norm needs
+// no collective, then runs AdamW on every piece. Nothing is gathered behind AdamW and no mirror is
+// sent. The shares are posted in arrival order, so this variant is for tag-matching transports (the
+// host's), not NCCL's issue order; Configure refuses it on a device.
 //
 // Order: every rank posts the same groups in the same order — a piece's group when the
 // model's reports complete it (the same reports on every rank), then the mirror, then the
@@ -79,6 +82,17 @@ std::vector<GradientPiece> PlanGradientPieces(const ShardLayout& layout, int64_t
   return pieces;
 }
 
+std::vector<GradientPiece> PlanSharedGradientPieces(int64_t n, int world, int64_t bucket_floats) {
+  const int64_t share = (n + world - 1) / world;
+  const int64_t bucket =
+      std::max<int64_t>(kChunk, std::min(bucket_floats, (share + kChunk - 1) / kChunk * kChunk));
+  std::vector<GradientPiece> pieces;
+  for (int32_t j = 0; int64_t{j} * bucket < n; ++j) {
+    pieces.push_back({j % world, j, j * bucket, std::min(n, (j + 1) * bucket)});
+  }
+  return pieces;
+}
+
 // One overlapped step's exchange: the pieces, what has been posted and combined, the works in
 // flight. Lives for one RunStep; the buffers it fills are ElasticRank's.
 class ElasticRank::OverlappedStep {
@@ -103,7 +117,10 @@ class ElasticRank::OverlappedStep {
   // replicate_optimizer: my combined piece i to every rank; AdamW on every piece, each once its
   // share has arrived.
   void SharePiece(size_t i);
-  absl::Status UpdateEverything(double grad_norm);
+  absl::Status UpdateEverything(StepOutcome* out);
+  float* RecvSlot(int d, size_t i) {
+    return r_.exchange_recv_.data() + (d < c_.rank ? d : d - 1) * stride_ + slot_[i];
+  }
   // Where flat element `lo` of the step gradient is: grad_shard_ holds my range, or (replicated)
   // the whole padded vector.
   float* Grad(int64_t lo) { return r_.grad_shard_.data() + (lo - (replicated_ ? 0 : b_)); }
@@ -124,7 +141,12 @@ class ElasticRank::OverlappedStep {
   std::vector<std::vector<Work>> in_;         // by piece: my pieces' receives / others' sends
   std::vector<std::vector<Work>> shared_in_;  // replicated: by piece, its owner's share to me
   bool replicated_ = false;
-  double share_wait_ = 0;           // replicated: seconds AdamW waited for shares
+  double share_wait_ = 0;  // replicated: seconds AdamW waited for shares
+  // Where the other ranks' partials of my pieces land in exchange_recv_: rank d's (d < me ? d :
+  // d - 1) · stride_ + slot_[piece] (my range's offset, or the pieces' packed one when replicated).
+  std::vector<int64_t> slot_;
+  int64_t stride_ = 0;
+  std::vector<double> all_sums_;    // replicated: every real norm chunk's, from every piece
   std::vector<char> combined_;      // by piece (mine)
   std::vector<double> chunk_sums_;  // my range's norm chunks
   std::vector<Work> sends_, mirror_, gather_;
@@ -146,7 +168,9 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
   TROUPE_ASSIGN_OR_RETURN(plan_, collectives::PlanCanonicalCombine(intervals));
   const int64_t n = r_.model_->num_params();
   const bool same_host = r_.comm_->PeersShareHost();
-  pieces_ = PlanGradientPieces(layout, n, BucketFloats(r_.options_.bucket_bytes, same_host));
+  const int64_t bucket = BucketFloats(r_.options_.bucket_bytes, same_host);
+  pieces_ = replicated_ ? PlanSharedGradientPieces(n, world, bucket)
+                        : PlanGradientPieces(layout, n, bucket);
   if (pieces_.size() >= (size_t{1} << 20)) {
     return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: ", pieces_.size(),
                                                    " gradient pieces, expected fewer than 2^20"));
@@ -160,22 +184,18 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
   const int64_t padded = layout.padded(), per_rank = layout.per_rank;
   TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.partial_, padded));
   TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.grad_shard_, replicated_ ? padded : per_rank));
-  TROUPE_RETURN_IF_ERROR(
-      ops->Resize(&r_.exchange_recv_, std::max<int64_t>(1, (world - 1) * per_rank)));
-  shared_in_.assign(pieces_.size(), {});
-  if (replicated_) {  // every other owner's pieces, combined, into their places
-    std::vector<P2P> moves;
-    std::vector<size_t> of;
-    for (size_t i = 0; i < pieces_.size(); ++i) {
-      const GradientPiece& p = pieces_[i];
-      if (p.owner == c_.rank) continue;
-      moves.push_back({P2P::Kind::kRecv, Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo)),
-                       p.owner, Tag(kTagExchange | kTagParamShare, i)});
-      of.push_back(i);
-    }
-    std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
-    for (size_t k = 0; k < works.size() && k < of.size(); ++k) shared_in_[of[k]] = {works[k]};
+  slot_.assign(pieces_.size(), -1);
+  stride_ = replicated_ ? 0 : per_rank;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const GradientPiece& p = pieces_[i];
+    if (p.owner != c_.rank) continue;
+    slot_[i] = replicated_ ? stride_ : p.lo - b_;
+    if (replicated_) stride_ += p.hi - p.lo;
   }
+  TROUPE_RETURN_IF_ERROR(
+      ops->Resize(&r_.exchange_recv_, std::max<int64_t>(1, (world - 1) * stride_)));
+  shared_in_.assign(pieces_.size(), {});
+  if (replicated_) all_sums_.assign(static_cast<size_t>((n + kChunk - 1) / kChunk), 0.0);
   // My range's padding: no piece covers it.
   return ops->Fill(Grad(e_), per_rank - (e_ - b_), 0.0f);
 }
@@ -199,12 +219,17 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
     moves.push_back({P2P::Kind::kSend,
                      Buffer::F32(r_.partial_.data() + p.lo, static_cast<size_t>(p.hi - p.lo)),
                      p.owner, tag});
+    // Replicated: the owner's combined piece back, posted with my partial (the owner cannot
+    // share it before my partial arrived), so its deadline counts from here, not the step's start.
+    if (replicated_) {
+      moves.push_back({P2P::Kind::kRecv, Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo)),
+                       p.owner, Tag(kTagExchange | kTagParamShare, i)});
+    }
   } else {
     for (int d = 0; d < world; ++d) {
       if (d == me) continue;
-      float* slot = r_.exchange_recv_.data() + (d < me ? d : d - 1) * c_.layout.per_rank;
       moves.push_back({P2P::Kind::kRecv,
-                       Buffer::F32(slot + (p.lo - b_), static_cast<size_t>(p.hi - p.lo)), d, tag});
+                       Buffer::F32(RecvSlot(d, i), static_cast<size_t>(p.hi - p.lo)), d, tag});
     }
   }
   if (first_post_ < 0) first_post_ = step_clock_.Seconds();
@@ -212,6 +237,10 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
   if (p.owner == me) {
     in_[i] = std::move(works);
   } else {
+    if (replicated_ && works.size() == 2) {  // [send my partial, receive the share]
+      shared_in_[i] = {works[1]};
+      works.pop_back();
+    }
     sends_.insert(sends_.end(), works.begin(), works.end());
   }
   if (!posted_any_) {
@@ -237,16 +266,16 @@ absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
   const int world = c_.layout.world, me = c_.rank;
   ExchangePiece piece{p.lo, p.hi, std::vector<const float*>(world, nullptr)};
   for (int d = 0; d < world; ++d) {
-    piece.partial[d] = d == me ? r_.partial_.data() + p.lo
-                               : r_.exchange_recv_.data() +
-                                     (d < me ? d : d - 1) * c_.layout.per_rank + (p.lo - b_);
+    piece.partial[d] = d == me ? r_.partial_.data() + p.lo : RecvSlot(d, i);
   }
   TROUPE_RETURN_IF_ERROR(
       elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, Grad(b_), b_, &inner_));
   TROUPE_ASSIGN_OR_RETURN(
       std::vector<double> sums,
       r_.ops_->RangeChunkSquareSums(Grad(p.lo), p.lo, p.hi, r_.model_->num_params()));
-  std::copy(sums.begin(), sums.end(), chunk_sums_.begin() + (p.lo - b_) / kChunk);
+  std::copy(
+      sums.begin(), sums.end(),
+      replicated_ ? all_sums_.begin() + p.lo / kChunk : chunk_sums_.begin() + (p.lo - b_) / kChunk);
   combined_[i] = 1;
   if (replicated_) SharePiece(i);
   return absl::OkStatus();
@@ -267,14 +296,47 @@ void ElasticRank::OverlappedStep::SharePiece(size_t i) {
     r_.options_.on_point(step_, StepPoint::kGather);
 }
 
-// AdamW on every piece into staged_held_ (the whole model's staged parameters) and the whole
-// staged moments: mine first, then the others' as their shares arrive.
-absl::Status ElasticRank::OverlappedStep::UpdateEverything(double grad_norm) {
+// Every other rank's pieces as their shares arrive, each one's norm chunks summed on arrival
+// (mine were in CombinePiece): the norm from all of them, here, in the fixed tree — no
+// collective. Then AdamW on every piece into staged_held_ (the whole model's staged parameters)
+// and the whole staged moments.
+absl::Status ElasticRank::OverlappedStep::UpdateEverything(StepOutcome* out) {
   model::ArrayOps* ops = r_.ops_;
+  const int64_t n = r_.model_->num_params();
+  auto here = [this](size_t i) {
+    return std::all_of(shared_in_[i].begin(), shared_in_[i].end(),
+                       [](const Work& w) { return w.IsDone(); });
+  };
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (pieces_[i].owner != c_.rank) pending.push_back(i);
+  }
+  while (!pending.empty()) {
+    if (std::none_of(pending.begin(), pending.end(), here)) {  // wait for the first
+      const Stopwatch waited;
+      const absl::Status s = WaitAll(shared_in_[pending.front()]);
+      share_wait_ += waited.Seconds();
+      if (!s.ok()) return Phase("gradient share", s);
+    }
+    std::vector<size_t> later;
+    for (size_t i : pending) {
+      if (!here(i)) {
+        later.push_back(i);
+        continue;
+      }
+      if (absl::Status s = WaitAll(shared_in_[i]); !s.ok()) return Phase("gradient share", s);
+      const GradientPiece& p = pieces_[i];
+      TROUPE_ASSIGN_OR_RETURN(std::vector<double> sums,
+                              ops->RangeChunkSquareSums(Grad(p.lo), p.lo, p.hi, n));
+      std::copy(sums.begin(), sums.end(), all_sums_.begin() + p.lo / kChunk);
+    }
+    pending = std::move(later);
+  }
+  out->grad_norm = model::GradNormFromChunks(all_sums_);
   RankState& staged = r_.staged_state_;
   const int64_t size = r_.MomentsSize(c_.layout);
   r_.staged_scalars_ =
-      model::StepScalars(r_.options_.adamw, r_.options_.schedule, step_, grad_norm);
+      model::StepScalars(r_.options_.adamw, r_.options_.schedule, step_, out->grad_norm);
   r_.staged_params_ = model::FloatArray();
   for (absl::Status s : {ops->Resize(&staged.m, size), ops->Resize(&staged.v, size),
                          ops->Resize(&r_.staged_held_, c_.layout.padded()),
@@ -282,36 +344,14 @@ absl::Status ElasticRank::OverlappedStep::UpdateEverything(double grad_norm) {
                          ops->Copy(staged.v.data(), c_.v.data(), size)}) {
     if (!s.ok()) return s;
   }
-  std::vector<char> done(pieces_.size(), 0);
-  for (size_t left = pieces_.size(); left > 0;) {
-    size_t next = pieces_.size();  // the first not updated: waited for when none has arrived
-    for (size_t i = 0; i < pieces_.size(); ++i) {
-      if (done[i]) continue;
-      const bool here = std::all_of(shared_in_[i].begin(), shared_in_[i].end(),
-                                    [](const Work& w) { return w.IsDone(); });
-      if (!here) {
-        next = std::min(next, i);
-        continue;
-      }
-      if (absl::Status s = WaitAll(shared_in_[i]); !s.ok()) return Phase("gradient share", s);
-      const GradientPiece& p = pieces_[i];
-      float* params = r_.staged_held_.data() + p.lo;
-      for (absl::Status s :
-           {ops->Copy(params, r_.model_->params() + p.lo, p.hi - p.lo),
-            ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params, Grad(p.lo),
-                                  staged.m.data() + p.lo, staged.v.data() + p.lo, r_.options_.adamw,
-                                  r_.staged_scalars_)}) {
-        if (!s.ok()) return s;
-      }
-      done[i] = 1;
-      --left;
-      next = pieces_.size();  // progress: look again before waiting
-      break;
-    }
-    if (left > 0 && next < pieces_.size()) {
-      const Stopwatch waited;
-      if (absl::Status s = WaitAll(shared_in_[next]); !s.ok()) return Phase("gradient share", s);
-      share_wait_ += waited.Seconds();
+  for (const GradientPiece& p : pieces_) {
+    float* params = r_.staged_held_.data() + p.lo;
+    for (absl::Status s :
+         {ops->Copy(params, r_.model_->params() + p.lo, p.hi - p.lo),
+          ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params, Grad(p.lo),
+                                staged.m.data() + p.lo, staged.v.data() + p.lo, r_.options_.adamw,
+                                r_.staged_scalars_)}) {
+      if (!s.ok()) return s;
     }
   }
   return absl::OkStatus();
@@ -414,19 +454,21 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
     out->exchange_seconds += exchanged - first_post_;
     out->exposed_seconds += exchanged - compute_end;
   }
-  if (!replicated_) {
+  double norm_seconds = 0, update_start = 0;
+  if (replicated_) {  // the norm is summed here from the shares: no collective
+    update_start = step_clock_.Seconds();
+    if (absl::Status u = UpdateEverything(out); !u.ok()) return Fail(u);
+  } else {
     if (absl::Status m = PostMirror(); !m.ok()) return Fail(m);
+    const Stopwatch norm_clock;
+    absl::StatusOr<double> norm = Norm();
+    if (!norm.ok()) return Fail(norm.status());
+    out->grad_norm = *norm;
+    norm_seconds = norm_clock.Seconds();
+    update_start = step_clock_.Seconds();
+    if (absl::Status u = UpdateAndGather(*norm); !u.ok()) return Fail(u);
   }
-  const Stopwatch norm_clock;
-  absl::StatusOr<double> norm = Norm();
-  if (!norm.ok()) return Fail(norm.status());
-  out->grad_norm = *norm;
-  const double norm_seconds = norm_clock.Seconds();
-  const double update_start = step_clock_.Seconds();
-  if (absl::Status u = replicated_ ? UpdateEverything(*norm) : UpdateAndGather(*norm); !u.ok()) {
-    return Fail(u);
-  }
-  const double updated = step_clock_.Seconds() - share_wait_;  // AdamW's own time ends here
+  const double updated = step_clock_.Seconds() - share_wait_;  // the update's own time ends here
   const absl::Status gathered = WaitAll(gather_);
   const absl::Status mirrored = WaitAll(mirror_);
   const double shared = step_clock_.Seconds();

@@ -372,8 +372,6 @@ absl::Status CheckFaults(const JobSpec& spec, const std::string& file) {
   return absl::OkStatus();
 }
 
-// [lowcomm]: the groups' step is the deterministic data-parallel one, on the host; a round holds
-// whole fragments, and a checkpoint falls on a round's end.
 // [optimizer] state = "replicated": deterministic data parallelism on the host only.
 template <class Bad>
 absl::Status CheckReplicatedOptimizer(const JobSpec& spec, const Device& device, const Bad& bad) {
@@ -400,6 +398,8 @@ absl::Status CheckReplicatedOptimizer(const JobSpec& spec, const Device& device,
   return absl::OkStatus();
 }
 
+// [lowcomm]: the groups' step is the deterministic data-parallel one, on the host; a round holds
+// whole fragments, and a checkpoint falls on a round's end.
 template <class Bad>
 absl::Status CheckLowComm(const JobSpec& spec, const Device& device, const Bad& bad) {
   const LowCommOptions& o = spec.lowcomm;

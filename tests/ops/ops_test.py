@@ -208,8 +208,9 @@ def metrics(c, art):
                           if s.labels == {"job_id": job_id}))
     j = c.wait_step(job_id, max(FAULT_STEP + 6, scraped_at + 2))
     if not any(e["event"] == "recovered" for e in c.job(job_id)["events"]):
-        j = wait_for("the recovery", lambda: any(e["event"] == "recovered" for e in
-                                                  c.job(job_id)["events"]) or None, 60)
+        wait_for("the recovery", lambda: any(e["event"] == "recovered" for e in
+                                              c.job(job_id)["events"]) or None, 60)
+        j = c.job(job_id)
     second, text2 = scrape(c)
     check_families(second, text2)
     before, after = counters(first), counters(second)

@@ -117,7 +117,7 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   ExpectExactlyOnce("overlap");
 }
 
-// [optimizer] state = "replicated": the fault-free run's bits with a tenth fewer bytes on the wire
+// [optimizer] state = "replicated": the fault-free run's bits with a seventh fewer bytes on the wire
 // (no all-gather of parameters, no buddy mirror: at W = 4 each rank sends 3/4 + 3/4 of a gradient
 // instead of 3/4 + 3/4 + 1/4), and a kill -9 at both points of the step loses nothing: every
 // survivor holds the whole state.

@@ -186,6 +186,10 @@ class CoordinatorCore {
     // can from its own survivors; workers are folded in where a round of this many steps ends; a
     // checkpoint is the first group's (in name order) shards.
     int64_t lowcomm_round = 0;
+    // [optimizer] state = "replicated": every rank holds every range, so a generation restores
+    // from memory while any rank of the last one survives (not only where each lost range's
+    // buddy does).
+    bool replicated_state = false;
   };
 
   explicit CoordinatorCore(Options options);

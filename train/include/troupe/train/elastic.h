@@ -88,6 +88,12 @@ struct GradientPiece {
 // pieces in owner order. Every boundary but n is a multiple of the norm's chunk.
 std::vector<GradientPiece> PlanGradientPieces(const ShardLayout& layout, int64_t n,
                                               int64_t bucket_floats);
+// Replicated optimizer state: the flat gradient [0, n) cut every bucket_floats (at most
+// ceil(n / world) rounded up to whole norm chunks, so every rank combines some), piece j combined
+// by rank j mod world — consecutive pieces, which the backward pass finishes together, go to
+// different ranks, so no one host's link takes them all at once (the owners' contiguous ranges
+// would). `owner` is the combining rank, `index` j.
+std::vector<GradientPiece> PlanSharedGradientPieces(int64_t n, int world, int64_t bucket_floats);
 // The bucket in floats for a requested size (<= 0: chosen by the link — 16 MiB when every peer
 // shares this host's memory, else 4 MiB), rounded down to whole norm chunks, at least one.
 int64_t BucketFloats(int64_t bucket_bytes, bool same_host);
@@ -164,9 +170,10 @@ class ElasticRank {
     collectives::CollectiveOptions collective;                // timeout; algorithm is set per call
     // The overlapped exchange's piece size (BucketFloats); <= 0: chosen by the link.
     int64_t bucket_bytes = 0;
-    // Every rank keeps the moments of every range ([optimizer] state = "replicated"): each
-    // owner sends its reduced gradient pieces to every rank as it combines them (during the
-    // backward pass: no wait for the norm), and every rank runs AdamW on all the parameters —
+    // Every rank keeps the moments of every range ([optimizer] state = "replicated"): the ranks
+    // combine the gradient's pieces round robin (PlanSharedGradientPieces) and send each to
+    // every rank as they combine it (during the backward pass: no wait for the norm); every rank
+    // sums the norm itself and runs AdamW on all the parameters —
     // no all-gather of parameters behind AdamW and no buddy mirror (1.5 gradients a rank on the
     // wire per step instead of 1.75 at W = 4). The same bits as sharded. Deterministic data
     // parallelism in host memory only (Configure refuses the rest). A memory restore needs any
