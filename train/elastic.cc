@@ -182,7 +182,9 @@ absl::StatusOr<uint32_t> ElasticRank::ParamsCrc32c() {
 
 float* ElasticRank::StagedParams() {
   const RankState& s = staged_state_;
+  // A replicated state's step stages no parameters: Commit updates them in place.
   if (staged_ == Staged::kNone || s.stages != 1 || model_->device().is_cuda() ||
+      (staged_ == Staged::kStep && options_.replicate_optimizer) ||
       staged_held_.size() < model_->num_params()) {
     return nullptr;
   }

@@ -427,6 +427,20 @@ void ElasticRank::Commit() {
   if (staged_ == Staged::kNone) return;
   const bool new_grid = staged_ == Staged::kConfig;
   staged_ = Staged::kNone;
+  if (!new_grid && options_.replicate_optimizer) {
+    // The step staged only its reduced gradient and scalars: AdamW on every parameter, in place.
+    RankState& c = committed_state_;
+    const absl::Status s = ops_->AdamWUpdateRange(model_->tensors(), 0, model_->num_params(),
+                                                  model_->params(), grad_shard_.data(), c.m.data(),
+                                                  c.v.data(), options_.adamw, staged_scalars_);
+    if (!s.ok()) {
+      has_state_ = false;
+      commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
+      return;
+    }
+    c.steps = staged_state_.steps;
+    return;
+  }
   absl::Status s = new_grid ? absl::OkStatus() : ReplayBuddyStep();
   if (s.ok()) s = CopyStagedParamsIntoModel();
   if (!s.ok()) {

@@ -23,9 +23,10 @@
 // pour them all into one host's link. A combiner sends each combined piece to every rank at once
 // (the reduced gradient needs no norm, so this share runs behind the backward pass, as DDP's
 // all-reduce does); every rank sums the norm chunks of every piece as it arrives, so the norm needs
-// no collective, then runs AdamW on every piece. Nothing is gathered behind AdamW and no mirror is
-// sent. The shares are posted in arrival order, so this variant is for tag-matching transports (the
-// host's), not NCCL's issue order; Configure refuses it on a device.
+// no collective, and Commit runs AdamW on every parameter in place (nothing staged: an abandoned
+// step never touched the state). Nothing is gathered behind AdamW and no mirror is sent. The shares
+// are posted in arrival order, so this variant is for tag-matching transports (the host's), not
+// NCCL's issue order; Configure refuses it on a device.
 //
 // Order: every rank posts the same groups in the same order — a piece's group when the
 // model's reports complete it (the same reports on every rank), then the mirror, then the
@@ -114,10 +115,10 @@ class ElasticRank::OverlappedStep {
   absl::Status PostMirror();
   absl::StatusOr<double> Norm();
   absl::Status UpdateAndGather(double grad_norm);
-  // replicate_optimizer: my combined piece i to every rank; AdamW on every piece, each once its
-  // share has arrived.
+  // replicate_optimizer: my combined piece i to every rank; the norm and the step's scalars once
+  // every piece is here.
   void SharePiece(size_t i);
-  absl::Status UpdateEverything(StepOutcome* out);
+  absl::Status NormFromShares(StepOutcome* out);
   float* RecvSlot(int d, size_t i) {
     return r_.exchange_recv_.data() + (d < c_.rank ? d : d - 1) * stride_ + slot_[i];
   }
@@ -298,9 +299,8 @@ void ElasticRank::OverlappedStep::SharePiece(size_t i) {
 
 // Every other rank's pieces as their shares arrive, each one's norm chunks summed on arrival
 // (mine were in CombinePiece): the norm from all of them, here, in the fixed tree — no
-// collective. Then AdamW on every piece into staged_held_ (the whole model's staged parameters)
-// and the whole staged moments.
-absl::Status ElasticRank::OverlappedStep::UpdateEverything(StepOutcome* out) {
+// collective — and the step's AdamW scalars. Commit runs AdamW on every parameter in place.
+absl::Status ElasticRank::OverlappedStep::NormFromShares(StepOutcome* out) {
   model::ArrayOps* ops = r_.ops_;
   const int64_t n = r_.model_->num_params();
   auto here = [this](size_t i) {
@@ -333,27 +333,8 @@ absl::Status ElasticRank::OverlappedStep::UpdateEverything(StepOutcome* out) {
     pending = std::move(later);
   }
   out->grad_norm = model::GradNormFromChunks(all_sums_);
-  RankState& staged = r_.staged_state_;
-  const int64_t size = r_.MomentsSize(c_.layout);
   r_.staged_scalars_ =
       model::StepScalars(r_.options_.adamw, r_.options_.schedule, step_, out->grad_norm);
-  r_.staged_params_ = model::FloatArray();
-  for (absl::Status s : {ops->Resize(&staged.m, size), ops->Resize(&staged.v, size),
-                         ops->Resize(&r_.staged_held_, c_.layout.padded()),
-                         ops->Copy(staged.m.data(), c_.m.data(), size),
-                         ops->Copy(staged.v.data(), c_.v.data(), size)}) {
-    if (!s.ok()) return s;
-  }
-  for (const GradientPiece& p : pieces_) {
-    float* params = r_.staged_held_.data() + p.lo;
-    for (absl::Status s :
-         {ops->Copy(params, r_.model_->params() + p.lo, p.hi - p.lo),
-          ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params, Grad(p.lo),
-                                staged.m.data() + p.lo, staged.v.data() + p.lo, r_.options_.adamw,
-                                r_.staged_scalars_)}) {
-      if (!s.ok()) return s;
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -457,7 +438,7 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
   double norm_seconds = 0, update_start = 0;
   if (replicated_) {  // the norm is summed here from the shares: no collective
     update_start = step_clock_.Seconds();
-    if (absl::Status u = UpdateEverything(out); !u.ok()) return Fail(u);
+    if (absl::Status u = NormFromShares(out); !u.ok()) return Fail(u);
   } else {
     if (absl::Status m = PostMirror(); !m.ok()) return Fail(m);
     const Stopwatch norm_clock;

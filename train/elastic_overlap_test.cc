@@ -48,6 +48,30 @@ TEST(GradientPiecesTest, EachOwnersRangeIsCutInBucketsOfWholeChunks) {
   EXPECT_EQ(got, want);
 }
 
+// Replicated state: the whole gradient in buckets of whole chunks (at most a rank's share, so each
+// rank combines some), piece j combined by rank j mod W.
+TEST(GradientPiecesTest, SharedPiecesCoverTheGradientRoundRobinInWholeChunks) {
+  const int64_t n = 10 * kChunk + 5;
+  std::vector<std::tuple<int, int32_t, int64_t, int64_t>> got;
+  for (const GradientPiece& p : PlanSharedGradientPieces(n, 3, 3 * kChunk)) {
+    got.emplace_back(p.owner, p.index, p.lo, p.hi);
+  }
+  EXPECT_EQ(got,
+            (std::vector<std::tuple<int, int32_t, int64_t, int64_t>>{{0, 0, 0, 3 * kChunk},
+                                                                     {1, 1, 3 * kChunk, 6 * kChunk},
+                                                                     {2, 2, 6 * kChunk, 9 * kChunk},
+                                                                     {0, 3, 9 * kChunk, n}}));
+  // A bucket above a rank's share is cut to it (4 chunks each of 11): every rank combines one.
+  got.clear();
+  for (const GradientPiece& p : PlanSharedGradientPieces(n, 3, 1 << 28)) {
+    got.emplace_back(p.owner, p.index, p.lo, p.hi);
+  }
+  EXPECT_EQ(got,
+            (std::vector<std::tuple<int, int32_t, int64_t, int64_t>>{
+                {0, 0, 0, 4 * kChunk}, {1, 1, 4 * kChunk, 8 * kChunk}, {2, 2, 8 * kChunk, n}}));
+  EXPECT_EQ(PlanSharedGradientPieces(5, 4, kChunk).size(), 1u);  // less than a chunk: one piece
+}
+
 TEST(GradientPiecesTest, BucketSizesRoundToWholeChunksAndFollowTheLink) {
   EXPECT_EQ(BucketFloats(0, /*same_host=*/true), (16 << 20) / 4);
   EXPECT_EQ(BucketFloats(0, /*same_host=*/false), (4 << 20) / 4);

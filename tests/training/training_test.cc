@@ -117,11 +117,11 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   ExpectExactlyOnce("overlap");
 }
 
-// [optimizer] state = "replicated": the fault-free run's bits with a seventh fewer bytes on the wire
-// (no all-gather of parameters, no buddy mirror: at W = 4 each rank sends 3/4 + 3/4 of a gradient
-// instead of 3/4 + 3/4 + 1/4), and a kill -9 at both points of the step loses nothing: every
-// survivor holds the whole state.
-TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndSurvivesAKillInEitherPoint) {
+// [optimizer] state = "replicated": the fault-free run's bits with a seventh fewer bytes on the
+// wire (no all-gather of parameters, no buddy mirror: at W = 4 each rank sends 3/4 + 3/4 of a
+// gradient instead of 3/4 + 3/4 + 1/4), and a kill -9 at both points of the step loses nothing, nor
+// does killing an owner with its buddy: every survivor holds the whole state.
+TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndLosesNoStepToAnyKill) {
   const std::string want = Reference();
   ASSERT_FALSE(want.empty());
   JobRun sharded = Train("sharded", {"--workers", "4"});
@@ -156,6 +156,15 @@ TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndSurvivesAKillI
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
   EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
   ExpectExactlyOnce("kill");
+  // An owner and its buddy killed together: the sharded state restores from disk and loses steps
+  // (ShardOwnerAndBuddyKilledTogetherRestoreFromDisk); here any survivor holds every range.
+  JobRun both = Train("both", {"--workers", "4", "--chaos", "kill-shard-and-buddy@12"});
+  ASSERT_EQ(both.exit_code, 0) << both.output;
+  EXPECT_FALSE(HasEvent("both", "generation", {{"source", "checkpoint"}})) << EventLogText("both");
+  EXPECT_EQ(both.report.steps_lost, 0) << both.output;
+  EXPECT_EQ(both.report.world, 2) << both.output;
+  EXPECT_EQ(both.report.crc, want) << both.output;
+  ExpectExactlyOnce("both");
 }
 
 // [eval]: the validation loss every 6 steps and after the last, on the held-out shard `troupe
