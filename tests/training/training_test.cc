@@ -42,7 +42,28 @@ using troupe::testing::ReadReport;
 using troupe::testing::Report;
 using troupe::testing::Slurp;
 
-class TrainingTest : public troupe::testing::JobTest {};
+class TrainingTest : public troupe::testing::JobTest {
+ protected:
+  // Run `name` on 4 workers, killed in the middle of step 4's gradient exchange (rank 2) and of
+  // step 8's share (rank 1): both faults fire at their points, and both generations restore from
+  // memory.
+  JobRun KilledAtBothStepPoints(const std::string& name) {
+    JobRun r = Train(name, {"--workers", "4", "--chaos", "kill-worker@4:2:mid-exchange", "--chaos",
+                            "kill-worker@8:1:mid-gather"});
+    for (const auto& [step, point] :
+         {std::pair<std::string, std::string>{"4", "mid-exchange"}, {"8", "mid-gather"}}) {
+      EXPECT_EQ(FindEvents(Events(name), "fault_fired",
+                           {{"kind", "kill-worker"}, {"step", step}, {"point", point}})
+                    .size(),
+                1u)
+          << EventLogText(name);
+      EXPECT_TRUE(HasEvent(name, "generation",
+                           {{"trigger", "worker_down"}, {"step", step}, {"source", "mirrors"}}))
+          << EventLogText(name);
+    }
+    return r;
+  }
+};
 
 TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights) {
   const std::string want = Reference();
@@ -96,20 +117,8 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   ASSERT_NE(at, std::string::npos) << spec;
   spec.insert(at + 10, "bucket_kib = 16\n");
   std::ofstream(spec_) << spec;
-  JobRun r = Train("overlap", {"--workers", "4", "--chaos", "kill-worker@4:2:mid-exchange",
-                               "--chaos", "kill-worker@8:1:mid-gather"});
+  JobRun r = KilledAtBothStepPoints("overlap");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const auto& [step, point] :
-       {std::pair<std::string, std::string>{"4", "mid-exchange"}, {"8", "mid-gather"}}) {
-    EXPECT_EQ(FindEvents(Events("overlap"), "fault_fired",
-                         {{"kind", "kill-worker"}, {"step", step}, {"point", point}})
-                  .size(),
-              1u)
-        << EventLogText("overlap");
-    EXPECT_TRUE(HasEvent("overlap", "generation",
-                         {{"trigger", "worker_down"}, {"step", step}, {"source", "mirrors"}}))
-        << EventLogText("overlap");
-  }
   EXPECT_EQ(r.report.world, 2) << r.output;
   EXPECT_EQ(r.report.steps, kSteps);
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
@@ -141,17 +150,8 @@ TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndLosesNoStepToA
   std::printf("collective bytes, replicated ÷ sharded: %.3f (%.0f ÷ %.0f)\n", ratio,
               bytes("replicated"), bytes("sharded"));
   EXPECT_NEAR(ratio, 1.5 / 1.75, 0.03) << "collective bytes, replicated ÷ sharded";
-  JobRun r = Train("kill", {"--workers", "4", "--chaos", "kill-worker@4:2:mid-exchange", "--chaos",
-                            "kill-worker@8:1:mid-gather"});
+  JobRun r = KilledAtBothStepPoints("kill");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const auto& [step, point] :
-       {std::pair<std::string, std::string>{"4", "mid-exchange"}, {"8", "mid-gather"}}) {
-    EXPECT_EQ(FindEvents(Events("kill"), "fault_fired",
-                         {{"kind", "kill-worker"}, {"step", step}, {"point", point}})
-                  .size(),
-              1u)
-        << EventLogText("kill");
-  }
   EXPECT_EQ(r.report.world, 2) << r.output;
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
   EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
