@@ -477,6 +477,21 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     return written.ok() ? *std::move(store) : nullptr;
   }
 
+  // ranks->size() new ranks restored from `store`'s step-2 checkpoint and stepped to step 4; the
+  // pointers into *ranks.
+  std::vector<Rank*> RestoreStep2AndStepTo4(CheckpointStore* store, std::vector<Rank>* ranks) {
+    std::vector<Rank*> ptrs;
+    for (auto& r : *ranks) r = NewRank(), ptrs.push_back(&r);
+    Configure(ptrs,
+              {.committed_steps = 2,
+               .source = RestoreSource::kCheckpoint,
+               .gone = {},
+               .checkpoint_step = 2},
+              5, store);
+    Steps(ptrs, 4);
+    return ptrs;
+  }
+
   // Each rank's ParamsOnHost (a collective on a pipeline grid: every rank at once).
   static std::vector<std::vector<float>> Params(const std::vector<Rank*>& ranks) {
     std::vector<std::vector<float>> out(ranks.size());
@@ -739,16 +754,7 @@ TEST_P(ElasticTest, CheckpointRestoreIntoAnotherWorldSizeMatches) {
   std::unique_ptr<CheckpointStore> store = CheckpointOfTwoRanksAtStep2();
   ASSERT_NE(store, nullptr);
   std::vector<Rank> ranks(3);
-  std::vector<Rank*> ptrs;
-  for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-  Configure(ptrs,
-            {.committed_steps = 2,
-             .source = RestoreSource::kCheckpoint,
-             .gone = {},
-             .checkpoint_step = 2},
-            5, store.get());
-  Steps(ptrs, 4);
-  ExpectBitIdentical(ptrs, want);
+  ExpectBitIdentical(RestoreStep2AndStepTo4(store.get(), &ranks), want);
 }
 
 TEST_P(ElasticTest, EveryMicrobatchServedOncePerCommittedStep) {
@@ -920,15 +926,7 @@ TEST_P(ElasticReplicatedTest, CheckpointsRestoreIntoEitherStateAtAnotherWorldSiz
     replicate_ = !written_replicated;
     SCOPED_TRACE(written_replicated ? "replicated into sharded" : "sharded into replicated");
     std::vector<Rank> ranks(3);
-    std::vector<Rank*> ptrs;
-    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-    Configure(ptrs,
-              {.committed_steps = 2,
-               .source = RestoreSource::kCheckpoint,
-               .gone = {},
-               .checkpoint_step = 2},
-              5, store.get());
-    Steps(ptrs, 4);
+    const std::vector<Rank*> ptrs = RestoreStep2AndStepTo4(store.get(), &ranks);
     ExpectBitIdentical(ptrs, want);
     ExpectMomentsOf(ptrs, want_m);
   }
