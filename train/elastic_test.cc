@@ -477,6 +477,27 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     return written.ok() ? *std::move(store) : nullptr;
   }
 
+  // For 16 KiB, 64 KiB and 1 GiB pieces and each world size of `worlds`: fresh ranks trained to
+  // step 2, then check(ranks, each step's outcomes by rank).
+  void ForEveryBucketAndWorld(
+      std::initializer_list<int> worlds,
+      const std::function<void(const std::vector<Rank*>&,
+                               const std::vector<std::vector<StepOutcome>>&)>& check) {
+    for (int64_t bucket : {int64_t{16} << 10, int64_t{64} << 10, int64_t{1} << 30}) {
+      bucket_bytes_ = bucket;
+      for (int w : worlds) {
+        SCOPED_TRACE(absl::StrCat("bucket ", bucket, " bytes, world ", w));
+        std::vector<Rank> ranks(w);
+        std::vector<Rank*> ptrs;
+        for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+        Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
+        std::vector<std::vector<StepOutcome>> outcomes;
+        Steps(ptrs, 2, &outcomes);
+        check(ptrs, outcomes);
+      }
+    }
+  }
+
   // ranks->size() new ranks restored from `store`'s step-2 checkpoint and stepped to step 4; the
   // pointers into *ranks.
   std::vector<Rank*> RestoreStep2AndStepTo4(CheckpointStore* store, std::vector<Rank>* ranks) {
@@ -568,25 +589,15 @@ TEST_P(ElasticTest, AnyWorldSizeMatchesTheSingleProcessReference) {
 TEST_P(ElasticTest, OverlappedStepIsBitIdenticalForEveryBucketSizeAndWorldSize) {
   std::vector<float> want, want_m;
   Reference(2, &want, &want_m);
-  for (int64_t bucket : {int64_t{16} << 10, int64_t{64} << 10, int64_t{1} << 30}) {
-    bucket_bytes_ = bucket;
-    for (int w : {2, 3}) {
-      SCOPED_TRACE(absl::StrCat("bucket ", bucket, " bytes, world ", w));
-      std::vector<Rank> ranks(w);
-      std::vector<Rank*> ptrs;
-      for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-      Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
-      std::vector<std::vector<StepOutcome>> outcomes;
-      Steps(ptrs, 2, &outcomes);
-      ExpectBitIdentical(ptrs, want);
-      for (const auto& step : outcomes) {
-        for (const StepOutcome& o : step) {
-          EXPECT_GT(o.exchange_seconds, 0);
-          EXPECT_LE(o.exposed_seconds, o.exchange_seconds);
-        }
+  ForEveryBucketAndWorld({2, 3}, [&](const std::vector<Rank*>& ptrs, const auto& outcomes) {
+    ExpectBitIdentical(ptrs, want);
+    for (const auto& step : outcomes) {
+      for (const StepOutcome& o : step) {
+        EXPECT_GT(o.exchange_seconds, 0);
+        EXPECT_LE(o.exposed_seconds, o.exchange_seconds);
       }
     }
-  }
+  });
 }
 
 TEST_P(ElasticTest, FastModeIsCloseButNotPromisedBitIdentical) {
@@ -871,21 +882,11 @@ class ElasticReplicatedTest : public ElasticTest {
 TEST_P(ElasticReplicatedTest, BitIdenticalForEveryBucketSizeAndWorldSize) {
   std::vector<float> want, want_m;
   Reference(2, &want, &want_m);
-  for (int64_t bucket : {int64_t{16} << 10, int64_t{64} << 10, int64_t{1} << 30}) {
-    bucket_bytes_ = bucket;
-    for (int w : {1, 2, 3}) {
-      SCOPED_TRACE(absl::StrCat("bucket ", bucket, " bytes, world ", w));
-      std::vector<Rank> ranks(w);
-      std::vector<Rank*> ptrs;
-      for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
-      Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
-      std::vector<std::vector<StepOutcome>> outcomes;
-      Steps(ptrs, 2, &outcomes);
-      ExpectBitIdentical(ptrs, want);
-      ExpectMomentsOf(ptrs, want_m);
-      for (const StepOutcome& o : outcomes.back()) EXPECT_LE(o.exposed_seconds, o.exchange_seconds);
-    }
-  }
+  ForEveryBucketAndWorld({1, 2, 3}, [&](const std::vector<Rank*>& ptrs, const auto& outcomes) {
+    ExpectBitIdentical(ptrs, want);
+    ExpectMomentsOf(ptrs, want_m);
+    for (const StepOutcome& o : outcomes.back()) EXPECT_LE(o.exposed_seconds, o.exchange_seconds);
+  });
 }
 
 // Ranks 1 and 2 die in the middle of step 2: an owner and its buddy, which the sharded state
