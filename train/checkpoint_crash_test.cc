@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -28,15 +29,17 @@ constexpr int64_t kN = 100000;  // 1.2 MB per checkpoint: several chunks per sha
 class KillingFileSystem : public testing::HookedFileSystem {
  public:
   KillingFileSystem(int64_t kill_at) : HookedFileSystem(PosixFileSystem()), kill_at_(kill_at) {}
+  // Write's helper threads write shards at once: each call takes its own number (a plain ++ lost
+  // some, so the count could fall short of kill_at and the child exit unkilled).
   absl::Status Before(const std::string& /*op*/) override {
-    if (++calls_ == kill_at_) ::kill(::getpid(), SIGKILL);
+    if (calls_.fetch_add(1) + 1 == kill_at_) ::kill(::getpid(), SIGKILL);
     return absl::OkStatus();
   }
-  int64_t calls() const { return calls_; }
+  int64_t calls() const { return calls_.load(); }
 
  private:
   int64_t kill_at_;
-  int64_t calls_ = 0;
+  std::atomic<int64_t> calls_{0};
 };
 
 std::unique_ptr<CheckpointStore> OpenStore(const std::string& dir, FileSystem* fs) {
