@@ -1,6 +1,7 @@
 #include "troupe/train/checkpoint_writer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,8 +28,8 @@ class GatedFileSystem : public testing::HookedFileSystem {
  public:
   explicit GatedFileSystem(FileSystem* base) : HookedFileSystem(base) {}
   absl::Status Before(const std::string& op) override {
-    if (op.rfind("NewWritableFile", 0) != 0 || gated_) return absl::OkStatus();
-    gated_ = true;  // only the writer thread gets here
+    // Write's helper threads may create files at once: exactly one is held.
+    if (op.rfind("NewWritableFile", 0) != 0 || gated_.exchange(true)) return absl::OkStatus();
     entered.Notify();
     release.WaitForNotification();
     return fail_gated ? absl::InternalError("disk on fire") : absl::OkStatus();
@@ -37,7 +38,7 @@ class GatedFileSystem : public testing::HookedFileSystem {
   bool fail_gated = false;
 
  private:
-  bool gated_ = false;
+  std::atomic<bool> gated_{false};
 };
 
 std::unique_ptr<CheckpointStore> OpenStore(FileSystem* fs, int keep_last = 10) {
