@@ -142,7 +142,7 @@ class ElasticRank::OverlappedStep {
   std::vector<std::vector<Work>> in_;         // by piece: my pieces' receives / others' sends
   std::vector<std::vector<Work>> shared_in_;  // replicated: by piece, its owner's share to me
   bool replicated_ = false;
-  double share_wait_ = 0;  // replicated: seconds AdamW waited for shares
+  double share_wait_ = 0;  // replicated: seconds NormFromShares waited for shares
   // Where the other ranks' partials of my pieces land in exchange_recv_: rank d's (d < me ? d :
   // d - 1) · stride_ + slot_[piece] (my range's offset, or the pieces' packed one when replicated).
   std::vector<int64_t> slot_;
