@@ -440,7 +440,7 @@ std::string CoordinatorCore::PlanSource(const std::vector<std::string>& next,
     if (options_.lowcomm_round > 0) plan->old_groups = Domains(record_.active);
     const bool owners = gone.empty();
     plan->gone = std::move(gone);
-    return owners ? "owners" : "mirrors";
+    return owners ? "owners" : options_.replicated_state ? "replicas" : "mirrors";
   }
   // From disk or from the seed: the memory of the old configuration no longer holds the state
   // this generation starts from.

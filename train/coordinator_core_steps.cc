@@ -108,9 +108,9 @@ std::vector<std::string> CoordinatorCore::Domains(const std::vector<std::string>
 
 bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& next) const {
   const std::vector<int> gone = Gone(next);
-  if (options_.replicated_state) return gone.size() < record_.active.size();
   if (options_.lowcomm_round == 0) {
-    return MemoryRestorePossible(static_cast<int>(record_.active.size()), gone, record_.buddy);
+    return MemoryRestorePossible(static_cast<int>(record_.active.size()), gone, record_.buddy,
+                                 options_.replicated_state);
   }
   // Group by group (buddies inside a group: the next rank): a group with survivors restores from
   // them; one without any goes (or, on newcomers of its domain, starts from θ_global). The outer

@@ -1223,6 +1223,32 @@ TEST_F(CoordinatorCoreTest, GenerationEventsSayWhereTheStateComesFrom) {
   EXPECT_EQ(ev[0].IntField("world"), 1);
 }
 
+// [optimizer] state = "replicated": every survivor holds the whole state, so an owner and its
+// buddy lost together restore from memory ("replicas"), with a checkpoint on disk to fall back on.
+TEST_F(CoordinatorCoreTest, AReplicatedStateRestoresFromMemoryWhileAnyRankSurvives) {
+  CoordinatorCore::Options o = Opts();
+  o.replicated_state = true;
+  Make(o);
+  core_->OnMembershipKnown(4, {}, kT0);
+  for (const char* w : {"a", "b", "c", "d"}) core_->OnJoin(w, std::string("n-") + w, kT0);
+  ConfigureAll();
+  StepAll();
+  StepAll();  // committed 2
+  latest_ = 1;
+  const std::string failed =
+      Str(core_->OnStepped(1, 2, "a", absl::UnavailableError("peers 1 and 2 gone"), {}, kT0));
+  const size_t t = failed.find("timer(t");
+  ASSERT_NE(t, std::string::npos) << failed;
+  EXPECT_EQ(Str(core_->OnTimer(std::stoull(failed.substr(t + 7)), kT0 + milliseconds(300))),
+            "read_table(g1)");
+  std::vector<base::SupervisionEvent> ev = Events(core_->OnTable(1, {"b", "c"}, kT0));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].Field("source"), "replicas");
+  EXPECT_EQ(ev[0].IntField("step"), 2);
+  EXPECT_EQ(ev[0].IntField("steps_lost"), 0);
+  EXPECT_EQ(ev[0].IntField("world"), 2);
+}
+
 TEST_F(CoordinatorCoreTest, BuddiesSitOnAnotherHostSoAHostLossRestoresFromMirrors) {
   Make();
   core_->OnMembershipKnown(4, {}, kT0);

@@ -178,9 +178,8 @@ absl::Status ElasticRank::StageHeldFromModel() {
 }
 
 absl::Status ElasticRank::RestoreFromMemory(const GenerationPlan& plan) {
-  if (options_.replicate_optimizer
-          ? static_cast<int>(plan.gone.size()) >= plan.old_world
-          : !MemoryRestorePossible(plan.old_world, plan.gone, plan.old_buddy)) {
+  if (!MemoryRestorePossible(plan.old_world, plan.gone, plan.old_buddy,
+                             options_.replicate_optimizer)) {
     return absl::FailedPreconditionError(
         options_.replicate_optimizer ? "memory restore: no rank of the old world survives"
                                      : "memory restore: an old range has neither owner nor buddy");
@@ -427,26 +426,25 @@ void ElasticRank::Commit() {
   if (staged_ == Staged::kNone) return;
   const bool new_grid = staged_ == Staged::kConfig;
   staged_ = Staged::kNone;
-  if (!new_grid && options_.replicate_optimizer) {
-    // The step staged only its reduced gradient and scalars: AdamW on every parameter, in place.
-    RankState& c = committed_state_;
-    const absl::Status s = ops_->AdamWUpdateRange(model_->tensors(), 0, model_->num_params(),
-                                                  model_->params(), grad_shard_.data(), c.m.data(),
-                                                  c.v.data(), options_.adamw, staged_scalars_);
-    if (!s.ok()) {
-      has_state_ = false;
-      commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
-      return;
-    }
-    c.steps = staged_state_.steps;
-    return;
-  }
-  absl::Status s = new_grid ? absl::OkStatus() : ReplayBuddyStep();
-  if (s.ok()) s = CopyStagedParamsIntoModel();
+  // A replicated state's step staged only its reduced gradient and scalars: its AdamW runs here,
+  // on every parameter in place. A sharded step's buddy replays its owner's AdamW on the mirror.
+  const bool in_place = !new_grid && options_.replicate_optimizer;
+  RankState& c = committed_state_;
+  absl::Status s = new_grid ? absl::OkStatus()
+                   : in_place
+                       ? ops_->AdamWUpdateRange(model_->tensors(), 0, model_->num_params(),
+                                                model_->params(), grad_shard_.data(), c.m.data(),
+                                                c.v.data(), options_.adamw, staged_scalars_)
+                       : ReplayBuddyStep();
+  if (s.ok() && !in_place) s = CopyStagedParamsIntoModel();
   if (!s.ok()) {
     // The mirror or the model's parameters are now neither the old nor the new state.
     has_state_ = false;
     commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
+    return;
+  }
+  if (in_place) {
+    c.steps = staged_state_.steps;
     return;
   }
   if (new_grid) DiscardUnheld();
@@ -462,9 +460,7 @@ absl::Status ElasticRank::ReplayBuddyStep() {
   RankState& c = committed_state_;
   const int prev = MirroredRank(staged.rank, staged.buddy, staged.layout.world);
   const int64_t pb = staged.layout.begin(prev), pe = staged.layout.end(prev);
-  if (staged.layout.world == 1 || pe <= pb || options_.replicate_optimizer) {
-    return absl::OkStatus();
-  }
+  if (staged.layout.world == 1 || pe <= pb) return absl::OkStatus();
   float* p = staged.stages > 1 ? c.replica_p.data() : model_->params() + pb;
   return ops_->AdamWUpdateRange(model_->tensors(), pb, pe, p, mirror_grad_.data(),
                                 c.replica_m.data(), c.replica_v.data(), options_.adamw,
@@ -493,7 +489,7 @@ void ElasticRank::DiscardUnheld() {
 // The move. A step's staged state has no mirror of its own: it takes the committed one, which
 // ReplayBuddyStep just advanced; a configuration's mirror replaces the committed one. What the
 // committed state held stays behind in staged_state_ as the next staging's buffers (m and v: a
-// step allocates none), except a replaced mirror, which is freed.
+// sharded step allocates none), except a replaced mirror, which is freed.
 void ElasticRank::MoveStagedToCommitted(bool new_grid) {
   RankState& c = committed_state_;
   RankState& staged = staged_state_;
@@ -503,6 +499,10 @@ void ElasticRank::MoveStagedToCommitted(bool new_grid) {
     staged.replica_v = std::move(c.replica_v);
   }
   std::swap(c, staged);
+  if (options_.replicate_optimizer) {  // its steps stage no moments: the old ones are not kept
+    staged.m = model::FloatArray();
+    staged.v = model::FloatArray();
+  }
   staged.replica_p = model::FloatArray();
   staged.replica_m = model::FloatArray();
   staged.replica_v = model::FloatArray();

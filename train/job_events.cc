@@ -48,6 +48,7 @@ std::string DescribeSource(const SupervisionEvent& e) {
   const std::string source = e.Field("source");
   if (source == "owners") return "memory (owners)";
   if (source == "mirrors") return "memory (owners + buddy mirrors)";
+  if (source == "replicas") return "memory (the survivors' replicated optimizer state)";
   if (source == "checkpoint") return absl::StrCat("checkpoint step-", e.Field("step"));
   if (source == "seed") return "initialisation (seed)";
   return source;

@@ -60,8 +60,10 @@ int NewRank(const std::vector<int>& gone, int o) {
   return o - static_cast<int>(it - gone.begin());
 }
 
-bool MemoryRestorePossible(int old_world, const std::vector<int>& gone, int buddy) {
+bool MemoryRestorePossible(int old_world, const std::vector<int>& gone, int buddy,
+                           bool replicated) {
   if (old_world == 0) return false;
+  if (replicated) return static_cast<int>(gone.size()) < old_world;
   for (int o : gone) {
     if (old_world == 1 || NewRank(gone, (o + buddy) % old_world) < 0) return false;
   }

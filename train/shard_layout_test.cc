@@ -93,6 +93,9 @@ TEST(ShardLayoutMemoryRestore, NeedsOwnerOrBuddyOfEveryRange) {
   EXPECT_TRUE(MemoryRestorePossible(4, {2}));      // rank 2's buddy 3 survives
   EXPECT_FALSE(MemoryRestorePossible(4, {2, 3}));  // rank 2 and its buddy both gone
   EXPECT_FALSE(MemoryRestorePossible(1, {0}));
+  EXPECT_TRUE(MemoryRestorePossible(4, {0, 1, 2}, 1, /*replicated=*/true));  // rank 3 holds all
+  EXPECT_FALSE(MemoryRestorePossible(4, {0, 1, 2, 3}, 1, /*replicated=*/true));
+  EXPECT_FALSE(MemoryRestorePossible(0, {}, 1, /*replicated=*/true));
   EXPECT_TRUE(MemoryRestorePossible(2, {0}));
   EXPECT_FALSE(MemoryRestorePossible(0, {}));  // no old group: nothing to restore from
   EXPECT_TRUE(MemoryRestorePossible(1, {}));

@@ -46,8 +46,8 @@ class TrainingTest : public troupe::testing::JobTest {
  protected:
   // Run `name` on 4 workers, killed in the middle of step 4's gradient exchange (rank 2) and of
   // step 8's share (rank 1): both faults fire at their points, and both generations restore from
-  // memory.
-  JobRun KilledAtBothStepPoints(const std::string& name) {
+  // memory (`source`: the owners and buddy mirrors of a sharded state, or the replicas).
+  JobRun KilledAtBothStepPoints(const std::string& name, const std::string& source = "mirrors") {
     JobRun r = Train(name, {"--workers", "4", "--chaos", "kill-worker@4:2:mid-exchange", "--chaos",
                             "kill-worker@8:1:mid-gather"});
     for (const auto& [step, point] :
@@ -58,7 +58,7 @@ class TrainingTest : public troupe::testing::JobTest {
                 1u)
           << EventLogText(name);
       EXPECT_TRUE(HasEvent(name, "generation",
-                           {{"trigger", "worker_down"}, {"step", step}, {"source", "mirrors"}}))
+                           {{"trigger", "worker_down"}, {"step", step}, {"source", source}}))
           << EventLogText(name);
     }
     return r;
@@ -150,7 +150,7 @@ TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndLosesNoStepToA
   std::printf("collective bytes, replicated ÷ sharded: %.3f (%.0f ÷ %.0f)\n", ratio,
               bytes("replicated"), bytes("sharded"));
   EXPECT_NEAR(ratio, 1.5 / 1.75, 0.03) << "collective bytes, replicated ÷ sharded";
-  JobRun r = KilledAtBothStepPoints("kill");
+  JobRun r = KilledAtBothStepPoints("kill", "replicas");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.report.world, 2) << r.output;
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
@@ -160,6 +160,8 @@ TEST_F(TrainingTest, AReplicatedOptimizerStateTrainsTheSameBitsAndLosesNoStepToA
   // (ShardOwnerAndBuddyKilledTogetherRestoreFromDisk); here any survivor holds every range.
   JobRun both = Train("both", {"--workers", "4", "--chaos", "kill-shard-and-buddy@12"});
   ASSERT_EQ(both.exit_code, 0) << both.output;
+  EXPECT_TRUE(HasEvent("both", "generation", {{"step", "12"}, {"source", "replicas"}}))
+      << EventLogText("both");
   EXPECT_FALSE(HasEvent("both", "generation", {{"source", "checkpoint"}})) << EventLogText("both");
   EXPECT_EQ(both.report.steps_lost, 0) << both.output;
   EXPECT_EQ(both.report.world, 2) << both.output;

@@ -54,8 +54,10 @@ struct ShardLayout {
 int NewRank(const std::vector<int>& gone, int o);
 
 // True if every old range survives in memory: its owner or its buddy ((o + buddy) mod W) is in
-// the new group, W = old_world (0: no old group). O(|gone| log |gone|).
-bool MemoryRestorePossible(int old_world, const std::vector<int>& gone, int buddy = 1);
+// the new group, W = old_world (0: no old group) — or, where every rank holds the whole optimizer
+// state (`replicated`), any rank of the old world. O(|gone| log |gone|).
+bool MemoryRestorePossible(int old_world, const std::vector<int>& gone, int buddy = 1,
+                           bool replicated = false);
 
 // The buddy offset k for a group whose rank r is in failure domain domains[r] (a zone, else a
 // host): the smallest k in [1, W) that puts the fewest buddies (r + k) mod W in their owner's
