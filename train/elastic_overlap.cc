@@ -109,7 +109,8 @@ class ElasticRank::OverlappedStep {
   // The model reported partial_[begin, end) final: post every piece that completes.
   void Ready(int64_t begin, int64_t end);
   void PostPiece(size_t i);
-  // Combines my pieces whose partials have all arrived (all of them, waiting, with `wait`).
+  // Combines my pieces whose partials have all arrived (with `wait`: all of them, each as soon as
+  // it is here, waiting for them in the order they were posted).
   absl::Status CombineArrived(bool wait);
   absl::Status CombinePiece(size_t i);
   absl::Status PostMirror();
@@ -138,7 +139,12 @@ class ElasticRank::OverlappedStep {
   int64_t b_ = 0, e_ = 0;  // my range
   collectives::CombinePlan plan_;
   std::vector<GradientPiece> pieces_;
-  std::vector<int64_t> missing_;              // by piece: elements not yet reported final
+  std::vector<int64_t> missing_;  // by piece: elements not yet reported final
+  // The pieces in the order they were posted: the order their partials arrive (every rank's
+  // backward pass finishes them in the same order, the reverse of the flat one for a GPT), so the
+  // order to wait for them in — waiting by index waited for the embeddings' piece, the last one,
+  // while the pieces that had arrived before it sat uncombined and unshared.
+  std::vector<size_t> posted_;
   std::vector<std::vector<Work>> in_;         // by piece: my pieces' receives / others' sends
   std::vector<std::vector<Work>> shared_in_;  // replicated: by piece, its owner's share to me
   bool replicated_ = false;
@@ -178,6 +184,7 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
   }
   missing_.clear();
   for (const GradientPiece& p : pieces_) missing_.push_back(p.hi - p.lo);
+  posted_.clear();
   in_.assign(pieces_.size(), {});
   combined_.assign(pieces_.size(), 0);
   chunk_sums_.assign(static_cast<size_t>(layout.per_rank / kChunk), 0.0);
@@ -234,6 +241,7 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
     }
   }
   if (first_post_ < 0) first_post_ = step_clock_.Seconds();
+  posted_.push_back(i);
   std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
   if (p.owner == me) {
     in_[i] = std::move(works);
@@ -251,15 +259,21 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
 }
 
 absl::Status ElasticRank::OverlappedStep::CombineArrived(bool wait) {
-  for (size_t i = 0; i < pieces_.size(); ++i) {
-    if (pieces_[i].owner != c_.rank || combined_[i] || missing_[i] > 0) continue;
-    const bool arrived =
-        std::all_of(in_[i].begin(), in_[i].end(), [](const Work& w) { return w.IsDone(); });
-    if (!arrived && !wait) continue;
-    if (absl::Status s = WaitAll(in_[i]); !s.ok()) return Phase("gradient exchange", s);
-    TROUPE_RETURN_IF_ERROR(CombinePiece(i));
+  for (;;) {
+    const size_t none = pieces_.size();
+    size_t next = none;  // the first of mine still on the wire, in the order they should arrive
+    for (size_t i : posted_) {
+      if (pieces_[i].owner != c_.rank || combined_[i]) continue;
+      if (!std::all_of(in_[i].begin(), in_[i].end(), [](const Work& w) { return w.IsDone(); })) {
+        if (next == none) next = i;
+        continue;
+      }
+      if (absl::Status s = WaitAll(in_[i]); !s.ok()) return Phase("gradient exchange", s);
+      TROUPE_RETURN_IF_ERROR(CombinePiece(i));
+    }
+    if (!wait || next == none) return absl::OkStatus();
+    if (absl::Status s = WaitAll(in_[next]); !s.ok()) return Phase("gradient exchange", s);
   }
-  return absl::OkStatus();
 }
 
 absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
@@ -307,8 +321,8 @@ absl::Status ElasticRank::OverlappedStep::NormFromShares(StepOutcome* out) {
     return std::all_of(shared_in_[i].begin(), shared_in_[i].end(),
                        [](const Work& w) { return w.IsDone(); });
   };
-  std::vector<size_t> pending;
-  for (size_t i = 0; i < pieces_.size(); ++i) {
+  std::vector<size_t> pending;  // in the order the shares should arrive in
+  for (size_t i : posted_) {
     if (pieces_[i].owner != c_.rank) pending.push_back(i);
   }
   while (!pending.empty()) {

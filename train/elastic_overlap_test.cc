@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -112,13 +113,20 @@ struct Gate {
 constexpr uint32_t kExchangeTagBits = (1u << 30) | (1u << 29);  // elastic_internal.h
 constexpr uint32_t kKeyMask = (1u << 28) - 1;
 
-// Forwards to an in-process communicator; the gradient exchange's point-to-point operations
-// complete only once the gate releases their piece.
+// Forwards to an in-process communicator. Every point-to-point operation's tag goes to
+// `posted` as it is posted; one for which `hold` names a notification completes only once that
+// notification comes (within 10 s: else it fails, and so does the step, rather than hang).
+// `release_all` ends every hold (a failed step, the end).
 class GatedComm final : public Communicator {
  public:
-  GatedComm(Communicator* inner, Gate* gate) : inner_(inner), gate_(gate) {}
+  struct Policy {
+    std::function<void(uint32_t tag)> posted;
+    std::function<absl::Notification*(uint32_t tag)> hold;
+    std::function<void()> release_all;
+  };
+  GatedComm(Communicator* inner, Policy policy) : inner_(inner), policy_(std::move(policy)) {}
   ~GatedComm() override {
-    gate_->ReleaseAll();
+    policy_.release_all();
     for (std::thread& t : waiters_) t.join();
   }
   int rank() const override { return inner_->rank(); }
@@ -149,19 +157,17 @@ class GatedComm final : public Communicator {
                                      const CollectiveOptions& o) override {
     std::vector<Work> works = inner_->PostPointToPoint(ops, o);
     for (size_t i = 0; i < ops.size(); ++i) {
-      if ((ops[i].tag & kExchangeTagBits) != kExchangeTagBits) continue;
-      const uint32_t key = ops[i].tag & kKeyMask;
-      absl::Notification& posted = gate_->Posted(key);
-      if (!posted.HasBeenNotified()) posted.Notify();
+      policy_.posted(ops[i].tag);
+      absl::Notification* released = policy_.hold(ops[i].tag);
+      if (released == nullptr) continue;
       auto held = std::make_shared<Work::State>();
-      absl::Notification* released = &gate_->Released(key);
       waiters_.emplace_back([held, inner = works[i], released] {
         held->status = inner.Wait();
         // A step that waits for a piece before its backward pass goes on never releases it:
         // fail the piece (the step then fails) rather than hang.
         if (!released->WaitForNotificationWithTimeout(absl::Seconds(10)) && held->status.ok()) {
           held->status = absl::DeadlineExceededError(
-              "a piece's exchange was waited for before the backward pass went on");
+              "a held operation was waited for before what releases it happened");
         }
         held->done.Notify();
       });
@@ -171,16 +177,31 @@ class GatedComm final : public Communicator {
   }
   void Abort(absl::Status status) override {
     inner_->Abort(std::move(status));
-    gate_->ReleaseAll();
+    policy_.release_all();
   }
   collectives::CommStats stats() const override { return inner_->stats(); }
   std::string DebugString() const override { return "gated:" + inner_->DebugString(); }
 
  private:
   Communicator* inner_;
-  Gate* gate_;
+  Policy policy_;
   std::vector<std::thread> waiters_;
 };
+
+// The gradient exchange's operations (partials and, replicated, shares) complete only once the
+// gate releases their piece; each one's posting is noted in the gate.
+GatedComm::Policy GatePolicy(Gate* gate) {
+  return {[gate](uint32_t tag) {
+            if ((tag & kExchangeTagBits) != kExchangeTagBits) return;
+            absl::Notification& posted = gate->Posted(tag & kKeyMask);
+            if (!posted.HasBeenNotified()) posted.Notify();
+          },
+          [gate](uint32_t tag) {
+            return (tag & kExchangeTagBits) == kExchangeTagBits ? &gate->Released(tag & kKeyMask)
+                                                                : nullptr;
+          },
+          [gate] { gate->ReleaseAll(); }};
+}
 
 // A model of kBlocks blocks of kBlock floats whose backward pass runs from the last block to the
 // first, reporting each; with a gate, before block b it waits (up to 5 s) until block b + 1's
@@ -241,8 +262,11 @@ class BlockModel final : public Trainable {
   std::vector<model::ParamTensor> tensors_;
 };
 
-// Runs `steps` steps on `world` ranks of BlockModel (gated where `gated`); every rank's params.
-std::vector<std::vector<float>> Train(int world, int steps, bool gated) {
+// Runs `steps` steps on `world` ranks of BlockModel (gated where `gated`), each rank's
+// communicator held by `policy` (default: GatePolicy of its gate); every rank's params.
+std::vector<std::vector<float>> Train(
+    int world, int steps, bool gated, bool replicated = false,
+    const std::function<GatedComm::Policy(int rank, Gate* gate)>& policy = nullptr) {
   std::vector<std::unique_ptr<Communicator>> comms;
   auto group = collectives::InProcessGroup::Create(world, 0, &comms);
   std::vector<std::unique_ptr<Gate>> gates;
@@ -251,12 +275,15 @@ std::vector<std::vector<float>> Train(int world, int steps, bool gated) {
   std::vector<std::unique_ptr<ElasticRank>> ranks;
   for (int r = 0; r < world; ++r) {
     gates.push_back(std::make_unique<Gate>());
-    gated_comms.push_back(std::make_unique<GatedComm>(comms[r].get(), gates.back().get()));
+    Gate* gate = gates.back().get();
+    gated_comms.push_back(
+        std::make_unique<GatedComm>(comms[r].get(), policy ? policy(r, gate) : GatePolicy(gate)));
     models.push_back(std::make_unique<BlockModel>(gated ? gates.back().get() : nullptr));
     ElasticRank::Options o;
     o.microbatches = 4;
     o.seed = 5;
     o.bucket_bytes = kBlock * 4;  // a piece per block
+    o.replicate_optimizer = replicated;
     o.collective.timeout = absl::Seconds(20);
     ranks.push_back(std::make_unique<ElasticRank>(models.back().get(), o));
   }
@@ -273,7 +300,9 @@ std::vector<std::vector<float>> Train(int world, int steps, bool gated) {
     GenerationPlan plan;
     plan.world = world;
     plan.rank = r;
-    return ranks[r]->Configure(gated_comms[r].get(), plan, nullptr, comms[r].get());
+    // A replicated state runs on the host communicator alone.
+    return ranks[r]->Configure(gated_comms[r].get(), plan, nullptr,
+                               replicated ? gated_comms[r].get() : comms[r].get());
   });
   if (!configured) return out;
   for (auto& r : ranks) r->Commit();
@@ -305,6 +334,50 @@ TEST(OverlapTest, APiecesExchangeRunsWhileTheBackwardPassGoesOn) {
       EXPECT_EQ(0, std::memcmp(got[r].data(), want[0].data(), want[0].size() * sizeof(float)))
           << "rank " << r << ": the overlapped step's bits differ from one rank's";
     }
+  }
+}
+
+// Replicated state, 2 ranks, a piece per block: rank 0 combines pieces 0 and 2, and the backward
+// pass finishes piece 2 before piece 0. Rank 0's receive of piece 2 completes only after its
+// backward pass has returned, and its receive of piece 0 only once it has shared piece 2: a rank
+// that waits for its pieces in flat order (piece 0 first, the last to arrive, while piece 2 sits
+// uncombined) never shares piece 2 and fails on the hold's deadline. Waiting in the order the
+// pieces were sent, it shares each piece as it comes.
+TEST(OverlapTest, ACombinerTakesItsPiecesInTheOrderTheBackwardPassSentThem) {
+  const std::vector<std::vector<float>> want = Train(1, 2, /*gated=*/false);
+  Gate shared;  // rank 0's share of piece 2 posted, by step
+  auto policy = [&shared](int rank, Gate* gate) {
+    GatedComm::Policy p = GatePolicy(gate);
+    p.hold = [](uint32_t) -> absl::Notification* { return nullptr; };
+    if (rank != 0) return p;
+    const auto posted = p.posted;
+    p.posted = [posted, &shared](uint32_t tag) {
+      posted(tag);
+      if ((tag & kExchangeTagBits) == kExchangeTagBits && (tag & (1u << 28)) != 0 &&
+          (tag & 0xfffff) == 2) {
+        shared.Release(tag & kKeyMask);
+      }
+    };
+    p.hold = [gate, &shared](uint32_t tag) -> absl::Notification* {
+      if ((tag & kExchangeTagBits) != kExchangeTagBits || (tag & (1u << 28)) != 0) return nullptr;
+      const uint32_t key = tag & kKeyMask, piece = tag & 0xfffff;
+      if (piece == 2) return &gate->Released(key - 2);  // the model's backward pass returned
+      if (piece == 0) return &shared.Released(key + 2);
+      return nullptr;
+    };
+    const auto release_all = p.release_all;
+    p.release_all = [release_all, &shared] {
+      release_all();
+      shared.ReleaseAll();
+    };
+    return p;
+  };
+  const std::vector<std::vector<float>> got =
+      Train(2, 2, /*gated=*/true, /*replicated=*/true, policy);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].size(), want[0].size()) << "rank " << r;
+    EXPECT_EQ(0, std::memcmp(got[r].data(), want[0].data(), want[0].size() * sizeof(float)))
+        << "rank " << r;
   }
 }
 
