@@ -70,8 +70,9 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   params.mt_workers_shared = 0;
   ucp_config_t* config = nullptr;
   TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_config_read(nullptr, nullptr, &config)));
-  const std::string rndv =
-      kind == kRemote && std::getenv("UCX_RNDV_THRESH") == nullptr ? kDefaultRemoteRndvThresh : "";
+  const std::string rndv = kind != kRemote || std::getenv("UCX_RNDV_THRESH") != nullptr ? ""
+                           : tls == "tcp" ? kTcpRndvThresh
+                                          : kDefaultRemoteRndvThresh;
   for (const auto& [name, value] : {std::pair<const char*, std::string>{"TLS", tls},
                                     std::pair<const char*, std::string>{"NET_DEVICES", devices},
                                     std::pair<const char*, std::string>{"RNDV_THRESH", rndv}}) {
