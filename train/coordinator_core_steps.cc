@@ -108,7 +108,7 @@ std::vector<std::string> CoordinatorCore::Domains(const std::vector<std::string>
 
 bool CoordinatorCore::MemoryRestorePossibleTo(const std::vector<std::string>& next) const {
   const std::vector<int> gone = Gone(next);
-  if (options_.lowcomm_round == 0) {
+  if (options_.lowcomm_round == 0 || options_.replicated_state) {
     return MemoryRestorePossible(static_cast<int>(record_.active.size()), gone, record_.buddy,
                                  options_.replicated_state);
   }

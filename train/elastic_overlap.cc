@@ -145,6 +145,7 @@ class ElasticRank::OverlappedStep {
   // order to wait for them in — waiting by index waited for the embeddings' piece, the last one,
   // while the pieces that had arrived before it sat uncombined and unshared.
   std::vector<size_t> posted_;
+  size_t combined_upto_ = 0;  // posted_[0, combined_upto_) holds none of mine left to combine
   std::vector<std::vector<Work>> in_;         // by piece: my pieces' receives / others' sends
   std::vector<std::vector<Work>> shared_in_;  // replicated: by piece, its owner's share to me
   bool replicated_ = false;
@@ -185,6 +186,7 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
   missing_.clear();
   for (const GradientPiece& p : pieces_) missing_.push_back(p.hi - p.lo);
   posted_.clear();
+  combined_upto_ = 0;
   in_.assign(pieces_.size(), {});
   combined_.assign(pieces_.size(), 0);
   chunk_sums_.assign(static_cast<size_t>(layout.per_rank / kChunk), 0.0);
@@ -261,9 +263,12 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
 absl::Status ElasticRank::OverlappedStep::CombineArrived(bool wait) {
   for (;;) {
     const size_t none = pieces_.size();
+    auto done = [this](size_t i) { return pieces_[i].owner != c_.rank || combined_[i]; };
+    while (combined_upto_ < posted_.size() && done(posted_[combined_upto_])) ++combined_upto_;
     size_t next = none;  // the first of mine still on the wire, in the order they should arrive
-    for (size_t i : posted_) {
-      if (pieces_[i].owner != c_.rank || combined_[i]) continue;
+    for (size_t k = combined_upto_; k < posted_.size(); ++k) {
+      const size_t i = posted_[k];
+      if (done(i)) continue;
       if (!std::all_of(in_[i].begin(), in_[i].end(), [](const Work& w) { return w.IsDone(); })) {
         if (next == none) next = i;
         continue;

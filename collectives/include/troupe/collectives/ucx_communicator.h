@@ -95,8 +95,10 @@ inline constexpr char kDefaultRemoteUcxTransports[] = "tcp";
 // peer share its connection at once, so the first message posted arrived with the last — an
 // overlapped step's gradient pieces all landed at the end of the exchange, and a 200 Mbit/s link
 // sat idle a fifth of the step waiting for them (bench/compare-multihost's capped cell: 127 →
-// 161 tokens/s). Eagerly, a connection carries its messages one after another, in posting order.
-// A lane with an RDMA transport keeps the rendezvous above 1 MiB (its zero-copy path).
+// 161 tokens/s). Eagerly, a connection carries its messages one after another, in posting order;
+// the price: a message that arrives before its receive is posted is held whole in UCX's buffers
+// and copied once more. Any other transport list (an RDMA lane's zero-copy rendezvous) keeps the
+// rendezvous above 1 MiB.
 inline constexpr char kDefaultRemoteRndvThresh[] = "1048576";
 inline constexpr char kTcpRndvThresh[] = "inf";
 

@@ -300,7 +300,8 @@ class CoordinatorCore {
   // else they stay where the state survives in memory only with them.
   void NewGeneration(Actions* out, const std::string& trigger, const std::string& why,
                      const std::map<std::string, std::string>& extra = {}, bool hand_over = false);
-  // The plan's restore source; the generation event's source= (owners, mirrors, checkpoint, seed).
+  // The plan's restore source; the generation event's source= (owners, mirrors, replicas,
+  // checkpoint, seed).
   std::string PlanSource(const std::vector<std::string>& next, GenerationPlan* plan);
   // A rank's failure: `event` (recovering) is logged; `why` becomes the next generation's reason.
   void Recover(Actions* out, base::SupervisionEvent event, const std::string& why);

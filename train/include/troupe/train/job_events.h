@@ -12,7 +12,8 @@
 //
 // Events (event=NAME, then the fields beyond supervisor/child/gen/reason):
 //   generation             a generation is planned: world, workers, step (it starts from),
-//                          source (owners|mirrors|checkpoint|seed), steps_lost (so far), trigger
+//                          source (owners|mirrors|replicas|checkpoint|seed), steps_lost (so far),
+//                          trigger
 //                          (start|workers|worker_down|drain|join|failure), down (trigger
 //                          worker_down: the workers that left) or node (trigger drain)
 //   waiting                too few usable workers: usable, min_workers, trigger, down / node
