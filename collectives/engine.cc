@@ -172,7 +172,11 @@ struct Engine::HelperImpl : Work::Helper {
   Engine* engine = nullptr;
   void Help(const void* state) override {
     std::lock_guard<std::mutex> l(mu);
-    if (engine != nullptr) engine->Help(static_cast<const Work::State*>(state));
+    if (engine == nullptr) return;
+    engine->Help(static_cast<const Work::State*>(state));
+    // The executor left the pending requests to this caller (it cannot take the lock): they are
+    // its again.
+    if (engine->has_p2p_) engine->cv_.notify_one();
   }
 };
 
@@ -197,6 +201,7 @@ void Engine::Shutdown() {
     stop_ = true;
   }
   cv_.notify_all();
+  transport_->Wake();
   thread_.join();
 }
 
@@ -231,6 +236,9 @@ Work Engine::Submit(Kind kind, Buffer in, Buffer out, ReduceOp op, int peer, uin
   // No notify: a caller that waits runs the operation itself (a thread hand-off costs tens of
   // microseconds on a busy 2-vCPU host); the executor thread polls the queue every
   // kExecutorPoll and runs operations nobody has come to wait for since (asynchronous progress).
+  // Only an executor blocked on the transport's events is woken for a point-to-point operation:
+  // it would not look at the queue before the next message arrived.
+  if (PointToPoint(kind) && asleep_.exchange(false)) transport_->Wake();
   return Work(std::move(state));
 }
 
@@ -326,18 +334,19 @@ Engine::Ran Engine::RunOne() {
   return Ran::kProgress;
 }
 
-void IdleWait(int idle, absl::Duration max_nap) {
+void IdleWait(int idle, Transport& t) {
   if (idle <= kYieldsBeforeNap) {
     sched_yield();
+  } else if (t.HasEvents()) {
+    if (t.ArmForEvents()) t.BlockForEvents(kEventWait);
   } else {
-    absl::SleepFor(IdleNap(idle - kYieldsBeforeNap - 1, max_nap));
+    absl::SleepFor(IdleNap(idle - kYieldsBeforeNap - 1, t.max_nap()));
   }
 }
 
 void Engine::Help(const Work::State* target) {
   // Waiting on peers backs off as the transports' waits do (IdleWait) — a waiter that only
   // yielded would take the vCPU from the ranks it waits for on a busy host.
-  const absl::Duration max_nap = transport_->max_nap();
   int idle = 0;
   while (!target->done.HasBeenNotified()) {
     switch (RunOne()) {
@@ -347,10 +356,26 @@ void Engine::Help(const Work::State* target) {
         idle = 0;
         break;
       case Ran::kIdlePoll:
-        IdleWait(++idle, max_nap);
+        IdleWait(++idle, *transport_);
         break;
     }
   }
+}
+
+bool Engine::BlockOnEvents() {
+  {
+    std::unique_lock<std::mutex> ex(helper_->mu, std::try_to_lock);
+    if (!ex.owns_lock() || !transport_->ArmForEvents()) return false;
+  }
+  asleep_ = true;  // from here a Submit wakes it; one queued before is seen below
+  bool look_now;
+  {
+    std::lock_guard<SpinLock> l(mu_);
+    look_now = stop_ || !queue_.empty() || !failed_.ok();
+  }
+  if (!look_now) transport_->BlockForEvents(kEventWait);
+  asleep_ = false;
+  return true;
 }
 
 void Engine::Run() {
@@ -360,16 +385,26 @@ void Engine::Run() {
   const absl::Duration max_poll = std::max(absl::Microseconds(50), transport_->max_nap());
   int idle_polls = 0;                // polls in a row that found nothing: at most kMaxIdlePolls
   constexpr int kMaxIdlePolls = 64;  // IdleNap's longest nap long before
+  bool caller_runs = false;          // the last look found a caller running the operations
   for (;;) {
-    bool stop, stale;
+    bool stop, stale, woken = false;
     {
       std::unique_lock<SpinLock> l(mu_);
       // With point-to-point operations pending, poll them; an operation queued meanwhile is its
       // caller's. (The wait used to end at once whenever one was queued as well: while a caller
       // ran its operations, this thread spun on the execution lock — a vCPU per rank.)
-      // An Abort wakes it (its operations fail at once, not at the next poll).
-      if (has_p2p_ && !stop_) {
-        const absl::Duration poll = std::max(absl::Microseconds(50), IdleNap(idle_polls, max_poll));
+      // An Abort wakes it (its operations fail at once, not at the next poll). On a transport with
+      // events it blocks until a message comes instead, and a caller running the operations
+      // hands them back when it leaves (HelperImpl::Help).
+      const bool events = transport_->HasEvents();
+      if (has_p2p_ && !stop_ && events && !caller_runs) {
+        l.unlock();
+        woken = BlockOnEvents();
+        l.lock();
+      } else if (has_p2p_ && !stop_) {
+        const absl::Duration poll =
+            events ? absl::FromChrono(kExecutorPoll)
+                   : std::max(absl::Microseconds(50), IdleNap(idle_polls, max_poll));
         const bool failed_before = !failed_.ok();
         cv_.wait_for(l, absl::ToChronoMicroseconds(poll),
                      [&] { return stop_ || (!failed_before && !failed_.ok()); });
@@ -381,18 +416,23 @@ void Engine::Run() {
       stop = stop_;
       // Only an operation that waited a whole poll is taken: one just queued is the caller's to
       // run when it waits, and taking it would make that caller sleep on the execution lock.
-      stale = !queue_.empty() && queue_.front().ticket < seen;
+      // After a wake from the events, a point-to-point operation queued meanwhile is taken: the
+      // wake was for it (Submit).
+      stale = !queue_.empty() &&
+              (queue_.front().ticket < seen || (woken && PointToPoint(queue_.front().kind)));
       seen = next_ticket_;
     }
     if (!stale && !has_p2p_ && !stop) continue;
     // A caller that holds the execution lock is running operations: nothing to do (blocking here
     // would wake this thread after each of them, on the vCPU a peer rank may be polling on).
     std::unique_lock<std::mutex> ex(helper_->mu, std::defer_lock);
+    caller_runs = false;
     if (stop) {
       ex.lock();
     } else if (!ex.try_lock()) {
       // The caller polls the pending operations as it runs: look less often.
       idle_polls = std::min(idle_polls + 1, kMaxIdlePolls);
+      caller_runs = true;
       continue;
     }
     for (Ran ran; (ran = RunOne()) != Ran::kNothing;) {

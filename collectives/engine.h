@@ -142,6 +142,10 @@ class Engine : public Communicator {
     kProgress,  // ran an operation or completed a request
   };
   Ran RunOne();
+  // The executor's wait for pending point-to-point requests on a transport with events (see
+  // Transport::ArmForEvents): armed under the execution lock, blocked without it. False when it
+  // did not block: a caller holds the lock, or something arrived meanwhile.
+  bool BlockOnEvents();
   // Completes finished point-to-point requests; returns true if any completed.
   bool PollPointToPoint();
   void Complete(Item& item, absl::Status st);
@@ -173,6 +177,7 @@ class Engine : public Communicator {
   Queue queue_;
   std::vector<std::pair<ReqId, Item>> p2p_;  // guarded by the execution lock (helper_->mu)
   std::atomic<bool> has_p2p_{false};
+  std::atomic<bool> asleep_{false};  // the executor is blocked on the transport's events
   std::shared_ptr<HelperImpl> helper_;
   absl::Status failed_;
   bool stop_ = false;

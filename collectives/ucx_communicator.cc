@@ -66,7 +66,8 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   const char* field = kind == kLocal ? "UcxOptions.transports" : "UcxOptions.remote_transports";
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG;
+  // The network lane's waiters block on its worker's fd (Transport::ArmForEvents).
+  params.features = UCP_FEATURE_TAG | (kind == kRemote ? UCP_FEATURE_WAKEUP : 0);
   params.mt_workers_shared = 0;
   ucp_config_t* config = nullptr;
   TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_config_read(nullptr, nullptr, &config)));
@@ -92,6 +93,7 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // the engine's exec lock serializes use
   TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_worker_create(lane.context, &wp, &lane.worker)));
+  if (kind == kRemote && ucp_worker_get_efd(lane.worker, &lane.efd) != UCS_OK) lane.efd = -1;
   return absl::OkStatus();
 }
 
@@ -124,6 +126,7 @@ absl::Status UcxTransport::Connect(const std::vector<std::string>& addrs,
           j);
     }
   }
+  events_ = lanes_[kRemote].used && !lanes_[kLocal].used && lanes_[kRemote].efd >= 0;
   return absl::OkStatus();
 }
 
@@ -214,7 +217,8 @@ std::string UcxTransport::Describe() {
       "staged all-reduce (kSingleCopy through the shared segments, preferred): ",
       HostShared() != nullptr ? "on" : "off", "\n",
       "shared-memory mailboxes (collective messages up to ", Mailboxes::kPayloadBytes,
-      " bytes between ranks of this host): ", boxes_ != nullptr ? "on" : "off", "\n");
+      " bytes between ranks of this host): ", boxes_ != nullptr ? "on" : "off", "\n",
+      "idle waits: ", events_ ? "block on the network lane's events" : "poll, yield and nap", "\n");
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || eps_[j] == nullptr) continue;
     char* buf = nullptr;
@@ -231,6 +235,7 @@ std::string UcxTransport::Describe() {
 }
 
 UcxTransport::~UcxTransport() {
+  events_ = false;  // a late Wake() (Fail from the liveness monitor) must not reach the workers
   if (dirty_ || live_ucx_ > 0) {
     // A failed worker is leaked on purpose: destroying it purges requests still pending to
     // a dead peer, which trips assertions inside UCX 1.13 without UCP_ERR_HANDLING_MODE_PEER,

@@ -58,6 +58,37 @@ TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
   RunMatrix(4, size_t{262147}, /*mailboxes=*/false);
 }
 
+// Ranks on two hosts wait for their messages on the network lane's events: a receive pending on
+// the executor thread, and one a caller waits for, take the vCPU about once per event wait
+// (kEventWait, 1 ms) — polling with naps took it 20 to 50 times a millisecond — and a send posted
+// without a wait still leaves at once (Submit wakes the blocked executor).
+TEST(UcxProcesses, RanksOnTwoHostsBlockOnEventsWhileTheirMessagesAreInFlight) {
+  ASSERT_EQ(geteuid(), 0u) << "the ranks unshare their IPC and mount namespaces: run as root";
+  Ranks ranks(2, {"events"});
+  int64_t posted = -1, arrived = -1;
+  for (int r = 0; r < 2; ++r) {
+    const int st = ranks[r].Wait();
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << "\n" << ranks[r].Output();
+    EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(), "EVENTS on"),
+              ranks[r].lines.end())
+        << ranks[r].Output();
+    for (const std::string& l : ranks[r].lines) {
+      std::istringstream in(l);
+      std::string what;
+      long switches = 0, ms = 0;
+      in >> what;
+      if (what == "POSTED") in >> posted;
+      if (what == "ARRIVED") in >> arrived;
+      if (what != "EXECUTOR" && what != "WAITER") continue;
+      in >> switches >> ms;
+      EXPECT_LE(switches, 3 * ms + 100) << l << "\n" << ranks[r].Output();
+    }
+  }
+  ASSERT_GT(posted, 0);
+  ASSERT_GT(arrived, posted);
+  EXPECT_LT(arrived - posted, 1000000000) << "a send posted without a wait left late";
+}
+
 TEST(UcxProcesses, CommunicatorsDestroyedHealthyLeaveNoFileBehind) {
   Ranks ranks(2, {"churn"});
   for (int r = 0; r < 2; ++r) {

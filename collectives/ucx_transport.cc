@@ -2,6 +2,7 @@
 // request table and the progress loop (ucx_transport.h; its set-up is in ucx_communicator.cc).
 #include "ucx_transport.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -163,9 +164,12 @@ void UcxTransport::CancelAll() {
 }
 
 void UcxTransport::Fail(absl::Status status) {
-  std::lock_guard<std::mutex> l(fail_mu_);
-  if (failed_.ok()) failed_ = std::move(status);
-  has_failed_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> l(fail_mu_);
+    if (failed_.ok()) failed_ = std::move(status);
+    has_failed_.store(true, std::memory_order_release);
+  }
+  Wake();
 }
 
 absl::Status UcxTransport::WaitUntil(absl::FunctionRef<bool()> ready, absl::Time deadline) {
@@ -388,9 +392,27 @@ unsigned UcxTransport::ProgressBoxes() {
 // deadline by a quarter of a second.
 bool UcxTransport::Napping(int idle) const { return idle > spins_before_yield_ + kYieldsBeforeNap; }
 
-void UcxTransport::IdleWait(int idle) const {
+void UcxTransport::IdleWait(int idle) {
   if (idle <= spins_before_yield_) return;
-  collectives::IdleWait(idle - spins_before_yield_, max_nap_);
+  collectives::IdleWait(idle - spins_before_yield_, *this);
+}
+
+// UCX's contract: the worker is armed only once progress found nothing (UCS_ERR_BUSY otherwise).
+bool UcxTransport::ArmForEvents() {
+  if (!events_ || ProgressUcx() != 0) return false;
+  const ucs_status_t s = ucp_worker_arm(lanes_[kRemote].worker);
+  if (s != UCS_OK && s != UCS_ERR_BUSY) events_ = false;  // cannot arm: nap from now on
+  return s == UCS_OK;
+}
+
+void UcxTransport::BlockForEvents(absl::Duration max) {
+  pollfd fd{lanes_[kRemote].efd, POLLIN, 0};
+  const timespec ts = absl::ToTimespec(max);
+  (void)ppoll(&fd, 1, &ts, nullptr);  // EINTR: the caller looks again, as after any wake
+}
+
+void UcxTransport::Wake() {
+  if (events_) (void)ucp_worker_signal(lanes_[kRemote].worker);
 }
 
 unsigned UcxTransport::ProgressUcx() {

@@ -108,6 +108,12 @@ class UcxTransport : public Transport {
   void Fail(absl::Status status) override;
   bool CanReadPeers() const override { return single_copy_; }
   absl::Duration max_nap() const override { return max_nap_; }
+  // Events: only while the network lane is the only one in use (shared memory and the mailboxes
+  // have no file descriptor to wait on); the lane's worker fd (UCP_FEATURE_WAKEUP).
+  bool HasEvents() const override { return events_.load(std::memory_order_relaxed); }
+  bool ArmForEvents() override;
+  void BlockForEvents(absl::Duration max) override;
+  void Wake() override;
   Mailboxes* HostShared() override { return all_local_ ? boxes_.get() : nullptr; }
   absl::Status WaitUntil(absl::FunctionRef<bool()> ready, absl::Time deadline) override;
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes) override;
@@ -124,6 +130,7 @@ class UcxTransport : public Transport {
     ucp_context_h context = nullptr;
     ucp_worker_h worker = nullptr;
     bool used = false;  // some peer is reached through it
+    int efd = -1;       // its worker's event fd (the network lane's), -1: none
   };
 
   // --- set-up helpers (ucx_communicator.cc) ---
@@ -146,7 +153,7 @@ class UcxTransport : public Transport {
   inline void Reap(ReqId id);
   inline bool ViaBox(int peer, uint64_t tag, size_t bytes) const;
   inline unsigned ProgressBoxes();
-  inline void IdleWait(int idle) const;
+  inline void IdleWait(int idle);
   inline bool Napping(int idle) const;
   inline unsigned ProgressUcx();
   inline unsigned Progress();
@@ -183,6 +190,7 @@ class UcxTransport : public Transport {
   int spins_before_yield_ = 64;
   absl::Duration max_nap_ = absl::Microseconds(20);  // IdleNap's cap: ProbeLocalPeers
   int usable_cpus_ = 1;
+  std::atomic<bool> events_{false};  // HasEvents: set by Connect, off if arming fails
   std::vector<Region> scratch_;
   std::mutex fail_mu_;
   absl::Status failed_;

@@ -158,8 +158,7 @@ class ElasticRank::OverlappedStep {
   std::vector<char> combined_;      // by piece (mine)
   std::vector<double> chunk_sums_;  // my range's norm chunks
   std::vector<Work> sends_, mirror_, gather_;
-  std::vector<model::FloatArray> inner_;  // the combine's temporaries
-  absl::Status error_;                    // the first failure of a Ready callback
+  absl::Status error_;  // the first failure of a Ready callback
   bool posted_any_ = false;
   Stopwatch step_clock_;
   double first_post_ = -1;
@@ -289,7 +288,7 @@ absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
     piece.partial[d] = d == me ? r_.partial_.data() + p.lo : RecvSlot(d, i);
   }
   TROUPE_RETURN_IF_ERROR(
-      elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, Grad(b_), b_, &inner_));
+      elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, Grad(b_), b_, &r_.combine_inner_));
   TROUPE_ASSIGN_OR_RETURN(
       std::vector<double> sums,
       r_.ops_->RangeChunkSquareSums(Grad(p.lo), p.lo, p.hi, r_.model_->num_params()));

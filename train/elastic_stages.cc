@@ -438,8 +438,7 @@ absl::Status ElasticRank::ExchangeStageGradients(
   const std::vector<Work> posted = comm_->PostPointToPoint(exchange.moves, options_.collective);
   if (options_.on_point) options_.on_point(step, StepPoint::kExchange);
   if (absl::Status s = WaitAll(posted); !s.ok()) return Phase("pipeline gradient exchange", s);
-  std::vector<model::FloatArray> inner;
-  return CombinePieces(ops_, plan, exchange.pieces, grad_shard_.data(), b, &inner);
+  return CombinePieces(ops_, plan, exchange.pieces, grad_shard_.data(), b, &combine_inner_);
 }
 
 absl::Status ElasticRank::PlanStageExchange(int64_t step, GridPosition pos,

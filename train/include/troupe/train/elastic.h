@@ -380,6 +380,9 @@ class ElasticRank {
   model::FloatArray partial_, grad_shard_, staged_params_;
   // The overlapped exchange's receives: every other rank's partial of my range, by rank.
   model::FloatArray exchange_recv_;
+  // The gradient combine's temporaries (CombinePieces), reused across steps: fresh ones were
+  // fresh pages every step, zeroed by the kernel as the combine first wrote them.
+  std::vector<model::FloatArray> combine_inner_;
   // Reused across steps: its leaf buffers (n floats each) would otherwise be fresh pages per
   // microbatch.
   std::optional<model::TreeAccumulator> acc_;
