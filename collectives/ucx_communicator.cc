@@ -74,9 +74,15 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   const std::string rndv = kind != kRemote || std::getenv("UCX_RNDV_THRESH") != nullptr ? ""
                            : tls == "tcp" ? kTcpRndvThresh
                                           : kDefaultRemoteRndvThresh;
-  for (const auto& [name, value] : {std::pair<const char*, std::string>{"TLS", tls},
-                                    std::pair<const char*, std::string>{"NET_DEVICES", devices},
-                                    std::pair<const char*, std::string>{"RNDV_THRESH", rndv}}) {
+  const std::string rx_seg =
+      kind == kRemote && tls == "tcp" && std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr
+          ? kTcpRxSegSize
+          : "";
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::string>{"TLS", tls},
+        std::pair<const char*, std::string>{"NET_DEVICES", devices},
+        std::pair<const char*, std::string>{"RNDV_THRESH", rndv},
+        std::pair<const char*, std::string>{"RX_SEG_SIZE", rx_seg}}) {
     if (value.empty()) continue;
     ucs_status_t m = ucp_config_modify(config, name, value.c_str());
     if (m != UCS_OK) {
