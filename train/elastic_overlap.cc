@@ -58,6 +58,10 @@ using elastic_internal::Stopwatch;
 using elastic_internal::WaitAll;
 using P2P = collectives::Communicator::PointToPoint;
 
+bool AllDone(const std::vector<Work>& works) {
+  return std::all_of(works.begin(), works.end(), [](const Work& w) { return w.IsDone(); });
+}
+
 constexpr int64_t kChunk = kernels::kNormChunk;
 // Shared memory moves a piece in a fraction of the time a network does, so there fewer, larger
 // pieces cost less per-message overhead; across hosts smaller ones start the wire sooner.
@@ -268,7 +272,7 @@ absl::Status ElasticRank::OverlappedStep::CombineArrived(bool wait) {
     for (size_t k = combined_upto_; k < posted_.size(); ++k) {
       const size_t i = posted_[k];
       if (done(i)) continue;
-      if (!std::all_of(in_[i].begin(), in_[i].end(), [](const Work& w) { return w.IsDone(); })) {
+      if (!AllDone(in_[i])) {
         if (next == none) next = i;
         continue;
       }
@@ -321,10 +325,7 @@ void ElasticRank::OverlappedStep::SharePiece(size_t i) {
 absl::Status ElasticRank::OverlappedStep::NormFromShares(StepOutcome* out) {
   model::ArrayOps* ops = r_.ops_;
   const int64_t n = r_.model_->num_params();
-  auto here = [this](size_t i) {
-    return std::all_of(shared_in_[i].begin(), shared_in_[i].end(),
-                       [](const Work& w) { return w.IsDone(); });
-  };
+  auto here = [this](size_t i) { return AllDone(shared_in_[i]); };
   std::vector<size_t> pending;  // in the order the shares should arrive in
   for (size_t i : posted_) {
     if (pieces_[i].owner != c_.rank) pending.push_back(i);
@@ -430,7 +431,7 @@ absl::Status ElasticRank::OverlappedStep::Fail(absl::Status s) {
   for (const auto& v : {mirror_, gather_}) all.insert(all.end(), v.begin(), v.end());
   for (const auto& v : in_) all.insert(all.end(), v.begin(), v.end());
   for (const auto& v : shared_in_) all.insert(all.end(), v.begin(), v.end());
-  if (std::any_of(all.begin(), all.end(), [](const Work& w) { return !w.IsDone(); })) {
+  if (!AllDone(all)) {
     // This step is over on this rank: the communicator's generation cannot finish it either.
     r_.comm_->Abort(s);
     (void)WaitAll(all);
