@@ -172,11 +172,7 @@ struct Engine::HelperImpl : Work::Helper {
   Engine* engine = nullptr;
   void Help(const void* state) override {
     std::lock_guard<std::mutex> l(mu);
-    if (engine == nullptr) return;
-    engine->Help(static_cast<const Work::State*>(state));
-    // The executor left the pending requests to this caller (it cannot take the lock): they are
-    // its again.
-    if (engine->has_p2p_) engine->cv_.notify_one();
+    if (engine != nullptr) engine->Help(static_cast<const Work::State*>(state));
   }
 };
 
@@ -394,8 +390,8 @@ void Engine::Run() {
       // caller's. (The wait used to end at once whenever one was queued as well: while a caller
       // ran its operations, this thread spun on the execution lock — a vCPU per rank.)
       // An Abort wakes it (its operations fail at once, not at the next poll). On a transport with
-      // events it blocks until a message comes instead, and a caller running the operations
-      // hands them back when it leaves (HelperImpl::Help).
+      // events it blocks until a message comes instead; while a caller runs the operations it
+      // looks every kExecutorPoll.
       const bool events = transport_->HasEvents();
       if (has_p2p_ && !stop_ && events && !caller_runs) {
         l.unlock();

@@ -15,12 +15,14 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "engine.h"
@@ -62,12 +64,13 @@ absl::Status UcxTransport::Init(const UcxOptions& o) {
   return absl::OkStatus();
 }
 
-absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std::string& devices) {
+absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std::string& devices,
+                                bool wakeup) {
   const char* field = kind == kLocal ? "UcxOptions.transports" : "UcxOptions.remote_transports";
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   // The network lane's waiters block on its worker's fd (Transport::ArmForEvents).
-  params.features = UCP_FEATURE_TAG | (kind == kRemote ? UCP_FEATURE_WAKEUP : 0);
+  params.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
   params.mt_workers_shared = 0;
   ucp_config_t* config = nullptr;
   TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_config_read(nullptr, nullptr, &config)));
@@ -78,13 +81,15 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
       kind == kRemote && tls == "tcp" && std::getenv("UCX_TCP_RX_SEG_SIZE") == nullptr
           ? kTcpRxSegSize
           : "";
-  for (const auto& [name, value] :
-       {std::pair<const char*, std::string>{"TLS", tls},
-        std::pair<const char*, std::string>{"NET_DEVICES", devices},
-        std::pair<const char*, std::string>{"RNDV_THRESH", rndv},
-        std::pair<const char*, std::string>{"RX_SEG_SIZE", rx_seg}}) {
+  for (const auto& [name, value] : {std::pair<const char*, std::string>{"TLS", tls},
+                                    std::pair<const char*, std::string>{"NET_DEVICES", devices},
+                                    std::pair<const char*, std::string>{"RNDV_THRESH", rndv},
+                                    std::pair<const char*, std::string>{"RX_SEG_SIZE", rx_seg}}) {
     if (value.empty()) continue;
     ucs_status_t m = ucp_config_modify(config, name, value.c_str());
+    // The segment size is a tuning of ours, not the user's setting: a UCX without it reads in its
+    // own segments.
+    if (m != UCS_OK && std::string_view(name) == "RX_SEG_SIZE") continue;
     if (m != UCS_OK) {
       ucp_config_release(config);
       return absl::InvalidArgumentError(
@@ -99,7 +104,7 @@ absl::Status UcxTransport::Open(LaneKind kind, const std::string& tls, const std
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // the engine's exec lock serializes use
   TROUPE_RETURN_IF_ERROR(TROUPE_UCX_CALL(ucp_worker_create(lane.context, &wp, &lane.worker)));
-  if (kind == kRemote && ucp_worker_get_efd(lane.worker, &lane.efd) != UCS_OK) lane.efd = -1;
+  if (wakeup && ucp_worker_get_efd(lane.worker, &lane.efd) != UCS_OK) lane.efd = -1;
   return absl::OkStatus();
 }
 
@@ -241,7 +246,6 @@ std::string UcxTransport::Describe() {
 }
 
 UcxTransport::~UcxTransport() {
-  events_ = false;  // a late Wake() (Fail from the liveness monitor) must not reach the workers
   if (dirty_ || live_ucx_ > 0) {
     // A failed worker is leaked on purpose: destroying it purges requests still pending to
     // a dead peer, which trips assertions inside UCX 1.13 without UCP_ERR_HANDLING_MODE_PEER,
@@ -342,7 +346,9 @@ absl::Status ExchangeNetworkAddresses(UcxTransport& t, Bootstrap* boot, const Uc
   }
   const std::string tls =
       o.remote_transports.empty() ? kDefaultRemoteUcxTransports : o.remote_transports;
-  TROUPE_RETURN_IF_ERROR(t.Open(UcxTransport::kRemote, tls, devices));
+  // Waiting on events only where every peer is on another host (HasEvents).
+  const bool alone = std::count(p.lanes.begin(), p.lanes.end(), UcxTransport::kLocal) == 1;
+  TROUPE_RETURN_IF_ERROR(t.Open(UcxTransport::kRemote, tls, devices, /*wakeup=*/alone));
   TROUPE_ASSIGN_OR_RETURN(auto remote, t.Address(UcxTransport::kRemote));
   TROUPE_RETURN_IF_ERROR(boot->Publish(absl::StrCat(prefix, "/ucx-net/", o.rank), remote));
   std::vector<std::string> keys;

@@ -61,7 +61,7 @@ TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
 // Ranks on two hosts wait for their messages on the network lane's events: a receive pending on
 // the executor thread, and one a caller waits for, take the vCPU about once per event wait
 // (kEventWait, 1 ms) — polling with naps took it 20 to 50 times a millisecond — and a send posted
-// without a wait still leaves at once (Submit wakes the blocked executor).
+// without a wait still leaves at once (the executor sends it).
 TEST(UcxProcesses, RanksOnTwoHostsBlockOnEventsWhileTheirMessagesAreInFlight) {
   ASSERT_EQ(geteuid(), 0u) << "the ranks unshare their IPC and mount namespaces: run as root";
   Ranks ranks(2, {"events"});

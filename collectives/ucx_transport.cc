@@ -22,6 +22,7 @@ void OnSend(void* /*request*/, ucs_status_t status, void* user) {
   auto* r = static_cast<UcxRequest*>(user);
   r->status = status;
   r->done = true;
+  ++*r->completions;
 }
 
 void OnRecv(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* /*info*/,
@@ -29,6 +30,7 @@ void OnRecv(void* /*request*/, ucs_status_t status, const ucp_tag_recv_info_t* /
   auto* r = static_cast<UcxRequest*>(user);
   r->status = status;
   r->done = true;
+  ++*r->completions;
 }
 
 // UCX tag: source rank in the top 16 bits, the 48-bit message tag below.
@@ -297,6 +299,7 @@ std::pair<ReqId, UcxRequest*> UcxTransport::NewReq(int peer, uint64_t tag, size_
   }
   UcxRequest* r = reqs_[id].get();
   r->live = true;
+  r->completions = &completions_;
   r->peer = peer;
   r->tag = tag;
   r->bytes = bytes;
@@ -398,8 +401,13 @@ void UcxTransport::IdleWait(int idle) {
 }
 
 // UCX's contract: the worker is armed only once progress found nothing (UCS_ERR_BUSY otherwise).
+// Nor while a request completed since the last look: progress made for one request may have
+// completed another that its waiter tested before — it would sleep with it done.
 bool UcxTransport::ArmForEvents() {
-  if (!events_ || ProgressUcx() != 0) return false;
+  if (!events_ || ProgressUcx() != 0 || completions_ != completions_seen_) {
+    completions_seen_ = completions_;
+    return false;
+  }
   const ucs_status_t s = ucp_worker_arm(lanes_[kRemote].worker);
   if (s != UCS_OK && s != UCS_ERR_BUSY) events_ = false;  // cannot arm: nap from now on
   return s == UCS_OK;

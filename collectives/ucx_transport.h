@@ -65,7 +65,8 @@ struct UcxRequest {
   void* buf = nullptr;  // mailbox request: the user's buffer
   int peer = 0;
   size_t bytes = 0;
-  uint64_t tag = 0;  // the 48-bit message tag
+  uint64_t tag = 0;                 // the 48-bit message tag
+  uint64_t* completions = nullptr;  // its transport's count of completed UCX requests
 };
 
 class UcxTransport : public Transport {
@@ -82,9 +83,9 @@ class UcxTransport : public Transport {
   // Opens the local lane (UcxOptions.transports) and sizes the idle policy to the usable vCPUs.
   [[nodiscard]] absl::Status Init(const UcxOptions& o);
   // Opens a lane: a UCP context over `tls` (restricted to `devices` when not empty) and its
-  // worker.
-  [[nodiscard]] absl::Status Open(LaneKind kind, const std::string& tls,
-                                  const std::string& devices);
+  // worker; with `wakeup`, one whose waiters can block on its events (HasEvents).
+  [[nodiscard]] absl::Status Open(LaneKind kind, const std::string& tls, const std::string& devices,
+                                  bool wakeup = false);
   // The lane's worker address, for the peers to connect to.
   [[nodiscard]] absl::StatusOr<std::string> Address(LaneKind kind);
   // addrs[j]: peer j's worker address on lane lanes[j].
@@ -191,6 +192,7 @@ class UcxTransport : public Transport {
   absl::Duration max_nap_ = absl::Microseconds(20);  // IdleNap's cap: ProbeLocalPeers
   int usable_cpus_ = 1;
   std::atomic<bool> events_{false};  // HasEvents: set by Connect, off if arming fails
+  uint64_t completions_ = 0, completions_seen_ = 0;  // ArmForEvents
   std::vector<Region> scratch_;
   std::mutex fail_mu_;
   absl::Status failed_;

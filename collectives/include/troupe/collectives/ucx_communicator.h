@@ -104,7 +104,7 @@ inline constexpr char kTcpRndvThresh[] = "inf";
 // Over tcp, UCX reads a connection in segments of this size unless UCX_TCP_RX_SEG_SIZE is set
 // (UCX's default 64 KiB): a step's 135 MB a rank took ~2,000 reads where 512 KiB takes a few
 // hundred (bench/compare-multihost's 0 ms 20M cell, six alternating pairs: 1-10 % more tokens/s
-// in each, 13 % fewer context switches). The price: a 512 KiB receive buffer per connection.
+// in each, 13 % fewer context switches). The price: receive buffers of that size per connection.
 // (Set through ucp_config_modify as "RX_SEG_SIZE": UCX 1.13 accepts "TCP_RX_SEG_SIZE" there and
 // ignores it.)
 inline constexpr char kTcpRxSegSize[] = "512K";
