@@ -495,19 +495,22 @@ TEST_F(TrainingTest, SubmitsToARunningClusterWithHead) {
   ExpectExactlyOnce("remote");
 }
 
-// A work_dir on a 2 MB tmpfs: step 5's checkpoint (1.6 MB) fits, every later one finds the disk
-// full. Training goes on (one warning per dropped checkpoint, no temporary file left behind);
-// the final checkpoint cannot be written, so the job ends at once with a non-zero exit naming the
-// file and the cause (it used to retry the final write forever).
+// The checkpoints on a 2 MB tmpfs of their own: step 5's checkpoint (1.6 MB) fits, every later
+// one finds the disk full. Training goes on (one warning per dropped checkpoint, no temporary file
+// left behind); the final checkpoint cannot be written, so the job ends at once with a non-zero
+// exit naming the file and the cause (it used to retry the final write forever). The work_dir's
+// logs are on another disk, as a checkpoint volume's usually are: with the whole work_dir on the
+// tmpfs, the event log lost the tail of its last line (final_checkpoint_failed, logged when the
+// first shard failed) once the other shard's temporary file had taken the space left.
 TEST_F(TrainingTest, ADiskFullEndsTheJobCleanlyNamingTheFinalCheckpoint) {
   const std::string dir = base_ + "/full";
-  fs::create_directories(dir);
-  ASSERT_EQ(std::system(("mount -t tmpfs -o size=2m troupe-full " + dir).c_str()), 0)
+  fs::create_directories(dir + "/ckpt");
+  ASSERT_EQ(std::system(("mount -t tmpfs -o size=2m troupe-full " + dir + "/ckpt").c_str()), 0)
       << "mounting a tmpfs needs root (CI runs as root)";
   struct Unmount {
     std::string dir;
     ~Unmount() { std::system(("umount -l " + dir).c_str()); }
-  } unmount{dir};
+  } unmount{dir + "/ckpt"};
   JobRun r = Train("full", {"--workers", "2"});
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, -1) << "still running after 240 s\n" << r.output;
