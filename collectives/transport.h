@@ -54,7 +54,7 @@ class Transport;
 // a wake-up the transport missed costs at most this).
 constexpr absl::Duration kEventWait = absl::Milliseconds(1);
 // After `idle` looks in a row found nothing: yield; then block on the transport's events
-// (Transport::WaitForEvents) where it has them, else nap (IdleNap).
+// (Transport::ArmForEvents, BlockForEvents) where it has them, else nap (IdleNap).
 void IdleWait(int idle, Transport& t);
 
 class Transport {

@@ -137,7 +137,8 @@ absl::Status UcxTransport::Connect(const std::vector<std::string>& addrs,
           j);
     }
   }
-  events_ = lanes_[kRemote].used && !lanes_[kLocal].used && lanes_[kRemote].efd >= 0;
+  // The network lane has an fd only where Open asked for wake-ups: no peer shares this host.
+  events_ = lanes_[kRemote].used && lanes_[kRemote].efd >= 0;
   return absl::OkStatus();
 }
 
