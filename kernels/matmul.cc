@@ -18,11 +18,12 @@ namespace troupe::kernels {
 namespace {
 
 // Block sizes are a function of the problem size only, never of the thread count, so results are
-// identical at any thread count. About 4 blocks per GEMM: enough to balance a few threads, and
-// large, because every block re-packs the whole shared operand (with 64-row blocks that packing
-// cost a third of dweight's GEMM time).
+// identical at any thread count. Two blocks per GEMM of the 20M model (256 to 2048 rows): one for
+// each of two threads, and as large as that allows, because every block re-packs the whole shared
+// operand (with 64-row blocks that packing cost a third of dweight's GEMM time; four blocks instead
+// of two made the 20M step 3% slower on 2 threads and 7% slower on 1, the rank's usual count).
 int64_t BlockRows(int64_t rows) {
-  const int64_t b = std::min<int64_t>(1024, std::max<int64_t>(128, rows / 4));
+  const int64_t b = std::min<int64_t>(2048, std::max<int64_t>(256, rows / 2));
   return (b + 15) / 16 * 16;
 }
 
