@@ -45,12 +45,34 @@ class TrialError(RuntimeError):
     pass
 
 
+def openblas_core_type():
+    """The OpenBLAS core type troupe's GEMM names for this CPU (kernels/matmul.cc, CoreForThisCpu):
+    by instruction set, since Debian 12's OpenBLAS (0.3.21) takes CPUs newer than itself for a
+    Prescott and runs SSE3 kernels 3-5x slower (an Emerald Rapids here). None: OpenBLAS's own
+    detection, as troupe leaves it."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if {"avx512f", "avx512cd", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
+
+
 def torch_env():
-    """Environment for torch processes: OpenBLAS first when installed (see docs/STACK.md)."""
+    """Environment for torch processes: OpenBLAS first when installed (see docs/STACK.md), with the
+    kernels troupe's side runs (OPENBLAS_CORETYPE, unless the caller set it)."""
     env = dict(os.environ)
     if os.path.isdir(OPENBLAS_DIR) and OPENBLAS_DIR not in env.get("LD_LIBRARY_PATH", ""):
         env["LD_LIBRARY_PATH"] = OPENBLAS_DIR + (":" + env["LD_LIBRARY_PATH"]
                                                  if env.get("LD_LIBRARY_PATH") else "")
+    core = openblas_core_type()
+    if core is not None and "OPENBLAS_CORETYPE" not in env:
+        env["OPENBLAS_CORETYPE"] = core
     return env
 
 
@@ -59,7 +81,12 @@ def check_torch(caller):
     probe = ("import os, re, torch; torch.ones(8, 8) @ torch.ones(8, 8)\n"
              "libs = {os.path.realpath(l.split()[-1]) for l in open('/proc/self/maps') if '/' in l}\n"
              "blas = sorted(p for p in libs if re.search(r'blas|lapack|mkl', os.path.basename(p)))\n"
-             "print(torch.__version__, ', '.join(blas) or 'no BLAS library found')")
+             "import ctypes\n"
+             "ob = [p for p in blas if 'openblas' in os.path.basename(p)]\n"
+             "core = ctypes.CDLL(ob[0]).openblas_get_corename if ob else None\n"
+             "if core: core.restype = ctypes.c_char_p\n"
+             "print(torch.__version__, ', '.join(blas) or 'no BLAS library found',\n"
+             "      '(OpenBLAS core ' + core().decode() + ')' if core else '')")
     r = subprocess.run([PYTHON, "-c", probe], env=torch_env(),
                        capture_output=True, text=True)
     if r.returncode != 0:
