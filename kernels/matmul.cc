@@ -18,12 +18,14 @@ namespace troupe::kernels {
 namespace {
 
 // Block sizes are a function of the problem size only, never of the thread count, so results are
-// identical at any thread count. Two blocks per GEMM of the 20M model (256 to 2048 rows): one for
-// each of two threads, and as large as that allows, because every block re-packs the whole shared
-// operand (with 64-row blocks that packing cost a third of dweight's GEMM time; four blocks instead
-// of two made the 20M step 3% slower on 2 threads and 7% slower on 1, the rank's usual count).
+// identical at any thread count. Two blocks per product from 513 to 4096 rows (one for each of two
+// threads), one up to 512, four and more past 4096: as large as that allows, because every block
+// re-packs the whole shared operand (with 64-row blocks that packing cost a third of dweight's GEMM
+// time; four blocks instead of two made the 20M step 3% slower on 2 threads and 7% slower on 1, a
+// training rank's count). A third thread finds no block of a product under 4097 rows; the
+// step's other loops (attention's heads, the element-wise kernels) still use it.
 int64_t BlockRows(int64_t rows) {
-  const int64_t b = std::min<int64_t>(2048, std::max<int64_t>(256, rows / 2));
+  const int64_t b = std::min<int64_t>(2048, std::max<int64_t>(256, (rows + 1) / 2));
   return (b + 15) / 16 * 16;
 }
 

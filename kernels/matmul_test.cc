@@ -61,7 +61,7 @@ TEST(MatmulTest, BackwardMatchesFiniteDifferences) {
 }
 
 TEST(MatmulTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
-  const int64_t n = 301, c = 53, oc = 131;  // several row blocks and weight-row blocks
+  const int64_t n = 601, c = 53, oc = 521;  // two row blocks and two weight-row blocks
   auto inp = RandomVector(n * c, 11), w = RandomVector(oc * c, 12), b = RandomVector(oc, 13);
   auto dout = RandomVector(n * oc, 14);
   std::vector<double> out_d(n * oc), dinp_d(n * c, 0), dw_d(oc * c, 0), db_d(oc, 0);

@@ -82,11 +82,16 @@ def check_torch(caller):
              "libs = {os.path.realpath(l.split()[-1]) for l in open('/proc/self/maps') if '/' in l}\n"
              "blas = sorted(p for p in libs if re.search(r'blas|lapack|mkl', os.path.basename(p)))\n"
              "import ctypes\n"
-             "ob = [p for p in blas if 'openblas' in os.path.basename(p)]\n"
-             "core = ctypes.CDLL(ob[0]).openblas_get_corename if ob else None\n"
-             "if core: core.restype = ctypes.c_char_p\n"
-             "print(torch.__version__, ', '.join(blas) or 'no BLAS library found',\n"
-             "      '(OpenBLAS core ' + core().decode() + ')' if core else '')")
+             "core = ''\n"
+             "for p in blas:\n"
+             "    try:\n"
+             "        f = ctypes.CDLL(p).openblas_get_corename\n"
+             "    except (OSError, AttributeError):\n"
+             "        continue\n"
+             "    f.restype = ctypes.c_char_p\n"
+             "    core = '(OpenBLAS core ' + f().decode() + ')'\n"
+             "    break\n"
+             "print(torch.__version__, ', '.join(blas) or 'no BLAS library found', core)")
     r = subprocess.run([PYTHON, "-c", probe], env=torch_env(),
                        capture_output=True, text=True)
     if r.returncode != 0:
