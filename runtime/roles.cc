@@ -360,24 +360,30 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   };
   auto bound = Publish(**rt, head, static_cast<uint16_t>(flags.port), host);
   if (!bound.ok()) fail(bound.status());
-  std::cout << "troupe head: listening on " << host << ":" << *bound
-            << (ro.tls() ? " (mutual TLS)"
-                         : " (plain TCP without TLS: for loopback and trusted local networks only)")
-            << " build_id=" << co.EffectiveBuildId() << std::endl;
+  // Each line in one write: the head's actors print to the same stdout from their own threads,
+  // and a line written piecewise came out with one of theirs inside it (a deploy test read
+  // "listening on 10.77.1.2:troupe-head: store epoch 1…45049").
+  std::cout << absl::StrCat(
+                   "troupe head: listening on ", host, ":", *bound,
+                   ro.tls()
+                       ? " (mutual TLS)"
+                       : " (plain TCP without TLS: for loopback and trusted local networks only)",
+                   " build_id=", co.EffectiveBuildId(), "\n")
+            << std::flush;
   std::unique_ptr<OpsHttp> http;
   if (flags.http_port >= 0) {
     auto started =
         OpsHttp::Start((*rt)->system(), head, host, static_cast<int>(flags.http_port), ro);
     if (!started.ok()) fail(started.status());
     http = std::move(*started);
-    std::cout << "troupe head: dashboard, JSON API and /metrics at "
-              << (ro.tls() ? "https" : "http") << "://" << host << ":" << http->port() << "/"
-              << std::endl;
+    std::cout << absl::StrCat("troupe head: dashboard, JSON API and /metrics at ",
+                              ro.tls() ? "https" : "http", "://", host, ":", http->port(), "/\n")
+              << std::flush;
   }
   if (http) WritePortFile(flags.http_port_file, http->port());
   WritePortFile(flags.port_file, *bound);
   int sig = WaitForStopSignal();
-  std::cout << "troupe head: stopping on signal " << sig << std::endl;
+  std::cout << absl::StrCat("troupe head: stopping on signal ", sig, "\n") << std::flush;
   {  // the membership changes not yet written (group commit, head.cc) go to the store first
     caf::scoped_actor self{(*rt)->system()};
     self->request(head, std::chrono::seconds(5), store_flush_atom::value, true)
