@@ -156,17 +156,28 @@ void JobReporter::End(const absl::StatusOr<JobReport>& report) {
       .receive([](bool) {}, [](caf::error&) {});
 }
 
+void LineTee::Put(char c) {
+  std::string& line = pending_[std::this_thread::get_id()];
+  line += c;
+  if (c != '\n') return;
+  out_.write(line.data(), static_cast<std::streamsize>(line.size())).flush();  // one write
+  line.pop_back();
+  std::string whole = std::move(line);
+  pending_.erase(std::this_thread::get_id());
+  line_(std::move(whole));
+}
+
 int LineTee::overflow(int c) {
   if (c == traits_type::eof()) return traits_type::not_eof(c);
   std::lock_guard<std::mutex> l(mu_);
-  out_.put(static_cast<char>(c));
-  if (c == '\n') {
-    line_(std::move(pending_));
-    pending_.clear();
-  } else {
-    pending_ += static_cast<char>(c);
-  }
+  Put(static_cast<char>(c));
   return c;
+}
+
+std::streamsize LineTee::xsputn(const char* s, std::streamsize n) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (std::streamsize i = 0; i < n; ++i) Put(s[i]);
+  return n;
 }
 
 int LineTee::sync() {

@@ -11,6 +11,7 @@
 
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <ostream>
@@ -66,7 +67,10 @@ class JobReporter {
   std::thread thread_;
 };
 
-// An ostream buffer that passes everything to `out` and each complete line to `line`.
+// An ostream buffer that passes each complete line to `out`, in one write, and to `line`. The
+// driver's actor and its thread both print, in pieces (`out << "job " << id << …`), and the
+// process's actors print to the same stdout: each thread's line is gathered apart and written
+// whole, so no line comes out with another inside it. A line not yet ended is not written.
 class LineTee : public std::streambuf {
  public:
   LineTee(std::ostream& out, std::function<void(std::string)> line)
@@ -74,13 +78,16 @@ class LineTee : public std::streambuf {
 
  protected:
   int overflow(int c) override;
+  std::streamsize xsputn(const char* s, std::streamsize n) override;
   int sync() override;
 
  private:
-  std::mutex mu_;  // the driver's actor and its thread both print
+  void Put(char c);  // under mu_
+
+  std::mutex mu_;
   std::ostream& out_;
   std::function<void(std::string)> line_;
-  std::string pending_;
+  std::map<std::thread::id, std::string> pending_;  // each thread's line so far
 };
 
 }  // namespace troupe::actors

@@ -1,5 +1,6 @@
 #include "troupe/runtime/log.h"
 
+#include <cstdio>
 #include <memory>
 
 #include "spdlog/sinks/stdout_sinks.h"
@@ -82,6 +83,14 @@ void Log(LogLevel level, const std::string& who, const std::string& message) {
   const spdlog::level::level_enum lvl = ToSpdlog(level);
   if (!l.should_log(lvl)) return;
   l.log(lvl, "troupe {}: {}", who, message);
+}
+
+void PrintLine(const std::string& line) {
+  const std::string whole = line + "\n";
+  // One fwrite holds stdout's lock for the whole line; std::cout, synced with stdio, writes there
+  // too, and so do CAF's aout lines.
+  std::fwrite(whole.data(), 1, whole.size(), stdout);
+  std::fflush(stdout);
 }
 
 }  // namespace troupe::runtime

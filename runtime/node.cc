@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -361,8 +360,8 @@ void StartJobDrivers(const NodeConfig& c, Workers& w, const caf::actor& head) {
                      std::string(pid.status().message()));
       continue;
     }
-    std::cout << "troupe node " << c.name << ": job " << id << ": its driver runs as pid " << *pid
-              << std::endl;
+    PrintLine(
+        absl::StrCat("troupe node ", c.name, ": job ", id, ": its driver runs as pid ", *pid));
     std::lock_guard<std::mutex> l(w.mu);
     w.jobs[*pid] = id;
     w.stderr_paths[id] = spec.stderr_path;
@@ -396,8 +395,8 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
   auto joined = JoinCluster(sys, head, c.co, "node", c.name, Registration(c, agent));
   if (!joined.ok()) ExitRole("node", c.name, joined.status());
   ++w.incarnation;
-  std::cout << "troupe node " << c.name << ": joined again, starting " << c.workers
-            << " new workers" << std::endl;
+  PrintLine(
+      absl::StrCat("troupe node ", c.name, ": joined again, starting ", c.workers, " new workers"));
   StartWorkers(c, w);
 }
 
@@ -434,8 +433,8 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
       const Duration grace = std::min(c.grace, notice->left);
       deadline = Clock::now() + grace;
       const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(grace).count();
-      std::cout << "troupe node " << c.name << ": preemption notice (" << notice->detail
-                << "), draining for " << ms << "ms" << std::endl;
+      PrintLine(absl::StrCat("troupe node ", c.name, ": preemption notice (", notice->detail,
+                             "), draining for ", ms, "ms"));
       caf::anon_send(head, drain_atom::value, c.name, ms, notice->detail);
     }
     if (w.head_lost) {
@@ -455,8 +454,7 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
       w.head_lost = false;
       caf::anon_send(agent, new_head_atom::value, head);
       heartbeats.SetHead(head);
-      std::cout << "troupe node " << c.name << ": rejoined the head at " << c.head_addr
-                << std::endl;
+      PrintLine(absl::StrCat("troupe node ", c.name, ": rejoined the head at ", c.head_addr));
       Reap(w, head, ctx, c.name);  // exits while it was away
     }
     if (draining && (w.release || Clock::now() >= deadline)) break;
@@ -466,7 +464,7 @@ void Rejoin(const NodeConfig& c, Workers& w, const caf::actor& head, const caf::
     caf::scoped_actor self{sys};
     self->send(head, leave_atom::value, c.name);
   }
-  std::cout << "troupe node " << c.name << ": left" << std::endl;
+  PrintLine(absl::StrCat("troupe node ", c.name, ": left"));
   std::fflush(nullptr);
   usleep(100000);  // let the leave message go out
   _exit(0);
@@ -504,8 +502,8 @@ int NodeMain(const std::vector<std::string>& args, ActorRegistry registry) {
   caf::actor agent = sys.spawn(AgentBehavior, w, m->head, m->runtime->internal_context());
   auto joined = JoinCluster(sys, m->head, c.co, "node", c.name, Registration(c, agent));
   if (!joined.ok()) ExitRole("node", c.name, joined.status());
-  std::cout << "troupe node " << c.name << ": joined " << c.head_addr << " with " << c.resources
-            << " as " << c.advertise << ", starting " << c.workers << " workers" << std::endl;
+  PrintLine(absl::StrCat("troupe node ", c.name, ": joined ", c.head_addr, " with ", c.resources,
+                         " as ", c.advertise, ", starting ", c.workers, " workers"));
   // Heartbeats first: starting the workers can take longer than the head's heartbeat timeout on a
   // loaded machine (a node was once declared dead a second after it joined).
   HeartbeatSender heartbeats(*m->runtime, m->head, c.name, c.co.heartbeat_interval);

@@ -294,8 +294,7 @@ int OpenEtcdStore(const HeadFlags& f, absl::string_view etcd, std::shared_ptr<He
     return opened.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   *store = std::move(*opened);
-  std::cout << "troupe head: leading " << f.store_path << ", epoch " << (*store)->epoch()
-            << std::endl;
+  PrintLine(absl::StrCat("troupe head: leading ", f.store_path, ", epoch ", (*store)->epoch()));
   return 0;
 }
 
@@ -311,8 +310,7 @@ int OpenStore(const HeadFlags& f, std::shared_ptr<HeadStore>* store) {
     return 2;
   }
   *store = std::move(*opened);
-  std::cout << "troupe head: store " << f.store_path << ", epoch " << (*store)->epoch()
-            << std::endl;
+  PrintLine(absl::StrCat("troupe head: store ", f.store_path, ", epoch ", (*store)->epoch()));
   return 0;
 }
 
@@ -360,30 +358,24 @@ int HeadMain(const std::vector<std::string>& args, ActorRegistry registry) {
   };
   auto bound = Publish(**rt, head, static_cast<uint16_t>(flags.port), host);
   if (!bound.ok()) fail(bound.status());
-  // Each line in one write: the head's actors print to the same stdout from their own threads,
-  // and a line written piecewise came out with one of theirs inside it (a deploy test read
-  // "listening on 10.77.1.2:troupe-head: store epoch 1…45049").
-  std::cout << absl::StrCat(
-                   "troupe head: listening on ", host, ":", *bound,
-                   ro.tls()
-                       ? " (mutual TLS)"
-                       : " (plain TCP without TLS: for loopback and trusted local networks only)",
-                   " build_id=", co.EffectiveBuildId(), "\n")
-            << std::flush;
+  PrintLine(absl::StrCat(
+      "troupe head: listening on ", host, ":", *bound,
+      ro.tls() ? " (mutual TLS)"
+               : " (plain TCP without TLS: for loopback and trusted local networks only)",
+      " build_id=", co.EffectiveBuildId()));
   std::unique_ptr<OpsHttp> http;
   if (flags.http_port >= 0) {
     auto started =
         OpsHttp::Start((*rt)->system(), head, host, static_cast<int>(flags.http_port), ro);
     if (!started.ok()) fail(started.status());
     http = std::move(*started);
-    std::cout << absl::StrCat("troupe head: dashboard, JSON API and /metrics at ",
-                              ro.tls() ? "https" : "http", "://", host, ":", http->port(), "/\n")
-              << std::flush;
+    PrintLine(absl::StrCat("troupe head: dashboard, JSON API and /metrics at ",
+                           ro.tls() ? "https" : "http", "://", host, ":", http->port(), "/"));
   }
   if (http) WritePortFile(flags.http_port_file, http->port());
   WritePortFile(flags.port_file, *bound);
   int sig = WaitForStopSignal();
-  std::cout << absl::StrCat("troupe head: stopping on signal ", sig, "\n") << std::flush;
+  PrintLine(absl::StrCat("troupe head: stopping on signal ", sig));
   {  // the membership changes not yet written (group commit, head.cc) go to the store first
     caf::scoped_actor self{(*rt)->system()};
     self->request(head, std::chrono::seconds(5), store_flush_atom::value, true)
@@ -477,13 +469,13 @@ int UpMain(const std::vector<std::string>& args) {
     LogError("up", std::string(cluster.status().message()));
     return 1;
   }
-  std::cout << "troupe up: head at 127.0.0.1:" << (*cluster)->port() << " (pid "
-            << (*cluster)->head_pid() << ", " << (ro.tls() ? "mutual TLS" : "plain TCP")
-            << "), node 'local' with " << workers << " workers; logs in " << co.log_dir
-            << "; dashboard at " << (ro.tls() ? "https" : "http")
-            << "://127.0.0.1:" << (*cluster)->http_port() << "/; Ctrl-C to stop" << std::endl;
+  PrintLine(absl::StrCat("troupe up: head at 127.0.0.1:", (*cluster)->port(), " (pid ",
+                         (*cluster)->head_pid(), ", ", ro.tls() ? "mutual TLS" : "plain TCP",
+                         "), node 'local' with ", workers, " workers; logs in ", co.log_dir,
+                         "; dashboard at ", ro.tls() ? "https" : "http",
+                         "://127.0.0.1:", (*cluster)->http_port(), "/; Ctrl-C to stop"));
   WaitForStopSignal();
-  std::cout << "troupe up: tearing down" << std::endl;
+  PrintLine("troupe up: tearing down");
   cluster->reset();
   return 0;
 }
@@ -635,8 +627,8 @@ int CertsMain(const std::vector<std::string>& args) {
     LogError("certs", std::string(s.message()));
     return 1;
   }
-  std::cout << "troupe certs: wrote " << dir << "/ca.pem and certificates for " << members
-            << (ca_dir.empty() ? "" : " issued by the CA in " + ca_dir) << std::endl;
+  PrintLine(absl::StrCat("troupe certs: wrote ", dir, "/ca.pem and certificates for ", members,
+                         ca_dir.empty() ? "" : " issued by the CA in " + ca_dir));
   return 0;
 }
 

@@ -40,6 +40,12 @@ inline void LogError(const std::string& who, const std::string& m) {
   Log(LogLevel::kError, who, m);
 }
 
+// One line for the user on stdout ("troupe node n1: joined …"), written whole and flushed: a
+// role's actors print to the same stdout from their own threads (aout), and a line written in
+// pieces can come out with one of theirs inside it (a test once read "listening on
+// 10.77.1.2:troupe-head: store epoch 1…45049" and found no address).
+void PrintLine(const std::string& line);
+
 }  // namespace troupe::runtime
 
 #endif  // TROUPE_RUNTIME_LOG_H_
