@@ -380,11 +380,15 @@ absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
                                 staged.m.data(), staged.v.data(), options_.adamw, staged_scalars_);
 }
 
-// The step's gradient of my range to the buddy (which replays my AdamW on its mirror when the
-// step commits) and the staged parameters to the ranks that keep them (data parallelism: an
-// all-gather into staged_held_), both in flight at once.
+// The step's gradient of my range to the buddy and the staged parameters to the ranks that keep
+// them (data parallelism: an all-gather into staged_held_), both in flight at once; then my AdamW
+// of the range I mirror (StageBuddyAdamW; under data parallelism its parameters, which the
+// all-gather brought, are written again with the same bits: this mode's collective all-gather
+// cannot leave the buddy out).
 absl::Status ElasticRank::ShareStagedState(int64_t step) {
   const RankState& c = committed_state_;
+  const bool mirrors = StepAdvancesMirror();
+  if (mirrors) TROUPE_RETURN_IF_ERROR(StageMirror());
   std::vector<Work> mirror;
   if (c.layout.world > 1) {
     TROUPE_RETURN_IF_ERROR(ops_->Resize(&mirror_grad_, c.layout.per_rank));
@@ -410,7 +414,40 @@ absl::Status ElasticRank::ShareStagedState(int64_t step) {
   const absl::Status mirrored = elastic_internal::WaitAll(mirror);
   if (!shared.ok()) return Phase("parameter all-gather", shared);
   if (!mirrored.ok()) return Phase("buddy mirror", mirrored);
+  if (!mirrors) return absl::OkStatus();
+  const int prev = MirroredRank(c.rank, c.buddy, c.layout.world);
+  return StageBuddyAdamW(c.layout.begin(prev), c.layout.end(prev));
+}
+
+absl::Status ElasticRank::StageMirror() {
+  const RankState& c = committed_state_;
+  RankState& staged = staged_state_;
+  for (auto [to, from] :
+       {std::pair{&staged.replica_m, &c.replica_m}, std::pair{&staged.replica_v, &c.replica_v},
+        std::pair{&staged.replica_p, &c.replica_p}}) {
+    if (from->size() == 0) continue;  // replica_p: a grid's only
+    TROUPE_RETURN_IF_ERROR(ops_->Resize(to, from->size()));
+    TROUPE_RETURN_IF_ERROR(ops_->Copy(to->data(), from->data(), from->size()));
+  }
   return absl::OkStatus();
+}
+
+absl::Status ElasticRank::StageBuddyAdamW(int64_t lo, int64_t hi) {
+  const RankState& c = committed_state_;
+  RankState& staged = staged_state_;
+  const int prev = MirroredRank(c.rank, c.buddy, c.layout.world);
+  const int64_t at = lo - c.layout.begin(prev);
+  if (hi <= lo) return absl::OkStatus();
+  float* params = nullptr;
+  if (c.stages > 1) {
+    params = staged.replica_p.data() + at;  // StageMirror copied the committed mirror there
+  } else {
+    params = staged_held_.data() + lo;  // every parameter is held
+    TROUPE_RETURN_IF_ERROR(ops_->Copy(params, model_->params() + lo, hi - lo));
+  }
+  return ops_->AdamWUpdateRange(model_->tensors(), lo, hi, params, mirror_grad_.data() + at,
+                                staged.replica_m.data() + at, staged.replica_v.data() + at,
+                                options_.adamw, staged_scalars_);
 }
 
 }  // namespace troupe::train

@@ -1,6 +1,6 @@
 // ElasticRank's reconfiguration: Configure stages a new generation's state beside the committed
 // one (from initialisation, the survivors' memory or a checkpoint) and Commit switches over —
-// a step's commit is the buddy's replay of its owner's AdamW on the mirror, then the same move.
+// a step's commit is the same move.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -331,8 +331,17 @@ absl::Status ElasticRank::AddMomentMoves(const GenerationPlan& plan, const Shard
       float* dst_m = staged.m.data() + (lo - to.begin(d));
       float* dst_v = staged.v.data() + (lo - to.begin(d));
       if (src == plan.rank) {
-        float* sm = (from_owner ? c.m.data() : c.replica_m.data()) + (lo - from.begin(o));
-        float* sv = (from_owner ? c.v.data() : c.replica_v.data()) + (lo - from.begin(o));
+#ifdef TROUPE_MUTATION_SKIP_BUDDY_MIRROR
+        // The test-only bug (cmake -DTROUPE_MUTATION=skip-buddy-mirror) `troupe chaos run` must
+        // catch: a restore skips the buddy's mirror and sends the buddy's own moments in its
+        // place, so a shard restored from a mirror is wrong.
+        constexpr bool kFromMirror = false;
+#else
+        constexpr bool kFromMirror = true;
+#endif
+        const bool mirror = kFromMirror && !from_owner;
+        float* sm = (mirror ? c.replica_m.data() : c.m.data()) + (lo - from.begin(o));
+        float* sv = (mirror ? c.replica_v.data() : c.v.data()) + (lo - from.begin(o));
         if (d == plan.rank) {
           for (absl::Status s : {ops_->Copy(dst_m, sm, count), ops_->Copy(dst_v, sv, count)}) {
             if (!s.ok()) return s;
@@ -427,18 +436,16 @@ void ElasticRank::Commit() {
   const bool new_grid = staged_ == Staged::kConfig;
   staged_ = Staged::kNone;
   // A replicated state's step staged only its reduced gradient and scalars: its AdamW runs here,
-  // on every parameter in place. A sharded step's buddy replays its owner's AdamW on the mirror.
+  // on every parameter in place.
   const bool in_place = !new_grid && options_.replicate_optimizer;
   RankState& c = committed_state_;
-  absl::Status s = new_grid ? absl::OkStatus()
-                   : in_place
+  absl::Status s = in_place
                        ? ops_->AdamWUpdateRange(model_->tensors(), 0, model_->num_params(),
                                                 model_->params(), grad_shard_.data(), c.m.data(),
                                                 c.v.data(), options_.adamw, staged_scalars_)
-                       : ReplayBuddyStep();
-  if (s.ok() && !in_place) s = CopyStagedParamsIntoModel();
+                       : CopyStagedParamsIntoModel();
   if (!s.ok()) {
-    // The mirror or the model's parameters are now neither the old nor the new state.
+    // The model's parameters are now neither the old nor the new state.
     has_state_ = false;
     commit_error_ = absl::Status(s.code(), absl::StrCat("commit: ", s.message()));
     return;
@@ -450,21 +457,6 @@ void ElasticRank::Commit() {
   if (new_grid) DiscardUnheld();
   MoveStagedToCommitted(new_grid);
   has_state_ = true;
-}
-
-// The buddy's replay of its owner's AdamW on the mirror, from the owner's inputs (its committed
-// parameters: the model's own under data parallelism, which CopyStagedParamsIntoModel then
-// overwrites with the same bits; the mirror of them on a grid), so with the owner's bits.
-absl::Status ElasticRank::ReplayBuddyStep() {
-  const RankState& staged = staged_state_;
-  RankState& c = committed_state_;
-  const int prev = MirroredRank(staged.rank, staged.buddy, staged.layout.world);
-  const int64_t pb = staged.layout.begin(prev), pe = staged.layout.end(prev);
-  if (staged.layout.world == 1 || pe <= pb) return absl::OkStatus();
-  float* p = staged.stages > 1 ? c.replica_p.data() : model_->params() + pb;
-  return ops_->AdamWUpdateRange(model_->tensors(), pb, pe, p, mirror_grad_.data(),
-                                c.replica_m.data(), c.replica_v.data(), options_.adamw,
-                                staged_scalars_);
 }
 
 absl::Status ElasticRank::CopyStagedParamsIntoModel() {
@@ -486,14 +478,15 @@ void ElasticRank::DiscardUnheld() {
   }
 }
 
-// The move. A step's staged state has no mirror of its own: it takes the committed one, which
-// ReplayBuddyStep just advanced; a configuration's mirror replaces the committed one. What the
-// committed state held stays behind in staged_state_ as the next staging's buffers (m and v: a
-// sharded step allocates none), except a replaced mirror, which is freed.
+// The move. A step's staged mirror is the committed one advanced (StageMirror), or, where the
+// step advances none (a world of one, replicated moments), the committed one carried over; a
+// configuration's mirror replaces the committed one. What the committed state held stays behind
+// in staged_state_ as the next staging's buffers (m and v: a replicated step allocates none),
+// except a replaced configuration's mirror, which is freed.
 void ElasticRank::MoveStagedToCommitted(bool new_grid) {
   RankState& c = committed_state_;
   RankState& staged = staged_state_;
-  if (!new_grid) {
+  if (!new_grid && !StepAdvancesMirror()) {
     staged.replica_p = std::move(c.replica_p);
     staged.replica_m = std::move(c.replica_m);
     staged.replica_v = std::move(c.replica_v);
@@ -503,9 +496,11 @@ void ElasticRank::MoveStagedToCommitted(bool new_grid) {
     staged.m = model::FloatArray();
     staged.v = model::FloatArray();
   }
-  staged.replica_p = model::FloatArray();
-  staged.replica_m = model::FloatArray();
-  staged.replica_v = model::FloatArray();
+  if (new_grid) {
+    staged.replica_p = model::FloatArray();
+    staged.replica_m = model::FloatArray();
+    staged.replica_v = model::FloatArray();
+  }
 }
 
 // Nothing reads staged_state_ while staged_ is kNone, and RunStep or Configure writes it whole

@@ -5,7 +5,7 @@
 //   gradient pieces to their owners:        ▒▒▒▒▒          ▒▒▒▒▒         ▒▒▒▒▒            ▒▒▒▒▒
 //   owners combine as pieces arrive:            ░░              ░░            ░░              ░░
 //   then: buddy mirror ▒ │ norm (chunk sums were summed per piece) │ AdamW piece 0 ▓ piece 1 ▓ …
-//   updated pieces to every rank:                                            ▒▒▒▒▒     ▒▒▒▒▒
+//   updated pieces to every rank but the buddy:                              ▒▒▒▒▒     ▒▒▒▒▒
 //
 // The flat gradient is cut into pieces: each owner's range in buckets of bucket_floats (a
 // multiple of the norm's 4 Ki chunk). As the model reports ranges of its gradient final
@@ -15,7 +15,8 @@
 // canonical tree (the plan every ordered reduce-scatter runs) as soon as all arrive, and sums
 // its norm chunks there. The norm needs every rank's chunks, so AdamW waits for it (clipping is
 // global); then each piece of the range is updated and sent to every rank while the next piece
-// is being updated.
+// is being updated — every rank but the buddy, which runs the owner's AdamW on its mirror from
+// the gradient the mirror brought, and so sends nothing a replicated step would not.
 //
 // Replicated optimizer state (Options::replicate_optimizer): the pieces are buckets of the whole
 // flat gradient, piece j combined by rank j mod W (PlanSharedGradientPieces) — the pieces the
@@ -162,7 +163,8 @@ class ElasticRank::OverlappedStep {
   std::vector<char> combined_;      // by piece (mine)
   std::vector<double> chunk_sums_;  // my range's norm chunks
   std::vector<Work> sends_, mirror_, gather_;
-  absl::Status error_;  // the first failure of a Ready callback
+  std::vector<Work> mirror_in_;  // of mirror_: the gradient of the range I mirror
+  absl::Status error_;           // the first failure of a Ready callback
   bool posted_any_ = false;
   Stopwatch step_clock_;
   double first_post_ = -1;
@@ -360,16 +362,14 @@ absl::Status ElasticRank::OverlappedStep::NormFromShares(StepOutcome* out) {
 absl::Status ElasticRank::OverlappedStep::PostMirror() {
   if (c_.layout.world == 1) return absl::OkStatus();
   TROUPE_RETURN_IF_ERROR(r_.ops_->Resize(&r_.mirror_grad_, c_.layout.per_rank));
-#ifdef TROUPE_MUTATION_SKIP_BUDDY_MIRROR
-  // The test-only bug (cmake -DTROUPE_MUTATION=skip-buddy-mirror) `troupe chaos run` must catch:
-  // the buddy's mirror never gets its owner's gradient, so a shard restored from it is stale.
-  return absl::OkStatus();
-#endif
   std::vector<P2P> moves;
   elastic_internal::AddRangeMirror(c_.layout, c_.rank, c_.buddy, r_.grad_shard_.data(),
                                    r_.mirror_grad_.data(), elastic_internal::kTagMirrorGrad,
                                    &moves);
   mirror_ = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+  for (size_t i = 0; i < moves.size(); ++i) {
+    if (moves[i].kind == P2P::Kind::kRecv) mirror_in_.push_back(mirror_[i]);
+  }
   return absl::OkStatus();
 }
 
@@ -378,7 +378,10 @@ absl::StatusOr<double> ElasticRank::OverlappedStep::Norm() {
 }
 
 // AdamW piece by piece into staged_held_ (the whole model's staged parameters), each piece sent to
-// every rank as soon as it is updated; round j carries piece j of every owner's range.
+// every rank but my buddy as soon as it is updated; round j carries piece j of every owner's
+// range. Then the range I mirror: its owner's AdamW here, on the staged mirror (StageBuddyAdamW),
+// instead of its updated parameters over the wire — the buddy mirror costs no bytes beyond the
+// gradient it sends, so a sharded step sends what a replicated one does.
 absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   model::ArrayOps* ops = r_.ops_;
   RankState& staged = r_.staged_state_;
@@ -393,6 +396,9 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   TROUPE_RETURN_IF_ERROR(ops->Copy(staged.m.data(), c_.m.data(), per_rank));
   TROUPE_RETURN_IF_ERROR(ops->Copy(staged.v.data(), c_.v.data(), per_rank));
   const int world = c_.layout.world, me = c_.rank;
+  const bool mirrors = r_.StepAdvancesMirror();
+  const int buddy = mirrors ? BuddyRank(me, c_.buddy, world) : -1;
+  const int prev = mirrors ? MirroredRank(me, c_.buddy, world) : -1;
   int32_t rounds = 0;
   for (const GradientPiece& p : pieces_) rounds = std::max(rounds, p.index + 1);
   for (int32_t j = 0; j < rounds; ++j) {
@@ -404,7 +410,7 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
       float* params = r_.staged_held_.data() + p.lo;
       const Buffer buf = Buffer::F32(params, static_cast<size_t>(p.hi - p.lo));
       if (p.owner != me) {
-        moves.push_back({P2P::Kind::kRecv, buf, p.owner, tag});
+        if (p.owner != prev) moves.push_back({P2P::Kind::kRecv, buf, p.owner, tag});
         continue;
       }
       const int64_t at = p.lo - b_;
@@ -416,12 +422,18 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
         if (!s.ok()) return s;
       }
       for (int d = 0; d < world; ++d) {
-        if (d != me) moves.push_back({P2P::Kind::kSend, buf, d, tag});
+        if (d != me && d != buddy) moves.push_back({P2P::Kind::kSend, buf, d, tag});
       }
     }
     std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
     gather_.insert(gather_.end(), works.begin(), works.end());
     if (j == 0 && r_.options_.on_point) r_.options_.on_point(step_, StepPoint::kGather);
+  }
+  if (!mirrors) return absl::OkStatus();
+  TROUPE_RETURN_IF_ERROR(r_.StageMirror());  // while my updated pieces are on the wire
+  if (absl::Status s = WaitAll(mirror_in_); !s.ok()) return Phase("buddy mirror", s);
+  for (const GradientPiece& p : pieces_) {
+    if (p.owner == prev) TROUPE_RETURN_IF_ERROR(r_.StageBuddyAdamW(p.lo, p.hi));
   }
   return absl::OkStatus();
 }

@@ -914,6 +914,42 @@ TEST_P(ElasticReplicatedTest, AnySurvivorRestoresEveryRangeAndAJoinerIsFoldedIn)
   ExpectMomentsOf(three, want_m);
 }
 
+// The buddy runs its owner's AdamW on its mirror from the gradient the mirror brings, so the
+// owner sends its updated range to every rank but the buddy: a sharded step puts on the wire what
+// a replicated one does, 2(W - 1) gradients over all W ranks (6 at W = 4; 7 when the buddy got
+// the updated range too), and the next steps' bits still hold.
+TEST_P(ElasticReplicatedTest, TheBuddyMirrorAddsNoBytesToAStep) {
+  constexpr int kW = 4;
+  std::vector<float> want, want_m;
+  Reference(3, &want, &want_m);
+  for (const bool replicated : {false, true}) {
+    replicate_ = replicated;
+    SCOPED_TRACE(replicated ? "replicated" : "sharded");
+    std::vector<Rank> ranks(kW);
+    std::vector<Rank*> ptrs;
+    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+    Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
+    Steps(ptrs, 1);
+    auto sent = [&] {  // Configure appended the generation's host communicators, then null ones
+      uint64_t bytes = 0;
+      for (size_t i = comms_.size() - 2 * kW; i < comms_.size() - kW; ++i) {
+        bytes += comms_[i]->stats().bytes_sent;
+      }
+      return bytes;
+    };
+    const uint64_t before = sent();
+    Steps(ptrs, 2);
+    const double gradients = static_cast<double>(sent() - before) /
+                             (static_cast<double>(ptrs[0]->model->num_params()) * sizeof(float));
+    // Beyond the 6 gradients, only the sharded norm's chunk sums (a few doubles per 4 Ki chunk).
+    EXPECT_GE(gradients, 2.0 * (kW - 1));
+    EXPECT_LT(gradients, 2.0 * (kW - 1) + 0.1);
+    Steps(ptrs, 3);
+    ExpectBitIdentical(ptrs, want);
+    ExpectMomentsOf(ptrs, want_m);
+  }
+}
+
 // A checkpoint holds each range's moments, whichever state wrote it: a replicated one restores
 // into a sharded world of another size and back, with the reference's bits.
 TEST_P(ElasticReplicatedTest, CheckpointsRestoreIntoEitherStateAtAnotherWorldSize) {

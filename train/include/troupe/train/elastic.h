@@ -14,12 +14,12 @@
 //      in a fixed tree over the model's real chunks only (padding never enters);
 //   4. AdamW on the range into *staged* buffers; the range's step gradient goes to the buddy
 //      rank (r + k) mod W (k: the plan's buddy offset, chosen so that a buddy is in another
-//      failure domain than its owner where the group allows), which mirrors the owner's moments;
-//      staged parameter ranges are all-gathered (a pipeline grid's: sent to the ranks whose stage
-//      reads them, below);
-//   5. Commit() swaps the staged state in, and the buddy replays the owner's AdamW on its mirror
-//      (the same inputs, so the same bits: one gradient crosses the wire instead of the updated
-//      moments, and no staged copy of the mirror is kept); Abandon() drops it, so a re-run step
+//      failure domain than its owner where the group allows), which runs the owner's AdamW on a
+//      staged copy of its mirror of the owner's moments (the same inputs, so the same bits: one
+//      gradient crosses the wire instead of the updated moments); staged parameter ranges are
+//      all-gathered (a pipeline grid's: sent to the ranks whose stage reads them, below) — in
+//      deterministic mode to every rank but the buddy, which has just computed them;
+//   5. Commit() swaps the staged state (its mirror too) in; Abandon() drops it, so a re-run step
 //      never applies an update twice.
 // A new generation is staged the same way: Configure() builds the new layout's state beside the
 // committed one, and only Commit() (once the coordinator heard from every rank) switches over —
@@ -174,8 +174,9 @@ class ElasticRank {
     // combine the gradient's pieces round robin (PlanSharedGradientPieces) and send each to
     // every rank as they combine it (during the backward pass: no wait for the norm); every rank
     // sums the norm itself and runs AdamW on all the parameters —
-    // no all-gather of parameters behind AdamW and no buddy mirror (1.5 gradients a rank on the
-    // wire per step instead of 1.75 at W = 4). The same bits as sharded. Deterministic data
+    // no all-gather of parameters behind AdamW and no buddy mirror (the same 1.5 gradients a rank
+    // on the wire per step as sharded at W = 4, all behind the backward pass). The same bits as
+    // sharded. Deterministic data
     // parallelism in host memory only (Configure refuses the rest). A memory restore needs any
     // one survivor; the coordinator still plans by owner and buddy, so it is never less safe.
     bool replicate_optimizer = false;
@@ -248,10 +249,10 @@ class ElasticRank {
   // the committed state, which recovery and checkpoints read, and the staged one, which RunStep or
   // Configure builds beside it without touching it:
   //
-  //                RunStep                        Commit: (a step) the buddy replays its owner's
-  //   kNone ────────────────────▶ kStep ──────┐     AdamW on the mirror; the staged parameters
-  //     ▲  ────────────────────▶ kConfig ─────┤     into the model's buffer; then staged →
-  //     │          Configure                  │     committed, a move
+  //                RunStep                        Commit: the staged parameters into the model's
+  //   kNone ────────────────────▶ kStep ──────┐     buffer; then staged → committed (moments,
+  //     ▲  ────────────────────▶ kConfig ─────┤     mirror), a move
+  //     │          Configure                  │
   //     └─────────────────────────────────────┘ Abandon (and every RunStep/Configure first):
   //                                               the staged state is dropped, never applied
   //
@@ -268,8 +269,8 @@ class ElasticRank {
     std::vector<std::pair<int, int>> units;
     std::vector<Ranges> held;
     // The moments of rank's range; the buddy mirror of rank (rank - buddy) mod world's range:
-    // moments, and its parameters on a grid. A staged step stages no mirror: its Commit replays
-    // the step on the committed one.
+    // moments, and its parameters on a grid. A staged step stages the mirror it advanced
+    // (StageMirror, StageBuddyAdamW) beside the committed one.
     model::FloatArray m, v, replica_p, replica_m, replica_v;
 
     const Ranges& my_held() const { return held[rank]; }
@@ -305,6 +306,18 @@ class ElasticRank {
   [[nodiscard]] absl::StatusOr<double> GradNormFromChunkSums(std::vector<double>& mine);
   [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
   [[nodiscard]] absl::Status ShareStagedState(int64_t step);
+  // The buddy's half of a sharded step, where a step advances a mirror (StepAdvancesMirror: not
+  // in a world of one, nor with replicated moments). StageMirror: the staged mirror starts as a
+  // copy of the committed one. StageBuddyAdamW: the owner's AdamW on [lo, hi) of the range this
+  // rank mirrors, from the owner's inputs (its gradient, in mirror_grad_ once received; its
+  // committed parameters: the model's own under data parallelism, the mirror of them on a grid), so
+  // with the owner's bits — into the staged mirror and, under data parallelism, into staged_held_:
+  // the owner sends its updated range to every rank but its buddy.
+  bool StepAdvancesMirror() const {
+    return !options_.replicate_optimizer && committed_state_.layout.world > 1;
+  }
+  [[nodiscard]] absl::Status StageMirror();
+  [[nodiscard]] absl::Status StageBuddyAdamW(int64_t lo, int64_t hi);
 
   // ---- The pipeline grid (elastic_stages.cc).
   // This rank's stage of its replica's schedule, each gradient range's subtree into
@@ -351,9 +364,8 @@ class ElasticRank {
   // parameters `p` — and the receive of the mirror it keeps into *works; the caller waits.
   [[nodiscard]] absl::Status PostMirror(RankState* state, const float* p,
                                         std::vector<collectives::Work>* works);
-  // Commit's parts: the buddy's replay of a staged step on the committed mirror; the staged
-  // parameters into the model's buffer; the staged state becoming the committed one.
-  [[nodiscard]] absl::Status ReplayBuddyStep();
+  // Commit's parts: the staged parameters into the model's buffer; the staged state becoming the
+  // committed one.
   [[nodiscard]] absl::Status CopyStagedParamsIntoModel();
   void DiscardUnheld();
   void MoveStagedToCommitted(bool new_grid);
@@ -371,8 +383,8 @@ class ElasticRank {
   std::optional<Checkpoint> restored_checkpoint_;
   // The staged parameters of staged_state_.my_held(), one range after the other.
   model::FloatArray staged_held_;
-  // Staged by RunStep: the mirrored rank's step gradient and the step's AdamW scalars, which
-  // Commit replays on the mirror.
+  // Staged by RunStep: the mirrored rank's step gradient (StageBuddyAdamW's input) and the step's
+  // AdamW scalars.
   model::FloatArray mirror_grad_;
   kernels::AdamWScalars staged_scalars_{};
   // The step's scratch: this rank's subtree of the gradient (data parallelism), the step gradient
