@@ -156,27 +156,33 @@ void JobReporter::End(const absl::StatusOr<JobReport>& report) {
       .receive([](bool) {}, [](caf::error&) {});
 }
 
-void LineTee::Put(char c) {
-  std::string& line = pending_[std::this_thread::get_id()];
+void LineTee::Put(std::thread::id thread, char c) {
+  std::string& line = pending_[thread];
   line += c;
   if (c != '\n') return;
   out_.write(line.data(), static_cast<std::streamsize>(line.size())).flush();  // one write
   line.pop_back();
   std::string whole = std::move(line);
-  pending_.erase(std::this_thread::get_id());
+  pending_.erase(thread);
   line_(std::move(whole));
+}
+
+LineTee::~LineTee() {
+  std::lock_guard<std::mutex> l(mu_);
+  while (!pending_.empty()) Put(pending_.begin()->first, '\n');  // ends and erases it
 }
 
 int LineTee::overflow(int c) {
   if (c == traits_type::eof()) return traits_type::not_eof(c);
   std::lock_guard<std::mutex> l(mu_);
-  Put(static_cast<char>(c));
+  Put(std::this_thread::get_id(), static_cast<char>(c));
   return c;
 }
 
 std::streamsize LineTee::xsputn(const char* s, std::streamsize n) {
   std::lock_guard<std::mutex> l(mu_);
-  for (std::streamsize i = 0; i < n; ++i) Put(s[i]);
+  const std::thread::id thread = std::this_thread::get_id();
+  for (std::streamsize i = 0; i < n; ++i) Put(thread, s[i]);
   return n;
 }
 

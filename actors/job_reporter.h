@@ -70,11 +70,13 @@ class JobReporter {
 // An ostream buffer that passes each complete line to `out`, in one write, and to `line`. The
 // driver's actor and its thread both print, in pieces (`out << "job " << id << …`), and the
 // process's actors print to the same stdout: each thread's line is gathered apart and written
-// whole, so no line comes out with another inside it. A line not yet ended is not written.
+// whole, so no line comes out with another inside it. A line not yet ended is written when it
+// ends, or when the LineTee goes.
 class LineTee : public std::streambuf {
  public:
   LineTee(std::ostream& out, std::function<void(std::string)> line)
       : out_(out), line_(std::move(line)) {}
+  ~LineTee() override;  // writes what is left of lines not ended, each whole
 
  protected:
   int overflow(int c) override;
@@ -82,7 +84,7 @@ class LineTee : public std::streambuf {
   int sync() override;
 
  private:
-  void Put(char c);  // under mu_
+  void Put(std::thread::id thread, char c);  // under mu_
 
   std::mutex mu_;
   std::ostream& out_;

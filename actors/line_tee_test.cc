@@ -61,5 +61,18 @@ TEST(LineTeeTest, ALineNotYetEndedIsHeldBack) {
   EXPECT_EQ(reported, std::vector<std::string>{"step 1 of 40"});
 }
 
+TEST(LineTeeTest, WhatIsLeftOfALineIsWrittenWhenTheLineTeeGoes) {
+  std::ostringstream sink;
+  std::vector<std::string> reported;
+  {
+    LineTee tee(sink, [&](std::string line) { reported.push_back(std::move(line)); });
+    std::ostream out(&tee);
+    out << "done" << std::endl << "no newline";
+    EXPECT_EQ(sink.str(), "done\n");
+  }
+  EXPECT_EQ(sink.str(), "done\nno newline\n");
+  EXPECT_EQ(reported, (std::vector<std::string>{"done", "no newline"}));
+}
+
 }  // namespace
 }  // namespace troupe::actors

@@ -425,7 +425,10 @@ absl::Status ElasticRank::StageMirror() {
   for (auto [to, from] :
        {std::pair{&staged.replica_m, &c.replica_m}, std::pair{&staged.replica_v, &c.replica_v},
         std::pair{&staged.replica_p, &c.replica_p}}) {
-    if (from->size() == 0) continue;  // replica_p: a grid's only
+    if (from->size() == 0) {  // replica_p: a grid's only
+      *to = model::FloatArray();
+      continue;
+    }
     TROUPE_RETURN_IF_ERROR(ops_->Resize(to, from->size()));
     TROUPE_RETURN_IF_ERROR(ops_->Copy(to->data(), from->data(), from->size()));
   }

@@ -18,7 +18,7 @@
 //      staged copy of its mirror of the owner's moments (the same inputs, so the same bits: one
 //      gradient crosses the wire instead of the updated moments); staged parameter ranges are
 //      all-gathered (a pipeline grid's: sent to the ranks whose stage reads them, below) — in
-//      deterministic mode to every rank but the buddy, which has just computed them;
+//      step 2's overlapped exchange to every rank but the buddy, which has just computed them;
 //   5. Commit() swaps the staged state (its mirror too) in; Abandon() drops it, so a re-run step
 //      never applies an update twice.
 // A new generation is staged the same way: Configure() builds the new layout's state beside the
