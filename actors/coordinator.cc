@@ -42,11 +42,10 @@ absl::Status Coordinator::Init(const std::string& spec_text) {
                           train::ParseJobSpec(spec_text, "job spec from the driver"));
   spec_ = spec;
   // The model's shape, from a host instance: the coordinator's node need not have the ranks'
-  // GPUs, and a model on any device has the same flat layout.
-  train::ModelSpec probe_spec = spec_.model;
-  probe_spec.device = "cpu";
-  TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<train::Trainable> probe,
-                          train::TrainableRegistry::Global().Create(probe_spec));
+  // GPUs.
+  TROUPE_ASSIGN_OR_RETURN(
+      std::unique_ptr<train::Trainable> probe,
+      train::TrainableRegistry::Global().Create(train::HostLayoutSpec(spec_.model)));
   num_params_ = probe->num_params();
   tokens_per_microbatch_ = probe->tokens_per_microbatch();
   gpt_config_ = probe->gpt_config();

@@ -230,7 +230,9 @@ class SimtBf16Gpt {
     return g_->Forward(tokens, targets, b, t);
   }
   absl::Status ZeroGrad() { return g_->ZeroGrad(); }
-  absl::Status Backward(float loss_weight) { return g_->Backward(loss_weight); }
+  absl::Status Backward(float loss_weight, const Gpt::RangeReady& ready) {
+    return g_->Backward(loss_weight, ready);
+  }
   absl::StatusOr<const float*> Fp32Grads() { return g_->Fp32Grads(); }
 
  private:
@@ -777,6 +779,35 @@ TEST_P(ElasticTest, EveryMicrobatchServedOncePerCommittedStep) {
   ExpectEveryMicrobatchServedOnce(2);
 }
 
+// The coordinator reads a GPU job's model shape on a node without GPUs: the host fp32 instance of
+// a cuda bf16 spec builds there, with the layout of the model the ranks train (once a bug: the
+// coordinator kept precision = "bf16", which the CPU model refuses, and every bf16 GPU job
+// failed at its start).
+TEST(HostLayoutSpecTest, AGpuBf16ModelHasAHostProbeWithItsLayout) {
+  const std::string dir =
+      std::filesystem::temp_directory_path() / ("troupe_host_layout_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<int32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % 300);
+  ASSERT_TRUE(model::WriteTokenShard(dir + "/train-00000.tok", tokens, 300).ok());
+  ModelSpec gpu;
+  gpu.data_dir = dir;
+  gpu.size = "tiny4";
+  gpu.device = "cuda:1";
+  gpu.precision = "bf16";
+  const ModelSpec host = HostLayoutSpec(gpu);
+  EXPECT_EQ(host.device, "cpu");
+  EXPECT_EQ(host.precision, "fp32");
+  EXPECT_EQ(host.size, "tiny4");
+  absl::StatusOr<std::unique_ptr<Trainable>> probe = TrainableRegistry::Global().Create(host);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  model::GptConfig config = model::GptConfig::Tiny(300);
+  config.num_layers = 4;
+  EXPECT_EQ((*probe)->num_params(), model::ParamLayout(config).total_size());
+  EXPECT_EQ((*probe)->gpt_config()->num_layers, 4);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(PipelineScheduleTest, EveryMicrobatchOnceBackwardsInOrderInFlightBounded) {
   using Kind = PipelineOp::Kind;
   for (PipelineSchedule schedule : {PipelineSchedule::kOneFOneB, PipelineSchedule::kGPipe}) {
@@ -1214,6 +1245,42 @@ TEST_P(ElasticBf16Test, ABf16StepIsBitIdenticalAcrossWorldSizes) {
   std::printf("bf16 vs the fp32 reference after 2 steps: %.3g relative\n", rel);
   EXPECT_GT(rel, 0) << "bf16 training gave the fp32 bits: the bf16 path did not run";
   EXPECT_LT(rel, 1e-2);
+}
+
+// The device model reports its gradient range by range during the backward pass (so the
+// overlapped exchange starts before the pass ends on a GPU too): every parameter once, each range
+// of grads() final when reported, and the same gradient as the unreported pass.
+TEST_P(ElasticBf16Test, TheDeviceModelReportsItsGradientDuringTheBackwardPass) {
+  spec_.seq_len = 8;
+  spec_.microbatch_size = 1;
+  absl::StatusOr<std::unique_ptr<Trainable>> t = SimtBf16Trainable(spec_);
+  ASSERT_TRUE(t.ok()) << t.status();
+  Trainable& model = **t;
+  model.InitParams(3);
+  const int64_t n = model.num_params();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  std::vector<std::vector<float>> at_report;
+  absl::StatusOr<double> loss = model.ComputeGradientReporting(0, 0, [&](int64_t b, int64_t e) {
+    ranges.emplace_back(b, e);
+    at_report.emplace_back(model.grads() + b, model.grads() + e);  // host memory here
+  });
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  EXPECT_EQ(ranges.size(), 2u + model::GptConfig::Tiny(300).num_layers)
+      << "ln_f, blocks, embeddings";
+  int64_t covered = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    covered += ranges[i].second - ranges[i].first;
+    EXPECT_TRUE(
+        std::equal(at_report[i].begin(), at_report[i].end(), model.grads() + ranges[i].first))
+        << "range " << i << " changed after its report";
+  }
+  EXPECT_EQ(covered, n);
+  const std::vector<float> reported(model.grads(), model.grads() + n);
+  absl::StatusOr<double> again = model.ComputeGradient(0, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *loss);
+  EXPECT_TRUE(std::equal(reported.begin(), reported.end(), model.grads()))
+      << "the reporting pass's gradient differs from the plain pass's";
 }
 
 INSTANTIATE_TEST_SUITE_P(Simt, ElasticBf16Test, ::testing::Values(Mode::kOpaqueBf16),

@@ -6,7 +6,8 @@
 //
 // Model is any class with GptDevice's calls: config(), num_params(), device_params(),
 // array_ops(), InitParams(seed), ParamsChanged(), Forward(tokens, targets, b, t), ZeroGrad(),
-// Backward(loss_weight) and Fp32Grads(). grads() is Fp32Grads(): in bf16 the microbatch's bf16
+// Backward(loss_weight, ready) (ready: GradientReady, possibly empty) and Fp32Grads(), whose
+// pointer does not change. grads() is Fp32Grads(): in bf16 the microbatch's bf16
 // gradients widened (exactly) to fp32, so the canonical sum the trainer forms from them — and so
 // the weights — do not depend on the world size, as in fp32.
 //
@@ -58,6 +59,15 @@ class GptDeviceTrainable final : public Trainable {
   model::ArrayOps& array_ops() override { return gpu_->array_ops(); }
 
   absl::StatusOr<double> ComputeGradient(int64_t step, int32_t k) override {
+    return ComputeGradientReporting(step, k, nullptr);
+  }
+  // The backward pass reports each range as soon as its work is enqueued (GptDevice::Backward).
+  // The trainer's first use of a range is an ArrayOps operation on the model's stream, which runs
+  // after that work and waits for the stream before it returns; the range's exchange then runs on
+  // the communicator's stream while the host enqueues the rest of the pass. (That wait leaves the
+  // model's stream idle while the host enqueues the next block; events in its place would not.)
+  absl::StatusOr<double> ComputeGradientReporting(int64_t step, int32_t k,
+                                                  const GradientReady& ready) override {
     if (!error_.ok()) return error_;
     const model::DataSourceOptions& d = data_.options();
     const float loss_weight =
@@ -67,11 +77,12 @@ class GptDeviceTrainable final : public Trainable {
     TROUPE_RETURN_IF_ERROR(gpu_->ParamsChanged());
     TROUPE_ASSIGN_OR_RETURN(
         double loss, gpu_->Forward(mb_.inputs.data(), mb_.targets.data(), mb_.batch, mb_.seq_len));
-    for (absl::Status s : {gpu_->ZeroGrad(), gpu_->Backward(loss_weight)}) {
-      if (!s.ok()) return s;
+    TROUPE_RETURN_IF_ERROR(gpu_->ZeroGrad());
+    // grads_ (Fp32Grads()'s buffer, fixed since Create) is where the reported ranges are.
+    TROUPE_RETURN_IF_ERROR(gpu_->Backward(loss_weight, ready));
+    if (!ready) {
+      TROUPE_ASSIGN_OR_RETURN(grads_, gpu_->Fp32Grads());
     }
-    TROUPE_ASSIGN_OR_RETURN(const float* grads, gpu_->Fp32Grads());
-    grads_ = grads;
     return loss;
   }
 

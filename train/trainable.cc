@@ -282,6 +282,12 @@ absl::StatusOr<std::unique_ptr<Trainable>> CreateCpuTrainable(
 
 }  // namespace
 
+ModelSpec HostLayoutSpec(ModelSpec spec) {
+  spec.device = "cpu";
+  spec.precision = "fp32";
+  return spec;
+}
+
 absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec) {
   absl::StatusOr<Device> device = ParseDevice(spec.device);
   if (!device.ok()) return device.status();

@@ -290,5 +290,49 @@ TEST(GptDeviceGpuTest, Bf16ParamsChangedRefreshesTheWeightCopy) {
   ASSERT_OK((*b)->Synchronize());
 }
 
+// Backward's reports on the GPU, fp32 and bf16: each range of Fp32Grads(), read on the model's
+// stream when it is reported (what the elastic trainer's first operation on it sees), already
+// holds the bits the pass ends with — the bits of a pass that reports nothing — and every
+// parameter is reported once, in ln_f, blocks from the last, embeddings order.
+TEST(GptDeviceGpuTest, BackwardReportsRangesFinalOnTheStream) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  const model::GptConfig config = model::GptConfig::Tiny(64);
+  const int bsz = 2, t = 16;
+  const std::vector<int32_t> tokens = Tokens(bsz * t, 64, 5), targets = Tokens(bsz * t, 64, 6);
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    absl::StatusOr<std::unique_ptr<GptDevice>> plain = GptDevice::Create(config, 0, bf16);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    absl::StatusOr<std::unique_ptr<GptDevice>> reporting = GptDevice::Create(config, 0, bf16);
+    ASSERT_TRUE(reporting.ok()) << reporting.status();
+    const int64_t n = (*plain)->num_params();
+    for (GptDevice* g : {plain->get(), reporting->get()}) {
+      ASSERT_OK(g->InitParams(11));
+      ASSERT_TRUE(g->Forward(tokens.data(), targets.data(), bsz, t).ok());
+      ASSERT_OK(g->ZeroGrad());
+    }
+    ASSERT_OK((*plain)->Backward(1.0f / (bsz * t)));
+    absl::StatusOr<const float*> want_grads = (*plain)->Fp32Grads();
+    ASSERT_TRUE(want_grads.ok()) << want_grads.status();
+    const std::vector<float> want = Download((*plain)->array_ops(), *want_grads, n);
+
+    GptDevice& g = **reporting;
+    absl::StatusOr<const float*> grads = g.Fp32Grads();  // the buffer; fixed from now on
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    std::vector<float> seen(n, std::nanf(""));
+    ASSERT_OK(g.Backward(1.0f / (bsz * t), [&](int64_t b, int64_t e) {
+      ranges.emplace_back(b, e);
+      EXPECT_TRUE(g.array_ops().CopyToHost(seen.data() + b, *grads + b, e - b).ok());
+    }));
+    ASSERT_EQ(ranges.size(), 2u + config.num_layers);
+    const model::ParamLayout layout(config);
+    EXPECT_EQ(ranges.front(), std::make_pair(layout.lnf_w(), n));
+    EXPECT_EQ(ranges.back(), std::make_pair(layout.wte(), layout.block(0).ln1_w));
+    ExpectSameBits(seen, want, "each range when reported");
+    ExpectSameBits(Download(g.array_ops(), *grads, n), want, "after the pass");
+  }
+}
+
 }  // namespace
 }  // namespace troupe::model::cuda

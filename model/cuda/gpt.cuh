@@ -126,6 +126,8 @@ struct GptCudaOptions {
 template <typename Tx>
 class GptCuda {
  public:
+  // The backward pass's reports of finished gradient ranges (Backward).
+  using RangeReady = model::GptModel<float>::RangeReady;
   // InvalidArgument for an invalid config. The memory backend and the executor must agree
   // (device memory and MatmulRunnerExecutor, or host memory and ReferenceMatmulExecutor).
   static absl::StatusOr<std::unique_ptr<GptCuda>> Create(const model::GptConfig& config,
@@ -188,19 +190,8 @@ class GptCuda {
   // at the first call and kept, into which the Tx gradients are widened (enqueued on the stream,
   // so ordered before the caller's next work on it). Valid until the next Backward or ZeroGrad.
   absl::StatusOr<const float*> Fp32Grads() {
-    if constexpr (std::is_same_v<Tx, float>) {
-      return grads_;
-    } else {
-      const int64_t n = num_params();
-      if (grads_f32_ == nullptr) {
-        grads_f32_arena_.Add(grads_f32_, n);
-        TROUPE_RETURN_IF_ERROR(grads_f32_arena_.Allocate(*alloc_));
-      }
-      TROUPE_RETURN_IF_ERROR(TROUPE_LAUNCH(
-          gpt_internal::gpt_to_float_kernel<Tx>, dim3(CeilDiv(n, gpt_internal::kConvertBlock)),
-          dim3(gpt_internal::kConvertBlock), 0, stream_, grads_f32_, grads_, n));
-      return static_cast<const float*>(grads_f32_);
-    }
+    TROUPE_RETURN_IF_ERROR(WidenGrads(0, num_params()));
+    return Fp32GradsBuffer();
   }
   // AdamW moments in or out (checkpoints): num_params() floats each.
   absl::Status SetOptimizerState(const float* m, const float* v) {
@@ -251,12 +242,19 @@ class GptCuda {
   absl::Status ZeroGrad() { return gpt_internal::Zero(grads_, num_params() * sizeof(Tx), stream_); }
 
   // grads += d(loss_weight · Σ losses)/dθ of the last Forward. FailedPrecondition unless it had
-  // targets.
-  absl::Status Backward(float loss_weight) {
+  // targets. `ready`, when given, is called with each flat range [begin, end) as soon as the work
+  // that finishes its gradient is enqueued — the CPU model's ranges in its order (ln_f, each block
+  // from the last to the first, then the embeddings; model::GptModel::Backward) — and, for a bf16
+  // model, that range's widening into the Fp32Grads() buffer after it: a trainer exchanges those
+  // ranges of Fp32Grads() while the rest of the pass is enqueued and runs. With `ready`, every
+  // gradient is reported, so Fp32Grads() need not be called again for this pass (its pointer does
+  // not change).
+  absl::Status Backward(float loss_weight, const RangeReady& ready = {}) {
     if (!have_targets_) {
       return absl::FailedPreconditionError("Backward: the last Forward had no targets");
     }
-    return RunBackward(loss_weight);
+    if (ready) TROUPE_RETURN_IF_ERROR(Fp32GradsBuffer().status());  // allocated before a report
+    return RunBackward(loss_weight, ready);
   }
 
   // sqrt(TreeSum(chunk square sums)) of the gradients: model::GradNorm's bits for fp32 grads.
@@ -506,12 +504,44 @@ class GptCuda {
     return Linear(a.logits, a.lnf, p + layout_.wte(), nullptr, bt, c, v);  // tied: wte
   }
 
-  absl::Status RunBackward(float loss_weight) {
+  // Where Fp32Grads() puts the gradients, without widening them: grads() when Tx is float, else
+  // the widened buffer, allocated at the first call and kept for the object's life.
+  absl::StatusOr<const float*> Fp32GradsBuffer() {
+    if constexpr (std::is_same_v<Tx, float>) {
+      return grads_;
+    } else {
+      if (grads_f32_ == nullptr) {
+        grads_f32_arena_.Add(grads_f32_, num_params());
+        TROUPE_RETURN_IF_ERROR(grads_f32_arena_.Allocate(*alloc_));
+      }
+      return static_cast<const float*>(grads_f32_);
+    }
+  }
+  // Widens grads()[begin, end) into the Fp32GradsBuffer() (enqueued); nothing when Tx is float.
+  absl::Status WidenGrads(int64_t begin, int64_t end) {
+    if constexpr (std::is_same_v<Tx, float>) {
+      return absl::OkStatus();
+    } else {
+      TROUPE_RETURN_IF_ERROR(Fp32GradsBuffer().status());
+      const int64_t n = end - begin;
+      return TROUPE_LAUNCH(
+          gpt_internal::gpt_to_float_kernel<Tx>, dim3(CeilDiv(n, gpt_internal::kConvertBlock)),
+          dim3(gpt_internal::kConvertBlock), 0, stream_, grads_f32_ + begin, grads_ + begin, n);
+    }
+  }
+
+  absl::Status RunBackward(float loss_weight, const RangeReady& ready) {
     const int64_t b = b_, t = t_, bt = b * t, c = config_.width, nh = config_.num_heads;
     const int64_t v = config_.vocab_size, L = config_.num_layers;
     const Tx* p = params_x_;
     Tx* g = grads_;
     Activations& a = acts_;
+    auto report = [&](int64_t begin, int64_t end) -> absl::Status {
+      if (!ready) return absl::OkStatus();
+      TROUPE_RETURN_IF_ERROR(WidenGrads(begin, end));
+      ready(begin, end);
+      return absl::OkStatus();
+    };
     TROUPE_RETURN_IF_ERROR(gpt_internal::Zero(a.dlogits, bt * v * sizeof(Tx), stream_));
     TROUPE_RETURN_IF_ERROR(crossentropy_backward(a.dlogits, a.logits, a.ce_lse, a.targets,
                                                  loss_weight, bt, v, stream_));
@@ -522,6 +552,7 @@ class GptCuda {
     TROUPE_RETURN_IF_ERROR(layernorm_backward(
         a.dresidual, g + layout_.lnf_w(), g + layout_.lnf_b(), a.ln_scratch, a.dln,
         Layer(a.res3, L - 1, bt * c), p + layout_.lnf_w(), a.lnf_mean, a.lnf_rstd, bt, c, stream_));
+    TROUPE_RETURN_IF_ERROR(report(layout_.lnf_w(), layout_.total_size()));  // wte: at the end
     // a.dresidual holds d res3 of the layer being processed; the LayerNorm backwards add the
     // gradients that flow around each residual connection.
     for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
@@ -560,9 +591,12 @@ class GptCuda {
       TROUPE_RETURN_IF_ERROR(layernorm_backward(
           a.dresidual, g + o.ln1_w, g + o.ln1_b, a.ln_scratch, a.dln, residual, p + o.ln1_w,
           Layer(a.ln1_mean, l, bt), Layer(a.ln1_rstd, l, bt), bt, c, stream_));
+      TROUPE_RETURN_IF_ERROR(
+          report(o.ln1_w, l + 1 < L ? layout_.block(l + 1).ln1_w : layout_.lnf_w()));
     }
-    return embedding_backward(g + layout_.wte(), g + layout_.wpe(), a.dresidual, a.tokens, b, t, c,
-                              stream_);
+    TROUPE_RETURN_IF_ERROR(embedding_backward(g + layout_.wte(), g + layout_.wpe(), a.dresidual,
+                                              a.tokens, b, t, c, stream_));
+    return report(layout_.wte(), layout_.block(0).ln1_w);
   }
 
   static constexpr MatmulDtype kDtype = gpt_internal::DtypeOf<Tx>();

@@ -154,8 +154,8 @@ absl::StatusOr<double> GptDevice::Forward(const int32_t* tokens, const int32_t* 
 absl::Status GptDevice::ZeroGrad() {
   return impl_->Call<absl::Status>([&](auto& g) { return g.ZeroGrad(); });
 }
-absl::Status GptDevice::Backward(float loss_weight) {
-  return impl_->Call<absl::Status>([&](auto& g) { return g.Backward(loss_weight); });
+absl::Status GptDevice::Backward(float loss_weight, const RangeReady& ready) {
+  return impl_->Call<absl::Status>([&](auto& g) { return g.Backward(loss_weight, ready); });
 }
 absl::Status GptDevice::GetGrads(float* host) const {
   return impl_->Call<absl::Status>([&](auto& g) { return g.GetGrads(host); });

@@ -31,6 +31,7 @@
 #define TROUPE_MODEL_CUDA_GPT_DEVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -76,8 +77,12 @@ class GptDevice {
   absl::StatusOr<double> Forward(const int32_t* tokens, const int32_t* targets, int b, int t);
   absl::Status ZeroGrad();
   // grads += d(loss_weight · Σ losses)/dθ of the last Forward; FailedPrecondition unless it had
-  // targets.
-  absl::Status Backward(float loss_weight);
+  // targets. `ready`, when given, is called with each flat range of the gradient as soon as its
+  // work (and, in bf16, its widening into Fp32Grads()) is enqueued on the stream — the CPU model's
+  // ranges in its order (GptModel::Backward) — so that a trainer exchanges them while the rest of
+  // the pass runs; every range is reported, and Fp32Grads() need not be called after it.
+  using RangeReady = std::function<void(int64_t begin, int64_t end)>;
+  absl::Status Backward(float loss_weight, const RangeReady& ready = {});
   // The gradients, as float.
   absl::Status GetGrads(float* host) const;
   // The global gradient norm alone (model::GradNorm's bits for fp32 gradients).

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_test_util.h"
@@ -307,6 +308,65 @@ TEST(GptCudaBf16Test, StepIsCloseToTheCpuModelAndTheOptimizerExact) {
     mismatches += testing::Bf16UlpDistance(params_x[i], __float2bfloat16(params[i])) != 0;
   }
   EXPECT_EQ(mismatches, 0) << "bf16 weight copy != rounded master weights";
+}
+
+// Backward's reports (what the elastic trainer exchanges during the pass): the CPU model's
+// ranges in its order, and each range of Fp32Grads() already holds its final value — bit for bit
+// what the pass ends with — when it is reported. Both precisions (bf16: the widened copy).
+template <typename Tx>
+void ExpectReportsAreTheCpuModelsAndFinal() {
+  using Range = std::pair<int64_t, int64_t>;
+  const Batch batch;
+  auto cpu = model::GptModel<float>::Create(Config());
+  ASSERT_TRUE(cpu.ok());
+  cpu->InitParams(kSeed);
+  ASSERT_TRUE(cpu->Forward(batch.tokens.data(), batch.targets.data(), kB, kT).ok());
+  cpu->ZeroGrad();
+  std::vector<Range> cpu_ranges;
+  ASSERT_TRUE(
+      cpu->Backward(kLossWeight, [&](int64_t b, int64_t e) { cpu_ranges.emplace_back(b, e); })
+          .ok());
+
+  auto gpt = GptCuda<Tx>::Create(Config(), HostMemoryBackend(),
+                                 std::make_unique<ReferenceMatmulExecutor>(), nullptr);
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  GptCuda<Tx>& g = **gpt;
+  ASSERT_TRUE(g.InitParams(kSeed).ok());
+  // Two steps: the second's reports must not show the first's gradients either.
+  for (int pass = 0; pass < 2; ++pass) {
+    ASSERT_TRUE(g.Forward(batch.tokens.data(), batch.targets.data(), kB, kT).ok());
+    ASSERT_TRUE(g.ZeroGrad().ok());
+    absl::StatusOr<const float*> fp32 = g.Fp32Grads();  // the buffer the reports point into
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    std::vector<Range> ranges;
+    std::vector<std::vector<float>> at_report;
+    ASSERT_TRUE(g.Backward(kLossWeight, [&](int64_t b, int64_t e) {
+                   ranges.emplace_back(b, e);
+                   at_report.emplace_back(*fp32 + b, *fp32 + e);  // host memory here
+                 }).ok());
+    EXPECT_EQ(ranges, cpu_ranges) << "pass " << pass;
+    absl::StatusOr<const float*> final_grads = g.Fp32Grads();
+    ASSERT_TRUE(final_grads.ok());
+    EXPECT_EQ(*final_grads, *fp32) << "Fp32Grads() moved";
+    int64_t covered = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto [b, e] = ranges[i];
+      covered += e - b;
+      EXPECT_TRUE(std::equal(at_report[i].begin(), at_report[i].end(), *final_grads + b))
+          << "pass " << pass << ": range [" << b << ", " << e << ") changed after its report";
+    }
+    EXPECT_EQ(covered, g.num_params()) << "every gradient is reported once";
+    if (pass == 0) {
+      ASSERT_TRUE(g.Step(Adamw(), Schedule(), /*step=*/0).ok());
+    }
+  }
+}
+
+TEST(GptCudaBackwardReportTest, Fp32RangesAreTheCpuModelsAndFinalWhenReported) {
+  ExpectReportsAreTheCpuModelsAndFinal<float>();
+}
+TEST(GptCudaBackwardReportTest, Bf16WidenedRangesAreTheCpuModelsAndFinalWhenReported) {
+  ExpectReportsAreTheCpuModelsAndFinal<__nv_bfloat16>();
 }
 
 TEST(GptCudaApiTest, RejectsWhatTheCpuModelRejects) {

@@ -213,6 +213,11 @@ class TrainableRegistry {
   std::map<std::string, TrainableFactory> factories_;
 };
 
+// `spec`'s model as a host fp32 instance: the same flat layout (a GPU model, bf16 too, keeps fp32
+// master weights in the CPU model's order), creatable on a node without the ranks' GPUs — what
+// the coordinator reads the model's shape from.
+ModelSpec HostLayoutSpec(ModelSpec spec);
+
 // The GPT from model/ on the token shards in spec.data_dir (train-*.tok, tokenizer.bin).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<Trainable>> CreateGptTrainable(const ModelSpec& spec);
 
