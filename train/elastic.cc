@@ -240,9 +240,10 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   return out;
 }
 
-// This rank's subtree of the canonical gradient sum, into partial_: the last microbatch's
-// gradient is finished range by range as the model reports its ranges final, the rest when
-// ComputeGradientReporting returns — the same additions as adding it and finishing the tree.
+// This rank's subtree of the canonical gradient sum, into partial_: with `ready`, the last
+// microbatch's gradient is finished range by range as the model reports its ranges final (each
+// passed on to `ready`), the rest when ComputeGradientReporting returns — the same additions as
+// adding it and finishing the tree.
 absl::Status ElasticRank::AccumulateSubtree(
     int64_t step, int32_t lo, int32_t hi, StepOutcome* out,
     const std::function<void(int64_t begin, int64_t end)>& ready) {
@@ -277,7 +278,10 @@ absl::Status ElasticRank::AccumulateSubtree(
     const bool last = k + 1 == hi;
     const Stopwatch compute;
     absl::StatusOr<double> loss = model_->ComputeGradientReporting(
-        step, k, last ? Trainable::GradientReady(finish_range) : Trainable::GradientReady());
+        step, k,
+        // Reported ranges pay off only where the caller sends them on (the overlapped exchange);
+        // on a device each finish waits for the model's stream.
+        last && ready ? Trainable::GradientReady(finish_range) : Trainable::GradientReady());
     out->compute_seconds += compute.Seconds();
     out->schedule_seconds = schedule.Seconds();
     if (!loss.ok()) return loss.status();

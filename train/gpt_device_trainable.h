@@ -6,8 +6,9 @@
 //
 // Model is any class with GptDevice's calls: config(), num_params(), device_params(),
 // array_ops(), InitParams(seed), ParamsChanged(), Forward(tokens, targets, b, t), ZeroGrad(),
-// Backward(loss_weight, ready) (ready: GradientReady, possibly empty) and Fp32Grads(), whose
-// pointer does not change. grads() is Fp32Grads(): in bf16 the microbatch's bf16
+// Backward(loss_weight, ready) (ready: GradientReady, possibly empty; given, it must report
+// every gradient, widened, as GptDevice's does: grads() is not widened again after it) and
+// Fp32Grads(), whose pointer does not change. grads() is Fp32Grads(): in bf16 the microbatch's bf16
 // gradients widened (exactly) to fp32, so the canonical sum the trainer forms from them — and so
 // the weights — do not depend on the world size, as in fp32.
 //

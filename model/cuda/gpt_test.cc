@@ -332,7 +332,7 @@ void ExpectReportsAreTheCpuModelsAndFinal() {
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   GptCuda<Tx>& g = **gpt;
   ASSERT_TRUE(g.InitParams(kSeed).ok());
-  // Two steps: the second's reports must not show the first's gradients either.
+  // Two steps, the second after an optimizer step (new weights, new activations).
   for (int pass = 0; pass < 2; ++pass) {
     ASSERT_TRUE(g.Forward(batch.tokens.data(), batch.targets.data(), kB, kT).ok());
     ASSERT_TRUE(g.ZeroGrad().ok());
