@@ -87,6 +87,11 @@ int64_t ParamLayout::Add(std::string name, std::vector<int64_t> shape, bool deca
   return tensors_.back().offset;
 }
 
+std::pair<int64_t, int64_t> ParamLayout::block_range(int layer) const {
+  const bool top = layer + 1 == static_cast<int>(blocks_.size());
+  return {blocks_[layer].ln1_w, top ? lnf_w_ : blocks_[layer + 1].ln1_w};
+}
+
 const ParamTensor* ParamLayout::Find(const std::string& name) const {
   for (const auto& t : tensors_) {
     if (t.name == name) return &t;

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace troupe::model {
 namespace {
 
@@ -43,6 +47,38 @@ TEST(ParamLayoutTest, Gpt2SmallHas124MParametersAndContiguousTensors) {
   EXPECT_TRUE(qkv->decay);
   EXPECT_FALSE(layout.Find("ln_f.bias")->decay);
   EXPECT_EQ(layout.Find("nope"), nullptr);
+}
+
+// The backward pass's report ranges: each holds exactly its part's tensors (by name), and in the
+// order the pass reports them they tile the flat buffer with no gap and no overlap.
+TEST(ParamLayoutTest, PartRangesHoldTheirTensorsAndTileTheBuffer) {
+  const GptConfig config = GptConfig::Tiny(97);
+  const ParamLayout layout(config);
+  auto names_in = [&](std::pair<int64_t, int64_t> r) {
+    std::vector<std::string> names;
+    for (const auto& t : layout.tensors()) {
+      if (t.offset >= r.first && t.offset + t.size <= r.second) names.push_back(t.name);
+    }
+    return names;
+  };
+  EXPECT_EQ(names_in(layout.final_norm_range()),
+            (std::vector<std::string>{"ln_f.weight", "ln_f.bias"}));
+  EXPECT_EQ(names_in(layout.embeddings_range()), (std::vector<std::string>{"wte", "wpe"}));
+  std::vector<std::pair<int64_t, int64_t>> order{layout.final_norm_range()};
+  for (int l = config.num_layers - 1; l >= 0; --l) {
+    const std::vector<std::string> names = names_in(layout.block_range(l));
+    ASSERT_EQ(names.size(), 12u) << "block " << l;
+    for (const std::string& n : names) EXPECT_EQ(n.rfind("h." + std::to_string(l) + ".", 0), 0u);
+    order.push_back(layout.block_range(l));
+  }
+  order.push_back(layout.embeddings_range());
+  int64_t end = layout.total_size();
+  for (const auto& [b, e] : order) {
+    EXPECT_EQ(e, end) << "a range must end where the one reported before it began";
+    EXPECT_LT(b, e);
+    end = b;
+  }
+  EXPECT_EQ(end, 0);
 }
 
 }  // namespace

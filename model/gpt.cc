@@ -193,8 +193,8 @@ std::vector<std::pair<int64_t, int64_t>> GptModel<T>::StageGradientRanges(StageR
   const int64_t wte_end = layout_.wte() + int64_t{config_.vocab_size} * config_.width;
   const bool last = range.last(config_.num_layers);
   // Layout: wte, wpe, the blocks in order, ln_f; wte's gradient is the last stage's.
-  const int64_t begin = range.first() ? wte_end : layout_.block(range.first_block).ln1_w;
-  const int64_t end = last ? layout_.total_size() : layout_.block(range.end_block).ln1_w;
+  const int64_t begin = range.first() ? wte_end : layout_.block_range(range.first_block).first;
+  const int64_t end = last ? layout_.total_size() : layout_.block_range(range.end_block - 1).second;
   if (!last) return {{begin, end}};
   if (range.first()) return {{layout_.wte(), end}};
   return {{layout_.wte(), wte_end}, {begin, end}};
@@ -291,8 +291,8 @@ absl::Status GptModel<T>::Backward(T loss_weight, const RangeReady& ready) {
 template <typename T>
 absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_weight,
                                       const T* d_output, bool embed_wte, const RangeReady& ready) {
-  auto report = [&ready](int64_t begin, int64_t end) {
-    if (ready) ready(begin, end);
+  auto report = [&ready](std::pair<int64_t, int64_t> r) {
+    if (ready) ready(r.first, r.second);
   };
   const bool first = range.first(), last = range.last(config_.num_layers);
   if (last && !a.have_targets) {
@@ -317,7 +317,7 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
     k::LayerNormBackward(dresidual_.data(), g + layout_.lnf_w(), g + layout_.lnf_b(), dbtc_.data(),
                          a.residual3.data() + top_index * bt * c, p + layout_.lnf_w(),
                          a.lnf_mean.data(), a.lnf_rstd.data(), bt, c);
-    report(layout_.lnf_w(), layout_.total_size());  // wte's head part waits for the embedding
+    report(layout_.final_norm_range());  // wte's head part waits for the embedding
   } else {
     std::copy(d_output, d_output + bt * c, dresidual_.begin());
   }
@@ -350,12 +350,12 @@ absl::Status GptModel<T>::RunBackward(Activations& a, StageRange range, T loss_w
     k::LayerNormBackward(dresidual_.data(), g + o.ln1_w, g + o.ln1_b, dbtc_.data(), residual,
                          p + o.ln1_w, a.ln1_mean.data() + i * bt, a.ln1_rstd.data() + i * bt, bt,
                          c);
-    report(o.ln1_w, l + 1 < config_.num_layers ? layout_.block(l + 1).ln1_w : layout_.lnf_w());
+    report(layout_.block_range(l));
   }
   if (first) {
     k::EmbeddingBackward(embed_wte ? g + layout_.wte() : nullptr, g + layout_.wpe(),
                          dresidual_.data(), a.tokens.data(), b, t, c);
-    report(layout_.wte(), layout_.block(0).ln1_w);
+    report(layout_.embeddings_range());
   }
   return absl::OkStatus();
 }

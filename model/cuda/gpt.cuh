@@ -536,10 +536,10 @@ class GptCuda {
     const Tx* p = params_x_;
     Tx* g = grads_;
     Activations& a = acts_;
-    auto report = [&](int64_t begin, int64_t end) -> absl::Status {
+    auto report = [&](std::pair<int64_t, int64_t> r) -> absl::Status {
       if (!ready) return absl::OkStatus();
-      TROUPE_RETURN_IF_ERROR(WidenGrads(begin, end));
-      ready(begin, end);
+      TROUPE_RETURN_IF_ERROR(WidenGrads(r.first, r.second));
+      ready(r.first, r.second);
       return absl::OkStatus();
     };
     TROUPE_RETURN_IF_ERROR(gpt_internal::Zero(a.dlogits, bt * v * sizeof(Tx), stream_));
@@ -552,7 +552,7 @@ class GptCuda {
     TROUPE_RETURN_IF_ERROR(layernorm_backward(
         a.dresidual, g + layout_.lnf_w(), g + layout_.lnf_b(), a.ln_scratch, a.dln,
         Layer(a.res3, L - 1, bt * c), p + layout_.lnf_w(), a.lnf_mean, a.lnf_rstd, bt, c, stream_));
-    TROUPE_RETURN_IF_ERROR(report(layout_.lnf_w(), layout_.total_size()));  // wte: at the end
+    TROUPE_RETURN_IF_ERROR(report(layout_.final_norm_range()));  // wte: at the end
     // a.dresidual holds d res3 of the layer being processed; the LayerNorm backwards add the
     // gradients that flow around each residual connection.
     for (int l = static_cast<int>(L) - 1; l >= 0; --l) {
@@ -591,12 +591,11 @@ class GptCuda {
       TROUPE_RETURN_IF_ERROR(layernorm_backward(
           a.dresidual, g + o.ln1_w, g + o.ln1_b, a.ln_scratch, a.dln, residual, p + o.ln1_w,
           Layer(a.ln1_mean, l, bt), Layer(a.ln1_rstd, l, bt), bt, c, stream_));
-      TROUPE_RETURN_IF_ERROR(
-          report(o.ln1_w, l + 1 < L ? layout_.block(l + 1).ln1_w : layout_.lnf_w()));
+      TROUPE_RETURN_IF_ERROR(report(layout_.block_range(l)));
     }
     TROUPE_RETURN_IF_ERROR(embedding_backward(g + layout_.wte(), g + layout_.wpe(), a.dresidual,
                                               a.tokens, b, t, c, stream_));
-    return report(layout_.wte(), layout_.block(0).ln1_w);
+    return report(layout_.embeddings_range());
   }
 
   static constexpr MatmulDtype kDtype = gpt_internal::DtypeOf<Tx>();

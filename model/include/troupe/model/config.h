@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -67,6 +68,13 @@ class ParamLayout {
   const BlockOffsets& block(int layer) const { return blocks_[layer]; }
   int64_t lnf_w() const { return lnf_w_; }
   int64_t lnf_b() const { return lnf_b_; }
+
+  // Flat ranges [begin, end) of whole parts of the model, in the order the backward pass finishes
+  // them: ln_f's tensors; block `layer`'s; the embeddings (wte and wpe). The layout is wte, wpe,
+  // the blocks in order, ln_f, so the three kinds tile [0, total_size()).
+  std::pair<int64_t, int64_t> final_norm_range() const { return {lnf_w_, total_size_}; }
+  std::pair<int64_t, int64_t> block_range(int layer) const;
+  std::pair<int64_t, int64_t> embeddings_range() const { return {wte_, block_range(0).first}; }
 
  private:
   int64_t Add(std::string name, std::vector<int64_t> shape, bool decay);
