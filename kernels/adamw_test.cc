@@ -69,5 +69,34 @@ TEST(AdamWTest, UpdatingRangesEqualsUpdatingTheWholeAndIsThreadIndependent) {
   });
 }
 
+// Out of place: the bits of the in-place update at every thread count, its sources untouched.
+TEST(AdamWTest, OutOfPlaceGivesTheInPlaceBitsAndLeavesItsSourcesAlone) {
+  const int64_t n = 70001;
+  const auto p0 = testing::ToFloat(RandomVector(n, 5));
+  const auto g = testing::ToFloat(RandomVector(n, 6));
+  const auto m0 = testing::ToFloat(RandomVector(n, 7));
+  std::vector<float> v0 = testing::ToFloat(RandomVector(n, 8));
+  for (float& x : v0) x = x * x;
+  const AdamWScalars s = Scalars(2);
+  std::vector<float> p = p0, m = m0, v = v0;
+  AdamWUpdate(p.data(), g.data(), m.data(), v.data(), n, s);
+  testing::ExpectSameBitsAtThreadCounts([&] {
+    const std::vector<float> sp = p0, sm = m0, sv = v0;
+    std::vector<float> op(n), om(n), ov(n);
+    const AdamWSources from{sp.data(), sm.data(), sv.data()};
+    AdamWUpdate(op.data(), g.data(), om.data(), ov.data(), n, s, &from);
+    EXPECT_EQ(0, std::memcmp(op.data(), p.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(om.data(), m.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(ov.data(), v.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(sp.data(), p0.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(sm.data(), m0.data(), n * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(sv.data(), v0.data(), n * sizeof(float)));
+    std::vector<float> all = op;
+    testing::Append(all, om);
+    testing::Append(all, ov);
+    return all;
+  });
+}
+
 }  // namespace
 }  // namespace troupe::kernels

@@ -89,9 +89,9 @@ class Host final : public ArrayOps {
   }
   absl::Status AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, int64_t end,
                                 float* params, const float* grads, float* m, float* v,
-                                const AdamWConfig& config,
-                                const kernels::AdamWScalars& scalars) override {
-    model::AdamWUpdateRange(tensors, begin, end, params, grads, m, v, config, scalars);
+                                const AdamWConfig& config, const kernels::AdamWScalars& scalars,
+                                const kernels::AdamWSources* from) override {
+    model::AdamWUpdateRange(tensors, begin, end, params, grads, m, v, config, scalars, from);
     return absl::OkStatus();
   }
 

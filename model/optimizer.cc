@@ -73,7 +73,8 @@ void AdamWUpdateRange(const ParamLayout& layout, int64_t begin, int64_t end, flo
 
 void AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, int64_t end,
                       float* params, const float* grads, float* m, float* v,
-                      const AdamWConfig& /*config*/, const kernels::AdamWScalars& scalars) {
+                      const AdamWConfig& /*config*/, const kernels::AdamWScalars& scalars,
+                      const kernels::AdamWSources* from) {
   for (const ParamTensor& t : tensors) {
     const int64_t lo = std::max(begin, t.offset);
     const int64_t hi = std::min(end, t.offset + t.size);
@@ -81,7 +82,9 @@ void AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, in
     kernels::AdamWScalars s = scalars;
     if (!t.decay) s.weight_decay = 0;
     const int64_t off = lo - begin;
-    kernels::AdamWUpdate(params + off, grads + off, m + off, v + off, hi - lo, s);
+    const kernels::AdamWSources at = from != nullptr ? from->At(off) : kernels::AdamWSources{};
+    kernels::AdamWUpdate(params + off, grads + off, m + off, v + off, hi - lo, s,
+                         from != nullptr ? &at : nullptr);
   }
 }
 

@@ -348,10 +348,11 @@ absl::StatusOr<double> ElasticRank::GradNormFromChunkSums(std::vector<double>& m
   return model::GradNormFromChunks(all);
 }
 
-// AdamW on my range into staged_params_ and the staged moments; committed state is untouched.
-// On a grid the range's parameters are staged in place in staged_held_ (the range is one of the
-// kept ones), which the share then fills around them; under data parallelism in staged_params_,
-// the all-gather's input.
+// AdamW on my range into staged_params_ and the staged moments, out of place from the model's
+// parameters and the committed moments, which stay untouched (StageCarriedPadding: the moments'
+// padding past my range is carried over). On a grid the range's parameters are staged in place in
+// staged_held_ (the range is one of the kept ones), which the share then fills around them; under
+// data parallelism in staged_params_, the all-gather's input.
 absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
   staged_scalars_ = model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
   const RankState& c = committed_state_;
@@ -371,17 +372,26 @@ absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
     }
     params = staged_params_.data();
   }
-  for (absl::Status s : {ops_->Resize(&staged.m, per_rank), ops_->Resize(&staged.v, per_rank)}) {
-    if (!s.ok()) return s;
-  }
-  for (absl::Status s : {ops_->Copy(params, model_->params() + b, e - b),
-                         ops_->Copy(staged.m.data(), c.m.data(), per_rank),
-                         ops_->Copy(staged.v.data(), c.v.data(), per_rank)}) {
-    if (!s.ok()) return s;
-  }
+  TROUPE_RETURN_IF_ERROR(StageCarriedPadding({&staged.m, &staged.v}, {&c.m, &c.v}, e - b));
   if (e == b) return absl::OkStatus();
+  const kernels::AdamWSources from{model_->params() + b, c.m.data(), c.v.data()};
   return ops_->AdamWUpdateRange(model_->tensors(), b, e, params, grad_shard_.data(),
-                                staged.m.data(), staged.v.data(), options_.adamw, staged_scalars_);
+                                staged.m.data(), staged.v.data(), options_.adamw, staged_scalars_,
+                                &from);
+}
+
+absl::Status ElasticRank::StageCarriedPadding(std::initializer_list<model::FloatArray*> staged,
+                                              std::initializer_list<const model::FloatArray*> from,
+                                              int64_t real) {
+  auto f = from.begin();
+  for (model::FloatArray* to : staged) {
+    const model::FloatArray& c = **f++;
+    TROUPE_RETURN_IF_ERROR(ops_->Resize(to, c.size()));
+    if (c.size() > real) {
+      TROUPE_RETURN_IF_ERROR(ops_->Copy(to->data() + real, c.data() + real, c.size() - real));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The step's gradient of my range to the buddy and the staged parameters to the ranks that keep
@@ -426,17 +436,11 @@ absl::Status ElasticRank::ShareStagedState(int64_t step) {
 absl::Status ElasticRank::StageMirror() {
   const RankState& c = committed_state_;
   RankState& staged = staged_state_;
-  for (auto [to, from] :
-       {std::pair{&staged.replica_m, &c.replica_m}, std::pair{&staged.replica_v, &c.replica_v},
-        std::pair{&staged.replica_p, &c.replica_p}}) {
-    if (from->size() == 0) {  // replica_p: a grid's only
-      *to = model::FloatArray();
-      continue;
-    }
-    TROUPE_RETURN_IF_ERROR(ops_->Resize(to, from->size()));
-    TROUPE_RETURN_IF_ERROR(ops_->Copy(to->data(), from->data(), from->size()));
-  }
-  return absl::OkStatus();
+  const int prev = MirroredRank(c.rank, c.buddy, c.layout.world);
+  const int64_t real = c.layout.end(prev) - c.layout.begin(prev);
+  // replica_p: a grid's only (empty, and so left empty, otherwise).
+  return StageCarriedPadding({&staged.replica_m, &staged.replica_v, &staged.replica_p},
+                             {&c.replica_m, &c.replica_v, &c.replica_p}, real);
 }
 
 absl::Status ElasticRank::StageBuddyAdamW(int64_t lo, int64_t hi) {
@@ -445,16 +449,15 @@ absl::Status ElasticRank::StageBuddyAdamW(int64_t lo, int64_t hi) {
   const int prev = MirroredRank(c.rank, c.buddy, c.layout.world);
   const int64_t at = lo - c.layout.begin(prev);
   if (hi <= lo) return absl::OkStatus();
-  float* params = nullptr;
-  if (c.stages > 1) {
-    params = staged.replica_p.data() + at;  // StageMirror copied the committed mirror there
-  } else {
-    params = staged_held_.data() + lo;  // every parameter is held
-    TROUPE_RETURN_IF_ERROR(ops_->Copy(params, model_->params() + lo, hi - lo));
-  }
+  // Out of place: from the committed mirror (and, under data parallelism, where every parameter is
+  // held, the model's parameters) into the staged one.
+  const bool grid = c.stages > 1;
+  float* params = grid ? staged.replica_p.data() + at : staged_held_.data() + lo;
+  const kernels::AdamWSources from{grid ? c.replica_p.data() + at : model_->params() + lo,
+                                   c.replica_m.data() + at, c.replica_v.data() + at};
   return ops_->AdamWUpdateRange(model_->tensors(), lo, hi, params, mirror_grad_.data() + at,
                                 staged.replica_m.data() + at, staged.replica_v.data() + at,
-                                options_.adamw, staged_scalars_);
+                                options_.adamw, staged_scalars_, &from);
 }
 
 }  // namespace troupe::train

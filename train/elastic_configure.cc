@@ -442,7 +442,8 @@ void ElasticRank::Commit() {
   absl::Status s = in_place
                        ? ops_->AdamWUpdateRange(model_->tensors(), 0, model_->num_params(),
                                                 model_->params(), grad_shard_.data(), c.m.data(),
-                                                c.v.data(), options_.adamw, staged_scalars_)
+                                                c.v.data(), options_.adamw, staged_scalars_,
+                                                /*from=*/nullptr)
                        : CopyStagedParamsIntoModel();
   if (!s.ok()) {
     // The model's parameters are now neither the old nor the new state.

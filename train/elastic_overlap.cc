@@ -385,16 +385,13 @@ absl::StatusOr<double> ElasticRank::OverlappedStep::Norm() {
 absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   model::ArrayOps* ops = r_.ops_;
   RankState& staged = r_.staged_state_;
-  const int64_t per_rank = c_.layout.per_rank;
   r_.staged_scalars_ =
       model::StepScalars(r_.options_.adamw, r_.options_.schedule, step_, grad_norm);
   r_.staged_params_ = model::FloatArray();
-  for (model::FloatArray* a : {&staged.m, &staged.v}) {
-    TROUPE_RETURN_IF_ERROR(ops->Resize(a, per_rank));
-  }
+  // AdamW runs out of place: from the model's parameters and the committed moments (untouched)
+  // into staged_held_ and the staged moments.
+  TROUPE_RETURN_IF_ERROR(r_.StageCarriedPadding({&staged.m, &staged.v}, {&c_.m, &c_.v}, e_ - b_));
   TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.staged_held_, c_.layout.padded()));
-  TROUPE_RETURN_IF_ERROR(ops->Copy(staged.m.data(), c_.m.data(), per_rank));
-  TROUPE_RETURN_IF_ERROR(ops->Copy(staged.v.data(), c_.v.data(), per_rank));
   const int world = c_.layout.world, me = c_.rank;
   const bool mirrors = r_.StepAdvancesMirror();
   const int buddy = mirrors ? BuddyRank(me, c_.buddy, world) : -1;
@@ -414,13 +411,12 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
         continue;
       }
       const int64_t at = p.lo - b_;
-      for (absl::Status s :
-           {ops->Copy(params, r_.model_->params() + p.lo, p.hi - p.lo),
-            ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params,
-                                  r_.grad_shard_.data() + at, staged.m.data() + at,
-                                  staged.v.data() + at, r_.options_.adamw, r_.staged_scalars_)}) {
-        if (!s.ok()) return s;
-      }
+      const kernels::AdamWSources from{r_.model_->params() + p.lo, c_.m.data() + at,
+                                       c_.v.data() + at};
+      TROUPE_RETURN_IF_ERROR(ops->AdamWUpdateRange(r_.model_->tensors(), p.lo, p.hi, params,
+                                                   r_.grad_shard_.data() + at, staged.m.data() + at,
+                                                   staged.v.data() + at, r_.options_.adamw,
+                                                   r_.staged_scalars_, &from));
       for (int d = 0; d < world; ++d) {
         if (d != me && d != buddy) moves.push_back({P2P::Kind::kSend, buf, d, tag});
       }

@@ -77,9 +77,15 @@ class OpaqueOps final : public model::ArrayOps {
   absl::Status AdamWUpdateRange(const std::vector<model::ParamTensor>& tensors, int64_t begin,
                                 int64_t end, float* params, const float* grads, float* m, float* v,
                                 const model::AdamWConfig& config,
-                                const kernels::AdamWScalars& scalars) override {
+                                const kernels::AdamWScalars& scalars,
+                                const kernels::AdamWSources* from) override {
+    if (from == nullptr) {
+      return host().AdamWUpdateRange(tensors, begin, end, Flip(params), Flip(grads), Flip(m),
+                                     Flip(v), config, scalars, nullptr);
+    }
+    const kernels::AdamWSources host_from{Flip(from->param), Flip(from->m), Flip(from->v)};
     return host().AdamWUpdateRange(tensors, begin, end, Flip(params), Flip(grads), Flip(m), Flip(v),
-                                   config, scalars);
+                                   config, scalars, &host_from);
   }
 
  protected:

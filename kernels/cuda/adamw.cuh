@@ -2,9 +2,9 @@
 // scalars (troupe::kernels::AdamWScalars) and operation order of the CPU kernel (kernels/adamw.cc):
 //   g = grad * grad_scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g²
 //   param = param * (1 - lr * weight_decay) - (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-// param, m and v are fp32 and updated in place; grad is fp32 or bf16 (read as float). When
-// param_bf16 is not null it receives __float2bfloat16 of each updated param, the copy the bf16
-// forward reads.
+// param, m and v are fp32, updated in place, or out of place from `from` (AdamWSources: the old
+// values read there stay as they were); grad is fp32 or bf16 (read as float). When param_bf16 is
+// not null it receives __float2bfloat16 of each updated param, the copy the bf16 forward reads.
 //
 // Bits: the CPU kernel is compiled with -ffp-contract=off and this one with nvcc --fmad=false; the
 // launcher derives the step scalars on the host exactly as the CPU kernel does, and sqrtf and '/'
@@ -53,16 +53,17 @@ inline AdamWStep MakeAdamWStep(const AdamWScalars& s) {
 
 template <typename Tg>
 __global__ void adamw_update_kernel(float* param, __nv_bfloat16* param_bf16, const Tg* grad,
-                                    float* m, float* v, int64_t n, AdamWStep k) {
+                                    float* m, float* v, const float* param_in, const float* m_in,
+                                    const float* v_in, int64_t n, AdamWStep k) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float g = ToFloat(grad[i]) * k.grad_scale;
-  const float mi = k.beta1 * m[i] + k.one_minus_beta1 * g;
-  const float vi = k.beta2 * v[i] + k.one_minus_beta2 * (g * g);
+  const float mi = k.beta1 * m_in[i] + k.one_minus_beta1 * g;
+  const float vi = k.beta2 * v_in[i] + k.one_minus_beta2 * (g * g);
   m[i] = mi;
   v[i] = vi;
   const float denom = sqrtf(vi) / k.sqrt_bc2 + k.eps;
-  const float p = param[i] * k.decay - k.step_size * (mi / denom);
+  const float p = param_in[i] * k.decay - k.step_size * (mi / denom);
   param[i] = p;
   if (param_bf16 != nullptr) param_bf16[i] = __float2bfloat16(p);
 }
@@ -70,10 +71,11 @@ __global__ void adamw_update_kernel(float* param, __nv_bfloat16* param_bf16, con
 template <typename Tg>
 absl::Status adamw_update(float* param, __nv_bfloat16* param_bf16, const Tg* grad, float* m,
                           float* v, int64_t n, const AdamWScalars& s, Stream stream,
-                          int block = kAdamWBlock) {
+                          int block = kAdamWBlock, const AdamWSources* from = nullptr) {
   if (n == 0) return absl::OkStatus();
+  const AdamWSources in = from != nullptr ? *from : AdamWSources{param, m, v};
   return TROUPE_LAUNCH(adamw_update_kernel<Tg>, dim3(CeilDiv(n, block)), dim3(block), 0, stream,
-                       param, param_bf16, grad, m, v, n, MakeAdamWStep(s));
+                       param, param_bf16, grad, m, v, in.param, in.m, in.v, n, MakeAdamWStep(s));
 }
 
 }  // namespace troupe::kernels::cuda

@@ -36,10 +36,11 @@ TROUPE_INSTANTIATE_LAYERNORM(__nv_bfloat16)
 
 // AdamW: fp32 master weights, m, v; fp32 or bf16 gradients.
 template absl::Status adamw_update<float>(float*, __nv_bfloat16*, const float*, float*, float*,
-                                          int64_t, const AdamWScalars&, Stream, int);
+                                          int64_t, const AdamWScalars&, Stream, int,
+                                          const AdamWSources*);
 template absl::Status adamw_update<__nv_bfloat16>(float*, __nv_bfloat16*, const __nv_bfloat16*,
                                                   float*, float*, int64_t, const AdamWScalars&,
-                                                  Stream, int);
+                                                  Stream, int, const AdamWSources*);
 
 // Gradient-norm chunk sums (double per chunk) of an fp32 or bf16 buffer.
 template absl::Status chunk_square_sums<float>(double*, const float*, int64_t, Stream, int);

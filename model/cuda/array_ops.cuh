@@ -48,6 +48,7 @@ namespace troupe::model::cuda {
 // The GPU model sits on kernels/cuda: the per-op kernels and device.cuh.
 using namespace ::troupe::kernels::cuda;  // NOLINT(build/namespaces)
 using ::troupe::kernels::AdamWScalars;
+using ::troupe::kernels::AdamWSources;
 using ::troupe::kernels::kNormChunk;
 
 inline constexpr int kArrayOpsBlock = 256;
@@ -127,13 +128,15 @@ inline absl::Status range_chunk_square_sums(double* out, const float* x, int64_t
 
 // model::AdamWUpdateRange on the device: for each tensor overlapping [begin, end), its overlap
 // [lo, hi) is updated by adamw_update with `scalars`, weight_decay 0 where the tensor has no decay.
-// params, grads, m and v point at element `begin` (range-local storage). Elements of [begin, end)
-// that no tensor covers are left alone, as on the host.
+// params, grads, m and v (and `from`'s sources, out of place) point at element `begin`
+// (range-local storage). Elements of [begin, end) that no tensor covers are left alone, as on the
+// host.
 inline absl::Status adamw_update_range(const std::vector<model::ParamTensor>& tensors,
                                        int64_t begin, int64_t end, float* params,
                                        const float* grads, float* m, float* v,
                                        const AdamWScalars& scalars, Stream stream,
-                                       int block = kAdamWBlock) {
+                                       int block = kAdamWBlock,
+                                       const AdamWSources* from = nullptr) {
   TROUPE_RETURN_IF_ERROR(array_ops_internal::CheckBlock("adamw_update_range", block));
   for (const model::ParamTensor& t : tensors) {
     const int64_t lo = std::max(begin, t.offset);
@@ -142,8 +145,10 @@ inline absl::Status adamw_update_range(const std::vector<model::ParamTensor>& te
     AdamWScalars s = scalars;
     if (!t.decay) s.weight_decay = 0;
     const int64_t off = lo - begin;
+    const AdamWSources at = from != nullptr ? from->At(off) : AdamWSources{};
     TROUPE_RETURN_IF_ERROR(adamw_update<float>(params + off, nullptr, grads + off, m + off, v + off,
-                                               hi - lo, s, stream, block));
+                                               hi - lo, s, stream, block,
+                                               from != nullptr ? &at : nullptr));
   }
   return absl::OkStatus();
 }

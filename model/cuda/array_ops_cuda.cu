@@ -116,12 +116,12 @@ class CudaArrayOps final : public model::ArrayOps {
 
   absl::Status AdamWUpdateRange(const std::vector<model::ParamTensor>& tensors, int64_t begin,
                                 int64_t end, float* params, const float* grads, float* m, float* v,
-                                const model::AdamWConfig& /*config*/,
-                                const AdamWScalars& scalars) override {
+                                const model::AdamWConfig& /*config*/, const AdamWScalars& scalars,
+                                const AdamWSources* from) override {
     if (end <= begin) return absl::OkStatus();
     TROUPE_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_RETURN_IF_ERROR(
-        adamw_update_range(tensors, begin, end, params, grads, m, v, scalars, stream_));
+    TROUPE_RETURN_IF_ERROR(adamw_update_range(tensors, begin, end, params, grads, m, v, scalars,
+                                              stream_, kAdamWBlock, from));
     return Wait();
   }
 

@@ -168,16 +168,27 @@ TEST_F(CudaArrayOpsGpuTest, AdamWUpdateRangeMatchesTheModel) {
     std::vector<float> m(n, 0.0f), v(n, 0.0f);
     model::FloatArray dp = Upload(*ops_, p), dg = Upload(*ops_, g), dm = Upload(*ops_, m),
                       dv = Upload(*ops_, v);
+    // Step 0 in place; step 1 out of place into fresh arrays, from step 0's (left as they were).
+    model::FloatArray op = Upload(*ops_, m), om = Upload(*ops_, m), ov = Upload(*ops_, m);
+    std::vector<float> after_step0;
     for (int64_t step = 0; step < 2; ++step) {
       const AdamWScalars s = model::StepScalars(config, schedule, step, /*grad_norm=*/2.7);
       ASSERT_OK(host_.AdamWUpdateRange(tensors, begin, end, p.data(), g.data(), m.data(), v.data(),
-                                       config, s));
-      ASSERT_OK(ops_->AdamWUpdateRange(tensors, begin, end, dp.data(), dg.data(), dm.data(),
-                                       dv.data(), config, s));
+                                       config, s, nullptr));
+      if (step == 0) {
+        ASSERT_OK(ops_->AdamWUpdateRange(tensors, begin, end, dp.data(), dg.data(), dm.data(),
+                                         dv.data(), config, s, nullptr));
+        after_step0 = Download(*ops_, dp.data(), n);
+      } else {
+        const kernels::AdamWSources from{dp.data(), dm.data(), dv.data()};
+        ASSERT_OK(ops_->AdamWUpdateRange(tensors, begin, end, op.data(), dg.data(), om.data(),
+                                         ov.data(), config, s, &from));
+      }
     }
-    ExpectSameBits(Download(*ops_, dp.data(), n), p, "params");
-    ExpectSameBits(Download(*ops_, dm.data(), n), m, "m");
-    ExpectSameBits(Download(*ops_, dv.data(), n), v, "v");
+    ExpectSameBits(Download(*ops_, op.data(), n), p, "params");
+    ExpectSameBits(Download(*ops_, om.data(), n), m, "m");
+    ExpectSameBits(Download(*ops_, ov.data(), n), v, "v");
+    ExpectSameBits(Download(*ops_, dp.data(), n), after_step0, "the sources");
   }
 }
 
@@ -240,7 +251,7 @@ TEST(GptDeviceGpuTest, DeviceBuffersAndRangeWiseStepMatchStep) {
     ASSERT_OK(ops.Assign(&m, hi - lo, 0.0f));
     ASSERT_OK(ops.Assign(&v, hi - lo, 0.0f));
     ASSERT_OK(ops.AdamWUpdateRange(layout.tensors(), lo, hi, (*b)->device_params() + lo,
-                                   *grads + lo, m.data(), v.data(), adamw, s));
+                                   *grads + lo, m.data(), v.data(), adamw, s, nullptr));
   }
   ASSERT_OK((*b)->ParamsChanged());
   std::vector<float> got(n);

@@ -204,6 +204,49 @@ TEST_P(ArrayOpsCudaTest, AdamWUpdateRangeMatchesTheModel) {
   }
 }
 
+// Out of place (the elastic trainer's staged update): the same bits as in place, the sources and
+// the destinations' guards untouched, on the host and on the device.
+TEST_P(ArrayOpsCudaTest, AdamWUpdateRangeOutOfPlaceGivesTheInPlaceBits) {
+  const std::vector<model::ParamTensor> tensors = Tensors();
+  const int64_t total = tensors.back().offset + tensors.back().size;
+  const model::AdamWConfig config;
+  const int64_t begin = 3, end = 700, n = end - begin;
+  std::vector<float> p = SpreadFloatsWithZeros(total, 31), m = SpreadFloatsWithZeros(total, 33),
+                     v = SpreadFloatsWithZeros(total, 34);
+  for (float& x : v) x = x * x;  // a second moment is non-negative
+  const std::vector<float> g = SpreadFloatsWithZeros(total, 32);
+  const AdamWScalars s = Scalars(4);
+  std::vector<float> ip = p, im = m, iv = v;
+  model::AdamWUpdateRange(tensors, begin, end, ip.data() + begin, g.data() + begin,
+                          im.data() + begin, iv.data() + begin, config, s);
+  const std::vector<float> sp = p, sm = m, sv = v;
+  const kernels::AdamWSources from{sp.data() + begin, sm.data() + begin, sv.data() + begin};
+  for (const bool device : {false, true}) {
+    SCOPED_TRACE(device ? "device" : "host");
+    std::vector<float> op(n + 1, kGuard), om(n + 1, kGuard), ov(n + 1, kGuard);
+    if (device) {
+      ASSERT_TRUE(adamw_update_range(tensors, begin, end, op.data(), g.data() + begin, om.data(),
+                                     ov.data(), s, nullptr, /*block=*/32, &from)
+                      .ok());
+    } else {
+      model::AdamWUpdateRange(tensors, begin, end, op.data(), g.data() + begin, om.data(),
+                              ov.data(), config, s, &from);
+    }
+    ExpectSameBits(std::vector<float>(op.begin(), op.end() - 1),
+                   std::vector<float>(ip.begin() + begin, ip.begin() + end), "params");
+    ExpectSameBits(std::vector<float>(om.begin(), om.end() - 1),
+                   std::vector<float>(im.begin() + begin, im.begin() + end), "m");
+    ExpectSameBits(std::vector<float>(ov.begin(), ov.end() - 1),
+                   std::vector<float>(iv.begin() + begin, iv.begin() + end), "v");
+    EXPECT_EQ(op.back(), kGuard);
+    EXPECT_EQ(om.back(), kGuard);
+    EXPECT_EQ(ov.back(), kGuard);
+    ExpectSameBits(sp, p, "source params");
+    ExpectSameBits(sm, m, "source m");
+    ExpectSameBits(sv, v, "source v");
+  }
+}
+
 // The split by tensor has teeth: one update of the whole buffer with weight decay everywhere
 // gives other bits for the tensors without decay.
 TEST_P(ArrayOpsCudaTest, AdamWUpdateRangeAppliesDecayPerTensor) {

@@ -12,6 +12,9 @@
 //                  .weight_decay = 0.1f, .grad_scale = clip, .bias_correction1 = 1 - 0.9^t,
 //                  .bias_correction2 = 1 - 0.95^t};
 //   AdamWUpdate(params + lo, grads + lo, m + lo, v + lo, hi - lo, s);
+//   // Out of place: the committed state stays as it was, the new one goes to staged arrays.
+//   AdamWSources from{.param = old_p + lo, .m = old_m + lo, .v = old_v + lo};
+//   AdamWUpdate(new_p + lo, grads + lo, new_m + lo, new_v + lo, hi - lo, s, &from);
 #ifndef TROUPE_KERNELS_ADAMW_H_
 #define TROUPE_KERNELS_ADAMW_H_
 
@@ -30,8 +33,20 @@ struct AdamWScalars {
   float bias_correction2 = 1;
 };
 
+// Where an out-of-place update reads the old parameters and moments (all three given, none
+// overlapping the destinations); the old values stay as they were. Without it the update reads
+// where it writes (in place). Either way the new values are the same bits.
+struct AdamWSources {
+  const float* param = nullptr;
+  const float* m = nullptr;
+  const float* v = nullptr;
+
+  // The sources from element `offset` on.
+  AdamWSources At(int64_t offset) const { return {param + offset, m + offset, v + offset}; }
+};
+
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
-                 const AdamWScalars& s);
+                 const AdamWScalars& s, const AdamWSources* from = nullptr);
 
 }  // namespace troupe::kernels
 

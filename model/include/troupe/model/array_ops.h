@@ -98,11 +98,13 @@ class ArrayOps {
   // chunk sums come back to the host.
   virtual absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* x, int64_t begin,
                                                                    int64_t end, int64_t total) = 0;
-  // model::AdamWUpdateRange: params, grads, m and v hold elements [begin, end).
+  // model::AdamWUpdateRange: params, grads, m and v hold elements [begin, end); in place where
+  // `from` is null, else out of place from its sources (which stay as they were).
   virtual absl::Status AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin,
                                         int64_t end, float* params, const float* grads, float* m,
                                         float* v, const AdamWConfig& config,
-                                        const kernels::AdamWScalars& scalars) = 0;
+                                        const kernels::AdamWScalars& scalars,
+                                        const kernels::AdamWSources* from) = 0;
 
  protected:
   // n > 0 floats, or an error (ResourceExhausted when the memory is full).

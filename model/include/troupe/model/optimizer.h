@@ -61,16 +61,19 @@ float ClipFactor(const AdamWConfig& config, double grad_norm);
 kernels::AdamWScalars StepScalars(const AdamWConfig& config, const LrSchedule& schedule,
                                   int64_t step, double grad_norm);
 
-// Updates elements [begin, end) of the flat buffers. params, grads, m and v point at element
-// `begin` (range-local storage works as well as the whole buffer offset by begin). Weight decay is
-// applied where the covering tensor has decay, zero elsewhere.
+// Updates elements [begin, end) of the flat buffers, in place, or out of place from `from`
+// (kernels::AdamWSources: the old parameters and moments, left as they were). params, grads, m
+// and v (and `from`'s sources) point at element `begin` (range-local storage works as well as the
+// whole buffer offset by begin). Weight decay is applied where the covering tensor has decay, zero
+// elsewhere; elements no tensor covers are not written.
 void AdamWUpdateRange(const ParamLayout& layout, int64_t begin, int64_t end, float* params,
                       const float* grads, float* m, float* v, const AdamWConfig& config,
                       const kernels::AdamWScalars& scalars);
 // The same for any model: `tensors` cover the flat buffer in order and say where decay applies.
 void AdamWUpdateRange(const std::vector<ParamTensor>& tensors, int64_t begin, int64_t end,
                       float* params, const float* grads, float* m, float* v,
-                      const AdamWConfig& config, const kernels::AdamWScalars& scalars);
+                      const AdamWConfig& config, const kernels::AdamWScalars& scalars,
+                      const kernels::AdamWSources* from = nullptr);
 
 }  // namespace troupe::model
 

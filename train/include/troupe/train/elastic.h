@@ -57,6 +57,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -307,8 +308,9 @@ class ElasticRank {
   [[nodiscard]] absl::Status StageAdamW(int64_t step, double grad_norm);
   [[nodiscard]] absl::Status ShareStagedState(int64_t step);
   // The buddy's half of a sharded step, where a step advances a mirror (StepAdvancesMirror: not
-  // in a world of one, nor with replicated moments). StageMirror: the staged mirror starts as a
-  // copy of the committed one. StageBuddyAdamW: the owner's AdamW on [lo, hi) of the range this
+  // in a world of one, nor with replicated moments). StageMirror: the staged mirror sized as the
+  // committed one, with its padding past the mirrored range carried over (StageBuddyAdamW writes
+  // the rest). StageBuddyAdamW: the owner's AdamW on [lo, hi) of the range this
   // rank mirrors, from the owner's inputs (its gradient, in mirror_grad_ once received; its
   // committed parameters: the model's own under data parallelism, the mirror of them on a grid), so
   // with the owner's bits — into the staged mirror and, under data parallelism, into staged_held_:
@@ -318,6 +320,12 @@ class ElasticRank {
   }
   [[nodiscard]] absl::Status StageMirror();
   [[nodiscard]] absl::Status StageBuddyAdamW(int64_t lo, int64_t hi);
+  // Each staged array sized as its committed one, with the elements from `real` on (the padding
+  // past a range's real elements, which no AdamW writes) copied from it: an out-of-place AdamW of
+  // the real elements then leaves the staged arrays what an in-place one on a copy would.
+  [[nodiscard]] absl::Status StageCarriedPadding(
+      std::initializer_list<model::FloatArray*> staged,
+      std::initializer_list<const model::FloatArray*> from, int64_t real);
 
   // ---- The pipeline grid (elastic_stages.cc).
   // This rank's stage of its replica's schedule, each gradient range's subtree into
