@@ -350,9 +350,9 @@ absl::StatusOr<double> ElasticRank::GradNormFromChunkSums(std::vector<double>& m
 
 // AdamW on my range into staged_params_ and the staged moments, out of place from the model's
 // parameters and the committed moments, which stay untouched (StageCarriedPadding: the moments'
-// padding past my range is carried over). On a grid the range's parameters are staged in place in
-// staged_held_ (the range is one of the kept ones), which the share then fills around them; under
-// data parallelism in staged_params_, the all-gather's input.
+// padding past my range is carried over). On a grid the range's parameters are staged at their own
+// place in staged_held_ (the range is one of the kept ones), which the share then fills around
+// them; under data parallelism in staged_params_, the all-gather's input.
 absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
   staged_scalars_ = model::StepScalars(options_.adamw, options_.schedule, step, grad_norm);
   const RankState& c = committed_state_;
@@ -372,7 +372,7 @@ absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
     }
     params = staged_params_.data();
   }
-  TROUPE_RETURN_IF_ERROR(StageCarriedPadding({&staged.m, &staged.v}, {&c.m, &c.v}, e - b));
+  TROUPE_RETURN_IF_ERROR(StageCarriedPadding({{&staged.m, &c.m}, {&staged.v, &c.v}}, e - b));
   if (e == b) return absl::OkStatus();
   const kernels::AdamWSources from{model_->params() + b, c.m.data(), c.v.data()};
   return ops_->AdamWUpdateRange(model_->tensors(), b, e, params, grad_shard_.data(),
@@ -380,12 +380,11 @@ absl::Status ElasticRank::StageAdamW(int64_t step, double grad_norm) {
                                 &from);
 }
 
-absl::Status ElasticRank::StageCarriedPadding(std::initializer_list<model::FloatArray*> staged,
-                                              std::initializer_list<const model::FloatArray*> from,
-                                              int64_t real) {
-  auto f = from.begin();
-  for (model::FloatArray* to : staged) {
-    const model::FloatArray& c = **f++;
+absl::Status ElasticRank::StageCarriedPadding(
+    std::initializer_list<std::pair<model::FloatArray*, const model::FloatArray*>> staged_from,
+    int64_t real) {
+  for (const auto& [to, from] : staged_from) {
+    const model::FloatArray& c = *from;
     TROUPE_RETURN_IF_ERROR(ops_->Resize(to, c.size()));
     if (c.size() > real) {
       TROUPE_RETURN_IF_ERROR(ops_->Copy(to->data() + real, c.data() + real, c.size() - real));
@@ -439,8 +438,10 @@ absl::Status ElasticRank::StageMirror() {
   const int prev = MirroredRank(c.rank, c.buddy, c.layout.world);
   const int64_t real = c.layout.end(prev) - c.layout.begin(prev);
   // replica_p: a grid's only (empty, and so left empty, otherwise).
-  return StageCarriedPadding({&staged.replica_m, &staged.replica_v, &staged.replica_p},
-                             {&c.replica_m, &c.replica_v, &c.replica_p}, real);
+  return StageCarriedPadding({{&staged.replica_m, &c.replica_m},
+                              {&staged.replica_v, &c.replica_v},
+                              {&staged.replica_p, &c.replica_p}},
+                             real);
 }
 
 absl::Status ElasticRank::StageBuddyAdamW(int64_t lo, int64_t hi) {

@@ -390,7 +390,7 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   r_.staged_params_ = model::FloatArray();
   // AdamW runs out of place: from the model's parameters and the committed moments (untouched)
   // into staged_held_ and the staged moments.
-  TROUPE_RETURN_IF_ERROR(r_.StageCarriedPadding({&staged.m, &staged.v}, {&c_.m, &c_.v}, e_ - b_));
+  TROUPE_RETURN_IF_ERROR(r_.StageCarriedPadding({{&staged.m, &c_.m}, {&staged.v, &c_.v}}, e_ - b_));
   TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.staged_held_, c_.layout.padded()));
   const int world = c_.layout.world, me = c_.rank;
   const bool mirrors = r_.StepAdvancesMirror();

@@ -814,6 +814,64 @@ TEST(HostLayoutSpecTest, AGpuBf16ModelHasAHostProbeWithItsLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// A model whose tensors() are whatever it is given: the registry checks them at creation.
+class TensorListTrainable final : public Trainable {
+ public:
+  TensorListTrainable(std::vector<model::ParamTensor> tensors, int64_t n)
+      : tensors_(std::move(tensors)), params_(n), grads_(n) {}
+  int64_t num_params() const override { return static_cast<int64_t>(params_.size()); }
+  const std::vector<model::ParamTensor>& tensors() const override { return tensors_; }
+  float* params() override { return params_.data(); }
+  const float* grads() const override { return grads_.data(); }
+  void InitParams(uint64_t /*seed*/) override {}
+  absl::StatusOr<double> ComputeGradient(int64_t /*step*/, int32_t /*k*/) override { return 0.0; }
+  int64_t tokens_per_microbatch() const override { return 1; }
+
+ private:
+  std::vector<model::ParamTensor> tensors_;
+  std::vector<float> params_, grads_;
+};
+
+// The staged AdamW writes only what the tensors cover (out of place, nothing else is carried
+// over), so a custom model whose tensors leave a gap or stop short is refused by name at creation.
+TEST(TrainableRegistryTest, TensorsThatDoNotCoverTheParametersAreRefusedByName) {
+  auto tensor = [](std::string name, int64_t offset, int64_t size) {
+    model::ParamTensor t;
+    t.name = std::move(name);
+    t.offset = offset;
+    t.size = size;
+    t.shape = {size};
+    return t;
+  };
+  TrainableRegistry registry;
+  auto add = [&](const std::string& name, std::vector<model::ParamTensor> tensors, int64_t n) {
+    registry.Register(name, [=](const ModelSpec&) -> absl::StatusOr<std::unique_ptr<Trainable>> {
+      return std::make_unique<TensorListTrainable>(tensors, n);
+    });
+  };
+  add("gap", {tensor("a", 0, 3), tensor("b", 4, 2)}, 6);
+  add("short", {tensor("a", 0, 3)}, 5);
+  add("whole", {tensor("a", 0, 3), tensor("b", 3, 2)}, 5);
+  ModelSpec spec;
+  spec.type = "gap";
+  absl::StatusOr<std::unique_ptr<Trainable>> made = registry.Create(spec);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(made.status().message().find(
+                "model 'gap': tensor 'b' covers [4, 6): expected it to start at 3"),
+            absl::string_view::npos)
+      << made.status();
+  spec.type = "short";
+  made = registry.Create(spec);
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(made.status().message().find("tensors() cover [0, 3), expected [0, num_params() = 5)"),
+            absl::string_view::npos)
+      << made.status();
+  spec.type = "whole";
+  made = registry.Create(spec);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ((*made)->num_params(), 5);
+}
+
 TEST(PipelineScheduleTest, EveryMicrobatchOnceBackwardsInOrderInFlightBounded) {
   using Kind = PipelineOp::Kind;
   for (PipelineSchedule schedule : {PipelineSchedule::kOneFOneB, PipelineSchedule::kGPipe}) {

@@ -367,7 +367,23 @@ absl::StatusOr<std::unique_ptr<Trainable>> TrainableRegistry::Create(const Model
     return absl::InvalidArgumentError(absl::StrCat(
         "model.type: expected one of ", absl::StrJoin(names, ", "), ", got '", spec.type, "'"));
   }
-  return it->second(spec);
+  TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<Trainable> model, it->second(spec));
+  int64_t at = 0;
+  for (const model::ParamTensor& t : model->tensors()) {
+    if (t.offset != at || t.size < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", spec.type, "': tensor '", t.name, "' covers [", t.offset, ", ",
+                       t.offset + t.size, "): expected it to start at ", at,
+                       " (tensors() cover [0, num_params()) in order, with no gap)"));
+    }
+    at += t.size;
+  }
+  if (at != model->num_params()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", spec.type, "': tensors() cover [0, ", at,
+                     "), expected [0, num_params() = ", model->num_params(), ")"));
+  }
+  return model;
 }
 
 }  // namespace troupe::train

@@ -170,7 +170,7 @@ TEST_F(CudaArrayOpsGpuTest, AdamWUpdateRangeMatchesTheModel) {
                       dv = Upload(*ops_, v);
     // Step 0 in place; step 1 out of place into fresh arrays, from step 0's (left as they were).
     model::FloatArray op = Upload(*ops_, m), om = Upload(*ops_, m), ov = Upload(*ops_, m);
-    std::vector<float> after_step0;
+    std::vector<float> p0, m0, v0;  // the device's after step 0
     for (int64_t step = 0; step < 2; ++step) {
       const AdamWScalars s = model::StepScalars(config, schedule, step, /*grad_norm=*/2.7);
       ASSERT_OK(host_.AdamWUpdateRange(tensors, begin, end, p.data(), g.data(), m.data(), v.data(),
@@ -178,7 +178,9 @@ TEST_F(CudaArrayOpsGpuTest, AdamWUpdateRangeMatchesTheModel) {
       if (step == 0) {
         ASSERT_OK(ops_->AdamWUpdateRange(tensors, begin, end, dp.data(), dg.data(), dm.data(),
                                          dv.data(), config, s, nullptr));
-        after_step0 = Download(*ops_, dp.data(), n);
+        p0 = Download(*ops_, dp.data(), n);
+        m0 = Download(*ops_, dm.data(), n);
+        v0 = Download(*ops_, dv.data(), n);
       } else {
         const kernels::AdamWSources from{dp.data(), dm.data(), dv.data()};
         ASSERT_OK(ops_->AdamWUpdateRange(tensors, begin, end, op.data(), dg.data(), om.data(),
@@ -188,7 +190,9 @@ TEST_F(CudaArrayOpsGpuTest, AdamWUpdateRangeMatchesTheModel) {
     ExpectSameBits(Download(*ops_, op.data(), n), p, "params");
     ExpectSameBits(Download(*ops_, om.data(), n), m, "m");
     ExpectSameBits(Download(*ops_, ov.data(), n), v, "v");
-    ExpectSameBits(Download(*ops_, dp.data(), n), after_step0, "the sources");
+    ExpectSameBits(Download(*ops_, dp.data(), n), p0, "source params");
+    ExpectSameBits(Download(*ops_, dm.data(), n), m0, "source m");
+    ExpectSameBits(Download(*ops_, dv.data(), n), v0, "source v");
   }
 }
 

@@ -324,8 +324,8 @@ class ElasticRank {
   // past a range's real elements, which no AdamW writes) copied from it: an out-of-place AdamW of
   // the real elements then leaves the staged arrays what an in-place one on a copy would.
   [[nodiscard]] absl::Status StageCarriedPadding(
-      std::initializer_list<model::FloatArray*> staged,
-      std::initializer_list<const model::FloatArray*> from, int64_t real);
+      std::initializer_list<std::pair<model::FloatArray*, const model::FloatArray*>> staged_from,
+      int64_t real);
 
   // ---- The pipeline grid (elastic_stages.cc).
   // This rank's stage of its replica's schedule, each gradient range's subtree into

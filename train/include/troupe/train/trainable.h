@@ -207,6 +207,8 @@ class TrainableRegistry {
  public:
   static TrainableRegistry& Global();
   void Register(const std::string& name, TrainableFactory factory);
+  // The factory's model, or InvalidArgument when its tensors() do not cover [0, num_params()) in
+  // order (the staged AdamW writes only what they cover).
   [[nodiscard]] absl::StatusOr<std::unique_ptr<Trainable>> Create(const ModelSpec& spec) const;
 
  private:
