@@ -1,5 +1,6 @@
 #include "mailbox.h"
 
+#include <sched.h>
 #include <sys/ipc.h>
 #include <sys/shm.h>
 
@@ -112,6 +113,21 @@ std::atomic<uint64_t>& Mailboxes::Head(uint8_t* segment, int sender) const {
 
 std::atomic<uint64_t>& Mailboxes::counter(int rank, Counter which) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + which * 64);
+}
+
+bool Mailboxes::PeerSharesMyCpu() {
+  // The vCPU plus one: the segment starts zeroed, and 0 means none published yet.
+  const uint64_t cpu = static_cast<uint64_t>(sched_getcpu() + 1);
+  std::atomic<uint64_t>& mine = counter(rank_, kCpu);
+  if (mine.load(std::memory_order_relaxed) != cpu) mine.store(cpu, std::memory_order_relaxed);
+  if (cpu == 0) return false;
+  for (size_t r = 0; r < outboxes_.size(); ++r) {
+    if (outboxes_[r] != nullptr &&
+        counter(static_cast<int>(r), kCpu).load(std::memory_order_relaxed) == cpu) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool Mailboxes::TrySend(int peer, uint64_t tag, const void* buf, size_t bytes) {

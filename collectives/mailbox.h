@@ -64,12 +64,20 @@ class Mailboxes {
   // each written by its owner only and read by the peers: chunks staged, reduced, copied out.
   static constexpr int kStageSlots = 4;
   static constexpr size_t kStageBytes = 256 * 1024;
-  enum Counter { kStaged = 0, kReduced = 1, kCopiedOut = 2 };
+  // kCpu, on a line of its own too, is not a counter: PeerSharesMyCpu's word.
+  enum Counter { kStaged = 0, kReduced = 1, kCopiedOut = 2, kCpu = 3 };
   // Of this rank or an attached peer.
   uint8_t* stage(int rank, int slot) const;
   std::atomic<uint64_t>& counter(int rank, Counter which) const;
   // How this rank writes what it stages (see StagingCopy).
   StagingCopy& staging_copy() { return staging_copy_; }
+
+  // Publishes the vCPU this rank runs on (a word of its segment beside the counters) and says
+  // whether an attached peer last published the same one: a waiter that shares its vCPU with a
+  // peer hands it over instead of spinning (UcxTransport::IdleWait). A peer publishes when it
+  // waits, so a peer preempted on this vCPU still shows it; one the kernel moved while it was
+  // preempted shows its old vCPU until its next wait.
+  bool PeerSharesMyCpu();
 
  private:
   struct Slot;

@@ -4,6 +4,7 @@
 #include "mailbox.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/ipc.h>
 #include <sys/shm.h>
 
@@ -51,6 +52,37 @@ TEST(Mailboxes, MessagesArriveInOrderPerTagAndMayBeReceivedOutOfOrderAcrossTags)
   uint64_t v = 7;
   ASSERT_TRUE(p.b->TrySend(0, 5, &v, sizeof(v)));
   EXPECT_EQ(Recv(*p.a, 2, 5), 7u);
+}
+
+// Runs the calling thread on `cpu` alone; false where it may not.
+bool RunOn(int cpu) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  return sched_setaffinity(0, sizeof(one), &one) == 0;
+}
+
+TEST(Mailboxes, EachRankSeesWhetherAPeerLastWaitedOnItsVcpu) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &all)) cpus.push_back(c);
+  }
+  ASSERT_FALSE(cpus.empty());
+  Pair p;
+  ASSERT_TRUE(RunOn(cpus[0]));
+  EXPECT_FALSE(p.a->PeerSharesMyCpu()) << "rank 2 has published no vCPU yet";
+  EXPECT_TRUE(p.b->PeerSharesMyCpu()) << "rank 0 published this one";
+  EXPECT_TRUE(p.a->PeerSharesMyCpu());
+  if (cpus.size() > 1) {  // CI's machines have 2 vCPUs
+    ASSERT_TRUE(RunOn(cpus[1]));
+    EXPECT_FALSE(p.b->PeerSharesMyCpu()) << "rank 0 last published vCPU " << cpus[0];
+    EXPECT_TRUE(p.a->PeerSharesMyCpu()) << "rank 2 just published vCPU " << cpus[1];
+    ASSERT_TRUE(RunOn(cpus[0]));
+    EXPECT_FALSE(p.a->PeerSharesMyCpu()) << "rank 2 is still on vCPU " << cpus[1];
+  }
+  EXPECT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
 }
 
 TEST(Mailboxes, AFullChannelRefusesUntilTheReceiverCopiesOut) {

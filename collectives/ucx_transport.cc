@@ -396,7 +396,18 @@ unsigned UcxTransport::ProgressBoxes() {
 bool UcxTransport::Napping(int idle) const { return idle > spins_before_yield_ + kYieldsBeforeNap; }
 
 void UcxTransport::IdleWait(int idle) {
-  if (idle <= spins_before_yield_) return;
+  if (idle == 0) return;  // progress was made: look again at once
+  if (idle <= spins_before_yield_) {
+    // Spinning is for a rank whose peers run elsewhere: the kernel may put two ranks on one vCPU
+    // though every rank could have one (another process busy on the other), and a spinning
+    // waiter keeps its peer off the vCPU for a whole time slice (2-rank all-reduces 16x slower
+    // beside a busy process). Such a waiter yields at every idle poll, as ranks outnumbering the
+    // vCPUs do; and every 4096 idle polls any waiter yields once (a peer moved onto its vCPU
+    // while preempted shows the vCPU it had until it next waits).
+    if (boxes_ != nullptr && idle % 64 == 1) shares_cpu_ = boxes_->PeerSharesMyCpu();
+    if (shares_cpu_ || idle % 4096 == 0) sched_yield();
+    return;
+  }
   collectives::IdleWait(idle - spins_before_yield_, *this);
 }
 

@@ -189,6 +189,7 @@ class UcxTransport : public Transport {
   // idle poll when ranks outnumber the vCPUs this process may use (the peer being waited for may
   // need this one) — OpenMPI's yield-when-idle rule.
   int spins_before_yield_ = 64;
+  bool shares_cpu_ = false;  // a local peer last waited on this rank's vCPU (IdleWait)
   absl::Duration max_nap_ = absl::Microseconds(20);  // IdleNap's cap: ProbeLocalPeers
   int usable_cpus_ = 1;
   std::atomic<bool> events_{false};  // HasEvents: set by Connect, off if arming fails
