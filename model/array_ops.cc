@@ -77,9 +77,9 @@ class Host final : public ArrayOps {
     return Copy(dst, host_src, n);
   }
   // Element-wise, so independent of the thread count.
-  absl::Status AddInto(float* left, const float* right, int64_t n) override {
+  absl::Status Add(float* out, const float* x, const float* y, int64_t n) override {
     kernels::ParallelForRange(n, 65536, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) left[i] = left[i] + right[i];
+      for (int64_t i = lo; i < hi; ++i) out[i] = x[i] + y[i];
     });
     return absl::OkStatus();
   }

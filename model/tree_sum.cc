@@ -19,21 +19,29 @@ absl::Status TreeAccumulator::Fail(absl::Status s) {
 }
 
 absl::Status TreeAccumulator::Add(const float* leaf) {
-  FloatArray buf;
-  if (!spare_.empty()) {
-    buf = std::move(spare_.back());
-    spare_.pop_back();
-  }
-  if (absl::Status s = ops_->Resize(&buf, n_); !s.ok()) return Fail(s);
-  if (absl::Status s = ops_->Copy(buf.data(), leaf, n_); !s.ok()) return Fail(s);
-  stack_.push_back({1, std::move(buf)});
   ++leaves_;
+  if (!stack_.empty() && stack_.back().leaves == 1) {
+    // The leaf merges with the single leaf on top at once: added where it lies, never copied.
+    if (absl::Status s = ops_->Add(stack_.back().sum.data(), stack_.back().sum.data(), leaf, n_);
+        !s.ok()) {
+      return Fail(s);
+    }
+    stack_.back().leaves = 2;
+  } else {
+    FloatArray buf;
+    if (!spare_.empty()) {
+      buf = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    if (absl::Status s = ops_->Resize(&buf, n_); !s.ok()) return Fail(s);
+    if (absl::Status s = ops_->Copy(buf.data(), leaf, n_); !s.ok()) return Fail(s);
+    stack_.push_back({1, std::move(buf)});
+  }
   while (stack_.size() >= 2 && stack_[stack_.size() - 2].leaves == stack_.back().leaves) {
     Node right = std::move(stack_.back());
     stack_.pop_back();
-    if (absl::Status s = ops_->AddInto(stack_.back().sum.data(), right.sum.data(), n_); !s.ok()) {
-      return Fail(s);
-    }
+    float* left = stack_.back().sum.data();
+    if (absl::Status s = ops_->Add(left, left, right.sum.data(), n_); !s.ok()) return Fail(s);
     stack_.back().leaves += right.leaves;
     spare_.push_back(std::move(right.sum));
   }
@@ -50,9 +58,12 @@ absl::Status TreeAccumulator::FinishRangeWith(const float* last_leaf, int64_t be
   // Finish combines what remains from the right: either way the result is
   // stack[0] + (stack[1] + (… + (stack[top] + leaf))), one addition per level.
   const int64_t len = end - begin;
-  TROUPE_RETURN_IF_ERROR(ops_->Copy(out + begin, last_leaf + begin, len));
-  for (auto node = stack_.rbegin(); node != stack_.rend(); ++node) {
-    TROUPE_RETURN_IF_ERROR(ops_->AddInto(out + begin, node->sum.data() + begin, len));
+  float* to = out + begin;
+  if (stack_.empty()) return ops_->Copy(to, last_leaf + begin, len);
+  auto node = stack_.rbegin();
+  TROUPE_RETURN_IF_ERROR(ops_->Add(to, last_leaf + begin, node->sum.data() + begin, len));
+  for (++node; node != stack_.rend(); ++node) {
+    TROUPE_RETURN_IF_ERROR(ops_->Add(to, to, node->sum.data() + begin, len));
   }
   return absl::OkStatus();
 }
@@ -63,7 +74,8 @@ absl::Status TreeAccumulator::Finish(float* out) {
   FloatArray acc = std::move(stack_.back().sum);
   stack_.pop_back();
   while (!stack_.empty()) {
-    if (absl::Status s = ops_->AddInto(stack_.back().sum.data(), acc.data(), n_); !s.ok()) {
+    float* left = stack_.back().sum.data();
+    if (absl::Status s = ops_->Add(left, left, acc.data(), n_); !s.ok()) {
       return Fail(s);
     }
     spare_.push_back(std::move(acc));

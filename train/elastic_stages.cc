@@ -344,12 +344,12 @@ absl::Status CombinePieces(model::ArrayOps* ops, const collectives::CombinePlan&
       return nullptr;
     };
     for (const collectives::CombineStep& c : plan.steps) {
-      // dst is never a partial: x is copied, then y added (x + y, in that order).
-      if (at(c.dst) != at(c.x)) {
+      // dst is never a partial: x + y in one pass, or x copied where there is no y.
+      if (c.y.kind != Kind::kNone) {
+        TROUPE_RETURN_IF_ERROR(ops->Add(at(c.dst), at(c.x), at(c.y), len));
+      } else if (at(c.dst) != at(c.x)) {
         TROUPE_RETURN_IF_ERROR(ops->Copy(at(c.dst), at(c.x), len));
       }
-      if (c.y.kind == Kind::kNone) continue;
-      TROUPE_RETURN_IF_ERROR(ops->AddInto(at(c.dst), at(c.y), len));
     }
   }
   return absl::OkStatus();

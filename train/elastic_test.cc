@@ -67,8 +67,8 @@ class OpaqueOps final : public model::ArrayOps {
   absl::Status CopyFromHost(float* dst, const float* host_src, int64_t n) override {
     return host().Copy(Flip(dst), host_src, n);
   }
-  absl::Status AddInto(float* left, const float* right, int64_t n) override {
-    return host().AddInto(Flip(left), Flip(right), n);
+  absl::Status Add(float* out, const float* x, const float* y, int64_t n) override {
+    return host().Add(Flip(out), Flip(x), Flip(y), n);
   }
   absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* x, int64_t begin,
                                                            int64_t end, int64_t total) override {

@@ -2,7 +2,7 @@
 // the elastic trainer's gradient sum and buffers need, and the two optimizer pieces of
 // model/optimizer.h over one rank's range [begin, end) of the flat parameter buffer, built from the
 // existing kernels:
-//   add_into                 left[i] = left[i] + right[i] (one float addition, as HostArrayOps)
+//   add                      out[i] = x[i] + y[i] (one float addition, as HostArrayOps)
 //   fill                     dst[i] = value
 //   range_chunk_square_sums  model::RangeChunkSquareSums: the same bounds check and error, then
 //                            chunk_square_sums (norm.cuh) over the range's CeilDiv(end - begin,
@@ -56,10 +56,10 @@ inline constexpr int kArrayOpsBlock = 256;
 // Templates (instantiated for float), so that every translation unit that includes this header
 // may instantiate them without duplicate kernel symbols.
 template <typename T>
-__global__ void add_into_kernel(T* left, const T* right, int64_t n) {
+__global__ void add_kernel(T* out, const T* x, const T* y, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  left[i] = left[i] + right[i];
+  out[i] = x[i] + y[i];
 }
 
 template <typename T>
@@ -81,14 +81,14 @@ inline absl::Status CheckBlock(const char* what, int block) {
 
 }  // namespace array_ops_internal
 
-// left[i] = left[i] + right[i] for i < n; nothing for n <= 0. left == right is allowed.
+// out[i] = x[i] + y[i] for i < n; nothing for n <= 0. out may be x or y; x == y is allowed.
 template <typename T>
-absl::Status add_into(T* left, const T* right, int64_t n, Stream stream,
-                      int block = kArrayOpsBlock) {
-  TROUPE_RETURN_IF_ERROR(array_ops_internal::CheckBlock("add_into", block));
+absl::Status add(T* out, const T* x, const T* y, int64_t n, Stream stream,
+                 int block = kArrayOpsBlock) {
+  TROUPE_RETURN_IF_ERROR(array_ops_internal::CheckBlock("add", block));
   if (n <= 0) return absl::OkStatus();
-  return TROUPE_LAUNCH(add_into_kernel<T>, dim3(CeilDiv(n, block)), dim3(block), 0, stream, left,
-                       right, n);
+  return TROUPE_LAUNCH(add_kernel<T>, dim3(CeilDiv(n, block)), dim3(block), 0, stream, out, x, y,
+                       n);
 }
 
 // dst[i] = value for i < n (any bits, -0.0 and NaNs included); nothing for n <= 0.

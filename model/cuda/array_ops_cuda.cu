@@ -90,10 +90,10 @@ class CudaArrayOps final : public model::ArrayOps {
     return Wait();  // the host buffer may be reused on return
   }
 
-  absl::Status AddInto(float* left, const float* right, int64_t n) override {
+  absl::Status Add(float* out, const float* x, const float* y, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
     TROUPE_RETURN_IF_ERROR(MakeCurrent());
-    TROUPE_RETURN_IF_ERROR(add_into<float>(left, right, n, stream_));
+    TROUPE_RETURN_IF_ERROR(add<float>(out, x, y, n, stream_));
     return Wait();
   }
 

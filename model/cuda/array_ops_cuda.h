@@ -20,7 +20,7 @@
 //   if (!ops.ok()) return ops.status();  // no usable GPU: FailedPrecondition naming the cause
 //   model::FloatArray sum;
 //   TROUPE_RETURN_IF_ERROR((*ops)->Assign(&sum, n, 0.0f));
-//   TROUPE_RETURN_IF_ERROR((*ops)->AddInto(sum.data(), grads_on_device, n));
+//   TROUPE_RETURN_IF_ERROR((*ops)->Add(sum.data(), sum.data(), grads_on_device, n));
 #ifndef TROUPE_MODEL_CUDA_ARRAY_OPS_CUDA_H_
 #define TROUPE_MODEL_CUDA_ARRAY_OPS_CUDA_H_
 

@@ -97,19 +97,23 @@ TEST_F(CudaArrayOpsGpuTest, ArraysAndCopiesKeepEveryBit) {
   }
 }
 
-TEST_F(CudaArrayOpsGpuTest, FillAndAddIntoMatchHostArrayOps) {
+TEST_F(CudaArrayOpsGpuTest, FillAndAddMatchHostArrayOps) {
   for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{(1 << 20) + 3}}) {
     SCOPED_TRACE(::testing::Message() << "n=" << n);
     const std::vector<float> a = SpreadFloatsWithZeros(n + 1, n),
                              b = SpreadFloatsWithZeros(n, n + 7);
     std::vector<float> want = a;
-    ASSERT_OK(host_.AddInto(want.data(), b.data(), n));
-    model::FloatArray da = Upload(*ops_, a), db = Upload(*ops_, b);
-    ASSERT_OK(ops_->AddInto(da.data(), db.data(), n));
-    ExpectSameBits(Download(*ops_, da.data(), n + 1), want, "AddInto");  // a[n] untouched
-    ASSERT_OK(host_.AddInto(want.data(), want.data(), n));
-    ASSERT_OK(ops_->AddInto(da.data(), da.data(), n));
-    ExpectSameBits(Download(*ops_, da.data(), n + 1), want, "AddInto(x, x)");
+    ASSERT_OK(host_.Add(want.data(), want.data(), b.data(), n));
+    model::FloatArray da = Upload(*ops_, a), db = Upload(*ops_, b), dc = Upload(*ops_, a);
+    ASSERT_OK(ops_->Add(dc.data(), da.data(), db.data(), n));  // into a third array
+    ExpectSameBits(Download(*ops_, dc.data(), n), std::vector<float>(want.begin(), want.end() - 1),
+                   "Add(c, a, b)");
+    ExpectSameBits(Download(*ops_, da.data(), n + 1), a, "Add(c, a, b)'s a");
+    ASSERT_OK(ops_->Add(da.data(), da.data(), db.data(), n));
+    ExpectSameBits(Download(*ops_, da.data(), n + 1), want, "Add(a, a, b)");  // a[n] untouched
+    ASSERT_OK(host_.Add(want.data(), want.data(), want.data(), n));
+    ASSERT_OK(ops_->Add(da.data(), da.data(), da.data(), n));
+    ExpectSameBits(Download(*ops_, da.data(), n + 1), want, "Add(x, x, x)");
     ASSERT_OK(host_.Fill(want.data(), n, -0.0f));
     ASSERT_OK(ops_->Fill(da.data(), n, -0.0f));
     ExpectSameBits(Download(*ops_, da.data(), n + 1), want, "Fill");

@@ -1,5 +1,5 @@
 // The CUDA ArrayOps' device code (array_ops.cuh) through the SIMT layer in the three schedules,
-// bit for bit against what the elastic trainer runs on the host: HostArrayOps' AddInto and Fill,
+// bit for bit against what the elastic trainer runs on the host: HostArrayOps' Add and Fill,
 // model::RangeChunkSquareSums and model::AdamWUpdateRange, on awkward shapes.
 #include "array_ops.cuh"
 
@@ -35,23 +35,32 @@ TROUPE_INSTANTIATE_SCHEDULES(ArrayOpsCudaTest);
 const int64_t kSizes[] = {1, 31, 33, 255, 257, 1000};
 const float kGuard = 12345.0f;  // past the end of every output: must stay
 
-TEST_P(ArrayOpsCudaTest, AddIntoMatchesHostArrayOps) {
+TEST_P(ArrayOpsCudaTest, AddMatchesHostArrayOps) {
   model::ArrayOps& host = model::HostArrayOps();
   for (int64_t n : kSizes) {
     for (int block : {32, 96, 256}) {
       SCOPED_TRACE(::testing::Message() << "n=" << n << " block=" << block);
       const std::vector<float> a = SpreadFloatsWithZeros(n, n), b = SpreadFloatsWithZeros(n, n + 7);
-      std::vector<float> want = a, got = a;
-      got.push_back(kGuard);
-      ASSERT_TRUE(host.AddInto(want.data(), b.data(), n).ok());
-      ASSERT_TRUE(add_into(got.data(), b.data(), n, nullptr, block).ok());
+      // Into a third array, the operands untouched.
+      std::vector<float> want(n, kGuard), got(n + 1, kGuard), x = a, y = b;
+      ASSERT_TRUE(host.Add(want.data(), a.data(), b.data(), n).ok());
+      ASSERT_TRUE(add(got.data(), x.data(), y.data(), n, nullptr, block).ok());
       EXPECT_EQ(got.back(), kGuard) << "wrote past n";
       got.pop_back();
-      ExpectSameBits(got, want, "left");
-      // left and right the same array: x + x.
+      ExpectSameBits(got, want, "out");
+      ExpectSameBits(x, a, "x");
+      ExpectSameBits(y, b, "y");
+      // In place into either operand: the same bits.
+      for (bool into_x : {true, false}) {
+        std::vector<float> in_place = into_x ? a : b;
+        const float* other = into_x ? b.data() : a.data();
+        ASSERT_TRUE(add(in_place.data(), in_place.data(), other, n, nullptr, block).ok());
+        ExpectSameBits(in_place, want, into_x ? "out == x" : "out == y");
+      }
+      // x and y the same array: x + x.
       std::vector<float> twice = a, twice_host = a;
-      ASSERT_TRUE(host.AddInto(twice_host.data(), twice_host.data(), n).ok());
-      ASSERT_TRUE(add_into(twice.data(), twice.data(), n, nullptr, block).ok());
+      ASSERT_TRUE(host.Add(twice_host.data(), twice_host.data(), twice_host.data(), n).ok());
+      ASSERT_TRUE(add(twice.data(), twice.data(), twice.data(), n, nullptr, block).ok());
       ExpectSameBits(twice, twice_host, "x + x");
     }
   }
@@ -72,10 +81,11 @@ TEST_P(ArrayOpsCudaTest, FillMatchesHostArrayOps) {
 
 TEST_P(ArrayOpsCudaTest, NothingHappensForEmptyArraysAndBadBlocksAreRefused) {
   std::vector<float> x = {1.0f, 2.0f};
-  EXPECT_TRUE(add_into(x.data(), x.data(), 0, nullptr).ok());
+  EXPECT_TRUE(add(x.data(), x.data(), x.data(), 0, nullptr).ok());
   EXPECT_TRUE(fill(x.data(), -3, 7.0f, nullptr).ok());
   EXPECT_EQ(x, (std::vector<float>{1.0f, 2.0f}));
-  EXPECT_EQ(add_into(x.data(), x.data(), 2, nullptr, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(add(x.data(), x.data(), x.data(), 2, nullptr, 0).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(fill(x.data(), 2, 0.0f, nullptr, 2048).code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -6,7 +6,7 @@
 // pointer itself: it allocates through the Trainable's ArrayOps and hands pointers to these
 // operations and to its communicator, so one code path trains on the host (HostArrayOps, what CI
 // runs) and on a GPU (kernels/cuda: CreateCudaArrayOps). Each operation gives the same bits as
-// the host one: AddInto is one float addition per element, RangeChunkSquareSums and
+// the host one: Add is one float addition per element, RangeChunkSquareSums and
 // AdamWUpdateRange are the model's (optimizer.h) — the CUDA kernels reproduce them bit for bit.
 //
 // Conventions: counts and offsets in elements; `float*` arguments point into arrays of this
@@ -91,9 +91,10 @@ class ArrayOps {
   virtual absl::Status Discard(float* dst, int64_t n);
   virtual absl::Status CopyToHost(float* host_dst, const float* src, int64_t n) = 0;
   virtual absl::Status CopyFromHost(float* dst, const float* host_src, int64_t n) = 0;
-  // left[i] = left[i] + right[i]: one float addition per element (commutative, so the tree sum's
-  // bits do not depend on which operand is kept).
-  virtual absl::Status AddInto(float* left, const float* right, int64_t n) = 0;
+  // out[i] = x[i] + y[i]: one float addition per element (commutative, so the tree sum's bits do
+  // not depend on which operand is kept). out may be x or y (an addition in place), or neither:
+  // one pass where a copy and an addition in place took two.
+  virtual absl::Status Add(float* out, const float* x, const float* y, int64_t n) = 0;
   // model::RangeChunkSquareSums over x = the gradient of elements [begin, end) of `total`; the
   // chunk sums come back to the host.
   virtual absl::StatusOr<std::vector<double>> RangeChunkSquareSums(const float* x, int64_t begin,
