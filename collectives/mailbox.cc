@@ -20,7 +20,8 @@ struct alignas(64) Mailboxes::Slot {
 };
 
 namespace {
-// Segment layout: the counters' page, the staging slots, then one channel per sender.
+// Segment layout: the counters' page (the counters, then the vCPU word), the staging slots, then
+// one channel per sender.
 constexpr size_t kCountersBytes = 4096;
 constexpr size_t kChannelsOffset = kCountersBytes + Mailboxes::kStageSlots * Mailboxes::kStageBytes;
 // Staging slots start 64-byte aligned in a page-aligned segment (StreamCopy's stores need 16).
@@ -115,15 +116,19 @@ std::atomic<uint64_t>& Mailboxes::counter(int rank, Counter which) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + which * 64);
 }
 
+std::atomic<uint64_t>& Mailboxes::CpuWord(int rank) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + (kCopiedOut + 1) * 64);
+}
+
 bool Mailboxes::PeerSharesMyCpu() {
   // The vCPU plus one: the segment starts zeroed, and 0 means none published yet.
   const uint64_t cpu = static_cast<uint64_t>(sched_getcpu() + 1);
-  std::atomic<uint64_t>& mine = counter(rank_, kCpu);
+  std::atomic<uint64_t>& mine = CpuWord(rank_);
   if (mine.load(std::memory_order_relaxed) != cpu) mine.store(cpu, std::memory_order_relaxed);
   if (cpu == 0) return false;
   for (size_t r = 0; r < outboxes_.size(); ++r) {
     if (outboxes_[r] != nullptr &&
-        counter(static_cast<int>(r), kCpu).load(std::memory_order_relaxed) == cpu) {
+        CpuWord(static_cast<int>(r)).load(std::memory_order_relaxed) == cpu) {
       return true;
     }
   }

@@ -64,8 +64,7 @@ class Mailboxes {
   // each written by its owner only and read by the peers: chunks staged, reduced, copied out.
   static constexpr int kStageSlots = 4;
   static constexpr size_t kStageBytes = 256 * 1024;
-  // kCpu, on a line of its own too, is not a counter: PeerSharesMyCpu's word.
-  enum Counter { kStaged = 0, kReduced = 1, kCopiedOut = 2, kCpu = 3 };
+  enum Counter { kStaged = 0, kReduced = 1, kCopiedOut = 2 };
   // Of this rank or an attached peer.
   uint8_t* stage(int rank, int slot) const;
   std::atomic<uint64_t>& counter(int rank, Counter which) const;
@@ -86,6 +85,8 @@ class Mailboxes {
     return static_cast<uint8_t*>(rank == rank_ ? inbox_ : outboxes_[rank]);
   }
   std::atomic<uint64_t>& Head(uint8_t* segment, int sender) const;
+  // PeerSharesMyCpu's word of `rank`'s segment, on a line of its own after the counters.
+  std::atomic<uint64_t>& CpuWord(int rank) const;
   Slot* SendSlot(int peer, uint64_t seq) const;
   Slot* RecvSlot(int peer, uint64_t seq) const;
 

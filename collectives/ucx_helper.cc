@@ -292,10 +292,21 @@ int SharedCpu(Ctx& c) {
     while (first < CPU_SETSIZE - 1 && !CPU_ISSET(first, &all)) ++first;
   }
   CPU_SET(first, &one);
-  if (sched_setaffinity(0, sizeof(one), &one) != 0) {
-    Say(absl::StrCat("FAIL sched_setaffinity: ", std::strerror(errno)));
+  // Every thread of the rank (the engine's executor runs operations too).
+  DIR* tasks = opendir("/proc/self/task");
+  if (tasks == nullptr) {
+    Say(absl::StrCat("FAIL /proc/self/task: ", std::strerror(errno)));
     return 2;
   }
+  while (const dirent* t = readdir(tasks)) {
+    const int tid = std::atoi(t->d_name);
+    if (tid > 0 && sched_setaffinity(tid, sizeof(one), &one) != 0) {
+      Say(absl::StrCat("FAIL sched_setaffinity of thread ", tid, ": ", std::strerror(errno)));
+      closedir(tasks);
+      return 2;
+    }
+  }
+  closedir(tasks);
   absl::Status st = comm->Barrier({}).Wait();
   std::vector<float> small(2, 1.0f), large(size_t{1} << 20, 1.0f);
   const int64_t t0 = MonoNs();

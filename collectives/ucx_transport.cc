@@ -105,10 +105,13 @@ absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadl
     if (all) break;
     TROUPE_RETURN_IF_ERROR(failure());
     if (((iter & 255) == 255 || Napping(idle)) && base::MonotonicNow() > deadline) {
-      return FailWith(absl::DeadlineExceededError(absl::StrCat(
-          "collectives: rank ", rank_, " operation deadline passed; ", DescribePending(ids), "; ",
-          iter, " polls, ", spins_before_yield_ == 0 ? "yielding at every idle poll" : "spinning",
-          " (", size_, " ranks, ", usable_cpus_, " usable vCPUs)")));
+      return FailWith(absl::DeadlineExceededError(
+          absl::StrCat("collectives: rank ", rank_, " operation deadline passed; ",
+                       DescribePending(ids), "; ", iter, " polls, ",
+                       spins_before_yield_ == 0 ? "yielding at every idle poll"
+                       : shares_cpu_            ? "yielding (a peer shares this vCPU)"
+                                                : "spinning",
+                       " (", size_, " ranks, ", usable_cpus_, " usable vCPUs)")));
     }
     idle = Progress() != 0 ? 0 : idle + 1;
     IdleWait(idle);
@@ -393,19 +396,25 @@ unsigned UcxTransport::ProgressBoxes() {
 // keeps — 3 to 4 times slower steps on the lab, whose processes run in sessions of their own.
 // Napping waits read the clock every time: a nap of up to 1 ms every 256 polls would overshoot a
 // deadline by a quarter of a second.
-bool UcxTransport::Napping(int idle) const { return idle > spins_before_yield_ + kYieldsBeforeNap; }
+bool UcxTransport::Napping(int idle) const {
+  return idle > (shares_cpu_ ? 0 : spins_before_yield_) + kYieldsBeforeNap;
+}
 
 void UcxTransport::IdleWait(int idle) {
   if (idle == 0) return;  // progress was made: look again at once
+  // Spinning is for a rank whose peers run elsewhere: the kernel may put two ranks on one vCPU
+  // though every rank could have one (another process busy on the other), and a spinning waiter
+  // kept its peer off the vCPU for a time slice at every hand-over (2-rank 64 MiB all-reduces 6x
+  // slower beside a busy process). Such a waiter backs off at once, as ranks outnumbering the
+  // vCPUs do (yields, then naps).
+  if (boxes_ != nullptr && spins_before_yield_ > 0 && idle % 64 == 1) {
+    shares_cpu_ = boxes_->PeerSharesMyCpu();
+  }
+  if (shares_cpu_) return collectives::IdleWait(idle, *this);
   if (idle <= spins_before_yield_) {
-    // Spinning is for a rank whose peers run elsewhere: the kernel may put two ranks on one vCPU
-    // though every rank could have one (another process busy on the other), and a spinning
-    // waiter keeps its peer off the vCPU for a whole time slice (2-rank all-reduces 16x slower
-    // beside a busy process). Such a waiter yields at every idle poll, as ranks outnumbering the
-    // vCPUs do; and every 4096 idle polls any waiter yields once (a peer moved onto its vCPU
-    // while preempted shows the vCPU it had until it next waits).
-    if (boxes_ != nullptr && idle % 64 == 1) shares_cpu_ = boxes_->PeerSharesMyCpu();
-    if (shares_cpu_ || idle % 4096 == 0) sched_yield();
+    // A peer the kernel moved onto this vCPU while it was preempted shows the vCPU it had until
+    // it next waits: a spinning waiter yields once in a while all the same.
+    if (idle % 4096 == 0) sched_yield();
     return;
   }
   collectives::IdleWait(idle - spins_before_yield_, *this);

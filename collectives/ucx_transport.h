@@ -187,9 +187,10 @@ class UcxTransport : public Transport {
   // its own (a yield is a system call that delays the next poll), for ~2 ms (65536 polls; with
   // 2048 or 16384 polls one launch in four ran 8-byte all-reduces 2-8x slower); yield at every
   // idle poll when ranks outnumber the vCPUs this process may use (the peer being waited for may
-  // need this one) — OpenMPI's yield-when-idle rule.
+  // need this one) — OpenMPI's yield-when-idle rule — or while a peer of this host last waited
+  // on this rank's vCPU (shares_cpu_, looked at every 64 idle polls; IdleWait).
   int spins_before_yield_ = 64;
-  bool shares_cpu_ = false;  // a local peer last waited on this rank's vCPU (IdleWait)
+  bool shares_cpu_ = false;
   absl::Duration max_nap_ = absl::Microseconds(20);  // IdleNap's cap: ProbeLocalPeers
   int usable_cpus_ = 1;
   std::atomic<bool> events_{false};  // HasEvents: set by Connect, off if arming fails

@@ -109,6 +109,10 @@ TEST_F(CudaArrayOpsGpuTest, FillAndAddMatchHostArrayOps) {
     ExpectSameBits(Download(*ops_, dc.data(), n), std::vector<float>(want.begin(), want.end() - 1),
                    "Add(c, a, b)");
     ExpectSameBits(Download(*ops_, da.data(), n + 1), a, "Add(c, a, b)'s a");
+    ASSERT_OK(ops_->Add(dc.data(), da.data(), dc.data(), n));  // in place into y: a + (a + b)
+    std::vector<float> a_plus_want(n);
+    ASSERT_OK(host_.Add(a_plus_want.data(), a.data(), want.data(), n));
+    ExpectSameBits(Download(*ops_, dc.data(), n), a_plus_want, "Add(c, a, c)");
     ASSERT_OK(ops_->Add(da.data(), da.data(), db.data(), n));
     ExpectSameBits(Download(*ops_, da.data(), n + 1), want, "Add(a, a, b)");  // a[n] untouched
     ASSERT_OK(host_.Add(want.data(), want.data(), want.data(), n));
