@@ -338,6 +338,9 @@ void Coordinator::HandleStepDone(const StepDone& m) {
     rank_schedule_seconds_ += m.schedule_seconds;
     rank_exchange_seconds_ += m.exchange_seconds;
     rank_exposed_seconds_ += m.exposed_seconds;
+    rank_step_seconds_ += m.step_seconds;
+    rank_update_seconds_ += m.update_seconds;
+    ++rank_steps_;
   }
   if (m.status.ToStatus().ok()) {
     NoteRankStep(m);

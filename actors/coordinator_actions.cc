@@ -315,6 +315,13 @@ void Coordinator::Finish(const train::CoordinatorAction& a) {
   r.tokens_per_second = compute_seconds_ > 0 ? tokens_ / compute_seconds_ : 0.0;
   r.bubble = rank_schedule_seconds_ > 0 ? 1.0 - rank_compute_seconds_ / rank_schedule_seconds_ : 0;
   r.overlap = rank_exchange_seconds_ > 0 ? 1.0 - rank_exposed_seconds_ / rank_exchange_seconds_ : 0;
+  if (rank_steps_ > 0) {
+    const double n = static_cast<double>(rank_steps_);
+    r.step_seconds = rank_step_seconds_ / n;
+    r.compute_seconds = rank_compute_seconds_ / n;
+    r.exposed_seconds = rank_exposed_seconds_ / n;
+    r.update_seconds = rank_update_seconds_ / n;
+  }
   if (a.eval_step >= 0) {
     Print(NoteEval(a.generation, a.eval_step, a.eval_loss) + " (the final parameters)");
     r.val_step = a.eval_step;

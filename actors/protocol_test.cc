@@ -65,6 +65,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   report.num_params = 262144;
   report.generations = 3;
   report.overlap = 0.625;
+  report.update_seconds = 0.375;
   report.final_world = 4;
   report.recovery_seconds = 0.125;
   report.steps_lost = 1;
@@ -78,6 +79,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   StepDone done{7, 41, "n1/w0", WireStatus{}, {4, 5}, {3.141592653589793, 2.5e-9}, 0.75};
   done.exchange_seconds = 0.125;
   done.exposed_seconds = 0.03125;
+  done.update_seconds = 0.0625;
   RoundTrip(done, "troupe.StepDone");
   RoundTrip(CommitRank{7, 40}, "troupe.CommitRank");
   RoundTrip(AbortBelow{8}, "troupe.AbortBelow");

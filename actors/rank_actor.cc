@@ -413,6 +413,7 @@ class RankState {
       done.collective_seconds = out->collective_seconds;
       done.exchange_seconds = out->exchange_seconds;
       done.exposed_seconds = out->exposed_seconds;
+      done.update_seconds = out->update_seconds;
       if (comm_ != nullptr) done.collective_bytes = comm_->stats().bytes_sent - sent;
       done.eval_microbatches = std::move(evaluated.eval_microbatches);
       done.eval_losses = std::move(evaluated.eval_losses);

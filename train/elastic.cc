@@ -230,7 +230,9 @@ absl::StatusOr<StepOutcome> ElasticRank::RunStep() {
   TROUPE_ASSIGN_OR_RETURN(double grad_norm, GlobalGradNorm());
   collected();
   out.grad_norm = grad_norm;
+  const Stopwatch update;
   TROUPE_RETURN_IF_ERROR(StageAdamW(step, out.grad_norm));
+  out.update_seconds += update.Seconds();
   collective = Stopwatch();
   TROUPE_RETURN_IF_ERROR(ShareStagedState(step));
   collected();

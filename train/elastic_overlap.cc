@@ -477,6 +477,7 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
     if (absl::Status u = UpdateAndGather(*norm); !u.ok()) return Fail(u);
   }
   const double updated = step_clock_.Seconds() - share_wait_;  // the update's own time ends here
+  out->update_seconds += updated - update_start;
   const absl::Status gathered = WaitAll(gather_);
   const absl::Status mirrored = WaitAll(mirror_);
   const double shared = step_clock_.Seconds();

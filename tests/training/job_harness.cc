@@ -42,6 +42,11 @@ Report ReadReport(const std::string& path) {
     if (k == "crc32c") r.crc = v;
     if (k == "generations") r.generations = std::stoi(v);
     if (k == "val_loss") r.val_loss = std::stod(v);
+    if (k == "step_s") r.step_s = std::stod(v);
+    if (k == "compute_s") r.compute_s = std::stod(v);
+    if (k == "exposed_s") r.exposed_s = std::stod(v);
+    if (k == "update_s") r.update_s = std::stod(v);
+    if (k == "overlap") r.overlap = std::stod(v);
   }
   return r;
 }

@@ -26,6 +26,8 @@ struct Report {
   int steps_lost = -1, steps = -1, world = -1, generations = -1;
   std::string crc;
   double val_loss = -1;  // [eval]: the final parameters' validation loss
+  // A rank's mean step by phase, seconds, and the overlapped exchange's hidden share.
+  double step_s = -1, compute_s = -1, exposed_s = -1, update_s = -1, overlap = -1;
 };
 Report ReadReport(const std::string& path);
 

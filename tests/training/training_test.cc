@@ -102,6 +102,15 @@ TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights)
   EXPECT_EQ(r.report.steps_lost, 0);
   EXPECT_GT(r.report.recovery_s, 0);
   ExpectExactlyOnce("kill");
+  // The report's step phases are the ranks' own timings: each part of the step took time, and
+  // the parts fit in the whole.
+  EXPECT_GT(r.report.compute_s, 0) << r.output;
+  EXPECT_GT(r.report.update_s, 0) << r.output;
+  EXPECT_GE(r.report.exposed_s, 0) << r.output;
+  EXPECT_LE(r.report.compute_s + r.report.exposed_s + r.report.update_s, r.report.step_s)
+      << r.output;
+  EXPECT_GE(r.report.overlap, 0) << r.output;
+  EXPECT_LE(r.report.overlap, 1) << r.output;
 }
 
 // The overlapped step (train/elastic_overlap.cc) killed at both of its points: once during the

@@ -68,6 +68,10 @@ struct JobReport {
   // ran while they computed or stepped the optimizer: the overlapped step's hidden communication.
   // 0 where nothing overlapped (fast mode, pipeline grids).
   double overlap = 0;
+  // A rank's mean step (steps after the first) by phase, seconds: all of it, its forwards and
+  // backwards in the model, the communication left exposed (overlapped step), the optimizer.
+  // The rest is the norm, the step's hand-offs and, on a pipeline, the bubble.
+  double step_seconds = 0, compute_seconds = 0, exposed_seconds = 0, update_seconds = 0;
   // [eval]: the validation loss of the final parameters (val_step = committed_steps), and every
   // evaluation as (steps, loss); val_step -1 without [eval].
   int64_t val_step = -1;

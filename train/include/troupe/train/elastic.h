@@ -154,6 +154,9 @@ struct StepOutcome {
   // ran beside them. exposed / exchange is the share of communication left on the critical path.
   double exchange_seconds = 0;
   double exposed_seconds = 0;
+  // The optimizer: AdamW of this rank's range and of the range it mirrors (in the overlapped
+  // step, with the parameters' share in flight beside it).
+  double update_seconds = 0;
 };
 
 class ElasticRank {
