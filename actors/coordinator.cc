@@ -340,6 +340,7 @@ void Coordinator::HandleStepDone(const StepDone& m) {
     rank_exposed_seconds_ += m.exposed_seconds;
     rank_step_seconds_ += m.step_seconds;
     rank_update_seconds_ += m.update_seconds;
+    rank_delta_steps_ += m.param_delta ? 1 : 0;
     ++rank_steps_;
   }
   if (m.status.ToStatus().ok()) {

@@ -321,6 +321,7 @@ void Coordinator::Finish(const train::CoordinatorAction& a) {
     r.compute_seconds = rank_compute_seconds_ / n;
     r.exposed_seconds = rank_exposed_seconds_ / n;
     r.update_seconds = rank_update_seconds_ / n;
+    r.delta_share = static_cast<double>(rank_delta_steps_) / n;
   }
   if (a.eval_step >= 0) {
     Print(NoteEval(a.generation, a.eval_step, a.eval_loss) + " (the final parameters)");

@@ -159,7 +159,7 @@ class Coordinator {
   double rank_exchange_seconds_ = 0, rank_exposed_seconds_ = 0;
   // Their steps' whole and optimizer times, and how many steps (JobReport's phases).
   double rank_step_seconds_ = 0, rank_update_seconds_ = 0;
-  int64_t rank_steps_ = 0;
+  int64_t rank_steps_ = 0, rank_delta_steps_ = 0;  // of them, sending a parameter delta
   double eval_seconds_ = 0;  // the slowest rank's share of the evaluation in the current step
   // The global gradient norm of the step in flight, as its ranks report it (the step event's
   // grad_norm): one figure where they all agree, none where they differ ([lowcomm] groups).

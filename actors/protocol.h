@@ -88,6 +88,7 @@ struct StepDone {
   double exchange_seconds = 0;
   double exposed_seconds = 0;
   double update_seconds = 0;  // StepOutcome's: the optimizer
+  bool param_delta = false;   // StepOutcome's: the updated parameters went as a delta
   // [eval] due at this step: this rank's share of the held-out microbatches (train::EvalShare)
   // under the parameters of `step` steps, with their mean losses; how long they took.
   std::vector<int32_t> eval_microbatches{};
@@ -173,8 +174,8 @@ typename Inspector::result_type inspect(Inspector& f, JobReport& x) {
   return f(caf::meta::type_name("troupe.JobReport"), x.committed_steps, x.losses,
            x.final_params_crc32c, x.num_params, x.generations, x.final_world, x.recovery_seconds,
            x.steps_lost, x.tokens_per_second, x.bubble, x.overlap, x.step_seconds,
-           x.compute_seconds, x.exposed_seconds, x.update_seconds, x.val_step, x.val_loss,
-           x.val_losses, x.outer_bytes, x.outer_rounds);
+           x.compute_seconds, x.exposed_seconds, x.update_seconds, x.delta_share, x.val_step,
+           x.val_loss, x.val_losses, x.outer_bytes, x.outer_rounds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ConfigureRank& x) {
@@ -202,9 +203,9 @@ typename Inspector::result_type inspect(Inspector& f, StepDone& x) {
   return f(caf::meta::type_name("troupe.StepDone"), x.generation, x.step, x.worker, x.status,
            x.microbatches, x.losses, x.grad_norm, x.blamed, x.compute_seconds, x.schedule_seconds,
            x.start_ns, x.step_seconds, x.collective_seconds, x.collective_bytes, x.exchange_seconds,
-           x.exposed_seconds, x.update_seconds, x.eval_microbatches, x.eval_losses, x.eval_seconds,
-           x.outer_fragments, x.outer_applied, x.outer_clipped, x.outer_rejected, x.outer_bytes,
-           x.outer_feedback_error, x.outer_wait_seconds);
+           x.exposed_seconds, x.update_seconds, x.param_delta, x.eval_microbatches, x.eval_losses,
+           x.eval_seconds, x.outer_fragments, x.outer_applied, x.outer_clipped, x.outer_rejected,
+           x.outer_bytes, x.outer_feedback_error, x.outer_wait_seconds);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CommitRank& x) {

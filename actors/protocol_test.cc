@@ -66,6 +66,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   report.generations = 3;
   report.overlap = 0.625;
   report.update_seconds = 0.375;
+  report.delta_share = 0.75;
   report.final_world = 4;
   report.recovery_seconds = 0.125;
   report.steps_lost = 1;
@@ -80,6 +81,7 @@ TEST_F(ProtocolTest, EveryMessageRoundTrips) {
   done.exchange_seconds = 0.125;
   done.exposed_seconds = 0.03125;
   done.update_seconds = 0.0625;
+  done.param_delta = true;
   RoundTrip(done, "troupe.StepDone");
   RoundTrip(CommitRank{7, 40}, "troupe.CommitRank");
   RoundTrip(AbortBelow{8}, "troupe.AbortBelow");

@@ -115,6 +115,7 @@ class RankState {
     o.pipeline = spec_.pipeline_schedule;
     o.collective.timeout = spec_.timeouts.collective;
     o.bucket_bytes = int64_t{spec_.bucket_kib} << 10;
+    o.param_delta = spec_.param_delta;
     o.replicate_optimizer = spec_.replicate_optimizer;
     o.on_serve = [this](int64_t step, int32_t k) {
       serve_log_->Write(absl::StrCat(step, " ", k + MicrobatchOffset(), " ", gen_.load()));
@@ -414,6 +415,7 @@ class RankState {
       done.exchange_seconds = out->exchange_seconds;
       done.exposed_seconds = out->exposed_seconds;
       done.update_seconds = out->update_seconds;
+      done.param_delta = out->param_delta;
       if (comm_ != nullptr) done.collective_bytes = comm_->stats().bytes_sent - sent;
       done.eval_microbatches = std::move(evaluated.eval_microbatches);
       done.eval_losses = std::move(evaluated.eval_losses);

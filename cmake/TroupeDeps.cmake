@@ -90,5 +90,9 @@ troupe_link_only_libraries(capnp "capnp;kj" Threads::Threads)
 # `troupe relay` (latency on a host's links without netem). Located the same way as Cap'n Proto's.
 troupe_link_only_libraries(netfilter_queue "netfilter_queue;nfnetlink" "")
 
+# zstd (Debian's libzstd-dev), which troupe_train links privately: the parameter share's lossless
+# delta encoding on slow links (train/param_delta.h).
+troupe_link_only_libraries(zstd "zstd" "")
+
 # SQLite (Debian's libsqlite3-dev), which troupe_runtime links privately: the head's store.
 troupe_link_only_libraries(sqlite3 "sqlite3" "")

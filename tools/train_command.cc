@@ -40,8 +40,9 @@ constexpr char kUsage[] =
     "             (the rank's wall clock by [chaos] clock_step; needs TROUPE_CLOCK_STEP_DIR)\n"
     "  --report   write 'recovery_s=<s> steps_lost=<n> crc32c=<hex> steps=<n> world=<n>\n"
     "             generations=<n> tokens_per_s=<x> bubble=<share> overlap=<share>' when done,\n"
-    "             a line 'step_s=<s> compute_s=<s> exposed_s=<s> update_s=<s>' (a rank's mean\n"
-    "             step: forwards and backwards, exposed communication, optimizer), a line\n"
+    "             a line 'step_s=<s> compute_s=<s> exposed_s=<s> update_s=<s> delta_share=<x>'\n"
+    "             (a rank's mean step: forwards and backwards, exposed communication,\n"
+    "             optimizer; the share of rank steps sending a parameter delta), a line\n"
     "             'val_loss=<x>' (the final parameters') with [eval], one\n"
     "             'outer_rounds=<n> outer_bytes=<n>' (between groups) with [lowcomm]\n"
     "Exit status: 0 done, 1 failed, 2 bad spec or flags, 75 preempted (every worker got a\n"
@@ -152,9 +153,10 @@ int RunTrain(const Args& args) {
         report->recovery_seconds, report->steps_lost, report->final_params_crc32c,
         report->committed_steps, report->final_world, report->generations,
         report->tokens_per_second, report->bubble, report->overlap);
-    out << absl::StrFormat("step_s=%.6f compute_s=%.6f exposed_s=%.6f update_s=%.6f\n",
-                           report->step_seconds, report->compute_seconds, report->exposed_seconds,
-                           report->update_seconds);
+    out << absl::StrFormat(
+        "step_s=%.6f compute_s=%.6f exposed_s=%.6f update_s=%.6f delta_share=%.4f\n",
+        report->step_seconds, report->compute_seconds, report->exposed_seconds,
+        report->update_seconds, report->delta_share);
     if (report->val_step >= 0) out << absl::StrFormat("val_loss=%.6f\n", report->val_loss);
     if (report->outer_rounds > 0) {
       out << absl::StrFormat("outer_rounds=%d outer_bytes=%d\n", report->outer_rounds,

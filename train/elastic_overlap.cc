@@ -38,6 +38,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "elastic_internal.h"
+#include "param_delta.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/collectives/canonical_combine.h"
 #include "troupe/kernels/norm.h"
@@ -56,6 +57,12 @@ using elastic_internal::kTagPipelineBase;
 using elastic_internal::Phase;
 using elastic_internal::StepTagBits;
 using elastic_internal::Stopwatch;
+
+// A framed parameter piece's first `bytes` bytes (train/param_delta.h) as a message: whole floats
+// (its buffers hold DeltaCapacity bytes, a multiple of 4).
+Buffer WireBuffer(std::vector<uint8_t>& w, size_t bytes) {
+  return Buffer::F32(reinterpret_cast<float*>(w.data()), (bytes + 3) / 4);
+}
 using elastic_internal::WaitAll;
 using P2P = collectives::Communicator::PointToPoint;
 
@@ -121,6 +128,11 @@ class ElasticRank::OverlappedStep {
   absl::Status PostMirror();
   absl::StatusOr<double> Norm();
   absl::Status UpdateAndGather(double grad_norm);
+  // Framed parameter pieces (ParamDelta): the received ones into staged_held_, and this rank's
+  // choice for its next share from how fast this one's sends went.
+  absl::Status DecodeFramed();
+  // Notes the first time every one of my parameter sends is seen done (sends_done_).
+  void NoteSendsDone();
   // replicate_optimizer: my combined piece i to every rank; the norm and the step's scalars once
   // every piece is here.
   void SharePiece(size_t i);
@@ -163,8 +175,17 @@ class ElasticRank::OverlappedStep {
   std::vector<char> combined_;      // by piece (mine)
   std::vector<double> chunk_sums_;  // my range's norm chunks
   std::vector<Work> sends_, mirror_, gather_;
-  std::vector<Work> mirror_in_;  // of mirror_: the gradient of the range I mirror
-  absl::Status error_;           // the first failure of a Ready callback
+  // The parameter share's pieces travel framed this step (ParamDelta, the same on every rank):
+  // mine encoded into r_.delta_wire_ (delta or raw), the others' received there.
+  bool framed_ = false;
+  bool encoded_ = false;            // mine as deltas
+  std::vector<Work> gather_sends_;  // of gather_: mine
+  std::vector<size_t> framed_in_;   // pieces received framed
+  uint64_t gather_sent_bytes_ = 0;  // what my sends carried
+  double gather_first_send_ = -1;   // step_clock_ time of my first
+  double sends_done_ = -1;          // when they were first all seen done
+  std::vector<Work> mirror_in_;     // of mirror_: the gradient of the range I mirror
+  absl::Status error_;              // the first failure of a Ready callback
   bool posted_any_ = false;
   Stopwatch step_clock_;
   double first_post_ = -1;
@@ -398,6 +419,12 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   const int prev = mirrors ? MirroredRank(me, c_.buddy, world) : -1;
   int32_t rounds = 0;
   for (const GradientPiece& p : pieces_) rounds = std::max(rounds, p.index + 1);
+  const ParamDelta mode = r_.options_.param_delta;
+  framed_ = ops->host_accessible() &&
+            (mode == ParamDelta::kOn || (mode == ParamDelta::kAuto && !r_.comm_->PeersShareHost()));
+  encoded_ = framed_ && (mode == ParamDelta::kOn || r_.delta_next_);
+  if (framed_) r_.delta_wire_.resize(pieces_.size());
+  const float* base = r_.model_->params();  // the committed step's: every rank's bits
   for (int32_t j = 0; j < rounds; ++j) {
     std::vector<P2P> moves;
     for (size_t i = 0; i < pieces_.size(); ++i) {
@@ -406,8 +433,18 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
       const uint32_t tag = Tag(kTagParamShare, i);
       float* params = r_.staged_held_.data() + p.lo;
       const Buffer buf = Buffer::F32(params, static_cast<size_t>(p.hi - p.lo));
+      const size_t count = static_cast<size_t>(p.hi - p.lo);
       if (p.owner != me) {
-        if (p.owner != prev) moves.push_back({P2P::Kind::kRecv, buf, p.owner, tag});
+        if (p.owner == prev) continue;
+        if (!framed_) {
+          moves.push_back({P2P::Kind::kRecv, buf, p.owner, tag});
+          continue;
+        }
+        // Framed: received whole (header + raw floats at most) into the piece's wire buffer.
+        std::vector<uint8_t>& w = r_.delta_wire_[i];
+        w.resize(DeltaCapacity(count));
+        framed_in_.push_back(i);
+        moves.push_back({P2P::Kind::kRecv, WireBuffer(w, w.size()), p.owner, tag});
         continue;
       }
       const int64_t at = p.lo - b_;
@@ -417,19 +454,76 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
                                                    r_.grad_shard_.data() + at, staged.m.data() + at,
                                                    staged.v.data() + at, r_.options_.adamw,
                                                    r_.staged_scalars_, &from));
+      Buffer out = buf;
+      if (framed_ && world > (buddy >= 0 ? 2 : 1)) {
+        std::vector<uint8_t>& w = r_.delta_wire_[i];
+        w.resize(DeltaCapacity(count));
+        const size_t bytes =
+            encoded_ ? EncodeDelta(params, base + p.lo, count, w.data(), &r_.delta_scratch_)
+                     : EncodeRaw(params, count, w.data());
+        out = WireBuffer(w, bytes);
+      }
       for (int d = 0; d < world; ++d) {
-        if (d != me && d != buddy) moves.push_back({P2P::Kind::kSend, buf, d, tag});
+        if (d != me && d != buddy) {
+          moves.push_back({P2P::Kind::kSend, out, d, tag});
+          gather_sent_bytes_ += out.count * sizeof(float);
+        }
       }
     }
+    if (gather_first_send_ < 0 && gather_sent_bytes_ > 0) {
+      gather_first_send_ = step_clock_.Seconds();
+    }
     std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
+    for (size_t k = 0; k < moves.size(); ++k) {
+      if (moves[k].kind == P2P::Kind::kSend) gather_sends_.push_back(works[k]);
+    }
     gather_.insert(gather_.end(), works.begin(), works.end());
     if (j == 0 && r_.options_.on_point) r_.options_.on_point(step_, StepPoint::kGather);
+    NoteSendsDone();
   }
   if (!mirrors) return absl::OkStatus();
   TROUPE_RETURN_IF_ERROR(r_.StageMirror());  // while my updated pieces are on the wire
+  NoteSendsDone();
   if (absl::Status s = WaitAll(mirror_in_); !s.ok()) return Phase("buddy mirror", s);
+  NoteSendsDone();
   for (const GradientPiece& p : pieces_) {
     if (p.owner == prev) TROUPE_RETURN_IF_ERROR(r_.StageBuddyAdamW(p.lo, p.hi));
+  }
+  NoteSendsDone();
+  return absl::OkStatus();
+}
+
+void ElasticRank::OverlappedStep::NoteSendsDone() {
+  if (sends_done_ >= 0 || gather_sends_.empty()) return;
+  for (const Work& w : gather_sends_) {
+    if (!w.IsDone()) return;
+  }
+  sends_done_ = step_clock_.Seconds();
+}
+
+// A rank encodes its next share (kAuto) when this one's sends crossed its link slower than
+// kDeltaBelow: the encoding leaves about 2/3 of the bytes and costs about 2 ns a byte sent to
+// encode and 1.3 to decode on a 2-vCPU VM (1 ns a byte at 1 GB/s), so it saves link time below
+// ~90 MB/s; half that leaves room for busier CPUs. Decoding is the optimizer's work
+// (update_seconds).
+absl::Status ElasticRank::OverlappedStep::DecodeFramed() {
+  constexpr double kDeltaBelow = 50e6;  // bytes a second
+  if (gather_sent_bytes_ > 0) {
+    NoteSendsDone();
+    const double seconds = std::max(sends_done_ - gather_first_send_, 1e-9);
+    r_.delta_next_ = static_cast<double>(gather_sent_bytes_) / seconds < kDeltaBelow;
+  }
+  const float* base = r_.model_->params();
+  for (size_t i : framed_in_) {
+    const GradientPiece& p = pieces_[i];
+    const std::vector<uint8_t>& w = r_.delta_wire_[i];
+    const absl::Status s =
+        DecodeDelta(w.data(), w.size(), base + p.lo, static_cast<size_t>(p.hi - p.lo),
+                    r_.staged_held_.data() + p.lo, &r_.delta_scratch_);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("parameter all-gather: piece ", i, " from rank ",
+                                                 p.owner, ": ", s.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -478,6 +572,7 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
   }
   const double updated = step_clock_.Seconds() - share_wait_;  // the update's own time ends here
   out->update_seconds += updated - update_start;
+  if (absl::Status s = WaitAll(gather_sends_); s.ok()) NoteSendsDone();
   const absl::Status gathered = WaitAll(gather_);
   const absl::Status mirrored = WaitAll(mirror_);
   const double shared = step_clock_.Seconds();
@@ -488,6 +583,11 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
     return Fail(Phase(replicated_ ? "gradient share" : "parameter all-gather", gathered));
   }
   if (!mirrored.ok()) return Fail(Phase("buddy mirror", mirrored));
+  if (framed_) {
+    if (absl::Status d = DecodeFramed(); !d.ok()) return Fail(d);
+    out->update_seconds += step_clock_.Seconds() - shared;
+    out->param_delta = encoded_ && gather_sent_bytes_ > 0;
+  }
   return absl::OkStatus();
 }
 

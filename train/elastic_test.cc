@@ -332,6 +332,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     o.pipeline = pipeline;
     o.bucket_bytes = bucket_bytes_;
     o.replicate_optimizer = replicate_;
+    o.param_delta = param_delta_;
     o.on_serve = [this](int64_t s, int32_t k) {
       absl::MutexLock l(&mu_);
       served_.emplace_back(s, k);
@@ -552,8 +553,9 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
 
   std::string dir_;
   ModelSpec spec_;
-  int64_t bucket_bytes_ = 0;  // NewRank's ElasticRank::Options::bucket_bytes
-  bool replicate_ = false;    // and its replicate_optimizer
+  int64_t bucket_bytes_ = 0;                    // NewRank's ElasticRank::Options::bucket_bytes
+  bool replicate_ = false;                      // and its replicate_optimizer
+  ParamDelta param_delta_ = ParamDelta::kAuto;  // and its param_delta
   model::LrSchedule schedule_;
   std::vector<std::shared_ptr<InProcessGroup>> groups_;
   std::vector<std::unique_ptr<Communicator>> comms_;
@@ -1017,6 +1019,7 @@ TEST_P(ElasticReplicatedTest, TheBuddyMirrorAddsNoBytesToAStep) {
   constexpr int kW = 4;
   std::vector<float> want, want_m;
   Reference(3, &want, &want_m);
+  param_delta_ = ParamDelta::kOff;  // the parameters as they are (the delta's bytes: below)
   for (const bool replicated : {false, true}) {
     replicate_ = replicated;
     SCOPED_TRACE(replicated ? "replicated" : "sharded");
@@ -1043,6 +1046,57 @@ TEST_P(ElasticReplicatedTest, TheBuddyMirrorAddsNoBytesToAStep) {
     ExpectBitIdentical(ptrs, want);
     ExpectMomentsOf(ptrs, want_m);
   }
+}
+
+// [elastic] param_delta = "on": each updated parameter piece travels as the XOR of its bits with
+// the committed parameters, in byte planes, compressed (train/param_delta.h). The same bits and
+// moments as the reference for every piece size and world size, in fewer bytes than the raw
+// share.
+class ElasticDeltaTest : public ElasticReplicatedTest {
+ protected:
+  ElasticDeltaTest() { replicate_ = false; }  // the sharded state: its parameter share
+  // The bytes kW fresh ranks send in steps 2 and 3 (after step 1: every AdamW moves every
+  // parameter by about the learning rate from then on), checking the reference's bits at 3.
+  uint64_t BytesOfSteps2And3(int w, const std::vector<float>& want) {
+    std::vector<Rank> ranks(w);
+    std::vector<Rank*> ptrs;
+    for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
+    Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
+    Steps(ptrs, 1);
+    auto sent = [&] {  // Configure appended the generation's host communicators, then null ones
+      uint64_t bytes = 0;
+      for (size_t i = comms_.size() - 2 * w; i < comms_.size() - w; ++i) {
+        bytes += comms_[i]->stats().bytes_sent;
+      }
+      return bytes;
+    };
+    const uint64_t before = sent();
+    Steps(ptrs, 3);
+    ExpectBitIdentical(ptrs, want);
+    return sent() - before;
+  }
+};
+
+TEST_P(ElasticDeltaTest, TheParameterDeltaKeepsEveryBitInFewerBytes) {
+  std::vector<float> want, want_m;
+  Reference(2, &want, &want_m);
+  param_delta_ = ParamDelta::kOn;
+  ForEveryBucketAndWorld({2, 3, 4}, [&](const std::vector<Rank*>& ptrs, const auto&) {
+    ExpectBitIdentical(ptrs, want);
+    ExpectMomentsOf(ptrs, want_m);
+  });
+  Reference(3, &want, &want_m);
+  constexpr int kW = 4;
+  bucket_bytes_ = 0;
+  param_delta_ = ParamDelta::kOff;
+  const uint64_t raw = BytesOfSteps2And3(kW, want);
+  param_delta_ = ParamDelta::kOn;
+  const uint64_t delta = BytesOfSteps2And3(kW, want);
+  // A step's raw share: each owner's range to the kW - 2 ranks that are neither it nor its buddy.
+  const double share = 2.0 * (kW - 2) * static_cast<double>(want.size()) * sizeof(float);
+  EXPECT_LT(static_cast<double>(delta), static_cast<double>(raw) - 0.15 * share)
+      << "raw " << raw << " bytes, delta " << delta << " bytes (two steps' shares: " << share
+      << ")";
 }
 
 // A checkpoint holds each range's moments, whichever state wrote it: a replicated one restores
@@ -1104,6 +1158,8 @@ TEST_P(ElasticReplicatedTest, IsRefusedOutsideDeterministicDataParallelismOnTheH
 }
 
 INSTANTIATE_TEST_SUITE_P(Memory, ElasticReplicatedTest, ::testing::Values(Mode::kHost),
+                         [](const ::testing::TestParamInfo<Mode>&) { return "Host"; });
+INSTANTIATE_TEST_SUITE_P(Memory, ElasticDeltaTest, ::testing::Values(Mode::kHost),
                          [](const ::testing::TestParamInfo<Mode>&) { return "Host"; });
 
 // Pipeline grids on the 4-block GPT: the data-parallel reference's bits for any (dp, pp) and

@@ -201,6 +201,15 @@ void ReadElastic(Section& s, JobSpec& spec) {
   s.Int32("max_workers", &spec.max_workers, 1, 1024);
   s.Int32("ranks_per_gpu", &spec.ranks_per_gpu, 1, 64);
   s.Int32("bucket_kib", &spec.bucket_kib, 0, 1 << 20);
+  std::string delta = ParamDeltaName(spec.param_delta);
+  s.Str("param_delta", &delta, true);
+  if (delta == "auto" || delta == "on" || delta == "off") {
+    spec.param_delta = delta == "on"    ? ParamDelta::kOn
+                       : delta == "off" ? ParamDelta::kOff
+                                        : ParamDelta::kAuto;
+  } else {
+    s.Fail("param_delta", "\"auto\", \"on\" or \"off\"", absl::StrCat("\"", delta, "\""));
+  }
   s.Str("rank_resources", &spec.rank_resources);
   s.Str("rank_labels", &spec.rank_labels);
   s.Str("rank_spot", &spec.rank_spot, true);
@@ -602,9 +611,9 @@ std::string JobSpec::ToToml() const {
       "\nstate = ", replicate_optimizer ? "\"replicated\"" : "\"sharded\"",
       "\n\n[elastic]\nworkers = ", workers, "\nmin_workers = ", min_workers,
       "\nmax_workers = ", max_workers, "\nranks_per_gpu = ", ranks_per_gpu,
-      "\nbucket_kib = ", bucket_kib, "\nrank_resources = ", Quote(rank_resources),
-      "\nrank_labels = ", Quote(rank_labels), "\nrank_spot = ", Quote(rank_spot),
-      "\n\n[pipeline]\nstages = ", pipeline_stages,
+      "\nbucket_kib = ", bucket_kib, "\nparam_delta = \"", ParamDeltaName(param_delta),
+      "\"\nrank_resources = ", Quote(rank_resources), "\nrank_labels = ", Quote(rank_labels),
+      "\nrank_spot = ", Quote(rank_spot), "\n\n[pipeline]\nstages = ", pipeline_stages,
       "\nschedule = ", Quote(PipelineScheduleName(pipeline_schedule)),
       "\n\n[checkpoint]\ndir = ", Quote(checkpoint_dir), "\nevery = ", checkpoint_every,
       "\nkeep_last = ", keep_last, "\n\n[eval]\nevery = ", eval_every,

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace troupe::train {
 namespace {
@@ -170,6 +173,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"[elastic]\nranks_per_gpu = 0\n", "elastic.ranks_per_gpu: expected"},
         BadCase{"[elastic]\nbucket_kib = 2000000\n",
                 "elastic.bucket_kib: expected an integer in [0, 1048576], got 2000000"},
+        BadCase{"[elastic]\nparam_delta = \"zstd\"\n",
+                "elastic.param_delta: expected \"auto\", \"on\" or \"off\", got \"zstd\""},
         BadCase{"[elastic]\nrank_resources = \"cpu\"\n",
                 "elastic.rank_resources: expected \"key=value,key=value\" (e.g. "
                 "\"cpu=2,memory=8G\"), got \"cpu\""},
@@ -292,6 +297,20 @@ TEST(JobSpecTest, BucketSizeIsReadAndRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->bucket_kib, 64);
   EXPECT_EQ(ParseJobSpec("", "d.toml")->bucket_kib, 0);  // chosen by the link
+}
+
+TEST(JobSpecTest, TheParameterDeltaIsReadAndRoundTrips) {
+  for (auto [text, want] : {std::pair{"on", ParamDelta::kOn}, std::pair{"off", ParamDelta::kOff},
+                            std::pair{"auto", ParamDelta::kAuto}}) {
+    absl::StatusOr<JobSpec> s =
+        ParseJobSpec(absl::StrCat("[elastic]\nparam_delta = \"", text, "\"\n"), "p.toml");
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->param_delta, want) << text;
+    absl::StatusOr<JobSpec> back = ParseJobSpec(s->ToToml(), "back.toml");
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->param_delta, want) << text;
+  }
+  EXPECT_EQ(ParseJobSpec("", "d.toml")->param_delta, ParamDelta::kAuto);
 }
 
 TEST(JobSpecTest, TheOptimizerStateIsReadRoundTripsAndIsRefusedWhereItCannotRun) {

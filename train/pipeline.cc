@@ -20,6 +20,18 @@ const char* StepPointName(StepPoint point) {
   return "mid-exchange";
 }
 
+const char* ParamDeltaName(ParamDelta d) {
+  switch (d) {
+    case ParamDelta::kOn:
+      return "on";
+    case ParamDelta::kOff:
+      return "off";
+    case ParamDelta::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 absl::StatusOr<PipelineSchedule> ParsePipelineSchedule(const std::string& text) {
   if (text == "1f1b") return PipelineSchedule::kOneFOneB;
   if (text == "gpipe") return PipelineSchedule::kGPipe;

@@ -47,6 +47,7 @@ Report ReadReport(const std::string& path) {
     if (k == "exposed_s") r.exposed_s = std::stod(v);
     if (k == "update_s") r.update_s = std::stod(v);
     if (k == "overlap") r.overlap = std::stod(v);
+    if (k == "delta_share") r.delta_share = std::stod(v);
   }
   return r;
 }

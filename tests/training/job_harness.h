@@ -28,6 +28,7 @@ struct Report {
   double val_loss = -1;  // [eval]: the final parameters' validation loss
   // A rank's mean step by phase, seconds, and the overlapped exchange's hidden share.
   double step_s = -1, compute_s = -1, exposed_s = -1, update_s = -1, overlap = -1;
+  double delta_share = -1;  // of rank steps sending their updated parameters as a delta
 };
 Report ReadReport(const std::string& path);
 

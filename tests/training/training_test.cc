@@ -111,20 +111,23 @@ TEST_F(TrainingTest, KillDashNineMidExchangeFinishesOnThreeWithIdenticalWeights)
       << r.output;
   EXPECT_GE(r.report.overlap, 0) << r.output;
   EXPECT_LE(r.report.overlap, 1) << r.output;
+  // One host: "auto" sends the parameters as they are (the peers read this host's memory).
+  EXPECT_EQ(r.report.delta_share, 0) << r.output;
 }
 
 // The overlapped step (train/elastic_overlap.cc) killed at both of its points: once during the
 // last microbatch's backward pass with gradient pieces on the wire, once with the optimizer partly
-// done and updated parameter pieces on the wire (16 KiB pieces: a few dozen per rank). Each step
-// is abandoned and re-run from memory, and the weights are the fault-free run's with the default
-// pieces: the piece size changes no bit.
+// done and updated parameter pieces on the wire (16 KiB pieces: a few dozen per rank), each as a
+// lossless delta against the committed parameters (param_delta = "on"; the reference sends them as
+// they are). Each step is abandoned and re-run from memory, and the weights are the fault-free
+// run's with the default pieces: neither the piece size nor the delta changes a bit.
 TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   const std::string want = Reference();
   ASSERT_FALSE(want.empty());
   std::string spec = Slurp(spec_);
   const size_t at = spec.find("[elastic]\n");
   ASSERT_NE(at, std::string::npos) << spec;
-  spec.insert(at + 10, "bucket_kib = 16\n");
+  spec.insert(at + 10, "bucket_kib = 16\nparam_delta = \"on\"\n");
   std::ofstream(spec_) << spec;
   JobRun r = KilledAtBothStepPoints("overlap");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -132,6 +135,8 @@ TEST_F(TrainingTest, KillDashNineInTheMiddleOfAnOverlappedStepLosesNothing) {
   EXPECT_EQ(r.report.steps, kSteps);
   EXPECT_EQ(r.report.steps_lost, 0) << r.output;
   EXPECT_EQ(r.report.crc, want) << "final weights differ from the fault-free run\n" << r.output;
+  // Every rank step with a rank to send to (neither itself nor its buddy: at W > 2) sent a delta.
+  EXPECT_GT(r.report.delta_share, 0) << r.output;
   ExpectExactlyOnce("overlap");
 }
 

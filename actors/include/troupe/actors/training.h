@@ -72,6 +72,9 @@ struct JobReport {
   // backwards in the model, the communication left exposed (overlapped step), the optimizer.
   // The rest is the norm, the step's hand-offs and, on a pipeline, the bubble.
   double step_seconds = 0, compute_seconds = 0, exposed_seconds = 0, update_seconds = 0;
+  // The share of those rank steps whose updated parameters went as a lossless delta
+  // ([elastic] param_delta).
+  double delta_share = 0;
   // [eval]: the validation loss of the final parameters (val_step = committed_steps), and every
   // evaluation as (steps, loss); val_step -1 without [eval].
   int64_t val_step = -1;

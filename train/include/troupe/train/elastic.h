@@ -157,6 +157,8 @@ struct StepOutcome {
   // The optimizer: AdamW of this rank's range and of the range it mirrors (in the overlapped
   // step, with the parameters' share in flight beside it).
   double update_seconds = 0;
+  // This rank sent its updated parameters as a lossless delta (Options::param_delta).
+  bool param_delta = false;
 };
 
 class ElasticRank {
@@ -174,6 +176,9 @@ class ElasticRank {
     collectives::CollectiveOptions collective;                // timeout; algorithm is set per call
     // The overlapped exchange's piece size (BucketFloats); <= 0: chosen by the link.
     int64_t bucket_bytes = 0;
+    // The sharded overlapped step's share of updated parameters (ParamDelta; host memory only:
+    // a device's travel as they are).
+    ParamDelta param_delta = ParamDelta::kAuto;
     // Every rank keeps the moments of every range ([optimizer] state = "replicated"): the ranks
     // combine the gradient's pieces round robin (PlanSharedGradientPieces) and send each to
     // every rank as they combine it (during the backward pass: no wait for the norm); every rank
@@ -401,6 +406,12 @@ class ElasticRank {
   // The step's scratch: this rank's subtree of the gradient (data parallelism), the step gradient
   // of its range, and its updated range (data parallelism: the all-gather's input).
   model::FloatArray partial_, grad_shard_, staged_params_;
+  // The parameter share's framed pieces (Options::param_delta), by piece: mine as sent, the
+  // others' as received; the codec's scratch; whether my next share is delta-encoded (kAuto: set
+  // by how fast this one crossed the link).
+  std::vector<std::vector<uint8_t>> delta_wire_;
+  std::vector<uint8_t> delta_scratch_;
+  bool delta_next_ = false;
   // The overlapped exchange's receives: every other rank's partial of my range, by rank.
   model::FloatArray exchange_recv_;
   // The gradient combine's temporaries (CombinePieces), reused across steps: fresh ones were

@@ -11,6 +11,7 @@
 //   [elastic]    workers (started by the embedded cluster), min_workers, max_workers,
 //                ranks_per_gpu (CUDA, embedded cluster: worker nodes sharing one GPU),
 //                bucket_kib (the overlapped gradient exchange's pieces; 0: chosen by the link),
+//                param_delta ("auto", "on", "off": updated parameters as a lossless delta),
 //                rank_resources, rank_labels, rank_spot (what each rank asks of a node)
 //   [pipeline]   stages (pipeline stages asked for: each generation's grid takes the divisor of
 //                its world closest to it, see ChooseStages; 1 with device "cuda"), schedule
@@ -216,6 +217,9 @@ struct JobSpec {
   // AdamW (ElasticRank::Options::bucket_bytes); 0: the rank chooses by its link (16 MiB on one
   // host, 4 MiB across hosts).
   int32_t bucket_kib = 0;
+  // The sharded step's updated parameters as a lossless delta ("on"), as they are ("off"), or
+  // each rank choosing by its link ("auto"; ElasticRank::Options::param_delta).
+  ParamDelta param_delta = ParamDelta::kAuto;
   // What each rank asks of the cluster's scheduler (runtime::RankGang): its resources ("" =
   // cpu=1, plus gpu=1 with model.device on CUDA; e.g. "cpu=2,memory=8G"), node labels that must
   // hold ("zone=a,instance=p5"), and "prefer" (spot nodes first: a preemption only shrinks the

@@ -26,8 +26,17 @@ namespace troupe::train {
 // exchange is under way (posted, not complete: with the overlapped step, during the last
 // microbatch's backward pass), or once the share of the updated parameters is.
 enum class StepPoint : int32_t { kExchange = 0, kGather = 1, kCheckpoint = 2 };
+
 // "mid-exchange", "mid-gather", "mid-checkpoint".
 const char* StepPointName(StepPoint point);
+
+// How the sharded step's updated parameters travel to the other ranks ([elastic] param_delta,
+// ElasticRank::Options::param_delta): kOff as they are; kOn as a lossless delta against the
+// parameters every rank holds (train/param_delta.h: fewer bytes, the same bits, CPU to encode);
+// kAuto framed so either can travel, and delta-encoded by a rank whose share of the previous step
+// crossed its link slower than the encoding pays for (host memory, peers on other hosts).
+enum class ParamDelta : int32_t { kAuto = 0, kOn = 1, kOff = 2 };
+const char* ParamDeltaName(ParamDelta d);
 
 enum class PipelineSchedule : int32_t {
   // Warm-up forwards, then one forward and one backward alternately, then the remaining
