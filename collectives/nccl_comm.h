@@ -94,6 +94,8 @@ class NcclComm final : public Communicator,
   std::string DebugString() const override;
   // Every rank on one host: NVLink or PCIe between the devices, not a network (set by Init).
   bool PeersShareHost() const override { return one_host_; }
+  // NCCL matches a pair's sends and receives in the order they were posted.
+  bool MatchesByTag() const override { return false; }
 
   // Work::Helper: polls one operation to completion (event, async error, deadline). Several
   // threads may wait on copies of one Work: the first to see the outcome completes it.

@@ -237,6 +237,7 @@ class NcclOwner final : public Communicator {
   CommStats stats() const override { return c_->stats(); }
   std::string DebugString() const override { return c_->DebugString(); }
   bool PeersShareHost() const override { return c_->PeersShareHost(); }
+  bool MatchesByTag() const override { return c_->MatchesByTag(); }
 
  private:
   std::shared_ptr<NcclComm> c_;

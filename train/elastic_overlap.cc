@@ -58,6 +58,10 @@ using elastic_internal::Phase;
 using elastic_internal::StepTagBits;
 using elastic_internal::Stopwatch;
 
+// A combined piece's tag kind: replicated, its share to every rank; sharded, its mirror to the
+// buddy (the two never meet in one step).
+constexpr uint32_t kTagSharePiece = kTagExchange | kTagParamShare, kTagMirrorPiece = kTagSharePiece;
+
 // A framed parameter piece's first `bytes` bytes (train/param_delta.h) as a message: whole floats
 // (its buffers hold DeltaCapacity bytes, a multiple of 4).
 Buffer WireBuffer(std::vector<uint8_t>& w, size_t bytes) {
@@ -130,7 +134,7 @@ class ElasticRank::OverlappedStep {
   absl::Status UpdateAndGather(double grad_norm);
   // Framed parameter pieces (ParamDelta): the received ones into staged_held_, and this rank's
   // choice for its next share from how fast this one's sends went.
-  absl::Status DecodeFramed();
+  absl::Status DecodeFramed(double* seconds);
   // Notes the first time every one of my parameter sends is seen done (sends_done_).
   void NoteSendsDone();
   // replicate_optimizer: my combined piece i to every rank; the norm and the step's scalars once
@@ -166,7 +170,9 @@ class ElasticRank::OverlappedStep {
   std::vector<std::vector<Work>> in_;         // by piece: my pieces' receives / others' sends
   std::vector<std::vector<Work>> shared_in_;  // replicated: by piece, its owner's share to me
   bool replicated_ = false;
-  double share_wait_ = 0;  // replicated: seconds NormFromShares waited for shares
+  // Seconds the update waited on peers: replicated, for the shares (NormFromShares); sharded,
+  // for the buddy's gradient of the range it mirrors.
+  double wait_ = 0;
   // Where the other ranks' partials of my pieces land in exchange_recv_: rank d's (d < me ? d :
   // d - 1) · stride_ + slot_[piece] (my range's offset, or the pieces' packed one when replicated).
   std::vector<int64_t> slot_;
@@ -181,11 +187,19 @@ class ElasticRank::OverlappedStep {
   bool encoded_ = false;            // mine as deltas
   std::vector<Work> gather_sends_;  // of gather_: mine
   std::vector<size_t> framed_in_;   // pieces received framed
+  std::vector<Work> framed_works_;  // of gather_: their receives, by framed_in_'s order
+  bool compressed_ = false;         // a piece of mine went compressed
   uint64_t gather_sent_bytes_ = 0;  // what my sends carried
   double gather_first_send_ = -1;   // step_clock_ time of my first
   double sends_done_ = -1;          // when they were first all seen done
   std::vector<Work> mirror_in_;     // of mirror_: the gradient of the range I mirror
-  absl::Status error_;              // the first failure of a Ready callback
+  // Sharded, on a communicator that matches by tag: each piece of my range goes to my buddy as
+  // soon as it is combined. NCCL's in-order point-to-point needs every rank's posts in one order,
+  // which pieces combined as they arrive would not keep: there the range goes whole once the
+  // exchange is done (PostMirror).
+  bool mirror_by_piece_ = false;
+  int prev_ = -1;       // with mirror_by_piece_: the rank whose range I mirror
+  absl::Status error_;  // the first failure of a Ready callback
   bool posted_any_ = false;
   Stopwatch step_clock_;
   double first_post_ = -1;
@@ -232,6 +246,11 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
       ops->Resize(&r_.exchange_recv_, std::max<int64_t>(1, (world - 1) * stride_)));
   shared_in_.assign(pieces_.size(), {});
   if (replicated_) all_sums_.assign(static_cast<size_t>((n + kChunk - 1) / kChunk), 0.0);
+  mirror_by_piece_ = !replicated_ && world > 1 && r_.comm_->MatchesByTag();
+  if (mirror_by_piece_) {
+    TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.mirror_grad_, per_rank));
+    prev_ = MirroredRank(c_.rank, c_.buddy, world);
+  }
   // My range's padding: no piece covers it.
   return ops->Fill(Grad(e_), per_rank - (e_ - b_), 0.0f);
 }
@@ -259,7 +278,14 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
     // share it before my partial arrived), so its deadline counts from here, not the step's start.
     if (replicated_) {
       moves.push_back({P2P::Kind::kRecv, Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo)),
-                       p.owner, Tag(kTagExchange | kTagParamShare, i)});
+                       p.owner, Tag(kTagSharePiece, i)});
+    }
+    // The same for the combined piece of the range I mirror.
+    if (mirror_by_piece_ && p.owner == prev_) {
+      const int64_t at = p.lo - c_.layout.begin(prev_);
+      moves.push_back({P2P::Kind::kRecv,
+                       Buffer::F32(r_.mirror_grad_.data() + at, static_cast<size_t>(p.hi - p.lo)),
+                       p.owner, Tag(kTagMirrorPiece, i)});
     }
   } else {
     for (int d = 0; d < world; ++d) {
@@ -274,8 +300,13 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
   if (p.owner == me) {
     in_[i] = std::move(works);
   } else {
-    if (replicated_ && works.size() == 2) {  // [send my partial, receive the share]
-      shared_in_[i] = {works[1]};
+    if (works.size() == 2) {  // [send my partial, receive the share or the mirror]
+      if (replicated_) {
+        shared_in_[i] = {works[1]};
+      } else {
+        mirror_.push_back(works[1]);
+        mirror_in_.push_back(works[1]);
+      }
       works.pop_back();
     }
     sends_.insert(sends_.end(), works.begin(), works.end());
@@ -324,6 +355,13 @@ absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
       replicated_ ? all_sums_.begin() + p.lo / kChunk : chunk_sums_.begin() + (p.lo - b_) / kChunk);
   combined_[i] = 1;
   if (replicated_) SharePiece(i);
+  if (mirror_by_piece_) {
+    const std::vector<P2P> mirror{{P2P::Kind::kSend,
+                                   Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo)),
+                                   BuddyRank(me, c_.buddy, world), Tag(kTagMirrorPiece, i)}};
+    std::vector<Work> works = r_.comm_->PostPointToPoint(mirror, r_.options_.collective);
+    mirror_.insert(mirror_.end(), works.begin(), works.end());
+  }
   return absl::OkStatus();
 }
 
@@ -332,8 +370,7 @@ void ElasticRank::OverlappedStep::SharePiece(size_t i) {
   const Buffer buf = Buffer::F32(Grad(p.lo), static_cast<size_t>(p.hi - p.lo));
   std::vector<P2P> moves;
   for (int d = 0; d < c_.layout.world; ++d) {
-    if (d != c_.rank)
-      moves.push_back({P2P::Kind::kSend, buf, d, Tag(kTagExchange | kTagParamShare, i)});
+    if (d != c_.rank) moves.push_back({P2P::Kind::kSend, buf, d, Tag(kTagSharePiece, i)});
   }
   const bool first = gather_.empty();
   std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
@@ -357,7 +394,7 @@ absl::Status ElasticRank::OverlappedStep::NormFromShares(StepOutcome* out) {
     if (std::none_of(pending.begin(), pending.end(), here)) {  // wait for the first
       const Stopwatch waited;
       const absl::Status s = WaitAll(shared_in_[pending.front()]);
-      share_wait_ += waited.Seconds();
+      wait_ += waited.Seconds();
       if (!s.ok()) return Phase("gradient share", s);
     }
     std::vector<size_t> later;
@@ -381,7 +418,7 @@ absl::Status ElasticRank::OverlappedStep::NormFromShares(StepOutcome* out) {
 }
 
 absl::Status ElasticRank::OverlappedStep::PostMirror() {
-  if (c_.layout.world == 1) return absl::OkStatus();
+  if (c_.layout.world == 1 || mirror_by_piece_) return absl::OkStatus();
   TROUPE_RETURN_IF_ERROR(r_.ops_->Resize(&r_.mirror_grad_, c_.layout.per_rank));
   std::vector<P2P> moves;
   elastic_internal::AddRangeMirror(c_.layout, c_.rank, c_.buddy, r_.grad_shard_.data(),
@@ -462,6 +499,7 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
             encoded_ ? EncodeDelta(params, base + p.lo, count, w.data(), &r_.delta_scratch_)
                      : EncodeRaw(params, count, w.data());
         out = WireBuffer(w, bytes);
+        compressed_ = compressed_ || DeltaCompressed(w.data(), bytes);
       }
       for (int d = 0; d < world; ++d) {
         if (d != me && d != buddy) {
@@ -475,7 +513,12 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
     }
     std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
     for (size_t k = 0; k < moves.size(); ++k) {
-      if (moves[k].kind == P2P::Kind::kSend) gather_sends_.push_back(works[k]);
+      if (moves[k].kind == P2P::Kind::kSend) {
+        gather_sends_.push_back(works[k]);
+        sends_done_ = -1;  // not all done until seen again
+      } else if (framed_) {
+        framed_works_.push_back(works[k]);
+      }
     }
     gather_.insert(gather_.end(), works.begin(), works.end());
     if (j == 0 && r_.options_.on_point) r_.options_.on_point(step_, StepPoint::kGather);
@@ -484,7 +527,9 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   if (!mirrors) return absl::OkStatus();
   TROUPE_RETURN_IF_ERROR(r_.StageMirror());  // while my updated pieces are on the wire
   NoteSendsDone();
+  const Stopwatch mirror_wait;
   if (absl::Status s = WaitAll(mirror_in_); !s.ok()) return Phase("buddy mirror", s);
+  wait_ += mirror_wait.Seconds();
   NoteSendsDone();
   for (const GradientPiece& p : pieces_) {
     if (p.owner == prev) TROUPE_RETURN_IF_ERROR(r_.StageBuddyAdamW(p.lo, p.hi));
@@ -501,29 +546,31 @@ void ElasticRank::OverlappedStep::NoteSendsDone() {
   sends_done_ = step_clock_.Seconds();
 }
 
-// A rank encodes its next share (kAuto) when this one's sends crossed its link slower than
-// kDeltaBelow: the encoding leaves about 2/3 of the bytes and costs about 2 ns a byte sent to
-// encode and 1.3 to decode on a 2-vCPU VM (1 ns a byte at 1 GB/s), so it saves link time below
-// ~90 MB/s; half that leaves room for busier CPUs. Decoding is the optimizer's work
-// (update_seconds).
-absl::Status ElasticRank::OverlappedStep::DecodeFramed() {
-  constexpr double kDeltaBelow = 50e6;  // bytes a second
-  if (gather_sent_bytes_ > 0) {
-    NoteSendsDone();
-    const double seconds = std::max(sends_done_ - gather_first_send_, 1e-9);
-    r_.delta_next_ = static_cast<double>(gather_sent_bytes_) / seconds < kDeltaBelow;
-  }
+// Each framed piece decoded into staged_held_ as soon as it is here, while the later ones are
+// still on the wire; adds the decoding's time to *seconds. Then this rank's choice for its next
+// share (EncodeNextShare): from the bytes its sends carried to every receiver and the time from
+// the first posted to all seen done — its AdamW and encoding included, as a step spends them.
+absl::Status ElasticRank::OverlappedStep::DecodeFramed(double* seconds) {
   const float* base = r_.model_->params();
-  for (size_t i : framed_in_) {
-    const GradientPiece& p = pieces_[i];
-    const std::vector<uint8_t>& w = r_.delta_wire_[i];
-    const absl::Status s =
+  for (size_t k = 0; k < framed_in_.size(); ++k) {
+    if (absl::Status s = WaitAll({framed_works_[k]}); !s.ok()) return s;
+    const Stopwatch decoding;
+    const GradientPiece& p = pieces_[framed_in_[k]];
+    const std::vector<uint8_t>& w = r_.delta_wire_[framed_in_[k]];
+    const absl::Status d =
         DecodeDelta(w.data(), w.size(), base + p.lo, static_cast<size_t>(p.hi - p.lo),
                     r_.staged_held_.data() + p.lo, &r_.delta_scratch_);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("parameter all-gather: piece ", i, " from rank ",
-                                                 p.owner, ": ", s.message()));
+    *seconds += decoding.Seconds();
+    if (!d.ok()) {
+      return absl::Status(d.code(), absl::StrCat("piece ", framed_in_[k], " from rank ", p.owner,
+                                                 ": ", d.message()));
     }
+  }
+  if (gather_sent_bytes_ > 0) {
+    TROUPE_RETURN_IF_ERROR(WaitAll(gather_sends_));
+    NoteSendsDone();
+    r_.delta_next_ =
+        EncodeNextShare(r_.delta_next_, gather_sent_bytes_, sends_done_ - gather_first_send_);
   }
   return absl::OkStatus();
 }
@@ -570,12 +617,13 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
     update_start = step_clock_.Seconds();
     if (absl::Status u = UpdateAndGather(*norm); !u.ok()) return Fail(u);
   }
-  const double updated = step_clock_.Seconds() - share_wait_;  // the update's own time ends here
-  out->update_seconds += updated - update_start;
-  if (absl::Status s = WaitAll(gather_sends_); s.ok()) NoteSendsDone();
-  const absl::Status gathered = WaitAll(gather_);
+  const double updated = step_clock_.Seconds() - wait_;  // the update's own time ends here
+  double decoding = 0;  // framed pieces: the optimizer's output decoded (update_seconds)
+  absl::Status gathered = framed_ ? DecodeFramed(&decoding) : absl::OkStatus();
+  if (gathered.ok()) gathered = WaitAll(gather_);
   const absl::Status mirrored = WaitAll(mirror_);
-  const double shared = step_clock_.Seconds();
+  const double shared = step_clock_.Seconds() - decoding;
+  out->update_seconds += updated - update_start + decoding;
   out->exchange_seconds += shared - update_start;
   out->exposed_seconds += shared - updated;
   out->collective_seconds += (exchanged - compute_end) + norm_seconds + (shared - updated);
@@ -583,11 +631,7 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
     return Fail(Phase(replicated_ ? "gradient share" : "parameter all-gather", gathered));
   }
   if (!mirrored.ok()) return Fail(Phase("buddy mirror", mirrored));
-  if (framed_) {
-    if (absl::Status d = DecodeFramed(); !d.ok()) return Fail(d);
-    out->update_seconds += step_clock_.Seconds() - shared;
-    out->param_delta = encoded_ && gather_sent_bytes_ > 0;
-  }
+  out->param_delta = compressed_;
   return absl::OkStatus();
 }
 

@@ -181,6 +181,8 @@ class GatedComm final : public Communicator {
   }
   collectives::CommStats stats() const override { return inner_->stats(); }
   std::string DebugString() const override { return "gated:" + inner_->DebugString(); }
+  bool PeersShareHost() const override { return inner_->PeersShareHost(); }
+  bool MatchesByTag() const override { return inner_->MatchesByTag(); }
 
  private:
   Communicator* inner_;

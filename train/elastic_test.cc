@@ -160,10 +160,12 @@ class OpaqueTrainable final : public Trainable {
   OpaqueStaged staged_;
 };
 
-// Forwards to a host communicator, translating the opaque device's buffers.
-class OpaqueComm final : public Communicator {
+// Forwards to a host communicator: translating the opaque device's buffers (OpaqueComm), or
+// saying that the peers are on other hosts (OtherHostsComm: the in-process group says they share
+// this one).
+class ForwardingComm final : public Communicator {
  public:
-  explicit OpaqueComm(Communicator* inner) : inner_(inner) {}
+  ForwardingComm(Communicator* inner, bool opaque) : inner_(inner), opaque_(opaque) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   uint64_t generation() const override { return inner_->generation(); }
@@ -198,15 +200,26 @@ class OpaqueComm final : public Communicator {
   }
   void Abort(absl::Status status) override { inner_->Abort(std::move(status)); }
   collectives::CommStats stats() const override { return inner_->stats(); }
-  std::string DebugString() const override { return "opaque:" + inner_->DebugString(); }
+  std::string DebugString() const override {
+    return (opaque_ ? "opaque:" : "other-hosts:") + inner_->DebugString();
+  }
+  bool PeersShareHost() const override { return false; }
+  bool MatchesByTag() const override { return inner_->MatchesByTag(); }
 
  private:
-  static collectives::Buffer H(collectives::Buffer b) {
-    b.data = Flip(b.data);
+  collectives::Buffer H(collectives::Buffer b) const {
+    if (opaque_) b.data = Flip(b.data);
     return b;
   }
   Communicator* inner_;
+  const bool opaque_;
 };
+std::unique_ptr<Communicator> OpaqueComm(Communicator* inner) {
+  return std::make_unique<ForwardingComm>(inner, /*opaque=*/true);
+}
+std::unique_ptr<Communicator> OtherHostsComm(Communicator* inner) {
+  return std::make_unique<ForwardingComm>(inner, /*opaque=*/false);
+}
 
 // kOpaqueBf16: the opaque device holding the GPU's bf16 model (GptDeviceTrainable over GptCuda's
 // launch sequence run by the SIMT layer), TROUPE_ELASTIC_TEST_SIMT builds only.
@@ -367,11 +380,13 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
     const int n = static_cast<int>(ranks.size());
     auto st = Parallel(n, [&](int i) {
       if (Opaque()) {
-        device[i] = std::make_unique<OpaqueComm>(comms[i].get());
+        device[i] = OpaqueComm(comms[i].get());
       } else if (GetParam() == Mode::kNccl) {
         absl::StatusOr<std::unique_ptr<Communicator>> c = NcclRank(*ranks[i], i, n, gen);
         if (!c.ok()) return c.status();
         device[i] = *std::move(c);
+      } else if (other_hosts_) {
+        device[i] = OtherHostsComm(comms[i].get());
       }
       GenerationPlan p = plan;
       p.world = n;
@@ -556,6 +571,7 @@ class ElasticTest : public ::testing::TestWithParam<Mode> {
   int64_t bucket_bytes_ = 0;                    // NewRank's ElasticRank::Options::bucket_bytes
   bool replicate_ = false;                      // and its replicate_optimizer
   ParamDelta param_delta_ = ParamDelta::kAuto;  // and its param_delta
+  bool other_hosts_ = false;  // Configure: the ranks' communicators say their peers are elsewhere
   model::LrSchedule schedule_;
   std::vector<std::shared_ptr<InProcessGroup>> groups_;
   std::vector<std::unique_ptr<Communicator>> comms_;
@@ -1097,6 +1113,40 @@ TEST_P(ElasticDeltaTest, TheParameterDeltaKeepsEveryBitInFewerBytes) {
   EXPECT_LT(static_cast<double>(delta), static_cast<double>(raw) - 0.15 * share)
       << "raw " << raw << " bytes, delta " << delta << " bytes (two steps' shares: " << share
       << ")";
+  // "auto" where every peer shares the host: the parameters as they are, not even framed.
+  param_delta_ = ParamDelta::kAuto;
+  EXPECT_EQ(BytesOfSteps2And3(kW, want), raw);
+}
+
+// "auto" across hosts frames every piece, and each rank chooses for itself whether its pieces go
+// as deltas: here ranks that always encode ("on") beside ranks that choose, in one step — the
+// reference's bits for small and large pieces alike.
+TEST_P(ElasticDeltaTest, AcrossHostsRanksSendingDeltasAndRawPiecesInOneStepKeepEveryBit) {
+  std::vector<float> want, want_m;
+  Reference(3, &want, &want_m);
+  other_hosts_ = true;
+  for (int64_t bucket : {int64_t{16} << 10, int64_t{0}}) {
+    bucket_bytes_ = bucket;
+    for (int w : {3, 4}) {
+      SCOPED_TRACE(absl::StrCat("bucket ", bucket, " bytes, world ", w));
+      std::vector<Rank> ranks(w);
+      std::vector<Rank*> ptrs;
+      for (int i = 0; i < w; ++i) {
+        param_delta_ = i % 2 == 0 ? ParamDelta::kOn : ParamDelta::kAuto;
+        ranks[i] = NewRank();
+        ptrs.push_back(&ranks[i]);
+      }
+      Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
+      std::vector<std::vector<StepOutcome>> outcomes;
+      Steps(ptrs, 3, &outcomes);
+      ExpectBitIdentical(ptrs, want);
+      ExpectMomentsOf(ptrs, want_m);
+      // From step 2 on (the first moves parameters from their initialisation), rank 0 sent
+      // compressed pieces.
+      ASSERT_EQ(outcomes.size(), 3u);
+      EXPECT_TRUE(outcomes[2][0].param_delta);
+    }
+  }
 }
 
 // A checkpoint holds each range's moments, whichever state wrote it: a replicated one restores
@@ -1122,7 +1172,7 @@ TEST_P(ElasticReplicatedTest, IsRefusedOutsideDeterministicDataParallelismOnTheH
   std::vector<std::unique_ptr<Communicator>> comms;
   auto group = InProcessGroup::Create(2, 0, &comms);
   std::vector<std::unique_ptr<Communicator>> own(2);
-  for (int i = 0; i < 2; ++i) own[i] = std::make_unique<OpaqueComm>(comms[i].get());
+  for (int i = 0; i < 2; ++i) own[i] = OpaqueComm(comms[i].get());
   struct Case {
     const char* why;
     bool deterministic;

@@ -2,6 +2,7 @@
 
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -34,7 +35,6 @@ size_t EncodeRaw(const float* now, size_t count, uint8_t* dst) {
   Header h;
   h.count = count;
   h.payload = count * sizeof(float);
-  h.crc = model::Crc32c(now, h.payload);
   std::memcpy(dst, &h, sizeof(h));
   std::memcpy(dst + sizeof(Header), now, h.payload);
   return sizeof(Header) + h.payload;
@@ -67,6 +67,11 @@ size_t EncodeDelta(const float* now, const float* base, size_t count, uint8_t* d
   return sizeof(Header) + h.payload;
 }
 
+bool EncodeNextShare(bool encoding, uint64_t bytes, double seconds) {
+  const double rate = static_cast<double>(bytes) / std::max(seconds, 1e-9);  // bytes a second
+  return rate < (encoding ? 100e6 : 50e6);
+}
+
 bool DeltaCompressed(const uint8_t* src, size_t bytes) {
   Header h;
   if (bytes < sizeof(h)) return false;
@@ -93,24 +98,24 @@ absl::Status DecodeDelta(const uint8_t* src, size_t bytes, const float* base, si
   const uint8_t* payload = src + sizeof(h);
   if (h.kind == kRaw) {
     std::memcpy(out, payload, raw);
-  } else {
-    scratch->resize(raw);
-    uint8_t* planes = scratch->data();
-    const size_t got = ZSTD_decompress(planes, raw, payload, h.payload);
-    if (ZSTD_isError(got) || got != raw) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter delta: the compressed planes do not decode to ", raw,
-          " bytes: ", ZSTD_isError(got) ? ZSTD_getErrorName(got) : absl::StrCat(got, " bytes")));
-    }
-    for (size_t i = 0; i < count; ++i) {
-      const uint32_t x = uint32_t{planes[i]} | uint32_t{planes[count + i]} << 8 |
-                         uint32_t{planes[2 * count + i]} << 16 |
-                         uint32_t{planes[3 * count + i]} << 24;
-      uint32_t b;
-      std::memcpy(&b, base + i, 4);
-      b ^= x;
-      std::memcpy(out + i, &b, 4);
-    }
+    return absl::OkStatus();
+  }
+  scratch->resize(raw);
+  uint8_t* planes = scratch->data();
+  const size_t got = ZSTD_decompress(planes, raw, payload, h.payload);
+  if (ZSTD_isError(got) || got != raw) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter delta: the compressed planes do not decode to ", raw,
+        " bytes: ", ZSTD_isError(got) ? ZSTD_getErrorName(got) : absl::StrCat(got, " bytes")));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t x = uint32_t{planes[i]} | uint32_t{planes[count + i]} << 8 |
+                       uint32_t{planes[2 * count + i]} << 16 |
+                       uint32_t{planes[3 * count + i]} << 24;
+    uint32_t b;
+    std::memcpy(&b, base + i, 4);
+    b ^= x;
+    std::memcpy(out + i, &b, 4);
   }
   if (const uint32_t crc = model::Crc32c(out, raw); crc != h.crc) {
     return absl::DataLossError(absl::StrFormat(

@@ -111,5 +111,16 @@ TEST(ParamDeltaTest, AMalformedMessageIsRefusedWithWhatItSaid) {
       << st;
 }
 
+// "auto": on below 50 MB/s, off above 100 MB/s, and between the two as it was.
+TEST(ParamDeltaTest, AutoEncodesOnSlowLinksAndStopsOnFastOnesWithoutFlapping) {
+  constexpr uint64_t kMB = 1000 * 1000;
+  EXPECT_TRUE(EncodeNextShare(false, 40 * kMB, 1.0));   // 40 MB/s
+  EXPECT_FALSE(EncodeNextShare(false, 70 * kMB, 1.0));  // 70 MB/s: not yet
+  EXPECT_TRUE(EncodeNextShare(true, 70 * kMB, 1.0));    // ... but kept on
+  EXPECT_FALSE(EncodeNextShare(true, 120 * kMB, 1.0));  // 120 MB/s: off
+  EXPECT_FALSE(EncodeNextShare(false, 40 * kMB, 0.0));  // no time at all: as fast as can be
+  EXPECT_TRUE(EncodeNextShare(false, 40 * kMB, 10.0));  // 4 MB/s
+}
+
 }  // namespace
 }  // namespace troupe::train

@@ -69,8 +69,10 @@ struct JobReport {
   // 0 where nothing overlapped (fast mode, pipeline grids).
   double overlap = 0;
   // A rank's mean step (steps after the first) by phase, seconds: all of it, its forwards and
-  // backwards in the model, the communication left exposed (overlapped step), the optimizer.
-  // The rest is the norm, the step's hand-offs and, on a pipeline, the bubble.
+  // backwards in the model, the communication left exposed (overlapped step), the optimizer
+  // (sharded: AdamW, the mirror's and the parameter delta's encoding and decoding; replicated:
+  // the norm from the shares, its AdamW runs at the commit, outside the step). The rest is the
+  // norm, the step's hand-offs, an evaluation due and, on a pipeline, the bubble.
   double step_seconds = 0, compute_seconds = 0, exposed_seconds = 0, update_seconds = 0;
   // The share of those rank steps whose updated parameters went as a lossless delta
   // ([elastic] param_delta).

@@ -193,6 +193,10 @@ class Communicator {
   // space), so fewer, larger messages cost less than on a network. The same answer on every rank
   // of the group (callers size messages both sides must agree on by it). Default: false.
   virtual bool PeersShareHost() const { return false; }
+  // A receive takes the one send of its peer and tag, whatever the order both sides posted their
+  // operations in. False where point-to-point messages between two ranks match in posting order
+  // (NCCL): both must then post theirs in one order. Default: true.
+  virtual bool MatchesByTag() const { return true; }
 };
 
 // A failure that one peer is to blame for, as this rank saw it first hand (its liveness heartbeats

@@ -56,6 +56,7 @@ class SubCommunicator final : public Communicator {
   CommStats stats() const override { return parent_->stats(); }
   std::string DebugString() const override;
   bool PeersShareHost() const override { return parent_->PeersShareHost(); }
+  bool MatchesByTag() const override { return parent_->MatchesByTag(); }
 
  private:
   SubCommunicator(Communicator* parent, std::vector<int> members, int rank)

@@ -154,8 +154,10 @@ struct StepOutcome {
   // ran beside them. exposed / exchange is the share of communication left on the critical path.
   double exchange_seconds = 0;
   double exposed_seconds = 0;
-  // The optimizer: AdamW of this rank's range and of the range it mirrors (in the overlapped
-  // step, with the parameters' share in flight beside it).
+  // The optimizer: AdamW of this rank's range and of the range it mirrors, and the parameter
+  // delta's encoding and decoding (the overlapped step: with the parameters' share in flight
+  // beside it; waiting for the mirror's gradient is exposed communication). Replicated: the norm
+  // from the shares (AdamW runs in Commit).
   double update_seconds = 0;
   // This rank sent its updated parameters as a lossless delta (Options::param_delta).
   bool param_delta = false;

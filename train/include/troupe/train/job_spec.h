@@ -218,7 +218,9 @@ struct JobSpec {
   // host, 4 MiB across hosts).
   int32_t bucket_kib = 0;
   // The sharded step's updated parameters as a lossless delta ("on"), as they are ("off"), or
-  // each rank choosing by its link ("auto"; ElasticRank::Options::param_delta).
+  // each rank choosing by its link ("auto"; ElasticRank::Options::param_delta). Only the
+  // deterministic data-parallel step in host memory gathers parameters: elsewhere (replicated
+  // state, fast mode, pipeline grids, a GPU) it changes nothing.
   ParamDelta param_delta = ParamDelta::kAuto;
   // What each rank asks of the cluster's scheduler (runtime::RankGang): its resources ("" =
   // cpu=1, plus gpu=1 with model.device on CUDA; e.g. "cpu=2,memory=8G"), node labels that must
