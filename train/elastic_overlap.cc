@@ -4,8 +4,9 @@
 //   backward of the last microbatch:  ▓▓▓ln_f▓▓▓ block L-1 ▓▓▓ … ▓▓▓ block 0 ▓▓▓ embeddings ▓▓▓
 //   gradient pieces to their owners:        ▒▒▒▒▒          ▒▒▒▒▒         ▒▒▒▒▒            ▒▒▒▒▒
 //   owners combine as pieces arrive:            ░░              ░░            ░░              ░░
-//   then: buddy mirror ▒ │ norm (chunk sums were summed per piece) │ AdamW piece 0 ▓ piece 1 ▓ …
-//   updated pieces to every rank but the buddy:                              ▒▒▒▒▒     ▒▒▒▒▒
+//   combined pieces to the buddy's mirror:        ▒▒              ▒▒            ▒▒              ▒▒
+//   then: norm (chunk sums were summed per piece) │ AdamW piece 0 ▓ piece 1 ▓ …
+//   updated pieces to every rank but the buddy:                   ▒▒▒▒▒     ▒▒▒▒▒
 //
 // The flat gradient is cut into pieces: each owner's range in buckets of bucket_floats (a
 // multiple of the norm's 4 Ki chunk). As the model reports ranges of its gradient final
@@ -16,7 +17,10 @@
 // its norm chunks there. The norm needs every rank's chunks, so AdamW waits for it (clipping is
 // global); then each piece of the range is updated and sent to every rank while the next piece
 // is being updated — every rank but the buddy, which runs the owner's AdamW on its mirror from
-// the gradient the mirror brought, and so sends nothing a replicated step would not.
+// the gradient the mirror brought, and so sends nothing a replicated step would not. The owner
+// sends each combined piece to the buddy at once (on NCCL, whose point-to-point matches in
+// posting order, the whole range once the exchange is done: PostMirror). On slow links the
+// updated pieces travel as lossless deltas (Options::param_delta, param_delta.h).
 //
 // Replicated optimizer state (Options::replicate_optimizer): the pieces are buckets of the whole
 // flat gradient, piece j combined by rank j mod W (PlanSharedGradientPieces) — the pieces the
@@ -29,11 +33,12 @@
 // are posted in arrival order, so this variant is for tag-matching transports (the host's), not
 // NCCL's issue order; Configure refuses it on a device.
 //
-// Order: every rank posts the same groups in the same order — a piece's group when the
+// Order, on NCCL: every rank posts the same groups in the same order — a piece's group when the
 // model's reports complete it (the same reports on every rank), then the mirror, then the
-// all-gather's rounds — so a backend whose point-to-point operations run in issue order (NCCL)
-// cannot deadlock. Bits: which piece travels when changes no addition, so deterministic mode is
-// bit-identical for any bucket size and world size.
+// all-gather's rounds — so a backend whose point-to-point operations run in issue order cannot
+// deadlock (a tag-matching one takes the mirror piece by piece, as pieces are combined). Bits:
+// which piece travels when changes no addition, so deterministic mode is bit-identical for any
+// bucket size and world size.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -553,6 +558,7 @@ void ElasticRank::OverlappedStep::NoteSendsDone() {
 absl::Status ElasticRank::OverlappedStep::DecodeFramed(double* seconds) {
   const float* base = r_.model_->params();
   for (size_t k = 0; k < framed_in_.size(); ++k) {
+    NoteSendsDone();  // while waiting on peers: not this rank's sends' time
     if (absl::Status s = WaitAll({framed_works_[k]}); !s.ok()) return s;
     const Stopwatch decoding;
     const GradientPiece& p = pieces_[framed_in_[k]];
@@ -620,7 +626,10 @@ absl::Status ElasticRank::OverlappedStep::Run(int32_t lo, int32_t hi, StepOutcom
   const double updated = step_clock_.Seconds() - wait_;  // the update's own time ends here
   double decoding = 0;  // framed pieces: the optimizer's output decoded (update_seconds)
   absl::Status gathered = framed_ ? DecodeFramed(&decoding) : absl::OkStatus();
-  if (gathered.ok()) gathered = WaitAll(gather_);
+  // All of it, whatever the decoding found: a piece that does not decode fails this step on this
+  // rank alone (Fail aborts the communicator only with operations still in flight).
+  const absl::Status all = WaitAll(gather_);
+  if (gathered.ok()) gathered = all;
   const absl::Status mirrored = WaitAll(mirror_);
   const double shared = step_clock_.Seconds() - decoding;
   out->update_seconds += updated - update_start + decoding;

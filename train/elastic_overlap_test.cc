@@ -190,8 +190,9 @@ class GatedComm final : public Communicator {
   std::vector<std::thread> waiters_;
 };
 
-// The gradient exchange's operations (partials and, replicated, shares) complete only once the
-// gate releases their piece; each one's posting is noted in the gate.
+// The gradient exchange's operations (partials and, replicated, shares; sharded, the combined
+// pieces' mirror to the buddy: their tags carry the exchange's bits) complete only once the gate
+// releases their piece; each one's posting is noted in the gate.
 GatedComm::Policy GatePolicy(Gate* gate) {
   return {[gate](uint32_t tag) {
             if ((tag & kExchangeTagBits) != kExchangeTagBits) return;

@@ -3,9 +3,10 @@
 // parameters every rank already holds bit for bit (the committed step's), split into byte planes
 // (sign and exponent bytes barely change in one AdamW step, so their plane is nearly all zeros)
 // and compressed with zstd. Exact: the receiver gets the same bits, so deterministic mode keeps
-// its bit-identity. A header carries the piece's length and the CRC-32C of the updated bits, so a
-// receiver whose base differs (or a damaged message) fails with DataLoss instead of training on
-// wrong parameters. Where the delta would not be smaller, the piece travels raw behind the header.
+// its bit-identity. A header carries the piece's length and, for a delta, the CRC-32C of the
+// updated bits, so a receiver whose base differs (or a damaged delta) fails with DataLoss instead
+// of training on wrong parameters. Where the delta would not be smaller, the piece travels raw
+// behind the header (no CRC: raw floats need no base).
 // A delta of one AdamW step of GPT-2-scale parameters is about 3/4 of the raw bytes.
 //
 //   std::vector<uint8_t> wire(DeltaCapacity(n)), scratch;

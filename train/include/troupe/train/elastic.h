@@ -159,7 +159,8 @@ struct StepOutcome {
   // beside it; waiting for the mirror's gradient is exposed communication). Replicated: the norm
   // from the shares (AdamW runs in Commit).
   double update_seconds = 0;
-  // This rank sent its updated parameters as a lossless delta (Options::param_delta).
+  // This rank sent some of its updated parameters as a compressed lossless delta
+  // (Options::param_delta).
   bool param_delta = false;
 };
 
