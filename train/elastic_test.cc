@@ -979,6 +979,15 @@ TEST(PipelineScheduleTest, UnitsPartitionedContiguouslyByCost) {
 class ElasticReplicatedTest : public ElasticTest {
  protected:
   ElasticReplicatedTest() { replicate_ = true; }
+  // What the host communicators of the last generation of w ranks sent so far (Configure appended
+  // them, then w communicators of the model's memory).
+  uint64_t HostBytesSent(int w) const {
+    uint64_t bytes = 0;
+    for (size_t i = comms_.size() - 2 * w; i < comms_.size() - w; ++i) {
+      bytes += comms_[i]->stats().bytes_sent;
+    }
+    return bytes;
+  }
   // Each rank's committed moments m of its range are the reference's.
   static void ExpectMomentsOf(const std::vector<Rank*>& ranks, const std::vector<float>& want_m) {
     for (size_t i = 0; i < ranks.size(); ++i) {
@@ -1044,16 +1053,9 @@ TEST_P(ElasticReplicatedTest, TheBuddyMirrorAddsNoBytesToAStep) {
     for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
     Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
     Steps(ptrs, 1);
-    auto sent = [&] {  // Configure appended the generation's host communicators, then null ones
-      uint64_t bytes = 0;
-      for (size_t i = comms_.size() - 2 * kW; i < comms_.size() - kW; ++i) {
-        bytes += comms_[i]->stats().bytes_sent;
-      }
-      return bytes;
-    };
-    const uint64_t before = sent();
+    const uint64_t before = HostBytesSent(kW);
     Steps(ptrs, 2);
-    const double gradients = static_cast<double>(sent() - before) /
+    const double gradients = static_cast<double>(HostBytesSent(kW) - before) /
                              (static_cast<double>(ptrs[0]->model->num_params()) * sizeof(float));
     // Beyond the 6 gradients, only the sharded norm's chunk sums (a few doubles per 4 Ki chunk).
     EXPECT_GE(gradients, 2.0 * (kW - 1));
@@ -1079,17 +1081,10 @@ class ElasticDeltaTest : public ElasticReplicatedTest {
     for (auto& r : ranks) r = NewRank(), ptrs.push_back(&r);
     Configure(ptrs, {.source = RestoreSource::kInit, .gone = {}}, 0);
     Steps(ptrs, 1);
-    auto sent = [&] {  // Configure appended the generation's host communicators, then null ones
-      uint64_t bytes = 0;
-      for (size_t i = comms_.size() - 2 * w; i < comms_.size() - w; ++i) {
-        bytes += comms_[i]->stats().bytes_sent;
-      }
-      return bytes;
-    };
-    const uint64_t before = sent();
+    const uint64_t before = HostBytesSent(w);
     Steps(ptrs, 3);
     ExpectBitIdentical(ptrs, want);
-    return sent() - before;
+    return HostBytesSent(w) - before;
   }
 };
 
