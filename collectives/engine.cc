@@ -33,8 +33,8 @@ std::optional<int> BlamedPeer(const absl::Status& status) {
 }
 
 namespace {
-void Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op | FUTEX_PRIVATE_FLAG, value, nullptr,
+void Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout = nullptr) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op | FUTEX_PRIVATE_FLAG, value, timeout,
           nullptr, 0);
 }
 }  // namespace
@@ -55,6 +55,16 @@ void Work::Flag::WaitForNotification() {
     Futex(&word_, FUTEX_WAIT, kSleeping);  // returns at once unless the word is still kSleeping
     w = word_.load(std::memory_order_acquire);
   }
+}
+
+bool Work::Flag::WaitForNotificationWithTimeout(absl::Duration timeout) {
+  uint32_t w = word_.load(std::memory_order_acquire);
+  // Announce the sleeper; a failed exchange leaves in `w` what the word became meanwhile.
+  if (w == kUnset) word_.compare_exchange_strong(w, kSleeping, std::memory_order_acq_rel);
+  if (w == kSet) return true;
+  const timespec ts = absl::ToTimespec(timeout);
+  Futex(&word_, FUTEX_WAIT, kSleeping, &ts);  // relative; a signal or a wake ends it early
+  return HasBeenNotified();
 }
 
 absl::Status Work::Wait() const {
@@ -167,12 +177,28 @@ void FromWork(const float* w, const Buffer& out, size_t count) {
 
 // What a waiting caller helps through. Its mutex is the engine's execution lock (held by whoever
 // runs operations), so that destroying the engine waits for helping threads to leave.
+//
+// A caller that finds the lock taken does not queue on it: the holder runs every queued operation
+// and polls every pending one, this caller's too, until its own completes — which may need this
+// caller to return first (its peer sends what the holder waits for only after it saw this
+// caller's operation done). Blocked on the lock, both waited until a deadline; so the caller
+// sleeps on its own operation instead and tries the lock again now and then, in case the holder
+// left with this operation still pending.
 struct Engine::HelperImpl : Work::Helper {
   std::mutex mu;
   Engine* engine = nullptr;
   void Help(const void* state) override {
-    std::lock_guard<std::mutex> l(mu);
-    if (engine != nullptr) engine->Help(static_cast<const Work::State*>(state));
+    auto* target = const_cast<Work::State*>(static_cast<const Work::State*>(state));
+    absl::Duration nap = absl::Microseconds(50);
+    while (!target->done.HasBeenNotified()) {
+      std::unique_lock<std::mutex> l(mu, std::try_to_lock);
+      if (l.owns_lock()) {
+        if (engine != nullptr) engine->Help(target);
+        return;
+      }
+      if (target->done.WaitForNotificationWithTimeout(nap)) return;
+      nap = std::min(2 * nap, absl::Milliseconds(1));
+    }
   }
 };
 
@@ -268,10 +294,12 @@ bool Engine::PollPointToPoint() {
     absl::StatusOr<bool> done = transport_->Test(p2p_[i].first);
     if (done.ok() && !*done && now > p2p_[i].second.deadline) {
       // The peer never sent (or never took) its part: blame it.
-      done = BlamePeer(absl::DeadlineExceededError(absl::StrCat(
-                           "collectives: rank ", rank(), " point-to-point operation with rank ",
-                           p2p_[i].second.peer, " deadline passed")),
-                       p2p_[i].second.peer);
+      done = BlamePeer(
+          absl::DeadlineExceededError(absl::StrCat(
+              "collectives: rank ", rank(), " point-to-point ",
+              p2p_[i].second.kind == Kind::kSend ? "send to" : "receive from", " rank ",
+              p2p_[i].second.peer, " (tag ", absl::Hex(p2p_[i].second.tag), ") deadline passed")),
+          p2p_[i].second.peer);
     }
     if (!done.ok()) {
       FailOp(done.status());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "algorithms.h"
 #include "engine.h"
 #include "test_util.h"
@@ -153,6 +154,60 @@ TEST(PointToPoint, UnevenSendsDoNotShiftLaterCollectives) {
     EXPECT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
     EXPECT_EQ(sums[r][0], 3.0f) << "rank " << r;
   }
+}
+
+TEST(WorkFlag, ATimedWaitReturnsFalseOnTimeoutAndTrueOnceNotified) {
+  Work::Flag flag;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(flag.WaitForNotificationWithTimeout(absl::Milliseconds(20)));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(15));
+  std::thread notifier([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    flag.Notify();
+  });
+  EXPECT_TRUE(flag.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  notifier.join();
+  EXPECT_TRUE(flag.WaitForNotificationWithTimeout(absl::ZeroDuration()));  // set: at once
+  flag.WaitForNotification();  // a timed-out sleeper left the word asleep: still returns
+}
+
+// Two threads of one rank wait on two of its receives. The first runs the engine (it holds the
+// execution lock, polling for its receive); the peer sends the first receive's message only once
+// the second thread's Wait has returned. The second receive completes at once: its waiter must
+// see that rather than queue behind the first on the lock — queued, both waited until the peer
+// gave up, and the first receive's deadline passed.
+TEST(PointToPoint, AWaiterWhoseOperationCompletedReturnsWhileAnotherWaitsOnThePeer) {
+  std::vector<std::unique_ptr<Communicator>> comms;
+  auto group = InProcessGroup::Create(2, 0, &comms);
+  CollectiveOptions o;
+  o.timeout = absl::Seconds(20);
+  std::vector<float> x(4, 0.0f), y(4, 0.0f), sx(4, 1.0f), sy(4, 2.0f);
+  Work rx = comms[0]->Recv(Buffer::F32(x), 1, 1, o);
+  Work ry = comms[0]->Recv(Buffer::F32(y), 1, 2, o);
+  absl::Notification second_returned;
+  absl::Status first, second, peer;
+  std::thread a([&] { first = rx.Wait(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // `a` runs the engine now
+  std::thread b([&] {
+    second = ry.Wait();
+    second_returned.Notify();
+  });
+  std::thread sender([&] {
+    peer = comms[1]->Send(Buffer::F32(sy), 0, 2, o).Wait();
+    if (!peer.ok()) return;
+    const bool returned = second_returned.WaitForNotificationWithTimeout(absl::Seconds(5));
+    EXPECT_TRUE(returned) << "the second waiter's receive completed, but its Wait did not return "
+                             "within 5 s while the first waiter waited on the peer";
+    peer = comms[1]->Send(Buffer::F32(sx), 0, 1, o).Wait();  // unblocks `a` either way
+  });
+  sender.join();
+  b.join();
+  a.join();
+  EXPECT_TRUE(peer.ok()) << peer;
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(second.ok()) << second;
+  EXPECT_EQ(x, sx);
+  EXPECT_EQ(y, sy);
 }
 
 TEST(Failure, KilledRankFailsEveryPendingOpWithUnavailableNamingIt) {

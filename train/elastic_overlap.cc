@@ -251,10 +251,7 @@ absl::Status ElasticRank::OverlappedStep::Prepare() {
       ops->Resize(&r_.exchange_recv_, std::max<int64_t>(1, (world - 1) * stride_)));
   shared_in_.assign(pieces_.size(), {});
   if (replicated_) all_sums_.assign(static_cast<size_t>((n + kChunk - 1) / kChunk), 0.0);
-  // Off: under load, OverlapTest.APiecesExchangeRunsWhileTheBackwardPassGoesOn deadlocks with it
-  // (the norm's all-gather at world 2 hits its deadline; not found yet). The whole range goes
-  // after the exchange, as before, until it is.
-  mirror_by_piece_ = false && !replicated_ && world > 1 && r_.comm_->MatchesByTag();
+  mirror_by_piece_ = !replicated_ && world > 1 && r_.comm_->MatchesByTag();
   if (mirror_by_piece_) {
     TROUPE_RETURN_IF_ERROR(ops->Resize(&r_.mirror_grad_, per_rank));
     prev_ = MirroredRank(c_.rank, c_.buddy, world);

@@ -115,6 +115,8 @@ class Work {
     void Notify();
     bool HasBeenNotified() const { return word_.load(std::memory_order_acquire) == kSet; }
     void WaitForNotification();
+    // False if not notified within `timeout` (it may return a little early, never late).
+    bool WaitForNotificationWithTimeout(absl::Duration timeout);
 
    private:
     static constexpr uint32_t kUnset = 0, kSet = 1, kSleeping = 2;
