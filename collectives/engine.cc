@@ -178,12 +178,13 @@ void FromWork(const float* w, const Buffer& out, size_t count) {
 // What a waiting caller helps through. Its mutex is the engine's execution lock (held by whoever
 // runs operations), so that destroying the engine waits for helping threads to leave.
 //
-// A caller that finds the lock taken does not queue on it: the holder runs every queued operation
-// and polls every pending one, this caller's too, until its own completes — which may need this
-// caller to return first (its peer sends what the holder waits for only after it saw this
-// caller's operation done). Blocked on the lock, both waited until a deadline; so the caller
-// sleeps on its own operation instead and tries the lock again now and then, in case the holder
-// left with this operation still pending.
+// A caller that finds the lock taken does not queue on it: between operations the holder polls
+// every pending point-to-point operation, this caller's too, and completes those that are done —
+// where this caller's may be what lets the holder's own complete (its peer sends only after it
+// saw this caller return). Blocked on the lock, both waited until a deadline; so the caller
+// sleeps on its own operation instead and tries the lock again 50 µs to 1 ms apart, for when the
+// holder left with this operation still queued or pending. Not covered: a holder blocked inside
+// a collective polls nothing until it returns.
 struct Engine::HelperImpl : Work::Helper {
   std::mutex mu;
   Engine* engine = nullptr;
@@ -439,7 +440,7 @@ void Engine::Run() {
       if (stop_ && queue_.empty() && !has_p2p_) break;
       stop = stop_;
       // Only an operation that waited a whole poll is taken: one just queued is the caller's to
-      // run when it waits, and taking it would make that caller sleep on the execution lock.
+      // run when it waits, and taking it would make that caller nap until the lock is free.
       // After a wake from the events, a point-to-point operation queued meanwhile is taken: the
       // wake was for it (Submit).
       stale = !queue_.empty() &&

@@ -168,7 +168,6 @@ TEST(WorkFlag, ATimedWaitReturnsFalseOnTimeoutAndTrueOnceNotified) {
   EXPECT_TRUE(flag.WaitForNotificationWithTimeout(absl::Seconds(20)));
   notifier.join();
   EXPECT_TRUE(flag.WaitForNotificationWithTimeout(absl::ZeroDuration()));  // set: at once
-  flag.WaitForNotification();  // a timed-out sleeper left the word asleep: still returns
 }
 
 // Two threads of one rank wait on two of its receives. The first runs the engine (it holds the
@@ -187,18 +186,19 @@ TEST(PointToPoint, AWaiterWhoseOperationCompletedReturnsWhileAnotherWaitsOnThePe
   absl::Notification second_returned;
   absl::Status first, second, peer;
   std::thread a([&] { first = rx.Wait(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // `a` runs the engine now
+  // `a` runs the engine from here, as a rule (if not, the test passes without the situation).
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::thread b([&] {
     second = ry.Wait();
     second_returned.Notify();
   });
   std::thread sender([&] {
     peer = comms[1]->Send(Buffer::F32(sy), 0, 2, o).Wait();
-    if (!peer.ok()) return;
     const bool returned = second_returned.WaitForNotificationWithTimeout(absl::Seconds(5));
     EXPECT_TRUE(returned) << "the second waiter's receive completed, but its Wait did not return "
                              "within 5 s while the first waiter waited on the peer";
-    peer = comms[1]->Send(Buffer::F32(sx), 0, 1, o).Wait();  // unblocks `a` either way
+    const absl::Status second_send = comms[1]->Send(Buffer::F32(sx), 0, 1, o).Wait();
+    if (peer.ok()) peer = second_send;  // unblocks `a` either way
   });
   sender.join();
   b.join();

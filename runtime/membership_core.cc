@@ -150,6 +150,7 @@ Actions MembershipCore::OnNodeJoined(const MemberInfo& node, TimePoint now) {
       MemberInfo{node.id,     MemberKind::kNode, node.id,  MemberState::kAlive, 0, node.resources,
                  node.labels, node.address,      node.host};
   m.last_seen = now;
+  last_heard_ = now;
   members_[node.id] = std::move(m);
   Actions out;
   Publish(&out, MembershipKind::kNodeAlive, node.id, node.id, 0,
@@ -195,6 +196,7 @@ Actions MembershipCore::OnRegisterWorker(const MemberInfo& worker, TimePoint now
   m.info.port = worker.port;
   m.info.direct_port = worker.direct_port;
   m.last_seen = now;
+  last_heard_ = now;
   members_[id] = std::move(m);
   Actions out;
   Publish(&out, MembershipKind::kWorkerAlive, id, worker.node, worker.pid, "");
@@ -215,6 +217,12 @@ Actions MembershipCore::OnHeartbeat(const std::string& id, const Heartbeat& beat
     }
     return out;
   }
+  // The first heartbeat after the head heard nobody: nobody's silence counts for that time.
+  if (const Duration deaf = Deafness(now); deaf > 2 * options_.heartbeat_interval) {
+    const Duration credit = deaf - options_.heartbeat_interval;
+    for (auto& [other, o] : members_) o.last_seen += credit;
+  }
+  last_heard_ = now;
   m.last_seen = now;
   if (beat.base == 0) {
     m.busy.clear();
@@ -334,9 +342,13 @@ Actions MembershipCore::OnTick(TimePoint now) {
     const Duration stall = now - *last_tick_ - tick;
     for (auto& [id, m] : members_) m.last_seen += stall;
     if (restored_since_) *restored_since_ += stall;  // nor is the wait for the restored
+    if (last_heard_) *last_heard_ += stall;
   }
   last_tick_ = now;
   ExpectRestored(now);
+  // Hearing no member at all (see the header): no verdict until 2 × heartbeat_timeout.
+  const Duration deaf = Deafness(now);
+  if (deaf > 2 * options_.heartbeat_interval && deaf <= 2 * options_.heartbeat_timeout) return {};
   std::vector<std::string> silent;
   for (auto& [id, m] : members_) {
     if (m.info.state == MemberState::kDead) continue;
@@ -345,6 +357,15 @@ Actions MembershipCore::OnTick(TimePoint now) {
   Actions out;
   for (const auto& id : silent) DeclareSilent(&out, id, now);
   return out;
+}
+
+Duration MembershipCore::Deafness(TimePoint now) const {
+  if (!last_heard_) return Duration::zero();
+  int nodes = 0;
+  for (const auto& [id, m] : members_) {
+    nodes += m.info.kind == MemberKind::kNode && m.info.state != MemberState::kDead;
+  }
+  return nodes >= 2 ? now - *last_heard_ : Duration::zero();
 }
 
 void MembershipCore::ExpectRestored(TimePoint now) {

@@ -37,7 +37,12 @@
 // Failure detector: OnTick every heartbeat_interval / 4. A member silent for more than
 // heartbeat_timeout is declared dead (11, 4). Silence that overlaps the head's own stall is not
 // the members': a tick later than 2 × heartbeat_interval after the previous one shifts every
-// member's last heartbeat by the stall (the gap less one tick period) before looking.
+// member's last heartbeat by the stall (the gap less one tick period) before looking. Nor is
+// silence while the head hears no member at all, with two nodes or more alive (its receiving side
+// stalled while its ticks ran, or every member starved together): no verdict is given while
+// that lasts, up to 2 × heartbeat_timeout, and the first heartbeat after it shifts every
+// member's last heartbeat by the deafness (less one heartbeat_interval). A whole cluster
+// silent for real is declared dead after 2 × heartbeat_timeout.
 //
 // Every bumped publish raises the generation by exactly one; nothing lowers it (Restore starts
 // from the store's). Other publishes (refused, actor_hung, worker_exit) carry the current one.
@@ -234,6 +239,10 @@ class MembershipCore {
   bool expecting_restored_ = false;
   std::optional<TimePoint> restored_since_;
   std::optional<TimePoint> last_tick_;
+  std::optional<TimePoint> last_heard_;  // the latest heartbeat or join of any member
+  // How long the head has heard no member (zero with fewer than two alive nodes: one node's
+  // silence is its own).
+  Duration Deafness(TimePoint now) const;
 };
 
 }  // namespace troupe::runtime

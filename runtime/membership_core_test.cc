@@ -334,6 +334,63 @@ TEST(MembershipCoreTest, AStallIsAGapOfMoreThanTwoIntervalsLessOneTick) {
             "no heartbeat for 1001ms (timeout 1000ms)");
 }
 
+// Cluster({...}) plus node n2 with worker n2/w0, all at kT0.
+MembershipCore TwoNodes() {
+  MembershipCore core = Cluster({"n1/w0"});
+  EXPECT_TRUE(core.CheckNodeJoin("n2").ok());
+  core.OnNodeJoined(NodeJoin("n2"), kT0);
+  core.OnRegisterWorker(WorkerJoin("n2/w0", "n2"), kT0);
+  return core;
+}
+
+// Seen in the suite: a head whose ticks ran on time heard none of its 3 nodes and 6 workers for
+// ~1 s (their last beats within 10 ms of each other) and declared them all dead, the job with
+// them. Nobody heard at all is the head's side (or everyone starved at once), not 9 deaths.
+TEST(MembershipCoreTest, AHeadThatHearsNoMemberGivesNoVerdictAndCreditsItWhenBeatsResume) {
+  MembershipCore core = TwoNodes();
+  auto beat = [&core](std::vector<const char*> ids, int ms) {
+    for (const char* id : ids) core.OnHeartbeat(id, {}, kT0 + milliseconds(ms));
+  };
+  // Beats every 100 ms up to 1000 ms, then none; ticks every 100 ms (the head is on time).
+  for (int ms = 100; ms <= 2400; ms += 100) {
+    if (ms <= 1000) beat({"n1", "n1/w0", "n2", "n2/w0"}, ms);
+    EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  // n1's backlog arrives first: everyone's silence moves by the 1400 ms of deafness less one
+  // interval, so the others are not blamed before theirs arrives too.
+  beat({"n1"}, 2410);
+  EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(2425))), "");
+  beat({"n1", "n1/w0", "n2", "n2/w0"}, 2450);
+  // From here n2 and its worker are silent for real while n1's beats come: n2 is declared dead
+  // one timeout after its last beat.
+  for (int ms = 2500; ms <= 3400; ms += 100) {
+    beat({"n1", "n1/w0"}, ms);
+    EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  beat({"n1", "n1/w0"}, 3500);
+  auto dead = core.OnTick(kT0 + milliseconds(3500));
+  EXPECT_EQ(Published(dead, MembershipKind::kNodeDead).detail,
+            "no heartbeat for 1050ms (timeout 1000ms)");
+  EXPECT_EQ(Published(dead, MembershipKind::kNodeDead).subject, "n2");
+}
+
+// A whole cluster silent for real (the head cut off from it) is declared dead, one timeout later
+// than a single silent node.
+TEST(MembershipCoreTest, AClusterSilentTogetherIsDeclaredDeadAfterTwoTimeouts) {
+  MembershipCore core = TwoNodes();
+  for (int ms = 100; ms <= 2000; ms += 100) {
+    EXPECT_EQ(DebugString(core.OnTick(kT0 + milliseconds(ms))), "") << ms;
+  }
+  std::vector<std::string> dead;
+  for (const MembershipAction& a : core.OnTick(kT0 + milliseconds(2100))) {
+    if (a.kind == MembershipAction::Kind::kPublish && a.event.kind == MembershipKind::kNodeDead) {
+      dead.push_back(a.event.subject + ": " + a.event.detail);
+    }
+  }
+  EXPECT_EQ(dead, (std::vector<std::string>{"n1: no heartbeat for 2100ms (timeout 1000ms)",
+                                            "n2: no heartbeat for 2100ms (timeout 1000ms)"}));
+}
+
 TEST(MembershipCoreTest, TheFirstTickHasNoStallToCompensate) {
   MembershipCore core = Cluster({"n1/w0"});
   auto dead = core.OnTick(kT0 + milliseconds(5000));

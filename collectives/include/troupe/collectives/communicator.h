@@ -115,7 +115,7 @@ class Work {
     void Notify();
     bool HasBeenNotified() const { return word_.load(std::memory_order_acquire) == kSet; }
     void WaitForNotification();
-    // False if not notified within `timeout` (it may return a little early, never late).
+    // False if not notified within about `timeout` (a signal may end it early, scheduling late).
     bool WaitForNotificationWithTimeout(absl::Duration timeout);
 
    private:
