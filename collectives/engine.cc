@@ -299,7 +299,7 @@ bool Engine::PollPointToPoint() {
           absl::DeadlineExceededError(absl::StrCat(
               "collectives: rank ", rank(), " point-to-point ",
               p2p_[i].second.kind == Kind::kSend ? "send to" : "receive from", " rank ",
-              p2p_[i].second.peer, " (tag ", absl::Hex(p2p_[i].second.tag), ") deadline passed")),
+              p2p_[i].second.peer, " (tag 0x", absl::Hex(p2p_[i].second.tag), ") deadline passed")),
           p2p_[i].second.peer);
     }
     if (!done.ok()) {

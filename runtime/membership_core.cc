@@ -218,7 +218,7 @@ Actions MembershipCore::OnHeartbeat(const std::string& id, const Heartbeat& beat
     return out;
   }
   // The first heartbeat after the head heard nobody: nobody's silence counts for that time.
-  if (const Duration deaf = Deafness(now); deaf > 2 * options_.heartbeat_interval) {
+  if (const Duration deaf = Deafness(now); deaf > Duration::zero()) {
     const Duration credit = deaf - options_.heartbeat_interval;
     for (auto& [other, o] : members_) o.last_seen += credit;
   }
@@ -348,7 +348,7 @@ Actions MembershipCore::OnTick(TimePoint now) {
   ExpectRestored(now);
   // Hearing no member at all (see the header): no verdict until 2 × heartbeat_timeout.
   const Duration deaf = Deafness(now);
-  if (deaf > 2 * options_.heartbeat_interval && deaf <= 2 * options_.heartbeat_timeout) return {};
+  if (deaf > Duration::zero() && deaf <= 2 * options_.heartbeat_timeout) return {};
   std::vector<std::string> silent;
   for (auto& [id, m] : members_) {
     if (m.info.state == MemberState::kDead) continue;
@@ -360,7 +360,10 @@ Actions MembershipCore::OnTick(TimePoint now) {
 }
 
 Duration MembershipCore::Deafness(TimePoint now) const {
-  if (!last_heard_) return Duration::zero();
+  // Checked first: this runs at every heartbeat, and counting the nodes is a pass over all.
+  if (!last_heard_ || now - *last_heard_ <= 2 * options_.heartbeat_interval) {
+    return Duration::zero();
+  }
   int nodes = 0;
   for (const auto& [id, m] : members_) {
     nodes += m.info.kind == MemberKind::kNode && m.info.state != MemberState::kDead;

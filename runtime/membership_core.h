@@ -240,8 +240,8 @@ class MembershipCore {
   std::optional<TimePoint> restored_since_;
   std::optional<TimePoint> last_tick_;
   std::optional<TimePoint> last_heard_;  // the latest heartbeat or join of any member
-  // How long the head has heard no member (zero with fewer than two alive nodes: one node's
-  // silence is its own).
+  // How long the head has heard no member, where that is deafness: over 2 × heartbeat_interval
+  // with two nodes or more alive (one node's silence is its own); zero otherwise.
   Duration Deafness(TimePoint now) const;
 };
 
