@@ -11,7 +11,8 @@
 // The flat gradient is cut into pieces: each owner's range in buckets of bucket_floats (a
 // multiple of the norm's 4 Ki chunk). As the model reports ranges of its gradient final
 // (Trainable::ComputeGradientReporting), this rank finishes its canonical subtree of those ranges
-// (TreeAccumulator::FinishRangeWith: the bits of the serial sum) and sends each piece they
+// (TreeAccumulator::FinishRangeWith: the bits of the serial sum; a host rank of one microbatch
+// sends from the model's gradient itself, ElasticRank::subtree_) and sends each piece they
 // complete to its owner at once; the owner combines the ranks' partials of a piece in the
 // canonical tree (the plan every ordered reduce-scatter runs) as soon as all arrive, and sums
 // its norm chunks there. The norm needs every rank's chunks, so AdamW waits for it (clipping is
@@ -127,7 +128,7 @@ class ElasticRank::OverlappedStep {
 
  private:
   absl::Status Prepare();
-  // The model reported partial_[begin, end) final: post every piece that completes.
+  // The model reported my subtree's [begin, end) final: post every piece that completes.
   void Ready(int64_t begin, int64_t end);
   void PostPiece(size_t i);
   // Combines my pieces whose partials have all arrived (with `wait`: all of them, each as soon as
@@ -276,9 +277,10 @@ void ElasticRank::OverlappedStep::PostPiece(size_t i) {
   std::vector<P2P> moves;
   const int world = c_.layout.world, me = c_.rank;
   if (p.owner != me) {
-    moves.push_back({P2P::Kind::kSend,
-                     Buffer::F32(r_.partial_.data() + p.lo, static_cast<size_t>(p.hi - p.lo)),
-                     p.owner, tag});
+    moves.push_back(
+        {P2P::Kind::kSend,
+         Buffer::F32(const_cast<float*>(r_.subtree_) + p.lo, static_cast<size_t>(p.hi - p.lo)),
+         p.owner, tag});
     // Replicated: the owner's combined piece back, posted with my partial (the owner cannot
     // share it before my partial arrived), so its deadline counts from here, not the step's start.
     if (replicated_) {
@@ -348,7 +350,7 @@ absl::Status ElasticRank::OverlappedStep::CombinePiece(size_t i) {
   const int world = c_.layout.world, me = c_.rank;
   ExchangePiece piece{p.lo, p.hi, std::vector<const float*>(world, nullptr)};
   for (int d = 0; d < world; ++d) {
-    piece.partial[d] = d == me ? r_.partial_.data() + p.lo : RecvSlot(d, i);
+    piece.partial[d] = d == me ? r_.subtree_ + p.lo : RecvSlot(d, i);
   }
   TROUPE_RETURN_IF_ERROR(
       elastic_internal::CombinePieces(r_.ops_, plan_, {piece}, Grad(b_), b_, &r_.combine_inner_));

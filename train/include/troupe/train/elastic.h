@@ -302,8 +302,9 @@ class ElasticRank {
   class OverlappedStep;  // elastic_overlap.cc
 
   // ---- The data-parallel step (elastic.cc): RunStep's phases, in order; each fills the buffers
-  // the next one reads. AccumulateSubtree calls `ready` (if set) for each range of partial_ as it
-  // becomes final: during the last microbatch's backward pass where the model reports progress.
+  // the next one reads. AccumulateSubtree calls `ready` (if set) for each range of the subtree
+  // (subtree_) as it becomes final: during the last microbatch's backward pass where the model
+  // reports progress.
   [[nodiscard]] absl::Status AccumulateSubtree(
       int64_t step, int32_t lo, int32_t hi, StepOutcome* out,
       const std::function<void(int64_t begin, int64_t end)>& ready);
@@ -409,6 +410,8 @@ class ElasticRank {
   // The step's scratch: this rank's subtree of the gradient (data parallelism), the step gradient
   // of its range, and its updated range (data parallelism: the all-gather's input).
   model::FloatArray partial_, grad_shard_, staged_params_;
+  // Where AccumulateSubtree left this rank's subtree: partial_, or the model's gradient itself.
+  const float* subtree_ = nullptr;
   // The parameter share's framed pieces (Options::param_delta), by piece: mine as sent, the
   // others' as received; the codec's scratch; whether my next share is delta-encoded (kAuto: set
   // by how fast this one crossed the link).
