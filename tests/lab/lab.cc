@@ -328,25 +328,42 @@ absl::StatusOr<ProbeResult> Lab::Probe(const std::string& from, const std::strin
                                        int payload) {
   const std::string address = Address(to);
   if (address.empty()) return absl::NotFoundError(absl::StrCat("no host ", to, " in lab ", name_));
-  TROUPE_ASSIGN_OR_RETURN(
-      ExecResult r, Exec(from, absl::StrCat("ping -q -n -c ", count, " -i 0.01 -W 1 -s ", payload,
-                                            " ", address)));
-  // "200 packets transmitted, 198 received, 1% packet loss, ..." and
-  // "rtt min/avg/max/mdev = 0.018/0.031/0.629/0.046 ms" (absent when nothing came back).
-  ProbeResult p;
-  const size_t counts = r.output.find(" packets transmitted, ");
-  if (counts == std::string::npos ||
-      std::sscanf(r.output.c_str() + r.output.rfind('\n', counts) + 1,
-                  "%d packets transmitted, %d received", &p.sent, &p.received) != 2 ||
-      p.sent <= 0) {
+  // An echo counts when its reply comes back before the deadline, however late: with `-c` alone,
+  // ping stops listening 2 x the slowest round trip after its last echo, so a late reply (a vCPU
+  // of this 2-vCPU VM stalled for ~50 ms under the suite, or the delay relay waiting on one)
+  // read as a lost packet. With `-w`, ping sends on until `count` replies came or the deadline;
+  // the echoes counted are the first `count` by sequence number (ping sends a few more where
+  // some are lost: those are not counted).
+  const int deadline_s = 3 + count / 50;
+  TROUPE_ASSIGN_OR_RETURN(ExecResult r,
+                          Exec(from, absl::StrCat("ping -n -c ", count, " -w ", deadline_s,
+                                                  " -i 0.01 -s ", payload, " ", address)));
+  if (r.output.find(" packets transmitted, ") == std::string::npos) {
     return absl::InternalError(absl::StrCat("ping from ", from, " to ", to, ": ", r.output));
   }
-  p.loss = 1.0 - static_cast<double>(p.received) / p.sent;
-  const size_t rtt = r.output.find("rtt min/avg/max/mdev = ");
-  double min = 0;
-  if (rtt != std::string::npos) {
-    std::sscanf(r.output.c_str() + rtt, "rtt min/avg/max/mdev = %lf/%lf", &min, &p.rtt_ms);
+  // One line per reply: "64 bytes from 10.77.1.2: icmp_seq=3 ttl=63 time=0.031 ms" (a duplicate
+  // ends in "(DUP!)" and is not counted twice).
+  std::vector<bool> replied(count + 1, false);
+  ProbeResult p;
+  p.sent = count;
+  double rtt_sum = 0;
+  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
+    const size_t seq_at = line.find("icmp_seq=");
+    const size_t time_at = line.find(" time=");
+    if (seq_at == absl::string_view::npos || time_at == absl::string_view::npos) continue;
+    int seq = 0;
+    double ms = 0;
+    if (std::sscanf(std::string(line.substr(seq_at)).c_str(), "icmp_seq=%d", &seq) != 1 ||
+        std::sscanf(std::string(line.substr(time_at)).c_str(), " time=%lf", &ms) != 1 || seq < 1 ||
+        seq > count || replied[seq]) {
+      continue;
+    }
+    replied[seq] = true;
+    ++p.received;
+    rtt_sum += ms;
   }
+  p.loss = 1.0 - static_cast<double>(p.received) / p.sent;
+  p.rtt_ms = p.received > 0 ? rtt_sum / p.received : 0;
   return p;
 }
 

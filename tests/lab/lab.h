@@ -93,6 +93,7 @@ class Lab {
                                    const std::vector<std::string>& peers = {});
   [[nodiscard]] absl::Status Undelay(const std::string& host);
   // `count` echoes of `payload` bytes from `from` to `to`, 10 ms apart: what the network achieves.
+  // A reply counts however late it comes within 3 s + count / 50 s (a cut link takes that long).
   [[nodiscard]] absl::StatusOr<ProbeResult> Probe(const std::string& from, const std::string& to,
                                                   int count = 200, int payload = 56);
 
