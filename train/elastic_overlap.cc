@@ -197,6 +197,7 @@ class ElasticRank::OverlappedStep {
   bool compressed_ = false;         // a piece of mine went compressed
   uint64_t gather_sent_bytes_ = 0;  // what my sends carried
   double gather_first_send_ = -1;   // step_clock_ time of my first
+  double gather_last_send_ = -1;    // ... and of my last posted
   double sends_done_ = -1;          // when they were first all seen done
   std::vector<Work> mirror_in_;     // of mirror_: the gradient of the range I mirror
   // Sharded, on a communicator that matches by tag: each piece of my range goes to my buddy as
@@ -515,8 +516,9 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
         }
       }
     }
-    if (gather_first_send_ < 0 && gather_sent_bytes_ > 0) {
-      gather_first_send_ = step_clock_.Seconds();
+    if (gather_sent_bytes_ > 0) {
+      gather_last_send_ = step_clock_.Seconds();
+      if (gather_first_send_ < 0) gather_first_send_ = gather_last_send_;
     }
     std::vector<Work> works = r_.comm_->PostPointToPoint(moves, r_.options_.collective);
     for (size_t k = 0; k < moves.size(); ++k) {
@@ -555,8 +557,8 @@ void ElasticRank::OverlappedStep::NoteSendsDone() {
 
 // Each framed piece decoded into staged_held_ as soon as it is here, while the later ones are
 // still on the wire; adds the decoding's time to *seconds. Then this rank's choice for its next
-// share (EncodeNextShare): from the bytes its sends carried to every receiver and the time from
-// the first posted to all seen done — its AdamW and encoding included, as a step spends them.
+// share (EncodeNextShare): from the bytes its sends carried to every receiver, the time from the
+// first posted to the last (its AdamW and encoding of the later pieces) and to all seen done.
 absl::Status ElasticRank::OverlappedStep::DecodeFramed(double* seconds) {
   const float* base = r_.model_->params();
   for (size_t k = 0; k < framed_in_.size(); ++k) {
@@ -578,7 +580,8 @@ absl::Status ElasticRank::OverlappedStep::DecodeFramed(double* seconds) {
     TROUPE_RETURN_IF_ERROR(WaitAll(gather_sends_));
     NoteSendsDone();
     r_.delta_next_ =
-        EncodeNextShare(r_.delta_next_, gather_sent_bytes_, sends_done_ - gather_first_send_);
+        EncodeNextShare(r_.delta_next_, gather_sent_bytes_, gather_last_send_ - gather_first_send_,
+                        sends_done_ - gather_first_send_);
   }
   return absl::OkStatus();
 }

@@ -67,7 +67,10 @@ size_t EncodeDelta(const float* now, const float* base, size_t count, uint8_t* d
   return sizeof(Header) + h.payload;
 }
 
-bool EncodeNextShare(bool encoding, uint64_t bytes, double seconds) {
+bool EncodeNextShare(bool encoding, uint64_t bytes, double posting, double seconds) {
+  // The link kept up with the optimizer (the sends were done soon after the last was posted):
+  // fewer bytes would not end the step sooner, and encoding only costs CPU.
+  if (seconds - posting < 0.25 * seconds) return false;
   const double rate = static_cast<double>(bytes) / std::max(seconds, 1e-9);  // bytes a second
   return rate < (encoding ? 100e6 : 50e6);
 }
