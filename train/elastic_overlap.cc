@@ -472,6 +472,7 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   const float* base = r_.model_->params();  // the committed step's: every rank's bits
   for (int32_t j = 0; j < rounds; ++j) {
     std::vector<P2P> moves;
+    const uint64_t sent_before = gather_sent_bytes_;
     for (size_t i = 0; i < pieces_.size(); ++i) {
       const GradientPiece& p = pieces_[i];
       if (p.index != j) continue;
@@ -516,7 +517,7 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
         }
       }
     }
-    if (gather_sent_bytes_ > 0) {
+    if (gather_sent_bytes_ > sent_before) {
       gather_last_send_ = step_clock_.Seconds();
       if (gather_first_send_ < 0) gather_first_send_ = gather_last_send_;
     }
@@ -541,9 +542,10 @@ absl::Status ElasticRank::OverlappedStep::UpdateAndGather(double grad_norm) {
   wait_ += mirror_wait.Seconds();
   NoteSendsDone();
   for (const GradientPiece& p : pieces_) {
-    if (p.owner == prev) TROUPE_RETURN_IF_ERROR(r_.StageBuddyAdamW(p.lo, p.hi));
+    if (p.owner != prev) continue;
+    TROUPE_RETURN_IF_ERROR(r_.StageBuddyAdamW(p.lo, p.hi));
+    NoteSendsDone();  // by piece: the buddy's AdamW is not my sends' time
   }
-  NoteSendsDone();
   return absl::OkStatus();
 }
 

@@ -45,11 +45,12 @@ bool DeltaCompressed(const uint8_t* src, size_t bytes);
 // encoded this one and how this one went: its sends carried `bytes` to all receivers, were all
 // posted within `posting` seconds of the first (the optimizer and the encoding of the later
 // pieces) and all done within `seconds` of it. Off where the link kept up with the optimizer
-// (the sends done within a quarter of `seconds` after the last was posted: the link did not hold
-// the step up, so fewer bytes would not shorten it). Otherwise, with the link the limit: on below
-// 50 MB/s, off again above 100: the encoding saves about a quarter of the bytes and costs about
-// 2 ns a byte sent to encode and 1.3 to decode on a 2-vCPU VM, so it pays below ~70 MB/s; the
-// margins leave room for busier CPUs and keep a rank near the line from switching every step.
+// (the sends done within a quarter of `seconds` after the last was posted, a tenth if this share
+// was encoded: the link did not hold the step up, so fewer bytes would not shorten it).
+// Otherwise, with the link the limit: on below 50 MB/s, off again above 100: the encoding saves
+// about a quarter of the bytes and costs about 2 ns a byte sent to encode and 1.3 to decode on a
+// 2-vCPU VM, so it pays below ~70 MB/s; the margins leave room for busier CPUs and keep a rank
+// near the line from switching every step.
 bool EncodeNextShare(bool encoding, uint64_t bytes, double posting, double seconds);
 
 }  // namespace troupe::train

@@ -124,8 +124,11 @@ TEST(ParamDeltaTest, AutoEncodesOnSlowLinksAndStopsOnFastOnesWithoutFlapping) {
   // 40 MB/s over the whole second, but the last send was posted at 0.9 s and done at 1.0: the
   // optimizer, not the link, set the pace (the rate counted the optimizer's time as the link's).
   EXPECT_FALSE(EncodeNextShare(false, 40 * kMB, 0.9, 1.0));
-  EXPECT_FALSE(EncodeNextShare(true, 40 * kMB, 0.9, 1.0));
   EXPECT_TRUE(EncodeNextShare(false, 40 * kMB, 0.7, 1.0));  // done 0.3 s after the last posted
+  // Encoded: a tail of a fifth keeps it on (raw, the tail would be longer), one of a twentieth
+  // turns it off.
+  EXPECT_TRUE(EncodeNextShare(true, 40 * kMB, 0.8, 1.0));
+  EXPECT_FALSE(EncodeNextShare(true, 40 * kMB, 0.95, 1.0));
 }
 
 }  // namespace

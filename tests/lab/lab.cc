@@ -328,12 +328,19 @@ absl::StatusOr<ProbeResult> Lab::Probe(const std::string& from, const std::strin
                                        int payload) {
   const std::string address = Address(to);
   if (address.empty()) return absl::NotFoundError(absl::StrCat("no host ", to, " in lab ", name_));
+  if (count < 1 || payload < 16) {
+    // Under 16 bytes an echo carries no timestamp and its reply line no round trip.
+    return absl::InvalidArgumentError(
+        absl::StrFormat("probe %s -> %s: want count >= 1 and payload >= 16, got %d and %d", from,
+                        to, count, payload));
+  }
   // An echo counts when its reply comes back before the deadline, however late: with `-c` alone,
   // ping stops listening 2 x the slowest round trip after its last echo, so a late reply (a vCPU
   // of this 2-vCPU VM stalled for ~50 ms under the suite, or the delay relay waiting on one)
   // read as a lost packet. With `-w`, ping sends on until `count` replies came or the deadline;
   // the echoes counted are the first `count` by sequence number (ping sends a few more where
-  // some are lost: those are not counted).
+  // some are lost: those are not counted). It also stops at the first ICMP error (an unreachable
+  // host); a Cut drops silently, so none comes from the lab's rules.
   const int deadline_s = 3 + count / 50;
   TROUPE_ASSIGN_OR_RETURN(ExecResult r,
                           Exec(from, absl::StrCat("ping -n -c ", count, " -w ", deadline_s,
