@@ -99,12 +99,19 @@ class ProcessCluster:
         return self.job(job_id)
 
     def logs(self, tail=3000):
+        """Every log's tail (a job's events.log too: where a job stopped making progress), then
+        what the head says of its cluster (which worker hosts which actor) and its jobs."""
         out = ""
         for root, _, files in os.walk(self.tmp):
             for f in sorted(files):
-                if f.endswith((".log", ".err", ".out")) and "events" not in f:
+                if f.endswith((".log", ".err", ".out")):
                     p = os.path.join(root, f)
                     out += f"--- {p}\n" + open(p, errors="replace").read()[-tail:]
+        for path in ("/api/cluster", "/api/jobs"):
+            try:
+                out += f"--- {path}\n" + self.get(path)[-2 * tail:] + "\n"
+            except OSError as e:
+                out += f"--- {path}: {e}\n"
         return out
 
     def close(self):
