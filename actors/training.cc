@@ -91,6 +91,9 @@ struct DriverState {
   // starts, exits and restarts) and a process_exit event for every worker or node the head
   // reports dead; the coordinator and the ranks append their own.
   std::shared_ptr<train::EventLog> events;
+  std::string events_path;
+  caf::actor_addr supervisor;  // the job supervisor (StartJobSupervisor), once started
+  std::string last_exit;       // why the coordinator last exited (the supervisor's event)
   JobReporter* reporter = nullptr;
 
   // How the job ended, once: to the driver thread waiting in AwaitReport.
@@ -104,6 +107,12 @@ struct DriverState {
 
 // (head_atom, head) to the driver actor: the head that took over, once the driver reconnected.
 using head_atom = caf::atom_constant<caf::atom("tr_drvhead")>;
+// (watch_supervisor_atom, supervisor) to the driver actor: the job supervisor to watch.
+using watch_supervisor_atom = caf::atom_constant<caf::atom("tr_drvsup")>;
+// (supervision_line_atom, line, exit reason) to the driver actor: a coordinator exit or the
+// supervisor's escalation, printed as it happens (the driver's only word that its coordinator
+// cannot start).
+using supervision_line_atom = caf::atom_constant<caf::atom("tr_drvsupl")>;
 
 // Relays between the coordinator (wherever the supervisor placed it) and this process: prints its
 // lines, replays the known ranks to every new incarnation, carries out its requests.
@@ -120,7 +129,19 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
   follow(st->client->head());
   // The head lost: the driver thread reconnects (AwaitReport) while the job pauses.
   self->set_down_handler([self, st](caf::down_msg& m) {
-    if (st->finished || m.source != st->head.address()) return;
+    if (st->finished) return;
+    // The supervisor gave up on the coordinator (it exited or could not be placed more often
+    // than its intensity allows): nothing will report, so the job fails now, not after
+    // timeouts.driver_silence.
+    if (m.source == st->supervisor) {
+      st->Finish(absl::AbortedError(absl::StrCat(
+          "training job failed: the job supervisor stopped (", self->system().render(m.reason),
+          "): its coordinator could not be kept running",
+          st->last_exit.empty() ? "" : absl::StrCat(" (its last exit: ", st->last_exit, ")"),
+          "; its events: ", st->events_path)));
+      return;
+    }
+    if (m.source != st->head.address()) return;
     st->queue->Push({"head_lost", self->system().render(m.reason)});
   });
   return {
@@ -131,6 +152,14 @@ caf::behavior DriverActor(caf::event_based_actor* self, std::shared_ptr<DriverSt
         for (const auto& [w, j] : st->ranks) forward(w, j);
       },
       [follow](head_atom, const caf::actor& head) { follow(head); },
+      [self, st](watch_supervisor_atom, const caf::actor& sup) {
+        st->supervisor = sup.address();
+        self->monitor(sup);
+      },
+      [st](supervision_line_atom, const std::string& line, const std::string& exit) {
+        if (!exit.empty()) st->last_exit = exit;
+        if (!st->finished) *st->out << line << std::endl;
+      },
       // `troupe job stop`, relayed by the head: the coordinator stops every rank and reports.
       [st](runtime::job_stop_atom, const std::string& id) {
         *st->out << "job " << id << ": stop asked (troupe job stop)" << std::endl;
@@ -398,9 +427,11 @@ absl::Status WaitForWorkers(runtime::ClusterClient& client, const train::JobSpec
 
 // The job supervisor: the coordinator, restarted (on another worker, placed by the scheduler)
 // if its process dies. It avoids spot nodes while an on-demand one can take it.
-absl::Status StartJobSupervisor(runtime::Runtime& rt, const train::JobSpec& spec,
-                                const std::string& spec_text, const caf::actor& driver,
-                                const std::string& job_id) {
+absl::StatusOr<runtime::ActorRef> StartJobSupervisor(runtime::Runtime& rt,
+                                                     const train::JobSpec& spec,
+                                                     const std::string& spec_text,
+                                                     const caf::actor& driver,
+                                                     const std::string& job_id) {
   const std::string prefix = JobActorPrefix(spec, job_id);
   runtime::SupervisorSpec sup;
   sup.name = absl::StrCat(prefix, "job");
@@ -416,7 +447,7 @@ absl::Status StartJobSupervisor(runtime::Runtime& rt, const train::JobSpec& spec
   coordinator.backoff.max = std::chrono::seconds(1);
   sup.intensity = {10, std::chrono::seconds(30)};
   sup.children.push_back(coordinator);
-  return rt.StartSupervisor(sup).status();
+  return rt.StartSupervisor(sup);
 }
 
 // The head lost (`why`): connects again within options.head_grace and points the driver actor
@@ -526,7 +557,9 @@ absl::StatusOr<JobReport> Drive(const train::JobSpec& spec, const std::string& s
         return RejoinHead(std::string(why.message()), options, client, driver, st, out);
       }));
   if (result.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return result.get();
-  TROUPE_RETURN_IF_ERROR(StartJobSupervisor(rt, spec, spec_text, driver, job_id));
+  TROUPE_ASSIGN_OR_RETURN(runtime::ActorRef sup,
+                          StartJobSupervisor(rt, spec, spec_text, driver, job_id));
+  caf::anon_send(driver, watch_supervisor_atom::value, sup.handle);
   absl::StatusOr<JobReport> report =
       AwaitReport(spec, options, cluster, client, driver, st, queue, ranks, result, out);
   if (report.ok()) PrintSummary(*report, out);
@@ -588,11 +621,20 @@ absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions
   st->client = &client;
   st->last_heard_ns = absl::ToUnixNanos(base::MonotonicNow());
   st->events = events;
+  st->events_path = train::EventLogPath(spec.work_dir);
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
   // Messages between this process and the coordinator or ranks take connections of their own,
   // not the head's: they go on while a lost head is replaced.
   client.ConnectDirectly();
   caf::actor driver = rt->system().spawn(DriverActor, st);
+  // From here the driver actor also prints the coordinator's exits and the supervisor's
+  // escalation (a message to it once it is gone is dropped).
+  rt->SetEventSink([events, driver](const base::SupervisionEvent& e) {
+    events->Write(e);
+    if (e.event == "exit" || e.event == "escalate")
+      caf::anon_send(driver, supervision_line_atom::value, train::EventProgressLine(e),
+                     e.event == "exit" ? e.reason : std::string());
+  });
   // On every way out of here, the driver actor is gone before the locals it points to are (and
   // before the runtime's shutdown, which waits for every actor).
   StopOnExit stop_driver(rt->system(), driver);

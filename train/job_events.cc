@@ -228,10 +228,16 @@ std::optional<std::string> DescribeFaultOrCheckpoint(const SupervisionEvent& e) 
   return std::nullopt;
 }
 
-// The coordinator's own life: its restarts, its lease, the head it answers to, the job's end.
+// The coordinator's own life: its exits and restarts (the job supervisor's events), its lease,
+// the head it answers to, the job's end.
 std::optional<std::string> DescribeCoordinator(const SupervisionEvent& e) {
   const std::string& n = e.event;
   if (n == "job_failed") return absl::StrCat("the job cannot go on: ", e.reason);
+  if (n == "exit") {
+    return absl::StrCat(e.child, " (incarnation ", e.generation, ") exited: ", e.reason,
+                        e.decision.empty() ? "" : absl::StrCat("; ", e.decision));
+  }
+  if (n == "escalate") return absl::StrCat(e.supervisor, " gives up: ", e.reason);
   if (n == "coordinator_restarted") {
     const std::string ckpt = e.Field("checkpoint");
     return absl::StrCat("coordinator restarted (pid ", e.pid,

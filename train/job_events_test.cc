@@ -85,6 +85,20 @@ TEST(JobEventsTest, ProgressTextIsMadeFromTheFields) {
   eval.Set("step", 10).Set("val_loss", "4.512345").Set("eval_s", "0.031000");
   EXPECT_EQ(DescribeEvent(eval), "validation loss 4.512345 after step 10 (0.031000 s)");
 
+  // The job supervisor's own events (runtime/supervisor.cc): the coordinator's exits, the end.
+  SupervisionEvent exit{
+      {}, "j.job", "j.coordinator", 4, "exit", "error: lease lost", "restart after 500us"};
+  EXPECT_EQ(DescribeEvent(exit),
+            "j.coordinator (incarnation 4) exited: error: lease lost; restart after 500us");
+  SupervisionEvent escalate{{},
+                            "j.job",
+                            "j.job",
+                            1,
+                            "escalate",
+                            "restart intensity exceeded",
+                            "stop supervisor; parent decides"};
+  EXPECT_EQ(DescribeEvent(escalate), "j.job gives up: restart intensity exceeded");
+
   SupervisionEvent unknown = JobEvent("something_new");
   unknown.Set("x", 1);
   EXPECT_NE(DescribeEvent(unknown).find("event=something_new"), std::string::npos)

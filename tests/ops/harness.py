@@ -30,6 +30,16 @@ def wait_for(what, pred, timeout=60, every=0.1):
     fail(f"timed out after {timeout}s waiting for {what}")
 
 
+def fail_before(seconds):
+    """Fails the test (an AssertionError wherever it is waiting) `seconds` from now: set under
+    CTest's TIMEOUT, so a test stuck in a long wait still prints its failure dump (CTest's kill
+    prints nothing of the cluster)."""
+    def expired(_signum, _frame):
+        fail(f"the test's own deadline of {seconds}s passed (CTest's TIMEOUT is near)")
+    signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+
+
 class ProcessCluster:
     """A head of `binary` on loopback (its port and HTTP port picked by it), logs under `tmp`;
     node(...) starts an agent; close() kills every process it started."""

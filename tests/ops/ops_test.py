@@ -43,7 +43,7 @@ import urllib.request
 
 sys.path.insert(0, os.environ.get("TROUPE_DEPLOY_TOOLS", "/opt/troupe/deploy-tools"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import ProcessCluster, fail, run, wait_for  # noqa: E402
+from harness import ProcessCluster, fail, fail_before, run, wait_for  # noqa: E402
 FAULT_STEP = 8
 
 
@@ -453,6 +453,7 @@ def metrics_tls(binary, tmp, art):
 
 def main():
     case, binary, _src, art = sys.argv[1:5]
+    fail_before(270)  # CTest's TIMEOUT is 300 s (CMakeLists.txt)
     os.makedirs(art, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"troupe-ops-{case}-")
     c = None
@@ -468,6 +469,7 @@ def main():
             print(c.logs(), file=sys.stderr)
         sys.exit(1)
     finally:
+        signal.alarm(0)
         if c:
             c.close()
             left = c.leftovers()

@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ops"))
-from harness import ProcessCluster, fail, wait_for  # noqa: E402
+from harness import ProcessCluster, fail, fail_before, wait_for  # noqa: E402
 
 STEPS = 40
 LONG = 200  # steps of a job that must still run while the test acts on it
@@ -262,6 +262,7 @@ CASES = {"share": share, "queue": queue, "grow": grow, "priority": priority,
 
 def main():
     case, binary = sys.argv[1], os.path.abspath(sys.argv[2])
+    fail_before(270)  # CTest's TIMEOUT is 300 s (CMakeLists.txt)
     tmp = tempfile.mkdtemp(prefix="troupe-sched-")
     c = Cluster(binary, tmp)
     ok = False
@@ -271,6 +272,7 @@ def main():
         ok = True
         print(f"SchedulingTest.{case}: passed in {time.time() - t0:.1f}s")
     finally:
+        signal.alarm(0)
         if not ok:
             print(c.logs(), file=sys.stderr)
         c.close()

@@ -552,6 +552,27 @@ TEST_F(TrainingTest, ADiskFullEndsTheJobCleanlyNamingTheFinalCheckpoint) {
   EXPECT_EQ(n, kSteps) << "every step was still trained";
 }
 
+// A coordinator that cannot run (its checkpoint directory is a file: every incarnation loses its
+// lease at its first fence write) is restarted until its supervisor gives up; the job then fails
+// at once naming the cause, not after timeouts.driver_silence (180 s) of silence.
+TEST_F(TrainingTest, ACoordinatorThatCannotRunFailsTheJobAtOnceNamingWhy) {
+  const std::string dir = base_ + "/nockpt";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/ckpt") << "a file where the checkpoint directory goes\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  JobRun r = Train("nockpt", {"--workers", "2"}, milliseconds(150000));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_NE(r.exit_code, -1) << "still running after 150 s\n" << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(seconds, 120) << "failed only after " << seconds << " s\n" << r.output;
+  EXPECT_NE(r.output.find("the job supervisor stopped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ckpt/FENCE.tmp: Not a directory"), std::string::npos) << r.output;
+  const std::vector<SupervisionEvent> events = Events("nockpt");
+  EXPECT_GE(FindEvents(events, "exit").size(), 10u) << EventLogText("nockpt");
+  EXPECT_EQ(FindEvents(events, "escalate").size(), 1u) << EventLogText("nockpt");
+}
+
 std::vector<std::string> TlsFlags(const std::string& certs, const std::string& who) {
   return {"--tls_ca",  certs + "/ca.pem",         "--tls_cert", certs + "/" + who + ".pem",
           "--tls_key", certs + "/" + who + ".key"};
