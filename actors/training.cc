@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -627,13 +628,16 @@ absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions
   // not the head's: they go on while a lost head is replaced.
   client.ConnectDirectly();
   caf::actor driver = rt->system().spawn(DriverActor, st);
-  // From here the driver actor also prints the coordinator's exits and the supervisor's
-  // escalation (a message to it once it is gone is dropped).
-  rt->SetEventSink([events, driver](const base::SupervisionEvent& e) {
+  // From here the driver actor also prints the coordinator's exits that the supervisor restarts
+  // and its escalation (by the driver's address: the runtime's sink keeps no actor alive).
+  rt->SetEventSink([events, to = driver.address()](const base::SupervisionEvent& e) {
     events->Write(e);
-    if (e.event == "exit" || e.event == "escalate")
-      caf::anon_send(driver, supervision_line_atom::value, train::EventProgressLine(e),
-                     e.event == "exit" ? e.reason : std::string());
+    const bool restart = e.event == "exit" && !absl::StartsWith(e.decision, "no restart");
+    if (!restart && e.event != "escalate") return;
+    if (caf::actor d = caf::actor_cast<caf::actor>(to)) {
+      caf::anon_send(d, supervision_line_atom::value, train::EventProgressLine(e),
+                     restart ? e.reason : std::string());
+    }
   });
   // On every way out of here, the driver actor is gone before the locals it points to are (and
   // before the runtime's shutdown, which waits for every actor).

@@ -464,6 +464,7 @@ def main():
         c = Cluster(binary, tmp)
         globals()[case](c, art)
     except AssertionError as e:
+        signal.alarm(0)  # the dump below must not be cut short
         print(f"FAILED: {e}", file=sys.stderr)
         if c:
             print(c.logs(), file=sys.stderr)
