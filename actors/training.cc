@@ -610,7 +610,8 @@ absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions
   ro.network = true;
   TROUPE_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Runtime> rt,
                           runtime::Runtime::Create(std::move(registry), ro));
-  auto events = std::make_shared<train::EventLog>(train::EventLogPath(spec.work_dir));
+  const std::string events_path = train::EventLogPath(spec.work_dir);
+  auto events = std::make_shared<train::EventLog>(events_path);
   rt->SetEventSink([events](const base::SupervisionEvent& e) { events->Write(e); });
   TROUPE_ASSIGN_OR_RETURN(runtime::ClusterClient client,
                           runtime::ClusterClient::Connect(*rt, cluster.host, cluster.port));
@@ -622,7 +623,7 @@ absl::StatusOr<JobReport> RunTrainingJob(train::JobSpec spec, const TrainOptions
   st->client = &client;
   st->last_heard_ns = absl::ToUnixNanos(base::MonotonicNow());
   st->events = events;
-  st->events_path = train::EventLogPath(spec.work_dir);
+  st->events_path = events_path;
   std::future<absl::StatusOr<JobReport>> result = st->result.get_future();
   // Messages between this process and the coordinator or ranks take connections of their own,
   // not the head's: they go on while a lost head is replaced.
