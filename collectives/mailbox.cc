@@ -20,8 +20,8 @@ struct alignas(64) Mailboxes::Slot {
 };
 
 namespace {
-// Segment layout: the counters' page (the counters, then the vCPU word), the staging slots, then
-// one channel per sender.
+// Segment layout: the counters' page (the counters, then the vCPU and move words), the staging
+// slots, then one channel per sender.
 constexpr size_t kCountersBytes = 4096;
 constexpr size_t kChannelsOffset = kCountersBytes + Mailboxes::kStageSlots * Mailboxes::kStageBytes;
 // Staging slots start 64-byte aligned in a page-aligned segment (StreamCopy's stores need 16).
@@ -120,6 +120,23 @@ std::atomic<uint64_t>& Mailboxes::CpuWord(int rank) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + (kCopiedOut + 1) * 64);
 }
 
+std::atomic<uint64_t>& Mailboxes::MovesWord(int rank) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + (kCopiedOut + 2) * 64);
+}
+
+void Mailboxes::NoteMoved() { MovesWord(rank_).fetch_add(1, std::memory_order_relaxed); }
+
+bool Mailboxes::AnyRankMoved() const {
+  if (moves() != 0) return true;
+  for (size_t r = 0; r < outboxes_.size(); ++r) {
+    if (outboxes_[r] != nullptr &&
+        MovesWord(static_cast<int>(r)).load(std::memory_order_relaxed) != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool Mailboxes::PeerSharesMyCpu() {
   // The vCPU plus one: the segment starts zeroed, and 0 means none published yet.
   const uint64_t cpu = static_cast<uint64_t>(sched_getcpu() + 1);
@@ -133,6 +150,14 @@ bool Mailboxes::PeerSharesMyCpu() {
     }
   }
   return false;
+}
+
+void Mailboxes::AddPeerCpus(cpu_set_t* set) const {
+  for (size_t r = 0; r < outboxes_.size(); ++r) {
+    if (outboxes_[r] == nullptr) continue;
+    const uint64_t cpu = CpuWord(static_cast<int>(r)).load(std::memory_order_relaxed);
+    if (cpu > 0 && cpu <= CPU_SETSIZE) CPU_SET(static_cast<int>(cpu - 1), set);
+  }
 }
 
 bool Mailboxes::TrySend(int peer, uint64_t tag, const void* buf, size_t bytes) {

@@ -23,6 +23,8 @@
 #ifndef TROUPE_COLLECTIVES_MAILBOX_H_
 #define TROUPE_COLLECTIVES_MAILBOX_H_
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -77,6 +79,13 @@ class Mailboxes {
   // waits, so a peer preempted on this vCPU still shows it; one the kernel moved while it was
   // preempted shows its old vCPU until its next wait.
   bool PeerSharesMyCpu();
+  // Adds to `set` the vCPUs the attached peers last published.
+  void AddPeerCpus(cpu_set_t* set) const;
+  // Notes that this rank moved off a vCPU it shared with a peer (UcxTransport::MoveOffSharedCpu),
+  // and says whether any rank of this host ever did: this host's vCPUs are wanted by others.
+  void NoteMoved();
+  uint64_t moves() const { return MovesWord(rank_).load(std::memory_order_relaxed); }
+  bool AnyRankMoved() const;
 
  private:
   struct Slot;
@@ -87,6 +96,8 @@ class Mailboxes {
   std::atomic<uint64_t>& Head(uint8_t* segment, int sender) const;
   // PeerSharesMyCpu's word of `rank`'s segment, on a line of its own after the counters.
   std::atomic<uint64_t>& CpuWord(int rank) const;
+  // NoteMoved's count of `rank`, on the next line.
+  std::atomic<uint64_t>& MovesWord(int rank) const;
   Slot* SendSlot(int peer, uint64_t seq) const;
   Slot* RecvSlot(int peer, uint64_t seq) const;
 

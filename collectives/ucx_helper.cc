@@ -283,30 +283,40 @@ int Events(Ctx& c) {
 // Two ranks set up while each could have a vCPU of its own, then both moved onto their first usable
 // vCPU, as the kernel may place them beside a busy process: small and staged all-reduces, timed. A
 // waiter that spins for its peer keeps it off the shared vCPU for a time slice at every hand-over.
-int SharedCpu(Ctx& c) {
-  auto comm = Make(c, c.rank, c.size, 0);
-  cpu_set_t all, one;
-  CPU_ZERO(&one);
-  int first = 0;
-  if (sched_getaffinity(0, sizeof(all), &all) == 0) {
-    while (first < CPU_SETSIZE - 1 && !CPU_ISSET(first, &all)) ++first;
-  }
-  CPU_SET(first, &one);
-  // Every thread of the rank (the engine's executor runs operations too).
+// Sets the affinity of every thread of this rank (the engine's executor runs operations too).
+bool PinAllThreads(const cpu_set_t& cpus) {
   DIR* tasks = opendir("/proc/self/task");
   if (tasks == nullptr) {
     Say(absl::StrCat("FAIL /proc/self/task: ", std::strerror(errno)));
-    return 2;
+    return false;
   }
+  bool ok = true;
   while (const dirent* t = readdir(tasks)) {
     const int tid = std::atoi(t->d_name);
-    if (tid > 0 && sched_setaffinity(tid, sizeof(one), &one) != 0) {
+    if (ok && tid > 0 && sched_setaffinity(tid, sizeof(cpus), &cpus) != 0) {
       Say(absl::StrCat("FAIL sched_setaffinity of thread ", tid, ": ", std::strerror(errno)));
-      closedir(tasks);
-      return 2;
+      ok = false;
     }
   }
   closedir(tasks);
+  return ok;
+}
+
+// The usable vCPUs and the first of them alone.
+void UsableCpus(cpu_set_t* all, cpu_set_t* first) {
+  CPU_ZERO(first);
+  int cpu = 0;
+  if (sched_getaffinity(0, sizeof(*all), all) == 0) {
+    while (cpu < CPU_SETSIZE - 1 && !CPU_ISSET(cpu, all)) ++cpu;
+  }
+  CPU_SET(cpu, first);
+}
+
+int SharedCpu(Ctx& c) {
+  auto comm = Make(c, c.rank, c.size, 0);
+  cpu_set_t all, one;
+  UsableCpus(&all, &one);
+  if (!PinAllThreads(one)) return 2;
   absl::Status st = comm->Barrier({}).Wait();
   std::vector<float> small(2, 1.0f), large(size_t{1} << 20, 1.0f);
   const int64_t t0 = MonoNs();
@@ -322,6 +332,35 @@ int SharedCpu(Ctx& c) {
   }
   if (st.ok()) Say(absl::StrCat("SHARED_CPU_MS ", (MonoNs() - t0) / 1000000));
   Say(st.ok() ? "SHARED-CPU OK" : "FAIL " + st.ToString());
+  return st.ok() ? 0 : 1;
+}
+
+// Two ranks put on one vCPU (pinned there while they set up, then free to run on any, as the
+// kernel leaves them beside a busy process on the other vCPUs): 8-byte all-reduces, timed, and
+// how often each moved off the vCPU it shared (DescribeUcxTransports).
+int Spread(Ctx& c) {
+  auto comm = Make(c, c.rank, c.size, 0);
+  cpu_set_t all, one;
+  UsableCpus(&all, &one);
+  if (!PinAllThreads(one)) return 2;
+  absl::Status st = comm->Barrier({}).Wait();
+  if (!PinAllThreads(all)) return 2;
+  std::vector<float> small(2, 1.0f);
+  const int64_t t0 = MonoNs();
+  constexpr int kOps = 50000;
+  for (int i = 0; st.ok() && i < kOps; ++i) {
+    st = comm->AllReduce(Buffer::F32(small.data(), small.size()),
+                         Buffer::F32(small.data(), small.size()), ReduceOp::kMax, {})
+             .Wait();
+  }
+  const double us = static_cast<double>(MonoNs() - t0) / 1000.0 / kOps;
+  if (st.ok()) st = comm->Barrier({}).Wait();
+  for (absl::string_view line : absl::StrSplit(DescribeUcxTransports(comm.get()), '\n')) {
+    if (absl::ConsumePrefix(&line, "moves off a vCPU a rank of this host shared")) {
+      Say(absl::StrCat("MOVES", line.substr(line.find(':') + 1), " ", us));
+    }
+  }
+  Say(st.ok() ? "SPREAD OK" : "FAIL " + st.ToString());
   return st.ok() ? 0 : 1;
 }
 
@@ -478,6 +517,7 @@ int main(int argc, char** argv) {
   if (scenario == "churn") return Churn(c);
   if (scenario == "events") return Events(c);
   if (scenario == "shared-cpu") return SharedCpu(c);
+  if (scenario == "spread") return Spread(c);
   Say("FAIL unknown scenario " + scenario);
   return 2;
 }

@@ -3,6 +3,7 @@
 // kill -9 / SIGSTOP one rank during a 64 MiB all-reduce.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -101,6 +102,64 @@ TEST(UcxProcesses, RanksMovedOntoOneVcpuHandItOverInsteadOfSpinning) {
     ASSERT_GE(ms, 0) << ranks[r].Output();
     EXPECT_LT(ms, 1000) << "rank " << r << ": 2000 8-byte and 20 4 MiB all-reduces on one vCPU";
   }
+}
+
+// A busy process pinned on the last usable vCPU for the test's length (killed and reaped after).
+class BusyNeighbour {
+ public:
+  BusyNeighbour() {
+    cpu_set_t all, last;
+    CPU_ZERO(&last);
+    if (sched_getaffinity(0, sizeof(all), &all) != 0) return;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &all)) cpu_ = cpu;
+    }
+    CPU_SET(cpu_, &last);
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (sched_setaffinity(0, sizeof(last), &last) != 0) _exit(2);
+      for (volatile uint64_t i = 0;; i = i + 1) {
+      }
+    }
+  }
+  ~BusyNeighbour() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  bool running() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+  int cpu() const { return cpu_; }
+
+ private:
+  pid_t pid_ = -1;
+  int cpu_ = 0;
+};
+
+TEST(UcxProcesses, RanksLeftOnOneVcpuBesideABusyProcessSpreadOut) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "needs 2 usable vCPUs, this process may use 1";
+  BusyNeighbour busy;
+  ASSERT_TRUE(busy.running()) << "the busy process did not start";
+  // The kernel keeps ranks that nap on one vCPU when the other is busy: each message then costs a
+  // hand-over (~1.2 us an 8-byte all-reduce on the 2-vCPU VM; ~0.5 once one of them moved).
+  Ranks ranks(2, {"spread"});
+  uint64_t moves = 0;
+  for (int r = 0; r < 2; ++r) {
+    const int st = ranks[r].Wait();
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << "\n" << ranks[r].Output();
+    unsigned long long n = 0;
+    double us = 0;
+    bool found = false;
+    for (const std::string& l : ranks[r].lines) {
+      found |= std::sscanf(l.c_str(), "MOVES %llu %lf", &n, &us) == 2;
+    }
+    ASSERT_TRUE(found) << ranks[r].Output();
+    std::printf("rank %d: %llu moves, %.3f us an 8-byte all-reduce (busy process on vCPU %d)\n", r,
+                n, us, busy.cpu());
+    moves += n;
+  }
+  EXPECT_GE(moves, 1u) << "both ranks stayed on the vCPU they shared, handing it over";
 }
 
 TEST(UcxProcesses, CommunicatorsDestroyedHealthyLeaveNoFileBehind) {

@@ -92,6 +92,9 @@ absl::StatusOr<ReqId> UcxTransport::PostRecv(int peer, uint64_t tag, void* buf, 
 
 absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadline) {
   int idle = 0;
+  latency_bound_ = std::all_of(ids.begin(), ids.end(), [&](ReqId id) {
+    return reqs_[id] == nullptr || reqs_[id]->bytes <= kLatencyBoundBytes;
+  });
   for (uint64_t iter = 0;; ++iter) {
     bool all = true;
     for (ReqId id : ids) {
@@ -179,6 +182,7 @@ void UcxTransport::Fail(absl::Status status) {
 
 absl::Status UcxTransport::WaitUntil(absl::FunctionRef<bool()> ready, absl::Time deadline) {
   int idle = 0;
+  latency_bound_ = false;
   for (uint64_t iter = 0; !ready(); ++iter) {
     TROUPE_RETURN_IF_ERROR(failure());
     if (((iter & 255) == 255 || Napping(idle)) && base::MonotonicNow() > deadline) {
@@ -397,27 +401,66 @@ unsigned UcxTransport::ProgressBoxes() {
 // Napping waits read the clock every time: a nap of up to 1 ms every 256 polls would overshoot a
 // deadline by a quarter of a second.
 bool UcxTransport::Napping(int idle) const {
-  return idle > (shares_cpu_ ? 0 : spins_before_yield_) + kYieldsBeforeNap;
+  return idle > (shares_cpu_ ? 0 : spun_) + kYieldsBeforeNap;
 }
 
 void UcxTransport::IdleWait(int idle) {
   if (idle == 0) return;  // progress was made: look again at once
+  if (idle == 1) spun_ = spins_before_yield_;
   // Spinning is for a rank whose peers run elsewhere: the kernel may put two ranks on one vCPU
   // though every rank could have one (another process busy on the other), and a spinning waiter
   // kept its peer off the vCPU for a time slice at every hand-over (2-rank 64 MiB all-reduces 6x
   // slower beside a busy process). Such a waiter backs off at once, as ranks outnumbering the
   // vCPUs do (yields, then naps).
-  if (boxes_ != nullptr && spins_before_yield_ > 0 && idle % 64 == 1) {
-    shares_cpu_ = boxes_->PeerSharesMyCpu();
+  if (boxes_ != nullptr && spins_before_yield_ > 0 && (shares_cpu_ || idle % 64 == 1)) {
+    shares_cpu_ = boxes_->PeerSharesMyCpu() && !(latency_bound_ && MoveOffSharedCpu());
   }
   if (shares_cpu_) return collectives::IdleWait(idle, *this);
-  if (idle <= spins_before_yield_) {
+  // Where a rank had to move (MoveOffSharedCpu), a waiter spins 8x longer (~16 ms): its peer may
+  // have been preempted by the busy process beside it for a tick or two (4 ms at HZ=250), and a
+  // waiter that naps leaves its vCPU idle, onto which the kernel then pulls that peer — the two
+  // share a vCPU again. Checked once, when the usual spin ends (spun_ holds the answer).
+  if (idle == spins_before_yield_ + 1 && latency_bound_ && boxes_ != nullptr &&
+      boxes_->AnyRankMoved()) {
+    spun_ = spins_before_yield_ * 8;
+  }
+  if (idle <= spun_) {
     // A peer the kernel moved onto this vCPU while it was preempted shows the vCPU it had until
     // it next waits: a spinning waiter yields once in a while all the same.
     if (idle % 4096 == 0) sched_yield();
     return;
   }
-  collectives::IdleWait(idle - spins_before_yield_, *this);
+  collectives::IdleWait(idle - spun_, *this);
+}
+
+// Two ranks on one vCPU hand it over at every message: an 8-byte all-reduce took ~1.2 us beside a
+// busy process on the other vCPU, where OpenMPI's spinning ranks, one on each vCPU, took 0.8 (the
+// one beside that process gets its time slices, and the other's spinning costs no one). The kernel
+// puts them together again and again: a rank that naps wakes on its waker's vCPU when the other is
+// busy. So a rank that finds a peer on its vCPU moves, once in a while, to one its affinity allows
+// and no rank of this host last waited on — and then spins — leaving its affinity as it was (the
+// kernel may move it back; a user's pinning is never widened). False where there is none: ranks
+// that outnumber the vCPUs they may use share them and hand them over.
+bool UcxTransport::MoveOffSharedCpu() {
+  const absl::Time now = base::MonotonicNow();
+  if (now < next_move_) return false;
+  next_move_ = now + absl::Milliseconds(100);
+  cpu_set_t allowed, busy, to;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  CPU_ZERO(&busy);
+  boxes_->AddPeerCpus(&busy);
+  const int here = sched_getcpu();
+  if (here >= 0) CPU_SET(here, &busy);
+  CPU_ZERO(&to);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed) && !CPU_ISSET(cpu, &busy)) CPU_SET(cpu, &to);
+  }
+  if (CPU_COUNT(&to) == 0 || sched_setaffinity(0, sizeof(to), &to) != 0) return false;
+  (void)sched_setaffinity(0, sizeof(allowed), &allowed);  // the kernel moved it at the first call
+  if (sched_getcpu() == here) return false;
+  (void)boxes_->PeerSharesMyCpu();  // publishes the new vCPU: the peer left behind spins again
+  boxes_->NoteMoved();
+  return true;
 }
 
 // UCX's contract: the worker is armed only once progress found nothing (UCS_ERR_BUSY otherwise).

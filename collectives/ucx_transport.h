@@ -156,6 +156,7 @@ class UcxTransport : public Transport {
   inline unsigned ProgressBoxes();
   inline void IdleWait(int idle);
   inline bool Napping(int idle) const;
+  bool MoveOffSharedCpu();
   inline unsigned ProgressUcx();
   inline unsigned Progress();
 
@@ -191,6 +192,12 @@ class UcxTransport : public Transport {
   // on this rank's vCPU (shares_cpu_, looked at every 64 idle polls; IdleWait).
   int spins_before_yield_ = 64;
   bool shares_cpu_ = false;
+  absl::Time next_move_ = absl::InfinitePast();  // MoveOffSharedCpu: not before
+  int spun_ = 64;  // idle polls the current wait spins before it yields (IdleWait)
+  // The current wait is for messages of at most kLatencyBoundBytes (WaitAll): its time is the
+  // hand-overs', not the copies' (MoveOffSharedCpu).
+  static constexpr size_t kLatencyBoundBytes = 512;
+  bool latency_bound_ = false;
   absl::Duration max_nap_ = absl::Microseconds(20);  // IdleNap's cap: ProbeLocalPeers
   int usable_cpus_ = 1;
   std::atomic<bool> events_{false};  // HasEvents: set by Connect, off if arming fails
