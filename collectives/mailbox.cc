@@ -120,17 +120,20 @@ std::atomic<uint64_t>& Mailboxes::CpuWord(int rank) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + (kCopiedOut + 1) * 64);
 }
 
-std::atomic<uint64_t>& Mailboxes::MovesWord(int rank) const {
-  return *reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + (kCopiedOut + 2) * 64);
+std::atomic<uint64_t>& Mailboxes::MovesWord(int rank, int word) const {
+  return reinterpret_cast<std::atomic<uint64_t>*>(segment(rank) + (kCopiedOut + 2) * 64)[word];
 }
 
-void Mailboxes::NoteMoved() { MovesWord(rank_).fetch_add(1, std::memory_order_relaxed); }
+void Mailboxes::NoteMoved(int64_t now_ns) {
+  MovesWord(rank_, 0).fetch_add(1, std::memory_order_relaxed);
+  MovesWord(rank_, 1).store(static_cast<uint64_t>(now_ns), std::memory_order_relaxed);
+}
 
-bool Mailboxes::AnyRankMoved() const {
-  if (moves() != 0) return true;
+bool Mailboxes::AnyRankMovedSince(int64_t since_ns) const {
   for (size_t r = 0; r < outboxes_.size(); ++r) {
-    if (outboxes_[r] != nullptr &&
-        MovesWord(static_cast<int>(r)).load(std::memory_order_relaxed) != 0) {
+    if ((static_cast<int>(r) == rank_ || outboxes_[r] != nullptr) &&
+        static_cast<int64_t>(MovesWord(static_cast<int>(r), 1).load(std::memory_order_relaxed)) >
+            since_ns) {
       return true;
     }
   }

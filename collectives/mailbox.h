@@ -81,11 +81,12 @@ class Mailboxes {
   bool PeerSharesMyCpu();
   // Adds to `set` the vCPUs the attached peers last published.
   void AddPeerCpus(cpu_set_t* set) const;
-  // Notes that this rank moved off a vCPU it shared with a peer (UcxTransport::MoveOffSharedCpu),
-  // and says whether any rank of this host ever did: this host's vCPUs are wanted by others.
-  void NoteMoved();
-  uint64_t moves() const { return MovesWord(rank_).load(std::memory_order_relaxed); }
-  bool AnyRankMoved() const;
+  // Notes that this rank moved off a vCPU it shared with a peer (UcxTransport::MoveOffSharedCpu)
+  // at `now_ns` (CLOCK_MONOTONIC), and says whether any rank of this host did since `since_ns`:
+  // this host's vCPUs are wanted by others.
+  void NoteMoved(int64_t now_ns);
+  bool AnyRankMovedSince(int64_t since_ns) const;
+  uint64_t moves() const { return MovesWord(rank_, 0).load(std::memory_order_relaxed); }
 
  private:
   struct Slot;
@@ -96,8 +97,8 @@ class Mailboxes {
   std::atomic<uint64_t>& Head(uint8_t* segment, int sender) const;
   // PeerSharesMyCpu's word of `rank`'s segment, on a line of its own after the counters.
   std::atomic<uint64_t>& CpuWord(int rank) const;
-  // NoteMoved's count of `rank`, on the next line.
-  std::atomic<uint64_t>& MovesWord(int rank) const;
+  // NoteMoved's words of `rank`, on the next line: 0 the count, 1 the last one's time.
+  std::atomic<uint64_t>& MovesWord(int rank, int word) const;
   Slot* SendSlot(int peer, uint64_t seq) const;
   Slot* RecvSlot(int peer, uint64_t seq) const;
 

@@ -231,7 +231,7 @@ std::string UcxTransport::Describe() {
       "shared-memory mailboxes (collective messages up to ", Mailboxes::kPayloadBytes,
       " bytes between ranks of this host): ", boxes_ != nullptr ? "on" : "off", "\n",
       "idle waits: ", events_ ? "block on the network lane's events" : "poll, yield and nap", "\n",
-      "moves off a vCPU a rank of this host shared (MoveOffSharedCpu): ",
+      "moves of this rank off a vCPU a rank of this host shared (MoveOffSharedCpu): ",
       boxes_ != nullptr ? boxes_->moves() : 0, "\n");
   for (int j = 0; j < size_; ++j) {
     if (j == rank_ || eps_[j] == nullptr) continue;

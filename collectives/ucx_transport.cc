@@ -92,9 +92,8 @@ absl::StatusOr<ReqId> UcxTransport::PostRecv(int peer, uint64_t tag, void* buf, 
 
 absl::Status UcxTransport::WaitAll(absl::Span<const ReqId> ids, absl::Time deadline) {
   int idle = 0;
-  latency_bound_ = std::all_of(ids.begin(), ids.end(), [&](ReqId id) {
-    return reqs_[id] == nullptr || reqs_[id]->bytes <= kLatencyBoundBytes;
-  });
+  latency_bound_ = std::all_of(ids.begin(), ids.end(),
+                               [&](ReqId id) { return reqs_[id]->bytes <= kLatencyBoundBytes; });
   for (uint64_t iter = 0;; ++iter) {
     bool all = true;
     for (ReqId id : ids) {
@@ -416,12 +415,13 @@ void UcxTransport::IdleWait(int idle) {
     shares_cpu_ = boxes_->PeerSharesMyCpu() && !(latency_bound_ && MoveOffSharedCpu());
   }
   if (shares_cpu_) return collectives::IdleWait(idle, *this);
-  // Where a rank had to move (MoveOffSharedCpu), a waiter spins 8x longer (~16 ms): its peer may
-  // have been preempted by the busy process beside it for a tick or two (4 ms at HZ=250), and a
-  // waiter that naps leaves its vCPU idle, onto which the kernel then pulls that peer — the two
-  // share a vCPU again. Checked once, when the usual spin ends (spun_ holds the answer).
+  // Where a rank had to move in the last 2 s (MoveOffSharedCpu), a waiter for small messages spins
+  // 8x longer (~16 ms): its peer may have been preempted by the busy process beside it for a tick
+  // or two (4 ms at HZ=250), and a waiter that naps leaves its vCPU idle, onto which the kernel
+  // then pulls that peer — the two share a vCPU again. Checked once, when the usual spin ends
+  // (spun_ holds the answer).
   if (idle == spins_before_yield_ + 1 && latency_bound_ && boxes_ != nullptr &&
-      boxes_->AnyRankMoved()) {
+      boxes_->AnyRankMovedSince(absl::ToUnixNanos(base::MonotonicNow() - absl::Seconds(2)))) {
     spun_ = spins_before_yield_ * 8;
   }
   if (idle <= spun_) {
@@ -444,7 +444,6 @@ void UcxTransport::IdleWait(int idle) {
 bool UcxTransport::MoveOffSharedCpu() {
   const absl::Time now = base::MonotonicNow();
   if (now < next_move_) return false;
-  next_move_ = now + absl::Milliseconds(100);
   cpu_set_t allowed, busy, to;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
   CPU_ZERO(&busy);
@@ -455,11 +454,17 @@ bool UcxTransport::MoveOffSharedCpu() {
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (CPU_ISSET(cpu, &allowed) && !CPU_ISSET(cpu, &busy)) CPU_SET(cpu, &to);
   }
-  if (CPU_COUNT(&to) == 0 || sched_setaffinity(0, sizeof(to), &to) != 0) return false;
-  (void)sched_setaffinity(0, sizeof(allowed), &allowed);  // the kernel moved it at the first call
+  if (CPU_COUNT(&to) == 0) return false;  // no attempt: a later wait may find one at once
+  next_move_ = now + absl::Milliseconds(100);
+  if (sched_setaffinity(0, sizeof(to), &to) != 0) return false;
+  // The kernel moved it at the first call. Restored to the mask in force a moment ago: one set in
+  // between (taskset -p) is lost, and on Linux >= 6.2 it becomes the thread's requested mask.
+  // One that cannot be restored (the cpuset changed in between) leaves the thread on the vCPUs
+  // it may use now, and it moves no more.
+  if (sched_setaffinity(0, sizeof(allowed), &allowed) != 0) next_move_ = absl::InfiniteFuture();
   if (sched_getcpu() == here) return false;
   (void)boxes_->PeerSharesMyCpu();  // publishes the new vCPU: the peer left behind spins again
-  boxes_->NoteMoved();
+  boxes_->NoteMoved(absl::ToUnixNanos(base::MonotonicNow()));
   return true;
 }
 

@@ -189,7 +189,8 @@ class UcxTransport : public Transport {
   // 2048 or 16384 polls one launch in four ran 8-byte all-reduces 2-8x slower); yield at every
   // idle poll when ranks outnumber the vCPUs this process may use (the peer being waited for may
   // need this one) — OpenMPI's yield-when-idle rule — or while a peer of this host last waited
-  // on this rank's vCPU (shares_cpu_, looked at every 64 idle polls; IdleWait).
+  // on this rank's vCPU (shares_cpu_, looked at every 64 idle polls, and at every one while
+  // it is set; IdleWait).
   int spins_before_yield_ = 64;
   bool shares_cpu_ = false;
   absl::Time next_move_ = absl::InfinitePast();  // MoveOffSharedCpu: not before
