@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <utility>
 
@@ -150,6 +151,24 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
   }
   c.t->CountRecv(received);
   return absl::OkStatus();
+}
+
+bool PreferSingleCopy(size_t segment_bytes, size_t l2_bytes) {
+  return l2_bytes > 0 && segment_bytes >= l2_bytes && segment_bytes <= 4 * l2_bytes;
+}
+
+size_t L2Bytes() {
+  static const size_t bytes = [] {
+    std::ifstream level("/sys/devices/system/cpu/cpu0/cache/index2/level");
+    std::ifstream size("/sys/devices/system/cpu/cpu0/cache/index2/size");
+    int l = 0;
+    size_t n = 0;
+    char unit = 0;
+    if (!(level >> l) || l != 2 || !(size >> n)) return size_t{0};
+    size >> unit;
+    return unit == 'K' ? n << 10 : unit == 'M' ? n << 20 : size_t{0};
+  }();
+  return bytes;
 }
 
 uint64_t CanonicalMid(uint64_t lo, uint64_t hi) {

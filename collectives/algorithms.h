@@ -74,6 +74,16 @@ inline constexpr int kDirectAllGatherRanks = 8;
 [[nodiscard]] absl::Status StagedAllReduce(const OpContext& c, float* w,
                                            const std::vector<size_t>& off, ReduceOp op,
                                            bool gather);
+// Whether a same-host all-reduce whose largest segment is `segment_bytes` reads the peers'
+// buffers (SingleCopyAllReduce) rather than staging (StagedAllReduce), on vCPUs whose L2 holds
+// `l2_bytes`: where the segment is 1 to 4 L2s. There the staged path's extra pass through the
+// slots costs more than the system calls it saves: 2 ranks on the 2-vCPU VM (2 MiB L2), single copy
+// took 0.80-0.87x the staged time from 4 to 16 MiB; the same at 2 and 24 MiB; staged faster
+// below (no system call) and above (1.9x at 64 MiB). Every rank of a host computes the same
+// answer (l2_bytes: L2Bytes).
+bool PreferSingleCopy(size_t segment_bytes, size_t l2_bytes);
+// The L2 of vCPU 0 (sysfs), the same on every rank of the host; 0 where sysfs does not say.
+size_t L2Bytes();
 // In place; every rank ends with the bit-identical reduction.
 [[nodiscard]] absl::Status RecursiveDoublingAllReduce(const OpContext& c, float* w, size_t count,
                                                       ReduceOp op, uint32_t phase);

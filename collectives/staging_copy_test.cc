@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "algorithms.h"
 #include "gtest/gtest.h"
 #include "reduce.h"
 
@@ -87,6 +88,19 @@ TEST(StagingCopyTest, KindsAreMeasuredApart) {
     EXPECT_TRUE(c.measure) << bytes << " " << gather;
     EXPECT_FALSE(c.streamed) << bytes << " " << gather;
   }
+}
+
+// The same-host all-reduce reads the peers' buffers where a segment is one to four L2s, and
+// stages elsewhere — and where the L2 is unknown.
+TEST(StagingCopyTest, SameHostAllReduceReadsThePeersWhereASegmentIsOneToFourL2s) {
+  constexpr size_t kL2 = size_t{2} << 20;
+  EXPECT_FALSE(PreferSingleCopy(kL2 - 4, kL2));
+  EXPECT_TRUE(PreferSingleCopy(kL2, kL2));
+  EXPECT_TRUE(PreferSingleCopy(3 * kL2, kL2));
+  EXPECT_TRUE(PreferSingleCopy(4 * kL2, kL2));
+  EXPECT_FALSE(PreferSingleCopy(4 * kL2 + 4, kL2));
+  EXPECT_FALSE(PreferSingleCopy(64 << 20, kL2));
+  EXPECT_FALSE(PreferSingleCopy(kL2, 0));
 }
 
 }  // namespace
