@@ -280,9 +280,6 @@ int Events(Ctx& c) {
   return st.ok() ? 0 : 1;
 }
 
-// Two ranks set up while each could have a vCPU of its own, then both moved onto their first usable
-// vCPU, as the kernel may place them beside a busy process: small and staged all-reduces, timed. A
-// waiter that spins for its peer keeps it off the shared vCPU for a time slice at every hand-over.
 // Sets the affinity of every thread of this rank (the engine's executor runs operations too).
 bool PinAllThreads(const cpu_set_t& cpus) {
   DIR* tasks = opendir("/proc/self/task");
@@ -312,6 +309,9 @@ void UsableCpus(cpu_set_t* all, cpu_set_t* first) {
   CPU_SET(cpu, first);
 }
 
+// Two ranks set up while each could have a vCPU of its own, then both moved onto their first usable
+// vCPU, as the kernel may place them beside a busy process: small and staged all-reduces, timed. A
+// waiter that spins for its peer keeps it off the shared vCPU for a time slice at every hand-over.
 int SharedCpu(Ctx& c) {
   auto comm = Make(c, c.rank, c.size, 0);
   cpu_set_t all, one;
@@ -336,7 +336,7 @@ int SharedCpu(Ctx& c) {
 }
 
 // Two ranks put on one vCPU (pinned there, then free to run on any, as the kernel leaves them
-// beside a busy process on the other vCPUs), three times: 8-byte all-reduces for 150 ms each time,
+// beside a busy process on the other vCPUs), three times: 4-byte all-reduces for 150 ms each time,
 // timed, and how often this rank moved off the vCPU it shared (DescribeUcxTransports). Three
 // rounds, longer than the 100 ms between moves: the kernel may part the ranks itself once.
 int Spread(Ctx& c) {
