@@ -104,21 +104,22 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* att, int64
     const T* dout_h = dout + bi * t * c + h * hs;
     T* datt = ScoreScratch<T>(t);
     // As in the forward pass, blocks of rows skip the masked triangle: query row i only meets
-    // keys j <= i, and key row j only gets gradient from queries i >= j.
+    // keys j <= i, and key row j only gets gradient from queries i >= j. Each GEMM writes its
+    // block of rows of dq, dk or dv whole (beta = 0): no block of dqkv is written twice.
     for (int64_t i0 = 0; i0 < t; i0 += kCausalRows) {
       const int64_t i1 = std::min(t, i0 + kCausalRows);
       Gemm<T>(false, true, i1 - i0, i1, hs, T(1), dout_h + i0 * c, c, v, 3 * c, T(0), datt + i0 * t,
               t);
-      Gemm<T>(true, false, i1 - i0, hs, t - i0, T(1), a + i0 * t + i0, t, dout_h + i0 * c, c, T(1),
+      Gemm<T>(true, false, i1 - i0, hs, t - i0, T(1), a + i0 * t + i0, t, dout_h + i0 * c, c, T(0),
               dv + i0 * 3 * c, 3 * c);
     }
     CausalSoftmaxBackwardRows(datt, a, t);
     for (int64_t i0 = 0; i0 < t; i0 += kCausalRows) {
       const int64_t i1 = std::min(t, i0 + kCausalRows);
-      Gemm<T>(false, false, i1 - i0, hs, i1, scale, datt + i0 * t, t, k, 3 * c, T(1),
+      Gemm<T>(false, false, i1 - i0, hs, i1, scale, datt + i0 * t, t, k, 3 * c, T(0),
               dq + i0 * 3 * c, 3 * c);
       Gemm<T>(true, false, i1 - i0, hs, t - i0, scale, datt + i0 * t + i0, t, q + i0 * 3 * c, 3 * c,
-              T(1), dk + i0 * 3 * c, 3 * c);
+              T(0), dk + i0 * 3 * c, 3 * c);
     }
   });
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "test_util.h"
 
@@ -81,7 +82,8 @@ void CheckBackwardByFiniteDifferences(int64_t b, int64_t t, int64_t c, int64_t n
     return testing::Dot(out, probe);
   };
   objective();
-  std::vector<double> dqkv(qkv.size(), 0);
+  // Backward overwrites dqkv: what the buffer held before must not reach the result.
+  std::vector<double> dqkv(qkv.size(), std::numeric_limits<double>::quiet_NaN());
   AttentionBackward(dqkv.data(), probe.data(), qkv.data(), att.data(), b, t, c, nh);
   testing::ExpectGradientMatchesFd("dqkv", qkv, dqkv, objective, 1000);
 }
@@ -100,7 +102,8 @@ void CheckFloatAgainstDouble(int64_t b, int64_t t, int64_t c, int64_t nh) {
   AttentionBackward(dqkv_d.data(), dout.data(), qkv.data(), att_d.data(), b, t, c, nh);
   auto qkv_f = testing::ToFloat(qkv), dout_f = testing::ToFloat(dout);
   testing::ExpectSameBitsAtThreadCounts([&] {
-    std::vector<float> out(b * t * c), att(b * nh * t * t), dqkv(qkv.size(), 0);
+    std::vector<float> out(b * t * c), att(b * nh * t * t),
+        dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
     AttentionForward(out.data(), att.data(), qkv_f.data(), b, t, c, nh);
     AttentionBackward(dqkv.data(), dout_f.data(), qkv_f.data(), att.data(), b, t, c, nh);
     EXPECT_LT(testing::RelErr(out, out_d), 1e-5);

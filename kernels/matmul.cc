@@ -209,7 +209,7 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
                     int64_t n, int64_t c, int64_t oc) {
   if (dinp != nullptr) {
     ParallelForRange(n, BlockRows(n), [&](int64_t lo, int64_t hi) {
-      Gemm<T>(false, false, hi - lo, c, oc, T(1), dout + lo * oc, oc, weight, c, T(1),
+      Gemm<T>(false, false, hi - lo, c, oc, T(1), dout + lo * oc, oc, weight, c, T(0),
               dinp + lo * c, c);
     });
   }

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "test_util.h"
 
 namespace troupe::kernels {
@@ -53,7 +55,9 @@ TEST(MatmulTest, BackwardMatchesFiniteDifferences) {
     MatmulForward(out.data(), inp.data(), w.data(), b.data(), n, c, oc);
     return testing::Dot(out, probe);
   };
-  std::vector<double> dinp(n * c, 0), dw(oc * c, 0), db(oc, 0);
+  // dinp is overwritten (what it held must not reach it); dw and db accumulate.
+  std::vector<double> dinp(n * c, std::numeric_limits<double>::quiet_NaN()), dw(oc * c, 0),
+      db(oc, 0);
   MatmulBackward(dinp.data(), dw.data(), db.data(), probe.data(), inp.data(), w.data(), n, c, oc);
   testing::ExpectGradientMatchesFd("dinp", inp, dinp, objective);
   testing::ExpectGradientMatchesFd("dweight", w, dw, objective);
@@ -71,11 +75,11 @@ TEST(MatmulTest, FloatMatchesDoubleAndIsBitIdenticalAcrossThreads) {
   auto inp_f = testing::ToFloat(inp), w_f = testing::ToFloat(w), b_f = testing::ToFloat(b),
        dout_f = testing::ToFloat(dout);
   auto run = [&] {
-    std::vector<float> out(n * oc), dinp(n * c, 0.5f), dw(oc * c, 0.25f), db(oc, 0.125f);
+    std::vector<float> out(n * oc), dinp(n * c, std::numeric_limits<float>::quiet_NaN()),
+        dw(oc * c, 0.25f), db(oc, 0.125f);
     MatmulForward(out.data(), inp_f.data(), w_f.data(), b_f.data(), n, c, oc);
     MatmulBackward(dinp.data(), dw.data(), db.data(), dout_f.data(), inp_f.data(), w_f.data(), n, c,
                    oc);
-    for (auto& x : dinp) x -= 0.5f;
     for (auto& x : dw) x -= 0.25f;
     for (auto& x : db) x -= 0.125f;
     EXPECT_LT(testing::RelErr(out, out_d), 1e-5);

@@ -265,9 +265,11 @@ inline AttentionReference ComputeAttentionReference(const AttentionShape& s,
   ref.out.resize(s.b * s.t * s.c);
   std::vector<double> att(s.b * s.nh * s.t * s.t);
   AttentionForward<double>(ref.out.data(), att.data(), qkv.data(), s.b, s.t, s.c, s.nh);
-  ref.dqkv = dqkv0;
+  // The CPU kernel overwrites dqkv; the GPU kernels add to dqkv0.
+  ref.dqkv.resize(dqkv0.size());
   AttentionBackward<double>(ref.dqkv.data(), dout.data(), qkv.data(), att.data(), s.b, s.t, s.c,
                             s.nh);
+  for (size_t i = 0; i < dqkv0.size(); ++i) ref.dqkv[i] += dqkv0[i];
   ref.lse.resize(s.b * s.nh * s.t);
   ParallelFor(s.b * s.nh, [&](int64_t bh) {
     for (int64_t i = 0; i < s.t; ++i) {

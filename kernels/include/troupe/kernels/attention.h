@@ -4,7 +4,8 @@
 // columns [h*hs, (h+1)*hs) of each (hs = C / NH), as PyTorch's `qkv.split(C, dim=2)` and
 // `view(B, T, NH, hs)`. Forward keeps the attention probabilities att [B, NH, T, T] (zero above the
 // diagonal) for backward. Each (batch, head) pair is one block of GEMMs and one softmax, so the
-// result does not depend on the thread count. Backward accumulates into dqkv.
+// result does not depend on the thread count. Backward overwrites dqkv (the caller clears
+// nothing).
 //
 // Example:
 //   AttentionForward<float>(out, att, qkv, B, T, C, NH);

@@ -3,7 +3,9 @@
 // Layout follows llm.c: activations are row-major [N, C], weights are [OC, C] (PyTorch's
 // nn.Linear layout), so out = inp · weightᵀ + bias. Work is split into fixed blocks of output rows
 // and each block is one single-threaded GEMM, so the result does not depend on the thread count.
-// Backward accumulates (+=) into the gradients, as every backward kernel here does.
+// Backward accumulates (+=) into the parameters' gradients, as every backward kernel here does, and
+// overwrites the input's: each GEMM writes its block of it (beta = 0), so the caller clears
+// nothing — a cleared buffer was a serial memset of up to 16 MB per product on the step's path.
 //
 // Example:
 //   MatmulForward<float>(out, inp, w, b, /*n=*/B * T, /*c=*/C, /*oc=*/3 * C);
@@ -33,7 +35,8 @@ template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t n, int64_t c,
                    int64_t oc);
 
-// dinp += dout · weight; dweight += doutᵀ · inp; dbias += column sums of dout. dbias may be null.
+// dinp = dout · weight (overwritten); dweight += doutᵀ · inp; dbias += column sums of dout. dbias
+// may be null.
 template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                     int64_t n, int64_t c, int64_t oc);
