@@ -189,7 +189,7 @@ void Liveness::Loop() {
     fds.push_back(pollfd{listen_fd_, POLLIN, 0});
     who.push_back(-1);
     for (size_t i = 0; i < peers_.size(); ++i) {
-      if (peers_[i].fd >= 0 && !peers_[i].reported && !peers_[i].goodbye) {
+      if (peers_[i].fd >= 0 && !peers_[i].reported && !peers_[i].closed) {
         fds.push_back(pollfd{peers_[i].fd, POLLIN, 0});
         who.push_back(static_cast<int>(i));
       }
@@ -221,7 +221,7 @@ void Liveness::Loop() {
           ReadFrom(who[k], buf, static_cast<size_t>(n));
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
           if (!p.goodbye) why = "its liveness connection closed (process exited or was killed)";
-          p.goodbye = true;
+          p.goodbye = p.closed = true;
         }
       }
       if (why.empty() && !p.goodbye && t - p.last_heard > options_.timeout) {
@@ -262,13 +262,16 @@ void Liveness::Report(int dead, int pid, const std::string& why, int told_by) {
   peers_[dead].reported = true;
   if (dead_[dead]) return;
   dead_[dead] = 1;
-  on_dead_(dead, absl::StrCat("peer rank ", dead, " (pid ", pid, ") is dead: ", why));
+  // The peers are told before on_dead runs: on_dead fails this rank's operation, whose thread may
+  // then destroy this object at once, and the destructor's goodbye must not reach a peer ahead of
+  // the notice (the stream keeps this order).
   const std::string notice = absl::StrCat("D", dead, " ", pid, ";");
   for (size_t q = 0; q < peers_.size(); ++q) {
     const Peer& to = peers_[q];
     if (static_cast<int>(q) == told_by || to.fd < 0 || to.reported || to.goodbye) continue;
     (void)!send(to.fd, notice.data(), notice.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
+  on_dead_(dead, absl::StrCat("peer rank ", dead, " (pid ", pid, ") is dead: ", why));
 }
 
 }  // namespace troupe::collectives

@@ -67,7 +67,10 @@ class Liveness {
     int pid = 0;
     absl::Time last_heard;
     absl::Duration longest_pause;  // this monitor's, since the peer was last heard (the report)
-    bool goodbye = false, reported = false;
+    // goodbye: it is shutting down, so its silence and its EOF are not a death; what it sent
+    // before (a death notice: another rank's monitor may send one after its own goodbye, see
+    // Report) is still read, until EOF (closed).
+    bool goodbye = false, reported = false, closed = false;
     bool watched = false;  // in LivenessPeers
     std::string frame;     // a death notice being read ("D<rank> <pid>;")
   };
