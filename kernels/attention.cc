@@ -42,8 +42,7 @@ TROUPE_WIDE_SIMD void CausalSoftmax(T* p, const T* x, int64_t t_len) {
   for (int64_t i = 0; i < t_len; ++i) {
     const T* xr = x + i * t_len;
     T* pr = p + i * t_len;
-    T mx = xr[0];
-    for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, xr[j]);
+    const T mx = internal::LaneMax(xr, i + 1);
     for (int64_t j = 0; j <= i; ++j) pr[j] = internal::Exp<T>(xr[j] - mx);
     const T sum = internal::LaneSum(pr, i + 1);
     const T inv = T(1) / sum;

@@ -15,8 +15,7 @@ TROUPE_WIDE_SIMD void CrossEntropyRows(T* losses, T* probs, const T* logits, con
   for (int64_t i = lo; i < hi; ++i) {
     const T* x = logits + i * v;
     T* p = probs + i * v;
-    T mx = x[0];
-    for (int64_t j = 1; j < v; ++j) mx = std::max(mx, x[j]);
+    const T mx = internal::LaneMax(x, v);
     for (int64_t j = 0; j < v; ++j) p[j] = internal::Exp<T>(x[j] - mx);
     const T sum = internal::LaneSum(p, v);
     const T inv = T(1) / sum;

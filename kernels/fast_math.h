@@ -4,6 +4,7 @@
 #ifndef TROUPE_KERNELS_FAST_MATH_H_
 #define TROUPE_KERNELS_FAST_MATH_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -78,6 +79,22 @@ inline T LaneReduce(int64_t n, F&& f) {
 template <typename T>
 inline T LaneSum(const T* x, int64_t n) {
   return LaneReduce<T>(n, [x](int64_t i) { return x[i]; });
+}
+
+// max(x[0..n)), n >= 1, in 8 lanes: one running max is a chain of dependent maxss (4 cycles an
+// element: the softmaxes' max took longer than their exps); lanes vectorise. A maximum is exact,
+// so any order gives the same value (for inputs without NaN).
+template <typename T>
+inline T LaneMax(const T* x, int64_t n) {
+  T acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = x[0];
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] = std::max(acc[j], x[i + j]);
+  }
+  for (; i < n; ++i) acc[0] = std::max(acc[0], x[i]);
+  return std::max(std::max(std::max(acc[0], acc[1]), std::max(acc[2], acc[3])),
+                  std::max(std::max(acc[4], acc[5]), std::max(acc[6], acc[7])));
 }
 
 }  // namespace troupe::kernels::internal

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "test_util.h"
 
@@ -82,6 +83,20 @@ TEST(FastMathTest, ExpFloatIsWithinAFewUlpOfLibm) {
   EXPECT_EQ(internal::ExpFloat(0.0f), 1.0f);
   EXPECT_GT(internal::ExpFloat(-1000.0f), 0.0f);  // clamped, never 0 or NaN
   EXPECT_TRUE(std::isfinite(internal::ExpFloat(1000.0f)));
+}
+
+// Every length around the 8 lanes, the maximum in every position: LaneMax is the maximum.
+TEST(FastMathTest, LaneMaxIsTheMaximumWhereverItIs) {
+  for (int64_t n = 1; n <= 35; ++n) {
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = -1.0f - 0.25f * static_cast<float>((i * 7) % 13);
+      x[at] = 0.5f;
+      EXPECT_EQ(internal::LaneMax(x.data(), n), 0.5f) << "n=" << n << " at=" << at;
+    }
+  }
+  const float negative[3] = {-3.0f, -2.0f, -5.0f};
+  EXPECT_EQ(internal::LaneMax(negative, 3), -2.0f);
 }
 
 }  // namespace
