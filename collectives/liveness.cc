@@ -180,7 +180,9 @@ void Liveness::Loop() {
     const absl::Time now = base::MonotonicNow();
     if (now - last_sent >= options_.interval) {
       for (auto& p : peers_) {
-        if (p.fd >= 0 && !p.reported) (void)!send(p.fd, "H", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (p.fd >= 0 && !p.reported && !p.closed) {
+          (void)!send(p.fd, "H", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
       }
       last_sent = now;
     }

@@ -74,7 +74,7 @@ class Liveness {
     bool watched = false;  // in LivenessPeers
     std::string frame;     // a death notice being read ("D<rank> <pid>;")
   };
-  // Rank `dead` is dead (`why`): on_dead once, then every other peer is told.
+  // Rank `dead` is dead (`why`): every other peer is told, then on_dead runs (once).
   void Report(int dead, int pid, const std::string& why, int told_by);
   void ReadFrom(int k, const char* buf, size_t n);
   int rank_ = 0;

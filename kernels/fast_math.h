@@ -83,7 +83,7 @@ inline T LaneSum(const T* x, int64_t n) {
 
 // max(x[0..n)), n >= 1, in 8 lanes: one running max is a chain of dependent maxss (4 cycles an
 // element: the softmaxes' max took longer than their exps); lanes vectorise. A maximum is exact,
-// so any order gives the same value (for inputs without NaN).
+// so any order gives the same value (a NaN counts only in x[0], as in one running std::max).
 template <typename T>
 inline T LaneMax(const T* x, int64_t n) {
   T acc[8];

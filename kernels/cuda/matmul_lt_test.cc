@@ -375,7 +375,7 @@ TEST(MatmulLtReferenceTest, Fp32BackwardMatchesTheCpuKernel) {
     SCOPED_TRACE(::testing::Message() << "n=" << s.n << " c=" << s.c << " oc=" << s.oc);
     const auto inp = RandomVector(s.n * s.c, 4), w = RandomVector(s.oc * s.c, 5);
     const auto dout = RandomVector(s.n * s.oc, 6);
-    // Accumulates onto existing gradients.
+    // The GPU kernels accumulate onto existing gradients (the CPU one overwrites dinp).
     const auto dinp0 = RandomVector(s.n * s.c, 7), dw0 = RandomVector(s.oc * s.c, 8);
     const auto db0 = RandomVector(s.oc, 9);
     std::vector<double> dinp_ref(dinp0.size()), dw_ref = dw0, db_ref = db0;

@@ -3,7 +3,7 @@
 // Layout follows llm.c: activations are row-major [N, C], weights are [OC, C] (PyTorch's
 // nn.Linear layout), so out = inp · weightᵀ + bias. Work is split into fixed blocks of output rows
 // and each block is one single-threaded GEMM, so the result does not depend on the thread count.
-// Backward accumulates (+=) into the parameters' gradients, as every backward kernel here does, and
+// Backward accumulates (+=) into the parameters' gradients (microbatches add up there) and
 // overwrites the input's: each GEMM writes its block of it (beta = 0), so the caller clears
 // nothing — a cleared buffer was a serial memset of up to 16 MB per product on the step's path.
 //
