@@ -6,16 +6,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <new>
 
 #include "absl/strings/str_cat.h"
+#include "troupe/base/big_buffer.h"
 #include "troupe/base/status_macros.h"
 #include "troupe/kernels/parallel.h"
 
 namespace troupe::model {
 
 FloatArray::~FloatArray() {
-  if (data_ != nullptr) ops_->Free(data_);
+  if (data_ != nullptr) ops_->Free(data_, size_);
 }
 
 absl::Status ArrayOps::Resize(FloatArray* a, int64_t n) {
@@ -96,14 +96,17 @@ class Host final : public ArrayOps {
   }
 
  protected:
+  // Huge-page backed from 2 MiB up (base::AllocateBig).
   absl::StatusOr<float*> Allocate(int64_t n) override {
-    float* p = new (std::nothrow) float[static_cast<size_t>(n)];
+    void* p = base::AllocateBig(static_cast<size_t>(n) * sizeof(float));
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("host memory: ", n, " floats"));
     }
-    return p;
+    return static_cast<float*>(p);
   }
-  void Free(float* p) override { delete[] p; }
+  void Free(float* p, int64_t n) override {
+    base::FreeBig(p, static_cast<size_t>(n) * sizeof(float));
+  }
 };
 
 }  // namespace

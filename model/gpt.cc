@@ -30,8 +30,10 @@ template <typename T>
 GptModel<T>::GptModel(const GptConfig& config)
     : config_(config),
       layout_(config),
-      params_(static_cast<T*>(std::calloc(static_cast<size_t>(layout_.total_size()), sizeof(T)))),
-      grads_(static_cast<T*>(std::calloc(static_cast<size_t>(layout_.total_size()), sizeof(T)))) {
+      params_(static_cast<T*>(base::AllocateBig(layout_.total_size() * sizeof(T))),
+              FreeDeleter{layout_.total_size() * sizeof(T)}),
+      grads_(static_cast<T*>(base::AllocateBig(layout_.total_size() * sizeof(T))),
+             FreeDeleter{layout_.total_size() * sizeof(T)}) {
   if (params_ == nullptr || grads_ == nullptr) throw std::bad_alloc();
 }
 
@@ -80,7 +82,7 @@ void GptModel<T>::Size(Activations& a, StageRange range, int b, int t) {
   const int64_t v = range.last(config_.num_layers) ? config_.vocab_size : 0;
   const int64_t lbt = range.last(config_.num_layers) ? bt : 0;
   const int64_t nh = config_.num_heads;
-  auto size = [](std::vector<T>& x, int64_t n) { x.assign(n, T(0)); };
+  auto size = [](base::BigVector<T>& x, int64_t n) { x.assign(n, T(0)); };
   size(a.encoded, bt * c);
   size(a.ln1, l * bt * c);
   size(a.ln1_mean, l * bt);
@@ -110,7 +112,7 @@ void GptModel<T>::EnsureScratch(int b, int t) {
   const int64_t bt = int64_t{b} * t, c = config_.width;
   if (bt == scratch_bt_) return;
   scratch_bt_ = static_cast<int>(bt);
-  auto size = [](std::vector<T>& x, int64_t n) { x.assign(n, T(0)); };
+  auto size = [](base::BigVector<T>& x, int64_t n) { x.assign(n, T(0)); };
   size(dresidual_, bt * c);
   size(dbtc_, bt * c);
   size(dbtc2_, bt * c);

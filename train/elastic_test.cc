@@ -90,7 +90,7 @@ class OpaqueOps final : public model::ArrayOps {
 
  protected:
   absl::StatusOr<float*> Allocate(int64_t n) override { return Flip(new float[n]); }
-  void Free(float* p) override { delete[] Flip(p); }
+  void Free(float* p, int64_t /*n*/) override { delete[] Flip(p); }
 
  private:
   static model::ArrayOps& host() { return model::HostArrayOps(); }

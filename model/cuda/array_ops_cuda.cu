@@ -133,7 +133,7 @@ class CudaArrayOps final : public model::ArrayOps {
   }
   // Only bookkeeping (the block goes to the cache); it fails only for a pointer the allocator did
   // not hand out, which FloatArray never passes.
-  void Free(float* p) override { (void)alloc_->Free(p); }
+  void Free(float* p, int64_t /*n*/) override { (void)alloc_->Free(p); }
 
  private:
   // An allocator block for one call, returned to the cache when the call ends.

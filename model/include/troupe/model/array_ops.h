@@ -108,9 +108,10 @@ class ArrayOps {
                                         const kernels::AdamWSources* from) = 0;
 
  protected:
-  // n > 0 floats, or an error (ResourceExhausted when the memory is full).
+  // n > 0 floats, or an error (ResourceExhausted when the memory is full); Free takes what
+  // Allocate(n) returned, with its n.
   virtual absl::StatusOr<float*> Allocate(int64_t n) = 0;
-  virtual void Free(float* p) = 0;
+  virtual void Free(float* p, int64_t n) = 0;
 
  private:
   friend class FloatArray;

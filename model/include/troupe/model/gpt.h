@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "troupe/base/big_buffer.h"
 #include "troupe/model/config.h"
 
 namespace troupe::model {
@@ -119,7 +120,7 @@ class GptModel {
     bool have_targets = false;
     std::vector<int32_t> tokens, targets;
     // The stage's input: the embedding output on the first stage, else a copy of `input`.
-    std::vector<T> encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2,
+    base::BigVector<T> encoded, ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2,
         ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, residual3, lnf, lnf_mean, lnf_rstd, logits,
         probs, losses;
   };
@@ -135,10 +136,12 @@ class GptModel {
 
   GptConfig config_;
   ParamLayout layout_;
-  // Both zeroed by the allocator, page by page as touched (calloc): a pipeline stage, which
-  // reads and writes only its own ranges, keeps only those resident.
+  // Both zeroed by the kernel, page by page as touched (base::AllocateBig): a pipeline stage,
+  // which reads and writes only its own ranges, keeps only those resident (and the huge pages
+  // they share with their neighbours).
   struct FreeDeleter {
-    void operator()(T* p) const { std::free(p); }
+    size_t bytes = 0;
+    void operator()(T* p) const { base::FreeBig(p, bytes); }
   };
   std::unique_ptr<T[], FreeDeleter> params_, grads_;
   Activations full_;  // Forward/Backward: the whole model
@@ -146,7 +149,7 @@ class GptModel {
   std::vector<Activations> slots_;
   // Backward scratch, reused across layers.
   int scratch_bt_ = 0;
-  std::vector<T> dresidual_, dbtc_, dbtc2_, dqkv_, dfch_, dfch_gelu_, dlogits_;
+  base::BigVector<T> dresidual_, dbtc_, dbtc2_, dqkv_, dfch_, dfch_gelu_, dlogits_;
 };
 
 using Gpt = GptModel<float>;
