@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -19,29 +18,13 @@ bool AllZero(const void* p, size_t bytes) {
   return true;
 }
 
-// The "THPeligible:" field of /proc/self/smaps for the mapping holding `p`; -1 when absent.
-int ThpEligible(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    uintptr_t lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') {
-      inside = lo <= at && at < hi;
-      continue;
-    }
-    if (inside && line.rfind("THPeligible:", 0) == 0) return std::stoi(line.substr(12));
-  }
-  return -1;
-}
-
-// What /sys says the kernel does with MADV_HUGEPAGE regions: false only for "[never]".
-bool SystemAllowsHugePages() {
+// What /sys says the kernel does with MADV_HUGEPAGE regions: 0 for "[never]", 1 otherwise, -1
+// where the file cannot be read.
+int SystemAllowsHugePages() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return !s.empty() && s.find("[never]") == std::string::npos;
+  if (s.empty()) return -1;
+  return s.find("[never]") == std::string::npos ? 1 : 0;
 }
 
 TEST(BigBufferTest, LargeAllocationsAreZeroedHugePageAlignedAndAdvised) {
@@ -53,8 +36,8 @@ TEST(BigBufferTest, LargeAllocationsAreZeroedHugePageAlignedAndAdvised) {
   std::memset(p, 0x5a, bytes);  // all of it is writable
   EXPECT_EQ(static_cast<unsigned char*>(p)[bytes - 1], 0x5a);
   const int eligible = ThpEligible(p);
-  if (eligible >= 0) {  // the field exists since Linux 5.0
-    EXPECT_EQ(eligible, SystemAllowsHugePages() ? 1 : 0)
+  if (eligible >= 0 && SystemAllowsHugePages() >= 0) {  // the field exists since Linux 5.0
+    EXPECT_EQ(eligible, SystemAllowsHugePages())
         << "the mapping should be advised for transparent huge pages (MADV_HUGEPAGE)";
   }
   FreeBig(p, bytes);
@@ -69,6 +52,7 @@ TEST(BigBufferTest, SmallAllocationsAreZeroedHeapMemory) {
     FreeBig(p, bytes);
   }
   FreeBig(nullptr, kHugePageBytes);  // ignored
+  EXPECT_EQ(AllocateBig(SIZE_MAX - 4096), nullptr) << "a size the rounding would wrap";
 }
 
 TEST(BigBufferTest, BigVectorBehavesAsAVector) {

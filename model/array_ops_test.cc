@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "troupe/base/big_buffer.h"
+
 namespace troupe::model {
 namespace {
 
@@ -32,6 +34,15 @@ TEST(HostArrayOpsTest, DiscardZerosTheRangeAndGivesItsWholePagesBack) {
   ASSERT_TRUE(ops.Discard(a.data() + lo, hi - lo).ok());
   const int64_t after = ResidentPages(a.data() + lo, hi - lo);
   EXPECT_LE(after, 2) << "only the partial pages at the ends stay (" << before << " before)";
+  // 4 MiB is on huge-page memory (base::AllocateBig); the discarded pages leave it, so that
+  // khugepaged cannot bring them back as parts of a huge page of the kept ones.
+  const int eligible = base::ThpEligible(a.data());
+  if (eligible >= 0) {  // the field exists since Linux 5.0
+    EXPECT_EQ(base::ThpEligible(a.data() + lo + 4096), 0)
+        << "the discarded pages should be advised MADV_NOHUGEPAGE";
+    EXPECT_EQ(base::ThpEligible(a.data() + hi + 1024), eligible)
+        << "the kept pages after the range keep the mapping's advice";
+  }
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(a.data()[i], i >= lo && i < hi ? 0.0f : 1.0f) << "element " << i;
   }

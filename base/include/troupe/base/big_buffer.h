@@ -16,6 +16,7 @@
 #define TROUPE_BASE_BIG_BUFFER_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 #include <vector>
 
@@ -28,6 +29,11 @@ inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 void* AllocateBig(size_t bytes);
 // Frees what AllocateBig(bytes) returned, with the same `bytes`; nullptr is ignored.
 void FreeBig(void* p, size_t bytes);
+
+// Whether the kernel may back the mapping holding `p` with transparent huge pages: the
+// "THPeligible" field of /proc/self/smaps (1 or 0); -1 where there is no such mapping or field
+// (Linux < 5.0). For tests and diagnostics: it reads the whole smaps file.
+int ThpEligible(const void* p);
 
 // The allocator of BigVector.
 template <typename T>

@@ -24,7 +24,6 @@
 #define TROUPE_MODEL_GPT_H_
 
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <utility>
