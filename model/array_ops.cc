@@ -55,18 +55,26 @@ class Host final : public ArrayOps {
     return absl::OkStatus();
   }
   // The whole pages inside go back to the kernel (they read as zeros when next touched); the
-  // partial pages at the ends are zeroed. Those pages leave transparent huge pages for good
-  // (MADV_NOHUGEPAGE): a huge page the range covers only in part is split by MADV_DONTNEED, and
-  // khugepaged would otherwise fold the kept 4 KiB pages of that 2 MiB back into a whole one
-  // (it collapses a region with a single page present: max_ptes_none is 511 by default).
+  // partial pages at the ends are zeroed. On huge-page memory MADV_DONTNEED splits a huge page
+  // the range covers only in part, and khugepaged would fold the kept 4 KiB pages of that 2 MiB
+  // back into a whole one (it collapses a region with a single page present: max_ptes_none is
+  // 511 by default), so the range's pages in those two regions leave huge pages for good
+  // (MADV_NOHUGEPAGE). A region the range covers whole is left empty, which khugepaged never
+  // collapses, and keeps its huge pages for when a later generation holds it again.
   absl::Status Discard(float* dst, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const uintptr_t b = reinterpret_cast<uintptr_t>(dst), e = b + n * sizeof(float);
     const uintptr_t pb = (b + page - 1) / page * page, pe = e / page * page;
     if (pb >= pe) return Fill(dst, n, 0.0f);
+    constexpr uintptr_t kHuge = base::kHugePageBytes;
+    const uintptr_t head_end = std::min(pe, (b + kHuge - 1) / kHuge * kHuge);
+    const uintptr_t tail_begin = std::max({pb, head_end, e / kHuge * kHuge});
     // Advice only: EINVAL where the kernel has no transparent huge pages.
-    (void)madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_NOHUGEPAGE);
+    if (head_end > pb) (void)madvise(reinterpret_cast<void*>(pb), head_end - pb, MADV_NOHUGEPAGE);
+    if (pe > tail_begin) {
+      (void)madvise(reinterpret_cast<void*>(tail_begin), pe - tail_begin, MADV_NOHUGEPAGE);
+    }
     if (madvise(reinterpret_cast<void*>(pb), pe - pb, MADV_DONTNEED) != 0) {
       return absl::InternalError(
           absl::StrCat("madvise(MADV_DONTNEED) of ", pe - pb, " bytes: ", std::strerror(errno)));

@@ -34,15 +34,6 @@ TEST(HostArrayOpsTest, DiscardZerosTheRangeAndGivesItsWholePagesBack) {
   ASSERT_TRUE(ops.Discard(a.data() + lo, hi - lo).ok());
   const int64_t after = ResidentPages(a.data() + lo, hi - lo);
   EXPECT_LE(after, 2) << "only the partial pages at the ends stay (" << before << " before)";
-  // 4 MiB is on huge-page memory (base::AllocateBig); the discarded pages leave it, so that
-  // khugepaged cannot bring them back as parts of a huge page of the kept ones.
-  const int eligible = base::ThpEligible(a.data());
-  if (eligible >= 0) {  // the field exists since Linux 5.0
-    EXPECT_EQ(base::ThpEligible(a.data() + lo + 4096), 0)
-        << "the discarded pages should be advised MADV_NOHUGEPAGE";
-    EXPECT_EQ(base::ThpEligible(a.data() + hi + 1024), eligible)
-        << "the kept pages after the range keep the mapping's advice";
-  }
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(a.data()[i], i >= lo && i < hi ? 0.0f : 1.0f) << "element " << i;
   }
@@ -52,6 +43,30 @@ TEST(HostArrayOpsTest, DiscardZerosTheRangeAndGivesItsWholePagesBack) {
   for (int64_t i = 5; i < 8; ++i) EXPECT_EQ(a.data()[i], 0.0f);
   EXPECT_EQ(a.data()[8], 1.0f);
   EXPECT_TRUE(ops.Discard(a.data(), 0).ok());
+}
+
+// On huge-page memory (base::AllocateBig), the discarded pages of the 2 MiB regions the range
+// covers in part leave huge pages, so that khugepaged cannot bring them back as parts of a huge
+// page of the kept ones; a region it covers whole keeps the advice (empty, it is never
+// collapsed; held again later, it gets huge pages again).
+TEST(HostArrayOpsTest, DiscardTakesOnlyThePartlyCoveredHugePagesOffHugePages) {
+  ArrayOps& ops = HostArrayOps();
+  constexpr int64_t kHuge = base::kHugePageBytes / sizeof(float);  // floats in a huge page
+  FloatArray a;
+  ASSERT_TRUE(ops.Assign(&a, 4 * kHuge, 1.0f).ok());  // 8 MiB, 2 MiB aligned
+  const int eligible = base::ThpEligible(a.data());
+  ASSERT_GE(eligible, 0) << "no THPeligible field in /proc/self/smaps (it exists since Linux 5.0)";
+  const int64_t lo = kHuge / 2 + 5, hi = 3 * kHuge + kHuge / 2 + 7;  // regions 0 and 3 in part
+  ASSERT_TRUE(ops.Discard(a.data() + lo, hi - lo).ok());
+  EXPECT_EQ(base::ThpEligible(a.data() + lo + 1024), 0)
+      << "the discarded pages of the first region should be advised MADV_NOHUGEPAGE";
+  EXPECT_EQ(base::ThpEligible(a.data() + hi - 1024), 0)
+      << "the discarded pages of the last region should be advised MADV_NOHUGEPAGE";
+  EXPECT_EQ(base::ThpEligible(a.data() + kHuge + 3), eligible)
+      << "the regions covered whole should keep the mapping's advice";
+  for (int64_t i = 0; i < 4 * kHuge; ++i) {
+    ASSERT_EQ(a.data()[i], i >= lo && i < hi ? 0.0f : 1.0f) << "element " << i;
+  }
 }
 
 }  // namespace
