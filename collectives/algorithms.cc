@@ -40,16 +40,29 @@ absl::Status SendRecv(const OpContext& c, int to, const void* sbuf, size_t sbyte
 }  // namespace
 
 absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
-                                 ReduceOp op, bool gather, uint32_t phase) {
+                                 ReduceOp op, bool gather, uint32_t phase, SingleCopyVote* vote) {
   const int n = c.t->size(), r = c.t->rank();
   if (n == 1) return absl::OkStatus();
-  // Every rank's buffer address, gathered; then the two barriers below, on phases of their own.
-  std::vector<uint64_t> addr(n);
-  addr[r] = reinterpret_cast<uintptr_t>(w);
-  std::vector<size_t> addr_off(n + 1);
-  for (int j = 0; j <= n; ++j) addr_off[j] = j * sizeof(uint64_t);
+  // Every rank's buffer address (and, measured, its estimates), gathered; then the two barriers
+  // below, on phases of their own.
+  struct Entry {
+    uint64_t addr;
+    double staged, single_copy;
+  };
+  std::vector<Entry> entry(n);
+  entry[r] = {reinterpret_cast<uintptr_t>(w), vote ? vote->mine.staged : 0,
+              vote ? vote->mine.single_copy : 0};
+  std::vector<size_t> entry_off(n + 1);
+  for (int j = 0; j <= n; ++j) entry_off[j] = j * sizeof(Entry);
   TROUPE_RETURN_IF_ERROR(
-      RingAllGather(c, reinterpret_cast<uint8_t*>(addr.data()), addr_off, phase));
+      RingAllGather(c, reinterpret_cast<uint8_t*>(entry.data()), entry_off, phase));
+  const absl::Time start = base::MonotonicNow();
+  std::vector<uint64_t> addr(n);
+  for (int j = 0; j < n; ++j) addr[j] = entry[j].addr;
+  if (vote != nullptr) {
+    vote->all.resize(n);
+    for (int j = 0; j < n; ++j) vote->all[j] = {entry[j].staged, entry[j].single_copy};
+  }
   // Reduce segment r chunk by chunk; a chunk read into scratch is still in cache when added.
   constexpr size_t kChunk = 64 * 1024;  // floats
   float* tmp = static_cast<float*>(c.t->Scratch(0, kChunk * sizeof(float)));
@@ -72,11 +85,13 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
     }
   }
   // Nobody returns (and lets its caller reuse the buffer) while another rank may still read it.
-  return DisseminationBarrier(c, phase + 2);
+  TROUPE_RETURN_IF_ERROR(DisseminationBarrier(c, phase + 2));
+  if (vote != nullptr) vote->seconds = absl::ToDoubleSeconds(base::MonotonicNow() - start);
+  return absl::OkStatus();
 }
 
 absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
-                             ReduceOp op, bool gather) {
+                             ReduceOp op, bool gather, StagingCopy::Choice mode) {
   const int n = c.t->size(), r = c.t->rank();
   Mailboxes& m = *c.t->HostShared();
   // Floats per segment per step: a slot holds one piece of every segment, 64-byte aligned.
@@ -100,7 +115,6 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
   };
   // Timed from the first hand-off, when every rank has arrived (not from this rank's arrival).
   const size_t bytes = off.back() * sizeof(float);
-  const StagingCopy::Choice mode = m.staging_copy().Next(bytes, gather);
   const bool streamed = mode.streamed;
   absl::Time start = absl::InfiniteFuture();
   size_t received = 0;
@@ -146,7 +160,7 @@ absl::Status StagedAllReduce(const OpContext& c, float* w, const std::vector<siz
     m.counter(r, Mailboxes::kCopiedOut).store(g + 1, std::memory_order_release);
   }
   if (mode.measure && start != absl::InfiniteFuture()) {
-    m.staging_copy().Record(bytes, gather, streamed,
+    m.staging_copy().Record(bytes, gather, mode,
                             absl::ToDoubleSeconds(base::MonotonicNow() - start));
   }
   c.t->CountRecv(received);

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "reduce.h"
 #include "transport.h"
 #include "troupe/collectives/canonical_combine.h"
 #include "troupe/collectives/communicator.h"
@@ -58,27 +59,37 @@ inline constexpr int kDirectAllGatherRanks = 8;
 // DirectAllGather for groups up to kDirectAllGatherRanks, else RingAllGather.
 [[nodiscard]] absl::Status AllGatherSegments(const OpContext& c, uint8_t* w,
                                              const std::vector<size_t>& off_bytes, uint32_t phase);
+// A measured single copy's exchange (StagingCopy): this rank's estimates in, every rank's out,
+// and the operation's time from the moment every rank had arrived.
+struct SingleCopyVote {
+  StagingCopy::Estimate mine;
+  std::vector<StagingCopy::Estimate> all;
+  double seconds = 0;
+};
 // In place on w (count = off.back()); needs c.t->CanReadPeers(). Afterwards segment `rank` of w
-// holds the reduction (peers combined in rank order) and, with `gather`, so do all segments.
-// Uses tag phases `phase` to `phase` + 2.
+// holds the reduction (peers combined in rank order, as StagedAllReduce does: the two give the
+// same bits) and, with `gather`, so do all segments. With `vote`, the ranks' estimates travel with
+// the buffer addresses. Uses tag phases `phase` to `phase` + 2.
 [[nodiscard]] absl::Status SingleCopyAllReduce(const OpContext& c, float* w,
                                                const std::vector<size_t>& off, ReduceOp op,
-                                               bool gather, uint32_t phase);
+                                               bool gather, uint32_t phase,
+                                               SingleCopyVote* vote = nullptr);
 // The same result through the ranks' shared segments (needs c.t->HostShared()): step by step, each
 // rank copies a piece of every other rank's segment of w into its staging slot, reduces its own
 // segment's piece in w reading the peers' slots, and (with `gather`) publishes it in its slot and
 // copies the others' reduced pieces into w.
 // No system call (single copy's process_vm_readv pins every page it reads); what a rank stages
-// it writes through its caches or around them, whichever its recent operations of that size
-// measured faster (StagingCopy in reduce.h).
+// it writes through its caches or around them, as `mode` says (StagingCopy::Next in reduce.h),
+// and a measured operation records its time there.
 [[nodiscard]] absl::Status StagedAllReduce(const OpContext& c, float* w,
-                                           const std::vector<size_t>& off, ReduceOp op,
-                                           bool gather);
-// Whether a same-host all-reduce whose largest segment is `segment_bytes` reads the peers'
-// buffers (SingleCopyAllReduce) rather than staging (StagedAllReduce), on vCPUs whose L2 holds
+                                           const std::vector<size_t>& off, ReduceOp op, bool gather,
+                                           StagingCopy::Choice mode);
+// The prior of the same-host path (StagingCopy::Next), until the ranks first agree on measured
+// times: whether an all-reduce whose largest segment is `segment_bytes` reads the peers' buffers
+// (SingleCopyAllReduce) rather than staging (StagedAllReduce), on vCPUs whose L2 holds
 // `l2_bytes`: where the segment is 1 to 4 L2s. There the staged path's extra pass through the
-// slots costs more than the system calls it saves: 2 ranks on the 2-vCPU VM (2 MiB L2), single copy
-// took 0.80-0.87x the staged time from 4 to 16 MiB; the same at 2 and 24 MiB; staged faster
+// slots cost more than the system calls it saves on one day of the 2-vCPU VM (2 MiB L2): single
+// copy took 0.80-0.87x the staged time from 4 to 16 MiB; the same at 2 and 24 MiB; staged faster
 // below (no system call) and above (1.9x at 64 MiB). Every rank of a host computes the same
 // answer (l2_bytes: L2Bytes).
 bool PreferSingleCopy(size_t segment_bytes, size_t l2_bytes);

@@ -12,8 +12,10 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "mailbox.h"
 #include "reduce.h"
 #include "troupe/base/clock.h"
+#include "troupe/base/status_macros.h"
 
 namespace troupe::collectives {
 
@@ -565,16 +567,25 @@ absl::Status Engine::RunAllReduce(const OpContext& c, Buffer in, Buffer out, Red
 
 absl::Status Engine::SameHostAllReduce(const OpContext& c, float* w, const std::vector<size_t>& off,
                                        ReduceOp op, bool gather) {
-  // Through the shared segments where they exist (memory speed, no system call: 1.9x single
-  // copy's bus bandwidth at 64 MiB on 2 ranks here), except where a segment is about the L2's
-  // size (PreferSingleCopy); else reading the peers' buffers.
+  // Staged through the shared segments where they exist (memory speed, no system call), or
+  // reading the peers' buffers: where both can run, whichever the ranks measured faster for this
+  // kind of operation (StagingCopy), starting from PreferSingleCopy.
+  Mailboxes* m = c.t->HostShared();
+  if (m == nullptr) return SingleCopyAllReduce(c, w, off, op, gather, 0);
   size_t segment = 0;
   for (size_t q = 0; q + 1 < off.size(); ++q) segment = std::max(segment, off[q + 1] - off[q]);
-  if (c.t->HostShared() != nullptr &&
-      !(c.t->CanReadPeers() && PreferSingleCopy(segment * sizeof(float), L2Bytes()))) {
-    return StagedAllReduce(c, w, off, op, gather);
-  }
-  return SingleCopyAllReduce(c, w, off, op, gather, 0);
+  const size_t bytes = off.back() * sizeof(float);
+  StagingCopy& how = m->staging_copy();
+  const StagingCopy::Choice choice = how.Next(bytes, gather, c.t->CanReadPeers(),
+                                              PreferSingleCopy(segment * sizeof(float), L2Bytes()));
+  if (!choice.single_copy) return StagedAllReduce(c, w, off, op, gather, choice);
+  if (!choice.measure) return SingleCopyAllReduce(c, w, off, op, gather, 0);
+  SingleCopyVote vote;
+  vote.mine = how.Estimated(bytes, gather);
+  TROUPE_RETURN_IF_ERROR(SingleCopyAllReduce(c, w, off, op, gather, 0, &vote));
+  how.Record(bytes, gather, choice, vote.seconds);
+  how.Agree(bytes, gather, vote.all);
+  return absl::OkStatus();
 }
 
 Algorithm Engine::Choose(const CollectiveOptions& o, size_t count) const {

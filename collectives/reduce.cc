@@ -72,20 +72,48 @@ int StagingCopy::KindOf(size_t bytes, bool gather) {
   return 2 * c + (gather ? 1 : 0);
 }
 
-StagingCopy::Choice StagingCopy::Next(size_t bytes, bool gather) {
+StagingCopy::Choice StagingCopy::Next(size_t bytes, bool gather, bool can_read_peers, bool prior) {
   Kind& k = kinds_[KindOf(bytes, gather)];
-  const uint64_t phase = k.ops++ % kMeasureEvery;
-  if (phase == 0) return {false, true};
-  if (phase == kMeasureEvery / 2) return {true, true};
+  if (k.ops == 0) k.single_copy = prior && can_read_peers;
+  const uint64_t op = k.ops++;
+  // The path not taken is measured every `stretch` periods only.
+  const uint64_t staged_every = kMeasureEvery * (k.single_copy ? k.stretch : 1);
+  const uint64_t single_every = kMeasureEvery * (k.single_copy ? 1 : k.stretch);
+  if (op % staged_every == 0) return {false, true, false};
+  if (op % staged_every == kMeasureEvery / 2) return {true, true, false};
+  if (can_read_peers && op % single_every == kMeasureEvery / 4) return {false, true, true};
+  if (k.single_copy) return {false, false, true};
   // Until streamed writes were measured (the first kMeasureEvery / 2 operations), cached ones.
-  return {k.ns_per_byte[1] > 0 && k.ns_per_byte[1] < k.ns_per_byte[0], false};
+  return {k.ns_per_byte[1] > 0 && k.ns_per_byte[1] < k.ns_per_byte[0], false, false};
 }
 
-void StagingCopy::Record(size_t bytes, bool gather, bool streamed, double seconds) {
+void StagingCopy::Record(size_t bytes, bool gather, Choice how, double seconds) {
   if (bytes == 0) return;
-  double& mean = kinds_[KindOf(bytes, gather)].ns_per_byte[streamed ? 1 : 0];
+  double& mean = kinds_[KindOf(bytes, gather)].ns_per_byte[how.single_copy ? 2
+                                                           : how.streamed  ? 1
+                                                                           : 0];
   const double x = std::max(seconds * 1e9 / static_cast<double>(bytes), 1e-6);
   mean = mean == 0 ? x : 0.5 * mean + 0.5 * x;
+}
+
+StagingCopy::Estimate StagingCopy::Estimated(size_t bytes, bool gather) const {
+  const Kind& k = kinds_[KindOf(bytes, gather)];
+  const double cached = k.ns_per_byte[0], streamed = k.ns_per_byte[1];
+  return {streamed > 0 && cached > 0 ? std::min(cached, streamed) : cached, k.ns_per_byte[2]};
+}
+
+void StagingCopy::Agree(size_t bytes, bool gather, const std::vector<Estimate>& all) {
+  double staged = 0, single_copy = 0;
+  for (const Estimate& e : all) {
+    if (e.staged <= 0 || e.single_copy <= 0) return;
+    staged = std::max(staged, e.staged);
+    single_copy = std::max(single_copy, e.single_copy);
+  }
+  if (all.empty()) return;
+  Kind& k = kinds_[KindOf(bytes, gather)];
+  k.single_copy = single_copy < staged;
+  const double loser_over_winner = k.single_copy ? staged / single_copy : single_copy / staged;
+  k.stretch = loser_over_winner < 1.25 ? 1 : loser_over_winner < 2 ? 4 : 16;
 }
 
 void DivideBy(float* x, size_t n, float divisor) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "troupe/collectives/communicator.h"
 
@@ -43,26 +44,53 @@ void StreamCopy(void* dst, const void* src, size_t bytes);
 // took 4x as long for 128-512 KiB of it here).
 void VectorCopy(void* dst, const void* src, size_t bytes);
 
-// How a rank writes the staged pieces its peers read: through its caches (VectorCopy; the peers
-// then take the lines out of this core's cache) or around them (StreamCopy; they read memory).
-// Which is faster depends on the moment: two processes exchanging 1 MiB through shared memory on
-// this 2-vCPU VM moved 17 GB/s per direction through the caches and 6.5 around them in one
-// minute, 4.4 and 8.5-10 in another (when the cores' caches answer each other slowly). So it is
-// measured, per kind of operation (its bytes by powers of 4, and whether it gathers): operation
-// k of a kind runs cached when k % kMeasureEvery == 0 and streamed when it is kMeasureEvery / 2,
-// on every rank of the group alike (they run the same operations in the same order), and those
-// two are timed; every other operation takes the mode whose recent measurements were faster.
-// Only operations in which all ranks wrote the same way are measured: each rank's time is the
-// group's (one rank's writes show in its peers' reads), so the ranks' estimates agree.
+// How a same-host all-reduce runs, where both paths exist: staged through the shared segments
+// (StagedAllReduce), the rank writing what it stages through its caches (VectorCopy; the peers
+// then take the lines out of this core's cache) or around them (StreamCopy; they read memory), or
+// by reading the peers' buffers (single copy, SingleCopyAllReduce).
+// Which is faster depends on the machine and the moment: two processes exchanging 1 MiB through
+// shared memory on this 2-vCPU VM moved 17 GB/s per direction through the caches and 6.5 around
+// them in one minute, 4.4 and 8.5-10 in another (when the cores' caches answer each other
+// slowly); 32 MiB all-reduces took 7.5-8.1 ms staged and 4.8-5.8 single copy one day, where an
+// earlier day's runs had staged 1.9x faster at 64 MiB. So it is measured, per kind of operation
+// (its bytes by powers of 4, and whether it gathers), at fixed operations of the kind, the same on
+// every rank (they run the same operations in the same order): operation k runs staged cached
+// when k % kMeasureEvery == 0, staged streamed when it is kMeasureEvery / 2, single copy when it
+// is kMeasureEvery / 4 (where the peers' buffers are readable; the path not taken less often, see
+// Agree), and those are timed. Every other
+// operation takes single copy where the group last agreed on it, else the staging mode this rank
+// measured faster.
+// - The write mode needs no agreement: ranks that stage differently still run one protocol; only
+//   operations in which all ranks wrote the same way are measured (each rank's time is the
+//   group's: one rank's writes show in its peers' reads).
+// - The path does: a rank that stages while another reads its buffer deadlocks. Each single-copy
+//   measurement exchanges the ranks' estimates (Estimate) with the buffer addresses, and every
+//   rank applies the same rule to the same numbers (Agree). Until a kind's first agreement, the
+//   path is the caller's prior (PreferSingleCopy).
 class StagingCopy {
  public:
   static constexpr uint64_t kMeasureEvery = 16;
   struct Choice {
-    bool streamed = false;  // StreamCopy, else VectorCopy
-    bool measure = false;   // time this operation and Record it
+    bool streamed = false;     // StreamCopy, else VectorCopy
+    bool measure = false;      // time this operation and Record it
+    bool single_copy = false;  // read the peers' buffers instead of staging
   };
-  Choice Next(size_t bytes, bool gather);
-  void Record(size_t bytes, bool gather, bool streamed, double seconds);
+  // This rank's estimates of a kind, in ns per byte (0: not measured yet).
+  struct Estimate {
+    double staged = 0;  // the faster write mode's
+    double single_copy = 0;
+  };
+  // `can_read_peers`: whether single copy is possible (else operations only stage); `prior`: the
+  // path before the kind's first agreement.
+  Choice Next(size_t bytes, bool gather, bool can_read_peers = false, bool prior = false);
+  void Record(size_t bytes, bool gather, Choice how, double seconds);
+  Estimate Estimated(size_t bytes, bool gather) const;
+  // Every rank's Estimated, gathered at one operation of the kind (the same on every rank): single
+  // copy from now on where the slowest rank's single copy estimate is below the slowest rank's
+  // staged one; unchanged while any rank lacks either estimate. The path not taken is measured
+  // every period while it is within 1.25x of the other, every 4 within 2x, else every 16 (a 2x
+  // slower path measured every 16th operation would cost 6 %; every 256th, 0.4 %).
+  void Agree(size_t bytes, bool gather, const std::vector<Estimate>& all);
   static void Copy(bool streamed, void* dst, const void* src, size_t bytes) {
     streamed ? StreamCopy(dst, src, bytes) : VectorCopy(dst, src, bytes);
   }
@@ -70,7 +98,9 @@ class StagingCopy {
  private:
   struct Kind {
     uint64_t ops = 0;
-    double ns_per_byte[2] = {0, 0};  // by mode; 0 = not measured yet
+    double ns_per_byte[3] = {0, 0, 0};  // cached, streamed, single copy; 0 = not measured yet
+    bool single_copy = false;           // the path agreed on (or the prior)
+    uint64_t stretch = 1;               // the path not taken is measured every stretch periods
   };
   static constexpr int kSizeClasses = 24;
   static int KindOf(size_t bytes, bool gather);

@@ -36,7 +36,7 @@ std::vector<bool> RunOps(StagingCopy& s, size_t bytes, bool gather, int ops, dou
   for (int i = 0; i < ops; ++i) {
     const StagingCopy::Choice c = s.Next(bytes, gather);
     if (c.measure) {
-      s.Record(bytes, gather, c.streamed, c.streamed ? streamed_s : cached_s);
+      s.Record(bytes, gather, c, c.streamed ? streamed_s : cached_s);
     } else {
       taken.push_back(c.streamed);
     }
@@ -51,7 +51,7 @@ TEST(StagingCopyTest, MeasuresBothModesAtFixedOperationsAndTakesTheFaster) {
   StagingCopy::Choice c = s.Next(kBytes, true);
   EXPECT_TRUE(c.measure);
   EXPECT_FALSE(c.streamed);
-  s.Record(kBytes, true, false, 300e-6);
+  s.Record(kBytes, true, c, 300e-6);
   for (int i = 1; i < 8; ++i) {  // streamed not measured yet: cached
     c = s.Next(kBytes, true);
     EXPECT_FALSE(c.measure || c.streamed) << "operation " << i;
@@ -59,7 +59,7 @@ TEST(StagingCopyTest, MeasuresBothModesAtFixedOperationsAndTakesTheFaster) {
   c = s.Next(kBytes, true);
   EXPECT_TRUE(c.measure);
   EXPECT_TRUE(c.streamed);
-  s.Record(kBytes, true, true, 100e-6);
+  s.Record(kBytes, true, c, 100e-6);
   // Streamed is 3x faster: every unmeasured operation takes it from now on.
   const std::vector<bool> taken = RunOps(s, kBytes, true, 40, 300e-6, 100e-6);
   EXPECT_EQ(taken.size(), 35u);  // operations 9..48 but the measured 16, 24, 32, 40 and 48
@@ -87,6 +87,87 @@ TEST(StagingCopyTest, KindsAreMeasuredApart) {
     const StagingCopy::Choice c = s.Next(bytes, gather);
     EXPECT_TRUE(c.measure) << bytes << " " << gather;
     EXPECT_FALSE(c.streamed) << bytes << " " << gather;
+  }
+}
+
+// A group of ranks, each with its own StagingCopy, running operations of one kind: the measured
+// operations take the times given per rank; a measured single copy exchanges the estimates and
+// every rank agrees, as SameHostAllReduce does. Returns, per operation, the path every rank took
+// (true: single copy); fails the test where the ranks' paths differ.
+std::vector<bool> RunGroup(std::vector<StagingCopy>& ranks, size_t bytes, int ops, bool prior,
+                           const std::vector<double>& staged_s,
+                           const std::vector<double>& single_s) {
+  std::vector<bool> paths;
+  const int n = static_cast<int>(ranks.size());
+  for (int i = 0; i < ops; ++i) {
+    std::vector<StagingCopy::Choice> c(n);
+    for (int r = 0; r < n; ++r) c[r] = ranks[r].Next(bytes, true, true, prior);
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(c[r].single_copy, c[0].single_copy) << "operation " << i << " rank " << r;
+      EXPECT_EQ(c[r].measure, c[0].measure) << "operation " << i << " rank " << r;
+    }
+    paths.push_back(c[0].single_copy);
+    if (!c[0].measure) continue;
+    std::vector<StagingCopy::Estimate> all(n);
+    for (int r = 0; r < n; ++r) all[r] = ranks[r].Estimated(bytes, true);
+    for (int r = 0; r < n; ++r) {
+      ranks[r].Record(bytes, true, c[r], c[r].single_copy ? single_s[r] : staged_s[r]);
+      if (c[r].single_copy) ranks[r].Agree(bytes, true, all);
+    }
+  }
+  return paths;
+}
+
+// Where the peers' buffers are readable, operation 4 of every 16 of a kind runs single copy and
+// is timed; once every rank measured both paths, the group takes single copy where it is faster
+// for the slowest rank.
+TEST(StagingCopyTest, TakesSingleCopyOnceEveryRankMeasuredItFaster) {
+  std::vector<StagingCopy> ranks(3);
+  const std::vector<bool> paths =
+      RunGroup(ranks, 1 << 20, 64, false, {300e-6, 310e-6, 320e-6}, {100e-6, 110e-6, 120e-6});
+  ASSERT_EQ(paths.size(), 64u);
+  for (int i = 0; i < 64; ++i) {
+    // Op 4 measures it; op 20 is the first exchange in which every rank has both estimates. Then
+    // staging, 2.7x slower, is measured every 256 operations only (ops 256 and 264).
+    EXPECT_EQ(paths[i], i % 16 == 4 || i > 20) << "operation " << i;
+  }
+}
+
+// The slowest rank decides: one rank whose single copies are slow keeps the group staging.
+TEST(StagingCopyTest, StaysStagedWhereOneRanksSingleCopyIsSlower) {
+  std::vector<StagingCopy> ranks(3);
+  const std::vector<bool> paths =
+      RunGroup(ranks, 1 << 20, 64, false, {300e-6, 300e-6, 300e-6}, {100e-6, 900e-6, 100e-6});
+  // Agreed at op 20, single copy 3x slower: measured again at op 260 only.
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(paths[i], i == 4 || i == 20) << "operation " << i;
+}
+
+// The prior holds until the first agreement, and the path follows the machine: single copy that
+// becomes slower than staging is left at the next exchange.
+TEST(StagingCopyTest, StartsFromThePriorAndFollowsTheMachine) {
+  std::vector<StagingCopy> ranks(2);
+  std::vector<bool> paths = RunGroup(ranks, 4 << 20, 32, true, {300e-6, 300e-6}, {100e-6, 100e-6});
+  // Staged at its measurements only (ops 0, 8 and 16); after the agreement at op 20, 3x slower,
+  // not before op 256.
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(paths[i], i != 0 && i != 8 && i != 16) << "operation " << i;
+  }
+  // Single copy now takes 3x staging's time. The exchange at op 36 still carries 100 us (a time
+  // is recorded after its operation's exchange); op 36 records 900, averaging 500; the exchange
+  // at op 52 carries that, slower than staging: from op 53 on the group stages. (Staging, the
+  // path not taken after op 20, was measured every 256 operations meanwhile: at none of these.)
+  paths = RunGroup(ranks, 4 << 20, 32, true, {300e-6, 300e-6}, {900e-6, 900e-6});
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(paths[i], 32 + i <= 52) << "operation " << 32 + i;
+}
+
+// Where the peers' buffers cannot be read, nothing runs single copy, whatever the prior says.
+TEST(StagingCopyTest, NeverSingleCopyWhereThePeersCannotBeRead) {
+  StagingCopy s;
+  for (int i = 0; i < 40; ++i) {
+    const StagingCopy::Choice c = s.Next(1 << 20, true, /*can_read_peers=*/false, /*prior=*/true);
+    EXPECT_FALSE(c.single_copy) << "operation " << i;
+    EXPECT_EQ(c.measure, i % 16 == 0 || i % 16 == 8) << "operation " << i;
+    if (c.measure) s.Record(1 << 20, true, c, 100e-6);
   }
 }
 

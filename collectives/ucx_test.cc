@@ -60,6 +60,18 @@ TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
   RunMatrix(4, size_t{262147}, /*mailboxes=*/false);
 }
 
+// Same-host all-reduces and reduce-scatters switch between staging and single copy as the ranks
+// measure them (StagingCopy: both run every 16 operations of a kind, and the ranks agree on the
+// path of the rest); every result has the bits of the rank-order sum, whichever path ran it.
+TEST(UcxProcesses, SameHostPathsChosenByMeasurementGiveTheRankOrderSumEveryTime) {
+  Ranks ranks(4, {"paths", "48"});
+  for (int r = 0; r < 4; ++r) {
+    const int st = ranks[r].Wait();
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " status " << st << "\n"
+                                                       << ranks[r].Output();
+  }
+}
+
 // Ranks on two hosts wait for their messages on the network lane's events: a receive pending on
 // the executor thread, and one a caller waits for, take the vCPU about once per event wait
 // (kEventWait, 1 ms) — polling with naps took it 20 to 50 times a millisecond — and a send posted
