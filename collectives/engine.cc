@@ -583,8 +583,10 @@ absl::Status Engine::SameHostAllReduce(const OpContext& c, float* w, const std::
   SingleCopyVote vote;
   vote.mine = how.Estimated(bytes, gather);
   TROUPE_RETURN_IF_ERROR(SingleCopyAllReduce(c, w, off, op, gather, 0, &vote));
-  how.Record(bytes, gather, choice, vote.seconds);
-  how.Agree(bytes, gather, vote.all);
+  if (!vote.all.empty()) {  // a group of one exchanges nothing
+    how.Record(bytes, gather, choice, vote.seconds);
+    how.Agree(bytes, gather, vote.all);
+  }
   return absl::OkStatus();
 }
 

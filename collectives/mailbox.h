@@ -70,7 +70,8 @@ class Mailboxes {
   // Of this rank or an attached peer.
   uint8_t* stage(int rank, int slot) const;
   std::atomic<uint64_t>& counter(int rank, Counter which) const;
-  // How this rank writes what it stages (see StagingCopy).
+  // Which same-host path this rank's operations take, and how it writes what it stages (see
+  // StagingCopy).
   StagingCopy& staging_copy() { return staging_copy_; }
 
   // Publishes the vCPU this rank runs on (a word of its segment beside the counters) and says

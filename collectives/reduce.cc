@@ -111,7 +111,7 @@ void StagingCopy::Agree(size_t bytes, bool gather, const std::vector<Estimate>& 
   }
   if (all.empty()) return;
   Kind& k = kinds_[KindOf(bytes, gather)];
-  k.single_copy = single_copy < staged;
+  k.single_copy = k.single_copy ? !(staged * 1.05 < single_copy) : single_copy * 1.05 < staged;
   const double loser_over_winner = k.single_copy ? staged / single_copy : single_copy / staged;
   k.stretch = loser_over_winner < 1.25 ? 1 : loser_over_winner < 2 ? 4 : 16;
 }

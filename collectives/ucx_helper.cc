@@ -110,11 +110,29 @@ bool CheckReduce(Communicator& comm, bool scatter, size_t count, DType dt, Reduc
   return true;
 }
 
+// The communicator's transports: DESCRIBE lines, and SINGLE_COPY / STAGED / MAILBOXES on|off.
+void SayTransports(Communicator* comm) {
+  const std::string transports = DescribeUcxTransports(comm);
+  for (absl::string_view line : absl::StrSplit(transports, '\n')) {
+    if (!line.empty()) Say(absl::StrCat("DESCRIBE ", line));
+  }
+  for (absl::string_view line : absl::StrSplit(transports, '\n')) {
+    for (const auto& [prefix, name] :
+         {std::pair<const char*, const char*>{"single copy (", "SINGLE_COPY"},
+          {"staged all-reduce (", "STAGED"},
+          {"shared-memory mailboxes (", "MAILBOXES"}}) {
+      if (absl::StartsWith(line, prefix)) {
+        Say(absl::StrCat(name, absl::EndsWith(line, ": on") ? " on" : " off"));
+      }
+    }
+  }
+}
+
 // `ops` all-reduces and as many reduce-scatters of about 1 MiB, interleaved, each on new inputs,
 // through the same-host paths (Algorithm::kSingleCopy): staged or single copy as the ranks measure
-// and agree (StagingCopy), both run every kMeasureEvery operations of a kind. Every result must be
-// the bits of the rank-order sum both paths compute: a segment's owner's value, then the others'
-// in rank order.
+// and agree (StagingCopy), both run in the first kMeasureEvery operations of a kind. Every result
+// must be the bits of the rank-order sum both paths compute: a segment's owner's value, then the
+// others' in rank order.
 int Paths(Ctx& c, int ops) {
   auto comm = Make(c, c.rank, c.size, 0);
   const int n = c.size, r = c.rank;
@@ -164,6 +182,7 @@ int Paths(Ctx& c, int ops) {
     }
   }
   Say(absl::StrCat("OK rank ", r));
+  SayTransports(comm.get());
   return 0;
 }
 
@@ -208,20 +227,7 @@ int Matrix(Ctx& c, size_t max_count, bool mailboxes) {
     ok &= s.Wait().ok() && w.Wait().ok() && got == Input((r + n - 1) % n, 3001, DType::kF32, 8);
   }
   if (ok) Say(absl::StrCat("OK rank ", r));
-  const std::string transports = DescribeUcxTransports(comm.get());
-  for (absl::string_view line : absl::StrSplit(transports, '\n')) {
-    if (!line.empty()) Say(absl::StrCat("DESCRIBE ", line));
-  }
-  for (absl::string_view line : absl::StrSplit(transports, '\n')) {
-    for (const auto& [prefix, name] :
-         {std::pair<const char*, const char*>{"single copy (", "SINGLE_COPY"},
-          {"staged all-reduce (", "STAGED"},
-          {"shared-memory mailboxes (", "MAILBOXES"}}) {
-      if (absl::StartsWith(line, prefix)) {
-        Say(absl::StrCat(name, absl::EndsWith(line, ": on") ? " on" : " off"));
-      }
-    }
-  }
+  SayTransports(comm.get());
   return ok ? 0 : 1;
 }
 

@@ -34,7 +34,7 @@ void RunMatrix(int n, size_t max_count, bool mailboxes = true) {
                                                        << ranks[r].Output();
     // Processes of one user on one host may read each other's memory (as root always), so the
     // large all-reduces above ran single-copy where the shared segments were off; with them on,
-    // staged through them.
+    // staged through them or single copy, as the ranks measured.
     if (geteuid() == 0) {
       EXPECT_NE(std::find(ranks[r].lines.begin(), ranks[r].lines.end(), "SINGLE_COPY on"),
                 ranks[r].lines.end())
@@ -61,14 +61,22 @@ TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
 }
 
 // Same-host all-reduces and reduce-scatters switch between staging and single copy as the ranks
-// measure them (StagingCopy: both run every 16 operations of a kind, and the ranks agree on the
-// path of the rest); every result has the bits of the rank-order sum, whichever path ran it.
+// measure them (StagingCopy: both run in the first 16 operations of a kind, and the ranks agree
+// on the path of the rest); every result has the bits of the rank-order sum, whichever path ran
+// it. As root the peers' buffers are readable, so single copy runs.
 TEST(UcxProcesses, SameHostPathsChosenByMeasurementGiveTheRankOrderSumEveryTime) {
   Ranks ranks(4, {"paths", "48"});
   for (int r = 0; r < 4; ++r) {
     const int st = ranks[r].Wait();
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "rank " << r << " status " << st << "\n"
                                                        << ranks[r].Output();
+    const auto has = [&](const char* line) {
+      return std::find(ranks[r].lines.begin(), ranks[r].lines.end(), line) != ranks[r].lines.end();
+    };
+    EXPECT_TRUE(has("STAGED on")) << ranks[r].Output();
+    if (geteuid() == 0) {
+      EXPECT_TRUE(has("SINGLE_COPY on")) << ranks[r].Output();
+    }
   }
 }
 

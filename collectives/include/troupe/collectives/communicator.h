@@ -45,8 +45,9 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 // kSingleCopy (AllReduce, ReduceScatter), the same-host algorithm: every rank reduces its segment
 // reading the other ranks' data in memory they share, then takes their reduced segments — no
 // message queues in between. UCX with every rank on one host: piece by piece through the ranks'
-// shared staging segments (mailboxes on), else reading the peers' buffers directly (Linux
-// cross-memory attach, probed at creation); in-process: the peers' buffers. Elsewhere it runs
+// shared staging segments (mailboxes on), or reading the peers' buffers directly (Linux
+// cross-memory attach, probed at creation); where both can run, whichever the ranks measured
+// faster for that size (they agree on it); in-process: the peers' buffers. Elsewhere it runs
 // kRing. kAuto picks it above `small_bytes` where it can.
 enum class Algorithm : uint8_t {
   kAuto = 0,
