@@ -348,7 +348,9 @@ def dashboard(c, art):
     spec = os.path.join(c.tmp, "eval.toml")
     with open(spec, "w") as f:
         f.write("[eval]\nevery = 5\nmicrobatches = 2\n")
-    job_id = c.submit("--steps", "400", "--chaos", f"kill-worker@{FAULT_STEP}", "--spec", spec)
+    # Long enough never to end by itself while the page is checked (the test stops it): 400
+    # steps ended under the suite's load while Chromium took 30 s to dump and screenshot the page.
+    job_id = c.submit("--steps", "100000", "--chaos", f"kill-worker@{FAULT_STEP}", "--spec", spec)
     wait_for("the recovery", lambda: any(e["event"] == "recovered"
                                          for e in c.job(job_id)["events"]) or None, 120, 0.2)
     c.wait_step(job_id, FAULT_STEP + 4)
