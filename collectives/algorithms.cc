@@ -57,8 +57,6 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
   TROUPE_RETURN_IF_ERROR(
       RingAllGather(c, reinterpret_cast<uint8_t*>(entry.data()), entry_off, phase));
   const absl::Time start = base::MonotonicNow();
-  std::vector<uint64_t> addr(n);
-  for (int j = 0; j < n; ++j) addr[j] = entry[j].addr;
   if (vote != nullptr) {
     vote->all.resize(n);
     for (int j = 0; j < n; ++j) vote->all[j] = {entry[j].staged, entry[j].single_copy};
@@ -71,7 +69,7 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
       TROUPE_RETURN_IF_ERROR(
-          c.t->ReadPeer(j, addr[j] + b * sizeof(float), tmp, len * sizeof(float)));
+          c.t->ReadPeer(j, entry[j].addr + b * sizeof(float), tmp, len * sizeof(float)));
       ReduceInto(w + b, tmp, len, op);
     }
   }
@@ -80,7 +78,7 @@ absl::Status SingleCopyAllReduce(const OpContext& c, float* w, const std::vector
     TROUPE_RETURN_IF_ERROR(DisseminationBarrier(c, phase + 1));
     for (int j = 0; j < n; ++j) {
       if (j == r || off[j + 1] == off[j]) continue;
-      TROUPE_RETURN_IF_ERROR(c.t->ReadPeer(j, addr[j] + off[j] * sizeof(float), w + off[j],
+      TROUPE_RETURN_IF_ERROR(c.t->ReadPeer(j, entry[j].addr + off[j] * sizeof(float), w + off[j],
                                            (off[j + 1] - off[j]) * sizeof(float)));
     }
   }

@@ -57,9 +57,8 @@ void VectorCopy(void* dst, const void* src, size_t bytes);
 // every rank (they run the same operations in the same order): operation k runs staged cached
 // when k % kMeasureEvery == 0, staged streamed when it is kMeasureEvery / 2, single copy when it
 // is kMeasureEvery / 4 (where the peers' buffers are readable; the path not taken less often, see
-// Agree), and those are timed. Every other
-// operation takes single copy where the group last agreed on it, else the staging mode this rank
-// measured faster.
+// Agree), and those are timed. Every other operation takes single copy where the group last
+// agreed on it, else the staging mode this rank measured faster.
 // - The write mode needs no agreement: ranks that stage differently still run one protocol; only
 //   operations in which all ranks wrote the same way are measured (each rank's time is the
 //   group's: one rank's writes show in its peers' reads).
