@@ -593,7 +593,9 @@ absl::Status Engine::SameHostAllReduce(const OpContext& c, float* w, const std::
 Algorithm Engine::Choose(const CollectiveOptions& o, size_t count) const {
   Algorithm alg = o.algorithm;
   if (alg == Algorithm::kAuto) {
-    if (count * sizeof(float) <= o.small_bytes) return Algorithm::kRecursiveDoubling;
+    const size_t small =
+        transport_->HostShared() != nullptr ? o.same_host_small_bytes : o.small_bytes;
+    if (count * sizeof(float) <= small) return Algorithm::kRecursiveDoubling;
     alg = Algorithm::kSingleCopy;
   }
   if (alg == Algorithm::kSingleCopy && !transport_->CanReadPeers() &&

@@ -226,8 +226,9 @@ std::string UcxTransport::Describe() {
   std::string out = absl::StrCat(
       "single copy (cross-memory attach, kSingleCopy above CollectiveOptions::small_bytes): ",
       single_copy_ ? "on" : "off", "\n",
-      "staged all-reduce (kSingleCopy through the shared segments; where single copy is on "
-      "too, whichever the ranks measure faster): ",
+      "staged all-reduce (kSingleCopy through the shared segments, above "
+      "CollectiveOptions::same_host_small_bytes; where single copy is on too, whichever the ranks "
+      "measure faster): ",
       HostShared() != nullptr ? "on" : "off", "\n",
       "shared-memory mailboxes (collective messages up to ", Mailboxes::kPayloadBytes,
       " bytes between ranks of this host): ", boxes_ != nullptr ? "on" : "off", "\n",

@@ -130,15 +130,14 @@ void SayTransports(Communicator* comm) {
 
 // `ops` all-reduces and as many reduce-scatters of about 1 MiB, interleaved, each on new inputs,
 // through the same-host paths (Algorithm::kSingleCopy): staged or single copy as the ranks measure
-// and agree (StagingCopy), both run in the first kMeasureEvery operations of a kind. Every result
-// must be the bits of the rank-order sum both paths compute: a segment's owner's value, then the
-// others' in rank order.
+// and agree (StagingCopy), both run in the first kMeasureEvery operations of a kind. Then as many
+// of 8 and 64 KiB with Algorithm::kAuto, which takes those paths above
+// CollectiveOptions::same_host_small_bytes. Every result must be the bits of the rank-order sum
+// both paths compute: a segment's owner's value, then the others' in rank order (recursive
+// doubling adds in another order).
 int Paths(Ctx& c, int ops) {
   auto comm = Make(c, c.rank, c.size, 0);
   const int n = c.size, r = c.rank;
-  const size_t count = (size_t{1} << 18) + 5, block = (size_t{1} << 16) + 3;
-  CollectiveOptions o;
-  o.algorithm = Algorithm::kSingleCopy;
   // The rank-order sum of element i of every rank's input, segment `owner` first.
   auto want = [&](const std::vector<std::vector<float>>& in, int owner, size_t i) {
     float acc = in[owner][i];
@@ -147,35 +146,48 @@ int Paths(Ctx& c, int ops) {
     }
     return acc;
   };
-  for (int k = 0; k < ops; ++k) {
-    for (bool scatter : {false, true}) {
-      const size_t total = scatter ? block * n : count;
-      const uint32_t salt = 2 * k + (scatter ? 1 : 0);
-      std::vector<std::vector<float>> in(n);
-      for (int q = 0; q < n; ++q) in[q] = Input(q, total, DType::kF32, salt);
-      std::vector<float> mine = in[r], out(block);
-      const absl::Status st =
-          scatter
-              ? comm->ReduceScatter(Buffer::F32(mine), Buffer::F32(out), ReduceOp::kSum, o).Wait()
-              : comm->AllReduce(Buffer::F32(mine), Buffer::F32(mine), ReduceOp::kSum, o).Wait();
-      if (!st.ok()) {
-        Say(absl::StrCat("FAIL rank ", r, " operation ", k, ": ", st.ToString()));
-        return 1;
-      }
-      // All-reduce segments as the engine cuts them (EvenSegments); rank r's block scattered.
-      for (int q = scatter ? r : 0; q < (scatter ? r + 1 : n); ++q) {
-        const size_t lo = scatter ? q * block : count * q / n;
-        const size_t hi = scatter ? lo + block : count * (q + 1) / n;
-        for (size_t at = lo; at < hi; ++at) {
-          const float w = want(in, q, at), got = scatter ? out[at - lo] : mine[at];
-          if (std::memcmp(&w, &got, sizeof(float)) != 0) {
-            uint32_t got_bits, want_bits;
-            std::memcpy(&got_bits, &got, 4);
-            std::memcpy(&want_bits, &w, 4);
-            Say(absl::StrCat("FAIL rank ", r, scatter ? " reduce-scatter " : " all-reduce ", k,
-                             " element ", at, " got ", got, " (bits ", absl::Hex(got_bits),
-                             ") want ", w, " (bits ", absl::Hex(want_bits), ")"));
-            return 1;
+  struct Case {
+    size_t count, block;
+    Algorithm algorithm;
+  };
+  for (const Case& how :
+       {Case{(size_t{1} << 18) + 5, (size_t{1} << 16) + 3, Algorithm::kSingleCopy},
+        Case{2051, 515, Algorithm::kAuto}, Case{16381, 4093, Algorithm::kAuto}}) {
+    const size_t count = how.count, block = how.block;
+    CollectiveOptions o;
+    o.algorithm = how.algorithm;
+    for (int k = 0; k < ops; ++k) {
+      for (bool scatter : {false, true}) {
+        const size_t total = scatter ? block * n : count;
+        const uint32_t salt = 2 * k + (scatter ? 1 : 0);
+        std::vector<std::vector<float>> in(n);
+        for (int q = 0; q < n; ++q) in[q] = Input(q, total, DType::kF32, salt);
+        std::vector<float> mine = in[r], out(block);
+        const absl::Status st =
+            scatter
+                ? comm->ReduceScatter(Buffer::F32(mine), Buffer::F32(out), ReduceOp::kSum, o).Wait()
+                : comm->AllReduce(Buffer::F32(mine), Buffer::F32(mine), ReduceOp::kSum, o).Wait();
+        if (!st.ok()) {
+          Say(absl::StrCat("FAIL rank ", r, " count ", count, " operation ", k, ": ",
+                           st.ToString()));
+          return 1;
+        }
+        // All-reduce segments as the engine cuts them (EvenSegments); rank r's block scattered.
+        for (int q = scatter ? r : 0; q < (scatter ? r + 1 : n); ++q) {
+          const size_t lo = scatter ? q * block : count * q / n;
+          const size_t hi = scatter ? lo + block : count * (q + 1) / n;
+          for (size_t at = lo; at < hi; ++at) {
+            const float w = want(in, q, at), got = scatter ? out[at - lo] : mine[at];
+            if (std::memcmp(&w, &got, sizeof(float)) != 0) {
+              uint32_t got_bits, want_bits;
+              std::memcpy(&got_bits, &got, 4);
+              std::memcpy(&want_bits, &w, 4);
+              Say(absl::StrCat("FAIL rank ", r, " count ", count,
+                               scatter ? " reduce-scatter " : " all-reduce ", k, " element ", at,
+                               " got ", got, " (bits ", absl::Hex(got_bits), ") want ", w,
+                               " (bits ", absl::Hex(want_bits), ")"));
+              return 1;
+            }
           }
         }
       }

@@ -48,7 +48,7 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 // shared staging segments (mailboxes on), or reading the peers' buffers directly (Linux
 // cross-memory attach, probed at creation); where both can run, whichever the ranks measured
 // faster for that size (they agree on it); in-process: the peers' buffers. Elsewhere it runs
-// kRing. kAuto picks it above `small_bytes` where it can.
+// kRing. kAuto picks it above `small_bytes` where it can (staged: above `same_host_small_bytes`).
 enum class Algorithm : uint8_t {
   kAuto = 0,
   kRing = 1,
@@ -90,6 +90,14 @@ struct CollectiveOptions {
   absl::Duration timeout = absl::Seconds(60);
   Algorithm algorithm = Algorithm::kAuto;
   size_t small_bytes = 64 * 1024;  // kAuto: recursive doubling at or below this size
+  // kAuto where every rank shares this host's staging segments (UCX, mailboxes on): recursive
+  // doubling at or below this size, kSingleCopy (staged) above. Staging hands pieces over with
+  // counters in shared memory; recursive doubling above one mailbox message (8 KiB) goes through
+  // UCX's rendezvous, several wake-ups a message. 2 ranks on a 2-vCPU Zen 4 VM, medians of 12
+  // launches (worst launch): 8-64 KiB 2.2-13.8 us (3.9-17.5) staged against 2.9-15.4 (7.8-54)
+  // recursive doubling; 4 ranks on its 2 vCPUs 46-118 us against 50-198. At 4 KiB and below one
+  // mailbox exchange is faster (1.7 us against 2.0 at 4 KiB).
+  size_t same_host_small_bytes = 4 * 1024;
   // kOrdered only: rank r holds the partial sum of contributions [interval_lo, interval_hi),
   // a power-of-two-aligned block (a whole subtree of the canonical tree). Unset (lo == hi):
   // rank r holds contribution [r, r + 1).
