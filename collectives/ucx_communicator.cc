@@ -224,7 +224,8 @@ const std::string& UcxTransport::BootId() {
 
 std::string UcxTransport::Describe() {
   std::string out = absl::StrCat(
-      "single copy (cross-memory attach, kSingleCopy above CollectiveOptions::small_bytes): ",
+      "single copy (cross-memory attach, kSingleCopy above CollectiveOptions::small_bytes, "
+      "above same_host_small_bytes where staging is on): ",
       single_copy_ ? "on" : "off", "\n",
       "staged all-reduce (kSingleCopy through the shared segments, above "
       "CollectiveOptions::same_host_small_bytes; where single copy is on too, whichever the ranks "

@@ -131,12 +131,13 @@ void SayTransports(Communicator* comm) {
 // `ops` all-reduces and as many reduce-scatters of about 1 MiB, interleaved, each on new inputs,
 // through the same-host paths (Algorithm::kSingleCopy): staged or single copy as the ranks measure
 // and agree (StagingCopy), both run in the first kMeasureEvery operations of a kind. Then as many
-// of 8 and 64 KiB with Algorithm::kAuto, which takes those paths above
-// CollectiveOptions::same_host_small_bytes. Every result must be the bits of the rank-order sum
-// both paths compute: a segment's owner's value, then the others' in rank order (recursive
+// of just over 4 KiB, 8 KiB and just under 64 KiB with Algorithm::kAuto, which takes those paths
+// above CollectiveOptions::same_host_small_bytes. Every result must be the bits of the rank-order
+// sum both paths compute: a segment's owner's value, then the others' in rank order (recursive
 // doubling adds in another order).
 int Paths(Ctx& c, int ops) {
   auto comm = Make(c, c.rank, c.size, 0);
+  SayTransports(comm.get());  // first: a failure below shows whether staging was on
   const int n = c.size, r = c.rank;
   // The rank-order sum of element i of every rank's input, segment `owner` first.
   auto want = [&](const std::vector<std::vector<float>>& in, int owner, size_t i) {
@@ -152,7 +153,8 @@ int Paths(Ctx& c, int ops) {
   };
   for (const Case& how :
        {Case{(size_t{1} << 18) + 5, (size_t{1} << 16) + 3, Algorithm::kSingleCopy},
-        Case{2051, 515, Algorithm::kAuto}, Case{16381, 4093, Algorithm::kAuto}}) {
+        Case{1025, 257, Algorithm::kAuto}, Case{2051, 515, Algorithm::kAuto},
+        Case{16381, 4093, Algorithm::kAuto}}) {
     const size_t count = how.count, block = how.block;
     CollectiveOptions o;
     o.algorithm = how.algorithm;
@@ -194,7 +196,6 @@ int Paths(Ctx& c, int ops) {
     }
   }
   Say(absl::StrCat("OK rank ", r));
-  SayTransports(comm.get());
   return 0;
 }
 

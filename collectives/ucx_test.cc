@@ -63,8 +63,9 @@ TEST(UcxProcesses, Matrix4RanksWithoutMailboxesUpTo1MiB) {
 // Same-host all-reduces and reduce-scatters switch between staging and single copy as the ranks
 // measure them (StagingCopy: both run in the first 16 operations of a kind, and the ranks agree
 // on the path of the rest); every result has the bits of the rank-order sum, whichever path ran
-// it. As root the peers' buffers are readable, so single copy runs. kAuto all-reduces of 8 and
-// 64 KiB take the same paths (above CollectiveOptions::same_host_small_bytes), so their results
+// it. As root the peers' buffers are readable, so single copy runs. kAuto all-reduces and
+// reduce-scatters of just over 4 KiB, 8 KiB and just under 64 KiB (the old recursive-doubling
+// bound) take the same paths (above CollectiveOptions::same_host_small_bytes), so their results
 // have those bits too.
 TEST(UcxProcesses, SameHostPathsChosenByMeasurementGiveTheRankOrderSumEveryTime) {
   Ranks ranks(4, {"paths", "48"});

@@ -38,8 +38,9 @@ size_t DTypeSize(DType t);
 
 enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 
-// Which algorithm runs a reduction. kAuto picks by size (recursive doubling below
-// `CollectiveOptions::small_bytes`, ring reduce-scatter + all-gather above).
+// Which algorithm runs a reduction. kAuto picks by size (count × 4 bytes, the f32 working size):
+// recursive doubling at or below `CollectiveOptions::small_bytes` (`same_host_small_bytes` where
+// the ranks stage through shared segments), kSingleCopy above where it can run, else kRing.
 // kOrdered is the deterministic mode: each element is reduced by the canonical tree over
 // contribution intervals (docs/ARCHITECTURE.md, "Determinism"), bit-exact for any group size.
 // kSingleCopy (AllReduce, ReduceScatter), the same-host algorithm: every rank reduces its segment
@@ -89,7 +90,9 @@ struct CollectiveOptions {
   // Relative deadline for the whole operation; absl::InfiniteDuration() for none.
   absl::Duration timeout = absl::Seconds(60);
   Algorithm algorithm = Algorithm::kAuto;
-  size_t small_bytes = 64 * 1024;  // kAuto: recursive doubling at or below this size
+  // kAuto: recursive doubling at or below this size, where the ranks do not stage through shared
+  // segments (where they do, `same_host_small_bytes` applies instead).
+  size_t small_bytes = 64 * 1024;
   // kAuto where every rank shares this host's staging segments (UCX, mailboxes on): recursive
   // doubling at or below this size, kSingleCopy (staged) above. Staging hands pieces over with
   // counters in shared memory; recursive doubling above one mailbox message (8 KiB) goes through
