@@ -49,7 +49,7 @@ enum class ReduceOp : uint8_t { kSum = 0, kAvg = 1, kMax = 2 };
 // shared staging segments (mailboxes on), or reading the peers' buffers directly (Linux
 // cross-memory attach, probed at creation); where both can run, whichever the ranks measured
 // faster for that size (they agree on it); in-process: the peers' buffers. Elsewhere it runs
-// kRing. kAuto picks it above `small_bytes` where it can (staged: above `same_host_small_bytes`).
+// kRing.
 enum class Algorithm : uint8_t {
   kAuto = 0,
   kRing = 1,
