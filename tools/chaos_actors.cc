@@ -152,20 +152,6 @@ std::string ShellQuote(const std::string& text) {
   return out + "'";
 }
 
-// The last non-empty line of a file, at most 200 bytes (not cut inside a UTF-8 character).
-std::string LastLine(const std::string& path) {
-  std::istringstream in(Slurp(path));
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  size_t cut = std::min<size_t>(last.size(), 200);
-  while (cut > 0 && cut < last.size() && (static_cast<unsigned char>(last[cut]) & 0xC0) == 0x80) {
-    --cut;
-  }
-  return last.substr(0, cut);
-}
-
 // One run of the program with a schedule, and how it went.
 struct Outcome {
   int exit_code = Child::kNotStarted;  // the program's

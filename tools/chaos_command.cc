@@ -355,19 +355,6 @@ class Runner {
   }
 
  private:
-  static std::string LastLine(const std::string& path) {
-    std::istringstream in(Slurp(path));
-    std::string line, last;
-    while (std::getline(in, line)) {
-      if (!line.empty()) last = line;
-    }
-    size_t cut = std::min<size_t>(last.size(), 200);
-    while (cut > 0 && cut < last.size() && (static_cast<unsigned char>(last[cut]) & 0xC0) == 0x80) {
-      --cut;  // not inside a UTF-8 character
-    }
-    return last.substr(0, cut);
-  }
-
   // No process of the trial (its marker in the environment) outlives it — the roles die with
   // the driver: a few seconds' grace — and its TMPDIR is empty. A process left is killed after it
   // is reported; the files stay for a person to see.

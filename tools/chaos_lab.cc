@@ -136,6 +136,19 @@ std::string Slurp(const std::string& path) {
   return ss.str();
 }
 
+std::string LastLine(const std::string& path) {
+  std::istringstream in(Slurp(path));
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  size_t cut = std::min<size_t>(last.size(), 200);
+  while (cut > 0 && cut < last.size() && (static_cast<unsigned char>(last[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  return last.substr(0, cut);
+}
+
 std::vector<pid_t> MarkedProcesses(const std::string& marker) {
   std::vector<pid_t> out;
   std::error_code ec;

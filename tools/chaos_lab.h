@@ -69,6 +69,9 @@ Child RunChild(std::vector<std::string> argv, const std::map<std::string, std::s
 // A file's text ("" when it cannot be read).
 std::string Slurp(const std::string& path);
 
+// The last non-empty line of a file, at most 200 bytes (not cut inside a UTF-8 character).
+std::string LastLine(const std::string& path);
+
 // Live processes other than this one whose environment carries `marker` ("NAME=VALUE") exactly.
 std::vector<pid_t> MarkedProcesses(const std::string& marker);
 

@@ -126,7 +126,10 @@ int Time(Gpt& gpt, int b, int t, uint64_t seed, int steps) {
       static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC / std::max(steps, 1);
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[sorted.size() / 2];
+  // The median: of an even count, the mean of the middle two (torch's side takes
+  // statistics.median, which does the same; the upper one alone read the slower of 2 steps).
+  const size_t mid = sorted.size() / 2;
+  const double median = sorted.size() % 2 == 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
   std::printf(
       "time: step_s=%.6f min_s=%.6f max_s=%.6f tokens_per_s=%.2f threads=%d cpu_s=%.6f gemm=%s\n",
       median, sorted.front(), sorted.back(), b * t / median, kernels::NumThreads(), cpu_per_step,
