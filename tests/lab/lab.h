@@ -92,8 +92,10 @@ class Lab {
   [[nodiscard]] absl::Status Delay(const std::string& host, double ms, double jitter_ms = 0,
                                    const std::vector<std::string>& peers = {});
   [[nodiscard]] absl::Status Undelay(const std::string& host);
-  // `count` echoes of `payload` bytes from `from` to `to`, 10 ms apart: what the network achieves.
-  // A reply counts however late it comes within 3 s + count / 50 s (a cut link takes that long).
+  // `count` echoes of `payload` bytes from `from` to `to`, 10 ms apart (40 ms where an echo is
+  // more than one packet: lab.cc says why): what the network achieves. A reply counts however
+  // late it comes within 3 s + count / 50 s (+ count / 25 s for the larger echoes; a cut link
+  // takes that long).
   [[nodiscard]] absl::StatusOr<ProbeResult> Probe(const std::string& from, const std::string& to,
                                                   int count = 200, int payload = 56);
 
